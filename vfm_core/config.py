@@ -1,0 +1,383 @@
+"""Typed configuration for every component, YAML load and ``--section.field=value`` overrides.
+
+Every section is a ``@dataclass(kw_only=True, slots=True)``; the whole run is one :class:`Config`.
+Unknown keys and values of the wrong type raise :class:`ConfigError` naming the dotted key, so a typo
+in a YAML file or on the command line never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user-supplied configuration value is wrong; the message names the key."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    arch: Literal["dit", "stdit", "llama_dit"] = "dit"
+    """Block family: full-attention DiT, spatial/temporal ST-DiT, or Llama-style DiT (GQA, SwiGLU)."""
+    in_channels: int = 4
+    """Latent channels of the tokenizer."""
+    patch: tuple[int, int, int] = (1, 2, 2)
+    """Patch size over (t, h, w) of the latent grid."""
+    hidden: int = 256
+    """Model width D."""
+    depth: int = 4
+    """Number of transformer blocks."""
+    heads: int = 4
+    """Attention heads; head_dim = hidden // heads."""
+    kv_heads: int | None = None
+    """Key/value heads for grouped-query attention (None = heads, i.e. multi-head attention)."""
+    mlp_ratio: float = 4.0
+    """MLP hidden width as a multiple of D (for SwiGLU: of the equivalent GELU MLP, times 2/3)."""
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    """Feed-forward type."""
+    norm: Literal["layer", "rms"] = "layer"
+    """Pre-norm type inside blocks."""
+    text_dim: int = 384
+    """Width of the caption text embeddings fed to cross-attention."""
+    text_len: int = 8
+    """Number of text tokens per sample."""
+    adaln: Literal["zero", "lora"] = "lora"
+    """AdaLN-Zero (full per-block modulation MLP) or AdaLN-LoRA (shared term + per-block low rank)."""
+    adaln_lora_rank: int = 64
+    """Rank r of the per-block AdaLN-LoRA projection D -> r -> 3D."""
+    qk_norm: bool = True
+    """Per-head RMSNorm on queries and keys."""
+    rope_theta: float = 10000.0
+    """Base of the factorised 3D rotary embedding."""
+    stdit_full_every: int = 0
+    """ST-DiT only: every k-th block uses full 3D attention instead of spatial+temporal (0 = never)."""
+    freq_dim: int = 256
+    """Width of the sinusoidal timestep features."""
+    norm_eps: float = 1e-6
+    """Epsilon of all normalisations."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+
+@dataclass(kw_only=True, slots=True)
+class DiffusionConfig:
+    sigma_data: float = 0.5
+    """Standard deviation of the (scaled) data, EDM sigma_data."""
+    p_mean: float = -1.2
+    """Mean of log(sigma) for training noise levels (EDM P_mean)."""
+    p_std: float = 1.2
+    """Std of log(sigma) for training noise levels (EDM P_std)."""
+    sigma_min: float = 0.002
+    """Smallest noise level of the sampling schedule."""
+    sigma_max: float = 80.0
+    """Largest noise level of the sampling schedule."""
+    rho: float = 7.0
+    """Exponent of the Karras sampling schedule."""
+    sampler: Literal["heun", "euler"] = "heun"
+    """Deterministic ODE sampler."""
+    num_steps: int = 32
+    """Sampling steps."""
+    guidance: float = 1.0
+    """Classifier-free guidance scale (1 = no guidance)."""
+    cond_dropout: float = 0.1
+    """Probability of dropping the caption during training (enables CFG)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 20
+    """Linear warm-up steps."""
+    schedule: Literal["constant", "cosine"] = "cosine"
+    """Shape after warm-up."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of the peak (cosine)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 = no clipping)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    source: Literal["synthetic"] = "synthetic"
+    """Where training latents come from (shards arrive with the loader issue)."""
+    batch_size: int = 4
+    """Samples per step (per data-parallel rank)."""
+    latent_frames: int = 4
+    """Latent frames T per sample."""
+    latent_height: int = 16
+    """Latent height H per sample."""
+    latent_width: int = 16
+    """Latent width W per sample."""
+    num_captions: int = 8
+    """Synthetic source: number of distinct captions / motion classes."""
+    seed: int = 0
+    """Seed of the data stream (independent of the model seed)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    dp_replicate: int = 1
+    """Replicated data-parallel degree (DDP/HSDP outer)."""
+    dp_shard: int = -1
+    """FSDP degree (-1 = whatever is left of the world size)."""
+    cp: int = 1
+    """Context-parallel degree."""
+    tp: int = 1
+    """Tensor/sequence-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    steps: int = 100
+    """Total optimiser steps."""
+    seed: int = 0
+    """Seed for weight init, sigma and noise."""
+    log_every: int = 1
+    """Log metrics every N steps."""
+    ckpt_every: int = 50
+    """Checkpoint every N steps (and always at the end)."""
+    keep_ckpts: int = 2
+    """How many recent checkpoints to keep."""
+    ema_decay: float = 0.999
+    """EMA decay of the weights (0 = no EMA)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Autocast dtype of the forward pass."""
+    out_dir: str = "runs/train"
+    """Where metrics.jsonl and checkpoints go."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrackingConfig:
+    mlflow: bool = True
+    """Log to MLflow."""
+    tracking_uri: str = ""
+    """MLflow tracking URI ('' = sqlite store under data/mlflow/)."""
+    experiment: str = "vfm"
+    """MLflow experiment name."""
+    run_name: str = ""
+    """MLflow run name ('' = generated)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    recipe: str = "dit-tiny"
+    """Name of the preset this config started from."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys -> values, e.g. ``{"model.hidden": 256}`` (for MLflow params)."""
+        out: dict[str, Any] = {}
+        for section, values in self.to_dict().items():
+            if isinstance(values, dict):
+                out.update({f"{section}.{k}": v for k, v in values.items()})
+            else:
+                out[section] = values
+        return out
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass -> plain dict of YAML/JSON-friendly values (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it converted (list -> tuple, int -> float)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in typing.get_args(tp):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arm, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            choices = ", ".join(repr(c) for c in typing.get_args(tp))
+            raise ConfigError(f"{key}: expected one of {choices}, got {value!r}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{key}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of fields, got {value!r}")
+        return _build(tp, value, key)
+    raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover - programming error
+
+
+def _name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a (partial) mapping, validating every key and type."""
+    hints = _hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in values.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in known:
+            raise ConfigError(f"{key}: unknown key (known: {', '.join(sorted(known))})")
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def merge(cfg: Config, values: dict[str, Any]) -> Config:
+    """Return a new Config with the nested mapping ``values`` applied on top of ``cfg``."""
+    base = to_dict(cfg)
+    for k, v in values.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            unknown = set(v) - set(base[k])
+            if unknown:
+                name = sorted(unknown)[0]
+                raise ConfigError(
+                    f"{k}.{name}: unknown key (known: {', '.join(sorted(base[k]))})"
+                )
+            base[k] = {**base[k], **v}
+        else:
+            base[k] = v
+    return _build(Config, base)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"model.hidden=512"`` -> (["model", "hidden"], 512); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.field=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().lstrip("-").split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override {text!r}: key must be section.field, e.g. model.hidden=512")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
+    return parts, value
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply ``section.field=value`` strings in order."""
+    nested: dict[str, Any] = {}
+    for text in overrides:
+        (section, name), value = parse_override(text)
+        nested.setdefault(section, {})[name] = value
+    return merge(cfg, nested)
+
+
+def load_yaml(path: str | Path, base: Config | None = None) -> Config:
+    """Load a YAML run config (sections as top-level keys) on top of ``base``."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of sections")
+    try:
+        return merge(base or Config(), data)
+    except ConfigError as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+
+
+def save_yaml(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks that a single type cannot express; raises ConfigError naming the key."""
+    m, d, t = cfg.model, cfg.data, cfg.train
+    if m.hidden % m.heads:
+        raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
+    if m.head_dim % 2:
+        raise ConfigError(f"model.heads: head_dim {m.head_dim} must be even for RoPE")
+    if m.heads % m.n_kv_heads:
+        raise ConfigError(f"model.kv_heads: {m.kv_heads} does not divide model.heads={m.heads}")
+    for name in ("depth", "hidden", "heads", "in_channels", "text_dim", "text_len"):
+        if getattr(m, name) <= 0:
+            raise ConfigError(f"model.{name}: must be positive, got {getattr(m, name)}")
+    if any(p <= 0 for p in m.patch):
+        raise ConfigError(f"model.patch: must be positive, got {m.patch}")
+    if m.adaln == "lora" and m.adaln_lora_rank <= 0:
+        raise ConfigError(f"model.adaln_lora_rank: must be positive, got {m.adaln_lora_rank}")
+    for name, size, p in (
+        ("latent_frames", d.latent_frames, m.patch[0]),
+        ("latent_height", d.latent_height, m.patch[1]),
+        ("latent_width", d.latent_width, m.patch[2]),
+    ):
+        if size <= 0 or size % p:
+            raise ConfigError(f"data.{name}: {size} is not a positive multiple of the patch {p}")
+    if d.batch_size <= 0:
+        raise ConfigError(f"data.batch_size: must be positive, got {d.batch_size}")
+    if t.steps < 0:
+        raise ConfigError(f"train.steps: must be >= 0, got {t.steps}")
+    if t.log_every <= 0 or t.ckpt_every <= 0:
+        raise ConfigError("train.log_every and train.ckpt_every must be positive")
+    if not 0.0 <= t.ema_decay < 1.0:
+        raise ConfigError(f"train.ema_decay: must be in [0, 1), got {t.ema_decay}")
+    if not 0.0 <= cfg.diffusion.cond_dropout <= 1.0:
+        raise ConfigError(f"diffusion.cond_dropout: must be in [0, 1], got {cfg.diffusion.cond_dropout}")
+    return cfg

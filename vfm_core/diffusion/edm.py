@@ -1,0 +1,237 @@
+"""EDM preconditioning, training loss and noise-level distribution.
+
+Implements the training side of Karras et al. 2022, "Elucidating the Design Space of
+Diffusion-Based Generative Models" (EDM), https://arxiv.org/abs/2206.00364.
+
+The diffusion math is model-agnostic (in the spirit of facebookresearch/DiT's ``create_diffusion``):
+it never imports :mod:`vfm_core.models` and takes the raw network as a callable::
+
+    net(x_in, c_noise, text) -> F
+        x_in:    (B, ...)  preconditioned noisy latent, e.g. (B, C, T, H, W)
+        c_noise: (B,)      noise conditioning ln(sigma) / 4
+        text:    (B, L, Dt) caption embeddings (or any object, passed through untouched)
+        F:       (B, ...)  raw network output, same shape as x_in
+
+and wraps it into the denoiser ``D(x; sigma) = c_skip * x + c_out * F(c_in * x; c_noise)``
+(EDM eq. 7, coefficients from Table 1).
+
+Latent scaling: EDM assumes the data has standard deviation ``sigma_data``. Tokenizer latents are
+therefore first normalised to ~zero mean and unit std with dataset statistics and then multiplied by
+``sigma_data`` (:func:`scale_latents`); samples are mapped back with :func:`unscale_latents` before
+decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vfm_core.config import DiffusionConfig
+
+Net = Callable[[Tensor, Tensor, Any], Tensor]
+"""Raw network ``net(x_in, c_noise, text) -> F`` (see the module docstring)."""
+
+__all__ = [
+    "EDM",
+    "Net",
+    "create_diffusion",
+    "scale_latents",
+    "unscale_latents",
+]
+
+
+def scale_latents(
+    z: Tensor, mean: float | Tensor, std: float | Tensor, *, sigma_data: float = 0.5
+) -> Tensor:
+    """Map tokenizer latents to the EDM data scale: ``(z - mean) / std * sigma_data``.
+
+    ``mean`` and ``std`` are dataset statistics of the latents (scalars, or tensors broadcastable
+    against ``z``, e.g. per-channel ``(1, C, 1, 1, 1)`` for ``z`` of shape ``(B, C, T, H, W)``).
+    The result has ~unit std times ``sigma_data``, as EDM's preconditioning (Table 1) assumes.
+    """
+    return (z - mean) / std * sigma_data
+
+
+def unscale_latents(
+    x: Tensor, mean: float | Tensor, std: float | Tensor, *, sigma_data: float = 0.5
+) -> Tensor:
+    """Inverse of :func:`scale_latents`: ``x / sigma_data * std + mean``."""
+    return x / sigma_data * std + mean
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least float32 (bf16/fp16 inputs get float32 coefficients; float64 stays float64)."""
+    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else torch.float32
+
+
+def _batch_sigma(sigma: float | Tensor, x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Noise level as a (B,) tensor of ``dtype`` on ``x.device`` (scalars are broadcast)."""
+    sigma = torch.as_tensor(sigma, dtype=dtype, device=x.device)
+    if sigma.ndim == 0:
+        sigma = sigma.expand(x.shape[0])
+    if sigma.shape != (x.shape[0],):
+        raise ValueError(
+            f"sigma: expected a scalar or shape ({x.shape[0]},) matching the batch of x "
+            f"{tuple(x.shape)}, got {tuple(sigma.shape)}"
+        )
+    return sigma
+
+
+def _bcast(v: Tensor, x: Tensor) -> Tensor:
+    """(B,) -> (B, 1, ..., 1) so it broadcasts over the non-batch dims of ``x``."""
+    return v.reshape(-1, *([1] * (x.ndim - 1)))
+
+
+class EDM:
+    """EDM preconditioning and loss (Karras et al. 2022, Table 1, "Ours" column).
+
+    Build it with :func:`create_diffusion` or ``EDM(cfg)``.
+    """
+
+    __slots__ = ("cfg", "sigma_data", "p_mean", "p_std")
+
+    def __init__(self, cfg: DiffusionConfig) -> None:
+        if cfg.sigma_data <= 0:
+            raise ValueError(f"sigma_data: must be positive, got {cfg.sigma_data}")
+        if cfg.p_std < 0:
+            raise ValueError(f"p_std: must be >= 0, got {cfg.p_std}")
+        self.cfg = cfg
+        self.sigma_data = float(cfg.sigma_data)
+        self.p_mean = float(cfg.p_mean)
+        self.p_std = float(cfg.p_std)
+
+    def __repr__(self) -> str:
+        return f"EDM(sigma_data={self.sigma_data}, p_mean={self.p_mean}, p_std={self.p_std})"
+
+    # ------------------------------------------------------------------ preconditioning
+    def precondition(self, sigma: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Preconditioning coefficients of EDM Table 1 for noise levels ``sigma`` (B,).
+
+        Returns ``(c_skip, c_out, c_in, c_noise)``, each of sigma's shape (B,)::
+
+            c_skip  = sd^2 / (sigma^2 + sd^2)
+            c_out   = sigma * sd / sqrt(sigma^2 + sd^2)
+            c_in    = 1 / sqrt(sigma^2 + sd^2)
+            c_noise = ln(sigma) / 4
+
+        Computed in float32 (float64 if ``sigma`` is float64).
+        """
+        sigma = torch.as_tensor(sigma)
+        sigma = sigma.to(_compute_dtype(sigma.dtype))  # (B,)
+        sd = self.sigma_data
+        var = sigma**2 + sd**2  # (B,)
+        c_skip = sd**2 / var
+        c_out = sigma * sd / var.sqrt()
+        c_in = var.rsqrt()
+        c_noise = sigma.log() / 4
+        return c_skip, c_out, c_in, c_noise
+
+    def denoise(self, net: Net, x: Tensor, sigma: float | Tensor, text: Any) -> Tensor:
+        """Denoiser ``D(x; sigma) = c_skip x + c_out F(c_in x; c_noise)`` (EDM eq. 7, Table 1).
+
+        Args:
+            net: raw network ``net(x_in, c_noise, text) -> F``.
+            x: (B, ...) noisy latent, e.g. (B, C, T, H, W).
+            sigma: (B,) per-sample noise level (a scalar is broadcast over the batch).
+            text: (B, L, Dt) caption embeddings, passed to ``net`` untouched.
+
+        Returns:
+            (B, ...) denoised estimate in float32 (float64 if ``x`` is float64).
+        """
+        dtype = _compute_dtype(x.dtype)
+        sigma = _batch_sigma(sigma, x, dtype)  # (B,)
+        c_skip, c_out, c_in, c_noise = self.precondition(sigma)  # each (B,)
+        x = x.to(dtype)  # (B, C, T, H, W)
+        f = net(_bcast(c_in, x) * x, c_noise, text)  # (B, C, T, H, W)
+        if f.shape != x.shape:
+            raise ValueError(f"net output: expected shape {tuple(x.shape)}, got {tuple(f.shape)}")
+        return _bcast(c_skip, x) * x + _bcast(c_out, x) * f.to(dtype)
+
+    # ------------------------------------------------------------------ training
+    def loss_weight(self, sigma: Tensor) -> Tensor:
+        """Loss weight lambda(sigma) = (sigma^2 + sd^2) / (sigma * sd)^2 (EDM Table 1).
+
+        Note lambda(sigma) * c_out(sigma)^2 = 1, i.e. the effective weight on the raw network
+        output F is uniform over noise levels (EDM Sec. 5, eq. 8).
+        """
+        sigma = torch.as_tensor(sigma)
+        sigma = sigma.to(_compute_dtype(sigma.dtype))
+        sd = self.sigma_data
+        return (sigma**2 + sd**2) / (sigma * sd) ** 2
+
+    def sample_sigma(
+        self,
+        batch: int,
+        *,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """Training noise levels ln(sigma) ~ N(P_mean, P_std^2) (EDM Table 1), shape (batch,).
+
+        The normal draw is made on the generator's device (so a CPU generator works for CUDA
+        training) and moved to ``device``; float32.
+        """
+        gen_device = generator.device if generator is not None else device
+        n = torch.randn(batch, generator=generator, device=gen_device)  # (B,)
+        return (self.p_mean + self.p_std * n).exp().to(device)
+
+    def loss(self, net: Net, x0: Tensor, text: Any, *, sigma: Tensor, noise: Tensor) -> Tensor:
+        """Per-sample EDM loss (EDM eq. 2 with the weighting of Table 1), shape (B,).
+
+        ``lambda(sigma) * mean_{non-batch dims} (D(x0 + sigma * noise; sigma) - x0)^2``.
+
+        Deterministic given its inputs: the caller owns the RNG and passes ``sigma`` (B,) and
+        ``noise`` (same shape as ``x0``, standard normal). See :meth:`training_losses` for a
+        convenience that draws both.
+
+        Args:
+            net: raw network ``net(x_in, c_noise, text) -> F``.
+            x0: (B, ...) clean latents, already scaled by :func:`scale_latents`.
+            text: (B, L, Dt) caption embeddings (null embeddings for dropped captions).
+            sigma: (B,) noise levels.
+            noise: (B, ...) standard normal noise, same shape as ``x0``.
+        """
+        if noise.shape != x0.shape:
+            raise ValueError(
+                f"noise: expected the shape of x0 {tuple(x0.shape)}, got {tuple(noise.shape)}"
+            )
+        dtype = _compute_dtype(x0.dtype)
+        sigma = _batch_sigma(sigma, x0, dtype)  # (B,)
+        x0 = x0.to(dtype)  # (B, C, T, H, W)
+        x_noisy = x0 + _bcast(sigma, x0) * noise.to(dtype)  # (B, C, T, H, W)
+        d = self.denoise(net, x_noisy, sigma, text)  # (B, C, T, H, W)
+        err = (d - x0).square().flatten(1).mean(dim=1)  # (B,)
+        return self.loss_weight(sigma) * err  # (B,)
+
+    def training_losses(
+        self, net: Net, x0: Tensor, text: Any, *, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Draw sigma (B,) then noise (like ``x0``) from ``generator`` and return (loss, sigma).
+
+        Both draws happen on the generator's device and are moved to ``x0.device``; the loss is
+        per sample, shape (B,) (reduce it yourself).
+        """
+        sigma = self.sample_sigma(x0.shape[0], generator=generator, device=x0.device)  # (B,)
+        gen_device = generator.device if generator is not None else x0.device
+        noise = torch.randn(
+            x0.shape, generator=generator, device=gen_device, dtype=_compute_dtype(x0.dtype)
+        ).to(x0.device)  # (B, C, T, H, W)
+        return self.loss(net, x0, text, sigma=sigma, noise=noise), sigma
+
+    # ------------------------------------------------------------------ latent scaling
+    def scale_latents(self, z: Tensor, mean: float | Tensor, std: float | Tensor) -> Tensor:
+        """:func:`scale_latents` with this EDM's ``sigma_data``."""
+        return scale_latents(z, mean, std, sigma_data=self.sigma_data)
+
+    def unscale_latents(self, x: Tensor, mean: float | Tensor, std: float | Tensor) -> Tensor:
+        """:func:`unscale_latents` with this EDM's ``sigma_data``."""
+        return unscale_latents(x, mean, std, sigma_data=self.sigma_data)
+
+
+def create_diffusion(cfg: DiffusionConfig | None = None) -> EDM:
+    """Single entry point (cf. DiT's ``create_diffusion``): the EDM for ``cfg`` (default config)."""
+    return EDM(cfg if cfg is not None else DiffusionConfig())
+

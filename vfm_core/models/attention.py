@@ -1,0 +1,98 @@
+"""Self- and cross-attention modules with per-head QK RMSNorm, GQA and 3D RoPE.
+
+``layout`` selects which tokens attend to each other without changing the projections, so one module
+serves full 3D attention (DiT), spatial attention within a frame and temporal attention across frames
+(ST-DiT). RoPE is applied on the full (t, h, w) grid before regrouping: within a frame the t rotation is
+common to q and k and cancels, so spatial/temporal attention see exactly the 2D/1D relative encoding.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from vfm_core.models.layers import Grid, apply_rope, attention
+
+Layout = Literal["full", "spatial", "temporal"]
+
+
+def _group(x: torch.Tensor, grid: Grid, layout: Layout) -> torch.Tensor:
+    """(B, h, N, d) with N = T*H*W raster order -> (B', h, S, d) attention groups."""
+    if layout == "full":
+        return x
+    b, h, _, d = x.shape
+    t, hh, ww = grid
+    x = x.reshape(b, h, t, hh * ww, d)  # (B, h, T, HW, d)
+    if layout == "spatial":
+        return x.permute(0, 2, 1, 3, 4).reshape(b * t, h, hh * ww, d)  # (B*T, h, HW, d)
+    return x.permute(0, 3, 1, 2, 4).reshape(b * hh * ww, h, t, d)  # (B*HW, h, T, d)
+
+
+def _ungroup(x: torch.Tensor, batch: int, grid: Grid, layout: Layout) -> torch.Tensor:
+    """Inverse of :func:`_group`: (B', h, S, d) -> (B, h, N, d)."""
+    if layout == "full":
+        return x
+    t, hh, ww = grid
+    h, d = x.shape[1], x.shape[-1]
+    if layout == "spatial":
+        x = x.reshape(batch, t, h, hh * ww, d).permute(0, 2, 1, 3, 4)  # (B, h, T, HW, d)
+    else:
+        x = x.reshape(batch, hh * ww, h, t, d).permute(0, 2, 3, 1, 4)  # (B, h, T, HW, d)
+    return x.reshape(batch, h, t * hh * ww, d)
+
+
+class Attention(nn.Module):
+    """Multi-head (or grouped-query) attention. Self-attention when ``context`` is None, else
+    cross-attention from x (queries) to context (keys/values, width ``context_dim``)."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        kv_heads: int | None = None,
+        context_dim: int | None = None,
+        qk_norm: bool = True,
+        eps: float = 1e-6,
+    ):
+        super().__init__()
+        self.head_dim = dim // heads
+        kv_heads = kv_heads or heads
+        self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.k = nn.Linear(context_dim or dim, kv_heads * self.head_dim, bias=False)
+        self.v = nn.Linear(context_dim or dim, kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(heads * self.head_dim, dim, bias=False)
+        if qk_norm:  # per-head RMSNorm: normalises each head's d-vector, so it commutes with TP
+            self.q_norm: nn.Module = nn.RMSNorm(self.head_dim, eps=eps)
+            self.k_norm: nn.Module = nn.RMSNorm(self.head_dim, eps=eps)
+        else:
+            self.q_norm = self.k_norm = nn.Identity()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        context: torch.Tensor | None = None,
+        rope: torch.Tensor | None = None,
+        grid: Grid | None = None,
+        layout: Layout = "full",
+    ) -> torch.Tensor:
+        b, n, _ = x.shape
+        src = x if context is None else context  # (B, S, Dk)
+        d = self.head_dim
+        # heads inferred with -1 so a tensor-parallel shard of the projections works unchanged
+        q = self.q_norm(self.q(x).view(b, n, -1, d)).transpose(1, 2)  # (B, Hq, N, d)
+        k = self.k_norm(self.k(src).view(b, src.shape[1], -1, d)).transpose(1, 2)  # (B, Hkv, S, d)
+        v = self.v(src).view(b, src.shape[1], -1, d).transpose(1, 2)  # (B, Hkv, S, d)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if layout != "full":
+            if grid is None:
+                raise ValueError(f"layout {layout!r} needs the token grid")
+            q, k, v = (_group(t, grid, layout) for t in (q, k, v))  # (B', H, S', d)
+        out = attention(q, k, v)  # (B', Hq, S', d)
+        if layout != "full":
+            out = _ungroup(out, b, grid, layout)  # (B, Hq, N, d)
+        return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)

@@ -1,0 +1,183 @@
+"""Building blocks shared by every DiT variant: patchify, timestep features, norms, 3D RoPE, MLPs and
+the one attention dispatch function.
+
+Single-device code: nothing here knows about meshes; parallelism is applied from outside.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Grid = tuple[int, int, int]  # latent token grid (t, h, w) after patchify
+
+
+class ShapeError(ValueError):
+    """A tensor's shape does not fit the model (e.g. latent size not divisible by the patch)."""
+
+
+# ----------------------------------------------------------------------------------------- patchify
+def patchify(x: torch.Tensor, patch: Grid) -> tuple[torch.Tensor, Grid]:
+    """(B, C, T, H, W) latents -> (B, N, C*pt*ph*pw) tokens in (t, h, w) raster order, plus the grid."""
+    if x.ndim != 5:
+        raise ShapeError(f"latents must be (B, C, T, H, W), got shape {tuple(x.shape)}")
+    b, c, t, h, w = x.shape
+    pt, ph, pw = patch
+    if t % pt or h % ph or w % pw:
+        raise ShapeError(
+            f"latent shape (T, H, W)=({t}, {h}, {w}) is not divisible by the patch {tuple(patch)}"
+        )
+    gt, gh, gw = t // pt, h // ph, w // pw
+    x = x.reshape(b, c, gt, pt, gh, ph, gw, pw)  # (B, C, gt, pt, gh, ph, gw, pw)
+    x = x.permute(0, 2, 4, 6, 1, 3, 5, 7)  # (B, gt, gh, gw, C, pt, ph, pw)
+    return x.reshape(b, gt * gh * gw, c * pt * ph * pw), (gt, gh, gw)  # (B, N, C*P)
+
+
+def unpatchify(tokens: torch.Tensor, grid: Grid, patch: Grid, channels: int) -> torch.Tensor:
+    """(B, N, C*pt*ph*pw) tokens -> (B, C, T, H, W); exact inverse of :func:`patchify`."""
+    b = tokens.shape[0]
+    gt, gh, gw = grid
+    pt, ph, pw = patch
+    x = tokens.reshape(b, gt, gh, gw, channels, pt, ph, pw)
+    x = x.permute(0, 4, 1, 5, 2, 6, 3, 7)  # (B, C, gt, pt, gh, ph, gw, pw)
+    return x.reshape(b, channels, gt * pt, gh * ph, gw * pw)
+
+
+# ----------------------------------------------------------------------------------------- timestep
+def timestep_features(c_noise: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal features of the (continuous) noise conditioning, (B,) -> (B, dim) (DiT eq. as in
+    'Attention is all you need' positional encodings)."""
+    half = dim // 2
+    freqs = torch.exp(
+        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=c_noise.device) / half
+    )
+    args = c_noise.float()[:, None] * freqs[None] * 1000.0  # (B, half); c_noise=ln(sigma)/4 is O(1)
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, dim)
+
+
+class TimestepEmbedder(nn.Module):
+    """c_noise (B,) -> embedding (B, D) through sinusoidal features and a 2-layer MLP."""
+
+    def __init__(self, hidden: int, freq_dim: int = 256):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    def forward(self, c_noise: torch.Tensor) -> torch.Tensor:
+        feats = timestep_features(c_noise, self.freq_dim)  # (B, F)
+        return self.mlp(feats.to(self.mlp[0].weight.dtype))  # (B, D)
+
+
+# ----------------------------------------------------------------------------------------- norms
+def make_norm(kind: str, dim: int, eps: float, affine: bool = False) -> nn.Module:
+    """Pre-norm before AdaLN modulation: affine=False since shift/scale come from the conditioning."""
+    if kind == "rms":
+        return nn.RMSNorm(dim, eps=eps, elementwise_affine=affine)
+    return nn.LayerNorm(dim, eps=eps, elementwise_affine=affine)
+
+
+# ----------------------------------------------------------------------------------------- 3D RoPE
+def rope_dims(head_dim: int) -> tuple[int, int, int]:
+    """Split of the rotary head dimension over (t, h, w): h and w get equal even shares, t the rest
+    (Cosmos / Lumina style factorisation)."""
+    dh = dw = (head_dim // 6) * 2
+    dt = head_dim - dh - dw
+    return dt, dh, dw
+
+
+def rope_3d(grid: Grid, head_dim: int, theta: float, device=None) -> torch.Tensor:
+    """Rotation angles of a factorised 3D RoPE for the raster-ordered grid: (N, head_dim // 2).
+
+    Each of t, h, w rotates its own slice of the head dimension with frequencies
+    theta^(-2i/d_axis), so attention scores depend on relative offsets along every axis.
+    """
+    angles = []
+    for size, d, axis in zip(grid, rope_dims(head_dim), range(3)):
+        if d == 0:
+            continue
+        freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=device) / d)  # (d/2,)
+        pos = torch.arange(size, dtype=torch.float32, device=device)
+        ang = pos[:, None] * freqs[None]  # (size, d/2)
+        shape = [1, 1, 1, d // 2]
+        shape[axis] = size
+        angles.append(ang.reshape(shape).expand(*grid, d // 2))
+    return torch.cat(angles, dim=-1).reshape(-1, head_dim // 2)  # (N, hd/2)
+
+
+def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of (B, heads, N, hd) by angles (N, hd/2); computed in fp32."""
+    xf = x.float().unflatten(-1, (-1, 2))  # (B, h, N, hd/2, 2)
+    cos, sin = angles.cos(), angles.sin()  # (N, hd/2)
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return out.flatten(-2).type_as(x)  # (B, h, N, hd)
+
+
+# ----------------------------------------------------------------------------------------- MLPs
+class GeluMLP(nn.Module):
+    def __init__(self, dim: int, ratio: float):
+        super().__init__()
+        inner = int(dim * ratio)
+        self.fc1 = nn.Linear(dim, inner)
+        self.fc2 = nn.Linear(inner, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))  # (B, N, D)
+
+
+def swiglu_width(dim: int, ratio: float, multiple_of: int = 64) -> int:
+    """Llama rule: 2/3 of the GELU MLP width, rounded up to a multiple (same FLOPs as GELU MLP)."""
+    inner = int(2 * dim * ratio / 3)
+    return multiple_of * ((inner + multiple_of - 1) // multiple_of)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, ratio: float):
+        super().__init__()
+        inner = swiglu_width(dim, ratio)
+        self.w1 = nn.Linear(dim, inner, bias=False)  # gate
+        self.w3 = nn.Linear(dim, inner, bias=False)  # up
+        self.w2 = nn.Linear(inner, dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, N, D)
+
+
+def make_mlp(kind: str, dim: int, ratio: float) -> nn.Module:
+    return SwiGLU(dim, ratio) if kind == "swiglu" else GeluMLP(dim, ratio)
+
+
+# ----------------------------------------------------------------------------------------- attention
+ATTENTION_BACKENDS = ("sdpa", "math")
+_backend = "sdpa"
+
+
+def set_attention_backend(name: str) -> None:
+    """Select the attention kernel globally: 'sdpa' (torch fused/flash on GPU) or 'math' (reference).
+
+    flex / varlen for packed sequences and transformer-engine fused attention plug in here later.
+    """
+    global _backend
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend {name!r} unknown (choose from {ATTENTION_BACKENDS})")
+    _backend = name
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The one attention dispatch. q (B, Hq, Sq, d); k, v (B, Hkv, Sk, d) with Hq % Hkv == 0 (GQA);
+    mask: boolean (B|1, 1, Sq, Sk), True = attend. Returns (B, Hq, Sq, d)."""
+    hq, hkv = q.shape[1], k.shape[1]
+    if _backend == "math":
+        if hq != hkv:
+            k = k.repeat_interleave(hq // hkv, dim=1)  # (B, Hq, Sk, d)
+            v = v.repeat_interleave(hq // hkv, dim=1)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, Hq, Sq, Sk)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(dim=-1) @ v  # (B, Hq, Sq, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)

@@ -1,0 +1,70 @@
+"""Named presets (DiT-style registry): each a few lines on top of the defaults in config.py.
+
+Big presets follow the paper's models (Cosmos-style DiT on 8×8×8-compressed latents, patch 1×2×2):
+a 121-frame 704×1280 video becomes a 16×88×160 latent and 16·44·80 = 56,320 tokens.
+Build them with ``build_model(cfg.model, device="meta")`` to count parameters without memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vfm_core.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig
+
+# 121 frames at 704x1280 through an 8x8x8 causal tokenizer: 1 + 120/8 = 16 latent frames
+_BIG_DATA = dict(batch_size=1, latent_frames=16, latent_height=88, latent_width=160)
+_BIG_MODEL = dict(in_channels=16, patch=(1, 2, 2), text_dim=1024, text_len=512, mlp_ratio=4.0,
+                  adaln="lora", adaln_lora_rank=256)
+_TINY_MODEL = dict(in_channels=4, hidden=256, depth=4, heads=4, text_dim=384, text_len=8,
+                   adaln="lora", adaln_lora_rank=64)
+
+
+def _cfg(name: str, model: dict, data: dict | None = None, train: dict | None = None) -> Config:
+    return Config(
+        recipe=name,
+        model=ModelConfig(**model),
+        data=DataConfig(**(data or {})),
+        train=TrainConfig(**(train or {})),
+    )
+
+
+RECIPES: dict[str, Callable[[], Config]] = {
+    # CPU demo: ~4M params, 4x16x16 latents -> 256 tokens
+    "dit-tiny": lambda: _cfg("dit-tiny", _TINY_MODEL),
+    "stdit-tiny": lambda: _cfg("stdit-tiny", {**_TINY_MODEL, "arch": "stdit"}),
+    "llama-dit-tiny": lambda: _cfg(
+        "llama-dit-tiny",
+        {**_TINY_MODEL, "arch": "llama_dit", "norm": "rms", "mlp": "swiglu", "kv_heads": 2},
+    ),
+    # paper scale
+    "dit-7b": lambda: _cfg("dit-7b", {**_BIG_MODEL, "hidden": 4096, "depth": 28, "heads": 32},
+                           _BIG_DATA),
+    "dit-28b": lambda: _cfg("dit-28b", {**_BIG_MODEL, "hidden": 6144, "depth": 48, "heads": 48},
+                            _BIG_DATA),
+    "stdit-7b": lambda: _cfg(
+        "stdit-7b", {**_BIG_MODEL, "arch": "stdit", "hidden": 4096, "depth": 22, "heads": 32},
+        _BIG_DATA),
+    "stdit-12b": lambda: _cfg(
+        "stdit-12b", {**_BIG_MODEL, "arch": "stdit", "hidden": 5120, "depth": 24, "heads": 40},
+        _BIG_DATA),
+    "llama-dit-7b": lambda: _cfg(
+        "llama-dit-7b",
+        {**_BIG_MODEL, "arch": "llama_dit", "norm": "rms", "mlp": "swiglu", "hidden": 4096,
+         "depth": 32, "heads": 32, "kv_heads": 8},
+        _BIG_DATA),
+    "llama-dit-28b": lambda: _cfg(
+        "llama-dit-28b",
+        {**_BIG_MODEL, "arch": "llama_dit", "norm": "rms", "mlp": "swiglu", "hidden": 6144,
+         "depth": 56, "heads": 48, "kv_heads": 8},
+        _BIG_DATA),
+}
+
+
+def get_recipe(name: str) -> Config:
+    """A fresh Config for preset ``name``; unknown names list the known ones."""
+    try:
+        return RECIPES[name]()
+    except KeyError:
+        raise ConfigError(
+            f"unknown recipe {name!r} (known: {', '.join(sorted(RECIPES))})"
+        ) from None
