@@ -107,8 +107,10 @@ class OptimConfig:
     """AdamW epsilon."""
     warmup_steps: int = 20
     """Linear warm-up steps."""
-    schedule: Literal["constant", "cosine"] = "cosine"
-    """Shape after warm-up."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Shape after warm-up (constant keeps a run resumable to a longer --steps unchanged)."""
+    decay_steps: int = 0
+    """Cosine horizon in steps, warm-up included (0 = train.steps)."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of the peak (cosine)."""
     grad_clip: float = 1.0

@@ -1,7 +1,8 @@
 """Golden tests of the EDM training side against values hand-computed from Karras et al. 2022.
 
 EDM Table 1 ("Ours"): c_skip = sd^2/(s^2+sd^2), c_out = s*sd/sqrt(s^2+sd^2),
-c_in = 1/sqrt(s^2+sd^2), c_noise = ln(s)/4, lambda = (s^2+sd^2)/(s*sd)^2, ln(s) ~ N(P_mean, P_std^2).
+c_in = 1/sqrt(s^2+sd^2), c_noise = ln(s)/4, lambda = (s^2+sd^2)/(s*sd)^2,
+ln(s) ~ N(P_mean, P_std^2).
 """
 
 from __future__ import annotations

@@ -234,4 +234,3 @@ class EDM:
 def create_diffusion(cfg: DiffusionConfig | None = None) -> EDM:
     """Single entry point (cf. DiT's ``create_diffusion``): the EDM for ``cfg`` (default config)."""
     return EDM(cfg if cfg is not None else DiffusionConfig())
-

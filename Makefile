@@ -1,0 +1,39 @@
+# vfm: two commands on a fresh machine —  make demo  and  make test
+PY      ?= python3.11
+VENV    ?= .venv
+BIN      = $(VENV)/bin
+STAMP    = $(VENV)/.installed
+export VFM_DATA_DIR ?= $(CURDIR)/data
+export HF_HUB_OFFLINE = 1
+export PREFECT_HOME ?= $(CURDIR)/data/prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED = false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export PREFECT_LOGGING_LEVEL ?= WARNING
+
+.PHONY: venv demo test lint bench clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch==2.13.0 is pinned in pyproject (CPU build); check the log for a CUDA torch download
+	$(BIN)/pip install -e '.[dev]' 2>&1 | tee $(VENV)/install.log | grep -E '^(Successfully|ERROR)' || true
+	@! grep -qiE 'nvidia-|torch-2\.1[4-9]' $(VENV)/install.log || { echo "a CUDA torch was pulled in"; exit 1; }
+	$(BIN)/python -c "import torch, prefect, mlflow; print('torch', torch.__version__)"
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/python -m flows.demo
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check vfm_core flows tasks tests benchmarks
+
+bench: venv
+	$(BIN)/python benchmarks/train_step.py
+
+clean:
+	rm -rf data runs .pytest_cache

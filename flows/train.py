@@ -1,0 +1,65 @@
+"""Training flow: validate parameters, create the MLflow run, run the trainer.
+
+Thin by design: parameters are a pydantic model (the Prefect UI renders it as a form), the work is
+one task that launches the trainer process. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from pydantic import BaseModel, Field, field_validator
+
+from tasks.train import start_mlflow_run, train_model
+from vfm_core.config import ConfigError, apply_overrides, merge, validate
+from vfm_core.recipes import RECIPES, get_recipe
+from vfm_core.tracking import data_dir, ui_hint
+
+
+class TrainParams(BaseModel):
+    """Form of the training flow."""
+
+    recipe: str = Field("dit-tiny", description=f"preset: {', '.join(RECIPES)}")
+    steps: int = Field(200, ge=0, description="total optimiser steps")
+    seed: int = Field(0, ge=0, description="seed for init, sigma and noise")
+    out_dir: str = Field("", description="output dir ('' = data/runs/<recipe>)")
+    overrides: list[str] = Field(default_factory=list,
+                                 description="section.field=value config overrides")
+    resume: bool = Field(False, description="continue from the latest checkpoint in out_dir")
+    experiment: str = Field("vfm", description="MLflow experiment")
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, v: str) -> str:
+        get_recipe(v)  # raises ConfigError (a ValueError) naming the known recipes
+        return v
+
+    def to_config(self):
+        cfg = apply_overrides(get_recipe(self.recipe), self.overrides)
+        return validate(merge(cfg, {"train": {"steps": self.steps, "seed": self.seed,
+                                              "out_dir": self.resolved_out()},
+                                    "tracking": {"experiment": self.experiment}}))
+
+    def resolved_out(self) -> str:
+        return self.out_dir or str(data_dir() / "runs" / self.recipe)
+
+
+@flow(name="train", log_prints=True)
+def train_flow(params: TrainParams | None = None) -> dict[str, Any]:
+    params = params or TrainParams()
+    try:
+        cfg = params.to_config()
+    except ConfigError as e:
+        raise ValueError(f"train flow parameters: {e}") from None
+    run_id = None
+    if cfg.tracking.mlflow and not params.resume:
+        run_id = start_mlflow_run(cfg.tracking, {"recipe": cfg.recipe, "source": "prefect"})
+    summary = train_model(cfg, params.resolved_out(), resume=params.resume, mlflow_run_id=run_id)
+    print(f"trained {cfg.recipe}: step {summary['step']}, final {summary['final']}")
+    print(f"MLflow run {summary['mlflow_run_id']} -> {ui_hint(cfg.tracking)}")
+    return summary
+
+
+if __name__ == "__main__":
+    train_flow()

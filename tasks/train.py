@@ -1,0 +1,54 @@
+"""Prefect tasks around training. Training ranks are never Prefect tasks: the task writes the run
+config, launches ``python -m vfm_core.train.main`` (later ``torchrun``) as a subprocess, streams its
+log, and returns small serialisable results (run id, paths, final metrics)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks.logs import task_logger
+
+from vfm_core.config import Config, TrackingConfig, save_yaml
+from vfm_core.tracking import create_run
+
+
+@task(name="mlflow-run", retries=2, retry_delay_seconds=2)
+def start_mlflow_run(tracking: TrackingConfig, tags: dict[str, str]) -> str:
+    """Create the MLflow run the training ranks attach to (through MLFLOW_RUN_ID)."""
+    return create_run(tracking, tags=tags)
+
+
+@task(name="train")
+def train_model(cfg: Config, out_dir: str, *, resume: bool = False,
+                mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """Run the trainer in a subprocess; raise with its last log lines if it fails."""
+    logger = task_logger()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "run.yaml"
+    save_yaml(cfg, cfg_path)
+    cmd = [sys.executable, "-m", "vfm_core.train.main", "--config", str(cfg_path), "--out",
+           str(out), "--no-progress"] + (["--resume"] if resume else [])
+    env = dict(os.environ)
+    if mlflow_run_id:
+        env["MLFLOW_RUN_ID"] = mlflow_run_id
+    logger.info("launching: %s", " ".join(cmd))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        logger.info(line.rstrip())
+    if proc.wait() != 0:
+        tail = "\n".join(lines[-15:])
+        raise RuntimeError(f"training exited with code {proc.returncode}:\n{tail}")
+    summary = json.loads(lines[-1])
+    return summary

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from flows.train import TrainParams, train_flow
+from tasks.train import train_model
+from vfm_core.config import apply_overrides
+from vfm_core.recipes import get_recipe
+
+FAST = ["data.batch_size=2", "model.depth=2"]
+
+
+def test_params_validate():
+    with pytest.raises(ValidationError, match="unknown recipe 'nope'"):
+        TrainParams(recipe="nope")
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        TrainParams(steps=-1)
+    schema = TrainParams.model_json_schema()  # what the Prefect UI renders as a form
+    assert {"recipe", "steps", "overrides", "resume"} <= set(schema["properties"])
+
+
+def test_train_flow_runs_trainer_and_links_mlflow(prefect_api, tmp_path):
+    import mlflow
+
+    params = TrainParams(steps=4, out_dir=str(tmp_path / "run"), overrides=FAST,
+                         experiment="test-flow")
+    summary = train_flow(params)
+    assert summary["step"] == 4
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    run = mlflow.MlflowClient().get_run(summary["mlflow_run_id"])
+    assert run.data.tags["source"] == "prefect"  # the flow created the run, the trainer attached
+    assert run.info.status == "FINISHED"
+    assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "mfu")) == 4
+
+
+def test_bad_flow_overrides_fail_clearly(prefect_api, tmp_path):
+    with pytest.raises(ValueError, match="model.hiden: unknown key"):
+        train_flow(TrainParams(steps=1, out_dir=str(tmp_path), overrides=["model.hiden=3"]))
+
+
+def test_train_task_fn_reports_trainer_failure(tmp_path: Path):
+    cfg = apply_overrides(get_recipe("dit-tiny"), FAST + ["train.steps=1", "tracking.mlflow=false"])
+    summary = train_model.fn(cfg, str(tmp_path / "ok"))
+    assert summary["step"] == 1 and summary["mlflow_run_id"] is None
+    (tmp_path / "bad" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="no checkpoint under"):
+        train_model.fn(cfg, str(tmp_path / "bad"), resume=True)

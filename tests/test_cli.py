@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def vfm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vfm_core.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--recipe", "dit-huge", "--steps", "1", "--out", "x"], "unknown recipe 'dit-huge'"),
+    (["train", "--steps", "1", "--out", "x", "--set", "model.hiden=3"], "model.hiden: unknown key"),
+    (["train", "--steps", "1", "--out", "x", "--set", "model.hidden=abc"],
+     "model.hidden: expected an integer"),
+    (["train", "--steps", "-3", "--out", "x"], "--steps must be >= 0"),
+    (["train", "--steps", "1", "--out", "x", "--set", "data.latent_width=15"],
+     "data.latent_width: 15 is not a positive multiple of the patch 2"),
+    (["train", "--steps", "1"], "the following arguments are required: --out"),
+    (["train", "--steps", "1", "--out", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    (["flops", "--recipe", "dit-7b", "--seq", "zero"], "--seq must be an integer"),
+])
+def test_bad_input_is_one_clear_line(args, needle, tmp_path):
+    r = vfm(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0]
+
+
+def test_flops_json():
+    r = vfm("flops", "--recipe", "dit-7b", "--seq", "56320", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"params", "flops_per_token"}
+    assert 6.8e9 < out["params"] < 7.6e9
+    # >= 6 x params (matmul weights) plus attention at 56k tokens
+    assert out["flops_per_token"] > 6 * 6.5e9
+
+
+def test_recipes_lists_presets():
+    r = vfm("recipes")
+    assert r.returncode == 0 and "dit-28b" in r.stdout and "llama-dit-7b" in r.stdout

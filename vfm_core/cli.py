@@ -1,0 +1,147 @@
+"""The ``vfm`` command. The forms below are a stable contract (acceptance checks use them):
+
+    vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume] [--set section.field=value ...]
+    vfm flops --recipe NAME --seq TOKENS [--json]
+    vfm recipes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from vfm_core.config import ConfigError, apply_overrides, load_yaml, merge, validate
+from vfm_core.recipes import RECIPES, get_recipe
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="vfm", description="vfm: raw videos to a trained video DiT")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    tr = sub.add_parser("train", help="train a DiT (single process)")
+    tr.add_argument("--recipe", default="dit-tiny", help=f"preset ({', '.join(RECIPES)})")
+    tr.add_argument("--config", help="YAML config applied on top of the recipe")
+    tr.add_argument("--steps", type=_positive("--steps"), required=True, help="total steps")
+    tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
+    tr.add_argument("--seed", type=_positive("--seed"), help="seed for init, sigma and noise")
+    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="override a config field (repeatable)")
+    tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+
+    fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
+    fl.add_argument("--recipe", required=True)
+    fl.add_argument("--seq", type=_positive("--seq"), required=True, help="video tokens/sample")
+    fl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    fl.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sub.add_parser("recipes", help="list presets")
+    return ap
+
+
+def _config(args: argparse.Namespace):
+    cfg = get_recipe(args.recipe)
+    if getattr(args, "config", None):
+        cfg = load_yaml(args.config, base=cfg)
+    cfg = apply_overrides(cfg, args.set)
+    extra: dict = {}
+    if getattr(args, "steps", None) is not None:
+        extra.setdefault("train", {})["steps"] = args.steps
+    if getattr(args, "seed", None) is not None:
+        extra.setdefault("train", {})["seed"] = args.seed
+    if getattr(args, "out", None):
+        extra.setdefault("train", {})["out_dir"] = args.out
+    if getattr(args, "no_mlflow", False):
+        extra["tracking"] = {"mlflow": False}
+    return validate(merge(cfg, extra))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from vfm_core.train.main import run_training
+
+    cfg = _config(args)
+    summary = run_training(cfg, out_dir=args.out, resume=args.resume,
+                           progress=sys.stderr.isatty())
+    m = summary["metrics"]
+    print(f"trained {cfg.recipe} to step {summary['step']}: loss {m.get('loss', float('nan')):.4f}, "
+          f"{m.get('tokens_per_s', 0):.0f} tokens/s, MFU {m.get('mfu', 0):.1%}")
+    print(f"metrics: {args.out}/metrics.jsonl   checkpoint: {summary['checkpoint']}")
+    if summary["mlflow_run_id"]:
+        print(f"MLflow run {summary['mlflow_run_id']}: {summary['mlflow_ui']}")
+    return 0
+
+
+def cmd_flops(args: argparse.Namespace) -> int:
+    from vfm_core.models.dit import build_model, count_params
+    from vfm_core.perf.flops import train_flops_per_token
+
+    cfg = apply_overrides(get_recipe(args.recipe), args.set)
+    if args.seq <= 0:
+        raise ConfigError(f"--seq must be positive, got {args.seq}")
+    params = count_params(build_model(cfg.model, device="meta"))
+    fpt = train_flops_per_token(cfg.model, seq_len=args.seq, text_len=cfg.model.text_len)
+    if args.json:
+        print(json.dumps({"recipe": cfg.recipe, "seq": args.seq, "params": params,
+                          "flops_per_token": fpt}))
+    else:
+        print(f"{cfg.recipe}: {params / 1e9:.3f} B params, {fpt / 1e9:.2f} GFLOPs/token "
+              f"(training, seq {args.seq}), {fpt / params:.2f} x params")
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from vfm_core.models.dit import build_model, count_params
+
+    for name in RECIPES:
+        cfg = get_recipe(name)
+        n = count_params(build_model(cfg.model, device="meta"))
+        m = cfg.model
+        print(f"{name:16s} {m.arch:9s} {n / 1e6:10.1f}M  depth {m.depth:3d}  hidden {m.hidden:5d}  "
+              f"heads {m.heads:3d}/{m.n_kv_heads:<3d} adaln {m.adaln}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        return {"train": cmd_train, "flops": cmd_flops, "recipes": cmd_recipes}[args.cmd](args)
+    except ConfigError as e:
+        print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # user-facing errors from deeper layers carry a clear message
+        from vfm_core.models.layers import ShapeError
+        from vfm_core.train.checkpoint import CheckpointError
+        from vfm_core.train.trainer import TrainingDiverged
+
+        if isinstance(e, ShapeError | CheckpointError | TrainingDiverged):
+            print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
