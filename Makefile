@@ -27,6 +27,7 @@ demo: venv
 	$(BIN)/python -m flows.demo
 
 test: venv
+	$(BIN)/ruff check vfm_core flows tasks tests benchmarks
 	$(BIN)/python -m pytest -q
 
 lint: venv

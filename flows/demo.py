@@ -1,6 +1,7 @@
 """``make demo``: the pipeline on the built-in synthetic sample, on CPU, then where to look.
 
-Today the chain is: synthetic latents -> train dit-tiny (Prefect flow + MLflow run). Curation, shards,
+Today the chain is: synthetic latents -> train dit-tiny (Prefect flow + MLflow run). Curation,
+shards,
 generation and report join as their stages land.
 """
 
@@ -16,15 +17,21 @@ from vfm_core.tracking import data_dir, ui_hint
 def main() -> int:
     steps = int(os.environ.get("VFM_DEMO_STEPS", "300"))
     out = data_dir() / "runs" / "demo-dit-tiny"
-    params = TrainParams(recipe="dit-tiny", steps=steps, out_dir=str(out),
-                         overrides=["train.ckpt_every=100", "optim.lr=0.001"],
-                         experiment="vfm-demo")
+    params = TrainParams(
+        recipe="dit-tiny",
+        steps=steps,
+        out_dir=str(out),
+        overrides=["train.ckpt_every=100", "optim.lr=0.001"],
+        experiment="vfm-demo",
+    )
     summary = train_flow(params)
     m = summary["final"]
     print("\n" + "=" * 72)
     print(f"demo done: dit-tiny trained {summary['step']} steps on CPU")
-    print(f"  final loss {m['loss']:.4f}, {m['tokens_per_s']:.0f} tokens/s, "
-          f"{m['tflops'] * 1e3:.1f} GFLOP/s, CPU MFU {m['mfu']:.1%}")
+    print(
+        f"  final loss {m['loss']:.4f}, {m['tokens_per_s']:.0f} tokens/s, "
+        f"{m['tflops'] * 1e3:.1f} GFLOP/s, CPU MFU {m['mfu']:.1%}"
+    )
     print(f"  metrics:     {out}/metrics.jsonl")
     print(f"  checkpoint:  {summary['checkpoint']}")
     print(f"  MLflow run:  {summary['mlflow_run_id']} (experiment vfm-demo)")

@@ -24,8 +24,9 @@ class TrainParams(BaseModel):
     steps: int = Field(200, ge=0, description="total optimiser steps")
     seed: int = Field(0, ge=0, description="seed for init, sigma and noise")
     out_dir: str = Field("", description="output dir ('' = data/runs/<recipe>)")
-    overrides: list[str] = Field(default_factory=list,
-                                 description="section.field=value config overrides")
+    overrides: list[str] = Field(
+        default_factory=list, description="section.field=value config overrides"
+    )
     resume: bool = Field(False, description="continue from the latest checkpoint in out_dir")
     experiment: str = Field("vfm", description="MLflow experiment")
 
@@ -37,9 +38,19 @@ class TrainParams(BaseModel):
 
     def to_config(self):
         cfg = apply_overrides(get_recipe(self.recipe), self.overrides)
-        return validate(merge(cfg, {"train": {"steps": self.steps, "seed": self.seed,
-                                              "out_dir": self.resolved_out()},
-                                    "tracking": {"experiment": self.experiment}}))
+        return validate(
+            merge(
+                cfg,
+                {
+                    "train": {
+                        "steps": self.steps,
+                        "seed": self.seed,
+                        "out_dir": self.resolved_out(),
+                    },
+                    "tracking": {"experiment": self.experiment},
+                },
+            )
+        )
 
     def resolved_out(self) -> str:
         return self.out_dir or str(data_dir() / "runs" / self.recipe)

@@ -14,7 +14,6 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import task_logger
-
 from vfm_core.config import Config, TrackingConfig, save_yaml
 from vfm_core.tracking import create_run
 
@@ -26,22 +25,32 @@ def start_mlflow_run(tracking: TrackingConfig, tags: dict[str, str]) -> str:
 
 
 @task(name="train")
-def train_model(cfg: Config, out_dir: str, *, resume: bool = False,
-                mlflow_run_id: str | None = None) -> dict[str, Any]:
+def train_model(
+    cfg: Config, out_dir: str, *, resume: bool = False, mlflow_run_id: str | None = None
+) -> dict[str, Any]:
     """Run the trainer in a subprocess; raise with its last log lines if it fails."""
     logger = task_logger()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "run.yaml"
     save_yaml(cfg, cfg_path)
-    cmd = [sys.executable, "-m", "vfm_core.train.main", "--config", str(cfg_path), "--out",
-           str(out), "--no-progress"] + (["--resume"] if resume else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "vfm_core.train.main",
+        "--config",
+        str(cfg_path),
+        "--out",
+        str(out),
+        "--no-progress",
+    ] + (["--resume"] if resume else [])
     env = dict(os.environ)
     if mlflow_run_id:
         env["MLFLOW_RUN_ID"] = mlflow_run_id
     logger.info("launching: %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     lines: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -9,22 +9,39 @@ import pytest
 
 
 def vfm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vfm_core.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "vfm_core.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["train", "--recipe", "dit-huge", "--steps", "1", "--out", "x"], "unknown recipe 'dit-huge'"),
-    (["train", "--steps", "1", "--out", "x", "--set", "model.hiden=3"], "model.hiden: unknown key"),
-    (["train", "--steps", "1", "--out", "x", "--set", "model.hidden=abc"],
-     "model.hidden: expected an integer"),
-    (["train", "--steps", "-3", "--out", "x"], "--steps must be >= 0"),
-    (["train", "--steps", "1", "--out", "x", "--set", "data.latent_width=15"],
-     "data.latent_width: 15 is not a positive multiple of the patch 2"),
-    (["train", "--steps", "1"], "the following arguments are required: --out"),
-    (["train", "--steps", "1", "--out", "x", "--bogus"], "unrecognized arguments: --bogus"),
-    (["flops", "--recipe", "dit-7b", "--seq", "zero"], "--seq must be an integer"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["train", "--recipe", "dit-huge", "--steps", "1", "--out", "x"],
+            "unknown recipe 'dit-huge'",
+        ),
+        (
+            ["train", "--steps", "1", "--out", "x", "--set", "model.hiden=3"],
+            "model.hiden: unknown key",
+        ),
+        (
+            ["train", "--steps", "1", "--out", "x", "--set", "model.hidden=abc"],
+            "model.hidden: expected an integer",
+        ),
+        (["train", "--steps", "-3", "--out", "x"], "--steps must be >= 0"),
+        (
+            ["train", "--steps", "1", "--out", "x", "--set", "data.latent_width=15"],
+            "data.latent_width: 15 is not a positive multiple of the patch 2",
+        ),
+        (["train", "--steps", "1"], "the following arguments are required: --out"),
+        (["train", "--steps", "1", "--out", "x", "--bogus"], "unrecognized arguments: --bogus"),
+        (["flops", "--recipe", "dit-7b", "--seq", "zero"], "--seq must be an integer"),
+    ],
+)
 def test_bad_input_is_one_clear_line(args, needle, tmp_path):
     r = vfm(*args)
     assert r.returncode == 2

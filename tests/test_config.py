@@ -14,8 +14,17 @@ from vfm_core.recipes import RECIPES, get_recipe
 
 
 def test_overrides_apply_and_coerce():
-    cfg = apply_overrides(Config(), ["model.hidden=512", "optim.lr=1e-3", "model.patch=[1,4,4]",
-                                     "model.kv_heads=2", "train.dtype=bfloat16", "optim.lr=2"])
+    cfg = apply_overrides(
+        Config(),
+        [
+            "model.hidden=512",
+            "optim.lr=1e-3",
+            "model.patch=[1,4,4]",
+            "model.kv_heads=2",
+            "train.dtype=bfloat16",
+            "optim.lr=2",
+        ],
+    )
     assert cfg.model.hidden == 512
     assert cfg.model.patch == (1, 4, 4)
     assert cfg.model.kv_heads == 2
@@ -23,28 +32,37 @@ def test_overrides_apply_and_coerce():
     assert cfg.train.dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("model.hiden=3", "model.hiden: unknown key"),
-    ("modle.hidden=3", "modle: unknown key"),
-    ("model.hidden=abc", "model.hidden: expected an integer"),
-    ("model.hidden=1.5", "model.hidden: expected an integer"),
-    ("model.qk_norm=3", "model.qk_norm: expected true/false"),
-    ("model.adaln=full", "model.adaln: expected one of 'zero', 'lora'"),
-    ("model.patch=[1,2]", "model.patch: expected a list of 3"),
-    ("hidden=3", "key must be section.field"),
-    ("model.hidden", "expected section.field=value"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("model.hiden=3", "model.hiden: unknown key"),
+        ("modle.hidden=3", "modle: unknown key"),
+        ("model.hidden=abc", "model.hidden: expected an integer"),
+        ("model.hidden=1.5", "model.hidden: expected an integer"),
+        ("model.qk_norm=3", "model.qk_norm: expected true/false"),
+        ("model.adaln=full", "model.adaln: expected one of 'zero', 'lora'"),
+        ("model.patch=[1,2]", "model.patch: expected a list of 3"),
+        ("hidden=3", "key must be section.field"),
+        ("model.hidden", "expected section.field=value"),
+    ],
+)
 def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[")):
         apply_overrides(Config(), [override])
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("model.heads=3", "model.heads"),
-    ("data.latent_height=15", "data.latent_height: 15 is not a positive multiple of the patch 2"),
-    ("train.steps=-1", "train.steps"),
-    ("model.kv_heads=3", "model.kv_heads"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("model.heads=3", "model.heads"),
+        (
+            "data.latent_height=15",
+            "data.latent_height: 15 is not a positive multiple of the patch 2",
+        ),
+        ("train.steps=-1", "train.steps"),
+        ("model.kv_heads=3", "model.kv_heads"),
+    ],
+)
 def test_validate_names_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle):
         validate(apply_overrides(get_recipe("dit-tiny"), [override]))

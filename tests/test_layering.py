@@ -22,8 +22,11 @@ def imported_roots(path: Path) -> set[str]:
 def violations(folder: str, forbidden: set[str]) -> list[str]:
     files = sorted((REPO / folder).rglob("*.py"))
     assert files, f"no Python files under {folder}/"
-    return [f"{p.relative_to(REPO)} imports {sorted(imported_roots(p) & forbidden)}"
-            for p in files if imported_roots(p) & forbidden]
+    return [
+        f"{p.relative_to(REPO)} imports {sorted(imported_roots(p) & forbidden)}"
+        for p in files
+        if imported_roots(p) & forbidden
+    ]
 
 
 def test_vfm_core_never_imports_prefect_layer():

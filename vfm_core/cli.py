@@ -1,8 +1,8 @@
 """The ``vfm`` command. The forms below are a stable contract (acceptance checks use them):
 
-    vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume] [--set section.field=value ...]
-    vfm flops --recipe NAME --seq TOKENS [--json]
-    vfm recipes
+vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume] [--set section.field=value ...]
+vfm flops --recipe NAME --seq TOKENS [--json]
+vfm recipes
 """
 
 from __future__ import annotations
@@ -48,8 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
     tr.add_argument("--seed", type=_positive("--seed"), help="seed for init, sigma and noise")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    tr.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                    help="override a config field (repeatable)")
+    tr.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config field (repeatable)",
+    )
     tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
 
     fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
@@ -83,11 +88,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.train.main import run_training
 
     cfg = _config(args)
-    summary = run_training(cfg, out_dir=args.out, resume=args.resume,
-                           progress=sys.stderr.isatty())
+    summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=sys.stderr.isatty())
     m = summary["metrics"]
-    print(f"trained {cfg.recipe} to step {summary['step']}: loss {m.get('loss', float('nan')):.4f}, "
-          f"{m.get('tokens_per_s', 0):.0f} tokens/s, MFU {m.get('mfu', 0):.1%}")
+    print(
+        f"trained {cfg.recipe} to step {summary['step']}: loss {m.get('loss', float('nan')):.4f}, "
+        f"{m.get('tokens_per_s', 0):.0f} tokens/s, MFU {m.get('mfu', 0):.1%}"
+    )
     print(f"metrics: {args.out}/metrics.jsonl   checkpoint: {summary['checkpoint']}")
     if summary["mlflow_run_id"]:
         print(f"MLflow run {summary['mlflow_run_id']}: {summary['mlflow_ui']}")
@@ -104,11 +110,16 @@ def cmd_flops(args: argparse.Namespace) -> int:
     params = count_params(build_model(cfg.model, device="meta"))
     fpt = train_flops_per_token(cfg.model, seq_len=args.seq, text_len=cfg.model.text_len)
     if args.json:
-        print(json.dumps({"recipe": cfg.recipe, "seq": args.seq, "params": params,
-                          "flops_per_token": fpt}))
+        print(
+            json.dumps(
+                {"recipe": cfg.recipe, "seq": args.seq, "params": params, "flops_per_token": fpt}
+            )
+        )
     else:
-        print(f"{cfg.recipe}: {params / 1e9:.3f} B params, {fpt / 1e9:.2f} GFLOPs/token "
-              f"(training, seq {args.seq}), {fpt / params:.2f} x params")
+        print(
+            f"{cfg.recipe}: {params / 1e9:.3f} B params, {fpt / 1e9:.2f} GFLOPs/token "
+            f"(training, seq {args.seq}), {fpt / params:.2f} x params"
+        )
     return 0
 
 
@@ -119,8 +130,10 @@ def cmd_recipes(args: argparse.Namespace) -> int:
         cfg = get_recipe(name)
         n = count_params(build_model(cfg.model, device="meta"))
         m = cfg.model
-        print(f"{name:16s} {m.arch:9s} {n / 1e6:10.1f}M  depth {m.depth:3d}  hidden {m.hidden:5d}  "
-              f"heads {m.heads:3d}/{m.n_kv_heads:<3d} adaln {m.adaln}")
+        print(
+            f"{name:16s} {m.arch:9s} {n / 1e6:10.1f}M  depth {m.depth:3d}  hidden {m.hidden:5d}  "
+            f"heads {m.heads:3d}/{m.n_kv_heads:<3d} adaln {m.adaln}"
+        )
     return 0
 
 

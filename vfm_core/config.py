@@ -1,8 +1,8 @@
 """Typed configuration for every component, YAML load and ``--section.field=value`` overrides.
 
 Every section is a ``@dataclass(kw_only=True, slots=True)``; the whole run is one :class:`Config`.
-Unknown keys and values of the wrong type raise :class:`ConfigError` naming the dotted key, so a typo
-in a YAML file or on the command line never silently falls back to a default.
+Unknown keys and values of the wrong type raise :class:`ConfigError` naming the dotted key, so a
+typo in a YAML file or on the command line never silently falls back to a default.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     arch: Literal["dit", "stdit", "llama_dit"] = "dit"
-    """Block family: full-attention DiT, spatial/temporal ST-DiT, or Llama-style DiT (GQA, SwiGLU)."""
+    """Block family: full-attention DiT, spatial/temporal ST-DiT or Llama DiT (GQA, SwiGLU)."""
     in_channels: int = 4
     """Latent channels of the tokenizer."""
     patch: tuple[int, int, int] = (1, 2, 2)
@@ -48,7 +48,7 @@ class ModelConfig:
     text_len: int = 8
     """Number of text tokens per sample."""
     adaln: Literal["zero", "lora"] = "lora"
-    """AdaLN-Zero (full per-block modulation MLP) or AdaLN-LoRA (shared term + per-block low rank)."""
+    """AdaLN-Zero (full per-block modulation MLP) or AdaLN-LoRA (shared + low-rank)."""
     adaln_lora_rank: int = 64
     """Rank r of the per-block AdaLN-LoRA projection D -> r -> 3D."""
     qk_norm: bool = True
@@ -56,7 +56,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     """Base of the factorised 3D rotary embedding."""
     stdit_full_every: int = 0
-    """ST-DiT only: every k-th block uses full 3D attention instead of spatial+temporal (0 = never)."""
+    """ST-DiT only: every k-th block uses full 3D attention not spatial+temporal (0 = never)."""
     freq_dim: int = 256
     """Width of the sinusoidal timestep features."""
     norm_eps: float = 1e-6
@@ -219,7 +219,7 @@ def to_dict(obj: Any) -> Any:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against annotation ``tp``; return it converted (list -> tuple, int -> float)."""
+    """Check ``value`` against annotation ``tp``; return it converted (list->tuple, int->float)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         errors = []
@@ -295,9 +295,7 @@ def merge(cfg: Config, values: dict[str, Any]) -> Config:
             unknown = set(v) - set(base[k])
             if unknown:
                 name = sorted(unknown)[0]
-                raise ConfigError(
-                    f"{k}.{name}: unknown key (known: {', '.join(sorted(base[k]))})"
-                )
+                raise ConfigError(f"{k}.{name}: unknown key (known: {', '.join(sorted(base[k]))})")
             base[k] = {**base[k], **v}
         else:
             base[k] = v
@@ -381,5 +379,7 @@ def validate(cfg: Config) -> Config:
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1), got {t.ema_decay}")
     if not 0.0 <= cfg.diffusion.cond_dropout <= 1.0:
-        raise ConfigError(f"diffusion.cond_dropout: must be in [0, 1], got {cfg.diffusion.cond_dropout}")
+        raise ConfigError(
+            f"diffusion.cond_dropout: must be in [0, 1], got {cfg.diffusion.cond_dropout}"
+        )
     return cfg

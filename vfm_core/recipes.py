@@ -13,10 +13,25 @@ from vfm_core.config import Config, ConfigError, DataConfig, ModelConfig, TrainC
 
 # 121 frames at 704x1280 through an 8x8x8 causal tokenizer: 1 + 120/8 = 16 latent frames
 _BIG_DATA = dict(batch_size=1, latent_frames=16, latent_height=88, latent_width=160)
-_BIG_MODEL = dict(in_channels=16, patch=(1, 2, 2), text_dim=1024, text_len=512, mlp_ratio=4.0,
-                  adaln="lora", adaln_lora_rank=256)
-_TINY_MODEL = dict(in_channels=4, hidden=256, depth=4, heads=4, text_dim=384, text_len=8,
-                   adaln="lora", adaln_lora_rank=64)
+_BIG_MODEL = dict(
+    in_channels=16,
+    patch=(1, 2, 2),
+    text_dim=1024,
+    text_len=512,
+    mlp_ratio=4.0,
+    adaln="lora",
+    adaln_lora_rank=256,
+)
+_TINY_MODEL = dict(
+    in_channels=4,
+    hidden=256,
+    depth=4,
+    heads=4,
+    text_dim=384,
+    text_len=8,
+    adaln="lora",
+    adaln_lora_rank=64,
+)
 
 
 def _cfg(name: str, model: dict, data: dict | None = None, train: dict | None = None) -> Config:
@@ -37,26 +52,50 @@ RECIPES: dict[str, Callable[[], Config]] = {
         {**_TINY_MODEL, "arch": "llama_dit", "norm": "rms", "mlp": "swiglu", "kv_heads": 2},
     ),
     # paper scale
-    "dit-7b": lambda: _cfg("dit-7b", {**_BIG_MODEL, "hidden": 4096, "depth": 28, "heads": 32},
-                           _BIG_DATA),
-    "dit-28b": lambda: _cfg("dit-28b", {**_BIG_MODEL, "hidden": 6144, "depth": 48, "heads": 48},
-                            _BIG_DATA),
+    "dit-7b": lambda: _cfg(
+        "dit-7b", {**_BIG_MODEL, "hidden": 4096, "depth": 28, "heads": 32}, _BIG_DATA
+    ),
+    "dit-28b": lambda: _cfg(
+        "dit-28b", {**_BIG_MODEL, "hidden": 6144, "depth": 48, "heads": 48}, _BIG_DATA
+    ),
     "stdit-7b": lambda: _cfg(
-        "stdit-7b", {**_BIG_MODEL, "arch": "stdit", "hidden": 4096, "depth": 22, "heads": 32},
-        _BIG_DATA),
+        "stdit-7b",
+        {**_BIG_MODEL, "arch": "stdit", "hidden": 4096, "depth": 22, "heads": 32},
+        _BIG_DATA,
+    ),
     "stdit-12b": lambda: _cfg(
-        "stdit-12b", {**_BIG_MODEL, "arch": "stdit", "hidden": 5120, "depth": 24, "heads": 40},
-        _BIG_DATA),
+        "stdit-12b",
+        {**_BIG_MODEL, "arch": "stdit", "hidden": 5120, "depth": 24, "heads": 40},
+        _BIG_DATA,
+    ),
     "llama-dit-7b": lambda: _cfg(
         "llama-dit-7b",
-        {**_BIG_MODEL, "arch": "llama_dit", "norm": "rms", "mlp": "swiglu", "hidden": 4096,
-         "depth": 32, "heads": 32, "kv_heads": 8},
-        _BIG_DATA),
+        {
+            **_BIG_MODEL,
+            "arch": "llama_dit",
+            "norm": "rms",
+            "mlp": "swiglu",
+            "hidden": 4096,
+            "depth": 32,
+            "heads": 32,
+            "kv_heads": 8,
+        },
+        _BIG_DATA,
+    ),
     "llama-dit-28b": lambda: _cfg(
         "llama-dit-28b",
-        {**_BIG_MODEL, "arch": "llama_dit", "norm": "rms", "mlp": "swiglu", "hidden": 6144,
-         "depth": 56, "heads": 48, "kv_heads": 8},
-        _BIG_DATA),
+        {
+            **_BIG_MODEL,
+            "arch": "llama_dit",
+            "norm": "rms",
+            "mlp": "swiglu",
+            "hidden": 6144,
+            "depth": 56,
+            "heads": 48,
+            "kv_heads": 8,
+        },
+        _BIG_DATA,
+    ),
 }
 
 

@@ -26,8 +26,9 @@ def test_params_validate():
 def test_train_flow_runs_trainer_and_links_mlflow(prefect_api, tmp_path):
     import mlflow
 
-    params = TrainParams(steps=4, out_dir=str(tmp_path / "run"), overrides=FAST,
-                         experiment="test-flow")
+    params = TrainParams(
+        steps=4, out_dir=str(tmp_path / "run"), overrides=FAST, experiment="test-flow"
+    )
     summary = train_flow(params)
     assert summary["step"] == 4
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]

@@ -70,8 +70,9 @@ def test_layouts_equal_loops_over_groups():
         hh, ww = divmod(j, 4)
         ang = rope.reshape(3, 2, 4, -1)[:, hh, ww]
         ref = attn(xt[:, :, j], rope=ang)
-        torch.testing.assert_close(temporal.reshape(2, 3, 8, 32)[:, :, j], ref, rtol=1e-4,
-                                   atol=1e-5)
+        torch.testing.assert_close(
+            temporal.reshape(2, 3, 8, 32)[:, :, j], ref, rtol=1e-4, atol=1e-5
+        )
     assert not torch.allclose(full, spatial)
 
 
@@ -132,18 +133,23 @@ def test_training_moves_output_and_all_parts_get_gradients():
 def test_adaln_lora_is_smaller_than_zero():
     base = get_recipe("dit-7b")
     lora = count_params(build_model(base.model, device="meta"))
-    zero = count_params(build_model(apply_overrides(base, ["model.adaln=zero"]).model,
-                                    device="meta"))
+    zero = count_params(
+        build_model(apply_overrides(base, ["model.adaln=zero"]).model, device="meta")
+    )
     d, depth = 4096, 28
     # AdaLN-Zero adds 3 sub-layers x (D x 3D + 3D) per block; LoRA replaces that by rank-256 terms
-    assert zero - lora == pytest.approx(depth * 3 * (3 * d * d + 3 * d - 256 * 4 * d) - 3 * d * d - 3 * d,
-                                        rel=1e-6)
+    assert zero - lora == pytest.approx(
+        depth * 3 * (3 * d * d + 3 * d - 256 * 4 * d) - 3 * d * d - 3 * d, rel=1e-6
+    )
     assert 6.8e9 < lora < 7.6e9
 
 
 def test_big_presets_build_on_meta():
-    for name, lo, hi in [("dit-28b", 26e9, 29e9), ("stdit-12b", 11e9, 13e9),
-                         ("llama-dit-7b", 6.5e9, 8e9)]:
+    for name, lo, hi in [
+        ("dit-28b", 26e9, 29e9),
+        ("stdit-12b", 11e9, 13e9),
+        ("llama-dit-7b", 6.5e9, 8e9),
+    ]:
         model = build_model(get_recipe(name).model, device="meta")
         assert all(p.is_meta for p in model.parameters())
         assert lo < count_params(model) < hi, name
@@ -161,5 +167,9 @@ def test_dit_block_layouts():
     cfg = apply_overrides(get_recipe("stdit-tiny"), ["model.stdit_full_every=2"]).model
     model = build_model(cfg)
     assert [b.layouts for b in model.blocks.values()] == [
-        ("spatial", "temporal"), ("full",), ("spatial", "temporal"), ("full",)]
+        ("spatial", "temporal"),
+        ("full",),
+        ("spatial", "temporal"),
+        ("full",),
+    ]
     assert isinstance(model.blocks["1"], DiTBlock)

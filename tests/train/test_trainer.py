@@ -21,8 +21,13 @@ FAST = ["data.batch_size=2", "model.depth=2", "train.log_every=1"]
 
 
 def vfm(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vfm_core.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "vfm_core.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def losses(out: Path) -> list[tuple[int, float]]:
@@ -32,21 +37,50 @@ def losses(out: Path) -> list[tuple[int, float]]:
 def test_resume_in_new_process_is_bit_identical(tmp_path):
     sets = [a for s in FAST + ["train.ckpt_every=5"] for a in ("--set", s)]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    r = vfm("train", "--recipe", "dit-tiny", "--steps", "20", "--out", str(straight), "--no-mlflow",
-            *sets)
+    r = vfm(
+        "train",
+        "--recipe",
+        "dit-tiny",
+        "--steps",
+        "20",
+        "--out",
+        str(straight),
+        "--no-mlflow",
+        *sets,
+    )
     assert r.returncode == 0, r.stderr
-    r = vfm("train", "--recipe", "dit-tiny", "--steps", "10", "--out", str(split), "--no-mlflow",
-            *sets)
+    r = vfm(
+        "train", "--recipe", "dit-tiny", "--steps", "10", "--out", str(split), "--no-mlflow", *sets
+    )
     assert r.returncode == 0, r.stderr
-    r = vfm("train", "--recipe", "dit-tiny", "--steps", "20", "--out", str(split), "--no-mlflow",
-            "--resume", *sets)
+    r = vfm(
+        "train",
+        "--recipe",
+        "dit-tiny",
+        "--steps",
+        "20",
+        "--out",
+        str(split),
+        "--no-mlflow",
+        "--resume",
+        *sets,
+    )
     assert r.returncode == 0, r.stderr
     a, b = losses(straight), losses(split)
     assert [s for s, _ in a] == list(range(1, 21)) and [s for s, _ in b] == list(range(1, 21))
     assert a == b  # exact float equality, every step
     rows = [json.loads(x) for x in (straight / "metrics.jsonl").open()]
-    for key in ("step", "loss", "tokens_per_s", "tflops", "mfu", "grad_norm", "lr", "data_wait",
-                "peak_mem_gb"):
+    for key in (
+        "step",
+        "loss",
+        "tokens_per_s",
+        "tflops",
+        "mfu",
+        "grad_norm",
+        "lr",
+        "data_wait",
+        "peak_mem_gb",
+    ):
         assert key in rows[-1]
     assert rows[-1]["mfu"] > 0 and rows[-1]["tokens_per_s"] > 0
     # only the last two checkpoints are kept, no leftovers from the atomic write
@@ -59,8 +93,11 @@ def test_checkpoint_holds_no_pickle(tmp_path):
     run_training(cfg, out_dir=tmp_path, progress=False)
     ck = CheckpointManager(tmp_path).latest()
     files = sorted(p.name for p in ck.iterdir())
-    assert files == ["model-00001-of-00001.safetensors", "model.safetensors.index.json",
-                     "state.json"]
+    assert files == [
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
+        "state.json",
+    ]
     state = json.loads((ck / "state.json").read_text())
     assert state["step"] == 2 and state["state"]["data"]["position"] == 4
 
@@ -69,8 +106,11 @@ def test_resume_with_other_model_shape_fails_clearly(tmp_path):
     cfg = apply_overrides(get_recipe("dit-tiny"), FAST + ["train.steps=1", "tracking.mlflow=false"])
     run_training(cfg, out_dir=tmp_path, progress=False)
     other = apply_overrides(cfg, ["model.hidden=128", "train.steps=2"])
-    with pytest.raises(CheckpointError, match=r"another model shape \(model.hidden: checkpoint 256 "
-                                              r"vs now 128"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"another model shape \(model.hidden: checkpoint 256 "
+        r"vs now 128",
+    ):
         run_training(other, out_dir=tmp_path, resume=True, progress=False)
     with pytest.raises(CheckpointError, match="no checkpoint under"):
         run_training(cfg, out_dir=tmp_path / "empty", resume=True, progress=False)
@@ -110,9 +150,16 @@ def test_synthetic_source_is_a_pure_function_of_position():
 def test_loss_falls_and_mlflow_has_the_charts(tmp_path):
     import mlflow
 
-    cfg = apply_overrides(get_recipe("dit-tiny"),
-                          ["data.batch_size=4", "train.steps=60", "optim.lr=0.002",
-                           "optim.warmup_steps=5", "tracking.experiment=test-trainer"])
+    cfg = apply_overrides(
+        get_recipe("dit-tiny"),
+        [
+            "data.batch_size=4",
+            "train.steps=60",
+            "optim.lr=0.002",
+            "optim.warmup_steps=5",
+            "tracking.experiment=test-trainer",
+        ],
+    )
     summary = run_training(cfg, out_dir=tmp_path, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").open()]
     first = sum(r["loss"] for r in rows[:10]) / 10

@@ -1,7 +1,8 @@
 """Adaptive LayerNorm conditioning: AdaLN-Zero (DiT, Peebles & Xie 2023) and AdaLN-LoRA (Cosmos,
 NVIDIA 2025 §5.1).
 
-Each sub-layer (attention, cross-attention, MLP) of a block is modulated by (shift, scale, gate), all
+Each sub-layer (attention, cross-attention, MLP) of a block is modulated by (shift, scale, gate),
+all
 functions of the per-sample conditioning embedding ``emb`` (B, D):
 
 * **zero**: per block ``Linear(SiLU(emb))`` D -> n·3D. At D=4096 this is 3·n·D² parameters a block —

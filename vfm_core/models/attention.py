@@ -1,9 +1,12 @@
 """Self- and cross-attention modules with per-head QK RMSNorm, GQA and 3D RoPE.
 
 ``layout`` selects which tokens attend to each other without changing the projections, so one module
-serves full 3D attention (DiT), spatial attention within a frame and temporal attention across frames
-(ST-DiT). RoPE is applied on the full (t, h, w) grid before regrouping: within a frame the t rotation is
-common to q and k and cancels, so spatial/temporal attention see exactly the 2D/1D relative encoding.
+serves full 3D attention (DiT), spatial attention within a frame and temporal attention across
+frames
+(ST-DiT). RoPE is applied on the full (t, h, w) grid before regrouping: within a frame the t
+rotation is
+common to q and k and cancels, so spatial/temporal attention see exactly the 2D/1D relative
+encoding.
 """
 
 from __future__ import annotations

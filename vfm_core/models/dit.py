@@ -1,5 +1,7 @@
-"""The DiT family: full-attention DiT blocks, ST-DiT (spatial + temporal) blocks, and the Llama-style
-variant (RMSNorm, SwiGLU, grouped-query attention — the DiT block with those options from the config).
+"""The DiT family: full-attention DiT blocks, ST-DiT (spatial + temporal) blocks, and the
+Llama-style
+variant (RMSNorm, SwiGLU, grouped-query attention — the DiT block with those options from the
+config).
 
 Block anatomy (pre-norm, AdaLN-modulated, gated residuals; DiT / Cosmos):
 
@@ -39,7 +41,9 @@ class DiTBlock(nn.Module):
         d = cfg.hidden
         self.layouts = layouts
         attn = dict(kv_heads=cfg.kv_heads, qk_norm=cfg.qk_norm, eps=cfg.norm_eps)
-        self.norms = nn.ModuleList(make_norm(cfg.norm, d, cfg.norm_eps) for _ in range(len(layouts) + 2))
+        self.norms = nn.ModuleList(
+            make_norm(cfg.norm, d, cfg.norm_eps) for _ in range(len(layouts) + 2)
+        )
         self.self_attn = nn.ModuleList(Attention(d, cfg.heads, **attn) for _ in layouts)
         self.cross_attn = Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
         self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio)
@@ -109,7 +113,8 @@ class DiT(nn.Module):
         self.init_weights()
 
     def init_weights(self) -> None:
-        """Xavier linears, zero biases; AdaLN and the output layer zero so blocks start as identity."""
+        """Xavier linears, zero biases; AdaLN and the output layer zero so blocks start as
+        identity."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)

@@ -1,4 +1,5 @@
-"""Building blocks shared by every DiT variant: patchify, timestep features, norms, 3D RoPE, MLPs and
+"""Building blocks shared by every DiT variant: patchify, timestep features, norms, 3D RoPE, MLPs
+and
 the one attention dispatch function.
 
 Single-device code: nothing here knows about meshes; parallelism is applied from outside.
@@ -21,7 +22,8 @@ class ShapeError(ValueError):
 
 # ----------------------------------------------------------------------------------------- patchify
 def patchify(x: torch.Tensor, patch: Grid) -> tuple[torch.Tensor, Grid]:
-    """(B, C, T, H, W) latents -> (B, N, C*pt*ph*pw) tokens in (t, h, w) raster order, plus the grid."""
+    """(B, C, T, H, W) latents -> (B, N, C*pt*ph*pw) tokens in (t, h, w) raster order, plus the
+    grid."""
     if x.ndim != 5:
         raise ShapeError(f"latents must be (B, C, T, H, W), got shape {tuple(x.shape)}")
     b, c, t, h, w = x.shape
@@ -52,7 +54,9 @@ def timestep_features(c_noise: torch.Tensor, dim: int, max_period: float = 10000
     'Attention is all you need' positional encodings)."""
     half = dim // 2
     freqs = torch.exp(
-        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=c_noise.device) / half
+        -math.log(max_period)
+        * torch.arange(half, dtype=torch.float32, device=c_noise.device)
+        / half
     )
     args = c_noise.float()[:, None] * freqs[None] * 1000.0  # (B, half); c_noise=ln(sigma)/4 is O(1)
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, dim)
@@ -73,7 +77,8 @@ class TimestepEmbedder(nn.Module):
 
 # ----------------------------------------------------------------------------------------- norms
 def make_norm(kind: str, dim: int, eps: float, affine: bool = False) -> nn.Module:
-    """Pre-norm before AdaLN modulation: affine=False since shift/scale come from the conditioning."""
+    """Pre-norm before AdaLN modulation: affine=False since shift/scale come from the
+    conditioning."""
     if kind == "rms":
         return nn.RMSNorm(dim, eps=eps, elementwise_affine=affine)
     return nn.LayerNorm(dim, eps=eps, elementwise_affine=affine)
@@ -150,13 +155,15 @@ def make_mlp(kind: str, dim: int, ratio: float) -> nn.Module:
     return SwiGLU(dim, ratio) if kind == "swiglu" else GeluMLP(dim, ratio)
 
 
-# ----------------------------------------------------------------------------------------- attention
+# -----------------------------------------------------------------------------------------
+# attention
 ATTENTION_BACKENDS = ("sdpa", "math")
 _backend = "sdpa"
 
 
 def set_attention_backend(name: str) -> None:
-    """Select the attention kernel globally: 'sdpa' (torch fused/flash on GPU) or 'math' (reference).
+    """Select the attention kernel globally: 'sdpa' (torch fused/flash on GPU) or 'math'
+    (reference).
 
     flex / varlen for packed sequences and transformer-engine fused attention plug in here later.
     """

@@ -1,15 +1,19 @@
-"""Checkpoints through torch.distributed.checkpoint (DCP) — tensors in safetensors, the rest in JSON.
+"""Checkpoints through torch.distributed.checkpoint (DCP) — tensors in safetensors, the rest in
+JSON.
 
 Layout of ``DIR/checkpoints/step_00000010/``:
 
 * ``model-*.safetensors`` + ``model.safetensors.index.json`` — every tensor of the Stateful state
-  (model, EMA, optimizer moments, RNG bytes), written by DCP's HuggingFace storage writer, so a later
+  (model, EMA, optimizer moments, RNG bytes), written by DCP's HuggingFace storage writer, so a
+  later
   parallel layout can reshard them on load;
-* ``state.json`` — the non-tensor leaves (step, loader position, LR-schedule counters, MLflow run id)
+* ``state.json`` — the non-tensor leaves (step, loader position, LR-schedule counters, MLflow run
+id)
   and the model config used to check that a resume matches the model shape.
 
 No pickle: DCP's default ``.metadata`` file is a pickle, so the safetensors storage is used instead,
-and ``state.json`` is plain JSON. A checkpoint is written to a temporary folder and renamed into place,
+and ``state.json`` is plain JSON. A checkpoint is written to a temporary folder and renamed into
+place,
 so a crash mid-save never leaves a half checkpoint that ``latest`` would pick.
 """
 
@@ -67,16 +71,20 @@ def _restore_int_keys(tree: Any, like: Any) -> Any:
     """JSON turns int dict keys (optimizer param ids) into strings; take key types from ``like``."""
     if isinstance(tree, dict) and isinstance(like, dict):
         by_str = {str(k): k for k in like}
-        return {by_str.get(k, k): _restore_int_keys(v, like.get(by_str.get(k, k))) for k, v in
-                tree.items()}
+        return {
+            by_str.get(k, k): _restore_int_keys(v, like.get(by_str.get(k, k)))
+            for k, v in tree.items()
+        }
     if isinstance(tree, list) and isinstance(like, list | tuple):
-        return [_restore_int_keys(v, like[i] if i < len(like) else None) for i, v in
-                enumerate(tree)]
+        return [
+            _restore_int_keys(v, like[i] if i < len(like) else None) for i, v in enumerate(tree)
+        ]
     return tree
 
 
 class CheckpointManager:
-    """Saves and restores a Stateful state dict under ``root/checkpoints``; keeps the last ``keep``."""
+    """Saves and restores a Stateful state dict under ``root/checkpoints``; keeps the last
+    ``keep``."""
 
     def __init__(self, root: str | Path, *, keep: int = 2):
         self.dir = Path(root) / "checkpoints"
@@ -123,7 +131,8 @@ class CheckpointManager:
         return doc
 
     def load(self, path: Path, template: dict[str, Any]) -> dict[str, Any]:
-        """Load into tensors shaped like ``template`` (the live state dict); returns the full state."""
+        """Load into tensors shaped like ``template`` (the live state dict); returns the full
+        state."""
         doc = self.read_meta(path)
         tensors, _ = split_state(template)
         saved, skeleton = {}, doc["state"]
@@ -131,7 +140,8 @@ class CheckpointManager:
         missing = set(tensors) - saved_paths
         if missing:
             raise CheckpointError(
-                f"checkpoint {path}: has no tensor for {sorted(missing)[:5]} — saved by another model?"
+                f"checkpoint {path}: has no tensor for {sorted(missing)[:5]} "
+                "(saved by another model?)"
             )
         buffers = {k: torch.empty_like(v) for k, v in tensors.items()}
         # tensors present in the checkpoint but absent here (e.g. optimizer state not yet created)
@@ -175,8 +185,17 @@ def _empty_like_saved(path: Path, names: set[str]) -> dict[str, torch.Tensor]:
         with safe_open(str(f), framework="pt") as st:
             for name in set(st.keys()) & names:
                 sl = st.get_slice(name)
-                dtype = getattr(torch, {"F32": "float32", "F64": "float64", "U8": "uint8",
-                                        "I64": "int64", "BF16": "bfloat16", "F16": "float16",
-                                        "I32": "int32"}[sl.get_dtype()])
+                dtype = getattr(
+                    torch,
+                    {
+                        "F32": "float32",
+                        "F64": "float64",
+                        "U8": "uint8",
+                        "I64": "int64",
+                        "BF16": "bfloat16",
+                        "F16": "float16",
+                        "I32": "int32",
+                    }[sl.get_dtype()],
+                )
                 out[name] = torch.empty(sl.get_shape(), dtype=dtype)
     return out

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vfm_core.config import Config, ConfigError, load_yaml, save_yaml, to_dict
+from vfm_core.config import Config, ConfigError, load_yaml, save_yaml
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger
 from vfm_core.train.trainer import Trainer
@@ -19,13 +19,15 @@ from vfm_core.train.trainer import Trainer
 def _check_same_model(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
     diff = [k for k in current if saved.get(k) != current[k]]
     if diff:
-        shown = ", ".join(f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}"
-                          for k in diff[:4])
+        shown = ", ".join(
+            f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff[:4]
+        )
         raise CheckpointError(f"checkpoint {path} was trained with another model shape ({shown})")
 
 
-def run_training(cfg: Config, *, out_dir: str | Path, resume: bool = False,
-                 progress: bool = True) -> dict[str, Any]:
+def run_training(
+    cfg: Config, *, out_dir: str | Path, resume: bool = False, progress: bool = True
+) -> dict[str, Any]:
     """Train ``cfg`` writing ``out_dir/metrics.jsonl`` and checkpoints; returns a summary dict."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -43,14 +45,22 @@ def run_training(cfg: Config, *, out_dir: str | Path, resume: bool = False,
         print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
     save_yaml(cfg, out / "config.yaml")
 
-    loggers: list = [JsonlLogger(out / "metrics.jsonl", resume_step=trainer.step if resume else None),
-                     ConsoleLogger(cfg.train.steps, initial=trainer.step, enabled=progress)]
+    loggers: list = [
+        JsonlLogger(out / "metrics.jsonl", resume_step=trainer.step if resume else None),
+        ConsoleLogger(cfg.train.steps, initial=trainer.step, enabled=progress),
+    ]
     mlf = None
     if cfg.tracking.mlflow:
         mlf = MLflowLogger(cfg.tracking, run_id=run_id, tags={"recipe": cfg.recipe})
-        mlf.log_params({**cfg.flat(), "params": trainer.params,
-                        "flops_per_token": trainer.flops_per_token,
-                        "peak_flops": trainer.peak_flops, "peak_source": trainer.peak_source})
+        mlf.log_params(
+            {
+                **cfg.flat(),
+                "params": trainer.params,
+                "flops_per_token": trainer.flops_per_token,
+                "peak_flops": trainer.peak_flops,
+                "peak_source": trainer.peak_source,
+            }
+        )
         loggers.append(mlf)
 
     def save(tr: Trainer) -> None:
@@ -87,13 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = load_yaml(args.config)
-        summary = run_training(cfg, out_dir=args.out, resume=args.resume,
-                               progress=not args.no_progress and sys.stderr.isatty())
+        summary = run_training(
+            cfg,
+            out_dir=args.out,
+            resume=args.resume,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
     except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: v for k, v in summary.items() if k != "metrics"} |
-                     {"final": summary["metrics"]}))
+    print(
+        json.dumps(
+            {k: v for k, v in summary.items() if k != "metrics"} | {"final": summary["metrics"]}
+        )
+    )
     return 0
 
 

@@ -36,8 +36,11 @@ class JsonlLogger:
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            keep = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln)["step"] <= resume_step]
+            keep = [
+                ln
+                for ln in self.path.read_text().splitlines()
+                if ln.strip() and json.loads(ln)["step"] <= resume_step
+            ]
             self.path.write_text("".join(ln + "\n" for ln in keep))
         self._f = self.path.open("a")
 
@@ -56,23 +59,34 @@ class ConsoleLogger:
     """A tqdm progress bar over the steps with the latest loss, throughput and MFU."""
 
     def __init__(self, total: int, *, initial: int = 0, enabled: bool = True):
-        self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="step",
-                        dynamic_ncols=True, desc="train")
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            disable=not enabled,
+            unit="step",
+            dynamic_ncols=True,
+            desc="train",
+        )
 
     def log_params(self, params: dict[str, Any]) -> None:
         pass
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.bar.update(step - self.bar.n)
-        self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
-                             mfu=f"{metrics['mfu']:.1%}", refresh=False)
+        self.bar.set_postfix(
+            loss=f"{metrics['loss']:.4f}",
+            tok_s=f"{metrics['tokens_per_s']:.0f}",
+            mfu=f"{metrics['mfu']:.1%}",
+            refresh=False,
+        )
 
     def close(self) -> None:
         self.bar.close()
 
 
 class MLflowLogger:
-    """Logs params and metrics to an MLflow run: $MLFLOW_RUN_ID (set by a flow that created the run),
+    """Logs params and metrics to an MLflow run: $MLFLOW_RUN_ID (set by a flow that created the
+    run),
     the run id saved in a checkpoint on resume, or a new run."""
 
     def __init__(self, cfg: TrackingConfig, *, run_id: str | None = None, tags: dict | None = None):

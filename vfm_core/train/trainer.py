@@ -48,7 +48,9 @@ def lr_lambda(optim: OptimConfig, total_steps: int):
         if optim.schedule == "constant":
             return 1.0
         progress = min(1.0, (step - optim.warmup_steps) / max(1, horizon - optim.warmup_steps))
-        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (
+            1 + math.cos(math.pi * progress)
+        )
 
     return fn
 
@@ -90,8 +92,11 @@ class Trainer:
         )
         self.step = 0
         d, m = cfg.data, cfg.model
-        self.grid = (d.latent_frames // m.patch[0], d.latent_height // m.patch[1],
-                     d.latent_width // m.patch[2])
+        self.grid = (
+            d.latent_frames // m.patch[0],
+            d.latent_height // m.patch[1],
+            d.latent_width // m.patch[2],
+        )
         self.tokens_per_sample = math.prod(self.grid)
         self.flops_per_token = train_flops_per_token(
             m, seq_len=self.tokens_per_sample, grid=self.grid, text_len=m.text_len
@@ -115,8 +120,12 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"] or state["model"])
         self.scheduler.load_state_dict(state["sched"])
@@ -134,7 +143,9 @@ class Trainer:
         b = x0.shape[0]
         sigma = self.edm.sample_sigma(b, generator=self.rng, device=self.device)  # (B,)
         noise = torch.randn(x0.shape, generator=self.rng, device=self.device)  # (B, C, T, H, W)
-        keep = torch.rand(b, generator=self.rng, device=self.device) >= self.cfg.diffusion.cond_dropout
+        keep = (
+            torch.rand(b, generator=self.rng, device=self.device) >= self.cfg.diffusion.cond_dropout
+        )
         text = batch.text.to(self.device) * keep[:, None, None]  # (B, L, Dt); dropped -> null text
         dtype = torch.bfloat16 if self.cfg.train.dtype == "bfloat16" else torch.float32
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -164,8 +175,9 @@ class Trainer:
         self.step += 1
         return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}
 
-    def metrics(self, step_out: dict[str, float], *, step_time: float, data_time: float,
-                batch: int) -> dict[str, float]:
+    def metrics(
+        self, step_out: dict[str, float], *, step_time: float, data_time: float, batch: int
+    ) -> dict[str, float]:
         tokens_per_s = batch * self.tokens_per_sample / step_time
         achieved = tokens_per_s * self.flops_per_token  # FLOP/s
         return {
@@ -191,8 +203,9 @@ class Trainer:
             out = self.train_step(batch)
             dt = time.perf_counter() - t0
             if self.step % t.log_every == 0 or self.step == t.steps:
-                last = self.metrics(out, step_time=dt, data_time=t_data,
-                                    batch=batch.latents.shape[0])
+                last = self.metrics(
+                    out, step_time=dt, data_time=t_data, batch=batch.latents.shape[0]
+                )
                 for lg in loggers:
                     lg.log(self.step, last)
             if checkpoint is not None and (self.step % t.ckpt_every == 0 or self.step == t.steps):
