@@ -57,6 +57,8 @@ class ModelConfig:
     """Base of the factorised 3D rotary embedding."""
     stdit_full_every: int = 0
     """ST-DiT only: every k-th block uses full 3D attention not spatial+temporal (0 = never)."""
+    attn_backend: Literal["auto", "sdpa", "math", "te"] = "auto"
+    """Attention kernel: auto = transformer-engine on CUDA when installed, else torch SDPA."""
     freq_dim: int = 256
     """Width of the sinusoidal timestep features."""
     norm_eps: float = 1e-6

@@ -157,15 +157,15 @@ def make_mlp(kind: str, dim: int, ratio: float) -> nn.Module:
 
 # -----------------------------------------------------------------------------------------
 # attention
-ATTENTION_BACKENDS = ("sdpa", "math")
+ATTENTION_BACKENDS = ("sdpa", "math", "te")
 _backend = "sdpa"
 
 
 def set_attention_backend(name: str) -> None:
-    """Select the attention kernel globally: 'sdpa' (torch fused/flash on GPU) or 'math'
-    (reference).
+    """Select the attention kernel globally: 'sdpa' (torch fused/flash on GPU), 'math'
+    (reference, counted by FlopCounterMode) or 'te' (transformer-engine, see te_adapter).
 
-    flex / varlen for packed sequences and transformer-engine fused attention plug in here later.
+    flex / varlen kernels for packed sequences plug in here with the loader's packing.
     """
     global _backend
     if name not in ATTENTION_BACKENDS:
@@ -187,4 +187,8 @@ def attention(
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return scores.softmax(dim=-1) @ v  # (B, Hq, Sq, d)
+    if _backend == "te" and mask is None:
+        from vfm_core.models.te_adapter import te_attention
+
+        return te_attention(q, k, v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)

@@ -59,6 +59,7 @@ def run_training(
                 "flops_per_token": trainer.flops_per_token,
                 "peak_flops": trainer.peak_flops,
                 "peak_source": trainer.peak_source,
+                "attn_backend_used": trainer.attn_backend_reason,
             }
         )
         loggers.append(mlf)

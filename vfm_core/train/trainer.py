@@ -22,6 +22,8 @@ from vfm_core.data.samples import LatentBatch, LatentSource
 from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.models.dit import build_model, count_params
+from vfm_core.models.layers import set_attention_backend
+from vfm_core.models.te_adapter import resolve_attention_backend
 from vfm_core.perf.flops import train_flops_per_token
 from vfm_core.perf.hardware import peak_flops
 
@@ -74,6 +76,8 @@ class Trainer:
                 f"pp={p.pp})"
             )
         self.device = resolve_device(cfg.train.device)
+        backend, self.attn_backend_reason = resolve_attention_backend(cfg.model.attn_backend)
+        set_attention_backend(backend)
         torch.manual_seed(cfg.train.seed)  # weight init is a function of the seed alone
         self.model = build_model(cfg.model, device=self.device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if cfg.train.ema_decay else None
