@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
+	@mkdir -p $(VFM_DATA_DIR) $(PREFECT_HOME)
 	$(BIN)/python -m flows.demo
 
 test: venv
