@@ -8,7 +8,6 @@ export HF_HUB_OFFLINE = 1
 export PREFECT_HOME ?= $(CURDIR)/data/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
-export PREFECT_LOGGING_LEVEL ?= WARNING
 
 .PHONY: venv demo test lint bench clean
 

@@ -67,7 +67,11 @@ def train_flow(params: TrainParams | None = None) -> dict[str, Any]:
     if cfg.tracking.mlflow and not params.resume:
         run_id = start_mlflow_run(cfg.tracking, {"recipe": cfg.recipe, "source": "prefect"})
     summary = train_model(cfg, params.resolved_out(), resume=params.resume, mlflow_run_id=run_id)
-    print(f"trained {cfg.recipe}: step {summary['step']}, final {summary['final']}")
+    final = summary["final"]
+    print(
+        f"trained {cfg.recipe} to step {summary['step']}: loss {final.get('loss', 0):.4f}, "
+        f"MFU {final.get('mfu', 0):.1%}"
+    )
     print(f"MLflow run {summary['mlflow_run_id']} -> {ui_hint(cfg.tracking)}")
     return summary
 

@@ -171,3 +171,10 @@ def test_loss_falls_and_mlflow_has_the_charts(tmp_path):
     assert run.data.params["model.hidden"] == "256"
     for key in ("loss", "mfu", "tokens_per_s", "tflops", "grad_norm", "data_wait"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 60, key
+
+
+def test_fresh_run_refuses_to_overwrite_checkpoints(tmp_path):
+    cfg = apply_overrides(get_recipe("dit-tiny"), FAST + ["train.steps=1", "tracking.mlflow=false"])
+    run_training(cfg, out_dir=tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match="already holds checkpoints .*pass --resume"):
+        run_training(cfg, out_dir=tmp_path, progress=False)

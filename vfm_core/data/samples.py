@@ -20,12 +20,14 @@ class LatentBatch:
     """Sample keys, for lineage and debugging."""
 
     def to(self, device: torch.device | str) -> LatentBatch:
-        return LatentBatch(latents=self.latents.to(device), text=self.text.to(device), keys=self.keys)
+        return LatentBatch(
+            latents=self.latents.to(device), text=self.text.to(device), keys=self.keys
+        )
 
 
 @runtime_checkable
 class LatentSource(Protocol):
-    """A savable, deterministic stream of :class:`LatentBatch`: the same state gives the same batches.
+    """A savable, deterministic stream of :class:`LatentBatch`: same state, same batches.
 
     ``state_dict`` returns a small JSON-serialisable dict; ``load_state_dict`` restores it exactly.
     """

@@ -1,8 +1,8 @@
 """Synthetic latent source: moving Gaussian blobs in latent space, each motion class with a caption
 embedding — a learnable, text-conditioned stand-in for tokenizer latents before real shards exist.
 
-Sample ``i`` is a pure function of ``(seed, i)``, so the stream is savable as one integer and exactly
-reproducible after a restore in a new process.
+Sample ``i`` is a pure function of ``(seed, i)``, so the stream is savable as one integer and
+exactly reproducible after a restore in a new process.
 """
 
 from __future__ import annotations
@@ -64,12 +64,18 @@ class SyntheticLatents:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "kind": "synthetic", "seed": self.data.seed,
-                "position": self.position}
+        return {
+            "version": STATE_VERSION,
+            "kind": "synthetic",
+            "seed": self.data.seed,
+            "position": self.position,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION or state.get("kind") != "synthetic":
-            raise ValueError(f"data state {state!r} is not a synthetic source state v{STATE_VERSION}")
+            raise ValueError(
+                f"data state {state!r} is not a synthetic source state v{STATE_VERSION}"
+            )
         if state["seed"] != self.data.seed:
             raise ValueError(
                 f"data state was saved with data.seed={state['seed']}, config has {self.data.seed}"

@@ -43,11 +43,16 @@ def run_training(
         trainer.load_state_dict(ckpt.load(path, trainer.state_dict()))
         run_id = doc["meta"].get("mlflow_run_id")
         print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
+    elif ckpt.latest() is not None:
+        raise CheckpointError(
+            f"{out} already holds checkpoints (latest {ckpt.latest().name}): pass --resume to "
+            "continue, or choose a new --out"
+        )
     save_yaml(cfg, out / "config.yaml")
 
     loggers: list = [
         JsonlLogger(out / "metrics.jsonl", resume_step=trainer.step if resume else None),
-        ConsoleLogger(cfg.train.steps, initial=trainer.step, enabled=progress),
+        ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=progress),
     ]
     mlf = None
     if cfg.tracking.mlflow:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,32 +57,41 @@ class JsonlLogger:
 
 
 class ConsoleLogger:
-    """A tqdm progress bar over the steps with the latest loss, throughput and MFU."""
+    """Progress on stderr: a tqdm bar on a terminal, else one line every ~5% of the steps (so a
+    log collected by a Prefect task still shows progress)."""
 
-    def __init__(self, total: int, *, initial: int = 0, enabled: bool = True):
-        self.bar = tqdm(
-            total=total,
-            initial=initial,
-            disable=not enabled,
-            unit="step",
-            dynamic_ncols=True,
-            desc="train",
-        )
+    def __init__(self, total: int, *, initial: int = 0, bar: bool = True):
+        self.total, self.bar = total, None
+        self.every = max(1, total // 20)
+        if bar:
+            self.bar = tqdm(
+                total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train"
+            )
 
     def log_params(self, params: dict[str, Any]) -> None:
         pass
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.bar.update(step - self.bar.n)
-        self.bar.set_postfix(
-            loss=f"{metrics['loss']:.4f}",
-            tok_s=f"{metrics['tokens_per_s']:.0f}",
-            mfu=f"{metrics['mfu']:.1%}",
-            refresh=False,
-        )
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(
+                loss=f"{metrics['loss']:.4f}",
+                tok_s=f"{metrics['tokens_per_s']:.0f}",
+                mfu=f"{metrics['mfu']:.1%}",
+                refresh=False,
+            )
+        elif step % self.every == 0 or step == self.total:
+            print(
+                f"step {step}/{self.total} loss {metrics['loss']:.4f} "
+                f"{metrics['tokens_per_s']:.0f} tokens/s {metrics['tflops'] * 1e3:.1f} GFLOP/s "
+                f"MFU {metrics['mfu']:.1%}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 class MLflowLogger:
