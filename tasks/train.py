@@ -59,5 +59,7 @@ def train_model(
     if proc.wait() != 0:
         tail = "\n".join(lines[-15:])
         raise RuntimeError(f"training exited with code {proc.returncode}:\n{tail}")
-    summary = json.loads(lines[-1])
-    return summary
+    for line in reversed(lines):  # the trainer's last stdout line is its JSON summary
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"training finished without a summary line:\n{chr(10).join(lines[-15:])}")
