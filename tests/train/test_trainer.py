@@ -171,6 +171,10 @@ def test_loss_falls_and_mlflow_has_the_charts(tmp_path):
     assert run.data.params["model.hidden"] == "256"
     for key in ("loss", "mfu", "tokens_per_s", "tflops", "grad_norm", "data_wait"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 60, key
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
+        "config.yaml",
+        "metrics.jsonl",
+    }
 
 
 def test_fresh_run_refuses_to_overwrite_checkpoints(tmp_path):

@@ -79,7 +79,12 @@ def run_training(
         status = "FINISHED"
     finally:
         for lg in loggers:
-            lg.close(status) if lg is mlf else lg.close()
+            if lg is mlf:
+                for name in ("config.yaml", "metrics.jsonl"):
+                    mlf.log_artifact(out / name)
+                mlf.close(status)
+            else:
+                lg.close()
     summary = {
         "step": trainer.step,
         "out_dir": str(out),
