@@ -2,6 +2,8 @@
 
 vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume] [--set section.field=value ...]
 vfm flops --recipe NAME --seq TOKENS [--json]
+vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,...] [--top K]
+         [--json] [--explain] [--calibrate RUNS]
 vfm recipes
 """
 
@@ -63,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     fl.add_argument("--json", action="store_true", help="print one JSON object")
 
+    pl = sub.add_parser("plan", help="predict memory/TFLOPS/MFU and rank 4D-parallel layouts")
+    pl.add_argument("--recipe", required=True)
+    pl.add_argument("--seq", type=_positive("--seq"), required=True, help="video tokens/sample")
+    pl.add_argument("--gpus", type=_positive("--gpus"), required=True, help="GPU count")
+    pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
+    pl.add_argument("--fixed", default="", metavar="KEY=VALUE,...", help="pin layout keys")
+    pl.add_argument("--top", type=_positive("--top"), default=10, help="layouts to show (0: all)")
+    pl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    pl.add_argument("--json", action="store_true", help="print a JSON list, best first")
+    pl.add_argument("--explain", action="store_true", help="say why layouts were rejected")
+    pl.add_argument("--calibrate", metavar="RUNS", help="JSON/JSONL measured runs to fit")
+
     sub.add_parser("recipes", help="list presets")
     return ap
 
@@ -123,6 +137,49 @@ def cmd_flops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from vfm_core.perf.hardware import DEFAULT_EFFICIENCY
+    from vfm_core.perf.planner import calibrate, explain_rejections, format_table, plan
+
+    cfg = apply_overrides(get_recipe(args.recipe), args.set)
+    eff = DEFAULT_EFFICIENCY
+    if args.calibrate:
+        cal = calibrate(args.calibrate, hardware=args.hardware)
+        eff = cal.efficiency
+        fitted = ", ".join(f"{k}={v:.3f}" for k, v in cal.fitted.items())
+        print(
+            f"calibrated on {cal.runs} run(s): {fitted} (rms log error "
+            f"{cal.rms_log_error_before:.3f} -> {cal.rms_log_error_after:.3f})",
+            file=sys.stderr,
+        )
+    result = plan(
+        cfg.model,
+        seq_len=args.seq,
+        gpus=args.gpus,
+        hardware=args.hardware,
+        fixed=args.fixed,
+        efficiency=eff,
+    )
+    top = args.top or None
+    if args.json:
+        print(json.dumps([p.to_dict() for p in result.plans[:top]]))
+    else:
+        gpu = result.gpu
+        print(
+            f"{cfg.recipe} at {args.seq} tokens on {args.gpus} x {gpu.name} "
+            f"({gpu.bf16_tflops:.0f} TFLOP/s bf16, {gpu.hbm_gb:.0f} GB): "
+            f"{len(result.plans)} layouts ranked, {result.evaluated} evaluated, "
+            f"{len(result.rejected)} rejected"
+        )
+        print(format_table(result, top=top))
+    if args.explain:
+        out = sys.stderr if args.json else sys.stdout
+        print("rejected layouts, by reason:", file=out)
+        for line in explain_rejections(result) or ["  (none)"]:
+            print(line, file=out)
+    return 0
+
+
 def cmd_recipes(args: argparse.Namespace) -> int:
     from vfm_core.models.dit import build_model, count_params
 
@@ -141,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     try:
-        return {"train": cmd_train, "flops": cmd_flops, "recipes": cmd_recipes}[args.cmd](args)
+        return {
+            "train": cmd_train,
+            "flops": cmd_flops,
+            "plan": cmd_plan,
+            "recipes": cmd_recipes,
+        }[args.cmd](args)
     except ConfigError as e:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2

@@ -309,3 +309,80 @@ def mfu(achieved_flops_per_s: float, peak: float | tuple[float, str]) -> float:
     if achieved_flops_per_s < 0:
         raise ValueError(f"achieved FLOP/s must be >= 0, got {achieved_flops_per_s}")
     return achieved_flops_per_s / value
+
+
+# ---------------------------------------------------------------------------------------------
+# Efficiency constants of the performance planner (vfm_core.perf.timing / planner), in one place.
+# Each is a fraction of a datasheet figure above, or a fixed cost, with where the number comes from.
+# They are starting points: ``vfm_core.perf.planner.calibrate`` fits them to measured runs.
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Efficiency:
+    """Achieved fractions of datasheet peaks and fixed costs used by the step-time model."""
+
+    gemm: float = 0.75
+    """Large bf16 GEMMs reach ~75% of the dense tensor-core peak on H100 SXM (cuBLAS ~740 of 989
+    TFLOP/s at 8192³; NVIDIA "Hopper tuning guide" / public cuBLAS benchmarks, e.g. the
+    torch ``benchmarks/`` matmul sweeps); A100 likewise ~0.75-0.8 of 312."""
+    gemm_launch_s: float = 4e-6
+    """Fixed cost per GEMM call (kernel launch, tile-quantisation tail): makes efficiency size-
+    dependent, f / (f + gemm·peak·launch) — half-efficiency at ~3 GFLOP on H100."""
+    attention: float = 0.55
+    """FlashAttention-class kernel, forward + backward, head dim 128, long sequences: FA3 reaches
+    ~600-750 TFLOP/s forward and ~450-550 backward in bf16 on H100 (Shah et al. 2024,
+    FlashAttention-3, figs. 5-7) -> ~0.55 of 989 over a training step."""
+    attention_hd64: float = 0.75
+    """Relative throughput at head dim 64 vs 128 (FA2/FA3 papers: hd64 runs ~25-35% slower)."""
+    attention_half_seq: int = 512
+    """Sequence length at which flash attention runs at half its long-sequence throughput (too few
+    query tiles per head to fill 132 SMs; FA2 paper, Dao 2023, fig. 4: 512 -> ~half of 16k)."""
+    hbm: float = 0.8
+    """Memory-bound element-wise kernels (norms, modulation, activations, RoPE, copies) reach ~80%
+    of the HBM datasheet bandwidth (STREAM-like copy on H100: ~2.6-2.9 of 3.35 TB/s)."""
+    pointwise_passes: float = 6.0
+    """Bytes moved by element-wise work per saved activation byte over forward + backward (each
+    saved tensor written once and read once forward, read and gradient written/read backward)."""
+    nvlink: float = 0.8
+    """NCCL bus bandwidth over NVLink ~360 of 450 GB/s per direction on DGX H100 (nccl-tests
+    all_reduce/all_gather busbw at >=1 GB messages; NVIDIA NCCL performance notes)."""
+    ib: float = 0.8
+    """NCCL bus bandwidth over 400 Gb/s NDR InfiniBand ~40 of 50 GB/s per GPU (nccl-tests across
+    DGX H100 nodes, one NIC per GPU)."""
+    collective_latency_s: float = 2e-5
+    """Fixed latency per collective call (NCCL ring start-up, ~10-30 µs at small sizes)."""
+    tp_overlap: float = 0.0
+    """Fraction of TP/SP collectives hidden behind GEMMs (0: plain torch TP; async-TP / TE
+    userbuffers overlap raises it)."""
+    fsdp_overlap: float = 0.9
+    """Fraction of the compute time that can hide FSDP all-gathers / reduce-scatters and the DP
+    all-reduce (FSDP2 prefetching: the next layer's all-gather runs under the current layer)."""
+    ring_overlap: float = 0.9
+    """Fraction of a ring-attention step's compute that hides the next K/V chunk's P2P transfer
+    (Liu et al. 2023, Ring Attention, §3: fully hidden when block compute >= transfer time)."""
+
+
+DEFAULT_EFFICIENCY = Efficiency()
+
+HARDWARE_ALIASES: dict[str, str] = {
+    "h100": "H100 SXM",
+    "h100-sxm": "H100 SXM",
+    "h100-pcie": "H100 PCIe",
+    "h100-nvl": "H100 NVL",
+    "h200": "H200",
+    "a100": "A100 SXM",
+    "b200": "B200",
+}
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """GpuSpec for a short name (h100, h200, a100, b200; case-insensitive) or a :data:`PEAKS` key;
+    ValueError listing the known names otherwise."""
+    key = HARDWARE_ALIASES.get(name.strip().lower())
+    if key is None:
+        key = next((k for k in PEAKS if k.lower() == name.strip().lower()), None)
+    if key is None:
+        raise ValueError(
+            f"unknown hardware {name!r} (known: {', '.join(sorted(HARDWARE_ALIASES))})"
+        )
+    return PEAKS[key]

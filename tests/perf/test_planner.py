@@ -1,0 +1,285 @@
+"""The planner: search validity, FLOPs consistency, the CLI contract, bad input, calibration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from vfm_core.cli import main
+from vfm_core.config import ConfigError
+from vfm_core.perf.flops import train_flops_per_token
+from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, PEAKS, Efficiency, gpu_spec
+from vfm_core.perf.planner import (
+    Layout,
+    calibrate,
+    check_layout,
+    evaluate,
+    explain_rejections,
+    format_table,
+    load_runs,
+    parse_fixed,
+    plan,
+)
+from vfm_core.perf.timing import bubble_fraction, step_time, workload
+from vfm_core.recipes import get_recipe
+
+CONTRACT = (
+    "dp_replicate",
+    "dp_shard",
+    "tp",
+    "cp",
+    "pp",
+    "sp",
+    "recompute",
+    "fits",
+    "memory_gb",
+    "tflops_per_gpu",
+    "mfu",
+    "tokens_per_s_per_gpu",
+)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "seq", "gpus"),
+    [("dit-7b", 73728, 64), ("stdit-12b", 35840, 64), ("llama-dit-28b", 8192, 256)],
+)
+def test_ranked_layouts_are_valid_and_consistent(recipe, seq, gpus):
+    cfg = get_recipe(recipe).model
+    result = plan(cfg, seq_len=seq, gpus=gpus, hardware="h100")
+    h100 = PEAKS["H100 SXM"]
+    fpt = train_flops_per_token(cfg, seq_len=seq)
+    assert result.plans and all(p.fits for p in result.plans)
+    tok = [p.tokens_per_s_per_gpu for p in result.plans]
+    assert tok == sorted(tok, reverse=True)
+    for p in result.plans:
+        lay = p.layout
+        assert lay.world == gpus
+        assert cfg.heads % lay.tp == 0 and cfg.n_kv_heads % lay.tp == 0
+        assert lay.tp <= h100.gpus_per_node
+        assert cfg.depth % lay.pp == 0 and seq % lay.cp == 0
+        # TFLOPS = tokens/s × FLOPs/token of the spine's model, exactly
+        assert p.flops_per_token == fpt
+        assert p.tflops_per_gpu == p.tokens_per_s_per_gpu * fpt / 1e12
+        assert p.mfu == p.tflops_per_gpu / h100.bf16_tflops
+        assert p.memory.total_gib <= p.memory.capacity_gib
+        t = p.time
+        assert t.step_s == pytest.approx(
+            t.compute_s + t.exposed_comm_s + t.bubble_s + t.optimizer_s
+        )
+        assert 0 < p.mfu < 1
+
+
+def test_plan_is_fast():
+    cfg = get_recipe("dit-28b").model
+    plan(cfg, seq_len=73728, gpus=256)  # warm imports
+    t0 = time.perf_counter()
+    plan(cfg, seq_len=73728, gpus=256)
+    assert time.perf_counter() - t0 < 1.5  # ~0.3 s on an idle core; slack for a loaded CI box
+
+
+def test_bubble_and_pipeline_time():
+    assert bubble_fraction(1, 4) == 0
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert bubble_fraction(4, 4, vpp=2) == pytest.approx(3 / 11)
+    work = workload(get_recipe("dit-7b").model, seq_len=8192)
+    h100 = gpu_spec("h100")
+    lay = Layout(dp_shard=16, pp=4, microbatches=8, recompute="full")
+    st = step_time(work, lay, h100)
+    per_mb = (st.step_s - st.bubble_s - st.optimizer_s - st.parts["fsdp_dp_exposed"]) / 8
+    assert st.bubble_s == pytest.approx(3 * per_mb)  # (p−1) micro-batch slots of fill and drain
+    assert st.bubble_s / (st.step_s - st.optimizer_s - st.parts["fsdp_dp_exposed"]) == (
+        pytest.approx(bubble_fraction(4, 8))
+    )
+
+
+def test_check_layout_reasons():
+    cfg = get_recipe("dit-7b").model
+    h100 = gpu_spec("h100")
+    assert check_layout(cfg, Layout(tp=8, sp=True), seq_len=8192, gpu=h100) is None
+    assert "exceeds heads" in check_layout(cfg, Layout(tp=64), seq_len=8192, gpu=h100)
+    assert "GPUs per node" in check_layout(cfg, Layout(tp=16), seq_len=8192, gpu=h100)
+    assert "does not divide heads" in check_layout(cfg, Layout(tp=3), seq_len=8192, gpu=h100)
+    assert "depth" in check_layout(cfg, Layout(pp=3), seq_len=8192, gpu=h100)
+    assert "sequence" in check_layout(cfg, Layout(cp=3), seq_len=8192, gpu=h100)
+    a2a = Layout(cp=64, cp_mode="a2a")
+    assert "all-to-all" in check_layout(cfg, a2a, seq_len=8192, gpu=h100)
+    gqa = get_recipe("llama-dit-tiny").model  # 4 heads, 2 kv heads
+    assert "kv_heads=2" in check_layout(gqa, Layout(tp=4), seq_len=256, gpu=h100)
+
+
+def test_parse_fixed():
+    assert parse_fixed("tp=2, sp=false,recompute=full,cp_mode=a2a") == {
+        "tp": 2,
+        "sp": False,
+        "recompute": "full",
+        "cp_mode": "a2a",
+    }
+    for bad in ("foo=1", "tp=x", "tp=0", "sp=maybe", "recompute=some", "tp"):
+        with pytest.raises(ConfigError):
+            parse_fixed(bad)
+
+
+def test_fixed_plain_dp_lists_layouts_that_do_not_fit():
+    cfg = get_recipe("dit-7b").model
+    result = plan(cfg, seq_len=73728, gpus=64, fixed="tp=1,cp=1,pp=1,dp_shard=1")
+    assert result.plans and not any(p.fits for p in result.plans)
+    for p in result.plans:
+        assert (p.layout.dp_replicate, p.layout.dp_shard) == (64, 1)
+        assert p.memory.optimizer_gib > 80  # replicated optimizer of a 7B model
+    mem = [p.memory.total_gib for p in result.plans]
+    assert mem == sorted(mem)  # closest to fitting first
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(seq_len=0, gpus=8), "--seq"),
+        (dict(seq_len=8192, gpus=0), "--gpus"),
+        (dict(seq_len=8192, gpus=8, hardware="tpu-v5"), "unknown hardware"),
+        (dict(seq_len=8192, gpus=64, fixed="tp=3"), "does not divide"),
+        (dict(seq_len=8192, gpus=64, fixed="tp=64"), "exceeds heads"),
+        (dict(seq_len=8192, gpus=64, fixed="pp=16"), "depth"),
+        (dict(seq_len=8191, gpus=64, fixed="cp=2"), "sequence"),
+        (dict(seq_len=8192, gpus=3, fixed="dp_shard=1,dp_replicate=1"), "does not divide"),
+    ],
+)
+def test_bad_input_raises_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        plan(get_recipe("dit-7b").model, **kwargs)
+
+
+def test_nothing_valid_is_an_error():
+    cfg = get_recipe("dit-28b").model  # 28B on 1 GPU: nothing fits
+    with pytest.raises(ConfigError, match="no valid layout"):
+        plan(cfg, seq_len=73728, gpus=1)
+
+
+def test_hardware_names():
+    assert gpu_spec("H100") is PEAKS["H100 SXM"] and gpu_spec("h200") is PEAKS["H200"]
+    assert gpu_spec("A100") is PEAKS["A100 SXM"] and gpu_spec("b200") is PEAKS["B200"]
+    cfg = get_recipe("dit-7b").model
+    h100 = plan(cfg, seq_len=73728, gpus=64, hardware="h100").plans[0]
+    h200 = plan(cfg, seq_len=73728, gpus=64, hardware="H200").plans[0]
+    assert h200.tokens_per_s_per_gpu >= h100.tokens_per_s_per_gpu  # same compute, more HBM
+
+
+def test_explain_and_table():
+    result = plan(get_recipe("dit-7b").model, seq_len=8192, gpus=64)
+    lines = explain_rejections(result)
+    text = "\n".join(lines)
+    assert "out of memory" in text and "does not divide depth" in text
+    table = format_table(result, top=3)
+    assert "MFU" in table and "tok/s/GPU" in table and len(table.splitlines()) == 5
+
+
+# ----------------------------------------------------------------------------------------- CLI
+def test_cli_json_contract(capsys):
+    argv = ["plan", "--recipe", "dit-7b", "--seq", "73728", "--gpus", "64"]
+    assert main(argv + ["--hardware", "h100", "--top", "3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert isinstance(rows, list) and len(rows) == 3
+    for row in rows:
+        assert set(CONTRACT) <= set(row)
+        assert isinstance(row["sp"], bool) and isinstance(row["fits"], bool)
+        assert row["dp_replicate"] * row["dp_shard"] * row["tp"] * row["cp"] * row["pp"] == 64
+    tok = [r["tokens_per_s_per_gpu"] for r in rows]
+    assert tok == sorted(tok, reverse=True)
+
+
+def test_cli_fixed_plain_dp(capsys):
+    argv = ["plan", "--recipe", "dit-7b", "--seq", "73728", "--gpus", "64", "--hardware", "h100"]
+    assert main(argv + ["--fixed", "tp=1,cp=1,pp=1,dp_shard=1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["fits"] is False for r in rows)
+    assert all((r["tp"], r["cp"], r["pp"], r["dp_shard"]) == (1, 1, 1, 1) for r in rows)
+
+
+def test_cli_table_and_explain(capsys):
+    argv = ["plan", "--recipe", "dit-7b", "--seq", "73728", "--gpus", "64", "--hardware", "h100"]
+    assert main(argv + ["--top", "3", "--explain"]) == 0
+    out = capsys.readouterr().out
+    for word in ("compute", "comm", "bubble", "TFLOPS", "MFU", "tok/s/GPU", "rejected layouts"):
+        assert word in out
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--seq", "0", "--gpus", "8"],
+        ["--seq", "8192", "--gpus", "3", "--fixed", "tp=2"],
+        ["--seq", "8192", "--gpus", "64", "--hardware", "tpu"],
+        ["--seq", "8192", "--gpus", "64", "--fixed", "tp=64"],
+        ["--seq", "8192", "--gpus", "64", "--fixed", "cp=3"],
+        ["--seq", "8192", "--gpus", "64", "--fixed", "bogus=1"],
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(capsys, extra):
+    assert main(["plan", "--recipe", "dit-7b", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vfm plan: error:") and len(err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------- calibration
+def _synthetic_runs(eff: Efficiency) -> list[dict]:
+    """Measured runs as the planner would predict them with ``eff`` (the ground truth)."""
+    h100 = gpu_spec("h100")
+    runs = []
+    cases = [
+        ("dit-7b", 8192, Layout(dp_shard=64, recompute="selective", micro_batch=2)),
+        ("dit-7b", 73728, Layout(dp_shard=16, cp=4, recompute="selective")),
+        ("dit-7b", 32768, Layout(dp_shard=16, tp=4, sp=True, recompute="selective")),
+        ("stdit-7b", 35840, Layout(dp_shard=32, cp=2, cp_mode="a2a", recompute="selective")),
+    ]
+    for recipe, seq, lay in cases:
+        work = workload(get_recipe(recipe).model, seq_len=seq)
+        tok = evaluate(work, lay, h100, eff).tokens_per_s_per_gpu
+        layout = {k: getattr(lay, k) for k in ("dp_shard", "tp", "cp", "sp", "recompute")}
+        runs.append(
+            {
+                "recipe": recipe,
+                "seq": seq,
+                "hardware": "h100",
+                "layout": layout | {"micro_batch": lay.micro_batch, "cp_mode": lay.cp_mode},
+                "tokens_per_s": tok * lay.world,
+                "gpus": lay.world,
+            }
+        )
+    return runs
+
+
+def test_calibrate_recovers_a_known_efficiency():
+    truth = dataclasses.replace(DEFAULT_EFFICIENCY, gemm=0.6)
+    cal = calibrate(_synthetic_runs(truth), fit=("gemm",))
+    assert cal.fitted["gemm"] == pytest.approx(0.6, rel=0.01)
+    assert cal.rms_log_error_after < 1e-3 < cal.rms_log_error_before
+
+
+def test_calibrate_two_constants_from_a_file(tmp_path):
+    truth = dataclasses.replace(DEFAULT_EFFICIENCY, gemm=0.65, attention=0.45)
+    path = tmp_path / "runs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _synthetic_runs(truth)) + "\n")
+    assert len(load_runs(path)) == 4
+    cal = calibrate(path, fit=("gemm", "attention"), rounds=6)
+    assert cal.fitted["gemm"] == pytest.approx(0.65, rel=0.03)
+    assert cal.fitted["attention"] == pytest.approx(0.45, rel=0.03)
+
+
+def test_cli_calibrate(tmp_path, capsys):
+    truth = dataclasses.replace(DEFAULT_EFFICIENCY, gemm=0.6)
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": _synthetic_runs(truth)}))
+    argv = ["plan", "--recipe", "dit-7b", "--seq", "8192", "--gpus", "64", "--json", "--top", "1"]
+    assert main(argv + ["--calibrate", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "calibrated on 4 run(s)" in captured.err
+    calibrated = json.loads(captured.out)[0]
+    assert main(argv) == 0
+    default = json.loads(capsys.readouterr().out)[0]
+    assert calibrated["mfu"] < default["mfu"]  # slower GEMMs than the default 0.75
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"seq": 8192}]))
+    assert main(argv + ["--calibrate", str(bad)]) == 2
+    assert main(argv + ["--calibrate", str(tmp_path / "missing.json")]) == 2

@@ -1,0 +1,99 @@
+"""Public rules of thumb for parallel layouts, as the planner must reproduce them.
+
+Written from published guidance, not from any table of results:
+
+* **FSDP alone wins when model and context are small** — ZeRO-3/FSDP shards states with no change
+  to the math and hides its all-gathers behind compute; model parallelism only adds communication
+  (PyTorch FSDP paper, Zhao et al. 2023, §7; torchtitan's docs: start with FSDP, add TP/CP/PP when
+  memory or scale demands).
+* **Long context prefers context parallelism** — activations grow with sequence length and CP
+  divides them while its ring/all-to-all traffic is hidden behind quadratic attention (Ring
+  Attention, Liu et al. 2023; Ulysses, Jacobs et al. 2023; NeMo/Megatron CP docs).
+* **Large models add TP inside a node before PP** — TP over NVLink first, PP across nodes
+  (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", takeaway
+  #1: tensor parallelism up to the GPUs of a node, then pipeline parallelism).
+* **TP hurts below ~10B** — its per-layer collectives cost more than they save when GEMMs are
+  already small and states fit with FSDP (Megatron/NeMo performance-tuning guidance).
+* **All-to-all beats ring CP for ST-DiT** — spatial/temporal attention spans are short, so ring
+  steps cannot hide their K/V transfers; Ulysses moves each token once per pass (the video-DiT
+  papers use all-to-all for factorised attention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+
+from vfm_core.config import ModelConfig
+from vfm_core.perf.planner import Layout, Plan, plan
+from vfm_core.recipes import get_recipe
+
+
+def best(
+    cfg: ModelConfig, seq: int, gpus: int, where: Callable[[Layout], bool] = lambda _: True
+) -> Plan:
+    plans = [p for p in plan(cfg, seq_len=seq, gpus=gpus).plans if p.fits and where(p.layout)]
+    assert plans, "no fitting layout under the condition"
+    return plans[0]
+
+
+def small_dit() -> ModelConfig:
+    """A ~1.6B DiT (hidden 2048, depth 24)."""
+    return dataclasses.replace(get_recipe("dit-7b").model, hidden=2048, depth=24, heads=16)
+
+
+@pytest.mark.parametrize("seq", [4096, 8192])
+@pytest.mark.parametrize("gpus", [16, 64])
+def test_fsdp_alone_wins_when_model_and_context_are_small(seq, gpus):
+    lay = best(small_dit(), seq, gpus).layout
+    assert (lay.tp, lay.cp, lay.pp) == (1, 1, 1)
+    assert lay.dp_shard > 1  # sharded states, not plain DDP
+
+
+@pytest.mark.parametrize("recipe", ["dit-7b", "llama-dit-7b"])
+def test_long_context_prefers_cp(recipe):
+    cfg = get_recipe(recipe).model
+    long = best(cfg, 73728, 64)
+    assert long.layout.cp > 1
+    no_cp = best(cfg, 73728, 64, lambda x: x.cp == 1)
+    assert long.tokens_per_s_per_gpu > no_cp.tokens_per_s_per_gpu
+    assert long.layout.cp >= best(cfg, 8192, 64).layout.cp  # more CP as context grows
+
+
+@pytest.mark.parametrize("recipe", ["dit-28b", "llama-dit-28b"])
+@pytest.mark.parametrize("seq", [32768, 73728])
+def test_large_models_add_tp_inside_a_node_before_pp(recipe, seq):
+    cfg = get_recipe(recipe).model
+    top = best(cfg, seq, 256)
+    assert 1 < top.layout.tp <= 8 and top.layout.pp == 1
+    tp_only = best(cfg, seq, 256, lambda x: x.tp > 1 and x.pp == 1)
+    pp_only = best(cfg, seq, 256, lambda x: x.tp == 1 and x.pp > 1)
+    assert tp_only.tokens_per_s_per_gpu > pp_only.tokens_per_s_per_gpu
+
+
+@pytest.mark.parametrize("recipe", ["dit-7b", "llama-dit-7b", "stdit-7b"])
+@pytest.mark.parametrize("seq", [8192, 73728])
+def test_tp_hurts_below_10b(recipe, seq):
+    cfg = get_recipe(recipe).model
+    no_tp = best(cfg, seq, 64, lambda x: x.tp == 1)
+    with_tp = best(cfg, seq, 64, lambda x: x.tp > 1)
+    assert no_tp.tokens_per_s_per_gpu > with_tp.tokens_per_s_per_gpu
+
+
+@pytest.mark.parametrize("recipe", ["stdit-7b", "stdit-12b"])
+@pytest.mark.parametrize("gpus", [64, 256])
+def test_all_to_all_beats_ring_for_stdit(recipe, gpus):
+    cfg = get_recipe(recipe).model
+    a2a = best(cfg, 73728, gpus, lambda x: x.cp > 1 and x.cp_mode == "a2a")
+    ring = best(cfg, 73728, gpus, lambda x: x.cp > 1 and x.cp_mode == "ring")
+    assert a2a.tokens_per_s_per_gpu > ring.tokens_per_s_per_gpu
+    # and degree for degree, everything else equal
+    for cp in (4, 8):
+        fixed = f"cp={cp},tp=1,pp=1,recompute=selective,micro_batch=1"
+        res = plan(cfg, seq_len=73728, gpus=gpus, fixed=fixed + ",cp_mode=a2a").plans[0]
+        rin = plan(cfg, seq_len=73728, gpus=gpus, fixed=fixed + ",cp_mode=ring").plans[0]
+        assert res.layout.dp_shard == rin.layout.dp_shard
+        assert res.tokens_per_s_per_gpu > rin.tokens_per_s_per_gpu
+        assert res.time.parts["cp"] < rin.time.parts["cp"]  # exposed CP communication

@@ -1,0 +1,391 @@
+"""Per-GPU memory model of DiT training: parameters, gradients, optimiser states and activations.
+
+**Model states** (Rajbhandari et al. 2020, "ZeRO", §3.1; mixed-precision Adam): bf16 parameters
+(2 B) and gradients (2 B) on the GPU plus fp32 master weights and the two AdamW moments
+(4 + 4 + 4 B) — 16 bytes per parameter. TP and PP divide the parameters a GPU owns; FSDP (ZeRO-3,
+torch FSDP2) shards all 16 bytes over ``dp_shard × cp`` (torchtitan folds CP into the FSDP mesh,
+``parallel_dims.py``: ``dp_shard_cp``). While a layer runs, FSDP keeps its all-gathered bf16
+parameters (current + prefetched layer) and its unsharded gradient.
+
+**Activations** are the tensors autograd saves for backward. :func:`block_saved_elements` lists them
+op by op for the blocks of ``vfm_core.models.dit`` (what the modules actually save, read off the
+autograd graph of the real modules; ``tests/perf/test_memory.py`` checks the sum against
+:func:`measure_saved_bytes` within 10 % — exact on CPU fp32, within 0.6 % on an H100 in bf16 with
+``fused_norm=True``, the ``gpu``-marked test):
+
+* every pre-norm saves its input and statistics (LayerNorm: mean + rstd; RMSNorm: rstd), the AdaLN
+  ``modulate`` multiply saves the normalised tensor and ``1 + scale``;
+* the q/k/v linears save their (shared) input; per-head QK RMSNorm (decomposed: pow, rsqrt, mul,
+  mul-by-weight) saves its input, rstd and the normalised tensor; RoPE multiplies by constant
+  cos/sin and so saves only those (N × d/2 each, per call, not per sample);
+* attention is the flash kind: it saves q, k, v, the output and the fp32 log-sum-exp — never the
+  S × S probabilities. That is what the CPU SDPA kernel (``_scaled_dot_product_flash_attention_for_
+  cpu``) saves, and what FlashAttention-2/3 and cuDNN attention save on the GPU (Dao 2023, §3.1),
+  so one count serves both; the ``math`` backend (full S × S probabilities) is not modelled;
+* ST-DiT regroups q, k, v into frames / locations (a copy each, which attention saves instead of the
+  RoPE outputs) — the same element count as full attention;
+* the ``o`` projection saves the head-merged attention output — a copy in self-attention, a view in
+  cross-attention, whose query (a transposed view) makes the kernel write (B, N, H, d) directly;
+  the gated residual saves the sub-layer output and the gate; the MLP saves its input, the GELU
+  input and output (SwiGLU: the gate, its SiLU, the up projection and their product).
+
+For training on GPUs activations are bf16 (``act_bytes=2``; FSDP2 ``MixedPrecisionPolicy
+(param_dtype=bf16)``) with fp32 statistics. Parallel splits follow Korthikanti et al. 2022
+("Reducing Activation Recomputation in Large Transformer Models", §4): tensor parallelism divides
+the head- and MLP-width tensors by t, sequence parallelism also the hidden-width ones; context
+parallelism divides every per-token tensor by cp. Recompute: ``full`` keeps each block's input and
+re-runs one block at a time (its activations are the working set); ``selective`` keeps the outputs
+of matmuls and attention and recomputes norms, modulation, activations, RoPE and copies (the
+op-level policy of torchtitan's ``apply_ac``: save ``mm`` and SDPA outputs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from vfm_core.config import ModelConfig
+from vfm_core.models.dit import block_layouts
+from vfm_core.models.layers import swiglu_width
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
+GiB = float(2**30)
+
+STATE_BYTES_PER_PARAM = 16.0
+"""bf16 param (2) + bf16 grad (2) + fp32 master (4) + AdamW m, v (4 + 4): ZeRO §3.1."""
+FSDP_LIVE_LAYERS = 2
+"""All-gathered layers resident at once under FSDP: the running one and the prefetched next."""
+FRAMEWORK_OVERHEAD_GIB = 4.0
+"""CUDA context (~0.5 GiB), NCCL buffers and cuBLAS/cuDNN workspaces, allocator slack: a fixed
+allowance (assumption, not a measured figure; calibrate against ``peak_mem_gb`` of real runs)."""
+USABLE_FRACTION = 0.95
+"""Fraction of HBM the caching allocator can use before fragmentation makes allocations fail."""
+
+
+# ---------------------------------------------------------------------------------- parameters
+def mlp_width(cfg: ModelConfig) -> int:
+    """Inner width F of the block MLP (GELU: ratio·D; SwiGLU: the Llama 2/3 rule)."""
+    if cfg.mlp == "swiglu":
+        return swiglu_width(cfg.hidden, cfg.mlp_ratio)
+    return int(cfg.hidden * cfg.mlp_ratio)
+
+
+def block_params(cfg: ModelConfig, index: int) -> int:
+    """Parameters of block ``index`` of ``build_model(cfg)`` (pre-norms carry no affine weights)."""
+    d, hd, dt = cfg.hidden, cfg.head_dim, cfg.text_dim
+    dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
+    qk = 2 * hd if cfg.qk_norm else 0
+    passes = len(block_layouts(cfg, index))
+    n = passes + 2
+    total = passes * (d * dq + 2 * d * dkv + dq * d + qk)  # self-attention q, k, v, o (+ QK norm)
+    total += d * dq + 2 * dt * dkv + dq * d + qk  # cross-attention
+    f = mlp_width(cfg)
+    total += 3 * d * f if cfg.mlp == "swiglu" else d * f + f + f * d + d
+    if cfg.adaln == "zero":
+        total += d * n * 3 * d + n * 3 * d
+    else:
+        total += n * (d * cfg.adaln_lora_rank + cfg.adaln_lora_rank * 3 * d)
+    return total
+
+
+def nonblock_params(cfg: ModelConfig) -> int:
+    """Patch embedding, timestep MLP, AdaLN-LoRA global term and the final layer."""
+    d, cp = cfg.hidden, cfg.in_channels * math.prod(cfg.patch)
+    total = cp * d + d + cfg.freq_dim * d + d + d * d + d
+    if cfg.adaln == "lora":
+        total += d * 3 * d + 3 * d
+    return total + d * 2 * d + 2 * d + d * cp + cp
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """All parameters, analytically (equals ``count_params(build_model(cfg))``, tested); ~µs where
+    building even a meta-device 28B model takes seconds."""
+    return nonblock_params(cfg) + sum(block_params(cfg, i) for i in range(cfg.depth))
+
+
+# ---------------------------------------------------------------------------------- activations
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Split:
+    """How one rank's share of a micro-batch is cut (Korthikanti et al. 2022 §4)."""
+
+    tp: int = 1
+    """Tensor-parallel degree: divides head-width and MLP-width tensors."""
+    sp: bool = False
+    """Sequence parallelism: hidden-width tensors are also divided by tp."""
+    cp: int = 1
+    """Context-parallel degree: divides every per-token tensor."""
+
+
+def block_saved_elements(
+    cfg: ModelConfig,
+    index: int,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    text_len: int | None = None,
+    split: Split = Split(),
+    recompute: Recompute = "none",
+    fused_norm: bool = False,
+) -> dict[str, float]:
+    """Elements autograd saves in block ``index`` for one micro-batch, split by kind:
+    ``act`` (activation dtype), ``stat`` (fp32 statistics: norm mean/rstd, attention LSE) and
+    ``const`` (RoPE cos/sin, in the activation dtype on CPU fp32, fp32 on GPU — counted as act).
+
+    Per token (before splits), D = hidden, Dq = heads·hd, Dkv = kv_heads·hd, F = MLP width, with
+    QK norm (the recipes' default):
+
+    ======================  ==========================================================
+    self-attention pass     4·D (norm in/out, linear in, output)  +  5·Dq + 4·Dkv
+    cross-attention         4·D  +  4·Dq         + per sample 4·L·Dkv (k, k-normed, k-out, v)
+    MLP                     4·D  +  2·F (GELU) or 4·F (SwiGLU)
+    ======================  ==========================================================
+
+    ``fused_norm``: the QK RMSNorm is one fused kernel that saves only its input and rstd (torch on
+    CUDA, ``FusedRmsNormBackward0``; measured on an H100 with torch 2.11) instead of the decomposed
+    pow/rsqrt/mul chain of the CPU build, which also saves the normalised tensor: one Dq + Dkv less
+    per self-attention pass, one Dq less in cross-attention and L·Dkv less of text keys.
+
+    That is 25·D + 2·F = 33·D for a GELU DiT block (close to Korthikanti et al.'s 34·s·b·h for
+    a GPT block, by coincidence: theirs counts bytes, without flash attention).
+    """
+    d, hd = cfg.hidden, cfg.head_dim
+    dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
+    h, hkv = cfg.heads, cfg.n_kv_heads
+    f = mlp_width(cfg)
+    L = cfg.text_len if text_len is None else text_len
+    b = micro_batch
+    tok = b * seq_len / split.cp  # tokens of this rank
+    rows = seq_len / split.cp  # RoPE tables are per position, shared by the samples
+    dsplit = split.tp if split.sp else 1
+    t = split.tp
+    norm_stats = 2 if cfg.norm == "layer" else 1
+    passes = len(block_layouts(cfg, index))
+    n = passes + 2
+    if recompute == "full":  # checkpoint boundary: the block input only
+        return {"act": tok * d / dsplit, "stat": 0.0}
+    if recompute == "selective":  # outputs of matmuls and attention (+ block input)
+        act = tok * d / dsplit  # block input
+        act += passes * tok * ((2 * dq + 2 * dkv) / t + d / dsplit)  # q, k, v, attn out; o out
+        act += tok * (2 * dq / t + d / dsplit) + b * L * 2 * dkv / t  # cross q, out, o; text k, v
+        act += tok * ((3 if cfg.mlp == "swiglu" else 1) * f / t + d / dsplit)  # fc1 (w1, w3, w2*)
+        stat = (passes + 1) * tok * h / t  # LSE
+        return {"act": act, "stat": stat}
+    # --- no recompute: everything the modules save
+    qk = cfg.qk_norm
+    per_tok_d = 4 * d * n  # norm input, modulate (norm output), linear input, gated output
+    fz = 1 if (qk and fused_norm) else 0  # fused QK norm: no normalised copy saved
+    self_heads = (5 * dq + 4 * dkv - fz * (dq + dkv)) if qk else (3 * dq + 2 * dkv)
+    cross_heads = (4 - fz) * dq if qk else 2 * dq  # output keeps the query's layout: no copy
+    mlp_inner = (4 if cfg.mlp == "swiglu" else 2) * f
+    act = tok * per_tok_d / dsplit
+    act += tok * (passes * self_heads + cross_heads + mlp_inner) / t
+    act += b * L * ((4 - fz) if qk else 2) * dkv / t  # cross-attention k, v of the text
+    act += passes * rows * 2 * hd  # RoPE cos + sin for q and for k: 4 × (N, hd/2)
+    # per-sample conditioning: SiLU(emb), (1 + scale), gate storage, LoRA rank activations
+    if cfg.adaln == "zero":
+        act += b * (d + n * d + 3 * n * d)
+    else:
+        act += b * (d + n * (cfg.adaln_lora_rank + d + 3 * d))
+    stat = tok * n * norm_stats / dsplit  # norm statistics
+    stat += tok * (passes * ((h + hkv) if qk else 0) + (h if qk else 0)) / t  # QK-norm rstd
+    stat += tok * (passes + 1) * h / t  # attention LSE
+    stat += (b * L * hkv / t) if qk else 0.0  # text k-norm rstd
+    return {"act": act, "stat": stat}
+
+
+def model_saved_bytes(
+    cfg: ModelConfig,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    text_len: int | None = None,
+    act_bytes: int = 4,
+    stat_bytes: int = 4,
+    fused_norm: bool = False,
+) -> dict[str, float]:
+    """Predicted saved-tensor bytes of one whole forward of ``build_model(cfg)`` (no parallelism,
+    no recompute), by part: ``blocks``, ``outside`` (patch embedding, timestep MLP, final layer,
+    text) and ``total``. This is what :func:`measure_saved_bytes` measures on CPU (fp32: both
+    byte widths 4) and, with ``act_bytes=2, fused_norm=True``, on a GPU in bf16 (cuDNN / flash
+    SDPA save the same q, k, v, output and LSE as the CPU kernel)."""
+    d = cfg.hidden
+    L = cfg.text_len if text_len is None else text_len
+    b, n = micro_batch, micro_batch * seq_len
+    blocks = 0.0
+    for i in range(cfg.depth):
+        e = block_saved_elements(
+            cfg, i, micro_batch=b, seq_len=seq_len, text_len=L, fused_norm=fused_norm
+        )
+        blocks += e["act"] * act_bytes + e["stat"] * stat_bytes
+    patch_dim = cfg.in_channels * math.prod(cfg.patch)
+    out = n * patch_dim + n * 3 * d  # patch-embed input; final norm input, output, linear input
+    # timestep features, MLP hidden + its SiLU, emb, final SiLU(emb), final (1 + scale)
+    out += b * (cfg.freq_dim + 5 * d + (d if cfg.adaln == "lora" else 0))  # + global SiLU(emb)
+    out += b * L * cfg.text_dim  # the text embeddings (saved by every cross-attention k, v)
+    stats = n * (2 if cfg.norm == "layer" else 1)
+    outside = out * act_bytes + stats * stat_bytes
+    return {"blocks": blocks, "outside": outside, "total": blocks + outside}
+
+
+def measure_saved_bytes(fn: Callable[[], torch.Tensor], params: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages autograd saves while ``fn()`` runs, excluding ``params``.
+
+    Counted with ``torch.autograd.graph.saved_tensors_hooks``; each storage is counted once by its
+    data pointer, so views (transposes, chunks, reshapes) of a tensor already saved add nothing —
+    what backward actually keeps alive."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def stage_saved_bytes(
+    cfg: ModelConfig,
+    layers: range,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    text_len: int | None = None,
+    split: Split = Split(),
+    recompute: Recompute = "none",
+    act_bytes: int = 2,
+    kinds: Sequence[tuple[str, ...]] | None = None,
+    fused_norm: bool = True,
+) -> float:
+    """Saved bytes of ``layers`` for one micro-batch on the GPU (bf16, fused QK norm by default;
+    blocks of equal layout are computed once; ``kinds``: the precomputed ``block_layouts`` of every
+    block, to skip recomputing them)."""
+    counts: dict[tuple[str, ...], tuple[int, int]] = {}
+    for i in layers:
+        key = kinds[i] if kinds is not None else block_layouts(cfg, i)
+        n, first = counts.get(key, (0, i))
+        counts[key] = (n + 1, first)
+    total = 0.0
+    for n, i in counts.values():
+        e = block_saved_elements(
+            cfg,
+            i,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            text_len=text_len,
+            split=split,
+            recompute=recompute,
+            fused_norm=fused_norm,
+        )
+        total += n * (e["act"] * act_bytes + e["stat"] * 4)
+    return total
+
+
+# ---------------------------------------------------------------------------------- per GPU
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MemoryEstimate:
+    """Per-GPU memory of one layout, GiB (the busiest rank: the first pipeline stage)."""
+
+    params_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    fsdp_buffers_gib: float
+    """All-gathered parameters and unsharded gradients of the live layers."""
+    activations_gib: float
+    overhead_gib: float
+    total_gib: float
+    capacity_gib: float
+    """Usable HBM: datasheet capacity × USABLE_FRACTION."""
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.capacity_gib
+
+    @property
+    def margin_gib(self) -> float:
+        """Headroom (negative: out of memory by that much)."""
+        return self.capacity_gib - self.total_gib
+
+
+def estimate_memory(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    hbm_gb: float,
+    micro_batch: int = 1,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    pp: int = 1,
+    dp_shard: int = 1,
+    microbatches: int = 1,
+    recompute: Recompute = "none",
+    text_len: int | None = None,
+    act_bytes: int = 2,
+    overhead_gib: float = FRAMEWORK_OVERHEAD_GIB,
+    params: int | None = None,
+    layer_params: int | None = None,
+    kinds: Sequence[tuple[str, ...]] | None = None,
+    saved: tuple[float, float] | None = None,
+) -> MemoryEstimate:
+    """Memory of the first pipeline stage's GPUs for the given layout.
+
+    States: ``param_count / (tp·pp)`` parameters per GPU, each 2 B param + 2 B grad + 12 B fp32
+    master/moments, sharded over ``dp_shard·cp`` (replicated when that is 1: plain DDP).
+    Activations: the stage's ``depth/pp`` blocks × in-flight micro-batches (1F1B: the first stage
+    holds ``min(pp, microbatches)`` — Narayanan et al. 2021 §2.2), plus for ``full`` recompute one
+    block's complete activations (re-run during backward). ``hbm_gb`` is read as GiB (an "80 GB"
+    H100 shows 79.6 GiB). ``params``, ``layer_params`` (largest block) and ``kinds`` (block
+    layouts) may be passed precomputed — the planner evaluates thousands of layouts per query —
+    and so may ``saved``: (the stage's saved bytes per micro-batch under ``recompute``, one block's
+    saved bytes without recompute).
+    """
+    shard = dp_shard * cp
+    params = param_count(cfg) if params is None else params
+    local_params = params / (tp * pp)
+    state = local_params / shard
+    params_gib = state * 2 / GiB
+    grads_gib = state * 2 / GiB
+    optim_gib = state * 12 / GiB
+    if layer_params is None:
+        layer_params = max(block_params(cfg, i) for i in range(cfg.depth))
+    layer = layer_params / tp
+    fsdp = layer * (2 * FSDP_LIVE_LAYERS + 2) / GiB if shard > 1 else 0.0
+    layers = cfg.depth // pp
+    split = Split(tp=tp, sp=sp, cp=cp)
+    kw = dict(micro_batch=micro_batch, seq_len=seq_len, text_len=text_len, split=split, kinds=kinds)
+    if saved is None:
+        stage = stage_saved_bytes(
+            cfg, range(layers), recompute=recompute, act_bytes=act_bytes, **kw
+        )
+        block = stage_saved_bytes(cfg, range(1), act_bytes=act_bytes, **kw)
+    else:
+        stage, block = saved
+    in_flight = min(pp, microbatches) if pp > 1 else 1
+    act = stage * in_flight
+    if recompute == "full":  # one block's activations live again during its backward
+        act += block
+    # patch embedding / final layer / text: small, held once per in-flight micro-batch
+    d = cfg.hidden
+    act += in_flight * micro_batch * seq_len / cp * (4 * d / (tp if sp else 1)) * act_bytes
+    act_gib = act / GiB
+    total = params_gib + grads_gib + optim_gib + fsdp + act_gib + overhead_gib
+    return MemoryEstimate(
+        params_gib=params_gib,
+        grads_gib=grads_gib,
+        optimizer_gib=optim_gib,
+        fsdp_buffers_gib=fsdp,
+        activations_gib=act_gib,
+        overhead_gib=overhead_gib,
+        total_gib=total,
+        capacity_gib=hbm_gb * USABLE_FRACTION,
+    )

@@ -1,0 +1,620 @@
+"""The performance planner: rank 4D-parallel layouts of a DiT × sequence length × GPU count.
+
+``plan(cfg, seq_len=, gpus=, hardware=)`` enumerates every valid :class:`Layout` — degrees whose
+product is the GPU count, heads (and kv heads) divisible by TP, depth by PP, the sequence by CP, TP
+inside one node, all-to-all CP only when the heads per TP rank divide by CP — predicts its per-GPU
+memory (:mod:`vfm_core.perf.memory`) and step time (:mod:`vfm_core.perf.timing`), drops layouts
+that do not fit, and ranks the rest by predicted tokens/s per GPU. Pinned keys (``fixed``) restrict
+the search and keep layouts that do not fit, flagged.
+
+Throughput and FLOPs are tied by construction: ``tflops_per_gpu = tokens_per_s_per_gpu ×
+train_flops_per_token / 1e12`` with the spine's FLOPs model (:mod:`vfm_core.perf.flops`), and
+``mfu = tflops_per_gpu / dense bf16 peak`` (:mod:`vfm_core.perf.hardware`).
+
+Search choices (the public guidance this follows: torchtitan's 4D recipes, Megatron-LM's
+"Efficient Large-Scale Language Model Training", Narayanan et al. 2021 §3): TP with SP always on
+(SP only saves memory in this model, so ``sp=False`` is searched only when pinned); micro-batches
+per step ``pp, 2·pp, 4·pp`` with PP and 1 without; micro-batch size 1, 2, 4, 8; plain 1F1B
+(``vpp`` only when pinned). When no recomputation fits, slower recompute modes are not listed.
+FSDP groups that cross nodes but are smaller than the whole data-parallel dimension are not
+searched (unless pinned): in this model they move the same InfiniBand bytes per GPU as full
+sharding with more memory and a larger replica all-reduce, so they never rank higher.
+
+:func:`calibrate` fits the efficiency constants to measured runs; :func:`explain_rejections`
+summarises why layouts were rejected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vfm_core.config import ConfigError, ModelConfig
+from vfm_core.models.layers import Grid
+from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
+from vfm_core.perf.memory import (
+    RECOMPUTE_MODES,
+    MemoryEstimate,
+    Split,
+    estimate_memory,
+    stage_saved_bytes,
+)
+from vfm_core.perf.timing import (
+    Layout,
+    StepTime,
+    Workload,
+    step_time,
+    tokens_per_step_per_gpu,
+    workload,
+)
+
+LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(Layout))
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+@dataclass(kw_only=True, slots=True)
+class Plan:
+    """One layout with its predictions."""
+
+    layout: Layout
+    memory: MemoryEstimate
+    time: StepTime
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    """= tokens_per_s_per_gpu × flops_per_token / 1e12, exactly."""
+    mfu: float
+    flops_per_token: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-friendly record (the ``vfm plan --json`` contract keys and more)."""
+        out: dict[str, Any] = {k: getattr(self.layout, k) for k in LAYOUT_KEYS}
+        t = self.time
+        out.update(
+            fits=self.fits,
+            memory_gb=self.memory.total_gib,
+            memory_margin_gb=self.memory.margin_gib,
+            activations_gb=self.memory.activations_gib,
+            step_s=t.step_s,
+            compute_s=t.compute_s,
+            exposed_comm_s=t.exposed_comm_s,
+            bubble_s=t.bubble_s,
+            tflops_per_gpu=self.tflops_per_gpu,
+            mfu=self.mfu,
+            tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
+            flops_per_token=self.flops_per_token,
+        )
+        return out
+
+
+def evaluate(
+    work: Workload, layout: Layout, gpu: GpuSpec, eff: Efficiency = DEFAULT_EFFICIENCY
+) -> Plan:
+    """Memory and time of one layout (no validity checks; see :func:`check_layout`)."""
+    return _with_time(work, layout, gpu, eff, memory_of(work, layout, gpu))
+
+
+def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
+    """:func:`estimate_memory` of a layout, memoised on the keys memory depends on."""
+    key = ("mem", gpu.name, lay.tp, lay.sp, lay.cp, lay.pp, lay.dp_shard, lay.micro_batch)
+    key += (lay.microbatches, lay.recompute)
+    if key not in work.cache:
+        skey = ("mem-saved", lay.tp, lay.sp, lay.cp, lay.pp, lay.recompute)
+        if skey not in work.cache:  # affine in the micro-batch size: a + b·mb
+            split = Split(tp=lay.tp, sp=lay.sp, cp=lay.cp)
+            kw = dict(seq_len=work.seq_len, text_len=work.text_len, split=split, kinds=work.kinds)
+            stage_layers = range(work.cfg.depth // lay.pp)
+            s1, s2 = (
+                stage_saved_bytes(
+                    work.cfg, stage_layers, micro_batch=k, recompute=lay.recompute, **kw
+                )
+                for k in (1, 2)
+            )
+            b1, b2 = (stage_saved_bytes(work.cfg, range(1), micro_batch=k, **kw) for k in (1, 2))
+            work.cache[skey] = (2 * s1 - s2, s2 - s1, 2 * b1 - b2, b2 - b1)
+        s0, s_mb, b0, b_mb = work.cache[skey]
+        mb = lay.micro_batch
+        work.cache[key] = estimate_memory(
+            work.cfg,
+            seq_len=work.seq_len,
+            hbm_gb=gpu.hbm_gb,
+            micro_batch=lay.micro_batch,
+            tp=lay.tp,
+            sp=lay.sp,
+            cp=lay.cp,
+            pp=lay.pp,
+            dp_shard=lay.dp_shard,
+            microbatches=lay.microbatches,
+            recompute=lay.recompute,
+            text_len=work.text_len,
+            params=work.params,
+            layer_params=work.layer_params,
+            kinds=work.kinds,
+            saved=(s0 + s_mb * mb, b0 + b_mb * mb),
+        )
+    return work.cache[key]
+
+
+def _with_time(
+    work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency, mem: MemoryEstimate
+) -> Plan:
+    st = step_time(work, lay, gpu, eff)
+    tok = tokens_per_step_per_gpu(work, lay) / st.step_s
+    tflops = tok * work.flops_per_token / 1e12
+    return Plan(
+        layout=lay,
+        memory=mem,
+        time=st,
+        tokens_per_s_per_gpu=tok,
+        tflops_per_gpu=tflops,
+        mfu=tflops / gpu.bf16_tflops,
+        flops_per_token=work.flops_per_token,
+    )
+
+
+# ------------------------------------------------------------------------------------- validity
+def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -> str | None:
+    """Why ``lay`` cannot run ``cfg`` at ``seq_len`` (None: it can). World size is not checked."""
+    for key in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "micro_batch", "microbatches", "vpp"):
+        if getattr(lay, key) < 1:
+            return f"{key}={getattr(lay, key)} must be >= 1"
+    if lay.tp > cfg.heads:
+        return f"tp={lay.tp} exceeds heads={cfg.heads}"
+    if lay.tp > gpu.gpus_per_node:
+        return f"tp={lay.tp} > {gpu.gpus_per_node} GPUs per node (TP/SP stay inside a node)"
+    if cfg.heads % lay.tp:
+        return f"tp={lay.tp} does not divide heads={cfg.heads}"
+    if cfg.n_kv_heads % lay.tp:
+        return f"tp={lay.tp} does not divide kv_heads={cfg.n_kv_heads}"
+    if lay.sp and lay.tp == 1:
+        return "sp=true needs tp > 1"
+    if cfg.depth % lay.pp:
+        return f"pp={lay.pp} does not divide depth={cfg.depth}"
+    if lay.vpp > 1 and (cfg.depth // lay.pp) % lay.vpp:
+        return f"vpp={lay.vpp} does not divide the {cfg.depth // lay.pp} layers per stage"
+    if lay.pp > 1 and lay.microbatches < lay.pp:
+        return f"microbatches={lay.microbatches} < pp={lay.pp} (1F1B needs >= pp)"
+    if lay.vpp > 1 and lay.microbatches % lay.pp:
+        return f"interleaved 1F1B needs microbatches % pp == 0 ({lay.microbatches} % {lay.pp})"
+    if seq_len % lay.cp:
+        return f"cp={lay.cp} does not divide the sequence of {seq_len} tokens"
+    if lay.cp > 1 and lay.cp_mode == "a2a":
+        hq, hkv = cfg.heads // lay.tp, cfg.n_kv_heads // lay.tp
+        if hq % lay.cp or hkv % lay.cp:
+            return (
+                f"all-to-all cp={lay.cp} needs heads per TP rank ({hq} q, {hkv} kv) divisible by cp"
+            )
+    if lay.recompute not in RECOMPUTE_MODES:
+        return f"recompute={lay.recompute!r} (choose from {', '.join(RECOMPUTE_MODES)})"
+    if lay.cp_mode not in ("ring", "a2a"):
+        return f"cp_mode={lay.cp_mode!r} (choose ring or a2a)"
+    return None
+
+
+def parse_fixed(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """``"tp=1,cp=1,sp=false"`` (or a mapping) -> typed values; unknown keys and bad values raise
+    :class:`ConfigError`."""
+    if not text:
+        return {}
+    items = (
+        text.items()
+        if isinstance(text, Mapping)
+        else (part.split("=", 1) if "=" in part else (part, None) for part in text.split(","))
+    )
+    out: dict[str, Any] = {}
+    types = {f.name: f.type for f in dataclasses.fields(Layout)}
+    for key, value in items:
+        key = key.strip()
+        if key not in types:
+            raise ConfigError(f"--fixed: unknown key {key!r} (known: {', '.join(LAYOUT_KEYS)})")
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ConfigError(f"--fixed: {key} needs a value ({key}=...)")
+        raw = value.strip() if isinstance(value, str) else value
+        if key == "sp":
+            if isinstance(raw, bool):
+                out[key] = raw
+            elif str(raw).lower() in ("1", "true", "yes", "on"):
+                out[key] = True
+            elif str(raw).lower() in ("0", "false", "no", "off"):
+                out[key] = False
+            else:
+                raise ConfigError(f"--fixed: sp expects true/false, got {raw!r}")
+        elif key == "recompute":
+            if raw not in RECOMPUTE_MODES:
+                raise ConfigError(
+                    f"--fixed: recompute expects one of {', '.join(RECOMPUTE_MODES)}, got {raw!r}"
+                )
+            out[key] = raw
+        elif key == "cp_mode":
+            if raw not in ("ring", "a2a"):
+                raise ConfigError(f"--fixed: cp_mode expects ring or a2a, got {raw!r}")
+            out[key] = raw
+        else:
+            try:
+                out[key] = int(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(f"--fixed: {key} expects an integer, got {raw!r}") from None
+            if out[key] < 1:
+                raise ConfigError(f"--fixed: {key} must be >= 1, got {out[key]}")
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ------------------------------------------------------------------------------------- search
+@dataclass(kw_only=True, slots=True)
+class PlanResult:
+    """Ranked plans (fitting first, then by tokens/s/GPU) and the rejected layouts with reasons."""
+
+    plans: list[Plan]
+    rejected: list[tuple[Any, Any]] = field(default_factory=list)
+    """(layout or partial degrees, reason); see :func:`rejection_reason`."""
+    work: Workload | None = None
+    gpu: GpuSpec | None = None
+    evaluated: int = 0
+
+
+def _check_fixed(
+    cfg: ModelConfig, fixed: dict[str, Any], *, seq_len: int, gpus: int, gpu: GpuSpec
+) -> None:
+    """Pinned values that can never work raise ConfigError at once (clear message, exit 2)."""
+    prod = math.prod(fixed.get(k, 1) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp"))
+    if gpus % prod:
+        pinned = ", ".join(f"{k}={fixed[k]}" for k in fixed if k in LAYOUT_KEYS[:5])
+        raise ConfigError(f"--fixed {pinned}: product {prod} does not divide --gpus {gpus}")
+    probe = Layout(
+        **{
+            **fixed,
+            "microbatches": fixed.get("microbatches", max(fixed.get("pp", 1), 1)),
+            "sp": fixed.get("sp", fixed.get("tp", 1) > 1),
+        }
+    )
+    why = check_layout(cfg, probe, seq_len=seq_len, gpu=gpu)
+    if why:
+        raise ConfigError(f"--fixed: {why}")
+
+
+def plan(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    gpus: int,
+    hardware: str | GpuSpec = "h100",
+    fixed: str | Mapping[str, Any] | None = None,
+    grid: Grid | None = None,
+    text_len: int | None = None,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+) -> PlanResult:
+    """Enumerate, evaluate and rank the layouts of ``cfg`` on ``gpus`` GPUs of ``hardware``.
+
+    Raises :class:`ConfigError` for nonsense input (non-positive sizes, unknown hardware, pinned
+    degrees that cannot work) and when no layout is valid at all."""
+    if seq_len <= 0:
+        raise ConfigError(f"--seq must be a positive number of tokens, got {seq_len}")
+    if gpus <= 0:
+        raise ConfigError(f"--gpus must be positive, got {gpus}")
+    try:
+        gpu = hardware if isinstance(hardware, GpuSpec) else gpu_spec(hardware)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    pins = parse_fixed(fixed)
+    _check_fixed(cfg, pins, seq_len=seq_len, gpus=gpus, gpu=gpu)
+    work = workload(cfg, seq_len=seq_len, grid=grid, text_len=text_len)
+    keep_all = bool(pins)
+    plans: list[Plan] = []
+    rejected: list[tuple[Any, Any]] = []
+    evaluated = 0
+
+    def options(key: str, default: Iterable[Any]) -> list[Any]:
+        return [pins[key]] if key in pins else list(default)
+
+    def reject(
+        reason: str, lay: Layout | dict[str, Any], mem: MemoryEstimate | None = None
+    ) -> None:
+        if mem is not None:  # formatted lazily: thousands of layouts may not fit
+            rejected.append((lay, (reason, mem)))
+        else:
+            rejected.append((lay, reason))
+
+    for tp in options("tp", _divisors(gpus)):
+        if gpus % tp:
+            continue
+        why = check_layout(cfg, Layout(tp=tp), seq_len=seq_len, gpu=gpu)
+        if why:
+            reject(why, {"tp": tp})
+            continue
+        for cp in options("cp", _divisors(gpus // tp)):
+            if (gpus // tp) % cp:
+                continue
+            if seq_len % cp:
+                reject(
+                    f"cp={cp} does not divide the sequence of {seq_len} tokens",
+                    {"tp": tp, "cp": cp},
+                )
+                continue
+            for pp in options("pp", _divisors(gpus // (tp * cp))):
+                if (gpus // (tp * cp)) % pp:
+                    continue
+                if cfg.depth % pp:
+                    reject(
+                        f"pp={pp} does not divide depth={cfg.depth}", {"tp": tp, "cp": cp, "pp": pp}
+                    )
+                    continue
+                dp = gpus // (tp * cp * pp)
+                gpn = gpu.gpus_per_node  # cross-node FSDP groups short of all of dp: dominated
+                shards = [x for x in _divisors(dp) if x == dp or tp * cp * x <= gpn]
+                for dp_shard in options("dp_shard", shards):
+                    if dp % dp_shard:
+                        continue
+                    dp_rep = dp // dp_shard
+                    if "dp_replicate" in pins and pins["dp_replicate"] != dp_rep:
+                        continue
+                    base = dict(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)
+                    n = _search_inner(
+                        cfg, work, gpu, efficiency, base, pins, options, keep_all, plans, reject
+                    )
+                    evaluated += n
+    if not plans:
+        reasons = Counter(rejection_reason(e).split(":")[0] for e in rejected)
+        top = "; ".join(f"{r} ({n}x)" for r, n in reasons.most_common(3))
+        raise ConfigError(
+            f"no valid layout for {gpus} GPU(s), sequence {seq_len}"
+            + (f" with --fixed {_fmt(pins)}" if pins else "")
+            + (f": {top}" if top else "")
+        )
+    # fitting layouts by throughput; the ones that do not fit (listed with --fixed) after them,
+    # closest to fitting first
+    plans.sort(key=lambda p: (0, -p.tokens_per_s_per_gpu) if p.fits else (1, p.memory.total_gib))
+    return PlanResult(plans=plans, rejected=rejected, work=work, gpu=gpu, evaluated=evaluated)
+
+
+def _fmt(d: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in d.items())
+
+
+def _search_inner(cfg, work, gpu, eff, base, pins, options, keep_all, plans, reject) -> int:
+    """Recompute × micro-batching × SP × CP mode for one set of degrees; returns evaluated count."""
+    tp, cp, pp = base["tp"], base["cp"], base["pp"]
+    sps = options("sp", [True] if tp > 1 else [False])
+    modes = options("cp_mode", ["ring", "a2a"] if cp > 1 else ["ring"])
+    ms = options("microbatches", [pp, 2 * pp, 4 * pp] if pp > 1 else [1])
+    vpps = options("vpp", [1])
+    count = 0
+    for sp in sps:
+        for mode in modes:
+            for m in ms:
+                for vpp in vpps:
+                    for mb in options("micro_batch", MICRO_BATCHES):
+                        probe = Layout(
+                            **base, sp=sp, micro_batch=mb, microbatches=m, cp_mode=mode, vpp=vpp
+                        )
+                        why = check_layout(cfg, probe, seq_len=work.seq_len, gpu=gpu)
+                        if why:
+                            reject(why, probe)
+                            break
+                        fitted = False
+                        for rc in options("recompute", RECOMPUTE_MODES):
+                            lay = dataclasses.replace(probe, recompute=rc)
+                            count += 1
+                            mem = memory_of(work, lay, gpu)
+                            if mem.fits or keep_all:
+                                plans.append(_with_time(work, lay, gpu, eff, mem))
+                            if mem.fits:
+                                fitted = True
+                                if not keep_all:
+                                    break  # slower recompute modes would only cost time
+                            elif not keep_all:
+                                reject(_OOM, lay, mem)
+                        if not fitted and not keep_all and "micro_batch" not in pins:
+                            break  # a larger micro-batch needs more memory still
+    return count
+
+
+def _short(lay: Layout | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(lay, Mapping):
+        return dict(lay)
+    return {k: getattr(lay, k) for k in LAYOUT_KEYS}
+
+
+_OOM = "out of memory"
+
+
+def rejection_reason(entry: tuple[Any, Any]) -> str:
+    """The text of one ``PlanResult.rejected`` entry."""
+    _, why = entry
+    if isinstance(why, tuple):
+        reason, mem = why
+        return f"{reason}: {mem.total_gib:.1f} GiB > {mem.capacity_gib:.1f} GiB usable"
+    return why
+
+
+def explain_rejections(result: PlanResult, *, examples: int = 2) -> list[str]:
+    """One line per rejection reason: how many layouts it removed and a few of them."""
+    by_reason: dict[str, list[tuple[Any, Any]]] = {}
+    for entry in result.rejected:
+        why = entry[1]
+        key = why[0] if isinstance(why, tuple) else re.sub(r"\d+", "N", why)
+        by_reason.setdefault(key, []).append(entry)
+    lines = []
+    for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"{len(entries):6d} layouts: {reason}")
+        for lay, why in entries[:examples]:
+            lines.append(f"         e.g. {_fmt(_short(lay))}: {rejection_reason((lay, why))}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------- output
+def format_table(result: PlanResult, *, top: int | None = None) -> str:
+    """Readable table: layout, memory, step-time breakdown, TFLOPS/GPU, MFU, tokens/s/GPU."""
+    head = (
+        f"{'#':>3} {'dp_r':>4} {'dp_s':>4} {'tp':>2} {'sp':>2} {'cp':>3} {'mode':>4} {'pp':>2} "
+        f"{'mb':>2} {'m':>3} {'recomp':>9} {'mem GiB':>8} {'fits':>4} {'step s':>8} "
+        f"{'compute':>8} {'comm':>7} {'bubble':>7} {'TFLOPS':>7} {'MFU':>6} {'tok/s/GPU':>10}"
+    )
+    lines = [head, "-" * len(head)]
+    for i, p in enumerate(result.plans[:top] if top else result.plans, 1):
+        lay, t = p.layout, p.time
+        lines.append(
+            f"{i:>3} {lay.dp_replicate:>4} {lay.dp_shard:>4} {lay.tp:>2} "
+            f"{'y' if lay.sp else 'n':>2} {lay.cp:>3} {lay.cp_mode if lay.cp > 1 else '-':>4} "
+            f"{lay.pp:>2} "
+            f"{lay.micro_batch:>2} {lay.microbatches:>3} {lay.recompute:>9} "
+            f"{p.memory.total_gib:>8.1f} {'yes' if p.fits else 'NO':>4} {t.step_s:>8.3f} "
+            f"{t.compute_s:>8.3f} {t.exposed_comm_s:>7.3f} {t.bubble_s:>7.3f} "
+            f"{p.tflops_per_gpu:>7.1f} {p.mfu:>6.1%} {p.tokens_per_s_per_gpu:>10.0f}"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- calibration
+CALIBRATABLE = ("gemm", "attention", "hbm", "nvlink", "ib")
+
+
+def load_runs(path: str | Path) -> list[dict[str, Any]]:
+    """Measured step records from a JSON list / ``{"runs": [...]}`` / JSONL file (e.g. rows of a
+    run's ``metrics.jsonl`` that also carry the run's ``recipe``, ``seq`` and layout keys)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"--calibrate: cannot read {path}: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+        records = data["runs"] if isinstance(data, dict) and "runs" in data else data
+    except json.JSONDecodeError:
+        try:
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--calibrate: {path} is neither JSON nor JSONL: {e}") from None
+    if isinstance(records, dict):
+        records = [records]
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ConfigError(f"--calibrate: {path} must hold a list of run records (objects)")
+    return records
+
+
+@dataclass(kw_only=True, slots=True)
+class Calibration:
+    """Fitted constants and the fit quality (RMS of log(pred / measured))."""
+
+    efficiency: Efficiency
+    fitted: dict[str, float]
+    rms_log_error_before: float
+    rms_log_error_after: float
+    runs: int
+
+
+def _record_case(
+    rec: Mapping[str, Any], default_hw: str
+) -> tuple[Workload, Layout, GpuSpec, float]:
+    from vfm_core.recipes import get_recipe
+
+    if "model" in rec and isinstance(rec["model"], Mapping):
+        try:
+            cfg = ModelConfig(**rec["model"])
+        except TypeError as e:
+            raise ConfigError(f"--calibrate: bad model in a run record: {e}") from None
+    elif "recipe" in rec:
+        cfg = get_recipe(str(rec["recipe"])).model
+    else:
+        raise ConfigError("--calibrate: a run record needs 'recipe' or 'model'")
+    seq = rec.get("seq", rec.get("seq_len"))
+    if not isinstance(seq, int) or seq <= 0:
+        raise ConfigError(f"--calibrate: a run record needs a positive 'seq', got {seq!r}")
+    src = rec.get("layout", rec)
+    kw = parse_fixed({k: src[k] for k in LAYOUT_KEYS if k in src})
+    lay = Layout(**kw)
+    try:
+        gpu = gpu_spec(str(rec.get("hardware", default_hw)))
+    except ValueError as e:
+        raise ConfigError(f"--calibrate: {e}") from None
+    if "tokens_per_s_per_gpu" in rec:
+        measured = float(rec["tokens_per_s_per_gpu"])
+    elif "tokens_per_s" in rec:
+        measured = float(rec["tokens_per_s"]) / int(rec.get("gpus", lay.world))
+    else:
+        raise ConfigError(
+            "--calibrate: a run record needs 'tokens_per_s' or 'tokens_per_s_per_gpu'"
+        )
+    if measured <= 0:
+        raise ConfigError(f"--calibrate: measured throughput must be positive, got {measured}")
+    grid = tuple(rec["grid"]) if "grid" in rec else None
+    work = workload(cfg, seq_len=seq, grid=grid, text_len=rec.get("text_len"))  # type: ignore[arg-type]
+    return work, lay, gpu, measured
+
+
+def calibrate(
+    runs: Sequence[Mapping[str, Any]] | str | Path,
+    *,
+    fit: Sequence[str] = ("gemm", "attention"),
+    base: Efficiency = DEFAULT_EFFICIENCY,
+    hardware: str = "h100",
+    rounds: int = 4,
+) -> Calibration:
+    """Fit the ``fit`` fields of :class:`Efficiency` so predicted tokens/s/GPU match measured runs.
+
+    Minimises Σ log²(predicted / measured) by coordinate descent, each coordinate a golden-section
+    search over (0.02, 1.5) × its default (fractions are capped at 1). Each record: ``recipe`` (or a
+    ``model`` dict), ``seq``, layout keys (top-level or under ``layout``), ``hardware``, and
+    ``tokens_per_s_per_gpu`` or ``tokens_per_s`` (all GPUs; with ``gpus``)."""
+    records = load_runs(runs) if isinstance(runs, str | Path) else list(runs)
+    if not records:
+        raise ConfigError("--calibrate: no runs to fit")
+    for name in fit:
+        if name not in CALIBRATABLE:
+            raise ConfigError(f"cannot fit {name!r} (choose from {', '.join(CALIBRATABLE)})")
+    cases = [_record_case(r, hardware) for r in records]
+
+    def loss(e: Efficiency) -> float:
+        total = 0.0
+        for work, lay, gpu, measured in cases:
+            st = step_time(work, lay, gpu, e)
+            pred = tokens_per_step_per_gpu(work, lay) / st.step_s
+            total += math.log(pred / measured) ** 2
+        return total
+
+    before = loss(base)
+    eff = base
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(rounds):
+        for name in fit:
+            lo, hi = 0.02 * getattr(base, name), min(1.0, 1.5 * getattr(base, name))
+            if name in ("nvlink", "ib", "hbm", "gemm", "attention"):
+                hi = min(hi, 1.0)
+
+            def f(x: float, name: str = name, cur: Efficiency = eff) -> float:
+                return loss(dataclasses.replace(cur, **{name: x}))
+
+            a, b = lo, hi
+            c, d = b - golden * (b - a), a + golden * (b - a)
+            fc, fd = f(c), f(d)
+            for _ in range(40):
+                if fc < fd:
+                    b, d, fd = d, c, fc
+                    c = b - golden * (b - a)
+                    fc = f(c)
+                else:
+                    a, c, fc = c, d, fd
+                    d = a + golden * (b - a)
+                    fd = f(d)
+            eff = dataclasses.replace(eff, **{name: (a + b) / 2})
+    n = len(cases)
+    return Calibration(
+        efficiency=eff,
+        fitted={k: getattr(eff, k) for k in fit},
+        rms_log_error_before=math.sqrt(before / n),
+        rms_log_error_after=math.sqrt(loss(eff) / n),
+        runs=n,
+    )

@@ -1,0 +1,337 @@
+"""Step-time model of DiT training on a GPU cluster for one 4D-parallel layout.
+
+Per micro-batch and pipeline stage a GPU spends (the constants are
+:class:`vfm_core.perf.hardware.Efficiency`)
+
+* **GEMMs**: FLOPs from :func:`vfm_core.perf.flops.train_flops` (every component but attention) /
+  (efficiency · dense peak) plus a fixed cost per GEMM call — a size-dependent efficiency
+  f / (f + eff·peak·launch): tensor parallelism shrinks GEMMs and pays for it.
+* **attention**: the ``attention`` and ``cross_attention`` FLOPs at FlashAttention-class throughput
+  that ramps with the attended length S as S / (S + S½) and is lower at head dim 64 (FA2, Dao 2023;
+  FA3, Shah et al. 2024). ST-DiT spatial attention attends over h·w tokens, temporal over t.
+* **element-wise work** (norms, AdaLN modulation, activations, RoPE, copies): memory-bound, the
+  saved activation bytes (:mod:`vfm_core.perf.memory`) × passes / achieved HBM bandwidth.
+* **recompute**: ``full`` repeats the forward (1/3 of the GEMM and attention work, the forward's
+  element-wise work and TP collectives); ``selective`` repeats only the forward element-wise work.
+* **TP/SP** (Megatron-LM, Shoeybi et al. 2019; SP: Korthikanti et al. 2022 §4.2.2): per sub-layer an
+  all-gather + reduce-scatter (or one all-reduce without SP) of the (tokens × D) activation forward
+  and again backward, over NVLink (TP stays inside a node), on the critical path.
+* **CP**: ring attention (Liu et al. 2023) passes K/V around the ring — cp−1 steps forward, K/V and
+  their gradients backward — hidden behind the attention compute of each step when it is long
+  enough, but each ring step runs the kernel on (S/cp)-long blocks; all-to-all (Ulysses, Jacobs
+  et al. 2023) re-shards q, k, v and the output from sequence to
+  heads and back, 4 all-to-alls forward and 4 backward, exposed. With the sequence cut along t in
+  raster order, ST-DiT spatial attention (within a frame) is local when t % cp == 0.
+* **PP** 1F1B: a step is (m + p − 1) micro-batch times, bubble fraction (p−1)/(m+p−1); interleaved
+  with v virtual stages (p−1)/(v·m + p − 1) (Narayanan et al. 2021, §2.2). Stage-to-stage sends of
+  the activation are charged.
+* **FSDP** (ZeRO-3, FSDP2): parameters all-gathered for forward and again for backward (reshard
+  after forward), gradients reduce-scattered in fp32 once per step; **HSDP/DDP** outer replicas
+  all-reduce the gradient shards over InfiniBand. Both overlap with compute up to a fraction of it;
+  the first layer's all-gather is always exposed.
+
+Collectives use ring-algorithm bus bandwidth: all-gather / reduce-scatter of S bytes over n ranks
+move S·(n−1)/n, all-reduce twice that, all-to-all S·(n−1)/n (NCCL ``PERFORMANCE.md``). A group
+whose ranks span more than one node runs at the InfiniBand bandwidth per GPU. Rank order follows
+torchtitan's mesh ``[pp, dp_replicate, dp_shard, cp, tp]`` (tp innermost): a group of size n with
+stride s lies in one node when n·s ≤ GPUs per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vfm_core.config import ModelConfig
+from vfm_core.models.dit import block_layouts
+from vfm_core.models.layers import Grid
+from vfm_core.perf.flops import default_grid, train_flops
+from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec
+from vfm_core.perf.memory import Recompute, Split, block_params, param_count, stage_saved_bytes
+
+CpMode = Literal["ring", "a2a"]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Layout:
+    """One 4D-parallel training layout; world size = dp_replicate·dp_shard·cp·tp·pp."""
+
+    dp_replicate: int = 1
+    """Replicated data parallelism (DDP, or the outer dimension of HSDP)."""
+    dp_shard: int = 1
+    """FSDP degree (parameters, gradients and optimiser states sharded over dp_shard·cp)."""
+    tp: int = 1
+    """Tensor parallelism (heads and MLP width split)."""
+    cp: int = 1
+    """Context parallelism (sequence split)."""
+    pp: int = 1
+    """Pipeline stages (depth split)."""
+    sp: bool = False
+    """Sequence parallelism for the norms/residuals inside the TP group (needs tp > 1)."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (element-wise ops) or full (whole blocks)."""
+    micro_batch: int = 1
+    """Samples per micro-batch per model replica."""
+    microbatches: int = 1
+    """Micro-batches per optimiser step (pipeline schedule length / gradient accumulation)."""
+    cp_mode: CpMode = "ring"
+    """Context-parallel attention: ring P2P or all-to-all (Ulysses)."""
+    vpp: int = 1
+    """Virtual pipeline stages per GPU (interleaved 1F1B)."""
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Workload:
+    """What one sample costs, precomputed once per (model, sequence) so layouts evaluate in µs."""
+
+    cfg: ModelConfig
+    seq_len: int
+    grid: Grid
+    text_len: int
+    flops: dict[str, float]
+    """Training FLOPs of one sample by component (:func:`vfm_core.perf.flops.train_flops`)."""
+    flops_per_token: float
+    """:func:`vfm_core.perf.flops.train_flops_per_token` — the TFLOPS numerator."""
+    params: int
+    layer_params: int
+    """Parameters of the largest block."""
+    kinds: tuple[tuple[str, ...], ...]
+    """``block_layouts`` of every block: ("full",) or ("spatial", "temporal")."""
+    pass_share: dict[str, float]
+    """Share of the self-attention FLOPs in one pass of each layout (full, spatial, temporal)."""
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
+    """Per-query memo (stage shapes, saved bytes) so thousands of layouts evaluate quickly."""
+
+
+def workload(
+    cfg: ModelConfig, *, seq_len: int, grid: Grid | None = None, text_len: int | None = None
+) -> Workload:
+    """Precompute FLOPs and parameter counts of ``cfg`` at ``seq_len`` tokens per sample."""
+    if seq_len <= 0:
+        raise ValueError(f"sequence length must be positive, got {seq_len}")
+    grid = tuple(grid) if grid is not None else default_grid(seq_len)  # type: ignore[assignment]
+    L = cfg.text_len if text_len is None else text_len
+    fl = train_flops(cfg, seq_lens=seq_len, grid=grid, text_len=L)
+    kinds = tuple(block_layouts(cfg, i) for i in range(cfg.depth))
+    t, h, w = grid
+    weights = {"full": float(seq_len) ** 2, "spatial": t * float(h * w) ** 2}
+    weights["temporal"] = h * w * float(t) ** 2  # 4·S²·D per group, as in flops.py
+    total_w = sum(weights[lo] for x in kinds for lo in x)
+    return Workload(
+        cfg=cfg,
+        seq_len=seq_len,
+        grid=grid,  # type: ignore[arg-type]
+        text_len=L,
+        flops=fl,
+        flops_per_token=fl["total"] / seq_len,
+        params=param_count(cfg),
+        layer_params=max(block_params(cfg, i) for i in range(cfg.depth)),
+        kinds=kinds,
+        pass_share={lo: weights[lo] / total_w for lo in weights},
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class StepTime:
+    """Seconds per optimiser step on the busiest GPU, and where they go."""
+
+    compute_s: float
+    """GEMMs + attention + element-wise work + recomputation, all micro-batches."""
+    exposed_comm_s: float
+    """Communication not hidden behind compute (TP/SP, CP, PP sends, FSDP/DP leftovers)."""
+    bubble_s: float
+    """Pipeline fill and drain."""
+    optimizer_s: float
+    """AdamW update of the local shard (memory-bound)."""
+    step_s: float
+    parts: dict[str, float] = field(default_factory=dict)
+    """Finer breakdown (gemm, attention, pointwise, recompute, tp, cp, pp_p2p, fsdp, dp ...)."""
+
+
+def _link_bw(gpu: GpuSpec, eff: Efficiency, *, size: int, stride: int) -> float:
+    """Bytes/s per GPU (one direction) of a collective over ``size`` ranks ``stride`` apart."""
+    if size * stride <= gpu.gpus_per_node:
+        return gpu.nvlink_gbps / 2 * 1e9 * eff.nvlink  # datasheet NVLink is bidirectional
+    return gpu.ib_gbps / 8 * 1e9 * eff.ib
+
+
+def _attn_eff(eff: Efficiency, span: float, head_dim: int) -> float:
+    base = eff.attention * (eff.attention_hd64 if head_dim <= 64 else 1.0)
+    return base * span / (span + eff.attention_half_seq)
+
+
+def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> dict[str, float]:
+    """Seconds of one micro-batch on one GPU of the first stage: compute parts, TP, CP, PP sends.
+    Independent of the data-parallel split, so memoised per query on the other degrees."""
+    mkey = ("mb", gpu.name, eff, lay.tp, lay.cp, lay.pp, lay.sp, lay.micro_batch, lay.recompute)
+    mkey += (lay.cp_mode, lay.world // lay.pp)
+    if mkey in work.cache:
+        return work.cache[mkey]
+    cfg = work.cfg
+    peak = gpu.bf16_tflops * 1e12
+    tp, cp, pp, mb = lay.tp, lay.cp, lay.pp, lay.micro_batch
+    share = mb / (tp * cp * pp)  # fraction of one sample's work per GPU and micro-batch, × mb
+    fl = work.flops
+    d, hd = cfg.hidden, cfg.head_dim
+    t, hh, ww = work.grid
+    stage_layers = range(cfg.depth // pp)  # the first stage's blocks (all stages alike)
+    key = ("stage", pp)
+    if key not in work.cache:
+        kinds = work.kinds[: len(stage_layers)]
+        passes: dict[str, int] = {}
+        for lo in (lo for x in kinds for lo in x):
+            passes[lo] = passes.get(lo, 0) + 1
+        n_sub = sum(len(x) + 2 for x in kinds)  # sub-layers of the stage
+        mlp_mats = 3 if cfg.mlp == "swiglu" else 2
+        calls = 3 * sum(4 * len(x) + 4 + mlp_mats for x in kinds)  # fwd, dX, dW per linear
+        work.cache[key] = (passes, n_sub, calls)
+    passes, n_sub, gemm_calls = work.cache[key]
+
+    # --- compute (one micro-batch)
+    gemm_flops = (fl["total"] - fl["attention"] - fl["cross_attention"]) * share
+    gemm = gemm_flops / (eff.gemm * peak) + gemm_calls * eff.gemm_launch_s
+    # attended length per kernel call: ring attention computes (S/cp)-long blocks per step of any
+    # pass it distributes (spatial is local when frames are whole on each rank); Ulysses keeps S
+    ring = cp > 1 and lay.cp_mode == "ring"
+    span = {
+        "full": work.seq_len / (cp if ring else 1),
+        "spatial": hh * ww / (cp if ring and t % cp else 1),
+        "temporal": t / (cp if ring else 1),
+    }
+    per_pass = {  # seconds of one attention pass (fwd + bwd) of one micro-batch on one GPU
+        lo: fl["attention"]
+        * work.pass_share[lo]
+        * mb
+        / (tp * cp)
+        / (peak * _attn_eff(eff, span[lo], hd))
+        for lo in passes
+    }
+    attn = sum(per_pass[lo] * n for lo, n in passes.items())
+    attn += fl["cross_attention"] * share / (peak * _attn_eff(eff, work.text_len, hd))
+    key = ("saved", pp, tp, lay.sp, cp)
+    if key not in work.cache:  # saved bytes are affine in the micro-batch size: a + b·mb
+        kw = dict(seq_len=work.seq_len, text_len=work.text_len, kinds=work.kinds)
+        split = Split(tp=tp, sp=lay.sp, cp=cp)
+        one, two = (
+            stage_saved_bytes(cfg, stage_layers, micro_batch=k, split=split, **kw) for k in (1, 2)
+        )
+        work.cache[key] = (2 * one - two, two - one)
+    const, per_mb = work.cache[key]
+    saved = const + per_mb * mb
+    pointwise = saved * eff.pointwise_passes / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    recompute = 0.0
+    if lay.recompute == "full":
+        recompute = (gemm + attn) / 3 + pointwise / 3
+    elif lay.recompute == "selective":
+        recompute = pointwise / 3
+
+    # --- TP/SP collectives (one micro-batch): AG + RS (or AR) forward and backward per sub-layer
+    act_bytes = mb * work.seq_len / cp * d * 2
+    tp_s = 0.0
+    if tp > 1:
+        bw = _link_bw(gpu, eff, size=tp, stride=1)
+        per = 4 * act_bytes * (tp - 1) / tp / bw + 4 * eff.collective_latency_s
+        n_fwd = n_sub * (1.5 if lay.recompute == "full" else 1.0)  # full recompute: forward again
+        tp_s = per * n_fwd * (1 - eff.tp_overlap)
+
+    # --- CP (one micro-batch)
+    cp_s = 0.0
+    if cp > 1:
+        bw = _link_bw(gpu, eff, size=cp, stride=tp)
+        tok = mb * work.seq_len / cp
+        dq, dkv = cfg.heads * hd / tp, cfg.n_kv_heads * hd / tp
+        for lo, n_pass in passes.items():
+            if lo == "spatial" and t % cp == 0:
+                continue  # frames are whole on each rank
+            if lay.cp_mode == "ring":
+                kv = tok * 2 * dkv * 2  # local K and V, bf16
+                comm = 3 * (cp - 1) * (kv / bw + eff.collective_latency_s)  # fwd kv, bwd kv + dkv
+                cp_s += n_pass * max(0.0, comm - eff.ring_overlap * per_pass[lo])
+            else:
+                qkvo = tok * (2 * dq + 2 * dkv) * 2
+                cp_s += n_pass * 2 * (qkvo * (cp - 1) / cp / bw + 4 * eff.collective_latency_s)
+
+    # --- PP sends (one micro-batch): activation forward, its gradient backward
+    pp_s = 0.0
+    if pp > 1:
+        bw = _link_bw(gpu, eff, size=2, stride=lay.world // pp)
+        pp_s = 2 * (act_bytes / (tp if lay.sp else 1) / bw + eff.collective_latency_s)
+
+    out = {
+        "gemm": gemm,
+        "attention": attn,
+        "pointwise": pointwise,
+        "recompute": recompute,
+        "tp": tp_s,
+        "cp": cp_s,
+        "pp_p2p": pp_s,
+    }
+    work.cache[mkey] = out
+    return out
+
+
+def step_time(
+    work: Workload, layout: Layout, gpu: GpuSpec, eff: Efficiency = DEFAULT_EFFICIENCY
+) -> StepTime:
+    """Predicted step time of ``layout`` (see the module docstring for the model)."""
+    lay = layout
+    tp, cp, pp, m = lay.tp, lay.cp, lay.pp, lay.microbatches
+    mbt = _micro_batch(work, lay, gpu, eff)
+    compute_mb = mbt["gemm"] + mbt["attention"] + mbt["pointwise"] + mbt["recompute"]
+    comm_mb = mbt["tp"] + mbt["cp"] + mbt["pp_p2p"]
+    t_mb = compute_mb + comm_mb
+    bubble = (pp - 1) / lay.vpp * t_mb if pp > 1 else 0.0
+
+    # --- FSDP / DP (per step), overlapped with compute
+    local = work.params / (tp * pp)
+    shard = lay.dp_shard * cp
+    fsdp_s = first_ag = 0.0
+    if shard > 1:
+        bw = _link_bw(gpu, eff, size=shard, stride=tp)
+        frac = (shard - 1) / shard
+        ag = local * 2 * frac / bw
+        layers = work.cfg.depth // pp
+        fsdp_s = 2 * ag * m + local * 4 * frac / bw + 3 * layers * eff.collective_latency_s
+        first_ag = work.layer_params / tp * 2 * frac / bw
+    dp_s = 0.0
+    if lay.dp_replicate > 1:
+        r = lay.dp_replicate
+        bw = _link_bw(gpu, eff, size=r, stride=tp * cp * lay.dp_shard)
+        dp_s = 2 * (local / shard) * 4 * (r - 1) / r / bw + eff.collective_latency_s
+    compute = compute_mb * m
+    overlapped = max(0.0, fsdp_s + dp_s - eff.fsdp_overlap * compute) + first_ag
+    optimizer = (local / shard) * 28 / (gpu.hbm_tbps * 1e12 * eff.hbm)  # read 14 B, write 14 B
+    exposed = comm_mb * m + overlapped
+    step = compute + exposed + bubble + optimizer
+    parts = {k: v * m for k, v in mbt.items()}
+    parts |= {
+        "fsdp": fsdp_s,
+        "dp": dp_s,
+        "fsdp_dp_exposed": overlapped,
+    }
+    return StepTime(
+        compute_s=compute,
+        exposed_comm_s=exposed,
+        bubble_s=bubble,
+        optimizer_s=optimizer,
+        step_s=step,
+        parts=parts,
+    )
+
+
+def tokens_per_step_per_gpu(work: Workload, layout: Layout) -> float:
+    """Video tokens one GPU's model replica share trains per step: mb·m·seq / (tp·cp·pp)."""
+    lay = layout
+    return lay.micro_batch * lay.microbatches * work.seq_len / (lay.tp * lay.cp * lay.pp)
+
+
+def bubble_fraction(pp: int, microbatches: int, vpp: int = 1) -> float:
+    """1F1B pipeline bubble as a fraction of the step: (p−1) / (v·m + p − 1) (Narayanan et al.
+    2021, §2.2; v = 1 is plain 1F1B)."""
+    if pp <= 1:
+        return 0.0
+    return (pp - 1) / (vpp * microbatches + pp - 1)
