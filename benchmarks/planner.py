@@ -28,9 +28,10 @@ import torch
 
 from vfm_core.models import layers
 from vfm_core.models.dit import build_model
+from vfm_core.perf.calibrate import calibrate
 from vfm_core.perf.hardware import gpu_spec
 from vfm_core.perf.memory import measure_saved_bytes, model_saved_bytes, param_count
-from vfm_core.perf.planner import calibrate, format_table, plan
+from vfm_core.perf.planner import format_table, plan
 from vfm_core.perf.timing import Layout, step_time, workload
 from vfm_core.recipes import get_recipe
 

@@ -138,8 +138,9 @@ def cmd_flops(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from vfm_core.perf.calibrate import calibrate
     from vfm_core.perf.hardware import DEFAULT_EFFICIENCY
-    from vfm_core.perf.planner import calibrate, explain_rejections, format_table, plan
+    from vfm_core.perf.planner import explain_rejections, format_table, plan
 
     cfg = apply_overrides(get_recipe(args.recipe), args.set)
     eff = DEFAULT_EFFICIENCY

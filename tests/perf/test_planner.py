@@ -10,16 +10,15 @@ import pytest
 
 from vfm_core.cli import main
 from vfm_core.config import ConfigError
+from vfm_core.perf.calibrate import calibrate, load_runs
 from vfm_core.perf.flops import train_flops_per_token
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, PEAKS, Efficiency, gpu_spec
 from vfm_core.perf.planner import (
     Layout,
-    calibrate,
     check_layout,
     evaluate,
     explain_rejections,
     format_table,
-    load_runs,
     parse_fixed,
     plan,
 )
