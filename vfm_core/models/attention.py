@@ -72,6 +72,9 @@ class Attention(nn.Module):
             self.k_norm: nn.Module = nn.RMSNorm(self.head_dim, eps=eps)
         else:
             self.q_norm = self.k_norm = nn.Identity()
+        # replaceable core (q, k, v, *, grid, layout) -> (B, Hq, N, d), set from outside by
+        # vfm_core.parallel for context parallelism (ring / all-to-all); None = single device
+        self.attn_fn = None
 
     def forward(
         self,
@@ -91,6 +94,9 @@ class Attention(nn.Module):
         v = self.v(src).view(b, src.shape[1], -1, d).transpose(1, 2)  # (B, Hkv, S, d)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if self.attn_fn is not None:
+            out = self.attn_fn(q, k, v, grid=grid, layout=layout)  # (B, Hq, N, d)
+            return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
         if layout != "full":
             if grid is None:
                 raise ValueError(f"layout {layout!r} needs the token grid")
