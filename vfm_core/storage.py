@@ -1,0 +1,152 @@
+"""URLs for data on local disk or S3, through fsspec: open, list, atomic writes, content hashes.
+
+Every stage takes and returns URLs (``/abs/path``, ``file:///abs/path`` or ``s3://bucket/key``),
+so the same code runs on a laptop and against an object store. S3 goes through s3fs; its endpoint
+comes from ``AWS_ENDPOINT_URL`` (or ``VFM_S3_ENDPOINT``) so tests can point it at a loopback
+S3-protocol server.
+
+Writes are atomic: a reader never sees half a manifest or half a shard (local: write to a temporary
+sibling then ``os.replace``; S3: a PUT is atomic by itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import fsspec
+
+_CHUNK = 1 << 20
+
+
+class StorageError(OSError):
+    """A URL that cannot be read or written, with the URL and the reason."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+def is_remote(url: str) -> bool:
+    return "://" in str(url) and not str(url).startswith("file://")
+
+
+def storage_options(url: str) -> dict[str, Any]:
+    """fsspec options for ``url``: the S3 endpoint from the environment, if any."""
+    if str(url).startswith("s3://"):
+        endpoint = os.environ.get("VFM_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")
+        return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+    return {}
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path inside it) for ``url``."""
+    url = str(url)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **storage_options(url))
+    except (ImportError, ValueError) as e:  # unknown protocol or s3fs missing
+        raise StorageError(url, f"no filesystem for this URL ({e})") from None
+    return fs, path
+
+
+def join(url: str, *parts: str) -> str:
+    """Join path parts onto a local path or URL with ``/``."""
+    url = str(url)
+    if is_remote(url):
+        return posixpath.join(url.rstrip("/"), *parts)
+    return str(Path(url.removeprefix("file://"), *parts))
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    return fs.exists(path)
+
+
+def open_url(url: str, mode: str = "rb") -> IO:
+    """Open ``url`` (read modes only for remote files; use :func:`write_bytes` to write)."""
+    fs, path = filesystem(url)
+    try:
+        return fs.open(path, mode)
+    except FileNotFoundError:
+        raise StorageError(str(url), "not found") from None
+    except PermissionError as e:
+        raise StorageError(str(url), f"permission denied ({e})") from None
+
+
+def read_bytes(url: str) -> bytes:
+    with open_url(url, "rb") as f:
+        return f.read()
+
+
+def write_bytes(url: str, data: bytes) -> str:
+    """Write ``data`` to ``url`` atomically; create parent directories. Returns the URL."""
+    url = str(url)
+    fs, path = filesystem(url)
+    if not is_remote(url):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return url
+    with fs.open(path, "wb") as f:
+        f.write(data)
+    return url
+
+
+def put_file(local: str | os.PathLike[str], url: str) -> str:
+    """Copy a local file to ``url`` (atomically for local destinations)."""
+    url = str(url)
+    fs, path = filesystem(url)
+    if not is_remote(url):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(local, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(_CHUNK):
+                dst.write(chunk)
+        os.replace(tmp, path)
+        return url
+    fs.put_file(str(local), path)
+    return url
+
+
+def list_files(url: str, *, suffixes: tuple[str, ...] = ()) -> list[str]:
+    """All files under ``url`` (recursive), sorted, as URLs of the same scheme; filtered by suffix
+    (case-insensitive) when ``suffixes`` is given."""
+    url = str(url)
+    fs, path = filesystem(url)
+    if not fs.exists(path):
+        raise StorageError(url, "no such directory or prefix")
+    if fs.isfile(path):
+        found = [path]
+    else:
+        found = [p for p in fs.find(path) if not fs.isdir(p)]
+    if suffixes:
+        found = [p for p in found if p.lower().endswith(tuple(s.lower() for s in suffixes))]
+    if not is_remote(url):
+        return sorted(found)
+    proto = url.split("://", 1)[0]
+    return sorted(f"{proto}://{p}" for p in found)
+
+
+def iter_chunks(url: str, chunk: int = _CHUNK) -> Iterator[bytes]:
+    with open_url(url, "rb") as f:
+        while data := f.read(chunk):
+            yield data
+
+
+def content_hash(url: str, *, length: int = 16) -> str:
+    """sha256 of the bytes at ``url``, hex, truncated to ``length`` (the id of a video or shard)."""
+    h = hashlib.sha256()
+    for data in iter_chunks(url):
+        h.update(data)
+    return h.hexdigest()[:length]
+
+
+def bytes_hash(data: bytes, *, length: int = 16) -> str:
+    return hashlib.sha256(data).hexdigest()[:length]

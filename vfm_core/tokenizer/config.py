@@ -1,0 +1,202 @@
+"""Typed configuration of the causal 3D video tokenizer and its named presets.
+
+A tokenizer maps ``(B, 3, 1 + t_c·k, H, W)`` pixels in [-1, 1] to ``(B, C, 1 + k, H/s, W/s)``
+continuous latents, with temporal factor ``t_c`` and spatial factor ``s`` (NVIDIA Cosmos tokenizer,
+https://arxiv.org/abs/2501.03575, "CV4x8x8" / "CV8x8x8": the first frame is encoded alone, then
+groups of ``t_c`` frames).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["TOKENIZER_PRESETS", "TokenizerConfig", "TokenizerConfigError", "get_tokenizer_config"]
+
+
+class TokenizerConfigError(ValueError):
+    """A tokenizer configuration value is invalid; the message names the field."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TokenizerConfig:
+    in_channels: int = 3
+    """Pixel channels of the video (RGB)."""
+    latent_channels: int = 4
+    """Channels C of the continuous latent (must equal the DiT's ``model.in_channels``)."""
+    temporal_factor: int = 4
+    """Temporal compression t_c (1, 2, 4 or 8): 1 + t_c·k frames -> 1 + k latent frames."""
+    spatial_factor: int = 8
+    """Spatial compression s (a power of two, e.g. 8 or 16): H x W -> H/s x W/s."""
+    patch_t: int = 2
+    """Causal temporal patching (space-to-depth in time, divides temporal_factor): frame 0 is
+    replicated ``patch_t - 1`` times, then groups of ``patch_t`` frames become channels."""
+    patch_s: int = 4
+    """Spatial patching (pixel unshuffle, divides spatial_factor) before the first conv."""
+    base_channels: int = 32
+    """Width of the first stage; stage i has ``base_channels * channel_mult[i]``."""
+    channel_mult: tuple[int, ...] = (1, 2)
+    """Width multipliers: one per 2x down-sampling stage (``num_stages``) + 1 for the bottleneck."""
+    shortcuts: bool = True
+    """Parameter-free residual shortcuts around every re-sampling and the latent bottleneck
+    (space-to-channel averaging / channel-to-space repeating, DC-AE https://arxiv.org/abs/2410.10733);
+    widths must divide accordingly."""
+    num_res_blocks: int = 1
+    """Residual blocks per stage (encoder and decoder)."""
+    norm: Literal["rms", "group"] = "rms"
+    """Normalisation: RMSNorm over channels per voxel or GroupNorm per frame (never across time)."""
+    norm_groups: int = 16
+    """Groups of the per-frame GroupNorm (``norm='group'`` only)."""
+    regulariser: Literal["none", "kl", "l2"] = "none"
+    """Latent regulariser: none (deterministic AE), kl (diagonal-Gaussian posterior, the encoder
+    outputs mean and log-variance; ``encode`` returns the mean) or l2 (penalty on latent norm)."""
+    reg_weight: float = 1e-4
+    """Weight of the regulariser in the training loss (ignored for ``none``)."""
+    tile_latent_frames: int = 0
+    """Default temporal tile for encode/decode in latent frames (0 = no tiling)."""
+
+    def __post_init__(self) -> None:
+        self.channel_mult = tuple(self.channel_mult)
+        s, t = self.spatial_factor, self.temporal_factor
+        if s < 1 or s & (s - 1):
+            raise TokenizerConfigError(f"spatial_factor must be a power of two, got {s}")
+        if t not in (1, 2, 4, 8):
+            raise TokenizerConfigError(f"temporal_factor must be 1, 2, 4 or 8, got {t}")
+        for name, p, f in (("patch_t", self.patch_t, t), ("patch_s", self.patch_s, s)):
+            if p < 1 or p & (p - 1) or f % p:
+                raise TokenizerConfigError(
+                    f"{name} must be a power of two dividing its factor {f}, got {p}"
+                )
+        if len(self.channel_mult) != self.num_stages + 1:
+            raise TokenizerConfigError(
+                f"channel_mult needs {self.num_stages + 1} entries (num_stages + 1: "
+                f"{self.spatial_down_stages} spatial and {self.temporal_down_stages} temporal 2x "
+                f"down-samplings after patching), got {len(self.channel_mult)}"
+            )
+        if self.norm not in ("rms", "group"):
+            raise TokenizerConfigError(f"norm must be rms or group, got {self.norm!r}")
+        for m in self.channel_mult if self.norm == "group" else ():
+            if (self.base_channels * m) % self.norm_groups:
+                raise TokenizerConfigError(
+                    f"norm_groups {self.norm_groups} must divide every stage width "
+                    f"(base_channels {self.base_channels} x channel_mult {m})"
+                )
+        if self.shortcuts:
+            self._check_shortcut_widths()
+        if self.latent_channels < 1 or self.in_channels < 1:
+            raise TokenizerConfigError("latent_channels and in_channels must be >= 1")
+        if self.regulariser not in ("none", "kl", "l2"):
+            raise TokenizerConfigError(
+                f"regulariser must be none, kl or l2, got {self.regulariser}"
+            )
+        if self.tile_latent_frames < 0:
+            raise TokenizerConfigError("tile_latent_frames must be >= 0")
+
+    def _check_shortcut_widths(self) -> None:
+        w = [self.base_channels * m for m in self.channel_mult]
+        for i in range(self.num_stages):
+            f = (2 if i < self.temporal_down_stages else 1) * (
+                4 if i < self.spatial_down_stages else 1
+            )
+            if (w[i] * f) % w[i + 1]:
+                raise TokenizerConfigError(
+                    f"shortcuts: stage {i + 1} width {w[i + 1]} must divide {w[i]}·{f} "
+                    "(set channel_mult accordingly or shortcuts=false)"
+                )
+        out = self.latent_channels * (2 if self.regulariser == "kl" else 1)
+        if w[-1] % out:
+            raise TokenizerConfigError(
+                f"shortcuts: bottleneck width {w[-1]} must be a multiple of the encoder output "
+                f"width {out} (latent_channels, x 2 for kl)"
+            )
+
+    @property
+    def spatial_down_stages(self) -> int:
+        """2x spatial down-sampling convs after patching, log2(spatial_factor / patch_s)."""
+        return (self.spatial_factor // self.patch_s).bit_length() - 1
+
+    @property
+    def temporal_down_stages(self) -> int:
+        """2x causal temporal down-sampling convs after patching, log2(temporal_factor/patch_t)."""
+        return (self.temporal_factor // self.patch_t).bit_length() - 1
+
+    @property
+    def num_stages(self) -> int:
+        """Conv stages: each down-samples in space and/or time (the first ones do both)."""
+        return max(self.spatial_down_stages, self.temporal_down_stages)
+
+    @property
+    def compression(self) -> tuple[int, int, int]:
+        """(t_c, s, s)."""
+        return (self.temporal_factor, self.spatial_factor, self.spatial_factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["channel_mult"] = list(self.channel_mult)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TokenizerConfig:
+        """Build from a dict; unknown keys raise :class:`TokenizerConfigError` naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise TokenizerConfigError(f"unknown tokenizer config keys: {unknown}")
+        d = dict(d)
+        if "channel_mult" in d:
+            d["channel_mult"] = tuple(int(m) for m in d["channel_mult"])
+        return cls(**d)
+
+
+TOKENIZER_PRESETS: dict[str, Callable[[], TokenizerConfig]] = {
+    # CPU: 4x8x8, 4 latent channels (dit-tiny's in_channels); patch 2x4x4 then one 2x2x2 stage
+    "tok-tiny": lambda: TokenizerConfig(),
+    # paper scale (Cosmos CV4x8x8 / CV8x8x8, 16 channels; dit-7b/28b use 8x8x8); 2x2x2 patching
+    # in front as Cosmos' Haar-wavelet step, then 2 (or 3) conv stages
+    "tok-4x8x8": lambda: TokenizerConfig(
+        latent_channels=16,
+        patch_t=2,
+        patch_s=2,
+        base_channels=128,
+        channel_mult=(1, 2, 4),
+        num_res_blocks=2,
+        norm_groups=32,
+    ),
+    "tok-8x8x8": lambda: TokenizerConfig(
+        latent_channels=16,
+        temporal_factor=8,
+        patch_t=2,
+        patch_s=2,
+        base_channels=128,
+        channel_mult=(1, 2, 4),
+        num_res_blocks=2,
+        norm_groups=32,
+    ),
+    "tok-8x16x16": lambda: TokenizerConfig(
+        latent_channels=16,
+        temporal_factor=8,
+        spatial_factor=16,
+        patch_t=2,
+        patch_s=2,
+        base_channels=128,
+        channel_mult=(1, 2, 4, 4),
+        num_res_blocks=2,
+        norm_groups=32,
+    ),
+}
+
+
+def get_tokenizer_config(name: str) -> TokenizerConfig:
+    """A preset by name; unknown names raise :class:`TokenizerConfigError` listing the presets."""
+    try:
+        return TOKENIZER_PRESETS[name]()
+    except KeyError:
+        raise TokenizerConfigError(
+            f"unknown tokenizer preset {name!r}; known: {sorted(TOKENIZER_PRESETS)}"
+        ) from None
