@@ -1,0 +1,235 @@
+"""Context parallelism: attention over a sequence split across the ranks of a process group.
+
+Every rank holds one contiguous chunk of the raster-ordered (t, h, w) token sequence (rank r owns
+tokens ``[r*n, (r+1)*n)``). Two exact algorithms, both differentiable end to end because they are
+built from differentiable collectives (each collective's backward is its adjoint collective) and
+ordinary autograd ops — no hand-written backward to get wrong:
+
+* **ring** (:func:`ring_attention`, Liu et al. 2023 "Ring Attention"; paper §4 for full 3D
+  attention): K/V blocks travel around the ring with P2P ``batch_isend_irecv``; each rank merges the
+  partial softmax of every block with the online-softmax rule (log-sum-exp), so the result equals
+  full attention. The backward of the shift sends the K/V gradients back the other way.
+* **all-to-all** (:func:`ulysses_attention`, Jacobs et al. 2023 "DeepSpeed-Ulysses"): one
+  all-to-all re-shards (sequence-chunk, all heads) -> (all tokens, head-chunk), attention runs
+  locally with any layout (full / spatial / temporal, so it serves ST-DiT), a second all-to-all
+  shards back. Needs heads divisible by the group size.
+
+:func:`cp_attention` is the callable ``parallelize_dit`` hangs on each self-attention module: the
+paper's ST-DiT hybrid picks all-to-all for spatial/temporal and ring for full attention.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from vfm_core.models.attention import _group, _ungroup
+from vfm_core.models.layers import Grid, attention
+
+CPMode = Literal["ring", "alltoall", "hybrid"]
+
+
+# ------------------------------------------------------------------ differentiable collectives
+def _ring_send_recv(tensors: list[torch.Tensor], group: dist.ProcessGroup, shift: int):
+    """Send every tensor to the rank ``shift`` steps ahead in ``group``, receive from behind."""
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    dst = dist.get_global_rank(group, (rank + shift) % world)
+    src = dist.get_global_rank(group, (rank - shift) % world)
+    tensors = [t.contiguous() for t in tensors]
+    recv = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t, dst, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, src, group) for r in recv]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    return recv
+
+
+class _RingShift(torch.autograd.Function):
+    """Forward: pass (k, v) one rank ahead. Backward: pass their gradients one rank back."""
+
+    @staticmethod
+    def forward(ctx, group, k, v):
+        ctx.group = group
+        return tuple(_ring_send_recv([k, v], group, 1))
+
+    @staticmethod
+    def backward(ctx, dk, dv):
+        return (None, *_ring_send_recv([dk, dv], ctx.group, -1))
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all over dim 0 of a (world, ...) tensor: chunk i goes to rank i. It is its own
+    adjoint, so the backward is the same exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx, group, x):
+        ctx.group = group
+        x = x.contiguous()
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return None, out
+
+
+def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """(B, H, n, d) sequence chunk, all heads -> (B, H/P, P*n, d) all tokens, head chunk."""
+    p = dist.get_world_size(group)
+    b, h, n, d = x.shape
+    x = x.reshape(b, p, h // p, n, d).transpose(0, 1)  # (P, B, H/P, n, d) head chunk i -> rank i
+    x = _AllToAll.apply(group, x)  # (P, B, H/P, n, d): slot j = sequence chunk j
+    return x.permute(1, 2, 0, 3, 4).reshape(b, h // p, p * n, d)  # (B, H/P, N, d)
+
+
+def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Inverse of :func:`seq_to_heads`: (B, H/P, P*n, d) -> (B, H, n, d)."""
+    p = dist.get_world_size(group)
+    b, hp, big_n, d = x.shape
+    n = big_n // p
+    x = x.reshape(b, hp, p, n, d).permute(2, 0, 1, 3, 4)  # (P, B, H/P, n, d) seq chunk j -> rank j
+    x = _AllToAll.apply(group, x)  # (P, B, H/P, n, d): slot i = head chunk i
+    return x.transpose(0, 1).reshape(b, p * hp, n, d)  # (B, H, n, d)
+
+
+# ------------------------------------------------------------------ ring attention
+def _block_attention(q, k, v, scale):
+    """Softmax attention of q against one K/V block: (out, lse), out (B, H, n, d), lse (B, H, n)."""
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, n, m)
+    lse = torch.logsumexp(scores, dim=-1)  # (B, H, n)
+    return torch.softmax(scores, dim=-1) @ v, lse  # (B, H, n, d)
+
+
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup
+) -> torch.Tensor:
+    """Exact full attention of the local queries against the K/V chunks of all ranks.
+
+    q (B, Hq, n, d), k/v (B, Hkv, n, d) are this rank's sequence chunk; returns (B, Hq, n, d).
+    Unnormalised partial results are merged in fp32 (or fp64 for fp64 inputs) by log-sum-exp
+    (online softmax, Milakov & Gimelshein 2018), so the order of arrival does not matter.
+    """
+    world = dist.get_world_size(group)
+    rep = q.shape[1] // k.shape[1]  # GQA: K/V travel un-repeated (fewer bytes), expand locally
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qf = q.to(acc)  # (B, Hq, n, d)
+    out = lse = None
+    for step in range(world):
+        if step:
+            k, v = _RingShift.apply(group, k, v)  # block of rank (r - step) mod P
+        kb = k.repeat_interleave(rep, dim=1) if rep > 1 else k  # (B, Hq, n, d)
+        vb = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+        o_blk, lse_blk = _block_attention(qf, kb.to(acc), vb.to(acc), scale)
+        if out is None:
+            out, lse = o_blk, lse_blk
+            continue
+        new = torch.logaddexp(lse, lse_blk)  # (B, Hq, n)
+        out = out * (lse - new).exp()[..., None] + o_blk * (lse_blk - new).exp()[..., None]
+        lse = new
+    return out.to(q.dtype)  # (B, Hq, n, d)
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup,
+    *,
+    grid: Grid | None = None,
+    layout: str = "full",
+) -> torch.Tensor:
+    """All-to-all attention: q/k/v (B, H, n, d) sequence chunks -> (B, Hq, n, d).
+
+    After the re-shard each rank holds every token of H/P heads, so ``layout`` (full, spatial
+    within a frame, temporal across frames) groups tokens exactly as on one device.
+    """
+    p = dist.get_world_size(group)
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq % p:
+        raise ValueError(f"all-to-all context parallel: {hq} heads not divisible by cp={p}")
+    if hkv % p:  # GQA with fewer K/V heads than ranks: expand K/V to the query heads first
+        k = k.repeat_interleave(hq // hkv, dim=1)  # (B, Hq, n, d)
+        v = v.repeat_interleave(hq // hkv, dim=1)
+    q, k, v = (seq_to_heads(t, group) for t in (q, k, v))  # (B, H/P, N, d)
+    b = q.shape[0]
+    if layout != "full":
+        if grid is None:
+            raise ValueError(f"layout {layout!r} needs the token grid")
+        q, k, v = (_group(t, grid, layout) for t in (q, k, v))  # (B', H/P, S, d)
+    out = attention(q, k, v)  # (B', H/P, S, d)
+    if layout != "full":
+        out = _ungroup(out, b, grid, layout)  # (B, H/P, N, d)
+    return heads_to_seq(out, group)  # (B, Hq, n, d)
+
+
+def cp_attention(group: dist.ProcessGroup, mode: CPMode = "hybrid") -> Callable[..., torch.Tensor]:
+    """The attention callable for a context-parallel self-attention (``Attention.attn_fn``).
+
+    ``ring``: ring for every layout (spatial/temporal need the local chunk to hold whole groups,
+    so ring is only valid for ``full``); ``alltoall``: all-to-all for every layout; ``hybrid``
+    (paper, ST-DiT): all-to-all for spatial/temporal, ring for full attention.
+    """
+    if mode not in ("ring", "alltoall", "hybrid"):
+        raise ValueError(f"context-parallel mode {mode!r} unknown (ring | alltoall | hybrid)")
+
+    def attn_fn(q, k, v, *, grid: Grid | None = None, layout: str = "full") -> torch.Tensor:
+        use_ring = mode == "ring" or (mode == "hybrid" and layout == "full")
+        if use_ring:
+            if layout != "full":
+                raise ValueError(
+                    f"ring context parallelism supports full attention only, not {layout!r} "
+                    "(use cp mode 'hybrid' or 'alltoall' for ST-DiT)"
+                )
+            return ring_attention(q, k, v, group)
+        return ulysses_attention(q, k, v, group, grid=grid, layout=layout)
+
+    return attn_fn
+
+
+# ------------------------------------------------------------------ sequence split / gather
+def seq_chunk(x: torch.Tensor, index: int, parts: int, dim: int = 1) -> torch.Tensor:
+    """This rank's contiguous chunk ``index`` of ``parts`` along ``dim``; the sequence length
+    must divide evenly (checked, naming the sizes)."""
+    size = x.shape[dim]
+    if size % parts:
+        raise ValueError(
+            f"sequence of {size} tokens cannot be split evenly over {parts} ranks "
+            "(choose latent sizes whose token count divides cp*tp)"
+        )
+    return x.narrow(dim, index * (size // parts), size // parts)
+
+
+class _GatherSeq(torch.autograd.Function):
+    """All-gather sequence chunks (rank order) along ``dim``. Backward keeps this rank's chunk of
+    the gradient: the gathered tensor feeds an identical (replicated) computation on every rank, so
+    each rank's slice of that gradient is already the full gradient of its chunk."""
+
+    @staticmethod
+    def forward(ctx, group, dim, x):
+        ctx.group, ctx.dim = group, dim
+        ctx.index, ctx.parts = dist.get_rank(group), dist.get_world_size(group)
+        x = x.contiguous()
+        parts = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for _ in range(ctx.parts)]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, seq_chunk(grad, ctx.index, ctx.parts, ctx.dim).contiguous()
+
+
+def gather_seq(x: torch.Tensor, group: dist.ProcessGroup, dim: int = 1) -> torch.Tensor:
+    """(B, n, ...) chunk -> (B, P*n, ...) full sequence on every rank of ``group``."""
+    if dist.get_world_size(group) == 1:
+        return x
+    return _GatherSeq.apply(group, dim, x)

@@ -1,0 +1,158 @@
+"""ParallelDims: the one object that owns the parallel degrees and the named DeviceMesh.
+
+Degrees (paper §4, torchtitan ``parallel_dims.py``): ``pp`` pipeline stages, ``dp_replicate``
+replicated data parallel (HSDP outer), ``dp_shard`` FSDP, ``cp`` context parallel (sequence split
+over ranks with ring / all-to-all attention), ``tp`` tensor parallel (+ sequence parallel). Their
+product is the world size; ``dp_shard=-1`` takes whatever is left.
+
+The mesh is laid out ``(pp, dp_replicate, dp_shard, cp, tp)``: tp innermost so a TP group sits on
+neighbouring ranks (one NVLink island on a GPU node), pp outermost. Every dimension is present in
+the mesh, size 1 included, so code can ask for ``dims.mesh["cp"]`` without branching. Nothing else
+in the project computes ranks by hand: ask :meth:`ParallelDims.coord` or the sub-meshes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from vfm_core.config import ConfigError, ParallelConfig
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+"""Mesh dimension names, outermost first."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelDims:
+    """Validated parallel degrees for ``world_size`` ranks and the mesh built from them."""
+
+    dp_replicate: int = 1
+    """Replicated data-parallel degree (HSDP outer dimension)."""
+    dp_shard: int = -1
+    """FSDP degree; -1 = world_size divided by all other degrees."""
+    cp: int = 1
+    """Context-parallel degree (sequence split with ring / all-to-all attention)."""
+    tp: int = 1
+    """Tensor-parallel degree (heads and MLP width split; + sequence parallel if enabled)."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    world_size: int
+    """Number of ranks the degrees must multiply to."""
+    _mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
+    """The built mesh (see :meth:`build_mesh`)."""
+
+    def __post_init__(self) -> None:
+        if self.world_size <= 0:
+            raise ConfigError(f"parallel: world size must be positive, got {self.world_size}")
+        for name in ("dp_replicate", "cp", "tp", "pp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"parallel.{name}: must be an integer >= 1, got {value!r}")
+        if self.dp_shard == -1:
+            others = self.dp_replicate * self.cp * self.tp * self.pp
+            if self.world_size % others:
+                raise ConfigError(
+                    f"parallel: dp_replicate*cp*tp*pp = {self.dp_replicate}*{self.cp}*{self.tp}*"
+                    f"{self.pp} = {others} does not divide the world size {self.world_size}, so "
+                    "parallel.dp_shard=-1 cannot be inferred"
+                )
+            self.dp_shard = self.world_size // others
+        elif isinstance(self.dp_shard, bool) or not isinstance(self.dp_shard, int) or (
+            self.dp_shard < 1
+        ):
+            raise ConfigError(
+                f"parallel.dp_shard: must be an integer >= 1 or -1, got {self.dp_shard!r}"
+            )
+        product = math.prod(self.degrees.values())
+        if product != self.world_size:
+            shown = "*".join(f"{k}={v}" for k, v in self.degrees.items())
+            raise ConfigError(
+                f"parallel: {shown} = {product} ranks, but the world size is {self.world_size}"
+            )
+
+    @classmethod
+    def from_config(cls, cfg: ParallelConfig, world_size: int) -> ParallelDims:
+        return cls(
+            dp_replicate=cfg.dp_replicate,
+            dp_shard=cfg.dp_shard,
+            cp=cfg.cp,
+            tp=cfg.tp,
+            pp=cfg.pp,
+            world_size=world_size,
+        )
+
+    # ------------------------------------------------------------------ degrees
+    @property
+    def degrees(self) -> dict[str, int]:
+        """Degree of every mesh dimension, outermost first."""
+        return {name: getattr(self, name) for name in MESH_DIMS}
+
+    @property
+    def dp(self) -> int:
+        """Total data-parallel degree (distinct batches): dp_replicate * dp_shard."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard > 1 or self.dp_replicate > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    # ------------------------------------------------------------------ mesh
+    def build_mesh(self, device_type: str = "cpu") -> DeviceMesh:
+        """Build (once) the named mesh over the default process group."""
+        if self._mesh is None:
+            if not dist.is_initialized():
+                raise RuntimeError("ParallelDims.build_mesh: torch.distributed is not initialised")
+            if dist.get_world_size() != self.world_size:
+                raise ConfigError(
+                    f"parallel: degrees are for {self.world_size} ranks but the process group has "
+                    f"{dist.get_world_size()}"
+                )
+            shape = tuple(self.degrees.values())
+            self._mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+        return self._mesh
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        if self._mesh is None:
+            raise RuntimeError("ParallelDims.mesh: call build_mesh() first")
+        return self._mesh
+
+    def submesh(self, *names: str) -> DeviceMesh:
+        """Sub-mesh over the named dimensions, e.g. ``submesh("dp_replicate", "dp_shard")``."""
+        unknown = [n for n in names if n not in MESH_DIMS]
+        if unknown:
+            raise ValueError(f"mesh dimension {unknown[0]!r} unknown (known: {MESH_DIMS})")
+        return self.mesh[names[0]] if len(names) == 1 else self.mesh[names]
+
+    def dp_mesh(self) -> DeviceMesh:
+        """Mesh FSDP2 shards over: 2D (replicate, shard) for HSDP, else the one >1 dimension."""
+        if self.dp_replicate > 1 and self.dp_shard > 1:
+            return self.submesh("dp_replicate", "dp_shard")
+        return self.submesh("dp_replicate" if self.dp_replicate > 1 else "dp_shard")
+
+    def group(self, name: str) -> dist.ProcessGroup:
+        """Process group of one mesh dimension."""
+        return self.submesh(name).get_group()
+
+    def coord(self, name: str) -> int:
+        """This rank's index along dimension ``name``."""
+        return self.submesh(name).get_local_rank()
+
+    def dp_rank(self) -> int:
+        """Index of this rank's data-parallel batch slice (0 .. dp-1)."""
+        return self.coord("dp_replicate") * self.dp_shard + self.coord("dp_shard")
