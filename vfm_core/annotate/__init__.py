@@ -1,0 +1,34 @@
+"""Annotation of clips: embeddings (`embed`), captions (`caption`) and filter scores (`filters`)."""
+
+from vfm_core.annotate.caption import (
+    Caption,
+    Captioner,
+    ChainCaptioner,
+    SidecarCaptioner,
+    VLMCaptioner,
+)
+from vfm_core.annotate.embed import (
+    CaptionTextEmbedder,
+    ColorThumbEmbedder,
+    Embedder,
+    HFImageEmbedder,
+    clip_embedding,
+)
+from vfm_core.annotate.filters import FilterConfig, FilterScores, reject_reasons, score_frames
+
+__all__ = [
+    "Caption",
+    "CaptionTextEmbedder",
+    "Captioner",
+    "ChainCaptioner",
+    "ColorThumbEmbedder",
+    "Embedder",
+    "FilterConfig",
+    "FilterScores",
+    "HFImageEmbedder",
+    "SidecarCaptioner",
+    "VLMCaptioner",
+    "clip_embedding",
+    "reject_reasons",
+    "score_frames",
+]
