@@ -1,0 +1,350 @@
+"""The savable, rank-aware loader over shards: ``build_loader(shards=..., seed=..., ...)``.
+
+Stage order of one step (see :mod:`vfm_core.data.plan` for the ordering rule):
+plan (global, from the index only) → take this DP rank's groups → read the samples' byte ranges
+(model-parallel group: each of k ranks reads 1/k and the group all-gathers the raw bytes) →
+parse + check (tar member names, npy dtype/shape/NaN) → decode the clip (optional) → per-sample
+sigma from (seed, position) → :class:`Batch` (with a :class:`PackLayout` per pack when packing).
+
+``state_dict()`` is a small versioned JSON dict: dataset fingerprint, seed, packing parameters
+and the planner's global state (position, buffer, queued packs). Restoring it in a new process
+gives bit-identical batches; it is valid for any ``dp_size`` / ``num_workers``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from vfm_core.data.index import DatasetIndex, read_index
+from vfm_core.data.packing import PackLayout
+from vfm_core.data.plan import GlobalOrder, Planner
+from vfm_core.data.shards import SampleError, ShardError, parse_sample, read_raw, verify_shards
+from vfm_core.models.layers import Grid
+
+STATE_VERSION = 1
+log = logging.getLogger(__name__)
+
+
+class LoaderStateError(ValueError):
+    """A loader state that does not belong to this dataset / configuration."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Sample:
+    """One loaded sample."""
+
+    key: str
+    position: int
+    """Global position in the sample order (epoch * N + slot)."""
+    index: int
+    """Row of the sample in the dataset index."""
+    meta: dict[str, Any]
+    txt_emb: np.ndarray
+    """(L, D) float32 caption embedding."""
+    grid: Grid
+    """Latent token grid (t, h, w) after tokenizer and patchify, from the index."""
+    sigma: float
+    """Training noise level of this sample, log-normal, a pure function of (seed, position)."""
+    frames: np.ndarray | None = None
+    """(T, H, W, 3) uint8 decoded clip (``decode="frames"``)."""
+    mp4: bytes | None = None
+    """Encoded clip (``decode="none"``)."""
+    latent: np.ndarray | None = None
+    """(C, T, H, W) float32 latents when the shard has them."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Batch:
+    """What one step of one rank gets. ``batch.keys`` or ``batch["keys"]``."""
+
+    keys: list[str]
+    samples: list[Sample]
+    packs: list[PackLayout] | None
+    """One layout per pack (packed mode), each listing its samples in ``pack_members``."""
+    pack_members: list[list[int]] = field(default_factory=list)
+    """For every pack, indices into ``samples``."""
+    step: int = 0
+    skipped: list[str] = field(default_factory=list)
+    """Keys of bad samples dropped from this batch (logged, counted)."""
+    bytes_read: int = 0
+    """Bytes this rank read from storage for this batch."""
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+
+class ShardLoader:
+    """Iterable loader; see the module docstring. Use :func:`build_loader`."""
+
+    def __init__(
+        self,
+        index: DatasetIndex,
+        *,
+        seed: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        num_workers: int = 0,
+        max_tokens: int | None = None,
+        batch_size: int = 1,
+        decode: Literal["frames", "none"] = "frames",
+        patch: Grid = (1, 2, 2),
+        compression: Grid = (4, 8, 8),
+        buffer_size: int = 64,
+        slack: float = 0.03,
+        on_error: Literal["skip", "raise"] = "skip",
+        p_mean: float = -1.2,
+        p_std: float = 1.2,
+        mp_group: Any = None,
+    ) -> None:
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
+        if batch_size < 1 or num_workers < 0:
+            raise ValueError(f"batch_size={batch_size} must be >= 1, num_workers >= 0")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be positive or None")
+        self.index, self.seed = index, seed
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.num_workers, self.decode, self.on_error = num_workers, decode, on_error
+        self.patch, self.compression = patch, compression
+        self.p_mean, self.p_std = p_mean, p_std
+        self.mp_group = mp_group
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self.buffer_size, self.slack = buffer_size, slack
+        self._grids = [self._grid(i) for i in range(len(index))]
+        if max_tokens is not None and min(g[0] * g[1] * g[2] for g in self._grids) > max_tokens:
+            raise ValueError(f"max_tokens={max_tokens}: no sample of the dataset fits")
+        self.order = GlobalOrder(len(index), seed)
+        self.planner = Planner(
+            self.order,
+            lambda i: self._grids[i][0] * self._grids[i][1] * self._grids[i][2],
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            buffer_size=buffer_size,
+            slack=slack,
+        )
+        self.skipped_total = 0
+        self.bytes_read = 0
+        self._pool = ThreadPoolExecutor(num_workers) if num_workers > 0 else None
+
+    # ------------------------------------------------------------------ geometry
+    def _grid(self, i: int) -> Grid:
+        row = self.index.samples.iloc[i]
+        shape = row["latent_shape"]
+        if shape is not None and not (isinstance(shape, float) and np.isnan(shape)):
+            t, h, w = (int(x) for x in list(shape)[1:])
+        else:
+            ct, cs, _ = self.compression
+            t = 1 + (int(row["frames"]) - 1) // ct
+            h, w = int(row["height"]) // cs, int(row["width"]) // self.compression[2]
+        pt, ph, pw = self.patch
+        return (max(1, t // pt), max(1, h // ph), max(1, w // pw))
+
+    def tokens(self, i: int) -> int:
+        g = self._grids[i]
+        return g[0] * g[1] * g[2]
+
+    def sigma(self, position: int) -> float:
+        """log-normal sigma (EDM) drawn from (seed, position): resumable, layout independent."""
+        rng = np.random.Generator(np.random.PCG64([self.seed, 0x5167, position]))
+        return float(np.exp(self.p_mean + self.p_std * rng.standard_normal()))
+
+    # ------------------------------------------------------------------ reading
+    def _mp(self) -> tuple[int, int]:
+        if self.mp_group is None:
+            return 0, 1
+        import torch.distributed as dist
+
+        return dist.get_rank(self.mp_group), dist.get_world_size(self.mp_group)
+
+    def _read_all(self, idx: list[int]) -> list[bytes | Exception]:
+        """Raw tar records of samples ``idx``; with a model-parallel group each rank reads every
+        k-th one and the group all-gathers (everyone ends with all of them)."""
+        mp_rank, k = self._mp()
+        mine = [j for j in range(len(idx)) if j % k == mp_rank]
+
+        def read(j: int) -> bytes | Exception:
+            try:
+                return read_raw(self.index, idx[j])
+            except ShardError as e:
+                return e
+
+        got = list(self._pool.map(read, mine)) if self._pool else [read(j) for j in mine]
+        self.bytes_read += sum(len(g) for g in got if isinstance(g, bytes))
+        if k == 1:
+            return got
+        from vfm_core.data.gather import all_gather_bytes
+
+        return all_gather_bytes(got, n_total=len(idx), group=self.mp_group)
+
+    def _load(self, position: int, raw: bytes | Exception) -> Sample:
+        i = self.order.sample(position)
+        key = str(self.index.samples.at[i, "key"])
+        if isinstance(raw, Exception):
+            raise raw
+        where = self.index.shard_url(int(self.index.samples.at[i, "shard"]))
+        s = parse_sample(raw, key, embedding_dim=self.index.embedding_dim, where=where)
+        frames = mp4 = None
+        if self.decode == "frames" and s.latent is None:
+            from vfm_core.video.io import VideoError, decode_frames
+
+            try:
+                frames = decode_frames(io.BytesIO(s.mp4))  # (T, H, W, 3) uint8
+            except VideoError as e:
+                raise SampleError(
+                    f"{where} sample {key}", f"clip does not decode ({e.reason})"
+                ) from None
+        elif self.decode == "none":
+            mp4 = s.mp4
+        return Sample(
+            key=key,
+            position=position,
+            index=i,
+            meta=s.meta,
+            txt_emb=s.txt_emb,
+            grid=self._grids[i],
+            sigma=self.sigma(position),
+            frames=frames,
+            mp4=mp4,
+            latent=s.latent,
+        )
+
+    # ------------------------------------------------------------------ iteration
+    def next_batch(self) -> Batch:
+        plan = self.planner.next_step(self.dp_size)[self.dp_rank]  # this rank's groups
+        positions = [p for g in plan for p in g]
+        before = self.bytes_read
+        raws = self._read_all([self.order.sample(p) for p in positions])
+
+        def load(j: int) -> Sample | SampleError:
+            try:
+                return self._load(positions[j], raws[j])
+            except SampleError as e:
+                if self.on_error == "raise":
+                    raise
+                return e
+
+        js = range(len(positions))
+        loaded = list(self._pool.map(load, js)) if self._pool else [load(j) for j in js]
+        samples: list[Sample] = []
+        where: dict[int, int] = {}
+        skipped = []
+        for j, s in enumerate(loaded):
+            if isinstance(s, SampleError):
+                skipped.append(s.where)
+                log.warning("skipping bad sample: %s", s)
+                continue
+            where[j] = len(samples)
+            samples.append(s)
+        self.skipped_total += len(skipped)
+        packs, members = None, []
+        if self.max_tokens is not None:
+            packs, j0 = [], 0
+            for g in plan:
+                keep = [where[j] for j in range(j0, j0 + len(g)) if j in where]
+                j0 += len(g)
+                members.append(keep)
+                packs.append(
+                    PackLayout.from_grids([samples[m].grid for m in keep], self.max_tokens)
+                )
+        return Batch(
+            keys=[s.key for s in samples],
+            samples=samples,
+            packs=packs,
+            pack_members=members,
+            step=self.planner.state.steps,
+            skipped=skipped,
+            bytes_read=self.bytes_read - before,
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            yield self.next_batch()
+
+    # ------------------------------------------------------------------ state
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "dataset": self.index.fingerprint(),
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "batch_size": self.batch_size,
+            "buffer_size": self.buffer_size,
+            "slack": self.slack,
+            "patch": list(self.patch),
+            "compression": list(self.compression),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "kind": "shard_loader",
+            **self._fingerprint(),
+            "planner": self.planner.state_dict(),
+            "skipped_total": self.skipped_total,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION or state.get("kind") != "shard_loader":
+            raise LoaderStateError(
+                f"loader state kind={state.get('kind')!r} version={state.get('version')!r} is "
+                f"not a shard loader state v{STATE_VERSION}"
+            )
+        ours = self._fingerprint()
+        diff = [
+            f"{k}: state {state.get(k)!r} vs loader {v!r}"
+            for k, v in ours.items()
+            if state.get(k) != v
+        ]
+        if diff:
+            raise LoaderStateError(
+                "loader state belongs to another dataset or configuration ("
+                + "; ".join(diff)
+                + "); dp_size and num_workers may change, these may not"
+            )
+        self.planner.load_state_dict(state["planner"])
+        self.skipped_total = int(state.get("skipped_total", 0))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def build_loader(
+    *,
+    shards: str | DatasetIndex,
+    seed: int = 0,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    num_workers: int = 0,
+    max_tokens: int | None = None,
+    verify: Literal["none", "size", "sha256"] = "size",
+    **kwargs: Any,
+) -> ShardLoader:
+    """Savable loader over the shard directory ``shards`` (local or ``s3://``).
+
+    ``max_tokens=None``: batches of ``batch_size`` samples; else ``batch_size`` packs of at most
+    ``max_tokens`` tokens each. ``verify``: check shard sizes (default) or full sha256 against the
+    index before reading. Further keywords: see :class:`ShardLoader`.
+    """
+    t0 = time.perf_counter()
+    index = shards if isinstance(shards, DatasetIndex) else read_index(str(shards))
+    if verify != "none":
+        verify_shards(index, checksum=verify == "sha256")
+    loader = ShardLoader(
+        index,
+        seed=seed,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        num_workers=num_workers,
+        max_tokens=max_tokens,
+        **kwargs,
+    )
+    log.info("loader over %d samples ready in %.2fs", len(index), time.perf_counter() - t0)
+    return loader
