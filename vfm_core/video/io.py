@@ -429,18 +429,27 @@ def transcode_span(
     crf: int = 23,
     preset: str = "veryfast",
     threads: str = "AUTO",
+    rotation: int = 0,
+    cfr: bool = False,
 ) -> TranscodeResult:
     """Write the frames of [start_s, end_s) of `src` as an H.264 MP4 starting on a keyframe.
 
     Only the span is decoded: the demuxer seeks to the keyframe before `start_s`, earlier frames
     are decoded and dropped. `width` alone keeps the aspect ratio; `fps` resamples by nearest
-    earlier frame (drop / repeat) on the output time grid. Raises `VideoError` if the span is empty.
+    earlier frame (drop / repeat) on the output time grid; `cfr=True` does that even at the input's
+    average rate (variable-frame-rate input -> constant-rate clip). `rotation` (degrees
+    counter-clockwise, `VideoInfo.rotation`) is applied to the pixels, so the clip is upright
+    without a display matrix; `width` / `height` are then the upright size. Raises `VideoError` if
+    the span is empty.
     """
     name = _name(src)
     with open_container(src) as c:
         s = _video_stream(c, name)
         w0, h0 = s.codec_context.width, s.codec_context.height
         in_rate = s.average_rate or s.guessed_rate or Fraction(30)
+    k = (rotation // 90) % 4
+    if k % 2:
+        w0, h0 = h0, w0  # upright size
     if height is None:
         w, h = analysis_size(w0, h0, width) if width else (w0, h0)
     else:
@@ -453,11 +462,18 @@ def transcode_span(
     )  # fmt: skip
     n = 0
     with out:
-        resample = fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6
+        resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
         for t, frame in _iter_av_frames(
             src, start_s=start_s, end_s=end_s, threads=threads, name=name
         ):
-            vf = frame.reformat(width=w, height=h, format="yuv420p")
+            if k:
+                # rotate the coded picture upright: (h0', w0', 3) -> np.rot90 is counter-clockwise
+                cw, ch = (h, w) if k % 2 else (w, h)
+                a = frame.to_ndarray(format="rgb24", width=cw, height=ch)
+                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(a, k)), "rgb24")
+                vf = vf.reformat(format="yuv420p")
+            else:
+                vf = frame.reformat(width=w, height=h, format="yuv420p")
             if resample:
                 # repeat/drop: emit output frames whose grid time falls before the next input frame
                 rel = t - start_s

@@ -1,0 +1,272 @@
+"""`curate(src, dst)`: raw videos -> H.264 clips + validated manifests, resumable.
+
+    DST/clips/{clip_id}.mp4     accepted clips (clip_id = hash(video_id, span, clip settings))
+    DST/clips.parquet           AnnotatedClips (the shard writer's input)
+    DST/rejects.parquet         Rejects: source_uri, stage, reason (+ video_id, span times)
+    DST/videos.parquet          VideoManifest of the readable inputs
+    DST/_state/{key}.json       one per finished input video: its clip and reject rows
+
+Resumability: a video is finished when all of its final items arrived; its state file is then
+written atomically. A rerun skips inputs whose state file matches (same source, size and
+settings) and re-runs the rest; clip ids are deterministic, so a clip written before a crash is
+overwritten, never duplicated. Inputs that failed to be read (stage "read", e.g. a transient S3
+error) are not marked finished and are retried. The manifests are rebuilt from the state files of
+the current inputs, so accepted ∪ rejected = inputs, always.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from vfm_core import storage
+from vfm_core.contracts import (
+    AnnotatedClips,
+    ContractError,
+    Rejects,
+    VideoManifest,
+    empty,
+    validate,
+    write_manifest,
+)
+from vfm_core.curate.executors import Executor, get_executor
+from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
+from vfm_core.curate.stages import CurateConfig, build_stages
+
+log = logging.getLogger(__name__)
+
+VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts")
+"""Files with these suffixes (case-insensitive) are curation inputs."""
+
+
+def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[VideoRef]:
+    """Input videos under `src` (a directory, an s3:// prefix, or one file), sorted.
+
+    `source_uri` is each file as given under SRC (`src` joined with its relative path); `url` is
+    where to read it (absolute local path or the s3:// URL).
+    """
+    src = str(src)
+    fs, root = storage.filesystem(src)
+    if fs.exists(root) and fs.isfile(root):
+        url = src if storage.is_remote(src) else str(Path(root).resolve())
+        return [VideoRef(source_uri=src, url=url)]
+    refs = []
+    for url in storage.list_files(src, suffixes=suffixes):
+        _, path = storage.filesystem(url)
+        rel = path[len(root.rstrip("/")) :].lstrip("/")
+        refs.append(VideoRef(source_uri=storage.join(src, rel), url=url))
+    return refs
+
+
+def _state_url(dst: str, source_uri: str) -> str:
+    key = hashlib.sha256(source_uri.encode()).hexdigest()[:20]
+    return storage.join(dst, "_state", f"{key}.json")
+
+
+def _size(url: str) -> int | None:
+    try:
+        fs, path = storage.filesystem(url)
+        return int(fs.size(path))
+    except (OSError, ValueError):
+        return None
+
+
+def load_state(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[str, Any] | None:
+    """The finished state of `ref` under `dst`, if it matches the input and settings."""
+    url = _state_url(dst, ref.source_uri)
+    if not storage.exists(url):
+        return None
+    try:
+        state = json.loads(storage.read_bytes(url))
+    except (OSError, json.JSONDecodeError):
+        return None  # a damaged state file: redo the video
+    same = (
+        state.get("source_uri") == ref.source_uri
+        and state.get("settings") == cfg.settings_hash()
+        and state.get("size_bytes") == _size(ref.url)
+    )
+    return state if same else None
+
+
+def _write_state(dst: str, ref: VideoRef, cfg: CurateConfig, finals: list[Item]) -> dict:
+    clips = [x.manifest_row() for x in finals if isinstance(x, AnnotatedClip)]
+    rejects = [x.manifest_row() for x in finals if isinstance(x, RejectRow)]
+    probed = [
+        x.clip.span.video if isinstance(x, AnnotatedClip) else x.video
+        for x in finals
+        if isinstance(x, AnnotatedClip) or x.video is not None
+    ]
+    video = probed[0].manifest_row() if probed else None
+    state = {
+        "source_uri": ref.source_uri, "settings": cfg.settings_hash(),
+        "size_bytes": _size(ref.url), "video": video, "clips": clips, "rejects": rejects,
+    }  # fmt: skip
+    if any(r["stage"] == "read" for r in rejects):
+        return state  # unreadable now: retry on the next run
+    storage.write_bytes(_state_url(dst, ref.source_uri), json.dumps(state).encode())
+    return state
+
+
+def process(
+    refs: list[VideoRef],
+    dst: str,
+    *,
+    cfg: CurateConfig,
+    executor: Executor,
+    work_dir: str,
+    progress: bool = False,
+) -> dict[str, dict]:
+    """Run the stages over `refs`; write each video's state as soon as it is complete."""
+    by_uri = {r.source_uri: r for r in refs}
+    parts: dict[str, list[Item]] = defaultdict(list)
+    states: dict[str, dict] = {}
+    stages = build_stages(cfg, dst=dst, work_dir=work_dir)
+    bar = _bar(len(refs), progress)
+    for item in executor.run(stages, refs):
+        if not isinstance(item, AnnotatedClip | RejectRow):
+            raise TypeError(f"curation ended with a {type(item).__name__}, not a clip or reject")
+        uri = item.source_uri
+        parts[uri].append(item)
+        if len(parts[uri]) == item.n_parts:
+            states[uri] = _write_state(dst, by_uri[uri], cfg, parts.pop(uri))
+            bar.update(1)
+    bar.close()
+    if parts:
+        missing = sorted(parts)
+        raise RuntimeError(f"curation lost items of {len(missing)} video(s): {missing[:5]}")
+    return states
+
+
+def _bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="video", desc="curate", disable=not enabled, file=sys.stderr)
+
+
+def _frame(rows: list[dict], schema) -> pl.DataFrame:
+    if not rows:
+        return empty(schema)
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    if "embedding" in df.columns:
+        df = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float32)))
+    return df
+
+
+def assemble(dst: str, states: Iterable[dict]) -> dict[str, Any]:
+    """Write clips / rejects / videos manifests (sorted, validated) from per-video states."""
+    clips, rejects, videos = [], [], []
+    for st in states:
+        clips += st["clips"]
+        rejects += st["rejects"]
+        if st.get("video"):
+            videos.append(st["video"])
+    cdf = _frame(clips, AnnotatedClips)
+    if cdf.height:
+        cdf = cdf.sort("source_uri", "start_s")
+    rdf = _frame(rejects, Rejects)
+    if rdf.height:
+        rdf = rdf.with_columns(pl.col("start_s", "end_s").cast(pl.Float64)).sort(
+            "source_uri", "start_s", nulls_last=False
+        )
+    vdf = _frame(videos, VideoManifest)
+    if vdf.height:
+        vdf = vdf.sort("source_uri")
+    out = {
+        "clips": write_manifest(cdf, storage.join(dst, "clips.parquet"), AnnotatedClips),
+        "rejects": write_manifest(rdf, storage.join(dst, "rejects.parquet"), Rejects),
+        "videos": write_manifest(vdf, storage.join(dst, "videos.parquet"), VideoManifest),
+        "n_clips": cdf.height,
+        "n_rejects": rdf.height,
+        "n_videos": vdf.height,
+    }
+    return out
+
+
+def check_coverage(refs: list[VideoRef], states: dict[str, dict]) -> None:
+    """accepted ∪ rejected = inputs: every input has a state with at least one row."""
+    lost = [r.source_uri for r in refs if not (states.get(r.source_uri) or {}).get("clips")
+            and not (states.get(r.source_uri) or {}).get("rejects")]  # fmt: skip
+    if lost:
+        raise ContractError("curation", "coverage", [f"inputs with no clip and no reject: {lost}"])
+
+
+def curate(
+    src: str,
+    dst: str,
+    *,
+    executor: str | Executor = "local",
+    config: CurateConfig | None = None,
+    progress: bool | None = None,
+    refs: list[VideoRef] | None = None,
+) -> dict[str, Any]:
+    """Curate every video under `src` into `dst`; returns counts and manifest URLs.
+
+    `refs` replaces discovery (e.g. a subset of inputs). Finished inputs (state files from an
+    earlier run with the same settings) are skipped.
+    """
+    cfg = config or CurateConfig()
+    t0 = time.perf_counter()
+    refs = discover(src) if refs is None else refs
+    if not refs:
+        raise storage.StorageError(str(src), "no video files found (suffixes: "
+                                   + ", ".join(VIDEO_SUFFIXES) + ")")  # fmt: skip
+    states: dict[str, dict] = {}
+    todo = []
+    for r in refs:
+        st = load_state(dst, r, cfg)
+        if st is None:
+            todo.append(r)
+        else:
+            states[r.source_uri] = st
+    skipped = len(refs) - len(todo)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
+    try:
+        states.update(
+            process(todo, dst, cfg=cfg, executor=get_executor(executor), work_dir=work_dir,
+                    progress=progress)
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    check_coverage(refs, states)
+    out = assemble(dst, [states[r.source_uri] for r in refs])
+    out.update(n_inputs=len(refs), n_skipped=skipped, wall_s=round(time.perf_counter() - t0, 3))
+    return out
+
+
+def read_clips(dst: str) -> pl.DataFrame:
+    """`DST/clips.parquet`, validated."""
+    from vfm_core.contracts import read_manifest
+
+    return read_manifest(storage.join(dst, "clips.parquet"), AnnotatedClips)
+
+
+def rows_valid(rows: list[dict], schema, *, what: str) -> None:
+    """Validate rows (e.g. one video's state) against a schema; raises ContractError."""
+    validate(_frame(rows, schema), schema, what=what)
+
+
+__all__ = [
+    "VIDEO_SUFFIXES",
+    "ProbedVideo",
+    "assemble",
+    "check_coverage",
+    "curate",
+    "discover",
+    "load_state",
+    "process",
+    "read_clips",
+    "rows_valid",
+]

@@ -1,0 +1,407 @@
+"""Curation stages behind one `Stage` protocol: `setup()` once per worker, `process(batch)`.
+
+The order (see `records` for the items):
+
+    probe      VideoRef    -> ProbedVideo     read (download s3://), content hash, probe
+    split      ProbedVideo -> SplitVideo      shot detection (colour change / stride / TransNetV2)
+    stitch     SplitVideo  -> SpanTask*       merge false cuts; one item per clip candidate
+    transcode  SpanTask    -> ClipTask        H.264 MP4 at DST/clips/{clip_id}.mp4
+    annotate   ClipTask    -> AnnotatedClip   embedding, caption, filter scores (or a reject)
+
+A stage turns every user-caused failure (bad file, unreadable object, undecodable span) into a
+`RejectRow` with its stage and reason; rejects from earlier stages pass through unchanged, so
+every input ends as accepted clips or rejects. Stages are plain picklable objects: the same
+instances run in-process or inside Ray actors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import av
+import numpy as np
+
+from vfm_core import storage
+from vfm_core.annotate.caption import Captioner, ChainCaptioner, SidecarCaptioner, VLMCaptioner
+from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedder, clip_embedding
+from vfm_core.annotate.filters import FilterConfig, reject_reasons, sample_indices, score_frames
+from vfm_core.curate.records import (
+    AnnotatedClip,
+    ClipTask,
+    Item,
+    ProbedVideo,
+    RejectRow,
+    SpanTask,
+    SplitVideo,
+    VideoRef,
+)
+from vfm_core.video.io import MAX_PIXELS, VideoError, decode_frames, probe, transcode_span
+from vfm_core.video.shots import (
+    ColorChangeSplitter,
+    FixedStrideSplitter,
+    LengthRules,
+    Splitter,
+    TransNetV2Splitter,
+)
+from vfm_core.video.stitch import stitch
+
+_USER_ERRORS = (VideoError, storage.StorageError, OSError, ValueError, av.FFmpegError)
+
+
+@dataclass(kw_only=True, slots=True)
+class CurateConfig:
+    """Settings of every curation stage."""
+
+    splitter: Literal["color", "stride", "transnetv2"] = "color"
+    """Shot detector: colour change (default), fixed stride, or TransNetV2."""
+    min_len_s: float = 2.0
+    """Shorter shots are dropped."""
+    max_len_s: float | None = 20.0
+    """Longer shots are cut into equal windows no longer than this (None: no limit)."""
+    stride_s: float = 10.0
+    """Window length of the fixed-stride splitter."""
+    stitch: bool = True
+    """Merge touching spans whose boundary frames look alike."""
+    stitch_threshold: float = 0.9
+    """Cosine similarity of boundary-frame embeddings above which spans merge."""
+    analysis_width: int = 64
+    """Width of the frames decoded for splitting and filter scores."""
+    max_pixels: int = MAX_PIXELS
+    """Videos declaring a larger frame (width x height) are rejected."""
+    out_width: int | None = None
+    """Clip width (aspect kept); None keeps the source size."""
+    out_fps: float | None = None
+    """Clip frame rate; None keeps the source rate (VFR sources get their average rate)."""
+    crf: int = 23
+    """libx264 quality."""
+    preset: str = "veryfast"
+    """libx264 preset."""
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    """Filter thresholds."""
+    embed_frames: int = 4
+    """Frames averaged into a clip embedding."""
+    image_model: str | None = None
+    """Local directory of a transformers image model for clip embeddings (None: colour thumbs)."""
+    vlm: str | None = None
+    """Local directory of a transformers image-to-text model for captions (after sidecars)."""
+    require_caption: bool = False
+    """Reject clips without a caption."""
+
+    def clip_settings(self) -> str:
+        """Everything that changes which clips are written and what they contain (for clip ids)."""
+        d = dataclasses.asdict(self)
+        for k in ("filters", "embed_frames", "image_model", "vlm", "require_caption"):
+            d.pop(k)
+        return json.dumps(d, sort_keys=True)
+
+    def settings_hash(self) -> str:
+        """Hash of all settings (a finished video is redone when this changes)."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def splitter_obj(self) -> Splitter:
+        lengths = LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)
+        if self.splitter == "color":
+            return ColorChangeSplitter(analysis_width=self.analysis_width, lengths=lengths)
+        if self.splitter == "stride":
+            return FixedStrideSplitter(stride_s=self.stride_s, lengths=lengths)
+        if self.splitter == "transnetv2":
+            return TransNetV2Splitter(lengths=lengths)
+        raise ValueError(
+            f"CurateConfig.splitter: unknown {self.splitter!r}; expected color, stride, transnetv2"
+        )
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """One step of the pipeline: `setup()` once per worker, then `process(batch)` many times."""
+
+    name: str
+
+    def setup(self) -> None: ...
+
+    def process(self, batch: list[Item]) -> list[Item]: ...
+
+
+def clip_id_of(video_id: str, start_frame: int, end_frame: int, settings: str) -> str:
+    """hash(video, span, settings): the same clip always gets the same id (no duplicates)."""
+    key = f"{video_id}:{start_frame}:{end_frame}:{settings}".encode()
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+def _hash_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+@dataclass(kw_only=True)
+class _MapStage:
+    """A stage that maps each non-reject item to a list of items; user errors become rejects."""
+
+    cfg: CurateConfig
+    """Curation settings."""
+    dst: str
+    """Destination root (local path or s3:// URL)."""
+    work_dir: str
+    """Local scratch directory (downloads of s3:// inputs, clips before upload)."""
+    name = "stage"
+    reject_as = "probe"
+
+    def setup(self) -> None:
+        return None
+
+    def process(self, batch: list[Item]) -> list[Item]:
+        out: list[Item] = []
+        for item in batch:
+            if isinstance(item, RejectRow):
+                out.append(item)
+                continue
+            try:
+                out += self.one(item)
+            except _USER_ERRORS as e:
+                out.append(self._reject(item, e))
+        return out
+
+    def one(self, item: Any) -> list[Item]:
+        raise NotImplementedError
+
+    def _reject(self, item: Any, e: BaseException) -> RejectRow:
+        reason = e.reason if isinstance(e, VideoError | storage.StorageError) else str(e)
+        reason = reason or type(e).__name__
+        stage = "read" if isinstance(e, storage.StorageError) else self.reject_as
+        if isinstance(item, VideoRef):
+            return RejectRow(source_uri=item.source_uri, stage=stage, reason=reason)
+        video = item.video if isinstance(item, SplitVideo | SpanTask) else None
+        span = item.span if isinstance(item, ClipTask) else None
+        span = item if isinstance(item, SpanTask) else span
+        video = span.video if span is not None else video if video is not None else item
+        return RejectRow(
+            source_uri=video.source_uri, video_id=video.video_id, stage=stage,
+            reason=reason, start_s=span.start_s if span else None,
+            end_s=span.end_s if span else None, n_parts=span.n_spans if span else 1,
+            video=video,
+        )  # fmt: skip
+
+
+def local_copy(url: str, work_dir: str) -> str:
+    """A local path for `url`: the file itself, or a cached download of a remote object."""
+    if not storage.is_remote(url):
+        return url.removeprefix("file://")
+    suffix = Path(url).suffix or ".bin"
+    path = Path(work_dir) / "src" / (hashlib.sha256(url.encode()).hexdigest()[:20] + suffix)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as out, storage.open_url(url, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    out.write(chunk)
+            os.replace(tmp, path)
+        except BaseException as e:
+            Path(tmp).unlink(missing_ok=True)
+            if isinstance(e, OSError) and not isinstance(e, storage.StorageError):
+                raise storage.StorageError(url, f"unreadable ({e})") from None
+            raise
+    return str(path)
+
+
+@dataclass(kw_only=True)
+class ProbeStage(_MapStage):
+    """VideoRef -> ProbedVideo: fetch, content hash (video_id), probe."""
+
+    name = "probe"
+
+    def one(self, item: VideoRef) -> list[Item]:
+        local = local_copy(item.url, self.work_dir)
+        info = probe(local, max_pixels=self.cfg.max_pixels)
+        if info.fps <= 0:
+            raise VideoError(item.source_uri, "frame rate unknown")
+        return [
+            ProbedVideo(
+                source_uri=item.source_uri, video_id=_hash_file(local), local_path=local,
+                url=item.url, size_bytes=os.path.getsize(local), duration_s=info.duration_s,
+                fps=info.fps, vfr=info.vfr, width=info.width, height=info.height,
+                codec=info.codec, pix_fmt=info.pix_fmt, rotation=info.rotation,
+                n_frames=info.n_frames,
+            )  # fmt: skip
+        ]
+
+
+def _local_video(v: ProbedVideo, work_dir: str) -> str:
+    """The video's local copy (re-fetched when this worker does not share the prober's disk)."""
+    return v.local_path if os.path.exists(v.local_path) else local_copy(v.url, work_dir)
+
+
+@dataclass(kw_only=True)
+class SplitStage(_MapStage):
+    """ProbedVideo -> SplitVideo (or a reject when no shot is long enough)."""
+
+    name = "split"
+    reject_as = "split"
+    _splitter: Any = field(default=None, init=False, repr=False)
+
+    def setup(self) -> None:
+        self._splitter = self.cfg.splitter_obj()
+
+    def one(self, item: ProbedVideo) -> list[Item]:
+        if self._splitter is None:
+            self.setup()
+        spans = self._splitter.split(_local_video(item, self.work_dir), fps=item.fps)
+        if not spans:
+            raise ValueError(
+                f"no shot of at least {self.cfg.min_len_s:g} s "
+                f"(video is {item.duration_s:.2f} s, {item.n_frames} frames)"
+            )
+        return [SplitVideo(video=item, spans=spans)]
+
+
+@dataclass(kw_only=True)
+class StitchStage(_MapStage):
+    """SplitVideo -> one SpanTask per clip candidate, after merging false cuts."""
+
+    name = "stitch"
+    reject_as = "split"
+
+    def one(self, item: SplitVideo) -> list[Item]:
+        spans = item.spans
+        if self.cfg.stitch and len(spans) > 1:
+            v = item.video
+            max_f = None if self.cfg.max_len_s is None else int(self.cfg.max_len_s * v.fps + 1e-6)
+            spans = stitch(
+                spans, _local_video(v, self.work_dir), threshold=self.cfg.stitch_threshold,
+                max_frames=max_f, width=self.cfg.analysis_width,
+            )  # fmt: skip
+        return [
+            SpanTask(
+                video=item.video, span_index=i, n_spans=len(spans), start_frame=s.start_frame,
+                end_frame=s.end_frame, start_s=s.start_s, end_s=s.end_s,
+            )  # fmt: skip
+            for i, s in enumerate(spans)
+        ]
+
+
+@dataclass(kw_only=True)
+class TranscodeStage(_MapStage):
+    """SpanTask -> ClipTask: H.264 MP4 at DST/clips/{clip_id}.mp4 (keyframe first)."""
+
+    name = "transcode"
+    reject_as = "transcode"
+
+    def one(self, item: SpanTask) -> list[Item]:
+        v, cfg = item.video, self.cfg
+        cid = clip_id_of(v.video_id, item.start_frame, item.end_frame, cfg.clip_settings())
+        uri = storage.join(self.dst, "clips", f"{cid}.mp4")
+        remote = storage.is_remote(uri)
+        final = Path(self.work_dir) / "clips" / f"{cid}.mp4" if remote else Path(uri)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{cid}.{os.getpid()}.part.mp4")
+        try:
+            r = transcode_span(
+                _local_video(v, self.work_dir), tmp, item.start_s, item.end_s,
+                width=cfg.out_width, fps=cfg.out_fps or (v.fps if v.vfr else None),
+                cfr=v.vfr, rotation=v.rotation, crf=cfg.crf, preset=cfg.preset,
+            )  # fmt: skip
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        if remote:
+            storage.put_file(final, uri)
+        return [
+            ClipTask(
+                span=item, clip_id=cid, uri=uri, local_path=str(final), width=r.width,
+                height=r.height, fps=r.fps, n_frames=r.n_frames, duration_s=r.duration_s,
+            )  # fmt: skip
+        ]
+
+
+@dataclass(kw_only=True)
+class AnnotateStage(_MapStage):
+    """ClipTask -> AnnotatedClip (embedding, caption, scores) or a filter reject."""
+
+    name = "annotate"
+    reject_as = "annotate"
+    _embedder: Any = field(default=None, init=False, repr=False)
+    _captioner: Any = field(default=None, init=False, repr=False)
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self._embedder: Embedder = (
+            HFImageEmbedder(cfg.image_model) if cfg.image_model else ColorThumbEmbedder()
+        )
+        cap: Captioner = SidecarCaptioner()
+        if cfg.vlm:
+            cap = ChainCaptioner(cap, VLMCaptioner(cfg.vlm))
+        cap.setup()
+        self._captioner = cap
+
+    def one(self, item: ClipTask) -> list[Item]:
+        if self._embedder is None:
+            self.setup()
+        cfg, span = self.cfg, item.span
+        path = item.local_path if os.path.exists(item.local_path) else local_copy(
+            item.uri, self.work_dir
+        )
+        frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
+        sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
+        scores = score_frames(sampled, cfg.filters)
+        reasons = reject_reasons(
+            scores, width=item.width, height=item.height, duration_s=item.duration_s,
+            cfg=cfg.filters,
+        )  # fmt: skip
+        cap_frames = sampled
+        if cfg.vlm:  # the VLM sees the middle frame at full clip size
+            mid = item.duration_s / 2
+            cap_frames = decode_frames(path, start_s=mid, end_s=mid + 1.0 / item.fps)
+        cap = self._captioner.caption(
+            source_uri=span.video.source_uri, start_s=span.start_s, end_s=span.end_s,
+            frames=cap_frames,
+        )  # fmt: skip
+        if cap is None and cfg.require_caption:
+            reasons.append("no caption (sidecar or VLM)")
+        if reasons:
+            _remove(item.uri)
+            return [
+                RejectRow(
+                    source_uri=span.video.source_uri, video_id=span.video.video_id,
+                    stage="filter", reason="; ".join(reasons), start_s=span.start_s,
+                    end_s=span.end_s, n_parts=span.n_spans, video=span.video,
+                )  # fmt: skip
+            ]
+        emb = clip_embedding(self._embedder, sampled, n=cfg.embed_frames)
+        return [
+            AnnotatedClip(
+                clip=item, caption=cap.text if cap else "", caption_source=cap.source if cap else
+                "none", motion=scores.motion, static_frac=scores.static_frac,
+                black_frac=scores.black_frac, blank_frac=scores.blank_frac,
+                embedding=[float(x) for x in np.asarray(emb, np.float32)],
+            )  # fmt: skip
+        ]
+
+
+def _remove(uri: str) -> None:
+    """Delete a rejected clip so DST/clips holds exactly the accepted clips."""
+    fs, path = storage.filesystem(uri)
+    if fs.exists(path):
+        fs.rm(path)
+
+
+def build_stages(cfg: CurateConfig, *, dst: str, work_dir: str) -> list[Stage]:
+    """probe -> split -> stitch -> transcode -> annotate, sharing one config."""
+    kw = dict(cfg=cfg, dst=dst, work_dir=work_dir)
+    return [
+        ProbeStage(**kw),
+        SplitStage(**kw),
+        StitchStage(**kw),
+        TranscodeStage(**kw),
+        AnnotateStage(**kw),
+    ]  # type: ignore[list-item]
