@@ -4,6 +4,8 @@ deterministic caption embedding."""
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +62,66 @@ def make_clips(root: Path, n: int, *, seed: int = 0) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df.to_parquet(root / "clips.parquet")
     return df
+
+
+def npy(a: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def good_members(key: str, mp4: bytes, dim: int = 16) -> list[tuple[str, bytes]]:
+    meta = {"caption": key, "frames": 1, "height": 32, "width": 32}
+    return [
+        (f"{key}.json", json.dumps(meta).encode()),
+        (f"{key}.mp4", mp4),
+        (f"{key}.txt_emb.npy", npy(hash_embed([key], dim)[0][None])),
+    ]
+
+
+def craft_dataset(root: Path, samples: dict[str, list[tuple[str, bytes]]], dim: int = 16):
+    """One shard with exactly the given members per sample (good or deliberately bad) and a
+    valid index, as the writer would produce: for the bad-input tests."""
+    import tarfile
+
+    from vfm_core.data.index import DatasetIndex, write_index
+
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with tarfile.open(root / "shard-000000.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for key, members in samples.items():
+            start = tar.offset
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            rows.append(
+                {
+                    "key": key,
+                    "shard": 0,
+                    "offset": start,
+                    "length": tar.offset - start,
+                    "frames": 1,
+                    "height": 32,
+                    "width": 32,
+                    "latent_shape": None,
+                }
+            )
+    data = (root / "shard-000000.tar").read_bytes()
+    shards = pd.DataFrame(
+        [
+            {
+                "name": "shard-000000.tar",
+                "n_samples": len(rows),
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        ]
+    )
+    samples_df = pd.DataFrame(rows)
+    samples_df["latent_shape"] = samples_df["latent_shape"].astype(object)
+    index = DatasetIndex(root=str(root), shards=shards, samples=samples_df, embedding_dim=dim)
+    write_index(index)
+    return index

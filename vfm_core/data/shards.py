@@ -290,7 +290,7 @@ def read_range(
             break
         except FileNotFoundError:
             raise ShardError(url, "shard not found") from None
-        except (OSError, TimeoutError, ConnectionError) as e:
+        except _transient_errors() as e:
             last = e
             if attempt < retries:
                 time.sleep(backoff * 2**attempt)
@@ -305,6 +305,18 @@ def read_range(
             url, f"truncated: wanted bytes {offset}..{offset + length}, got {len(data)} bytes"
         )
     return data
+
+
+def _transient_errors() -> tuple[type[BaseException], ...]:
+    """I/O errors worth a retry: OS/network errors and botocore's (S3 through s3fs)."""
+    errors: tuple[type[BaseException], ...] = (OSError, TimeoutError, ConnectionError)
+    try:
+        from botocore.exceptions import BotoCoreError
+
+        errors += (BotoCoreError,)
+    except ImportError:
+        pass
+    return errors
 
 
 def _check_member(where: str, key: str, m: tarfile.TarInfo) -> str:
