@@ -216,6 +216,8 @@ def curate(
     earlier run with the same settings) are skipped.
     """
     cfg = config or CurateConfig()
+    ex = get_executor(executor)  # bad names / settings fail before any work
+    cfg.splitter_obj()
     t0 = time.perf_counter()
     refs = discover(src) if refs is None else refs
     if not refs:
@@ -235,7 +237,7 @@ def curate(
     work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
     try:
         states.update(
-            process(todo, dst, cfg=cfg, executor=get_executor(executor), work_dir=work_dir,
+            process(todo, dst, cfg=cfg, executor=ex, work_dir=work_dir,
                     progress=progress)
         )  # fmt: skip
     finally:

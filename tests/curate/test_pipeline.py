@@ -1,0 +1,166 @@
+"""End to end on a local folder: clips + validated manifests, bad inputs, resume, no duplicates."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import av
+import polars as pl
+import pytest
+
+from tests.curate.conftest import CFG
+from vfm_core.contracts import Rejects, VideoManifest, read_manifest
+from vfm_core.curate import CurateConfig, LocalExecutor, curate, discover
+from vfm_core.curate.pipeline import read_clips
+from vfm_core.storage import StorageError
+from vfm_core.video.io import probe
+from vfm_core.video.synthetic import BAD_KINDS
+
+
+def _inputs(src: Path) -> set[str]:
+    return {str(p) for p in src.rglob("*.mp4")}
+
+
+def test_discover_keeps_source_as_given(src_dir, monkeypatch):
+    monkeypatch.chdir(src_dir.parent)
+    refs = discover(src_dir.name)
+    assert len(refs) == 2 + len(BAD_KINDS)  # notes.md is not an input
+    assert refs[0].source_uri == f"{src_dir.name}/bad/10bit.mp4"
+    assert all(os.path.isabs(r.url) and Path(r.url).exists() for r in refs)
+    one = discover(f"{src_dir.name}/demo0.mp4")
+    assert [r.source_uri for r in one] == [f"{src_dir.name}/demo0.mp4"]
+
+
+def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path):
+    dst = tmp_path / "out"
+    out = curate(str(src_dir), str(dst), config=CFG)
+    clips = read_clips(str(dst))
+    rejects = read_manifest(dst / "rejects.parquet", Rejects)
+    videos = read_manifest(dst / "videos.parquet", VideoManifest)
+    assert out["n_inputs"] == 12 and out["n_clips"] == clips.height and out["n_skipped"] == 0
+    # accepted ∪ rejected = inputs
+    assert set(clips["source_uri"]) | set(rejects["source_uri"]) == _inputs(src_dir)
+    # the clips on disk are exactly the manifest's, unique, H.264, keyframe first
+    assert clips["clip_id"].n_unique() == clips.height
+    assert sorted(os.listdir(dst / "clips")) == sorted(f"{c}.mp4" for c in clips["clip_id"])
+    for row in clips.iter_rows(named=True):
+        info = probe(row["uri"])
+        assert info.codec == "h264" and info.n_frames == row["n_frames"]
+        assert (info.width, info.height) == (row["width"], row["height"])
+        with av.open(row["uri"]) as c:
+            assert next(c.demux(c.streams.video[0])).is_keyframe
+    # shot boundaries of demo0 follow the ground truth (±2 frames); the static shot is rejected
+    _, truth = good_dir
+    gt = truth["demo0.mp4"]
+    d0 = clips.filter(pl.col("source_uri") == str(src_dir / "demo0.mp4")).sort("start_s")
+    starts = d0["start_frame"].to_list()
+    def at_transition(f: int) -> bool:
+        near_cut = any(abs(f - a) <= 2 for a, _ in gt.segments)
+        return near_cut or any(a - 2 <= f <= b + 2 for a, b in gt.fades)
+
+    assert len(starts) >= 5 and all(at_transition(f) for f in starts), starts
+    static = rejects.filter(pl.col("stage") == "filter")
+    assert static.height == 2 and static["reason"].str.starts_with("static").all()
+    assert static["start_s"].to_list() == pytest.approx([180 / 24] * 2, abs=0.1)
+    # captions: .txt sidecar for demo0, the JSON segment (or its fallback) for demo1
+    assert set(d0["caption"]) == {gt.caption}
+    d1 = clips.filter(pl.col("source_uri") == str(src_dir / "demo1.mp4")).sort("start_s")
+    assert d1["caption"][0] == "the first shot" and set(d1["caption"][1:]) == {"fallback"}
+    assert clips["embedding"].list.len().unique().to_list() == [448]
+    # every readable input is in the video manifest, ids are content hashes
+    assert videos.height == 2 + 5 and videos["video_id"].n_unique() == 7
+
+
+@pytest.mark.parametrize(
+    ("kind", "stage", "reason"),
+    [
+        ("zero_byte", "probe", "empty file (0 bytes)"),
+        ("truncated", "probe", "not a readable media file"),
+        ("truncated_faststart", "probe", "truncated: sample index needs"),
+        ("not_video", "probe", "not a readable media file"),
+        ("audio_only", "probe", "no video stream (audio only)"),
+        ("one_frame", "split", "no shot of at least 1 s (video is 0.04 s, 1 frames)"),
+    ],
+)
+def test_bad_input_is_rejected_with_reason(bad_dir, tmp_path, kind, stage, reason):
+    src = str(bad_dir / f"{kind}.mp4")
+    out = curate(src, str(tmp_path / "o"), config=CFG)
+    rej = read_manifest(tmp_path / "o" / "rejects.parquet", Rejects)
+    assert out["n_clips"] == 0 and rej.height == 1
+    assert rej.row(0, named=True)["source_uri"] == src
+    assert rej["stage"][0] == stage and rej["reason"][0].startswith(reason), rej["reason"][0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "size", "fps"),
+    [("vfr", (96, 64), 22.06), ("rotated", (64, 96), 24.0), ("yuv444", (96, 64), 24.0),
+     ("10bit", (96, 64), 24.0)],
+)  # fmt: skip
+def test_valid_unusual_input_is_processed(bad_dir, tmp_path, kind, size, fps):
+    out = curate(str(bad_dir / f"{kind}.mp4"), str(tmp_path / "o"), config=CFG)
+    clips = read_clips(str(tmp_path / "o"))
+    assert out["n_clips"] == 1 and out["n_rejects"] == 0
+    row = clips.row(0, named=True)
+    assert (row["width"], row["height"]) == size and row["fps"] == pytest.approx(fps, abs=0.01)
+    info = probe(row["uri"])
+    # clips are upright, constant-rate, 8-bit 4:2:0
+    assert info.pix_fmt == "yuv420p" and not info.vfr and info.rotation == 0
+    assert row["n_frames"] == 48
+
+
+def test_huge_declared_size_rejected(bad_dir, tmp_path):
+    cfg = CurateConfig(min_len_s=1.0, max_pixels=64 * 64)
+    curate(str(bad_dir / "yuv444.mp4"), str(tmp_path / "o"), config=cfg)
+    rej = read_manifest(tmp_path / "o" / "rejects.parquet", Rejects)
+    assert rej["reason"][0] == "declared frame size 96x64 exceeds 4096 pixels"
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class CrashAfter(LocalExecutor):
+    """Dies after `n` final items (a worker crash in the middle of a run)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def run(self, stages, items):
+        for i, x in enumerate(super().run(stages, items)):
+            if i == self.n:
+                raise _Crash(f"crash after {i} items")
+            yield x
+
+
+def test_resume_after_crash_skips_finished_and_never_duplicates(good_dir, tmp_path):
+    src, dst = str(good_dir[0]), str(tmp_path / "out")
+    with pytest.raises(_Crash):
+        curate(src, dst, config=CFG, executor=CrashAfter(9))  # demo0 done, demo1 half written
+    assert len(os.listdir(Path(dst) / "_state")) == 1
+    out = curate(src, dst, config=CFG)
+    assert out["n_skipped"] == 1
+    clips = read_clips(dst)
+    assert clips["clip_id"].n_unique() == clips.height == out["n_clips"]
+    assert sorted(os.listdir(Path(dst) / "clips")) == sorted(f"{c}.mp4" for c in clips["clip_id"])
+    fresh = curate(src, str(tmp_path / "fresh"), config=CFG)
+    assert fresh["n_clips"] == out["n_clips"]
+    assert read_clips(str(tmp_path / "fresh"))["clip_id"].to_list() == clips["clip_id"].to_list()
+    again = curate(src, dst, config=CFG)
+    assert again["n_skipped"] == 2 and again["n_clips"] == out["n_clips"]
+    # other clip settings: everything is redone, with other clip ids
+    other = curate(src, dst, config=CurateConfig(min_len_s=1.0, crf=30))
+    assert other["n_skipped"] == 0
+    assert set(read_clips(dst)["clip_id"]).isdisjoint(set(clips["clip_id"]))
+
+
+def test_missing_or_empty_source(tmp_path):
+    with pytest.raises(StorageError, match="no such directory"):
+        curate(str(tmp_path / "nope"), str(tmp_path / "o"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StorageError, match="no video files found"):
+        curate(str(tmp_path / "empty"), str(tmp_path / "o"))
+    with pytest.raises(ValueError, match="executor: unknown 'spark'"):
+        curate(str(tmp_path / "empty"), str(tmp_path / "o"), executor="spark")
+    with pytest.raises(ValueError, match="CurateConfig.splitter: unknown 'magic'"):
+        curate(str(tmp_path / "empty"), str(tmp_path / "o"), config=CurateConfig(splitter="magic"))
