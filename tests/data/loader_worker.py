@@ -52,8 +52,9 @@ def mp_rank_main(rank: int, world: int, port: int, shards: str, out_dir: str, st
     k = 2
     groups = [dist.new_group(list(range(g * k, (g + 1) * k))) for g in range(world // k)]
     group = groups[rank // k]
-    loader = build_loader(shards=shards, seed=3, dp_rank=rank // k, dp_size=world // k,
-                          batch_size=4, mp_group=group)  # fmt: skip
+    loader = build_loader(
+        shards=shards, seed=3, dp_rank=rank // k, dp_size=world // k, batch_size=4, mp_group=group
+    )
     digests, sizes = [], []
     for _ in range(steps):
         b = loader.next_batch()

@@ -29,8 +29,15 @@ def dataset(root, bad: dict[int, list[tuple[str, bytes]]] | None = None):
 
 
 def run(root, *, dp_rank=0, dp_size=1, steps=2, on_error="skip", decode="none"):
-    ld = build_loader(shards=str(root), seed=0, dp_rank=dp_rank, dp_size=dp_size, batch_size=2,
-                      decode=decode, on_error=on_error)  # fmt: skip
+    ld = build_loader(
+        shards=str(root),
+        seed=0,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        batch_size=2,
+        decode=decode,
+        on_error=on_error,
+    )
     return ld, [ld.next_batch() for _ in range(steps)]
 
 
@@ -151,8 +158,12 @@ def test_missing_shard(tmp_path):
 
 
 def test_too_long_samples_are_skipped_for_every_rank(shard_dir):
-    lds = [build_loader(shards=str(shard_dir), seed=0, dp_rank=r, dp_size=2, max_tokens=17,
-                        decode="none") for r in range(2)]  # fmt: skip
+    lds = [
+        build_loader(
+            shards=str(shard_dir), seed=0, dp_rank=r, dp_size=2, max_tokens=17, decode="none"
+        )
+        for r in range(2)
+    ]
     for _ in range(4):
         for ld in lds:
             b = ld.next_batch()

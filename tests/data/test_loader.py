@@ -35,8 +35,14 @@ def test_restore_in_new_process_is_bit_identical(shard_dir, tmp_path, mode):
     expected = [batch_digest(loader.next_batch()) for _ in range(5)]
     (tmp_path / "state.json").write_text(text)
     # the new process also uses 2 reader threads: workers never change the batches
-    args = [sys.executable, str(WORKER), str(shard_dir), str(tmp_path / "state.json"), "5",
-            json.dumps({**kw, "num_workers": 2})]  # fmt: skip
+    args = [
+        sys.executable,
+        str(WORKER),
+        str(shard_dir),
+        str(tmp_path / "state.json"),
+        "5",
+        json.dumps({**kw, "num_workers": 2}),
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == expected
@@ -58,8 +64,18 @@ def test_batches_hold_keys_frames_and_packs(shard_dir):
 @pytest.mark.parametrize("mode", [{}, PACKED], ids=["unpacked", "packed"])
 def test_dp_ranks_disjoint_and_cover_each_epoch(shard_dir, mode):
     n, dp = 24, 3
-    loaders = [build_loader(shards=str(shard_dir), seed=1, dp_rank=r, dp_size=dp, batch_size=2,
-                            decode="none", **mode) for r in range(dp)]  # fmt: skip
+    loaders = [
+        build_loader(
+            shards=str(shard_dir),
+            seed=1,
+            dp_rank=r,
+            dp_size=dp,
+            batch_size=2,
+            decode="none",
+            **mode,
+        )
+        for r in range(dp)
+    ]
     seen: list[int] = []
     for _ in range(12):
         for ld in loaders:
@@ -78,15 +94,36 @@ def test_restore_with_other_dp_size_and_workers_continues_global_order(shard_dir
     ref = build_loader(shards=str(shard_dir), seed=2, batch_size=1, decode="none", **PACKED)
     ref_packs = [positions(ref.next_batch()) for _ in range(20)]
     # 2 ranks for 3 steps -> packs 0..5; then 3 ranks with 2 workers -> packs 6.. in order
-    two = [build_loader(shards=str(shard_dir), seed=2, dp_rank=r, dp_size=2, batch_size=1,
-                        decode="none", **PACKED) for r in range(2)]  # fmt: skip
+    two = [
+        build_loader(
+            shards=str(shard_dir),
+            seed=2,
+            dp_rank=r,
+            dp_size=2,
+            batch_size=1,
+            decode="none",
+            **PACKED,
+        )
+        for r in range(2)
+    ]
     got = []
     for _ in range(3):
         got += [positions(ld.next_batch()) for ld in two]
     state = json.loads(json.dumps(two[0].state_dict()))
     assert state == two[1].state_dict()  # the state is global: identical on every rank
-    three = [build_loader(shards=str(shard_dir), seed=2, dp_rank=r, dp_size=3, batch_size=1,
-                          num_workers=2, decode="none", **PACKED) for r in range(3)]  # fmt: skip
+    three = [
+        build_loader(
+            shards=str(shard_dir),
+            seed=2,
+            dp_rank=r,
+            dp_size=3,
+            batch_size=1,
+            num_workers=2,
+            decode="none",
+            **PACKED,
+        )
+        for r in range(3)
+    ]
     for ld in three:
         ld.load_state_dict(state)
     for _ in range(4):
@@ -95,8 +132,12 @@ def test_restore_with_other_dp_size_and_workers_continues_global_order(shard_dir
     # unpacked: the global cursor continues the same order
     a = build_loader(shards=str(shard_dir), seed=2, batch_size=3, decode="none")
     a.next_batch()
-    b = [build_loader(shards=str(shard_dir), seed=2, dp_rank=r, dp_size=2, batch_size=3,
-                      decode="none") for r in range(2)]  # fmt: skip
+    b = [
+        build_loader(
+            shards=str(shard_dir), seed=2, dp_rank=r, dp_size=2, batch_size=3, decode="none"
+        )
+        for r in range(2)
+    ]
     for ld in b:
         ld.load_state_dict(a.state_dict())
     assert positions(b[0].next_batch()) + positions(b[1].next_batch()) == list(range(3, 9))
@@ -117,22 +158,26 @@ def test_state_from_other_dataset_or_packing_is_refused(shard_dir):
 @pytest.mark.slow
 def test_model_parallel_read_then_gather(shard_dir, tmp_path):
     world, steps = 4, 3
-    mp.spawn(mp_rank_main, args=(world, free_port(), str(shard_dir), str(tmp_path), steps),
-             nprocs=world, join=True)  # fmt: skip
+    mp.spawn(
+        mp_rank_main,
+        args=(world, free_port(), str(shard_dir), str(tmp_path), steps),
+        nprocs=world,
+        join=True,
+    )
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     # each group holds one identical batch per step; the two DP replicas differ
     assert res[0]["digests"] == res[1]["digests"] and res[2]["digests"] == res[3]["digests"]
     assert res[0]["digests"] != res[2]["digests"]
     # ... equal to what a single reader of that DP rank gets
     for dp_rank in range(2):
-        solo = build_loader(shards=str(shard_dir), seed=3, dp_rank=dp_rank, dp_size=2,
-                            batch_size=4)  # fmt: skip
+        solo = build_loader(shards=str(shard_dir), seed=3, dp_rank=dp_rank, dp_size=2, batch_size=4)
         assert [batch_digest(solo.next_batch()) for _ in range(steps)] == res[2 * dp_rank][
             "digests"
         ]
         # each rank of the group read its share: the two shares add up to a full read
-        mine = [res[2 * dp_rank]["bytes"][s] + res[2 * dp_rank + 1]["bytes"][s]
-                for s in range(steps)]  # fmt: skip
+        mine = [
+            res[2 * dp_rank]["bytes"][s] + res[2 * dp_rank + 1]["bytes"][s] for s in range(steps)
+        ]
         assert sum(mine) == solo.bytes_read
         for r in (2 * dp_rank, 2 * dp_rank + 1):
             assert 0.3 < res[r]["total"] / solo.bytes_read < 0.7  # ~1/2 each (2 of 4 samples)

@@ -57,8 +57,9 @@ def test_packed_self_and_cross_attention_equal_per_sample(backend):
     heads, hd, theta = 2, 24, 10000.0
     dim = heads * hd
     lay = PackLayout.from_grids(GRIDS, 64)
-    xs = [torch.randn(lay_n, dim, dtype=torch.float64, requires_grad=True)
-          for lay_n in (4, 18, 18, 8)]  # fmt: skip
+    xs = [
+        torch.randn(lay_n, dim, dtype=torch.float64, requires_grad=True) for lay_n in (4, 18, 18, 8)
+    ]
     texts = [torch.randn(n, dim, dtype=torch.float64) for n in (1, 3, 2, 5)]  # own lengths
     wq, wk, wv = (torch.randn(dim, dim, dtype=torch.float64) / dim**0.5 for _ in range(3))
 
@@ -103,8 +104,10 @@ def test_per_sample_sigma_and_loss_average():
     sigma = torch.tensor([0.1, 2.0, 0.5, 8.0])  # one noise level per sample, not per pack
     s_tok = expand_per_sample(sigma, lay.sample_ids, fill=1.0)  # (64,)
     assert s_tok[:4].eq(0.1).all() and s_tok[40:48].eq(8.0).all() and s_tok[48:].eq(1.0).all()
-    assert torch.equal(expand_per_sample(torch.log(sigma) / 4, lay.sample_ids)[4:22],
-                       torch.full((18,), float(torch.log(sigma[1]) / 4)))  # fmt: skip
+    assert torch.equal(
+        expand_per_sample(torch.log(sigma) / 4, lay.sample_ids)[4:22],
+        torch.full((18,), float(torch.log(sigma[1]) / 4)),
+    )
     torch.manual_seed(1)
     err = [torch.rand(n, 6) for n in (4, 18, 18, 8)]  # squared errors per token and channel
     sd = 0.5

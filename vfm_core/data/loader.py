@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from vfm_core.data.blend import BucketPlanner, BucketSpec, assign_bucket
 from vfm_core.data.index import DatasetIndex, read_index
 from vfm_core.data.packing import PackLayout
 from vfm_core.data.plan import GlobalOrder, Planner
@@ -59,6 +60,8 @@ class Sample:
     """Encoded clip (``decode="none"``)."""
     latent: np.ndarray | None = None
     """(C, T, H, W) float32 latents when the shard has them."""
+    bucket: tuple[int, int, int] | None = None
+    """(height, width, frames) training shape when bucketing (crop/resize target)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -76,6 +79,8 @@ class Batch:
     """Keys of bad samples dropped from this batch (logged, counted)."""
     bytes_read: int = 0
     """Bytes this rank read from storage for this batch."""
+    source: int = 0
+    """Dataset of the batch when blending (:class:`~vfm_core.data.blend.BlendedLoader`)."""
 
     def __getitem__(self, name: str) -> Any:
         return getattr(self, name)
@@ -103,6 +108,7 @@ class ShardLoader:
         p_mean: float = -1.2,
         p_std: float = 1.2,
         mp_group: Any = None,
+        buckets: BucketSpec | None = None,
     ) -> None:
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
@@ -122,14 +128,34 @@ class ShardLoader:
         if max_tokens is not None and min(g[0] * g[1] * g[2] for g in self._grids) > max_tokens:
             raise ValueError(f"max_tokens={max_tokens}: no sample of the dataset fits")
         self.order = GlobalOrder(len(index), seed)
-        self.planner = Planner(
-            self.order,
-            lambda i: self._grids[i][0] * self._grids[i][1] * self._grids[i][2],
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            buffer_size=buffer_size,
-            slack=slack,
-        )
+        self.buckets = buckets
+        self.planner: Planner | BucketPlanner
+        if buckets is not None:
+            if max_tokens is not None:
+                raise ValueError("buckets are for unpacked training: pass max_tokens=None")
+            self._bucket_list = buckets.buckets()
+            rows = index.samples
+            self._bucket_of = [
+                assign_bucket(int(f), int(h), int(w), buckets)
+                for f, h, w in zip(rows["frames"], rows["height"], rows["width"])
+            ]
+            if all(b is None for b in self._bucket_of):
+                raise ValueError("buckets: every sample is smaller than every bucket shape")
+            self.planner = BucketPlanner(
+                self.order,
+                self._bucket_of.__getitem__,
+                batch_size=batch_size,
+                n_buckets=len(self._bucket_list),
+            )
+        else:
+            self.planner = Planner(
+                self.order,
+                lambda i: self._grids[i][0] * self._grids[i][1] * self._grids[i][2],
+                batch_size=batch_size,
+                max_tokens=max_tokens,
+                buffer_size=buffer_size,
+                slack=slack,
+            )
         self.skipped_total = 0
         self.bytes_read = 0
         self._pool = ThreadPoolExecutor(num_workers) if num_workers > 0 else None
@@ -214,6 +240,7 @@ class ShardLoader:
             frames=frames,
             mp4=mp4,
             latent=s.latent,
+            bucket=None if self.buckets is None else self._bucket_list[self._bucket_of[i]],
         )
 
     # ------------------------------------------------------------------ iteration
@@ -279,6 +306,7 @@ class ShardLoader:
             "slack": self.slack,
             "patch": list(self.patch),
             "compression": list(self.compression),
+            "buckets": None if self.buckets is None else [list(b) for b in self._bucket_list],
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,168 @@
+"""Resolution x duration buckets for unpacked training, and weighted blending of datasets.
+
+**Buckets.** Without packing every batch must have one shape. Each sample goes to the bucket
+(height, width, frames) whose aspect ratio is closest to its own (then the largest area and the
+longest duration that do not exceed the sample, so clips are only cropped / resized down, never
+up-sampled). :class:`BucketPlanner` walks the same global order as the plain planner and emits a
+batch as soon as one bucket holds ``batch_size`` samples; its state (position + waiting positions
+per bucket) is global, JSON, and restorable with any ``dp_size``.
+
+**Blending.** :class:`BlendedLoader` draws, for every step, which dataset the step comes from with
+probability ``weights[d]`` from ``(seed, step)``: proportions are exact in expectation, every DP
+rank draws the same dataset at the same step, and the state is the step count plus each loader's
+own state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vfm_core.data.plan import GlobalOrder
+
+Bucket = tuple[int, int, int]  # (height, width, frames)
+
+
+@dataclass(kw_only=True, slots=True)
+class BucketSpec:
+    """The allowed training shapes."""
+
+    resolutions: tuple[tuple[int, int], ...] = ((256, 256), (192, 320), (320, 192))
+    """(height, width) choices."""
+    durations: tuple[int, ...] = (1, 17, 33, 65)
+    """Frame counts (1 = image; 1 + 4k for the causal tokenizer)."""
+
+    def buckets(self) -> list[Bucket]:
+        return [(h, w, t) for h, w in self.resolutions for t in self.durations]
+
+
+def assign_bucket(frames: int, height: int, width: int, spec: BucketSpec) -> int | None:
+    """Index into ``spec.buckets()`` for a sample, or None when it is smaller than every shape."""
+    aspect = np.log(width / height)
+    best: tuple[float, int, int] | None = None
+    choice = None
+    for i, (h, w, t) in enumerate(spec.buckets()):
+        if h > height or w > width or t > frames:
+            continue
+        score = (abs(np.log(w / h) - aspect), -h * w, -t)
+        if best is None or score < best:
+            best, choice = score, i
+    return choice
+
+
+class BucketPlanner:
+    """Same-shape batches from the global order (drop-in for :class:`~.plan.Planner`)."""
+
+    def __init__(
+        self,
+        order: GlobalOrder,
+        bucket_of: Callable[[int], int | None],
+        *,
+        batch_size: int,
+        n_buckets: int,
+    ) -> None:
+        self.order, self.bucket_of = order, bucket_of
+        self.batch_size, self.n_buckets = batch_size, n_buckets
+        self.position, self.steps, self.n_skipped = 0, 0, 0
+        self.waiting: list[list[int]] = [[] for _ in range(n_buckets)]
+        self.ready: list[list[int]] = []
+
+    def _fill(self, need: int) -> None:
+        while len(self.ready) < need:
+            p = self.position
+            self.position += 1
+            b = self.bucket_of(self.order.sample(p))
+            if b is None:
+                self.n_skipped += 1
+                continue
+            self.waiting[b].append(p)
+            if len(self.waiting[b]) == self.batch_size:
+                self.ready.append(self.waiting[b])
+                self.waiting[b] = []
+
+    def next_step(self, dp_size: int) -> list[list[list[int]]]:
+        self._fill(dp_size)
+        batches, self.ready = self.ready[:dp_size], self.ready[dp_size:]
+        self.steps += 1
+        return [[b] for b in batches]
+
+    @property
+    def state(self) -> BucketPlanner:
+        """Counters (``steps``, ``n_skipped``) under the same name as the plain planner's."""
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "steps": self.steps,
+            "n_skipped": self.n_skipped,
+            "waiting": [list(w) for w in self.waiting],
+            "ready": [list(r) for r in self.ready],
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if len(d["waiting"]) != self.n_buckets:
+            raise ValueError(
+                f"bucket state has {len(d['waiting'])} buckets, spec has {self.n_buckets}"
+            )
+        self.position, self.steps = int(d["position"]), int(d["steps"])
+        self.n_skipped = int(d["n_skipped"])
+        self.waiting = [[int(p) for p in w] for w in d["waiting"]]
+        self.ready = [[int(p) for p in r] for r in d["ready"]]
+
+
+class BlendedLoader:
+    """Steps drawn from several loaders with given weights (see the module docstring)."""
+
+    def __init__(self, loaders: Sequence[Any], weights: Sequence[float], *, seed: int) -> None:
+        w = np.asarray(weights, dtype=np.float64)
+        if len(loaders) != len(w) or len(w) == 0:
+            raise ValueError(f"{len(loaders)} loaders but {len(w)} weights")
+        if (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
+            raise ValueError(f"blend weights must be finite, >= 0 and not all 0, got {list(w)}")
+        self.loaders, self.probs, self.seed = list(loaders), w / w.sum(), seed
+        self.cdf = np.cumsum(self.probs)
+        self.step = 0
+
+    def choice(self, step: int) -> int:
+        """Dataset of global step ``step``: a pure function of (seed, step)."""
+        u = np.random.Generator(np.random.PCG64([self.seed, 0xB1E, step])).random()
+        return int(min(np.searchsorted(self.cdf, u, side="right"), len(self.cdf) - 1))
+
+    def next_batch(self):
+        d = self.choice(self.step)
+        self.step += 1
+        batch = self.loaders[d].next_batch()
+        batch.source = d
+        return batch
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "kind": "blend",
+            "seed": self.seed,
+            "step": self.step,
+            "weights": self.probs.tolist(),
+            "loaders": [ld.state_dict() for ld in self.loaders],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "blend" or state.get("version") != 1:
+            raise ValueError("not a blended loader state (kind 'blend', version 1)")
+        if state["seed"] != self.seed or not np.allclose(state["weights"], self.probs):
+            raise ValueError(
+                f"blend state seed/weights {state['seed']}/{state['weights']} differ from "
+                f"{self.seed}/{self.probs.tolist()}"
+            )
+        if len(state["loaders"]) != len(self.loaders):
+            raise ValueError("blend state has another number of datasets")
+        self.step = int(state["step"])
+        for ld, s in zip(self.loaders, state["loaders"]):
+            ld.load_state_dict(s)
