@@ -5,6 +5,7 @@ vfm flops --recipe NAME --seq TOKENS [--json]
 vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,...] [--top K]
          [--json] [--explain] [--calibrate RUNS]
 vfm recipes
+vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH] [--json]
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--calibrate", metavar="RUNS", help="JSON/JSONL measured runs to fit")
 
     sub.add_parser("recipes", help="list presets")
+
+    sh = sub.add_parser("shard", help="curation output -> WebDataset shards + index (local/s3)")
+    sh.add_argument("clips_dir", help="curation output dir (clips.parquet, clips/)")
+    sh.add_argument("shards_dir", help="where shards and index.json go (local or s3://)")
+    sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
+    sh.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
+    sh.add_argument("--json", action="store_true", help="print the summary as JSON")
     return ap
 
 
@@ -195,6 +203,34 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shard(args: argparse.Namespace) -> int:
+    from vfm_core.data.index import DatasetIndexError
+    from vfm_core.data.make_shards import shard_clips_dir
+    from vfm_core.data.shards import ShardError
+    from vfm_core.data.text_embed import TextEmbedderError
+
+    if args.target_shard_mb <= 0:
+        raise ConfigError(f"--target-shard-mb must be positive, got {args.target_shard_mb}")
+    try:
+        summary = shard_clips_dir(
+            args.clips_dir,
+            args.shards_dir,
+            target_shard_mb=args.target_shard_mb,
+            text_model=args.text_model,
+        )
+    except (ShardError, DatasetIndexError, TextEmbedderError) as e:
+        print(f"vfm shard: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{summary['n_samples']} samples ({summary['images']} images) in "
+            f"{summary['n_shards']} shards, {summary['bytes'] / 1e6:.1f} MB -> {summary['index']}"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
@@ -204,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             "flops": cmd_flops,
             "plan": cmd_plan,
             "recipes": cmd_recipes,
+            "shard": cmd_shard,
         }[args.cmd](args)
     except ConfigError as e:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)

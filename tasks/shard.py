@@ -1,0 +1,33 @@
+"""Prefect task around sharding: one call of :func:`vfm_core.data.make_shards.shard_clips_dir`,
+with the index contract checked at the boundary; returns a small JSON-able summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+
+from tasks.logs import task_logger
+from vfm_core.data.index import read_index
+from vfm_core.data.make_shards import shard_clips_dir
+
+
+@task(name="shard", retries=1, retry_delay_seconds=2)
+def write_shards_task(
+    clips_dir: str, shards_dir: str, *, target_shard_mb: float = 64.0, text_model: str | None = None
+) -> dict[str, Any]:
+    """Shard a curation output directory; the returned summary names the validated index."""
+    logger = task_logger()
+    summary = shard_clips_dir(
+        clips_dir, shards_dir, target_shard_mb=target_shard_mb, text_model=text_model
+    )
+    index = read_index(shards_dir)  # contract: a pandera-valid index with every sample
+    if len(index) != summary["n_samples"]:
+        raise RuntimeError(
+            f"{summary['index']}: {len(index)} samples, wrote {summary['n_samples']}"
+        )
+    logger.info(
+        "%d samples in %d shards (%.1f MB) -> %s",
+        summary["n_samples"], summary["n_shards"], summary["bytes"] / 1e6, summary["index"],
+    )  # fmt: skip
+    return summary

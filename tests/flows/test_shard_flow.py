@@ -1,0 +1,64 @@
+"""Shard flow under the Prefect test harness, and the task body on its own (``task.fn``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pydantic import ValidationError
+
+from flows.shard import ShardParams, shard_flow
+from tasks.shard import write_shards_task
+from vfm_core.data.index import read_index
+from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+
+def curation_output(root: Path, n: int = 4) -> Path:
+    """A curation-style output dir: clips/*.mp4 + clips.parquet (an image among the clips)."""
+    (root / "clips").mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        frames = 1 if i == 0 else 5 + 4 * i
+        spec = VideoSpec(width=32, height=32, fps=8.0, seed=i, segments=(Segment(n_frames=frames),))
+        make_video(root / "clips" / f"c{i}.mp4", spec)
+        rows.append(
+            {
+                "clip_id": f"c{i}",
+                "video_id": "v0",
+                "source_uri": "/raw/v0.mp4",
+                "start_s": 0.0,
+                "end_s": frames / 8,
+                "uri": f"clips/c{i}.mp4",
+                "caption": f"a red disc moving {i}",
+                "width": 32,
+                "height": 32,
+                "fps": 8.0,
+                "n_frames": frames,
+            }
+        )
+    pd.DataFrame(rows).to_parquet(root / "clips.parquet")
+    return root
+
+
+def test_params_validate():
+    with pytest.raises(ValidationError, match="greater than 0"):
+        ShardParams(clips_dir="a", shards_dir="b", target_shard_mb=0)
+    assert {"clips_dir", "shards_dir"} <= set(ShardParams.model_json_schema()["required"])
+
+
+@pytest.mark.slow
+def test_shard_flow_writes_a_valid_index(prefect_api, tmp_path):
+    src = curation_output(tmp_path / "cur")
+    out = tmp_path / "shards"
+    summary = shard_flow(ShardParams(clips_dir=str(src), shards_dir=str(out), target_shard_mb=0.01))
+    index = read_index(str(out))
+    assert summary["n_samples"] == len(index) == 4 and summary["images"] == 1
+    assert summary["n_shards"] == len(index.shards) >= 2
+    assert index.embedding_dim == 384  # default caption encoder: all-MiniLM-L6-v2
+
+
+def test_shard_task_fn_reports_bad_manifest(tmp_path):
+    (tmp_path / "cur").mkdir()
+    with pytest.raises(ValueError, match=r"clips.parquet: cannot read the clips manifest"):
+        write_shards_task.fn(str(tmp_path / "cur"), str(tmp_path / "out"))
