@@ -1,0 +1,210 @@
+"""parallelize_dit: apply parallelism to a single-device DiT from outside, in a fixed order.
+
+Order (torchtitan ``parallelize.py``; paper §4): **TP/SP -> CP -> activation checkpointing ->
+FSDP2** (PP and compile come later). The model code in ``vfm_core/models`` never sees a mesh; this
+module only uses ``parallelize_module`` plans, forward hooks and the ``Attention.attn_fn`` hook.
+
+How the sequence is split. Tokens stay in (t, h, w) raster order. With CP (degree C) and/or SP
+(sequence parallel over the TP group, degree T) the ``x_embedder`` output is cut into C*T contiguous
+chunks, rank (cp=c, tp=t) keeping chunk ``c*T + t``; every block works on its chunk (attention
+all-gathers the TP chunks of a CP chunk, ring / all-to-all attention joins the CP chunks), and the
+``final`` layer's output is all-gathered back to the full sequence, so ``unpatchify`` and the loss
+run unchanged (identically on the ranks of one CP x TP group).
+
+Gradients. On a sequence chunk every parameter only sees its own tokens, so its gradient is a
+partial sum; :func:`sync_grads` all-reduces (SUM) after ``backward``:
+
+* over **cp**: every parameter (each CP rank saw different tokens);
+* over **tp**: parameters TP does not shard (plain tensors): with SP all of them (sequence chunks),
+  without SP only the per-head QK-RMSNorm weights (each TP rank normalises different heads).
+
+FSDP2 then averages over the data-parallel ranks (each holds a different batch slice). This is
+Megatron's rule for sequence-parallel LayerNorm weights, extended to CP.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.utils.checkpoint import checkpoint
+
+from vfm_core.config import ConfigError
+from vfm_core.parallel.context import CPMode, cp_attention, gather_seq, seq_chunk
+from vfm_core.parallel.dims import ParallelDims
+
+_MLP_IN = ("fc1", "w1", "w3")  # GELU fc1, SwiGLU gate w1 and up w3: column-parallel
+_MLP_OUT = ("fc2", "w2")  # row-parallel
+
+
+@dataclass(kw_only=True, slots=True)
+class GradSync:
+    """Which parameter gradients are partial sums over which group (see module docstring)."""
+
+    groups: list[tuple[dist.ProcessGroup, list[str]]]
+    """(process group, parameter names whose gradients are summed over it)."""
+
+
+def _check(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
+    cfg = model.cfg
+    if dims.tp_enabled:
+        if cfg.heads % dims.tp or cfg.n_kv_heads % dims.tp:
+            raise ConfigError(
+                f"parallel.tp: {dims.tp} must divide model.heads={cfg.heads} and the key/value "
+                f"heads {cfg.n_kv_heads}"
+            )
+    if dims.cp_enabled and cp_mode != "ring" and cfg.arch == "stdit":
+        if (cfg.heads // dims.tp) % dims.cp:
+            raise ConfigError(
+                f"parallel.cp: all-to-all attention needs heads per TP rank "
+                f"({cfg.heads}/{dims.tp}) divisible by cp={dims.cp}"
+            )
+    if dims.cp_enabled and cp_mode == "ring" and cfg.arch == "stdit":
+        raise ConfigError(
+            "parallel.cp_mode: 'ring' cannot run ST-DiT spatial/temporal attention; use 'hybrid'"
+        )
+    if dims.pp_enabled:
+        raise ConfigError("parallel.pp: pipeline parallelism is not available yet (pp must be 1)")
+
+
+def _tp_plan(block: nn.Module, sp: bool) -> dict:
+    """parallelize_module plan of one DiT / ST-DiT / Llama-DiT block."""
+    seq_in = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    )
+    out_layout = Shard(1) if sp else Replicate()
+    plan: dict = {}
+    attns = [f"self_attn.{i}" for i in range(len(block.self_attn))] + ["cross_attn"]
+    for name in attns:
+        if sp:  # all-gather the sequence chunks of the (modulated) input; text stays replicated
+            plan[name] = seq_in
+        for proj in ("q", "k", "v"):
+            plan[f"{name}.{proj}"] = ColwiseParallel()
+        plan[f"{name}.o"] = RowwiseParallel(output_layouts=out_layout)
+    if sp:
+        plan["mlp"] = seq_in
+    for proj in _MLP_IN:
+        if hasattr(block.mlp, proj):
+            plan[f"mlp.{proj}"] = ColwiseParallel()
+    for proj in _MLP_OUT:
+        if hasattr(block.mlp, proj):
+            plan[f"mlp.{proj}"] = RowwiseParallel(output_layouts=out_layout)
+    return plan
+
+
+def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
+    """Hooks: cut the embedded tokens into this rank's chunk, give every block the RoPE angles of
+    its CP chunk, gather the final layer's output back to the full sequence."""
+    cp, tp = dims.cp, (dims.tp if sp else 1)
+    cp_rank, tp_rank = dims.coord("cp"), (dims.coord("tp") if sp else 0)
+    cp_group = dims.group("cp")
+    tp_group = dims.group("tp")
+
+    def split(_mod, _inp, out):  # (B, N, D) -> (B, N/(C*T), D)
+        return seq_chunk(seq_chunk(out, cp_rank, cp), tp_rank, tp)
+
+    def rope_chunk(_mod, args):  # block(h, emb, shared, text, rope (N, d/2), grid)
+        args = list(args)
+        args[4] = seq_chunk(args[4], cp_rank, cp, dim=0)  # (N/C, d/2)
+        return tuple(args)
+
+    def gather(_mod, _inp, out):  # (B, N/(C*T), C*P) -> (B, N, C*P)
+        if tp > 1:
+            out = gather_seq(out, tp_group)
+        return gather_seq(out, cp_group) if cp > 1 else out
+
+    model.x_embedder.register_forward_hook(split)
+    if cp > 1:
+        for block in model.blocks.values():
+            block.register_forward_pre_hook(rope_chunk)
+    model.final.register_forward_hook(gather)
+
+
+def parallelize_dit(
+    model: nn.Module,
+    *,
+    parallel_dims: ParallelDims,
+    sequence_parallel: bool = True,
+    cp_mode: CPMode = "hybrid",
+    activation_checkpointing: bool = False,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Parallelize ``model`` (a :class:`vfm_core.models.dit.DiT`) in place and return it.
+
+    Every rank must build the model with the same seed first: TP shards slice the same full
+    weights, so gathered weights equal the single-process init. After ``loss.backward()`` call
+    :func:`sync_grads` (then clip and step as usual).
+    """
+    dims = parallel_dims
+    mesh = dims.build_mesh(next(model.parameters()).device.type)
+    _check(model, dims, cp_mode)
+    sp = sequence_parallel and dims.tp_enabled
+    plain_before_tp = {n for n, p in model.named_parameters() if not isinstance(p, DTensor)}
+
+    # 1. tensor (+ sequence) parallel
+    if dims.tp_enabled:
+        for block in model.blocks.values():
+            parallelize_module(block, mesh["tp"], _tp_plan(block, sp), src_data_rank=None)
+    # 2. context parallel: self-attention cores become ring / all-to-all over the cp group
+    if dims.cp_enabled:
+        fn = cp_attention(dims.group("cp"), cp_mode)
+        for block in model.blocks.values():
+            for attn in block.self_attn:
+                attn.attn_fn = fn
+    if sp or dims.cp_enabled:
+        _split_sequence(model, dims, sp)
+    groups = []
+    if dims.tp_enabled:
+        unsharded = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
+        unsharded = [n for n in unsharded if n in plain_before_tp]
+        if not sp:
+            unsharded = [n for n in unsharded if ".q_norm." in n or ".k_norm." in n]
+        groups.append((dims.group("tp"), unsharded))
+    if dims.cp_enabled:
+        groups.append((dims.group("cp"), [n for n, _ in model.named_parameters()]))
+    model.vfm_grad_sync = GradSync(groups=groups)
+    # 3. activation checkpointing: recompute each block in backward (parameter names unchanged)
+    if activation_checkpointing:
+        for block in model.blocks.values():
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    # 4. FSDP2 over the data-parallel ranks (HSDP when dp_replicate > 1)
+    if dims.fsdp_enabled:
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        dp_mesh = dims.dp_mesh()
+        for block in model.blocks.values():
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+    return model
+
+
+@torch.no_grad()
+def sync_grads(model: nn.Module) -> None:
+    """Sum the partial gradients of a parallelized model over its CP / TP groups (one coalesced
+    all-reduce per group). A no-op for models without sequence chunks."""
+    sync: GradSync | None = getattr(model, "vfm_grad_sync", None)
+    if sync is None:
+        return
+    params = dict(model.named_parameters())
+    for group, names in sync.groups:
+        grads = [params[n].grad for n in names if params[n].grad is not None]
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        if not local:
+            continue
+        flat = torch.cat([t.reshape(-1) for t in local])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for t in local:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
