@@ -6,6 +6,7 @@ vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,
          [--json] [--explain] [--calibrate RUNS]
 vfm recipes
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH] [--json]
+vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
     sh.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
     sh.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    from vfm_core.curate.cli import add_parser as add_curate_parser
+
+    add_curate_parser(sub)
     return ap
 
 
@@ -231,6 +236,12 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_curate(args: argparse.Namespace) -> int:
+    from vfm_core.curate.cli import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
@@ -241,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             "plan": cmd_plan,
             "recipes": cmd_recipes,
             "shard": cmd_shard,
+            "curate": cmd_curate,
         }[args.cmd](args)
     except ConfigError as e:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)

@@ -1,21 +1,33 @@
 """Curation: discover -> probe -> split -> stitch -> transcode -> annotate/filter, as `Stage`s
-run by an in-process or a Ray Data executor; `curate(src, dst)` is the entry point."""
+run by an in-process or a Ray Data executor; `curate(src, dst)` is the entry point.
 
-from vfm_core.curate.executors import Executor, LocalExecutor, RayExecutor, get_executor
-from vfm_core.curate.pipeline import VIDEO_SUFFIXES, assemble, curate, discover, process
-from vfm_core.curate.stages import CurateConfig, Stage, build_stages
+Names are imported lazily so that `vfm --help` (which registers `vfm curate`) stays fast.
+"""
 
-__all__ = [
-    "VIDEO_SUFFIXES",
-    "CurateConfig",
-    "Executor",
-    "LocalExecutor",
-    "RayExecutor",
-    "Stage",
-    "assemble",
-    "build_stages",
-    "curate",
-    "discover",
-    "get_executor",
-    "process",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Executor": "executors",
+    "LocalExecutor": "executors",
+    "RayExecutor": "executors",
+    "get_executor": "executors",
+    "VIDEO_SUFFIXES": "pipeline",
+    "assemble": "pipeline",
+    "curate": "pipeline",
+    "discover": "pipeline",
+    "process": "pipeline",
+    "CurateConfig": "stages",
+    "Stage": "stages",
+    "build_stages": "stages",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"vfm_core.curate.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'vfm_core.curate' has no attribute {name!r}")

@@ -1,0 +1,52 @@
+"""`vfm curate SRC DST` (the acceptance contract), as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from vfm_core.contracts import AnnotatedClips, Rejects, read_manifest
+
+VFM = [sys.executable, "-m", "vfm_core.cli"]
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    return subprocess.run([*VFM, *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def test_vfm_curate_folder(good_dir, bad_dir, tmp_path):
+    src = tmp_path / "raw"
+    src.mkdir()
+    for p in [*good_dir[0].iterdir(), bad_dir / "not_video.mp4"]:
+        os.link(p, src / p.name)
+    r = _run("curate", "raw", "out", "--min-len", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    clips = read_manifest(tmp_path / "out" / "clips.parquet", AnnotatedClips)
+    rejects = read_manifest(tmp_path / "out" / "rejects.parquet", Rejects)
+    assert summary["n_clips"] == clips.height > 10
+    # source_uri is the input file as given under SRC
+    assert set(clips["source_uri"]) == {"raw/demo0.mp4", "raw/demo1.mp4"}
+    assert "raw/not_video.mp4" in set(rejects["source_uri"])
+    assert {"clip_id", "video_id", "source_uri", "start_s", "end_s", "uri", "caption"} <= set(
+        clips.columns
+    )
+    assert all((tmp_path / u).exists() for u in clips["uri"])
+    again = _run("curate", "raw", "out", "--min-len", "1", cwd=tmp_path)
+    assert again.returncode == 0 and "(3 already done)" in again.stdout
+    assert pl.read_parquet(tmp_path / "out" / "clips.parquet").height == clips.height
+
+
+def test_vfm_curate_errors(tmp_path):
+    r = _run("curate", "missing", "out", cwd=tmp_path)
+    assert r.returncode == 2 and "vfm curate: error:" in r.stderr and "missing" in r.stderr
+    r = _run("curate", "a", "b", "--executor", "spark", cwd=tmp_path)
+    assert r.returncode == 2 and "invalid choice: 'spark'" in r.stderr
+    r = _run("curate", "a", "b", "--fps", "-3", cwd=tmp_path)
+    assert r.returncode == 2 and "--fps must be > 0, got -3" in r.stderr

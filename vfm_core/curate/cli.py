@@ -1,0 +1,69 @@
+"""`vfm curate SRC DST [--executor local|ray] [...]`: the CLI front of `curate()`.
+
+SRC is a local folder, an s3:// prefix or one video file; DST a local folder or s3:// prefix.
+Writes DST/clips/*.mp4, DST/clips.parquet, DST/rejects.parquet, DST/videos.parquet; a rerun
+skips finished videos. Exit status 2 with a one-line message for user errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    cu = sub.add_parser("curate", help="raw videos -> H.264 clips + manifests (resumable)")
+    cu.add_argument("src", metavar="SRC", help="folder, s3:// prefix or video file")
+    cu.add_argument("dst", metavar="DST", help="output folder or s3:// prefix")
+    cu.add_argument("--executor", choices=["local", "ray"], default="local")
+    cu.add_argument("--splitter", choices=["color", "stride", "transnetv2"], default="color")
+    cu.add_argument("--min-len", type=float, default=2.0, help="shortest clip, seconds")
+    cu.add_argument("--max-len", type=float, default=20.0, help="longest clip, seconds (0: none)")
+    cu.add_argument("--width", type=int, default=None, help="clip width (default: source)")
+    cu.add_argument("--fps", type=float, default=None, help="clip frame rate (default: source)")
+    cu.add_argument("--no-stitch", action="store_true", help="keep every detected cut")
+    cu.add_argument("--vlm", default=None, help="local transformers image-to-text model dir")
+    cu.add_argument("--image-model", default=None, help="local transformers image model dir")
+    cu.add_argument("--ray-cpus", type=int, default=2, help="CPUs of a local Ray instance")
+    cu.add_argument("--json", action="store_true", help="print the summary as JSON")
+    cu.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    return cu
+
+
+def _positive(name: str, v: float | None, *, zero_ok: bool = False) -> None:
+    if v is not None and (v < 0 or (v == 0 and not zero_ok)):
+        raise ValueError(f"{name} must be {'>= 0' if zero_ok else '> 0'}, got {v:g}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vfm_core.contracts import ContractError
+    from vfm_core.curate.executors import RayExecutor
+    from vfm_core.curate.pipeline import curate
+    from vfm_core.curate.stages import CurateConfig
+    from vfm_core.storage import StorageError
+
+    try:
+        _positive("--min-len", args.min_len, zero_ok=True)
+        _positive("--max-len", args.max_len, zero_ok=True)
+        _positive("--width", args.width)
+        _positive("--fps", args.fps)
+        cfg = CurateConfig(
+            splitter=args.splitter, min_len_s=args.min_len, max_len_s=args.max_len or None,
+            out_width=args.width, out_fps=args.fps, stitch=not args.no_stitch, vlm=args.vlm,
+            image_model=args.image_model,
+        )  # fmt: skip
+        executor = RayExecutor(num_cpus=args.ray_cpus) if args.executor == "ray" else "local"
+        out = curate(args.src, args.dst, executor=executor, config=cfg, progress=args.progress)
+    except (StorageError, ContractError, ValueError, FileNotFoundError) as e:
+        print(f"vfm curate: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(
+            f"curated {out['n_inputs']} videos ({out['n_skipped']} already done) in "
+            f"{out['wall_s']:.1f} s: {out['n_clips']} clips, {out['n_rejects']} rejects"
+        )
+        print(f"clips: {out['clips']}   rejects: {out['rejects']}")
+    return 0
