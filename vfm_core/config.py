@@ -149,6 +149,13 @@ class ParallelConfig:
     """Tensor/sequence-parallel degree."""
     pp: int = 1
     """Pipeline-parallel degree."""
+    sequence_parallel: bool = True
+    """With tp > 1, also split the sequence over the TP ranks outside attention / MLP (SP)."""
+    cp_mode: Literal["ring", "alltoall", "hybrid"] = "hybrid"
+    """Context-parallel attention: ring P2P, all-to-all, or hybrid (all-to-all for ST-DiT
+    spatial/temporal, ring for full attention)."""
+    activation_checkpointing: bool = False
+    """Recompute each block in the backward pass instead of keeping its activations."""
 
 
 @dataclass(kw_only=True, slots=True)
