@@ -69,6 +69,13 @@ def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[Vi
     return refs
 
 
+def resolve_dst(dst: str) -> str:
+    """Local destinations become absolute, so clip uris are readable from any cwd."""
+    if storage.is_remote(str(dst)):
+        return str(dst)
+    return str(Path(str(dst).removeprefix("file://")).resolve())
+
+
 def _state_url(dst: str, source_uri: str) -> str:
     key = hashlib.sha256(source_uri.encode()).hexdigest()[:20]
     return storage.join(dst, "_state", f"{key}.json")
@@ -216,6 +223,7 @@ def curate(
     earlier run with the same settings) are skipped.
     """
     cfg = config or CurateConfig()
+    dst = resolve_dst(dst)
     ex = get_executor(executor)  # bad names / settings fail before any work
     cfg.splitter_obj()
     t0 = time.perf_counter()
@@ -270,5 +278,6 @@ __all__ = [
     "load_state",
     "process",
     "read_clips",
+    "resolve_dst",
     "rows_valid",
 ]

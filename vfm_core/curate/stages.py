@@ -106,6 +106,26 @@ class CurateConfig:
         text = json.dumps(dataclasses.asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (Prefect parameters, task arguments)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CurateConfig:
+        """Inverse of `to_dict`; unknown keys raise ValueError naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"CurateConfig: unknown setting(s) {unknown}")
+        d = dict(d)
+        if isinstance(d.get("filters"), dict):
+            fnames = {f.name for f in dataclasses.fields(FilterConfig)}
+            bad = sorted(set(d["filters"]) - fnames)
+            if bad:
+                raise ValueError(f"CurateConfig.filters: unknown setting(s) {bad}")
+            d["filters"] = FilterConfig(**d["filters"])
+        return cls(**d)
+
     def splitter_obj(self) -> Splitter:
         lengths = LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)
         if self.splitter == "color":

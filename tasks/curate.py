@@ -1,0 +1,91 @@
+"""Prefect tasks around curation: discover, one video (retried), manifests.
+
+Each task wraps one `vfm_core.curate` call, checks its contract at the boundary and returns
+small JSON-able results (URIs, counts, rows of one video only when they could not be persisted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from typing import Any
+
+from prefect import task
+
+from tasks.logs import task_logger
+from vfm_core.contracts import AnnotatedClips, Rejects
+from vfm_core.curate.executors import LocalExecutor
+from vfm_core.curate.pipeline import (
+    assemble,
+    check_coverage,
+    discover,
+    load_state,
+    process,
+    resolve_dst,
+    rows_valid,
+)
+from vfm_core.curate.records import VideoRef
+from vfm_core.curate.stages import CurateConfig
+
+
+def _ref(d: dict[str, Any]) -> VideoRef:
+    if not isinstance(d, dict) or not {"source_uri", "url"} <= set(d):
+        raise ValueError(f"curate task: expected a video ref with source_uri and url, got {d!r}")
+    return VideoRef(source_uri=str(d["source_uri"]), url=str(d["url"]))
+
+
+@task(name="curate-discover", retries=2, retry_delay_seconds=2)
+def discover_task(src: str) -> list[dict[str, str]]:
+    """Input videos under `src` as [{"source_uri", "url"}]."""
+    refs = [dataclasses.asdict(r) for r in discover(src)]
+    task_logger().info("%d input videos under %s", len(refs), src)
+    return refs
+
+
+@task(name="curate-video", retries=2, retry_delay_seconds=2)
+def curate_video_task(ref: dict[str, str], dst: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Curate one video into `dst` (skipped when already finished); returns its counts."""
+    r, cfg, dst = _ref(ref), CurateConfig.from_dict(config), resolve_dst(dst)
+    state = load_state(dst, r, cfg)
+    skipped = state is not None
+    if state is None:
+        work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
+        try:
+            states = process([r], dst, cfg=cfg, executor=LocalExecutor(), work_dir=work_dir)
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        state = states[r.source_uri]
+    # contract: what this task hands on is valid and covers its input
+    rows_valid(state["clips"], AnnotatedClips, what=f"clips of {r.source_uri}")
+    rows_valid(state["rejects"], Rejects, what=f"rejects of {r.source_uri}")
+    check_coverage([r], {r.source_uri: state})
+    persisted = load_state(dst, r, cfg) is not None
+    out = {
+        "source_uri": r.source_uri, "n_clips": len(state["clips"]),
+        "n_rejects": len(state["rejects"]), "skipped": skipped,
+        "state": None if persisted else state,  # unreadable inputs are not persisted
+    }  # fmt: skip
+    task_logger().info(
+        "%s: %d clips, %d rejects%s", r.source_uri, out["n_clips"], out["n_rejects"],
+        " (already done)" if skipped else "",
+    )  # fmt: skip
+    return out
+
+
+@task(name="curate-manifests", retries=1, retry_delay_seconds=2)
+def write_manifests_task(
+    refs: list[dict[str, str]], dst: str, config: dict[str, Any], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Validated clips / rejects / videos manifests of all inputs; returns URIs and counts."""
+    cfg, dst = CurateConfig.from_dict(config), resolve_dst(dst)
+    pending = {x["source_uri"]: x["state"] for x in results if x.get("state") is not None}
+    states = {}
+    for d in refs:
+        r = _ref(d)
+        states[r.source_uri] = load_state(dst, r, cfg) or pending.get(r.source_uri) or {}
+    vrefs = [_ref(d) for d in refs]
+    check_coverage(vrefs, states)  # accepted ∪ rejected = inputs
+    out = assemble(dst, [states[r.source_uri] for r in vrefs])
+    out.update(n_inputs=len(refs), n_skipped=sum(bool(x.get("skipped")) for x in results))
+    return out

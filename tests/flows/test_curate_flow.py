@@ -1,0 +1,74 @@
+"""Curation flow under the Prefect test harness; task bodies on their own (``task.fn``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from pydantic import ValidationError
+
+from flows.curate import CurateParams, curate_flow
+from tasks.curate import curate_video_task, discover_task, write_manifests_task
+from vfm_core.contracts import AnnotatedClips, ContractError, Rejects, read_manifest
+from vfm_core.video.synthetic import demo_spec, make_bad_input, make_video
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("raw")
+    make_video(d / "demo.mp4", demo_spec(seed=3))
+    make_bad_input("zero_byte", d / "empty.mp4")
+    make_bad_input("rotated", d / "sub" / "rot.mp4")
+    return d
+
+
+def test_params_validate():
+    with pytest.raises(ValidationError, match="greater than 0"):
+        CurateParams(src="a", dst="b", out_fps=0)
+    with pytest.raises(ValidationError, match="splitter"):
+        CurateParams(src="a", dst="b", splitter="magic")
+    assert {"src", "dst"} <= set(CurateParams.model_json_schema()["required"])
+
+
+def test_tasks_directly(raw, tmp_path):
+    cfg = CurateParams(src=str(raw), dst="x", min_len_s=1.0).config().to_dict()
+    refs = discover_task.fn(str(raw))
+    assert [Path(r["source_uri"]).name for r in refs] == ["demo.mp4", "empty.mp4", "rot.mp4"]
+    dst = str(tmp_path / "out")
+    results = [curate_video_task.fn(r, dst, cfg) for r in refs]
+    assert [x["n_clips"] > 0 for x in results] == [True, False, True]
+    assert results[1]["n_rejects"] == 1 and not any(x["skipped"] for x in results)
+    again = curate_video_task.fn(refs[0], dst, cfg)
+    assert again["skipped"] and again["n_clips"] == results[0]["n_clips"]
+    summary = write_manifests_task.fn(refs, dst, cfg, results)
+    assert summary["n_clips"] == sum(x["n_clips"] for x in results)
+    with pytest.raises(ValueError, match="expected a video ref"):
+        curate_video_task.fn({"url": "x"}, dst, cfg)
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['colour'\]"):
+        curate_video_task.fn(refs[0], dst, {**cfg, "colour": 1})
+    # a video lost between curation and the manifest step breaks the coverage contract
+    with pytest.raises(ContractError, match="inputs with no clip and no reject"):
+        write_manifests_task.fn([*refs, {"source_uri": "ghost.mp4", "url": "/ghost.mp4"}], dst,
+                                cfg, results)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "in"
+    shutil.copytree(raw, src)
+    params = CurateParams(src="in", dst="out", min_len_s=1.0)
+    summary = curate_flow(params)
+    clips = read_manifest(tmp_path / "out" / "clips.parquet", AnnotatedClips)
+    rejects = read_manifest(tmp_path / "out" / "rejects.parquet", Rejects)
+    assert summary["n_inputs"] == 3 and summary["n_clips"] == clips.height > 3
+    assert set(clips["source_uri"]) | set(rejects["source_uri"]) == {
+        "in/demo.mp4", "in/empty.mp4", "in/sub/rot.mp4"
+    }  # fmt: skip
+    assert rejects.filter(pl.col("source_uri") == "in/empty.mp4")["stage"].to_list() == ["probe"]
+    assert all(os.path.exists(u) for u in clips["uri"])
+    again = curate_flow(params)
+    assert again["n_skipped"] == 3 and again["n_clips"] == summary["n_clips"]
