@@ -1,0 +1,134 @@
+"""Parallel training entry point, run by torchrun on every rank::
+
+    torchrun --standalone --nproc-per-node 4 -m vfm_core.parallel.main \\
+        --config run.yaml --out DIR --tp 2 --cp 2
+
+CPU: gloo; CUDA: nccl, one GPU per local rank. Rank 0 writes ``DIR/metrics.jsonl`` (the loss of
+the global batch), ``DIR/config.yaml`` and ``DIR/summary.json`` and logs to MLflow (attaching to
+``$MLFLOW_RUN_ID`` when a flow created the run), with TFLOPS and MFU per GPU.
+:func:`torchrun_argv` builds the command line for ``vfm train --nproc N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from vfm_core.config import ConfigError, load_yaml, save_yaml, validate
+from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.trainer import ParallelTrainer
+from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger
+
+_DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+
+
+def torchrun_argv(
+    nproc: int, *, config: str | Path, out: str | Path, **degrees: int | None
+) -> list[str]:
+    """``python -m torch.distributed.run`` command for ``nproc`` local ranks; ``degrees`` (e.g.
+    ``tp=2``) override the config's parallel section."""
+    if nproc < 1:
+        raise ConfigError(f"--nproc: must be >= 1, got {nproc}")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    argv += [f"--nproc-per-node={nproc}", "-m", "vfm_core.parallel.main"]
+    argv += ["--config", str(config), "--out", str(out)]
+    for name, value in degrees.items():
+        if name not in _DEGREES:
+            raise ConfigError(f"parallel degree {name!r} unknown (known: {_DEGREES})")
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+def run(args: argparse.Namespace) -> dict:
+    cfg = load_yaml(args.config)
+    given = {k: getattr(args, k) for k in _DEGREES if getattr(args, k) is not None}
+    cfg = validate(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **given)))
+    cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        dims = ParallelDims.from_config(cfg.parallel, dist.get_world_size())
+        dims.build_mesh("cuda" if cuda else "cpu")
+        trainer = ParallelTrainer(cfg, dims=dims)
+        rank0 = dist.get_rank() == 0
+        out = Path(args.out)
+        loggers: list = []
+        mlf = None
+        if rank0:
+            out.mkdir(parents=True, exist_ok=True)
+            save_yaml(cfg, out / "config.yaml")
+            loggers = [
+                JsonlLogger(out / "metrics.jsonl"),
+                ConsoleLogger(cfg.train.steps, bar=False),
+            ]
+            if cfg.tracking.mlflow:
+                mlf = MLflowLogger(cfg.tracking, tags={"recipe": cfg.recipe})
+                mlf.log_params(
+                    {
+                        **cfg.flat(),
+                        "world_size": dims.world_size,
+                        "params": trainer.params,
+                        "flops_per_token": trainer.flops_per_token,
+                        "peak_flops_per_gpu": trainer.peak_flops,
+                        "peak_source": trainer.peak_source,
+                    }
+                )
+                loggers.append(mlf)
+        status = "FAILED"
+        try:
+            last = trainer.fit(loggers=loggers, checkpoint=None)
+            status = "FINISHED"
+        finally:
+            for lg in loggers:
+                if lg is mlf:
+                    for name in ("config.yaml", "metrics.jsonl"):
+                        mlf.log_artifact(out / name)
+                    mlf.close(status)
+                else:
+                    lg.close()
+        summary = {
+            "step": trainer.step,
+            "out_dir": str(out),
+            "world_size": dims.world_size,
+            "degrees": dims.degrees,
+            "mlflow_run_id": mlf.run_id if mlf else None,
+            "params": trainer.params,
+            "metrics": last,
+        }
+        if rank0:
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="torchrun ... -m vfm_core.parallel.main")
+    ap.add_argument("--config", required=True, help="run config YAML (from Config.to_dict)")
+    ap.add_argument("--out", required=True, help="output directory (rank 0 writes)")
+    for name in _DEGREES:
+        ap.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=f"parallel.{name}")
+    args = ap.parse_args(argv)
+    try:
+        summary = run(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: v for k, v in summary.items() if k != "metrics"}
+                         | {"final": summary["metrics"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())
