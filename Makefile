@@ -9,7 +9,7 @@ export PREFECT_HOME ?= $(CURDIR)/data/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench clean up down status deploy
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -35,6 +35,19 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/train_step.py
+
+up: venv     # Prefect server + worker, MLflow server, S3 endpoint on 127.0.0.1 (infra/services.py)
+	$(BIN)/python infra/services.py up
+
+down:
+	$(BIN)/python infra/services.py down
+
+status:
+	$(BIN)/python infra/services.py status
+
+deploy: venv  # register deployments/prefect.yaml with the server started by `make up`
+	$(BIN)/python infra/services.py status >/dev/null || { echo "servers not running: run make up"; exit 1; }
+	. $(VFM_DATA_DIR)/infra/env.sh && $(BIN)/prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 
 clean:
 	rm -rf data runs .pytest_cache

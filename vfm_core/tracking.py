@@ -54,4 +54,8 @@ def create_run(cfg: TrackingConfig, *, tags: dict[str, str] | None = None) -> st
 
 
 def ui_hint(cfg: TrackingConfig | None = None) -> str:
-    return f"mlflow ui --backend-store-uri {tracking_uri(cfg)} --host 127.0.0.1"
+    """Where a person looks at the runs: the server's URL, or the command serving a local store."""
+    uri = tracking_uri(cfg)
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri}"
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"

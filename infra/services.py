@@ -1,0 +1,317 @@
+"""Start, check and stop the scale-out servers on loopback (``make up`` / ``make down``).
+
+    python infra/services.py up [--with-ray] [--only prefect,worker,mlflow,s3]
+    python infra/services.py status
+    python infra/services.py down
+
+Services (each binds ``$VFM_HOST``, default 127.0.0.1; ports overridable by environment):
+
+| service | what                                               | port (env)                  |
+|---------|----------------------------------------------------|-----------------------------|
+| prefect | ``prefect server start`` (API + UI)                | 4200 (``VFM_PREFECT_PORT``) |
+| worker  | ``prefect worker start`` on the process pool       | —                           |
+| mlflow  | ``mlflow server``, sqlite store, served artifacts  | 5000 (``VFM_MLFLOW_PORT``)  |
+| s3      | moto's S3-protocol server (local S3 testing)       | 9000 (``VFM_S3_PORT``)      |
+| ray     | ``ray start --head`` (optional, ``--with-ray``)    | 6379 (``VFM_RAY_PORT``)     |
+
+State lives in ``$VFM_INFRA_DIR`` (default ``data/infra``): one log per service, ``pids.json`` and
+``env.sh`` — ``source data/infra/env.sh`` points a shell (Prefect, MLflow, s3fs clients) at them.
+Production swaps the sqlite store for a Postgres URI (``VFM_MLFLOW_BACKEND``) and moto for real S3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SERVICES = ("prefect", "worker", "mlflow", "s3", "ray")
+POOL = "vfm-cpu"
+GPU_POOL = "vfm-gpu"
+
+
+class InfraError(RuntimeError):
+    """A service that cannot start or is not running, with what to do about it."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    """Address every server binds (loopback unless told otherwise)."""
+    prefect_port: int = 4200
+    mlflow_port: int = 5000
+    s3_port: int = 9000
+    ray_port: int = 6379
+    run_dir: Path = field(default_factory=lambda: ROOT / "data" / "infra")
+    """Logs, pids.json, env.sh, the server stores."""
+    mlflow_backend: str = ""
+    """MLflow backend store URI ('' = sqlite under run_dir; a Postgres URI in production)."""
+    pool: str = POOL
+    """Prefect work pool served by the worker."""
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        env = os.environ
+        data = Path(env.get("VFM_DATA_DIR", ROOT / "data"))
+        return cls(
+            host=env.get("VFM_HOST", "127.0.0.1"),
+            prefect_port=int(env.get("VFM_PREFECT_PORT", 4200)),
+            mlflow_port=int(env.get("VFM_MLFLOW_PORT", 5000)),
+            s3_port=int(env.get("VFM_S3_PORT", 9000)),
+            ray_port=int(env.get("VFM_RAY_PORT", 6379)),
+            run_dir=Path(env.get("VFM_INFRA_DIR", data / "infra")).resolve(),
+            mlflow_backend=env.get("VFM_MLFLOW_BACKEND", ""),
+            pool=env.get("VFM_WORK_POOL", POOL),
+        )
+
+    @property
+    def prefect_api(self) -> str:
+        return f"http://{self.host}:{self.prefect_port}/api"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{self.host}:{self.s3_port}"
+
+    def client_env(self) -> dict[str, str]:
+        """What a client (or the worker's flow runs) needs to talk to these servers."""
+        return {
+            "PREFECT_API_URL": self.prefect_api,
+            "MLFLOW_TRACKING_URI": self.mlflow_uri,
+            "AWS_ENDPOINT_URL": self.s3_endpoint,
+            "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+            "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+            "VFM_ROOT": str(ROOT),
+        }
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status < 500
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]]:
+    """service -> (argv, health URL or None, port or None)."""
+    store = s.mlflow_backend or f"sqlite:///{s.run_dir / 'mlflow' / 'mlflow.db'}"
+    prefect = [str(BIN / "prefect")]
+    return {
+        "prefect": (
+            prefect + ["server", "start", "--host", s.host, "--port", str(s.prefect_port)],
+            f"{s.prefect_api}/health",
+            s.prefect_port,
+        ),
+        "worker": (
+            prefect + ["worker", "start", "--pool", s.pool, "--type", "process"],
+            None,
+            None,
+        ),
+        "mlflow": (
+            [str(BIN / "mlflow"), "server", "--host", s.host, "--port", str(s.mlflow_port),
+             "--backend-store-uri", store,
+             "--artifacts-destination", str(s.run_dir / "mlflow" / "artifacts"),
+             "--workers", "1"],
+            f"{s.mlflow_uri}/health",
+            s.mlflow_port,
+        ),
+        "s3": (
+            [str(BIN / "moto_server"), "-H", s.host, "-p", str(s.s3_port)],
+            f"{s.s3_endpoint}/moto-api/",
+            s.s3_port,
+        ),
+        "ray": (
+            [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", s.host,
+             "--port", str(s.ray_port), "--num-cpus", str(os.cpu_count() or 1),
+             "--include-dashboard", "false"],
+            None,
+            s.ray_port,
+        ),
+    }
+
+
+def _create_pools(s: Settings, env: dict[str, str]) -> None:
+    """The CPU pool this worker serves, and the GPU pool that cluster workers serve (deployments
+    naming it register here; their runs wait for a GPU worker)."""
+    for pool in (s.pool, GPU_POOL):
+        argv = [str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process",
+                "--overwrite"]
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise InfraError(f"cannot create work pool {pool}: {r.stdout[-500:]}{r.stderr[-500:]}")
+
+
+def _env(s: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(s.client_env())
+    env["PREFECT_HOME"] = str(s.run_dir / "prefect-home")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["PREFECT_UI_API_URL"] = s.prefect_api
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("VFM_DATA_DIR", str(ROOT / "data"))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def _pids_path(s: Settings) -> Path:
+    return s.run_dir / "pids.json"
+
+
+def _read_pids(s: Settings) -> dict[str, int]:
+    p = _pids_path(s)
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _wait(url: str | None, proc: subprocess.Popen, name: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise InfraError(f"{name} exited with code {proc.returncode}; log {log}:\n{tail}")
+        if url is None or _healthy(url):
+            return
+        time.sleep(0.5)
+    raise InfraError(f"{name} not healthy after {timeout:.0f}s ({url}); log {log}")
+
+
+def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str, int]:
+    """Start ``services`` (skipping those already running), wait until each is healthy, write
+    ``env.sh``; returns service -> pid."""
+    s.run_dir.mkdir(parents=True, exist_ok=True)
+    (s.run_dir / "mlflow").mkdir(exist_ok=True)
+    pids = {k: v for k, v in _read_pids(s).items() if _alive(v)}
+    cmds, env = _commands(s), _env(s)
+    for name in services:
+        if name in pids:
+            print(f"{name}: already running (pid {pids[name]})")
+            continue
+        argv, health, port = cmds[name]
+        if port is not None and not _port_free(s.host, port):
+            var = f"VFM_{name.upper()}_PORT"
+            raise InfraError(f"{name}: port {s.host}:{port} is taken; set {var} to another port")
+        if name == "worker":
+            _create_pools(s, env)
+        log = s.run_dir / f"{name}.log"
+        with log.open("ab") as f:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                    start_new_session=True)
+        pids[name] = proc.pid
+        _pids_path(s).write_text(json.dumps(pids))
+        _wait(health, proc, name, log, timeout)
+        print(f"{name}: up (pid {proc.pid}){f' at {health}' if health else ''}, log {log}")
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in s.client_env().items()]
+    (s.run_dir / "env.sh").write_text("\n".join(lines) + "\n")
+    return pids
+
+
+def down(s: Settings, *, timeout: float = 20.0) -> list[str]:
+    """Stop every service started by :func:`up` (SIGTERM to its process group, then SIGKILL)."""
+    pids = _read_pids(s)
+    for pid in reversed(list(pids.values())):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            continue
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in pids.values():
+        if _alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    _pids_path(s).unlink(missing_ok=True)
+    return list(pids)
+
+
+def status(s: Settings) -> dict[str, bool]:
+    pids = _read_pids(s)
+    cmds = _commands(s)
+    out = {}
+    for name, pid in pids.items():
+        health = cmds[name][1]
+        out[name] = _alive(pid) and (health is None or _healthy(health))
+    return out
+
+
+def require(url: str, what: str) -> None:
+    """Raise a clear error naming ``make up`` when the server at ``url`` does not answer."""
+    if not _healthy(url):
+        raise InfraError(f"{what} is not running at {url}: start the servers with `make up`")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="infra/services.py", description=__doc__.split("\n")[0])
+    ap.add_argument("action", choices=["up", "down", "status"])
+    ap.add_argument("--only", default="", help="comma list of services (default: all but ray)")
+    ap.add_argument("--with-ray", action="store_true", help="also start a Ray head")
+    args = ap.parse_args(argv)
+    s = Settings.from_env()
+    try:
+        if args.action == "up":
+            chosen = [x for x in args.only.split(",") if x] or ["prefect", "worker", "mlflow", "s3"]
+            if args.with_ray and "ray" not in chosen:
+                chosen.append("ray")
+            unknown = sorted(set(chosen) - set(SERVICES))
+            if unknown:
+                ap.error(f"--only: unknown service(s) {unknown}; known: {', '.join(SERVICES)}")
+            if "worker" in chosen and "prefect" in chosen:  # the worker needs the API first
+                chosen.remove("worker")
+                chosen.insert(chosen.index("prefect") + 1, "worker")
+            up(s, chosen)
+            print(f"\nPrefect UI  http://{s.host}:{s.prefect_port}\nMLflow UI   {s.mlflow_uri}")
+            print(f"S3 endpoint {s.s3_endpoint}\nclients:    source {s.run_dir / 'env.sh'}")
+        elif args.action == "down":
+            stopped = down(s)
+            print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        else:
+            st = status(s)
+            for name, ok in st.items():
+                print(f"{name:8s} {'up' if ok else 'DOWN'}")
+            if not st:
+                print("nothing running: `make up` starts the servers")
+            return 0 if st and all(st.values()) else 1
+    except InfraError as e:
+        print(f"infra: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
