@@ -164,3 +164,18 @@ def test_missing_or_empty_source(tmp_path):
         curate(str(tmp_path / "empty"), str(tmp_path / "o"), executor="spark")
     with pytest.raises(ValueError, match="CurateConfig.splitter: unknown 'magic'"):
         curate(str(tmp_path / "empty"), str(tmp_path / "o"), config=CurateConfig(splitter="magic"))
+
+
+def test_duplicate_content_is_rejected_once(good_dir, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    os.link(good_dir[0] / "demo0.mp4", src / "a.mp4")
+    os.link(good_dir[0] / "demo0.mp4", src / "b.mp4")
+    out = curate(str(src), str(tmp_path / "o"), config=CFG)
+    clips = read_clips(str(tmp_path / "o"))
+    rej = read_manifest(tmp_path / "o" / "rejects.parquet", Rejects)
+    assert set(clips["source_uri"]) == {str(src / "a.mp4")} and out["n_clips"] == clips.height
+    dup = rej.filter(pl.col("source_uri") == str(src / "b.mp4"))
+    assert dup["reason"].to_list() == [f"duplicate: same content as {src / 'a.mp4'}"]
+    videos = read_manifest(tmp_path / "o" / "videos.parquet", VideoManifest)
+    assert videos["source_uri"].to_list() == [str(src / "a.mp4")]

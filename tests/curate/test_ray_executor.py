@@ -27,17 +27,18 @@ def _manifests(dst) -> dict[str, pl.DataFrame]:
 
 @pytest.mark.slow
 def test_ray_executor_same_manifests_as_local(good_dir, bad_dir, tmp_path, monkeypatch):
-    """~40 s: Ray start (~10 s) + one actor pool per stage."""
+    """~50 s on an idle 2-core machine: Ray start (~10 s) + one actor pool per stage."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     src = tmp_path / "src"
     src.mkdir()
-    for p in [*good_dir[0].iterdir(), bad_dir / "zero_byte.mp4", bad_dir / "rotated.mp4"]:
+    demo0 = [p for p in good_dir[0].iterdir() if p.stem == "demo0"]  # video + sidecar
+    for p in [*demo0, bad_dir / "zero_byte.mp4", bad_dir / "rotated.mp4"]:
         os.link(p, src / p.name)
     local = curate(str(src), str(tmp_path / "local"), config=CFG)
     ray_ = curate(
         str(src), str(tmp_path / "ray"), config=CFG, executor=RayExecutor(num_cpus=2, max_workers=2)
     )
-    assert ray_["n_clips"] == local["n_clips"] > 10 and ray_["n_rejects"] == local["n_rejects"]
+    assert ray_["n_clips"] == local["n_clips"] > 5 and ray_["n_rejects"] == local["n_rejects"]
     a, b = _manifests(tmp_path / "local"), _manifests(tmp_path / "ray")
     for name in a:
         assert a[name].equals(b[name]), name

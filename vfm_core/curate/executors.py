@@ -112,8 +112,10 @@ class RayExecutor:
             [{"row": to_json(x)} for x in items], override_num_blocks=len(items)
         )
         for s in stages:
+            # a subclass per stage so Ray's plan and logs name the pools (MapBatches(Transcode))
+            actor = type(s.name.title(), (_StageActor,), {"__module__": __name__})
             ds = ds.map_batches(
-                _StageActor,
+                actor,
                 fn_constructor_kwargs={"stage": s},
                 batch_size=1,
                 batch_format="numpy",

@@ -173,7 +173,18 @@ def _frame(rows: list[dict], schema) -> pl.DataFrame:
 def assemble(dst: str, states: Iterable[dict]) -> dict[str, Any]:
     """Write clips / rejects / videos manifests (sorted, validated) from per-video states."""
     clips, rejects, videos = [], [], []
+    first_of: dict[str, str] = {}  # video_id -> first source_uri with that content
     for st in states:
+        vid = (st.get("video") or {}).get("video_id")
+        if vid is not None and vid in first_of:  # same bytes under another name: one copy only
+            rejects.append({
+                "source_uri": st["source_uri"], "video_id": vid, "stage": "probe",
+                "reason": f"duplicate: same content as {first_of[vid]}", "start_s": None,
+                "end_s": None,
+            })  # fmt: skip
+            continue
+        if vid is not None:
+            first_of[vid] = st["source_uri"]
         clips += st["clips"]
         rejects += st["rejects"]
         if st.get("video"):
