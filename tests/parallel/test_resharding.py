@@ -1,0 +1,103 @@
+"""DCP resharding: a checkpoint saved under TP2 (model, EMA, AdamW moments, schedule, data
+position, step) resumes under FSDP2 and in one process with the same next losses as the run that
+never stopped (same global batch; fp32, relative tolerance 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+from parallel_harness import run_ranks
+
+from vfm_core.config import apply_overrides
+from vfm_core.recipes import get_recipe
+
+TOL = 1e-5
+GLOBAL_BATCH = 4
+TINY = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.text_dim=32",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "train.device=cpu",
+    "optim.warmup_steps=2",
+    "optim.lr=0.002",
+    "tracking.mlflow=false",
+]
+
+
+class _Collect:
+    def __init__(self):
+        self.losses = []
+
+    def log(self, step, metrics):
+        self.losses.append(metrics["loss"])
+
+    def close(self):
+        pass
+
+
+def _trainer(world, degrees, steps):
+    from vfm_core.parallel.dims import ParallelDims
+    from vfm_core.parallel.trainer import ParallelTrainer
+
+    dims = ParallelDims(**degrees, world_size=world)
+    dims.build_mesh("cpu")
+    cfg = apply_overrides(
+        get_recipe("dit-tiny"),
+        [*TINY, f"train.steps={steps}", f"data.batch_size={GLOBAL_BATCH // dims.dp}"],
+    )
+    return ParallelTrainer(cfg, dims=dims)
+
+
+def _save_then_continue(rank, world, root):
+    from vfm_core.parallel.checkpoint import ParallelCheckpoint, save_trainer
+
+    ckpt = ParallelCheckpoint(root)
+    tr = _trainer(world, dict(tp=2, dp_shard=1), steps=2)
+    tr.fit(loggers=[], checkpoint=lambda t: save_trainer(ckpt, t))
+    tr.cfg.train.steps = 4
+    log = _Collect()
+    tr.fit(loggers=[log])
+    return log.losses
+
+
+def _resume(rank, world, root, degrees):
+    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
+
+    tr = _trainer(world, degrees, steps=4)
+    path = load_trainer(ParallelCheckpoint(root), tr)
+    assert tr.step == 2, tr.step
+    log = _Collect()
+    tr.fit(loggers=[log])
+    return {"path": path.name, "losses": log.losses}
+
+
+def _resume_wrong_model(rank, world, root):
+    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
+    from vfm_core.parallel.dims import ParallelDims
+    from vfm_core.parallel.trainer import ParallelTrainer
+    from vfm_core.train.checkpoint import CheckpointError
+
+    dims = ParallelDims(world_size=world)
+    dims.build_mesh("cpu")
+    cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, "model.depth=3"])
+    try:
+        load_trainer(ParallelCheckpoint(root), ParallelTrainer(cfg, dims=dims))
+    except CheckpointError as e:
+        return str(e)
+    return "loaded"
+
+
+@pytest.mark.slow
+def test_tp2_checkpoint_resumes_under_fsdp2_and_one_process(tmp_path):
+    expected = run_ranks(_save_then_continue, 2, str(tmp_path))[0]
+    assert len(expected) == 2
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
+    assert not list((tmp_path / "checkpoints" / "step_00000002").glob("*.metadata"))  # no pickle
+    for world, degrees in ((2, dict(dp_shard=2)), (1, {})):
+        for r in run_ranks(_resume, world, str(tmp_path), degrees):
+            assert r["path"] == "step_00000002"
+            for got, want in zip(r["losses"], expected, strict=True):
+                assert abs(got - want) <= TOL * abs(want), (degrees, r["losses"], expected)
+    msg = run_ranks(_resume_wrong_model, 1, str(tmp_path))[0]
+    assert "another model shape (model.depth: checkpoint 2 vs now 3)" in msg
