@@ -121,8 +121,8 @@ class OptimConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    source: Literal["synthetic"] = "synthetic"
-    """Where training latents come from (shards arrive with the loader issue)."""
+    source: Literal["synthetic", "shards"] = "synthetic"
+    """Where training latents come from: the synthetic blobs or WebDataset shards (``shards``)."""
     batch_size: int = 4
     """Samples per step (per data-parallel rank)."""
     latent_frames: int = 4
@@ -135,6 +135,12 @@ class DataConfig:
     """Synthetic source: number of distinct captions / motion classes."""
     seed: int = 0
     """Seed of the data stream (independent of the model seed)."""
+    shards: str = ""
+    """Shard directory (local or s3://) with index.json, for ``source='shards'``."""
+    tokenizer: str = ""
+    """Tokenizer directory for shards without ``latent.npy`` ('' = the shards must hold latents)."""
+    num_workers: int = 0
+    """Loader reader/decoder threads (never changes the sample order)."""
 
 
 @dataclass(kw_only=True, slots=True)

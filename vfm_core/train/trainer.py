@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from vfm_core.config import Config, ConfigError, OptimConfig, to_dict, validate
 from vfm_core.data.samples import LatentBatch, LatentSource
-from vfm_core.data.synthetic_latents import SyntheticLatents
+from vfm_core.data.shard_source import make_source
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.models.dit import build_model, count_params
 from vfm_core.models.layers import set_attention_backend
@@ -91,9 +91,9 @@ class Trainer:
         self.edm = create_diffusion(cfg.diffusion)
         # sigma, noise and caption dropout: one stream, separate from init and data
         self.rng = torch.Generator(device=self.device).manual_seed(cfg.train.seed + 1)
-        self.source = source or SyntheticLatents(
+        self.source = source or make_source(
             cfg.data, cfg.model, sigma_data=cfg.diffusion.sigma_data
-        )
+        )  # data.source: synthetic blobs or shards
         self.step = 0
         d, m = cfg.data, cfg.model
         self.grid = (

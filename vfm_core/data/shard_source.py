@@ -1,0 +1,129 @@
+"""A :class:`~vfm_core.data.samples.LatentSource` over shards, for the trainer
+(``data.source: shards``).
+
+Stage order of :meth:`ShardLatentSource.next_batch`: loader step (one bucket = the configured
+training shape, so every sample of a batch has it; smaller samples are skipped for every rank
+alike) → per sample: ``latent.npy`` cropped to (T, H, W) when the shard has latents, else the
+decoded clip's first frames, centre-cropped, to [-1, 1] and encoded with the tokenizer →
+caption embedding padded / cut to ``model.text_len`` → :class:`LatentBatch`. Time spent waiting
+for data is accumulated in ``data_wait_s`` (the trainer logs its fraction of each step).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from vfm_core.config import ConfigError, DataConfig, ModelConfig
+from vfm_core.data.blend import BucketSpec
+from vfm_core.data.loader import Sample, build_loader
+from vfm_core.data.samples import LatentBatch
+
+
+def _crop(a: np.ndarray, size: tuple[int, int], axes: tuple[int, int]) -> np.ndarray:
+    """Centre crop of two axes of ``a`` to ``size``."""
+    sl = [slice(None)] * a.ndim
+    for ax, n in zip(axes, size):
+        start = (a.shape[ax] - n) // 2
+        sl[ax] = slice(start, start + n)
+    return a[tuple(sl)]
+
+
+class ShardLatentSource:
+    """Latent batches of the configured shape from a shard directory (see module docstring)."""
+
+    def __init__(self, data: DataConfig, model: ModelConfig, *, dp_rank: int = 0,
+                 dp_size: int = 1) -> None:  # fmt: skip
+        if not data.shards:
+            raise ConfigError("data.shards: set the shard directory for data.source='shards'")
+        self.data, self.model = data, model
+        self.tokenizer = None
+        ct, cs = 4, 8
+        if data.tokenizer:
+            from vfm_core.tokenizer import load_tokenizer
+
+            try:
+                self.tokenizer = load_tokenizer(
+                    data.tokenizer, expected_latent_channels=model.in_channels
+                )
+            except ValueError as e:
+                raise ConfigError(f"data.tokenizer: {e}") from None
+            ct, cs = self.tokenizer.cfg.temporal_factor, self.tokenizer.cfg.spatial_factor
+        self.frames = 1 + ct * (data.latent_frames - 1)  # pixel frames of one training sample
+        self.pixels = (data.latent_height * cs, data.latent_width * cs)
+        self.loader = build_loader(
+            shards=data.shards,
+            seed=data.seed,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            num_workers=data.num_workers,
+            batch_size=data.batch_size,
+            decode="frames",
+            compression=(ct, cs, cs),
+            patch=tuple(model.patch),
+            buckets=BucketSpec(resolutions=(self.pixels,), durations=(self.frames,)),
+        )
+        if self.loader.index.embedding_dim != model.text_dim:
+            raise ConfigError(
+                f"model.text_dim={model.text_dim} but the shards' caption embeddings are "
+                f"{self.loader.index.embedding_dim}-d ({data.shards})"
+            )
+        self.data_wait_s = 0.0
+
+    def _latent(self, s: Sample) -> torch.Tensor:
+        d = self.data
+        if s.latent is not None:
+            c, t, h, w = s.latent.shape
+            if c != self.model.in_channels or t < d.latent_frames:
+                raise ConfigError(
+                    f"{s.key}: latent {s.latent.shape} does not fit model.in_channels="
+                    f"{self.model.in_channels}, data.latent_frames={d.latent_frames}"
+                )
+            lat = _crop(s.latent[:, : d.latent_frames], (d.latent_height, d.latent_width), (2, 3))
+            return torch.from_numpy(np.ascontiguousarray(lat))  # (C, T, H, W)
+        if self.tokenizer is None:
+            raise ConfigError(
+                f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
+            )
+        assert s.frames is not None
+        clip = _crop(s.frames[: self.frames], self.pixels, (1, 2))  # (F, H, W, 3) uint8
+        x = torch.from_numpy(np.ascontiguousarray(clip)).permute(3, 0, 1, 2).float()  # (3, F, H, W)
+        with torch.no_grad():
+            z = self.tokenizer.encode(x[None] / 127.5 - 1.0)  # (1, C, T, h, w) normalised
+        return z[0]  # (C, T, h, w)
+
+    def _text(self, s: Sample) -> torch.Tensor:
+        L = self.model.text_len
+        e = torch.from_numpy(s.txt_emb[:L])  # (l, Dt)
+        return torch.cat([e, e.new_zeros(L - e.shape[0], e.shape[1])])  # (L, Dt) zero padded
+
+    def next_batch(self) -> LatentBatch:
+        t0 = time.perf_counter()
+        batch = self.loader.next_batch()
+        if not batch.samples:
+            raise RuntimeError(f"step {batch.step}: every sample was bad ({batch.skipped[:3]})")
+        out = LatentBatch(
+            latents=torch.stack([self._latent(s) for s in batch.samples]),  # (B, C, T, H, W)
+            text=torch.stack([self._text(s) for s in batch.samples]),  # (B, L, Dt)
+            keys=batch.keys,
+        )
+        self.data_wait_s += time.perf_counter() - t0
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+def make_source(data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5):
+    """The trainer's latent source for ``data.source``."""
+    if data.source == "shards":
+        return ShardLatentSource(data, model)
+    from vfm_core.data.synthetic_latents import SyntheticLatents
+
+    return SyntheticLatents(data, model, sigma_data=sigma_data)
