@@ -93,6 +93,9 @@ def test_tp2_cp2_torchrun_tracks_one_process_and_logs_mfu(tmp_path):
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["degrees"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 2}
+    assert summary["checkpoint"].endswith("step_00000020")  # the end-of-run DCP checkpoint
+    state = json.loads((out / "checkpoints" / "step_00000020" / "state.json").read_text())
+    assert state["meta"]["mlflow_run_id"] == summary["mlflow_run_id"]
     client = mlflow.MlflowClient(tracking_uri=tracking_uri(cfg.tracking))
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"

@@ -22,8 +22,10 @@ import torch
 import torch.distributed as dist
 
 from vfm_core.config import ConfigError, load_yaml, save_yaml, validate
+from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer, save_trainer
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.trainer import ParallelTrainer
+from vfm_core.train.checkpoint import CheckpointError
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger
 
 _DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
@@ -47,6 +49,17 @@ def torchrun_argv(
     return argv
 
 
+def _broadcast_str(text: str, size: int = 256) -> str:
+    """Rank 0's ``text`` on every rank (as bytes in a tensor: no pickle between ranks)."""
+    buf = torch.zeros(size, dtype=torch.uint8)
+    raw = text.encode()[:size]
+    buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else buf[:0]
+    if dist.get_backend() == "nccl":
+        buf = buf.cuda()
+    dist.broadcast(buf, src=0)
+    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
+
+
 def run(args: argparse.Namespace) -> dict:
     cfg = load_yaml(args.config)
     given = {k: getattr(args, k) for k in _DEGREES if getattr(args, k) is not None}
@@ -61,17 +74,29 @@ def run(args: argparse.Namespace) -> dict:
         trainer = ParallelTrainer(cfg, dims=dims)
         rank0 = dist.get_rank() == 0
         out = Path(args.out)
+        ckpt = ParallelCheckpoint(out, keep=cfg.train.keep_ckpts)
+        run_id = None
+        if args.resume:  # any layout: DCP reshards the saved tensors into this one
+            path = load_trainer(ckpt, trainer)
+            run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
+        elif ckpt.latest() is not None:
+            raise CheckpointError(
+                f"{out} already holds checkpoints (latest {ckpt.latest().name}): pass --resume to "
+                "continue, or choose a new --out"
+            )
         loggers: list = []
         mlf = None
         if rank0:
             out.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg, out / "config.yaml")
             loggers = [
-                JsonlLogger(out / "metrics.jsonl"),
-                ConsoleLogger(cfg.train.steps, bar=False),
+                JsonlLogger(
+                    out / "metrics.jsonl", resume_step=trainer.step if args.resume else None
+                ),
+                ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=False),
             ]
             if cfg.tracking.mlflow:
-                mlf = MLflowLogger(cfg.tracking, tags={"recipe": cfg.recipe})
+                mlf = MLflowLogger(cfg.tracking, run_id=run_id, tags={"recipe": cfg.recipe})
                 mlf.log_params(
                     {
                         **cfg.flat(),
@@ -83,9 +108,15 @@ def run(args: argparse.Namespace) -> dict:
                     }
                 )
                 loggers.append(mlf)
+        # every rank takes part in a save; only rank 0 knows the MLflow run id
+        shared_run_id = _broadcast_str(mlf.run_id if mlf else "") or None
+
+        def save(tr: ParallelTrainer) -> None:
+            save_trainer(ckpt, tr, meta={"mlflow_run_id": shared_run_id})
+
         status = "FAILED"
         try:
-            last = trainer.fit(loggers=loggers, checkpoint=None)
+            last = trainer.fit(loggers=loggers, checkpoint=save)
             status = "FINISHED"
         finally:
             for lg in loggers:
@@ -101,6 +132,7 @@ def run(args: argparse.Namespace) -> dict:
             "world_size": dims.world_size,
             "degrees": dims.degrees,
             "mlflow_run_id": mlf.run_id if mlf else None,
+            "checkpoint": str(ckpt.latest()) if ckpt.latest() else None,
             "params": trainer.params,
             "metrics": last,
         }
@@ -117,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory (rank 0 writes)")
     for name in _DEGREES:
         ap.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=f"parallel.{name}")
+    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     args = ap.parse_args(argv)
     try:
         summary = run(args)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
