@@ -110,6 +110,13 @@ def test_shards_on_s3(s3_server, clips_dir):
     assert s.mp4 == (clips_dir / df["uri"].iloc[5]).read_bytes()
     doc = json.loads(storage.read_bytes(f"{url}/index.json"))
     assert doc["schema_version"] == 1 and doc["n_samples"] == 8
+    # the public loader entry point reads the same shards by byte range from S3
+    from vfm_core.data import build_loader
+
+    ld = build_loader(shards=url, seed=0, batch_size=4, verify="sha256")
+    batch = ld.next_batch()
+    assert len(batch["keys"]) == 4 and set(batch.keys) <= set(df["clip_id"])
+    assert batch.bytes_read == sum(int(again.samples.at[s.index, "length"]) for s in batch.samples)
 
 
 @pytest.mark.slow
