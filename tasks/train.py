@@ -1,6 +1,7 @@
 """Prefect tasks around training. Training ranks are never Prefect tasks: the task writes the run
-config, launches ``python -m vfm_core.train.main`` (later ``torchrun``) as a subprocess, streams its
-log, and returns small serialisable results (run id, paths, final metrics)."""
+config, launches ``python -m vfm_core.train.main`` (one process) or ``torchrun -m
+vfm_core.parallel.main`` (``nproc`` > 1) as a subprocess, streams its log, and returns small
+serialisable results (run id, paths, final metrics)."""
 
 from __future__ import annotations
 
@@ -26,24 +27,31 @@ def start_mlflow_run(tracking: TrackingConfig, tags: dict[str, str]) -> str:
 
 @task(name="train")
 def train_model(
-    cfg: Config, out_dir: str, *, resume: bool = False, mlflow_run_id: str | None = None
+    cfg: Config,
+    out_dir: str,
+    *,
+    resume: bool = False,
+    mlflow_run_id: str | None = None,
+    nproc: int = 1,
+    degrees: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Run the trainer in a subprocess; raise with its last log lines if it fails."""
+    """Run the trainer in a subprocess (``nproc`` ranks under torchrun, ``degrees`` such as
+    ``{"tp": 2}`` overriding the config's parallel section); raise with its last log lines if it
+    fails."""
     logger = task_logger()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "run.yaml"
     save_yaml(cfg, cfg_path)
-    cmd = [
-        sys.executable,
-        "-m",
-        "vfm_core.train.main",
-        "--config",
-        str(cfg_path),
-        "--out",
-        str(out),
-        "--no-progress",
-    ] + (["--resume"] if resume else [])
+    if nproc > 1 or degrees:
+        if resume:
+            raise ValueError("resume is not available for multi-process training runs yet")
+        from vfm_core.parallel.main import torchrun_argv
+
+        cmd = torchrun_argv(nproc, config=cfg_path, out=out, **(degrees or {}))
+    else:
+        cmd = [sys.executable, "-m", "vfm_core.train.main", "--config", str(cfg_path),
+               "--out", str(out), "--no-progress"] + (["--resume"] if resume else [])  # fmt: skip
     env = dict(os.environ)
     if mlflow_run_id:
         env["MLFLOW_RUN_ID"] = mlflow_run_id

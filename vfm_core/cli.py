@@ -7,6 +7,8 @@ vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,
 vfm recipes
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH] [--json]
 vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
+vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
+             [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from vfm_core.config import ConfigError, apply_overrides, load_yaml, merge, validate
 from vfm_core.recipes import RECIPES, get_recipe
@@ -81,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("recipes", help="list presets")
 
+    rp = sub.add_parser("report", help="scaling-study table from MLflow runs (+ plots with --out)")
+    rp.add_argument("--study", required=True, help="study name (MLflow tag vfm.study)")
+    rp.add_argument("--out", help="also write report.md, rows.json and PNG plots here")
+    rp.add_argument("--tracking-uri", help="MLflow tracking URI (default: the project store)")
+    rp.add_argument("--json", action="store_true", help="print the rows as JSON")
+
     sh = sub.add_parser("shard", help="curation output -> WebDataset shards + index (local/s3)")
     sh.add_argument("clips_dir", help="curation output dir (clips.parquet, clips/)")
     sh.add_argument("shards_dir", help="where shards and index.json go (local or s3://)")
@@ -91,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     from vfm_core.curate.cli import add_parser as add_curate_parser
 
     add_curate_parser(sub)
+
+    from vfm_core.infer.cli import add_parser as add_generate_parser
+
+    add_generate_parser(sub)
     return ap
 
 
@@ -208,6 +221,22 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from vfm_core.perf import report
+
+    if args.out:
+        summary = report.build_report(args.study, args.out, tracking_uri=args.tracking_uri)
+        rows = json.loads((Path(args.out) / "rows.json").read_text())
+        table = summary["table"]
+    else:
+        found = report.add_derived(report.study_runs(args.study, tracking_uri=args.tracking_uri))
+        rows, table = [report.row_dict(r) for r in found], report.format_table(found)
+    print(json.dumps(rows, indent=1) if args.json else table)
+    if args.out and not args.json:
+        print(f"report: {args.out}/report.md (plots: throughput.png, efficiency.png)")
+    return 0
+
+
 def cmd_shard(args: argparse.Namespace) -> int:
     from vfm_core.data.index import DatasetIndexError
     from vfm_core.data.make_shards import shard_clips_dir
@@ -236,6 +265,12 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from vfm_core.infer.cli import run
+
+    return run(args)
+
+
 def cmd_curate(args: argparse.Namespace) -> int:
     from vfm_core.curate.cli import run
 
@@ -251,18 +286,21 @@ def main(argv: list[str] | None = None) -> int:
             "flops": cmd_flops,
             "plan": cmd_plan,
             "recipes": cmd_recipes,
+            "report": cmd_report,
             "shard": cmd_shard,
             "curate": cmd_curate,
+            "generate": cmd_generate,
         }[args.cmd](args)
     except ConfigError as e:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # user-facing errors from deeper layers carry a clear message
+        from vfm_core.infer.shapes import GenerateError
         from vfm_core.models.layers import ShapeError
         from vfm_core.train.checkpoint import CheckpointError
         from vfm_core.train.trainer import TrainingDiverged
 
-        if isinstance(e, ShapeError | CheckpointError | TrainingDiverged):
+        if isinstance(e, ShapeError | CheckpointError | TrainingDiverged | GenerateError):
             print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
             return 2
         raise

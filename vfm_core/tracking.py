@@ -11,6 +11,11 @@ from pathlib import Path
 
 from vfm_core.config import TrackingConfig
 
+STUDY_TAG = "vfm.study"
+"""MLflow tag naming the scaling study a run belongs to."""
+LAYOUT_TAG = "vfm.layout"
+"""MLflow tag with a run's parallel layout label (e.g. ``tp2``)."""
+
 
 def data_dir() -> Path:
     """Project data dir (MLflow store, runs): $VFM_DATA_DIR or ./data."""

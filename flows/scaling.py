@@ -1,0 +1,94 @@
+"""Scaling study: train the same preset under a grid of parallel layouts / process counts, one
+MLflow run each (tagged ``vfm.study``), then the report (table + plots) as an MLflow artifact.
+
+Thin by design: parameters are pydantic models (the Prefect UI renders the layout list as a form);
+each layout is one training task (a torchrun subprocess); the report is one task. Never imports
+torch. Runs go one after another: they would otherwise compete for the same cores and skew the
+throughput they measure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from pydantic import BaseModel, Field, field_validator
+
+from tasks.report import scaling_report_task
+from tasks.train import start_mlflow_run, train_model
+from vfm_core.config import apply_overrides, merge, validate
+from vfm_core.recipes import RECIPES, get_recipe
+from vfm_core.tracking import LAYOUT_TAG, STUDY_TAG, data_dir
+
+_DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+
+
+class LayoutSpec(BaseModel):
+    """One point of the study: process count and the parallel degrees (unset = inferred)."""
+
+    nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) for this run")
+    dp_shard: int | None = Field(None, ge=1, description="FSDP degree (None: what is left)")
+    tp: int | None = Field(None, ge=1, description="tensor-parallel degree")
+    cp: int | None = Field(None, ge=1, description="context-parallel degree")
+    pp: int | None = Field(None, ge=1, description="pipeline stages")
+
+    def degrees(self) -> dict[str, int]:
+        return {k: v for k in _DEGREES if (v := getattr(self, k, None)) is not None}
+
+    def label(self) -> str:
+        parts = [f"{k}{v}" for k, v in self.degrees().items()]
+        return "-".join(parts) or ("single" if self.nproc == 1 else f"fsdp{self.nproc}")
+
+
+def _default_layouts() -> list[LayoutSpec]:
+    return [LayoutSpec(), LayoutSpec(nproc=2, dp_shard=2), LayoutSpec(nproc=2, tp=2),
+            LayoutSpec(nproc=2, cp=2)]  # fmt: skip
+
+
+class ScalingParams(BaseModel):
+    """Form of the scaling-study flow."""
+
+    study: str = Field("cpu-scaling", min_length=1, description="study name (MLflow tag)")
+    recipe: str = Field("dit-tiny", description=f"preset: {', '.join(RECIPES)}")
+    steps: int = Field(8, ge=1, description="steps per run (the report skips the first 2)")
+    layouts: list[LayoutSpec] = Field(default_factory=_default_layouts, min_length=1)
+    overrides: list[str] = Field(default_factory=list, description="section.field=value")
+    experiment: str = Field("vfm-scaling", description="MLflow experiment")
+    out_dir: str = Field("", description="root of the runs ('' = data/scaling/<study>)")
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, v: str) -> str:
+        get_recipe(v)
+        return v
+
+    def root(self) -> str:
+        return self.out_dir or str(data_dir() / "scaling" / self.study)
+
+
+@flow(name="scaling-study", log_prints=True)
+def scaling_flow(params: ScalingParams) -> dict[str, Any]:
+    base = apply_overrides(get_recipe(params.recipe), params.overrides)
+    runs = []
+    for i, lay in enumerate(params.layouts):
+        name = f"{i:02d}-{lay.label()}"
+        cfg = validate(merge(base, {
+            "train": {"steps": params.steps, "out_dir": f"{params.root()}/{name}",
+                      "ckpt_every": 10**9},
+            "tracking": {"experiment": params.experiment, "run_name": f"{params.study}/{name}"},
+        }))  # fmt: skip
+        tags = {STUDY_TAG: params.study, LAYOUT_TAG: lay.label(), "recipe": params.recipe,
+                "nproc": str(lay.nproc)}  # fmt: skip
+        run_id = start_mlflow_run(cfg.tracking, tags)
+        summary = train_model(cfg, cfg.train.out_dir, mlflow_run_id=run_id, nproc=lay.nproc,
+                              degrees=lay.degrees())  # fmt: skip
+        runs.append({"layout": lay.label(), "nproc": lay.nproc, "mlflow_run_id": run_id,
+                     "final": summary["final"]})  # fmt: skip
+    tracking = validate(merge(base, {"tracking": {"experiment": params.experiment}})).tracking
+    report = scaling_report_task(params.study, f"{params.root()}/report", tracking)
+    print(report["table"])
+    return {"study": params.study, "runs": runs, "report": report}
+
+
+if __name__ == "__main__":
+    scaling_flow(ScalingParams())

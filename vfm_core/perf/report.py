@@ -1,0 +1,288 @@
+"""Scaling-study report from MLflow runs: tokens/s, TFLOPS, MFU, scaling efficiency, and the
+planner's prediction next to each measurement (``vfm report --study NAME``, ``flows/scaling.py``).
+
+A study is the set of MLflow runs tagged ``vfm.study=NAME`` (the scaling flow tags every run it
+starts). Per run the report takes the median of each throughput metric over the logged steps after
+the first ``warmup`` (compilation, allocator and BLAS warm-up make the first steps slow).
+
+Columns:
+
+* ``tokens_per_s`` — the whole job (all ranks); ``per_proc`` = that / world size;
+* ``tflops``, ``mfu`` — per process, as the trainer logs them (MFU against the run's peak:
+  the datasheet for GPUs, a measured GEMM for CPU; vfm_core.perf.hardware);
+* ``scaling_eff`` — per_proc / per_proc of the 1-process run of the same recipe (1.0 = linear);
+* ``predicted`` — the planner's tokens/s for that layout (vfm_core.perf.timing.step_time) on the
+  run's hardware: the GPU's datasheet figures, or for CPU runs a :func:`cpu_spec` built from the
+  run's measured peak; the GEMM and attention efficiencies are first fitted to the study's
+  1-process runs (vfm_core.perf.calibrate), so the column shows how well the planner's parallel
+  model (communication, bubbles, sharding) extrapolates from one process to the layouts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from vfm_core.config import ConfigError, ModelConfig
+from vfm_core.perf.hardware import PEAKS, GpuSpec, match_gpu
+from vfm_core.perf.timing import Layout, step_time, tokens_per_step_per_gpu, workload
+from vfm_core.tracking import LAYOUT_TAG, STUDY_TAG
+
+_DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+
+
+@dataclass(kw_only=True, slots=True)
+class StudyRow:
+    run_id: str
+    layout: str
+    recipe: str
+    world: int
+    degrees: dict[str, int]
+    tokens_per_s: float
+    per_proc: float
+    tflops: float
+    mfu: float
+    scaling_eff: float | None = None
+    predicted: float | None = None
+    """Planner's tokens/s (whole job) for this layout, after calibration on 1-process runs."""
+    hardware: str = "cpu"
+    model: dict[str, Any] | None = None
+    seq: int = 0
+    peak_flops: float = 0.0
+    batch: int = 1
+    """Samples per step per data-parallel rank (the planner's micro-batch)."""
+
+
+def cpu_spec(peak_flops: float, *, mem_tbps: float = 0.02, link_gbps: float = 4.0) -> GpuSpec:
+    """A CPU described in the planner's terms: compute = the run's measured fp32 GEMM peak;
+    ``mem_tbps`` ~ one socket's DDR bandwidth reached by element-wise torch ops (~20 GB/s on a
+    small VM); ``link_gbps`` ~ gloo over loopback TCP between processes (a few GB/s). Both are
+    rough, stated assumptions; the fitted efficiencies absorb the rest."""
+    tflops = peak_flops / 1e12
+    return GpuSpec(
+        name="cpu", bf16_tflops=tflops, fp8_tflops=None, tf32_tflops=tflops, fp32_tflops=tflops,
+        hbm_gb=16, hbm_tbps=mem_tbps, nvlink_gbps=link_gbps, ib_gbps=link_gbps * 8,
+        gpus_per_node=64, source="measured fp32 GEMM peak of the run; bandwidths assumed",
+    )  # fmt: skip
+
+
+def _median_after(history: list[float], warmup: int) -> float:
+    vals = history[warmup:] or history
+    return statistics.median(vals) if vals else float("nan")
+
+
+def study_runs(study: str, *, tracking_uri: str | None = None, warmup: int = 2) -> list[StudyRow]:
+    """The finished runs tagged ``vfm.study=study``, as rows (no derived columns yet)."""
+    import mlflow
+
+    from vfm_core.tracking import tracking_uri as default_uri
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri or default_uri())
+    exps = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(
+        exps, filter_string=f"tags.`{STUDY_TAG}` = '{study}' and attributes.status = 'FINISHED'"
+    )
+    rows = []
+    for run in runs:
+        p, m = run.data.params, run.data.metrics
+        if "tokens_per_s" not in m:
+            continue
+        hist = {
+            k: [x.value for x in client.get_metric_history(run.info.run_id, k)]
+            for k in ("tokens_per_s", "tflops", "mfu")
+        }
+        world = int(p.get("world_size", 1))
+        degrees = {k: int(p.get(f"parallel.{k}", 1)) for k in _DEGREES}
+        if degrees["dp_shard"] < 1:  # -1: inferred from the world size (ParallelDims)
+            rest = math.prod(v for k, v in degrees.items() if k != "dp_shard")
+            degrees["dp_shard"] = max(1, world // rest)
+        model = {
+            k.removeprefix("model."): json.loads(v) if v[:1] in "[{" else v
+            for k, v in p.items()
+            if k.startswith("model.")
+        }
+        tps = _median_after(hist["tokens_per_s"], warmup)
+        rows.append(
+            StudyRow(
+                run_id=run.info.run_id,
+                layout=run.data.tags.get(LAYOUT_TAG, f"{world}p"),
+                recipe=p.get("recipe", run.data.tags.get("recipe", "?")),
+                world=world,
+                degrees=degrees,
+                tokens_per_s=tps,
+                per_proc=tps / world,
+                tflops=_median_after(hist["tflops"], warmup),
+                mfu=_median_after(hist["mfu"], warmup),
+                hardware=match_gpu(p.get("peak_source", "")) or "cpu",
+                model=model,
+                seq=_seq(p),
+                peak_flops=float(p.get("peak_flops_per_gpu", p.get("peak_flops", 0)) or 0),
+                batch=int(p.get("data.batch_size", 1)),
+            )
+        )
+    if not rows:
+        raise ConfigError(f"no finished MLflow runs tagged {STUDY_TAG}={study!r}")
+    return sorted(rows, key=lambda r: (r.recipe, r.world, r.layout))
+
+
+def _seq(params: dict[str, str]) -> int:
+    try:
+        t, h, w = (int(params[f"data.latent_{k}"]) for k in ("frames", "height", "width"))
+        pt, ph, pw = json.loads(params["model.patch"])
+    except (KeyError, ValueError, TypeError):
+        return 0
+    return (t // pt) * (h // ph) * (w // pw)
+
+
+def _model_config(row: StudyRow) -> ModelConfig | None:
+    if not row.model:
+        return None
+    fields = set(ModelConfig.__dataclass_fields__)
+    kw: dict[str, Any] = {}
+    for k, v in row.model.items():
+        if k not in fields:
+            continue
+        default = getattr(ModelConfig(), k)
+        if isinstance(default, bool):
+            kw[k] = str(v).lower() == "true"
+        elif isinstance(default, int) and not isinstance(default, bool):
+            kw[k] = int(v)
+        elif isinstance(default, float):
+            kw[k] = float(v)
+        elif isinstance(default, tuple):
+            kw[k] = tuple(v)
+        elif v in ("None", ""):
+            kw[k] = None
+        else:
+            kw[k] = int(v) if isinstance(v, str) and v.isdigit() else v
+    try:
+        return ModelConfig(**kw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _predict(row: StudyRow, gpu: GpuSpec, eff) -> float | None:
+    cfg = _model_config(row)
+    if cfg is None or row.seq <= 0:
+        return None
+    work = workload(cfg, seq_len=row.seq)
+    lay = Layout(**row.degrees, micro_batch=row.batch)
+    if lay.world != row.world:
+        return None
+    st = step_time(work, lay, gpu, eff)
+    return tokens_per_step_per_gpu(work, lay) / st.step_s * row.world
+
+
+def _spec(row: StudyRow) -> GpuSpec:
+    return PEAKS[row.hardware] if row.hardware in PEAKS else cpu_spec(row.peak_flops or 1e11)
+
+
+def add_derived(rows: list[StudyRow]) -> list[StudyRow]:
+    """Fill ``scaling_eff`` and ``predicted`` (planner calibrated on the 1-process runs)."""
+    from vfm_core.perf.calibrate import calibrate
+
+    base = {r.recipe: r for r in rows if r.world == 1}
+    for r in rows:
+        b = base.get(r.recipe)
+        r.scaling_eff = r.per_proc / b.per_proc if b and b.per_proc > 0 else None
+    for recipe, b in base.items():
+        gpu = _spec(b)
+        cfg = _model_config(b)
+        if cfg is None or b.seq <= 0:
+            continue
+        record = {"model": {k: getattr(cfg, k) for k in ModelConfig.__dataclass_fields__},
+                  "seq": b.seq, "micro_batch": b.batch,
+                  "tokens_per_s_per_gpu": b.per_proc}  # fmt: skip
+        try:
+            eff = _calibrated(record, gpu, calibrate)
+        except (ConfigError, ValueError, ZeroDivisionError):
+            continue
+        for r in rows:
+            if r.recipe == recipe:
+                r.predicted = _predict(r, gpu, eff)  # one machine type per study
+    return rows
+
+
+def _calibrated(record: dict[str, Any], gpu: GpuSpec, calibrate):
+    """Fit GEMM/attention efficiency of ``gpu`` to one measured record (calibrate() looks hardware
+    up by name, so the spec is registered for the duration of the fit)."""
+    key = f"_study_{gpu.name}"
+    PEAKS[key] = replace(gpu, name=key)
+    try:
+        return calibrate([{**record, "hardware": key}], hardware=key).efficiency
+    finally:
+        PEAKS.pop(key, None)
+
+
+def format_table(rows: list[StudyRow]) -> str:
+    head = ("layout", "recipe", "procs", "tokens/s", "per proc", "TFLOPS/proc", "MFU",
+            "scaling eff", "predicted tok/s", "pred/meas")  # fmt: skip
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        ratio = r.predicted / r.tokens_per_s if r.predicted and r.tokens_per_s else None
+        cells = (
+            r.layout, r.recipe, str(r.world), f"{r.tokens_per_s:,.0f}", f"{r.per_proc:,.0f}",
+            f"{r.tflops:.4f}", f"{r.mfu:.1%}",
+            "-" if r.scaling_eff is None else f"{r.scaling_eff:.2f}",
+            "-" if r.predicted is None else f"{r.predicted:,.0f}",
+            "-" if ratio is None else f"{ratio:.2f}",
+        )  # fmt: skip
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def plot(rows: list[StudyRow], out_dir: str | Path) -> list[Path]:
+    """Two PNGs: throughput per layout (measured vs predicted) and MFU / scaling efficiency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [f"{r.layout}\n({r.world}p)" for r in rows]
+    x = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(rows)), 3.5))
+    ax.bar([i - 0.2 for i in x], [r.tokens_per_s for r in rows], 0.4, label="measured")
+    ax.bar([i + 0.2 for i in x], [r.predicted or 0 for r in rows], 0.4, label="planner")
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("tokens/s (job)")
+    ax.legend()
+    ax.set_title("throughput by layout")
+    fig.tight_layout()
+    p1 = out / "throughput.png"
+    fig.savefig(p1, dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(rows)), 3.5))
+    ax.bar([i - 0.2 for i in x], [r.mfu for r in rows], 0.4, label="MFU per process")
+    eff = [r.scaling_eff if r.scaling_eff is not None else math.nan for r in rows]
+    ax.bar([i + 0.2 for i in x], eff, 0.4, label="scaling efficiency")
+    ax.set_xticks(x, labels)
+    ax.legend()
+    ax.set_title("MFU and scaling efficiency")
+    fig.tight_layout()
+    p2 = out / "efficiency.png"
+    fig.savefig(p2, dpi=100)
+    plt.close(fig)
+    return [p1, p2]
+
+
+def build_report(study: str, out_dir: str | Path, *, tracking_uri: str | None = None) -> dict:
+    """Rows + derived columns -> ``report.md``, ``rows.json`` and the PNGs under ``out_dir``."""
+    rows = add_derived(study_runs(study, tracking_uri=tracking_uri))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = format_table(rows)
+    (out / "report.md").write_text(f"# Scaling study `{study}`\n\n{table}\n")
+    (out / "rows.json").write_text(json.dumps([row_dict(r) for r in rows], indent=1))
+    pngs = plot(rows, out)
+    return {"study": study, "table": table, "rows": len(rows), "dir": str(out),
+            "files": [str(out / "report.md"), str(out / "rows.json"), *map(str, pngs)]}  # fmt: skip
+
+
+def row_dict(r: StudyRow) -> dict[str, Any]:
+    return {k: getattr(r, k) for k in StudyRow.__dataclass_fields__ if k != "model"}
