@@ -1,0 +1,44 @@
+"""The flags of ``vfm generate`` / ``python -m vfm_core.infer.main`` (kept free of torch imports so
+``vfm --help`` stays fast)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from vfm_core.infer.shapes import parse_size
+
+if TYPE_CHECKING:
+    from vfm_core.infer.generate import GenerateRequest
+
+
+def add_generate_args(ap: argparse.ArgumentParser) -> None:
+    """The flags shared by ``vfm generate`` and this entry point."""
+    ap.add_argument("--checkpoint", required=True, help="run dir of `vfm train` (or a step dir)")
+    ap.add_argument("--prompt", required=True, help="text prompt")
+    ap.add_argument("--frames", type=int, default=13, help="frames (rounded up to 1 + t_c*k)")
+    ap.add_argument("--size", default="64x64", help="HxW in pixels")
+    ap.add_argument("--seed", type=int, default=0, help="noise seed (same video on any --nproc)")
+    ap.add_argument("--out", required=True, help="output FILE.mp4 (+ FILE.gif, FILE.latent.npy)")
+    ap.add_argument("--steps", type=int, help="sampler steps (default: the run's config)")
+    ap.add_argument("--guidance", type=float, help="classifier-free guidance scale in [0, 30]")
+    ap.add_argument("--tokenizer", help="tokenizer dir (default: the run's data.tokenizer)")
+    ap.add_argument("--fps", type=int, default=8, help="frame rate of the MP4/GIF")
+    ap.add_argument("--no-gif", action="store_true", help="do not write FILE.gif")
+
+
+def request_from_args(args: argparse.Namespace) -> GenerateRequest:
+    from vfm_core.infer.generate import GenerateRequest  # noqa: F811 (torch-free import time)
+
+    h, w = parse_size(args.size)
+    return GenerateRequest(
+        prompt=args.prompt,
+        frames=args.frames,
+        height=h,
+        width=w,
+        seed=args.seed,
+        steps=args.steps,
+        guidance=args.guidance,
+        fps=args.fps,
+        gif=not args.no_gif,
+    )

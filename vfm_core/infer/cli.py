@@ -1,0 +1,90 @@
+"""``vfm generate``: the CLI contract, delegating to :mod:`vfm_core.infer`::
+
+    vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
+                 [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
+
+``--nproc 1`` (default) runs in this process. ``--nproc N`` embeds the prompt here (the text model
+loads once), then launches ``torchrun --standalone --nproc-per-node N -m vfm_core.infer.main`` so N
+context-parallel ranks denoise one video together (same noise, same video as one process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from vfm_core.infer.args import add_generate_args, request_from_args
+
+__all__ = ["add_parser", "run", "torchrun_argv"]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    g = sub.add_parser("generate", help="text -> video with a trained DiT (CP over --nproc ranks)")
+    add_generate_args(g)
+    g.add_argument("--nproc", type=int, default=1, help="context-parallel ranks (torchrun)")
+    g.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    return g
+
+
+def torchrun_argv(nproc: int, args: argparse.Namespace, text_emb: str) -> list[str]:
+    """``python -m torch.distributed.run`` command for ``nproc`` generation ranks."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    argv += [f"--nproc-per-node={nproc}", "-m", "vfm_core.infer.main"]
+    argv += ["--checkpoint", str(args.checkpoint), "--prompt", args.prompt]
+    argv += ["--frames", str(args.frames), "--size", args.size, "--seed", str(args.seed)]
+    argv += ["--out", str(args.out), "--fps", str(args.fps), "--text-emb", text_emb]
+    for flag in ("steps", "guidance", "tokenizer"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    if args.no_gif:
+        argv.append("--no-gif")
+    return argv
+
+
+def _report(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    h, w = result["size"]
+    print(
+        f"generated {result['frames']} frames at {h}x{w} on {result['ranks']} rank(s) in "
+        f"{result['sample_s']:.1f} s ({result['steps']} steps, guidance {result['guidance']:g}, "
+        f"decoder {result['decoder']})"
+    )
+    print(f"video: {result['mp4']}   gif: {result['gif']}   latents: {result['latent']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``vfm generate``; user errors raise GenerateError / CheckpointError (exit 2 upstream)."""
+    from vfm_core.infer.generate import embed_prompt, generate
+    from vfm_core.infer.shapes import GenerateError
+
+    request = request_from_args(args)  # checks --size before anything is loaded
+    if args.nproc < 1:
+        raise GenerateError(f"--nproc: must be >= 1, got {args.nproc}")
+    emb = embed_prompt(args.prompt)  # (1, Dt); empty prompt -> GenerateError
+    if args.nproc == 1:
+        result = generate(
+            args.checkpoint, request, args.out, tokenizer=args.tokenizer, text_emb=emb
+        )
+        _report(result.to_dict(), args.json)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="vfm-generate-") as tmp:
+        path = str(Path(tmp) / "prompt.npy")
+        np.save(path, emb, allow_pickle=False)
+        proc = subprocess.run(
+            torchrun_argv(args.nproc, args, path), stdout=subprocess.PIPE, text=True
+        )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(f"vfm generate: error: {args.nproc} ranks failed (exit {proc.returncode})",
+              file=sys.stderr)  # fmt: skip
+        return proc.returncode or 1
+    _report(json.loads(lines[-1]), args.json)
+    return 0

@@ -1,0 +1,149 @@
+"""Load a DiT for inference from a training run directory written by ``vfm train``.
+
+Accepted paths: the run directory (``DIR/config.yaml`` + ``DIR/checkpoints/step_*/``; the latest
+checkpoint is used) or one checkpoint folder ``DIR/checkpoints/step_XXXXXXXX`` (the config is read
+from ``DIR/config.yaml``). Before any tensor is read, the model section of ``config.yaml`` is
+compared with the one recorded in the checkpoint's ``state.json`` and every tensor name and shape
+the architecture needs is checked against the safetensors headers, so a checkpoint of another
+architecture is refused with a message naming the differing fields / tensors. Tensors are read
+with DCP's HuggingFace (safetensors) reader in no-dist mode, which also reassembles checkpoints
+written sharded by the parallel trainer. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+from vfm_core.config import Config, ConfigError, load_yaml, to_dict, validate
+from vfm_core.models.dit import DiT, build_model
+from vfm_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
+
+__all__ = ["LoadedDiT", "load_dit", "resolve_checkpoint"]
+
+
+@dataclass(kw_only=True, slots=True)
+class LoadedDiT:
+    """A DiT ready for sampling and where it came from."""
+
+    model: DiT
+    """The denoiser network in eval mode (EMA weights when the checkpoint has them)."""
+    cfg: Config
+    """The run's configuration (``config.yaml``)."""
+    checkpoint: Path
+    """The ``step_XXXXXXXX`` folder the weights came from."""
+    step: int
+    """Training step of that checkpoint."""
+    weights: str
+    """Which weights were loaded: ``"ema"`` or ``"model"``."""
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """(run directory, checkpoint folder) for a run directory or a ``step_*`` folder."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"--checkpoint {p}: no such directory")
+    if (p / STATE_FILE).is_file():  # a step folder: DIR/checkpoints/step_X
+        run = p.parent.parent
+        if not (run / "config.yaml").is_file():
+            raise CheckpointError(
+                f"--checkpoint {p}: no config.yaml in the run directory {run} "
+                "(expected the layout written by `vfm train`)"
+            )
+        return run, p
+    if not (p / "config.yaml").is_file():
+        raise CheckpointError(
+            f"--checkpoint {p}: not a `vfm train` run directory (no config.yaml and no "
+            f"{STATE_FILE}); a tokenizer directory goes to --tokenizer"
+        )
+    latest = CheckpointManager(p).latest()
+    if latest is None:
+        raise CheckpointError(f"--checkpoint {p}: the run has no finished checkpoint yet")
+    return p, latest
+
+
+def _saved_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> full shape from the safetensors headers (sharded tensors: the union)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"checkpoint {ckpt}: no *.safetensors files")
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                meta = st.metadata() or {}
+                info = json.loads(meta.get("DCP_SHARDING_INFO", "{}"))
+                for name in st.keys():
+                    shape = tuple(st.get_slice(name).get_shape())
+                    offs = info.get(name, {}).get("saved_offsets") or [0] * len(shape)
+                    full = tuple(o + s for o, s in zip(offs, shape))
+                    old = shapes.get(name, full)
+                    shapes[name] = tuple(max(a, b) for a, b in zip(old, full))
+        except (OSError, ValueError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"checkpoint {ckpt}: cannot read {f.name} ({e})") from None
+    return shapes
+
+
+def _check_arch(run: Path, ckpt: Path, cfg: Config, meta: dict[str, Any]) -> None:
+    saved = meta.get("meta", {}).get("model")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {ckpt}: state.json records no model config")
+    now = to_dict(cfg.model)
+    diff = [k for k in now if k != "attn_backend" and saved.get(k) != now[k]]
+    if diff:
+        shown = ", ".join(
+            f"model.{k}: checkpoint {saved.get(k)!r} vs config {now[k]!r}" for k in diff[:4]
+        )
+        raise CheckpointError(
+            f"checkpoint {ckpt} holds another architecture than {run / 'config.yaml'} ({shown})"
+        )
+
+
+def load_dit(
+    path: str | Path, *, prefer_ema: bool = True, device: str | torch.device = "cpu"
+) -> LoadedDiT:
+    """Build the run's DiT and load its weights (see the module docstring)."""
+    run, ckpt = resolve_checkpoint(path)
+    try:
+        cfg = validate(load_yaml(run / "config.yaml"))
+    except ConfigError as e:
+        raise CheckpointError(f"--checkpoint {run}: {e}") from None
+    doc = CheckpointManager.read_meta(ckpt)
+    _check_arch(run, ckpt, cfg, doc)
+    model = build_model(cfg.model, device="cpu")
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    saved = _saved_shapes(ckpt)
+    prefix = "ema" if prefer_ema and any(k.startswith("ema.") for k in saved) else "model"
+    missing = [k for k in expected if f"{prefix}.{k}" not in saved]
+    wrong = [
+        f"{k}: checkpoint {saved[f'{prefix}.{k}']} vs model {s}"
+        for k, s in expected.items()
+        if f"{prefix}.{k}" in saved and saved[f"{prefix}.{k}"] != s
+    ]
+    if missing or wrong:
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not fit the {cfg.model.arch!r} architecture of "
+            f"{run / 'config.yaml'}: {len(missing)} tensors missing (e.g. {missing[:3]}), "
+            f"{len(wrong)} with another shape (e.g. {wrong[:2]})"
+        )
+    buffers = {f"{prefix}.{k}": torch.empty(s) for k, s in expected.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            dcp.load(buffers, storage_reader=HuggingFaceStorageReader(str(ckpt)), no_dist=True)
+        except Exception as e:  # DCP wraps reader errors in CheckpointException
+            raise CheckpointError(f"checkpoint {ckpt}: cannot load tensors ({e})") from None
+    state = {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
+    model.load_state_dict(state, strict=True)
+    model = model.to(device).eval().requires_grad_(False)
+    return LoadedDiT(
+        model=model, cfg=cfg, checkpoint=ckpt, step=int(doc.get("step", 0)), weights=prefix
+    )

@@ -1,0 +1,68 @@
+"""Writing generated videos: [-1, 1] tensors -> uint8 frames -> MP4 (H.264), GIF, latent .npy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vfm_core.video.io import encode_h264
+
+__all__ = ["latent_preview", "to_uint8_frames", "write_outputs"]
+
+
+def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
+    """(3, F, H, W) in [-1, 1] -> (F, H, W, 3) uint8 (values outside [-1, 1] are clamped)."""
+    x = ((video.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(1, 2, 3, 0).contiguous().numpy()  # (F, H, W, 3)
+
+
+def latent_preview(
+    latent: torch.Tensor, *, temporal_factor: int, spatial_factor: int
+) -> torch.Tensor:
+    """A look at a latent without a tokenizer: (1, C, T', h, w) -> (1, 3, 1 + t_c(T'-1), H, W).
+
+    The first 3 channels (repeated if C < 3), each scaled by its std and squashed with tanh; frame 0
+    alone then every latent frame repeated ``t_c`` times (the causal layout); nearest up-sampling.
+    """
+    z = latent.float()
+    c = z.shape[1]
+    z = z[:, [i % c for i in range(3)]]  # (1, 3, T', h, w)
+    z = torch.tanh(z / (z.std(dim=(2, 3, 4), keepdim=True) + 1e-6))
+    first, rest = z[:, :, :1], z[:, :, 1:].repeat_interleave(temporal_factor, dim=2)
+    z = torch.cat([first, rest], dim=2)  # (1, 3, F, h, w)
+    z = z.repeat_interleave(spatial_factor, dim=3).repeat_interleave(spatial_factor, dim=4)
+    return z  # (1, 3, F, H, W)
+
+
+def write_outputs(
+    frames: np.ndarray, latent: np.ndarray, out: str | Path, *, fps: int, gif: bool = True
+) -> dict[str, str | None]:
+    """Write ``out`` (MP4), ``out.gif`` (if ``gif`` and Pillow is installed) and
+    ``out.latent.npy``; frames (F, H, W, 3) uint8, latent (C, T', h, w). Returns the paths."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fps <= 0:
+        raise ValueError(f"fps: must be positive, got {fps}")
+    encode_h264(frames, out, fps=fps, crf=18)
+    lat_path = out.with_suffix(".latent.npy")
+    np.save(lat_path, np.ascontiguousarray(latent, dtype=np.float32), allow_pickle=False)
+    gif_path = None
+    if gif:
+        try:
+            from PIL import Image
+        except ImportError:
+            Image = None
+        if Image is not None:
+            imgs = [Image.fromarray(f) for f in frames]
+            gif_path = out.with_suffix(".gif")
+            imgs[0].save(
+                gif_path,
+                save_all=True,
+                append_images=imgs[1:],
+                duration=max(1, round(1000 / fps)),
+                loop=0,
+            )
+            gif_path = str(gif_path)
+    return {"mp4": str(out), "gif": gif_path, "latent": str(lat_path)}
