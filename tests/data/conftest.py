@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from datagen import hash_embed, make_clips
+from datagen import free_port, hash_embed, make_clips
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +33,6 @@ def shard_dir(clips_dir, tmp_path_factory) -> Path:
         config=ShardWriterConfig(target_shard_bytes=20_000),
     )
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,9 @@ def craft_dataset(root: Path, samples: dict[str, list[tuple[str, bytes]]], dim: 
     index = DatasetIndex(root=str(root), shards=shards, samples=samples_df, embedding_dim=dim)
     write_index(index)
     return index
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from conftest import free_port
+from datagen import free_port
 from loader_worker import batch_digest, mp_rank_main
 
 from vfm_core.data.loader import LoaderStateError, build_loader

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vfm_core.data.shards import ShardError
+from vfm_core.data.shard_reader import ShardError
 
 _FAILED = -1
 

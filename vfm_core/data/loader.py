@@ -27,7 +27,13 @@ from vfm_core.data.blend import BucketPlanner, BucketSpec, assign_bucket
 from vfm_core.data.index import DatasetIndex, read_index
 from vfm_core.data.packing import PackLayout
 from vfm_core.data.plan import GlobalOrder, Planner
-from vfm_core.data.shards import SampleError, ShardError, parse_sample, read_raw, verify_shards
+from vfm_core.data.shard_reader import (
+    SampleError,
+    ShardError,
+    parse_sample,
+    read_raw,
+    verify_shards,
+)
 from vfm_core.models.layers import Grid
 
 STATE_VERSION = 1
