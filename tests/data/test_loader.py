@@ -181,3 +181,19 @@ def test_model_parallel_read_then_gather(shard_dir, tmp_path):
         assert sum(mine) == solo.bytes_read
         for r in (2 * dp_rank, 2 * dp_rank + 1):
             assert 0.3 < res[r]["total"] / solo.bytes_read < 0.7  # ~1/2 each (2 of 4 samples)
+
+
+@pytest.mark.parametrize("mode", [{}, PACKED], ids=["unpacked", "packed"])
+def test_prefetch_changes_neither_batches_nor_state(shard_dir, mode):
+    kw = {"seed": 9, "batch_size": 2, "num_workers": 2, **mode}
+    plain = build_loader(shards=str(shard_dir), **kw)
+    ahead = build_loader(shards=str(shard_dir), prefetch=2, **kw)
+    for _ in range(3):
+        assert batch_digest(ahead.next_batch()) == batch_digest(plain.next_batch())
+        assert ahead.state_dict() == plain.state_dict()  # the delivered step, not the prefetched
+    state = ahead.state_dict()
+    want = [batch_digest(plain.next_batch()) for _ in range(3)]
+    ahead.next_batch()  # move on, then restore: prefetched steps are dropped
+    ahead.load_state_dict(state)
+    assert [batch_digest(ahead.next_batch()) for _ in range(3)] == want
+    ahead.close()

@@ -16,9 +16,9 @@ from __future__ import annotations
 import io
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -27,6 +27,7 @@ from vfm_core.data.blend import BucketPlanner, BucketSpec, assign_bucket
 from vfm_core.data.index import DatasetIndex, read_index
 from vfm_core.data.packing import PackLayout
 from vfm_core.data.plan import GlobalOrder, Planner
+from vfm_core.data.shard_batch import Batch, Sample
 from vfm_core.data.shard_reader import (
     SampleError,
     ShardError,
@@ -44,56 +45,18 @@ class LoaderStateError(ValueError):
     """A loader state that does not belong to this dataset / configuration."""
 
 
-@dataclass(kw_only=True, slots=True)
-class Sample:
-    """One loaded sample."""
-
-    key: str
-    position: int
-    """Global position in the sample order (epoch * N + slot)."""
-    index: int
-    """Row of the sample in the dataset index."""
-    meta: dict[str, Any]
-    txt_emb: np.ndarray
-    """(L, D) float32 caption embedding."""
-    grid: Grid
-    """Latent token grid (t, h, w) after tokenizer and patchify, from the index."""
-    sigma: float
-    """Training noise level of this sample, log-normal, a pure function of (seed, position)."""
-    frames: np.ndarray | None = None
-    """(T, H, W, 3) uint8 decoded clip (``decode="frames"``)."""
-    mp4: bytes | None = None
-    """Encoded clip (``decode="none"``)."""
-    latent: np.ndarray | None = None
-    """(C, T, H, W) float32 latents when the shard has them."""
-    bucket: tuple[int, int, int] | None = None
-    """(height, width, frames) training shape when bucketing (crop/resize target)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Batch:
-    """What one step of one rank gets. ``batch.keys`` or ``batch["keys"]``."""
-
-    keys: list[str]
-    samples: list[Sample]
-    packs: list[PackLayout] | None
-    """One layout per pack (packed mode), each listing its samples in ``pack_members``."""
-    pack_members: list[list[int]] = field(default_factory=list)
-    """For every pack, indices into ``samples``."""
-    step: int = 0
-    skipped: list[str] = field(default_factory=list)
-    """Keys of bad samples dropped from this batch (logged, counted)."""
-    bytes_read: int = 0
-    """Bytes this rank read from storage for this batch."""
-    source: int = 0
-    """Dataset of the batch when blending (:class:`~vfm_core.data.blend.BlendedLoader`)."""
-
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
-
-
 class ShardLoader:
-    """Iterable loader; see the module docstring. Use :func:`build_loader`."""
+    """Iterable loader; see the module docstring. Use :func:`build_loader`.
+
+    ``batch_size``: samples (unpacked) or packs (``max_tokens``) per step and DP rank.
+    ``decode``: ``"frames"`` decodes clips to uint8 (T, H, W, 3) unless the shard has latents;
+    ``"none"`` hands out the encoded mp4. ``patch`` / ``compression``: turn a sample's geometry
+    into its token grid (for packing). ``buffer_size`` / ``slack``: packing buffer and fill
+    target. ``on_error``: skip (count, log) or raise on a bad sample. ``p_mean`` / ``p_std``:
+    log-normal sigma per sample. ``mp_group``: model-parallel group that reads 1/k each and
+    all-gathers. ``buckets``: same-shape batches (unpacked). ``prefetch``: steps built ahead in a
+    background thread (not with ``mp_group``); never changes batches or state.
+    """
 
     def __init__(
         self,
@@ -115,6 +78,7 @@ class ShardLoader:
         p_std: float = 1.2,
         mp_group: Any = None,
         buckets: BucketSpec | None = None,
+        prefetch: int = 0,
     ) -> None:
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
@@ -165,6 +129,13 @@ class ShardLoader:
         self.skipped_total = 0
         self.bytes_read = 0
         self._pool = ThreadPoolExecutor(num_workers) if num_workers > 0 else None
+        if prefetch < 0:
+            raise ValueError(f"prefetch={prefetch} must be >= 0")
+        self.prefetch = prefetch
+        self._ahead: deque[tuple[dict[str, Any], Future[Batch]]] = deque()
+        # prefetch overlaps reading with training; collectives (mp_group) stay on the caller
+        use = prefetch > 0 and mp_group is None
+        self._ahead_pool = ThreadPoolExecutor(1, "vfm-prefetch") if use else None
 
     # ------------------------------------------------------------------ geometry
     def _grid(self, i: int) -> Grid:
@@ -250,8 +221,8 @@ class ShardLoader:
         )
 
     # ------------------------------------------------------------------ iteration
-    def next_batch(self) -> Batch:
-        plan = self.planner.next_step(self.dp_size)[self.dp_rank]  # this rank's groups
+    def _build(self, plan: list[list[int]], step: int) -> Batch:
+        """Read, check and decode the samples of one planned step (this rank's groups)."""
         positions = [p for g in plan for p in g]
         before = self.bytes_read
         raws = self._read_all([self.order.sample(p) for p in positions])
@@ -276,7 +247,6 @@ class ShardLoader:
                 continue
             where[j] = len(samples)
             samples.append(s)
-        self.skipped_total += len(skipped)
         packs, members = None, []
         if self.max_tokens is not None:
             packs, j0 = [], 0
@@ -292,10 +262,35 @@ class ShardLoader:
             samples=samples,
             packs=packs,
             pack_members=members,
-            step=self.planner.state.steps,
+            step=step,
             skipped=skipped,
             bytes_read=self.bytes_read - before,
         )
+
+    def _plan(self) -> tuple[dict[str, Any], list[list[int]], int]:
+        before = self.planner.state_dict()
+        plan = self.planner.next_step(self.dp_size)[self.dp_rank]  # this rank's groups
+        return before, plan, self.planner.state.steps
+
+    def next_batch(self) -> Batch:
+        if self._ahead_pool is None:
+            _, plan, step = self._plan()
+            batch = self._build(plan, step)
+        else:  # keep `prefetch` steps in flight; the state stays at the last delivered step
+            while len(self._ahead) <= self.prefetch:
+                before, plan, step = self._plan()
+                self._ahead.append((before, self._ahead_pool.submit(self._build, plan, step)))
+            batch = self._ahead.popleft()[1].result()
+        self.skipped_total += len(batch.skipped)
+        return batch
+
+    def _drop_prefetched(self) -> dict[str, Any] | None:
+        """Wait for and discard prefetched steps; the planner state before the first of them."""
+        first = self._ahead[0][0] if self._ahead else None
+        for _, fut in self._ahead:
+            fut.exception()  # wait; a failed prefetch is simply dropped
+        self._ahead.clear()
+        return first
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
@@ -320,7 +315,7 @@ class ShardLoader:
             "version": STATE_VERSION,
             "kind": "shard_loader",
             **self._fingerprint(),
-            "planner": self.planner.state_dict(),
+            "planner": self._ahead[0][0] if self._ahead else self.planner.state_dict(),
             "skipped_total": self.skipped_total,
         }
 
@@ -342,12 +337,15 @@ class ShardLoader:
                 + "; ".join(diff)
                 + "); dp_size and num_workers may change, these may not"
             )
+        self._drop_prefetched()
         self.planner.load_state_dict(state["planner"])
         self.skipped_total = int(state.get("skipped_total", 0))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        self._drop_prefetched()
+        for pool in (self._pool, self._ahead_pool):
+            if pool is not None:
+                pool.shutdown(wait=False)
 
 
 def build_loader(

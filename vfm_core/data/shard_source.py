@@ -65,6 +65,7 @@ class ShardLatentSource:
             compression=(ct, cs, cs),
             patch=tuple(model.patch),
             buckets=BucketSpec(resolutions=(self.pixels,), durations=(self.frames,)),
+            prefetch=1,  # read + decode the next step while this one trains
         )
         if self.loader.index.embedding_dim != model.text_dim:
             raise ConfigError(
