@@ -200,3 +200,13 @@ def test_s3_transient_errors_retried_then_clear(s3_server, tmp_path, monkeypatch
             read_range(shard, *span, retries=2, backoff=0.05)
     finally:
         server.start()
+
+
+def test_index_latent_shape_is_checked(tmp_path):
+    dataset(tmp_path / "d")
+    path = tmp_path / "d" / "index.json"
+    doc = json.loads(path.read_text())
+    doc["samples"][1]["latent_shape"] = [4, 2, "x"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DatasetIndexError, match="latent_shape"):
+        read_index(str(tmp_path / "d"))

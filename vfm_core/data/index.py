@@ -29,6 +29,10 @@ class DatasetIndexError(ValueError):
     shards; the message names the index URL and the problem."""
 
 
+def _is_latent_shape(v: object) -> bool:
+    return isinstance(v, list) and len(v) == 4 and all(type(x) is int and x > 0 for x in v)
+
+
 ShardTable = pa.DataFrameSchema(
     {
         "name": pa.Column(str, pa.Check.str_matches(r"^[A-Za-z0-9_.-]+\.tar$"), unique=True),
@@ -49,7 +53,11 @@ SampleTable = pa.DataFrameSchema(
         "frames": pa.Column(int, pa.Check.gt(0)),
         "height": pa.Column(int, pa.Check.gt(0)),
         "width": pa.Column(int, pa.Check.gt(0)),
-        "latent_shape": pa.Column(object, nullable=True),
+        "latent_shape": pa.Column(
+            object,
+            pa.Check(_is_latent_shape, element_wise=True, error="[C, T, H, W] positive ints"),
+            nullable=True,
+        ),
     },
     strict=True,
     coerce=False,
