@@ -19,21 +19,27 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
 
 
 def latent_preview(
-    latent: torch.Tensor, *, temporal_factor: int, spatial_factor: int
+    latent: torch.Tensor,
+    *,
+    temporal_factor: int,
+    spatial_factor: int,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """A look at a latent without a tokenizer: (1, C, T', h, w) -> (1, 3, 1 + t_c(T'-1), H, W).
+    """A look at a latent without a tokenizer: (B, C, T', h, w) -> (B, 3, 1 + t_c(T'-1), H, W).
 
-    The first 3 channels (repeated if C < 3), each scaled by its std and squashed with tanh; frame 0
-    alone then every latent frame repeated ``t_c`` times (the causal layout); nearest up-sampling.
+    The first 3 channels (repeated if C < 3) divided by ``scale`` (None: each clip's channel std)
+    and squashed with tanh; frame 0 alone then every latent frame repeated ``t_c`` times (the
+    causal layout); nearest up-sampling. A fixed ``scale`` keeps clips comparable (evaluation).
     """
     z = latent.float()
     c = z.shape[1]
-    z = z[:, [i % c for i in range(3)]]  # (1, 3, T', h, w)
-    z = torch.tanh(z / (z.std(dim=(2, 3, 4), keepdim=True) + 1e-6))
+    z = z[:, [i % c for i in range(3)]]  # (B, 3, T', h, w)
+    div = z.std(dim=(2, 3, 4), keepdim=True) + 1e-6 if scale is None else scale
+    z = torch.tanh(z / div)
     first, rest = z[:, :, :1], z[:, :, 1:].repeat_interleave(temporal_factor, dim=2)
-    z = torch.cat([first, rest], dim=2)  # (1, 3, F, h, w)
+    z = torch.cat([first, rest], dim=2)  # (B, 3, F, h, w)
     z = z.repeat_interleave(spatial_factor, dim=3).repeat_interleave(spatial_factor, dim=4)
-    return z  # (1, 3, F, H, W)
+    return z  # (B, 3, F, H, W)
 
 
 def write_outputs(
