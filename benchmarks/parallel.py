@@ -1,0 +1,170 @@
+"""Parallel training: bytes communicated and step time per layout, and the paper's CP volume table.
+
+    .venv/bin/python benchmarks/parallel.py [--steps 3] [--skip-measured]
+
+1. **Measured (CPU, gloo)**: one fwd + bwd + gradient sync of ``dit-tiny`` (256 tokens, hidden 256,
+   depth 4, fp32) / ``stdit-tiny`` on the same global batch of 4 for each layout; bytes each rank
+   sends per step (counted on every c10d collective by ``CommCounter``) and the median step time.
+   Gloo on 2 shared cores is not a speed test: read the bytes, take the time as context only.
+2. **On paper**: per attention layer (fwd + bwd, bf16, per rank) bytes of ring P2P vs all-to-all
+   context parallelism for ST-DiT spatial / temporal and full attention at the paper's shapes
+   (b=1, 16 x 44 x 80 = 56,320 tokens), with the attention compute per rank and the H100 NVLink
+   time — the numbers the hybrid (all-to-all for spatial/temporal, ring for full) rests on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "parallel"))
+from parallel_harness import run_ranks  # noqa: E402  (the tests' one spawning harness)
+
+from vfm_core.parallel.comm_stats import alltoall_bytes, ring_bytes  # noqa: E402
+from vfm_core.perf.hardware import PEAKS  # noqa: E402
+
+GLOBAL_BATCH = 4
+LAYOUTS = [  # (label, recipe, world, degrees, options)
+    ("1 process", "dit-tiny", 1, {}, {}),
+    ("FSDP2", "dit-tiny", 2, dict(dp_shard=2), {}),
+    ("TP2", "dit-tiny", 2, dict(tp=2), dict(sequence_parallel=False)),
+    ("TP2+SP", "dit-tiny", 2, dict(tp=2), dict(sequence_parallel=True)),
+    ("CP2 ring", "dit-tiny", 2, dict(cp=2), dict(cp_mode="ring")),
+    ("CP2 all-to-all", "dit-tiny", 2, dict(cp=2), dict(cp_mode="alltoall")),
+    ("ST-DiT 1 process", "stdit-tiny", 1, {}, {}),
+    ("ST-DiT CP2 hybrid", "stdit-tiny", 2, dict(cp=2), dict(cp_mode="hybrid")),
+    ("FSDP2 x TP2+SP", "dit-tiny", 4, dict(dp_shard=2, tp=2), {}),
+    ("TP2+SP x CP2 ring", "dit-tiny", 4, dict(tp=2, cp=2), dict(cp_mode="ring")),
+]
+
+
+def _step_worker(rank, world, recipe, degrees, options, steps):
+    from vfm_core.diffusion.edm import create_diffusion
+    from vfm_core.models.dit import build_model
+    from vfm_core.parallel.comm_stats import CommCounter
+    from vfm_core.parallel.dims import ParallelDims
+    from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
+    from vfm_core.recipes import get_recipe
+
+    cfg = get_recipe(recipe)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    dims = ParallelDims(**degrees, world_size=world)
+    if world > 1:
+        model = parallelize_dit(model, parallel_dims=dims, **options)
+    b = GLOBAL_BATCH // dims.dp
+    d, m = cfg.data, cfg.model
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(b, m.in_channels, d.latent_frames, d.latent_height, d.latent_width,
+                     generator=g) * 0.5  # (b, C, T, H, W)
+    text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (b, L, Dt)
+    sigma, noise = torch.ones(b), torch.randn(x0.shape, generator=g)
+    edm = create_diffusion(cfg.diffusion)
+
+    def step():
+        edm.loss(model, x0, text, sigma=sigma, noise=noise).mean().backward()
+        sync_grads(model)
+        model.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    with CommCounter() as counter:
+        step()
+    times = []
+    for _ in range(steps):
+        if world > 1:
+            torch.distributed.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"bytes": counter.bytes, "by_op": dict(counter.by_op), "time": statistics.median(times)}
+
+
+def measured(steps: int) -> list[dict]:
+    rows = []
+    for label, recipe, world, degrees, options in LAYOUTS:
+        res = run_ranks(_step_worker, world, recipe, degrees, options, steps)
+        ops: dict[str, float] = {}
+        for r in res:
+            for k, v in r["by_op"].items():
+                ops[k] = ops.get(k, 0.0) + v / world
+        rows.append(
+            {
+                "layout": label,
+                "ranks": world,
+                "mb_per_rank": max(r["bytes"] for r in res) / 2**20,
+                "ops": {k: round(v / 2**20, 3) for k, v in sorted(ops.items())},
+                "step_s": max(r["time"] for r in res),
+            }
+        )
+        print(f"  {label}: {rows[-1]['mb_per_rank']:.2f} MiB/rank, {rows[-1]['step_s']:.3f} s",
+              file=sys.stderr)
+    return rows
+
+
+def paper_table(hidden: int = 5120, heads: int = 40) -> list[dict]:
+    """stdit-12b width; b=1, t=16, h*w=44*80 latent tokens; bf16; H100 SXM."""
+    h100 = PEAKS["H100 SXM"]
+    link = h100.nvlink_gbps / 2 * 1e9  # bytes/s one direction
+    peak = h100.bf16_tflops * 1e12
+    b, t, hw = 1, 16, 44 * 80
+    n = t * hw
+    rows = []
+    for cp in (2, 4, 8):
+        ring = ring_bytes(b=b, tokens=n, dim_kv=hidden, cp=cp)
+        a2a = alltoall_bytes(b=b, tokens=n, dim=hidden, dim_kv=hidden, cp=cp)
+        for layout, group in (("spatial", hw), ("temporal", t), ("full", n)):
+            # QK^T and PV: 4 * b * N * group * D forward, x3 with backward, split over cp ranks
+            flops = 3 * 4 * b * n * group * hidden / cp
+            rows.append(
+                {
+                    "layout": layout,
+                    "cp": cp,
+                    "ring_mb": ring / 2**20,
+                    "a2a_mb": a2a / 2**20,
+                    "ring_over_a2a": ring / a2a,
+                    "compute_ms": flops / peak * 1e3,
+                    "ring_ms": ring / link * 1e3,
+                    "a2a_ms": a2a / link * 1e3,
+                }
+            )
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--skip-measured", action="store_true")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    args = ap.parse_args()
+    out: dict = {}
+    if not args.skip_measured:
+        out["measured"] = measured(args.steps)
+        print("\n| layout | ranks | MiB sent / rank / step | by collective (MiB, mean/rank) | "
+              "step s (CPU, context only) |\n|---|---|---|---|---|")
+        for r in out["measured"]:
+            ops = ", ".join(f"{k} {v}" for k, v in r["ops"].items()) or "-"
+            print(f"| {r['layout']} | {r['ranks']} | {r['mb_per_rank']:.2f} | {ops} | "
+                  f"{r['step_s']:.3f} |")
+    out["paper"] = paper_table()
+    print("\nPer attention layer, fwd+bwd, bf16, per rank; stdit-12b width 5120; b=1, "
+          "16x44x80 = 56,320 tokens; H100 SXM: 989 TFLOP/s dense bf16, NVLink 450 GB/s per "
+          "direction.\n")
+    print("| attention | cp | ring MiB | all-to-all MiB | ring / a2a | attn compute ms | "
+          "ring comm ms | a2a comm ms |\n|---|---|---|---|---|---|---|---|")
+    for r in out["paper"]:
+        print(f"| {r['layout']} | {r['cp']} | {r['ring_mb']:.0f} | {r['a2a_mb']:.0f} | "
+              f"{r['ring_over_a2a']:.2f} | {r['compute_ms']:.3f} | {r['ring_ms']:.3f} | "
+              f"{r['a2a_ms']:.3f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
