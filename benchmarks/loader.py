@@ -1,7 +1,7 @@
 """Loader benchmark: padding with packing vs pad-to-max, loader throughput, bytes read per rank
 with and without model-parallel read-then-gather, time to the first batch after a restore.
 
-    python benchmarks/loader.py [--samples 20000] [--clips 96] [--out DIR] [--json]
+    python benchmarks/loader.py [--samples 20000] [--clips 96] [--out DIR] [--json] [--s3]
 
 1. Padding on a realistic mixed length distribution (metadata only, 20k samples): 25% images
    (256², 512x512, 432x768), 75% clips of 1–8 s at 16 fps at 256x256, 320x576 or 480x848;
@@ -126,7 +126,7 @@ def make_dataset(root: Path, n: int) -> Path:
     return root / "shards"
 
 
-def throughput(shards: Path, steps: int) -> list[dict]:
+def throughput(shards: Path | str, steps: int) -> list[dict]:
     from vfm_core.data.loader import build_loader
 
     rows = []
@@ -199,7 +199,7 @@ def bytes_per_rank(shards: Path, steps: int, tmp: Path) -> dict:
     }
 
 
-def restore_latency(shards: Path) -> dict:
+def restore_latency(shards: Path | str) -> dict:
     from vfm_core.data.loader import build_loader
 
     out = {}
@@ -216,6 +216,27 @@ def restore_latency(shards: Path) -> dict:
     return out
 
 
+def upload_to_moto(shards: Path) -> str:
+    """Start moto's S3 server on loopback (kept for this process) and copy the shards there."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from vfm_core import storage
+
+    port = _free_port()
+    ThreadedMotoServer(ip_address="127.0.0.1", port=port).start()
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    boto3.client("s3").create_bucket(Bucket="bench")
+    for f in sorted(shards.iterdir()):
+        storage.put_file(f, f"s3://bench/shards/{f.name}")
+    return "s3://bench/shards"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=20000)
@@ -223,6 +244,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--s3", action="store_true", help="also: loader over moto S3 on 127.0.0.1")
     args = ap.parse_args()
     tmp = Path(args.out or tempfile.mkdtemp(prefix="vfm-loader-bench-"))
     res: dict = {"padding": padding_bench(args.samples)}
@@ -230,6 +252,10 @@ def main() -> None:
     res["throughput"] = throughput(shards, args.steps)
     res["bytes"] = bytes_per_rank(shards, args.steps, tmp)
     res["restore"] = restore_latency(shards)
+    if args.s3:
+        url = upload_to_moto(shards)
+        res["s3_throughput"] = throughput(url, args.steps)
+        res["s3_restore"] = restore_latency(url)
     if args.json:
         print(json.dumps(res, indent=1))
         return
@@ -257,8 +283,14 @@ def main() -> None:
         f"without: {b['bytes_per_rank_no_gather']} bytes per rank"
     )
     print("\n## time to first batch after restore (after 20 steps)")
-    for mode, r in res["restore"].items():
-        print(f"{mode}: {r['first_batch_s'] * 1000:.0f} ms, state {r['state_bytes']} bytes JSON")
+    for where in ("restore", "s3_restore"):
+        for mode, r in res.get(where, {}).items():
+            print(
+                f"{where} {mode}: {r['first_batch_s'] * 1000:.0f} ms, "
+                f"state {r['state_bytes']} bytes JSON"
+            )
+    for r in res.get("s3_throughput", []):
+        print(f"S3 | {r['mode']} | {r['workers']} | {r['samples_s']:.1f} | {r['tokens_s']:.0f} |")
 
 
 if __name__ == "__main__":
