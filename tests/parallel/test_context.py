@@ -117,6 +117,10 @@ def _measured_bytes(rank, world):
         with CommCounter() as counter:
             fn(*loc).backward(seq_chunk(dout, rank, world, dim=2))
         out[name] = counter.bytes
+    loc = [seq_chunk(t, rank, world, dim=2).clone().requires_grad_() for t in (q, k, v)]
+    with CommCounter() as counter:  # GRID has 4 frames: 2 whole frames per rank, no traffic
+        cp_attention(group, "hybrid")(*loc, grid=GRID, layout="spatial").sum().backward()
+    out["hybrid_spatial"] = counter.bytes
     n = q.shape[2]
     out["ring_formula"] = ring_bytes(b=2, tokens=n, dim_kv=2 * 8, cp=world, elem=8)
     out["a2a_formula"] = alltoall_bytes(b=2, tokens=n, dim=4 * 8, dim_kv=2 * 8, cp=world, elem=8)
@@ -154,6 +158,7 @@ def test_ring_and_alltoall_equal_full_attention_forward_and_backward():
         by = r["bytes"]
         assert by["ring"] == by["ring_formula"] > 0, by
         assert by["a2a"] == by["a2a_formula"] > 0, by
+        assert by["hybrid_spatial"] == 0, by
     # bad inputs get errors naming the input and the problem
     msgs = results[0]["messages"]
     assert "3 heads not divisible by cp=2" in msgs[0]

@@ -172,17 +172,30 @@ def ulysses_attention(
     return heads_to_seq(out, group)  # (B, Hq, n, d)
 
 
+def local_attention(q, k, v, *, grid: Grid) -> torch.Tensor:
+    """Spatial attention of a chunk of whole frames ``grid`` = (local t, h, w): no communication."""
+    b = q.shape[0]
+    q, k, v = (_group(t, grid, "spatial") for t in (q, k, v))  # (B*t, H, h*w, d)
+    return _ungroup(attention(q, k, v), b, grid, "spatial")  # (B, Hq, n, d)
+
+
 def cp_attention(group: dist.ProcessGroup, mode: CPMode = "hybrid") -> Callable[..., torch.Tensor]:
     """The attention callable for a context-parallel self-attention (``Attention.attn_fn``).
 
     ``ring``: ring for every layout (spatial/temporal need the local chunk to hold whole groups,
     so ring is only valid for ``full``); ``alltoall``: all-to-all for every layout; ``hybrid``
-    (paper, ST-DiT): all-to-all for spatial/temporal, ring for full attention.
+    (paper, ST-DiT): all-to-all for spatial/temporal, ring for full attention — and spatial
+    attention with no communication at all when every rank's chunk holds whole frames
+    (latent frames divisible by the CP degree), since tokens are split in (t, h, w) raster order.
     """
     if mode not in ("ring", "alltoall", "hybrid"):
         raise ValueError(f"context-parallel mode {mode!r} unknown (ring | alltoall | hybrid)")
 
     def attn_fn(q, k, v, *, grid: Grid | None = None, layout: str = "full") -> torch.Tensor:
+        if mode == "hybrid" and layout == "spatial" and grid is not None:
+            p = dist.get_world_size(group)
+            if grid[0] % p == 0:  # the chunk holds whole frames: spatial attention is local
+                return local_attention(q, k, v, grid=(grid[0] // p, grid[1], grid[2]))
         use_ring = mode == "ring" or (mode == "hybrid" and layout == "full")
         if use_ring:
             if layout != "full":
