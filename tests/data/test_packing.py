@@ -11,10 +11,13 @@ import torch
 
 from vfm_core.data.packing import (
     PackLayout,
+    attention_lse,
     block_diagonal_mask,
+    cp_chunks,
     cross_attention_mask,
     expand_per_sample,
     first_fit_decreasing,
+    merge_lse,
     pack_text,
     pack_tokens,
     per_sample_mean,
@@ -120,3 +123,47 @@ def test_per_sample_sigma_and_loss_average():
     # average over samples, not tokens: an 18-token video counts as much as a 4-token image
     assert per.mean() == pytest.approx(float(ref.mean()))
     assert float(tok_loss[:48].mean()) != pytest.approx(float(ref.mean()), rel=1e-3)
+
+
+def test_context_parallel_chunks_of_a_pack_equal_per_sample_attention():
+    """Ring schedule over cp=4 contiguous chunks of one pack: each rank's queries visit every key
+    chunk with its block of the block-diagonal mask; blocks where a row sees no key (a sample
+    entirely on another rank) merge as nothing. Equal to attending sample by sample, fwd + bwd."""
+    torch.manual_seed(3)
+    lay = PackLayout.from_grids(GRIDS, 64)  # samples straddle chunk boundaries
+    cp, heads, hd = 4, 2, 8
+    xs = [
+        torch.randn(1, heads, n, hd, dtype=torch.float64, requires_grad=True)
+        for n in (4, 18, 18, 8)
+    ]
+    ref = [attention(x, x * 0.5, x.flip(-1)) for x in xs]  # per sample: q=x, k=x/2, v=flip(x)
+    xp = torch.zeros(1, heads, 64, hd, dtype=torch.float64)
+    xp = xp.index_copy(2, torch.arange(48), torch.cat(xs, 2))  # (1, H, 64, hd) packed
+    q, k, v = xp, xp * 0.5, xp.flip(-1)
+    mask = block_diagonal_mask(lay.sample_ids)  # (64, 64)
+    chunks = cp_chunks(lay, cp)
+    outs = []
+    for i in range(cp):  # rank i
+        out = lse = None
+        for step in range(cp):  # k/v chunks arrive around the ring
+            j = (i + step) % cp
+            o, s_ = attention_lse(
+                q[:, :, chunks[i]],
+                k[:, :, chunks[j]],
+                v[:, :, chunks[j]],
+                mask[chunks[i], chunks[j]],
+            )
+            out, lse = (o, s_) if out is None else merge_lse(out, lse, o, s_)
+        outs.append(out)
+    packed = torch.cat(outs, 2)  # (1, H, 64, hd)
+    assert torch.isfinite(packed).all()
+    got = [packed[:, :, a:b] for a, b in zip(lay.cu_seqlens[:-1], lay.cu_seqlens[1:])]
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    w = [torch.randn_like(r) for r in ref]
+    g_ref = torch.autograd.grad(sum((r * wi).sum() for r, wi in zip(ref, w)), xs)
+    g_cp = torch.autograd.grad(sum((o * wi).sum() for o, wi in zip(got, w)), xs)
+    for a, b in zip(g_cp, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="not divisible by cp=5"):
+        cp_chunks(lay, 5)

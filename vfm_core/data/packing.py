@@ -14,7 +14,10 @@ everything the model needs to keep its samples apart:
 
 Attention: on CPU a boolean block-diagonal mask through SDPA (:func:`block_diagonal_mask`; flex
 attention has no CPU backward); on GPU the same ``cu_seqlens`` feed varlen / flex / TE THD
-kernels. Loss: per-token losses are averaged per sample first (:func:`per_sample_mean`), then over
+kernels. Context parallelism: :func:`cp_chunks` cuts a pack into equal contiguous chunks; ring
+attention visits each key chunk with its block of the same mask, merging partial results with
+:func:`attention_lse` / :func:`merge_lse` (rows that see no key in a block add nothing). Loss:
+per-token losses are averaged per sample first (:func:`per_sample_mean`), then over
 samples, so a long video does not outweigh an image by its token count.
 """
 
@@ -173,3 +176,42 @@ def cross_attention_mask(sample_ids: torch.Tensor, text_lengths: torch.Tensor) -
     pad = sample_ids < 0
     mask[pad, 0] = True
     return mask
+
+
+# ----------------------------------------------------------------------------------------- CP
+def cp_chunks(layout: PackLayout, cp: int) -> list[slice]:
+    """Contiguous token ranges of a pack for ``cp`` context-parallel ranks (attention inside a
+    pack is bidirectional and block-diagonal, so equal contiguous chunks balance the tokens).
+    The mask block of ranks (i, j) is ``block_diagonal_mask(ids)[chunks[i], chunks[j]]``; a block
+    may be empty for some rows, which :func:`attention_lse` handles."""
+    if cp < 1 or layout.length % cp:
+        raise ValueError(
+            f"pack length {layout.length} is not divisible by cp={cp}: pack with "
+            f"max_tokens a multiple of cp"
+        )
+    n = layout.length // cp
+    return [slice(r * n, (r + 1) * n) for r in range(cp)]
+
+
+def attention_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked attention of one (query block, key block) pair with its log-sum-exp, for ring
+    attention over packed sequences: q (B, H, Sq, d), k/v (B, H, Sk, d), mask (Sq, Sk) bool.
+    Rows without any allowed key give output 0 and lse -inf (they add nothing when merged)."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, Sq, Sk)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sq)
+    p = torch.exp(scores - lse.nan_to_num(neginf=0.0)[..., None]).nan_to_num(nan=0.0)
+    return p @ v, lse  # (B, H, Sq, d), (B, H, Sq)
+
+
+def merge_lse(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two partial attentions over disjoint key sets (online softmax)."""
+    lse = torch.logaddexp(lse_a, lse_b)  # (B, H, Sq)
+    safe = lse.nan_to_num(neginf=0.0)
+    wa = torch.exp(lse_a - safe).nan_to_num(nan=0.0)[..., None]
+    wb = torch.exp(lse_b - safe).nan_to_num(nan=0.0)[..., None]
+    return wa * out_a + wb * out_b, lse  # (B, H, Sq, d), (B, H, Sq)
