@@ -13,7 +13,7 @@ Manifests are polars DataFrames, stored as Parquet. The curation hand-overs, in 
 Schemas are not strict: extra columns (e.g. a clip `embedding`) pass through. `validate(df, schema,
 what=...)` raises `ContractError`, whose message names the manifest, the failing columns and checks,
 and the failing row numbers (0-based), e.g.
-``clips.parquet violates AnnotatedClips: column 'end_s' check 'end_s > start_s' fails at rows [3]``.
+``clips.parquet violates AnnotatedClips: table check 'end_s_gt_start_s' fails at rows [3]; ...``.
 """
 
 from __future__ import annotations
@@ -70,16 +70,17 @@ class ClipSpans(_Base):
     start_s: float = pa.Field(ge=0)
     end_s: float = pa.Field(gt=0)
 
-    @pa.dataframe_check(name="end_frame > start_frame")
-    def _frames_ordered(cls, data) -> pl.LazyFrame:
+    # check names are the method names: pandera 0.35 loses `name=` on subclassed models
+    @pa.dataframe_check
+    def end_frame_gt_start_frame(cls, data) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col("end_frame") > pl.col("start_frame"))
 
-    @pa.dataframe_check(name="end_s > start_s")
-    def _times_ordered(cls, data) -> pl.LazyFrame:
+    @pa.dataframe_check
+    def end_s_gt_start_s(cls, data) -> pl.LazyFrame:
         return data.lazyframe.select(pl.col("end_s") > pl.col("start_s"))
 
-    @pa.dataframe_check(name="(video_id, span_index) unique")
-    def _unique_span(cls, data) -> pl.LazyFrame:
+    @pa.dataframe_check
+    def video_id_span_index_unique(cls, data) -> pl.LazyFrame:
         return data.lazyframe.select(~pl.struct("video_id", "span_index").is_duplicated())
 
 

@@ -41,7 +41,7 @@ def test_violation_names_manifest_column_and_rows():
         validate(df, ClipSpans, what="spans.parquet")
     msg = str(e.value)
     assert msg.startswith("spans.parquet violates ClipSpans")
-    assert "'end_frame > start_frame' fails at rows [1]" in msg
+    assert "'end_frame_gt_start_frame' fails at rows [1]" in msg
     assert "column 'start_s'" in msg and "rows [2]" in msg
 
 
@@ -56,7 +56,7 @@ def test_missing_column_and_wrong_dtype():
 
 def test_duplicates_and_enums():
     dup = pl.concat([_spans(), _spans().head(1)])
-    with pytest.raises(ContractError, match=r"unique' fails at rows \[0, 3\]"):
+    with pytest.raises(ContractError, match=r"'video_id_span_index_unique' fails at rows \[0, 3\]"):
         validate(dup, ClipSpans, what="x")
     rej = pl.DataFrame(
         {"source_uri": ["a", "b"], "video_id": [None, "v"], "stage": ["probe", "bogus"],
