@@ -109,3 +109,48 @@ def steps_worker(rank: int, world: int, cases: list) -> list[dict]:
         except Exception as e:  # reported per case by the test
             out.append({"error": f"{type(e).__name__}: {e}"})
     return out
+
+
+def pipeline_worker(rank: int, world: int, cases: list) -> list[dict]:
+    """Pipeline-parallel step (``world`` stages) vs 1 process: loss on the last stage and the
+    gradients of every parameter each stage holds."""
+    from vfm_core.parallel.pipeline import DiTPipeline, sync_pipeline_grads
+
+    out = []
+    for arch, schedule, microbatches in cases:
+        cfg = tiny_model_cfg(arch)
+        edm = create_diffusion(DiffusionConfig())
+        torch.manual_seed(0)
+        ref = build_model(cfg).double()
+        _randomize(ref)
+        model = copy.deepcopy(ref)
+        x0, text, sigma, noise = _batch()
+        ref_loss = edm.loss(ref, x0, text, sigma=sigma, noise=noise).mean()
+        ref_loss.backward()
+        grid = (LATENT[1], LATENT[2] // 2, LATENT[3] // 2)
+        pipe = DiTPipeline(
+            model,
+            parallel_dims=ParallelDims(pp=world, world_size=world),
+            grid=grid,
+            microbatches=microbatches,
+            schedule=schedule,
+        )
+        loss = pipe.step(edm, x0, text, sigma=sigma, noise=noise)
+        sync_pipeline_grads(pipe)
+        ref_params = dict(ref.named_parameters())
+        worst, worst_name, names = 0.0, "", []
+        for name, p in pipe.module.named_parameters():
+            r = ref_params[name].grad
+            err = ((p.grad - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+            names.append(name)
+            if err > worst:
+                worst, worst_name = err, name
+        out.append(
+            {
+                "loss_err": None if loss is None else abs(loss.item() / ref_loss.item() - 1),
+                "grad_err": worst,
+                "worst": worst_name,
+                "names": names,
+            }
+        )
+    return out

@@ -75,7 +75,10 @@ def _check(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
             "parallel.cp_mode: 'ring' cannot run ST-DiT spatial/temporal attention; use 'hybrid'"
         )
     if dims.pp_enabled:
-        raise ConfigError("parallel.pp: pipeline parallelism is not available yet (pp must be 1)")
+        raise ConfigError(
+            "parallel.pp: parallelize_dit does not pipeline; pp > 1 runs alone through "
+            "vfm_core.parallel.pipeline.DiTPipeline (not yet in the trainer or with other degrees)"
+        )
 
 
 def _tp_plan(block: nn.Module, sp: bool) -> dict:
