@@ -94,7 +94,7 @@ class ShardLoader:
         self.mp_group = mp_group
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.buffer_size, self.slack = buffer_size, slack
-        self._grids = [self._grid(i) for i in range(len(index))]
+        self._grids = self._all_grids()
         if max_tokens is not None and min(g[0] * g[1] * g[2] for g in self._grids) > max_tokens:
             raise ValueError(f"max_tokens={max_tokens}: no sample of the dataset fits")
         self.order = GlobalOrder(len(index), seed)
@@ -138,17 +138,20 @@ class ShardLoader:
         self._ahead_pool = ThreadPoolExecutor(1, "vfm-prefetch") if use else None
 
     # ------------------------------------------------------------------ geometry
-    def _grid(self, i: int) -> Grid:
-        row = self.index.samples.iloc[i]
-        shape = row["latent_shape"]
-        if shape is not None and not (isinstance(shape, float) and np.isnan(shape)):
-            t, h, w = (int(x) for x in list(shape)[1:])
-        else:
-            ct, cs, _ = self.compression
-            t = 1 + (int(row["frames"]) - 1) // ct
-            h, w = int(row["height"]) // cs, int(row["width"]) // self.compression[2]
+    def _all_grids(self) -> list[Grid]:
+        """Token grid (t, h, w) of every sample, from stored latent shapes or from the clip's
+        geometry through the tokenizer compression and the patch (vectorised over the index)."""
+        rows = self.index.samples
+        ct, ch, cw = self.compression
+        t = 1 + (rows["frames"].to_numpy(np.int64) - 1) // ct
+        h = rows["height"].to_numpy(np.int64) // ch
+        w = rows["width"].to_numpy(np.int64) // cw
+        for i, shape in enumerate(rows["latent_shape"]):
+            if isinstance(shape, list):
+                t[i], h[i], w[i] = shape[1:]
         pt, ph, pw = self.patch
-        return (max(1, t // pt), max(1, h // ph), max(1, w // pw))
+        g = np.maximum(1, np.stack([t // pt, h // ph, w // pw], 1))  # (N, 3)
+        return [(int(a), int(b), int(c)) for a, b, c in g]
 
     def tokens(self, i: int) -> int:
         g = self._grids[i]

@@ -24,6 +24,7 @@ Rule (documented contract of the loader):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -40,14 +41,18 @@ class GlobalOrder:
             raise ValueError("dataset is empty")
         self.n, self.seed = n, seed
         self._cache: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
 
     def perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._cache:
-            if len(self._cache) > 2:
-                self._cache.pop(min(self._cache))
-            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-            self._cache[epoch] = rng.permutation(self.n)
-        return self._cache[epoch]
+        """Permutation of epoch ``epoch`` (the last few are cached; thread-safe)."""
+        with self._lock:
+            p = self._cache.get(epoch)
+            if p is None:
+                rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
+                p = self._cache[epoch] = rng.permutation(self.n)
+                while len(self._cache) > 3:
+                    self._cache.pop(min(self._cache))
+            return p
 
     def sample(self, position: int) -> int:
         return int(self.perm(position // self.n)[position % self.n])
