@@ -25,14 +25,15 @@ TOL = 1e-10
 GRID = (4, 2, 3)  # (t, h, w): 24 tokens, 12 per rank on 2 ranks
 
 
-def _reference(q, k, v, layout):
+def _reference(q, k, v, layout, ids=None):
     b = q.shape[0]
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     if layout != "full":
         q, k, v = (_group(t, GRID, layout) for t in (q, k, v))
-    out = attention(q, k, v)
+    mask = None if ids is None else (ids[:, None] == ids[None, :])[None, None]  # block diagonal
+    out = attention(q, k, v, mask)
     return _ungroup(out, b, GRID, layout) if layout != "full" else out
 
 
@@ -46,11 +47,11 @@ def _case(hq: int, hkv: int):
     return q, k, v, dout
 
 
-def _compare(rank, world, fn, hq, hkv, layout):
+def _compare(rank, world, fn, hq, hkv, layout, ids=None):
     """Run ``fn`` on this rank's chunk; return max |error| of out and of dq, dk, dv chunks."""
     q, k, v, dout = _case(hq, hkv)
     ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = _reference(*ref_in, layout)
+    ref = _reference(*ref_in, layout, ids)
     ref.backward(dout)
     loc = [seq_chunk(t, rank, world, dim=2).clone().requires_grad_() for t in (q, k, v)]
     out = fn(*loc)
@@ -79,6 +80,18 @@ def _worker_attention(rank, world):
                 hkv,
                 layout,
             )
+    # packed sequence: samples of 5, 11 and 8 tokens over 2 chunks of 12 (sample 1 straddles
+    # the boundary; sample 0 has no key on rank 1, sample 2 none on rank 0)
+    ids = torch.tensor([0] * 5 + [1] * 11 + [2] * 8)
+    for hq, hkv in ((4, 4), (4, 2)):
+        results[f"ring/packed/{hq}-{hkv}"] = _compare(
+            rank, world, lambda q, k, v: ring_attention(q, k, v, group, sample_ids=ids), hq, hkv,
+            "full", ids,
+        )
+        results[f"a2a/packed/{hq}-{hkv}"] = _compare(
+            rank, world, lambda q, k, v: ulysses_attention(q, k, v, group, sample_ids=ids), hq,
+            hkv, "full", ids,
+        )
     hybrid = cp_attention(group, "hybrid")
     for layout in ("full", "spatial", "temporal"):
         results[f"hybrid/{layout}"] = _compare(
@@ -143,6 +156,10 @@ def _bad_input_messages(rank, world):
         seq_chunk(torch.zeros(1, 5, 2), rank, world)
     except ValueError as e:
         msgs.append(str(e))
+    try:
+        ring_attention(q, q, q, group, sample_ids=torch.zeros(5, dtype=torch.long))
+    except ValueError as e:
+        msgs.append(str(e))
     return msgs
 
 
@@ -150,7 +167,7 @@ def _bad_input_messages(rank, world):
 def test_ring_and_alltoall_equal_full_attention_forward_and_backward():
     results = run_ranks(_worker_attention, 2)
     for rank_result in results:
-        assert len(rank_result["errors"]) == 17
+        assert len(rank_result["errors"]) == 21
         for name, errs in rank_result["errors"].items():
             assert max(errs) < TOL, f"{name}: max errors (out, dq, dk, dv) = {errs}"
     # communicated bytes match the closed forms the benchmark table uses
@@ -164,6 +181,7 @@ def test_ring_and_alltoall_equal_full_attention_forward_and_backward():
     assert "3 heads not divisible by cp=2" in msgs[0]
     assert "full attention only" in msgs[1] and "'spatial'" in msgs[1]
     assert "5 tokens cannot be split evenly over 2 ranks" in msgs[2]
+    assert "sample_ids: expected shape (8,) for 2 chunks of 4 tokens, got (5,)" in msgs[3]
 
 
 def test_cp_mode_unknown_is_rejected():

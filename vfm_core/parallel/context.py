@@ -102,23 +102,51 @@ def heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ ring attention
-def _block_attention(q, k, v, scale):
-    """Softmax attention of q against one K/V block: (out, lse), out (B, H, n, d), lse (B, H, n)."""
+def _block_attention(q, k, v, scale, mask=None):
+    """Softmax attention of q against one K/V block: (out, lse), out (B, H, n, d), lse (B, H, n).
+
+    ``mask`` (n, m) bool, True = attend (packed sequences). A query row with no visible key in
+    this block gets out = 0 and a very negative finite lse, so the merge ignores it and no NaN
+    reaches the gradients (unlike ``logsumexp`` of an all -inf row).
+    """
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, n, m)
-    lse = torch.logsumexp(scores, dim=-1)  # (B, H, n)
-    return torch.softmax(scores, dim=-1) @ v, lse  # (B, H, n, d)
+    if mask is None:
+        lse = torch.logsumexp(scores, dim=-1)  # (B, H, n)
+        return torch.softmax(scores, dim=-1) @ v, lse  # (B, H, n, d)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    peak = scores.amax(dim=-1, keepdim=True)  # (B, H, n, 1)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak)).detach()
+    e = (scores - peak).exp()  # (B, H, n, m); 0 where masked
+    total = e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)  # (B, H, n, 1)
+    return (e @ v) / total, (total.log() + peak).squeeze(-1)
 
 
 def ring_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup,
+    *,
+    sample_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact full attention of the local queries against the K/V chunks of all ranks.
 
     q (B, Hq, n, d), k/v (B, Hkv, n, d) are this rank's sequence chunk; returns (B, Hq, n, d).
     Unnormalised partial results are merged in fp32 (or fp64 for fp64 inputs) by log-sum-exp
     (online softmax, Milakov & Gimelshein 2018), so the order of arrival does not matter.
+
+    ``sample_ids`` (N,) int, the sample of every token of the *whole* packed sequence (the THD
+    pack split over the ranks, ``cu_seqlens`` expanded): a token then attends only to tokens of
+    its own sample, wherever along the ring they live; samples may straddle chunk boundaries.
     """
     world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    n = q.shape[2]
+    if sample_ids is not None and sample_ids.shape != (world * n,):
+        raise ValueError(
+            f"sample_ids: expected shape ({world * n},) for {world} chunks of {n} tokens, "
+            f"got {tuple(sample_ids.shape)}"
+        )
     rep = q.shape[1] // k.shape[1]  # GQA: K/V travel un-repeated (fewer bytes), expand locally
     acc = torch.promote_types(q.dtype, torch.float32)
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -129,7 +157,12 @@ def ring_attention(
             k, v = _RingShift.apply(group, k, v)  # block of rank (r - step) mod P
         kb = k.repeat_interleave(rep, dim=1) if rep > 1 else k  # (B, Hq, n, d)
         vb = v.repeat_interleave(rep, dim=1) if rep > 1 else v
-        o_blk, lse_blk = _block_attention(qf, kb.to(acc), vb.to(acc), scale)
+        mask = None
+        if sample_ids is not None:
+            src = (rank - step) % world
+            q_ids = sample_ids[rank * n : (rank + 1) * n]
+            mask = q_ids[:, None] == sample_ids[src * n : (src + 1) * n][None, :]  # (n, n)
+        o_blk, lse_blk = _block_attention(qf, kb.to(acc), vb.to(acc), scale, mask)
         if out is None:
             out, lse = o_blk, lse_blk
             continue
@@ -147,12 +180,16 @@ def ulysses_attention(
     *,
     grid: Grid | None = None,
     layout: str = "full",
+    sample_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """All-to-all attention: q/k/v (B, H, n, d) sequence chunks -> (B, Hq, n, d).
 
     After the re-shard each rank holds every token of H/P heads, so ``layout`` (full, spatial
-    within a frame, temporal across frames) groups tokens exactly as on one device.
+    within a frame, temporal across frames) groups tokens exactly as on one device, and a packed
+    sequence (``sample_ids`` (N,), full layout) uses the block-diagonal mask of the whole pack.
     """
+    if sample_ids is not None and layout != "full":
+        raise ValueError(f"packed sequences (sample_ids) need layout 'full', not {layout!r}")
     p = dist.get_world_size(group)
     hq, hkv = q.shape[1], k.shape[1]
     if hq % p:
@@ -166,7 +203,14 @@ def ulysses_attention(
         if grid is None:
             raise ValueError(f"layout {layout!r} needs the token grid")
         q, k, v = (_group(t, grid, layout) for t in (q, k, v))  # (B', H/P, S, d)
-    out = attention(q, k, v)  # (B', H/P, S, d)
+    mask = None
+    if sample_ids is not None:
+        if sample_ids.shape != (q.shape[2],):
+            raise ValueError(
+                f"sample_ids: expected shape ({q.shape[2]},), got {tuple(sample_ids.shape)}"
+            )
+        mask = (sample_ids[:, None] == sample_ids[None, :])[None, None]  # (1, 1, N, N)
+    out = attention(q, k, v, mask)  # (B', H/P, S, d)
     if layout != "full":
         out = _ungroup(out, b, grid, layout)  # (B, H/P, N, d)
     return heads_to_seq(out, group)  # (B, Hq, n, d)
@@ -191,8 +235,10 @@ def cp_attention(group: dist.ProcessGroup, mode: CPMode = "hybrid") -> Callable[
     if mode not in ("ring", "alltoall", "hybrid"):
         raise ValueError(f"context-parallel mode {mode!r} unknown (ring | alltoall | hybrid)")
 
-    def attn_fn(q, k, v, *, grid: Grid | None = None, layout: str = "full") -> torch.Tensor:
-        if mode == "hybrid" and layout == "spatial" and grid is not None:
+    def attn_fn(
+        q, k, v, *, grid: Grid | None = None, layout: str = "full", sample_ids=None
+    ) -> torch.Tensor:
+        if mode == "hybrid" and layout == "spatial" and grid is not None and sample_ids is None:
             p = dist.get_world_size(group)
             if grid[0] % p == 0:  # the chunk holds whole frames: spatial attention is local
                 return local_attention(q, k, v, grid=(grid[0] // p, grid[1], grid[2]))
@@ -203,8 +249,8 @@ def cp_attention(group: dist.ProcessGroup, mode: CPMode = "hybrid") -> Callable[
                     f"ring context parallelism supports full attention only, not {layout!r} "
                     "(use cp mode 'hybrid' or 'alltoall' for ST-DiT)"
                 )
-            return ring_attention(q, k, v, group)
-        return ulysses_attention(q, k, v, group, grid=grid, layout=layout)
+            return ring_attention(q, k, v, group, sample_ids=sample_ids)
+        return ulysses_attention(q, k, v, group, grid=grid, layout=layout, sample_ids=sample_ids)
 
     return attn_fn
 
