@@ -9,6 +9,8 @@ vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH] [--jso
 vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
 vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
              [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
+vfm tokenizer train --shards DIR --out DIR [--preset tok-tiny] [--steps N] [--frames F] [--size S]
+vfm report --study NAME [--out DIR] [--json]
 """
 
 from __future__ import annotations
@@ -83,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--calibrate", metavar="RUNS", help="JSON/JSONL measured runs to fit")
 
     sub.add_parser("recipes", help="list presets")
+
+    tk = sub.add_parser("tokenizer", help="causal video tokenizer")
+    tks = tk.add_subparsers(dest="tok_cmd", required=True, parser_class=_Parser)
+    tt = tks.add_parser("train", help="train a tokenizer on the clips in shards")
+    tt.add_argument("--shards", required=True, help="shard directory with index.json")
+    tt.add_argument("--out", required=True, help="where tokenizer.safetensors + config go")
+    tt.add_argument("--preset", default="tok-tiny", help="tokenizer preset")
+    tt.add_argument("--steps", type=_positive("--steps"), default=200)
+    tt.add_argument("--frames", type=_positive("--frames"), default=5, help="1 + 4k frames")
+    tt.add_argument("--size", type=_positive("--size"), default=32, help="square crop, pixels")
+    tt.add_argument("--seed", type=_positive("--seed"), default=0)
 
     rp = sub.add_parser("report", help="scaling-study table from MLflow runs (+ plots with --out)")
     rp.add_argument("--study", required=True, help="study name (MLflow tag vfm.study)")
@@ -221,6 +234,19 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from vfm_core.tokenizer.from_shards import train_tokenizer_on_shards
+
+    m = train_tokenizer_on_shards(
+        args.shards, args.out, preset=args.preset, steps=args.steps, frames=args.frames,
+        size=args.size, seed=args.seed,
+    )  # fmt: skip
+    print(f"tokenizer {args.preset}: {m.steps} steps, loss {m.loss_first:.4f} -> "
+          f"{m.loss_last:.4f}, PSNR {m.psnr:.1f} dB (mean-colour baseline "
+          f"{m.baseline_psnr:.1f}) -> {args.out}")  # fmt: skip
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from vfm_core.perf import report
 
@@ -287,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             "plan": cmd_plan,
             "recipes": cmd_recipes,
             "report": cmd_report,
+            "tokenizer": cmd_tokenizer,
             "shard": cmd_shard,
             "curate": cmd_curate,
             "generate": cmd_generate,
@@ -295,12 +322,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # user-facing errors from deeper layers carry a clear message
+        from vfm_core.data.index import DatasetIndexError
         from vfm_core.infer.shapes import GenerateError
         from vfm_core.models.layers import ShapeError
+        from vfm_core.storage import StorageError
         from vfm_core.train.checkpoint import CheckpointError
         from vfm_core.train.trainer import TrainingDiverged
 
-        if isinstance(e, ShapeError | CheckpointError | TrainingDiverged | GenerateError):
+        user_errors = (ShapeError, CheckpointError, TrainingDiverged, GenerateError,
+                       DatasetIndexError, StorageError)  # fmt: skip
+        if isinstance(e, user_errors):
             print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
             return 2
         raise

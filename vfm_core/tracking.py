@@ -7,6 +7,7 @@ it — the MLflow 3.17 file store is in maintenance mode and refuses by default.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from vfm_core.config import TrackingConfig
@@ -64,3 +65,44 @@ def ui_hint(cfg: TrackingConfig | None = None) -> str:
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
+
+
+def log_lineage(
+    run_id: str, *, experiment: str, clips: str, shards: str, tokenizer: str | None = None
+) -> None:
+    """Record where a training run's data came from: the curation manifest (``clips.parquet``)
+    and the shard index as MLflow dataset inputs (with digests), plus ``vfm.*`` tags."""
+    import mlflow
+    import polars as pl
+    from mlflow.entities import DatasetInput, InputTag
+
+    ensure_experiment(TrackingConfig(experiment=experiment))
+    client = mlflow.MlflowClient()
+    inputs = []
+    for name, source, frame in (
+        ("clips", clips, pl.read_parquet(clips).to_pandas()),
+        ("shards", shards, _index_frame(shards)),
+    ):
+        with warnings.catch_warnings():  # schema inference hints about integer columns
+            warnings.simplefilter("ignore", UserWarning)
+            entity = mlflow.data.from_pandas(frame, source=source, name=name)._to_mlflow_entity()
+        inputs.append(DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")]))
+    client.log_inputs(run_id, datasets=inputs)
+    tags = {"vfm.clips_manifest": clips, "vfm.shards_index": shards}
+    if tokenizer:
+        tags["vfm.tokenizer"] = tokenizer
+    for k, v in tags.items():
+        client.set_tag(run_id, k, v)
+
+
+def _index_frame(index_url: str):
+    """The shard index as a table (one row per shard) for MLflow's dataset digest."""
+    import json
+
+    import pandas as pd
+
+    from vfm_core.storage import read_bytes
+
+    index = json.loads(read_bytes(index_url))
+    shards = index.get("shards", [])
+    return pd.DataFrame(shards) if shards else pd.DataFrame({"index": [index_url]})

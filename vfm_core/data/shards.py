@@ -91,6 +91,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def _json_safe(v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
+    if isinstance(v, np.ndarray):  # list columns of the manifest (e.g. the clip embedding)
+        return [_json_safe(x) for x in v.tolist()]
     if isinstance(v, float) and not np.isfinite(v):
         return None
     return v

@@ -1,0 +1,177 @@
+"""The whole pipeline as one Prefect DAG: sample → curate → shard → tokenizer → train → generate →
+report. Each stage is a flow (or task) usable alone; this flow only composes them.
+
+Resumable: a finished stage leaves ``WORK/stages/<stage>.json`` (its summary and outputs), and a
+rerun skips every stage whose marker and outputs are still there, so a crash in ``train`` keeps
+the clips, shards and tokenizer and the rerun starts at ``train``. A failing stage fails the flow
+with the stage named. Hand-overs are URIs checked against the pandera contracts by the stage
+tasks (clips.parquet → shard index → checkpoint). The training run in MLflow carries the dataset
+lineage (clips manifest and shard index as MLflow dataset inputs). Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from pydantic import BaseModel, Field, field_validator
+
+from flows.curate import CurateParams, curate_flow
+from flows.shard import ShardParams, shard_flow
+from flows.train import TrainParams, train_flow
+from tasks.pipeline import (
+    finished_stage,
+    lineage_task,
+    mark_stage,
+    sample_videos_task,
+    stage_key,
+    tokenizer_task,
+)
+from vfm_core.recipes import RECIPES, get_recipe
+from vfm_core.tracking import data_dir, ui_hint
+
+
+class PipelineStageError(RuntimeError):
+    """A stage failed; earlier stages' outputs are kept and a rerun resumes at this stage."""
+
+
+class PipelineParams(BaseModel):
+    """Form of the end-to-end pipeline."""
+
+    name: str = Field("demo", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="run name")
+    src: str = Field("", description="raw videos: folder or s3:// prefix ('' = built-in sample)")
+    sample_videos: int = Field(3, ge=1, le=32, description="built-in sample size (src = '')")
+    work_dir: str = Field("", description="outputs ('' = data/pipeline/<name>)")
+    splitter: str = Field("color", pattern="^(color|stride|transnetv2)$", description="shots")
+    min_len_s: float = Field(1.0, ge=0, description="shortest clip, seconds")
+    max_len_s: float = Field(6.0, gt=0, description="longest clip, seconds")
+    tokenizer: str = Field("", description="tokenizer dir ('' = train tok-tiny on the shards)")
+    tokenizer_steps: int = Field(150, ge=1, description="tokenizer training steps")
+    recipe: str = Field("dit-tiny", description=f"DiT preset: {', '.join(RECIPES)}")
+    train_steps: int = Field(200, ge=1, description="DiT training steps")
+    latent_grid: tuple[int, int, int] = Field((3, 8, 8), description="latent (T, H, W) trained on")
+    overrides: list[str] = Field(default_factory=list, description="extra section.field=value")
+    experiment: str = Field("vfm-pipeline", description="MLflow experiment")
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, v: str) -> str:
+        get_recipe(v)
+        return v
+
+    def work(self) -> str:
+        return self.work_dir or str(data_dir() / "pipeline" / self.name)
+
+
+def _stage(work: str, name: str, inputs: dict[str, Any], run: Callable[[], dict[str, Any]],
+           outputs: Callable[[dict[str, Any]], list[str]]) -> dict[str, Any]:  # fmt: skip
+    """Run one stage unless a finished run with the same ``inputs`` left its outputs."""
+    key = stage_key(inputs)
+    done = finished_stage(work, name, key)
+    if done is not None:
+        print(f"stage {name}: done in an earlier run, skipped")
+        return done
+    try:
+        summary = run()
+    except Exception as e:
+        raise PipelineStageError(
+            f"pipeline stage '{name}' failed: {type(e).__name__}: {e} (outputs of the earlier "
+            f"stages are kept under {work}; rerun to resume at '{name}')"
+        ) from e
+    mark_stage(work, name, key, summary, outputs(summary))
+    return summary
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
+    p = params or PipelineParams()
+    work = p.work()
+    Path(work).mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"work_dir": work}
+
+    src = p.src or f"{work}/raw"
+    if not p.src:
+        _stage(work, "sample", {"n": p.sample_videos},
+               lambda: {"dir": sample_videos_task(src, p.sample_videos)},
+               lambda s: [s["dir"]])  # fmt: skip
+
+    curate_in = {"src": src, "splitter": p.splitter, "min": p.min_len_s, "max": p.max_len_s}
+    curate = _stage(work, "curate", curate_in, lambda: curate_flow(CurateParams(
+        src=src, dst=f"{work}/curated", splitter=p.splitter, min_len_s=p.min_len_s,
+        max_len_s=p.max_len_s)), lambda s: [s["clips"]])  # fmt: skip
+    out["curate"] = curate
+    shard = _stage(work, "shard", {"curate": curate}, lambda: shard_flow(ShardParams(
+        clips_dir=f"{work}/curated", shards_dir=f"{work}/shards")),
+        lambda s: [s["index"]])  # fmt: skip
+    out["shard"] = shard
+
+    tok_dir = p.tokenizer
+    if not tok_dir:
+        t, h, w = p.latent_grid
+        tok_in = {"shard": shard, "steps": p.tokenizer_steps, "grid": p.latent_grid}
+        tok = _stage(work, "tokenizer", tok_in, lambda: tokenizer_task(
+            f"{work}/shards", f"{work}/tokenizer", preset="tok-tiny", steps=p.tokenizer_steps,
+            frames=1 + 4 * (t - 1), size=8 * min(h, w)), lambda s: [s["dir"]])  # fmt: skip
+        out["tokenizer"] = tok
+        tok_dir = tok["dir"]
+
+    t, h, w = p.latent_grid
+    data = ["data.source=shards", f"data.shards={work}/shards", f"data.tokenizer={tok_dir}",
+            f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={w}"]
+    train_params = TrainParams(
+        recipe=p.recipe, steps=p.train_steps, out_dir=f"{work}/train", experiment=p.experiment,
+        overrides=data + ["train.ckpt_every=100"] + p.overrides,
+    )  # fmt: skip
+
+    def run_train() -> dict[str, Any]:
+        summary = train_flow(train_params)
+        if summary.get("mlflow_run_id"):
+            lineage_task(summary["mlflow_run_id"], p.experiment, clips=curate["clips"],
+                         shards=shard["index"], tokenizer=tok_dir)  # fmt: skip
+        return summary
+
+    train_in = {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir),
+                "params": train_params.model_dump()}  # fmt: skip
+    train = _stage(work, "train", train_in, run_train, lambda s: [s["checkpoint"]])
+    out["train"] = train
+
+    report = _report(p, out)
+    out["report"] = report
+    print(report)
+    return out
+
+
+def _report(p: PipelineParams, out: dict[str, Any]) -> str:
+    tr = out["train"]
+    final = tr.get("final", {})
+    lines = [
+        f"# vfm pipeline `{p.name}`",
+        "",
+        "| stage | result |",
+        "|---|---|",
+        f"| curate | {out['curate']['n_clips']} clips, {out['curate']['n_rejects']} rejects: "
+        f"`{out['curate']['clips']}` |",
+        f"| shard | {out['shard']['n_samples']} samples in {out['shard']['n_shards']} shards: "
+        f"`{out['shard']['index']}` |",
+    ]
+    if "tokenizer" in out:
+        tk = out["tokenizer"]
+        lines.append(f"| tokenizer | {tk['preset']}, PSNR {tk['psnr']:.1f} dB "
+                     f"(mean-colour baseline {tk['baseline_psnr']:.1f}): `{tk['dir']}` |")
+    lines.append(
+        f"| train | {p.recipe} {tr['step']} steps, loss {final.get('loss', float('nan')):.4f}, "
+        f"MFU {final.get('mfu', 0):.1%}, MLflow run `{tr.get('mlflow_run_id')}` |"
+    )
+    lines += ["", f"Runs: {ui_hint()} (experiment `{p.experiment}`)"]
+    text = "\n".join(lines)
+    Path(out["work_dir"], "report.md").write_text(text + "\n")
+    create_markdown_artifact(text, key=f"pipeline-{p.name.lower().replace('_', '-')}".replace(
+        ".", "-"), description="vfm pipeline summary")  # fmt: skip
+    return text
+
+
+if __name__ == "__main__":
+    pipeline_flow()

@@ -1,0 +1,84 @@
+"""Prefect tasks of the end-to-end pipeline that are not a stage flow of their own: the built-in
+sample, the tokenizer trained on the shards, stage markers (resume after the last finished stage)
+and the dataset lineage of the training run in MLflow."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks.logs import task_logger
+from vfm_core.tracking import log_lineage
+
+
+def stage_marker(work_dir: str, stage: str) -> Path:
+    return Path(work_dir) / "stages" / f"{stage}.json"
+
+
+def stage_key(inputs: dict[str, Any]) -> str:
+    """Fingerprint of what a stage depends on (its parameters and its upstream summaries)."""
+    blob = json.dumps(inputs, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def finished_stage(work_dir: str, stage: str, key: str) -> dict[str, Any] | None:
+    """The summary a finished ``stage`` left for the same inputs ``key``, or None (never run,
+    run with other inputs, or its outputs are gone)."""
+    path = stage_marker(work_dir, stage)
+    if not path.exists():
+        return None
+    done = json.loads(path.read_text())
+    if done.get("key") != key:
+        return None
+    if any(not Path(p).exists() for p in done.get("outputs", [])):
+        return None  # outputs deleted since: run the stage again
+    return done["summary"]
+
+
+def mark_stage(work_dir: str, stage: str, key: str, summary: dict[str, Any],
+               outputs: list[str]) -> None:  # fmt: skip
+    path = stage_marker(work_dir, stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"stage": stage, "key": key, "finished": time.time(), "outputs": outputs,
+              "summary": summary}  # fmt: skip
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    tmp.replace(path)
+
+
+@task(name="sample-videos")
+def sample_videos_task(dst: str, n: int) -> str:
+    """Write the built-in synthetic sample (videos with known cuts and sidecar captions)."""
+    from vfm_core.video.sample_set import write_sample_videos
+
+    paths = write_sample_videos(dst, n=n)
+    task_logger().info("%d sample videos in %s", len(paths), dst)
+    return dst
+
+
+@task(name="train-tokenizer", retries=1, retry_delay_seconds=2)
+def tokenizer_task(shards: str, out_dir: str, *, preset: str, steps: int, frames: int,
+                   size: int) -> dict[str, Any]:  # fmt: skip
+    """Train the causal video tokenizer on the shards' clips; returns its dir and PSNR."""
+    from vfm_core.tokenizer.from_shards import train_tokenizer_on_shards
+
+    m = train_tokenizer_on_shards(shards, out_dir, preset=preset, steps=steps, frames=frames,
+                                  size=size, progress=False)  # fmt: skip
+    task_logger().info(
+        "tokenizer %s: %d steps, loss %.4f -> %.4f, PSNR %.1f dB (mean-colour baseline %.1f)",
+        preset, m.steps, m.loss_first, m.loss_last, m.psnr, m.baseline_psnr,
+    )  # fmt: skip
+    return {"dir": out_dir, "preset": preset, "steps": m.steps, "psnr": m.psnr,
+            "baseline_psnr": m.baseline_psnr}  # fmt: skip
+
+
+@task(name="lineage", retries=2, retry_delay_seconds=2)
+def lineage_task(run_id: str, experiment: str, *, clips: str, shards: str,
+                 tokenizer: str | None) -> None:  # fmt: skip
+    """Link the training run to the manifests it learned from (MLflow datasets + tags)."""
+    log_lineage(run_id, experiment=experiment, clips=clips, shards=shards, tokenizer=tokenizer)

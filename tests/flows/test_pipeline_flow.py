@@ -1,0 +1,55 @@
+"""The end-to-end DAG on the built-in sample under a real (ephemeral) Prefect API: a failing stage
+fails the flow with the stage named and keeps what came before; the rerun resumes at that stage;
+the training run carries the dataset lineage in MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.pipeline import PipelineParams, PipelineStageError, pipeline_flow
+from tasks.pipeline import stage_marker
+
+TINY = ["data.batch_size=2"]
+
+
+@pytest.mark.slow
+def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, tmp_path):
+    import mlflow
+
+    base = dict(name="t-pipe", work_dir=str(tmp_path), sample_videos=1, tokenizer_steps=3,
+                train_steps=2, latent_grid=(2, 4, 4), experiment="t-pipeline")  # fmt: skip
+    bad = PipelineParams(**base, overrides=TINY + ["model.in_channels=7"])  # != tokenizer latents
+    with pytest.raises(PipelineStageError, match="pipeline stage 'train' failed"):
+        pipeline_flow(bad)
+    kept = {s: stage_marker(str(tmp_path), s) for s in ("sample", "curate", "shard", "tokenizer")}
+    assert all(p.exists() for p in kept.values())
+    assert not stage_marker(str(tmp_path), "train").exists()
+    mtimes = {s: p.stat().st_mtime_ns for s, p in kept.items()}
+
+    out = pipeline_flow(PipelineParams(**base, overrides=TINY))
+    assert {s: p.stat().st_mtime_ns for s, p in kept.items()} == mtimes  # not rerun
+    assert out["curate"]["n_clips"] > 0 and out["shard"]["n_samples"] == out["curate"]["n_clips"]
+    assert out["train"]["step"] == 2
+    assert "| train | dit-tiny 2 steps" in (tmp_path / "report.md").read_text()
+
+    run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])
+    assert run.data.tags["vfm.clips_manifest"] == out["curate"]["clips"]
+    assert run.data.tags["vfm.shards_index"] == out["shard"]["index"]
+    names = {d.dataset.name for d in run.inputs.dataset_inputs}
+    assert names == {"clips", "shards"}
+
+    again = pipeline_flow(PipelineParams(**base, overrides=TINY))  # everything done: no work
+    assert again["train"]["mlflow_run_id"] == out["train"]["mlflow_run_id"]
+    marker = json.loads(stage_marker(str(tmp_path), "train").read_text())
+    assert marker["outputs"] == [out["train"]["checkpoint"]]
+
+
+def test_pipeline_form_rejects_bad_values():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="train_steps"):
+        PipelineParams(train_steps=0)
+    with pytest.raises(ValidationError, match="name"):
+        PipelineParams(name="../escape")

@@ -1,0 +1,88 @@
+"""Train the tokenizer on clips read from shards (``vfm tokenizer train``).
+
+Stage order: shard loader (one pass, at most ``max_batches`` batches kept decoded in memory and
+cycled) (decode the clip's frames; one bucket = the training crop, so shorter or
+smaller clips are skipped alike on every run) → centre crop to ``size`` × ``size`` and the first
+``frames`` frames → (B, 3, T, H, W) in [-1, 1] → :func:`train_tokenizer`. The PSNR batch is a
+differently seeded draw from the same shards (a small sample has no room for a real split; give a
+separate shard directory for a true held-out set).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vfm_core.config import ConfigError
+from vfm_core.tokenizer.config import get_tokenizer_config
+from vfm_core.tokenizer.train import TokenizerTrainMetrics, train_tokenizer
+
+
+def shard_clips(
+    shards: str, *, frames: int, size: int, batch_size: int, seed: int = 0
+) -> Iterator[torch.Tensor]:
+    """Endless batches (B, 3, frames, size, size) in [-1, 1] from the clips in ``shards``."""
+    from vfm_core.data.blend import BucketSpec
+    from vfm_core.data.loader import build_loader
+
+    loader = build_loader(
+        shards=shards, seed=seed, batch_size=batch_size, decode="frames",
+        buckets=BucketSpec(resolutions=((size, size),), durations=(frames,)),
+    )  # fmt: skip
+    while True:
+        batch = loader.next_batch()
+        clips = []
+        for s in batch.samples:
+            assert s.frames is not None
+            t, h, w, _ = s.frames.shape
+            y, x = (h - size) // 2, (w - size) // 2
+            clip = s.frames[:frames, y : y + size, x : x + size]  # (T, S, S, 3) uint8
+            clips.append(torch.from_numpy(np.ascontiguousarray(clip)).permute(3, 0, 1, 2))
+        if clips:
+            yield torch.stack(clips).float() / 127.5 - 1.0  # (B, 3, T, S, S)
+
+
+def train_tokenizer_on_shards(
+    shards: str,
+    out_dir: str | Path,
+    *,
+    preset: str = "tok-tiny",
+    steps: int = 200,
+    frames: int = 5,
+    size: int = 32,
+    batch_size: int = 4,
+    held_out: int = 2,
+    seed: int = 0,
+    lr: float = 2e-3,
+    max_batches: int = 256,
+    progress: bool | None = None,
+) -> TokenizerTrainMetrics:
+    """Train ``preset`` on the shards' clips; write the tokenizer to ``out_dir``."""
+    cfg = get_tokenizer_config(preset)
+    ct, cs = cfg.temporal_factor, cfg.spatial_factor
+    if (frames - 1) % ct or size % cs:
+        raise ConfigError(
+            f"tokenizer {preset}: frames must be 1 + {ct}k and size a multiple of {cs}, "
+            f"got frames={frames}, size={size}"
+        )
+    from vfm_core.data.index import read_index
+
+    # decode every clip once and cycle the decoded batches (decoding dominates otherwise); a
+    # large dataset is capped at ``max_batches`` of them
+    n = min(max_batches, -(-len(read_index(shards)) // batch_size))
+    stream = list(itertools.islice(
+        shard_clips(shards, frames=frames, size=size, batch_size=batch_size, seed=seed), n))
+    try:
+        held = list(itertools.islice(shard_clips(shards, frames=frames, size=size,
+                                                 batch_size=held_out, seed=seed + 1), 1))
+    except StopIteration:  # pragma: no cover - the loader is endless
+        held = []
+    _, metrics = train_tokenizer(
+        cfg, stream, steps=steps, lr=lr, seed=seed, held_out=held or None, out_dir=out_dir,
+        progress=progress,
+    )  # fmt: skip
+    return metrics
