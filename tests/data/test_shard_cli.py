@@ -26,3 +26,22 @@ def test_vfm_shard_errors(tmp_path, capsys):
     assert "clips.parquet: cannot read the clips manifest" in capsys.readouterr().err
     assert main(["shard", str(tmp_path), str(tmp_path / "o"), "--target-shard-mb", "0"]) == 2
     assert "--target-shard-mb must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_curation_output_to_shards_to_loader(tmp_path, capsys):
+    """vfm curate -> vfm shard -> loader: curation's clips.parquet (with its list-valued
+    embedding column) is sharded as is."""
+    from vfm_core.video.synthetic import demo_spec, make_video
+
+    (tmp_path / "raw").mkdir()
+    make_video(tmp_path / "raw" / "demo.mp4", demo_spec())
+    assert main(["curate", str(tmp_path / "raw"), str(tmp_path / "cur"), "--json"]) == 0
+    n_clips = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n_clips"]
+    assert main(["shard", str(tmp_path / "cur"), str(tmp_path / "sh"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["n_samples"] == n_clips > 0
+    ld = build_loader(shards=str(tmp_path / "sh"), seed=0, batch_size=2)
+    s = ld.next_batch().samples[0]
+    assert s.frames.shape == (s.meta["n_frames"], s.meta["height"], s.meta["width"], 3)
+    assert s.meta["source_uri"].endswith("demo.mp4") and s.meta["end_s"] > s.meta["start_s"]

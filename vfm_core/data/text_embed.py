@@ -22,11 +22,12 @@ def load_text_embedder(model_path: str | None = None):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from vfm_core.annotate.embed import CaptionTextEmbedder  # curation's embedder (#3)
-
-        return CaptionTextEmbedder(model_path=model_path)
     except ImportError:
-        pass
-    return SentenceEmbedder(model_path)
+        return SentenceEmbedder(model_path)
+    try:
+        return CaptionTextEmbedder(model_path=model_path)
+    except (ImportError, OSError, ValueError) as e:
+        raise TextEmbedderError(f"cannot load the caption encoder {model_path!r}: {e}") from e
 
 
 class SentenceEmbedder:
