@@ -1,7 +1,7 @@
 """Generation benchmark: tokenizer throughput + PSNR, trained vs untrained dit-tiny (held-out EDM
 loss, Fréchet distance), and CP generation time / equivalence on 1 vs 2 processes.
 
-    .venv/bin/python benchmarks/generate.py [--tok-minutes 2] [--dit-steps 400] [--out DIR]
+    .venv/bin/python benchmarks/generate.py [--tok-minutes 2] [--dit-steps 300] [--out DIR]
 
 1. **Tokenizer**: tok-tiny trained on synthetic moving shapes for ``--tok-minutes`` (the recipe of
    ``benchmarks/tokenizer.py``); encode/decode input frames/s at 13 frames (median of 3, no grad,
@@ -102,7 +102,7 @@ def dit_section(out: Path, steps: int, tracking_experiment: str) -> Path:
     t0 = time.perf_counter()
     summary = run_training(cfg, out_dir=out / "dit-trained", progress=False)
     train_s = time.perf_counter() - t0
-    ec = EvalConfig(loss_samples=64, fd_samples=32, steps=16, batch=8)
+    ec = EvalConfig(loss_samples=32, fd_samples=16, steps=8, batch=8)
     rows = {}
     for name, path in (("untrained (step 0)", untrained), (f"trained ({steps} steps)",
                                                           out / "dit-trained")):  # fmt: skip
@@ -157,7 +157,7 @@ def cp_section(out: Path, run: Path, tok: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tok-minutes", type=float, default=2.0)
-    ap.add_argument("--dit-steps", type=int, default=400)
+    ap.add_argument("--dit-steps", type=int, default=300)
     ap.add_argument("--out", default=None, help="work dir (default: a temp dir)")
     ap.add_argument("--experiment", default="bench-generate", help="MLflow experiment")
     args = ap.parse_args()

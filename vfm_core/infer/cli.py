@@ -62,12 +62,18 @@ def _report(result: dict, as_json: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vfm generate``; user errors raise GenerateError / CheckpointError (exit 2 upstream)."""
-    from vfm_core.infer.generate import embed_prompt, generate
+    from vfm_core.infer.dit_checkpoint import resolve_checkpoint
+    from vfm_core.infer.generate import check_guidance, check_prompt, embed_prompt, generate
     from vfm_core.infer.shapes import GenerateError
 
-    request = request_from_args(args)  # checks --size before anything is loaded
+    # cheap checks first, before the text model and the ranks are started
+    request = request_from_args(args)
+    check_prompt(args.prompt)
+    if args.guidance is not None:
+        check_guidance(args.guidance)
     if args.nproc < 1:
         raise GenerateError(f"--nproc: must be >= 1, got {args.nproc}")
+    resolve_checkpoint(args.checkpoint)
     emb = embed_prompt(args.prompt)  # (1, Dt); empty prompt -> GenerateError
     if args.nproc == 1:
         result = generate(

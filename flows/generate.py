@@ -1,0 +1,103 @@
+"""Generation flow: a trained checkpoint + prompts -> videos and an evaluation, all as artifacts
+and metrics of one MLflow run.
+
+Thin by design: parameters are a pydantic model (the Prefect UI renders it as a form); each video
+is one task running ``vfm generate`` (torchrun with ``nproc`` context-parallel ranks), the
+evaluation one task, MLflow logging one task. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from pydantic import BaseModel, Field, field_validator
+
+from tasks.generate import end_mlflow_run, evaluate_checkpoint, generate_video, log_generation
+from tasks.train import start_mlflow_run
+from vfm_core.config import TrackingConfig
+from vfm_core.tracking import data_dir, ui_hint
+
+
+class GenerateParams(BaseModel):
+    """Form of the generation flow."""
+
+    checkpoint: str = Field(..., description="run directory written by `vfm train`")
+    prompts: list[str] = Field(..., min_length=1, description="one video per prompt")
+    frames: int = Field(13, ge=1, le=1025, description="frames (rounded up to 1 + 4k)")
+    size: str = Field("64x64", description="HxW in pixels")
+    seed: int = Field(0, ge=0, description="noise seed (prompt i uses seed + i)")
+    steps: int | None = Field(None, ge=1, le=1000, description="sampler steps (None: config)")
+    guidance: float | None = Field(None, ge=0, le=30, description="classifier-free guidance")
+    tokenizer: str | None = Field(None, description="tokenizer dir (None: the run's)")
+    nproc: int = Field(1, ge=1, le=64, description="context-parallel ranks per video")
+    out_dir: str = Field("", description="where videos go ('' = data/generated/<run name>)")
+    evaluate: bool = Field(True, description="held-out loss + Fréchet distance of the checkpoint")
+    eval_samples: int = Field(16, ge=2, le=1024, description="held-out samples for evaluation")
+    experiment: str = Field("vfm-generate", description="MLflow experiment")
+
+    @field_validator("prompts")
+    @classmethod
+    def _non_empty(cls, v: list[str]) -> list[str]:
+        empty = [i for i, p in enumerate(v) if not p.strip()]
+        if empty:
+            raise ValueError(f"prompts {empty} are empty; every prompt must describe a video")
+        return [p.strip() for p in v]
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if not re.fullmatch(r"[1-9]\d*x[1-9]\d*", v):
+            raise ValueError(f"size {v!r}: expected HxW, e.g. 64x64")
+        return v
+
+    def resolved_out(self) -> Path:
+        return Path(self.out_dir or data_dir() / "generated" / Path(self.checkpoint).name)
+
+
+@flow(name="generate", log_prints=True)
+def generate_flow(params: GenerateParams) -> dict[str, Any]:
+    tracking = TrackingConfig(experiment=params.experiment)
+    run_id = start_mlflow_run(
+        tracking, {"source": "prefect", "vfm.stage": "generate", "checkpoint": params.checkpoint}
+    )
+    out = params.resolved_out()
+    try:
+        videos = [
+            generate_video(
+                params.checkpoint,
+                prompt,
+                str(out / f"video_{i:03d}.mp4"),
+                frames=params.frames,
+                size=params.size,
+                seed=params.seed + i,
+                steps=params.steps,
+                guidance=params.guidance,
+                tokenizer=params.tokenizer,
+                nproc=params.nproc,
+            )  # fmt: skip
+            for i, prompt in enumerate(params.prompts)
+        ]
+        metrics = None
+        if params.evaluate:
+            metrics = evaluate_checkpoint(
+                params.checkpoint, tokenizer=params.tokenizer, samples=params.eval_samples
+            )
+        log_generation(
+            run_id,
+            tracking,
+            videos=videos,
+            metrics=metrics,
+            params={**params.model_dump(exclude={"prompts"}), "n_prompts": len(params.prompts)},
+        )
+    except BaseException:
+        end_mlflow_run(run_id, tracking, "FAILED")
+        raise
+    end_mlflow_run(run_id, tracking, "FINISHED")
+    print(f"{len(videos)} video(s) in {out}; MLflow run {run_id} -> {ui_hint(tracking)}")
+    if metrics:
+        print(f"held-out loss {metrics['heldout_loss']:.4f}, Fréchet distance "
+              f"{metrics['frechet_distance']:.4f}")  # fmt: skip
+    return {"mlflow_run_id": run_id, "videos": videos, "metrics": metrics, "out_dir": str(out)}

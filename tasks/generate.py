@@ -1,0 +1,125 @@
+"""Prefect tasks around generation: one ``vfm generate`` subprocess per video (torchrun inside when
+``nproc`` > 1), one in-process evaluation of the checkpoint, and one MLflow logging step. Each
+returns small serialisable results (paths, metric dicts, run ids)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks.logs import task_logger
+from vfm_core.config import TrackingConfig
+
+
+@task(name="generate-video")  # no retries: a failure is a user error or a bug, not transient
+def generate_video(
+    checkpoint: str,
+    prompt: str,
+    out: str,
+    *,
+    frames: int,
+    size: str,
+    seed: int,
+    steps: int | None = None,
+    guidance: float | None = None,
+    tokenizer: str | None = None,
+    nproc: int = 1,
+) -> dict[str, Any]:
+    """``vfm generate`` for one prompt; returns its JSON result (paths, shapes, timings)."""
+    logger = task_logger()
+    cmd = [sys.executable, "-m", "vfm_core.cli", "generate", "--checkpoint", checkpoint,
+           "--prompt", prompt, "--frames", str(frames), "--size", size, "--seed", str(seed),
+           "--out", out, "--nproc", str(nproc), "--json"]  # fmt: skip
+    for flag, value in (("--steps", steps), ("--guidance", guidance), ("--tokenizer", tokenizer)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    logger.info("launching: %s", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stderr.splitlines()[-20:]:
+        logger.info(line)
+    if proc.returncode != 0:
+        errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+        reason = "\n".join(errors) or proc.stderr.strip()[-1500:]
+        raise RuntimeError(f"vfm generate exited with code {proc.returncode}: {reason}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@task(name="evaluate-checkpoint")
+def evaluate_checkpoint(
+    checkpoint: str, *, tokenizer: str | None = None, samples: int = 16, steps: int = 12
+) -> dict[str, float]:
+    """Held-out EDM loss at fixed sigmas + Fréchet distance (vfm_core.infer.evaluate)."""
+    from vfm_core.infer.evaluate import EvalConfig, evaluate
+
+    ec = EvalConfig(loss_samples=samples, fd_samples=samples, steps=steps, batch=min(8, samples))
+    return evaluate(checkpoint, tokenizer=tokenizer, config=ec)
+
+
+@task(name="log-generation", retries=2, retry_delay_seconds=2)
+def log_generation(
+    run_id: str,
+    tracking: TrackingConfig,
+    *,
+    videos: list[dict[str, Any]],
+    metrics: dict[str, float] | None,
+    params: dict[str, Any],
+) -> str:
+    """Log videos (MP4, GIF, latents under ``videos/``), evaluation metrics (``eval/…``) and the
+    parameters to the MLflow run; returns the run id."""
+    import mlflow
+    from mlflow.entities import Metric, Param
+
+    from vfm_core.tracking import ensure_experiment
+
+    ensure_experiment(tracking)
+    client = mlflow.MlflowClient()
+    client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    if metrics:
+        ts = int(mlflow.utils.time.get_current_time_millis())
+        step = int(metrics.get("checkpoint_step", 0))
+        client.log_batch(
+            run_id, metrics=[Metric(f"eval/{k}", float(v), ts, step) for k, v in metrics.items()]
+        )
+    for v in videos:
+        for key in ("mp4", "gif", "latent"):
+            if v.get(key) and Path(v[key]).is_file():
+                client.log_artifact(run_id, v[key], artifact_path="videos")
+    summary = Path(videos[0]["mp4"]).parent / "generation.json" if videos else None
+    if summary is not None:
+        summary.write_text(json.dumps({"videos": videos, "metrics": metrics}, indent=1))
+        client.log_artifact(run_id, str(summary))
+    return run_id
+
+
+@task(name="end-mlflow-run", retries=2, retry_delay_seconds=2)
+def end_mlflow_run(run_id: str, tracking: TrackingConfig, status: str = "FINISHED") -> None:
+    """Mark the flow's MLflow run FINISHED (or FAILED)."""
+    import mlflow
+
+    from vfm_core.tracking import ensure_experiment
+
+    ensure_experiment(tracking)
+    mlflow.MlflowClient().set_terminated(run_id, status=status)
+
+
+@task(name="encode-shards", retries=1, retry_delay_seconds=5)
+def encode_latents(src: str, dst: str, *, tokenizer: str, overwrite: bool = False) -> dict:
+    """Copy the shard dataset ``src`` to ``dst`` adding ``{key}.latent.npy`` (pre-encoded latents
+    for training without video decoding); returns the summary (index URL, counts, seconds)."""
+    from dataclasses import asdict
+
+    from vfm_core.infer.encode_shards import encode_shards
+
+    logger = task_logger()
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 100 == 0:
+            logger.info("encoded %d/%d samples", done, total)
+
+    return asdict(encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite,
+                                progress=progress))  # fmt: skip

@@ -1,0 +1,122 @@
+"""Generation flow under a real Prefect API: a checkpoint written by the training task + prompts ->
+MP4/GIF/latents and the evaluation as artifacts and metrics of one MLflow run; bad parameters are
+refused by the form, a failing generation marks the run FAILED with the reason."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from flows.generate import GenerateParams, generate_flow
+from tasks.generate import encode_latents, generate_video
+from tasks.train import train_model
+from vfm_core.config import apply_overrides
+from vfm_core.recipes import get_recipe
+
+TINY = ["model.hidden=64", "model.depth=2", "model.adaln_lora_rank=16", "data.batch_size=2",
+        "data.latent_height=8", "data.latent_width=8", "train.steps=2", "tracking.mlflow=false",
+        "diffusion.num_steps=3", "train.device=cpu"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[str, str]:
+    """(run dir of a 2-step `vfm train` run, a tok-tiny tokenizer dir)."""
+    import torch
+
+    from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
+
+    root = tmp_path_factory.mktemp("gen-flow")
+    cfg = apply_overrides(get_recipe("dit-tiny"), TINY)
+    summary = train_model.fn(cfg, str(root / "run"))
+    assert summary["step"] == 2
+    torch.manual_seed(0)
+    save_tokenizer(CausalVideoAutoencoder(TokenizerConfig(base_channels=16)), root / "tok")
+    return str(root / "run"), str(root / "tok")
+
+
+def test_params_validate():
+    ok = dict(checkpoint="run", prompts=["a cat"])
+    with pytest.raises(ValidationError, match="prompts \\[1\\] are empty"):
+        GenerateParams(**{**ok, "prompts": ["a cat", "  "]})
+    with pytest.raises(ValidationError, match="at least 1 item"):
+        GenerateParams(**{**ok, "prompts": []})
+    with pytest.raises(ValidationError, match="size '64': expected HxW"):
+        GenerateParams(**{**ok, "size": "64"})
+    with pytest.raises(ValidationError, match="less than or equal to 30"):
+        GenerateParams(**{**ok, "guidance": 31})
+    schema = GenerateParams.model_json_schema()  # what the Prefect UI renders as a form
+    assert {"checkpoint", "prompts", "frames", "size", "nproc", "guidance"} <= set(
+        schema["properties"]
+    )
+
+
+def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path):
+    import mlflow
+
+    run, tok = trained
+    params = GenerateParams(
+        checkpoint=run, prompts=["a red disc", "a blue square"], frames=5, size="64x64",
+        steps=2, guidance=2.0, tokenizer=tok, out_dir=str(tmp_path / "gen"), eval_samples=4,
+        experiment="test-generate-flow",
+    )  # fmt: skip
+    out = generate_flow(params)
+    assert [v["frames"] for v in out["videos"]] == [5, 5]
+    assert [v["seed"] for v in out["videos"]] == [0, 1]
+    client = mlflow.MlflowClient()
+    r = client.get_run(out["mlflow_run_id"])
+    assert r.info.status == "FINISHED" and r.data.tags["vfm.stage"] == "generate"
+    assert r.data.metrics["eval/frechet_distance"] == pytest.approx(
+        out["metrics"]["frechet_distance"]
+    )
+    assert "eval/loss_sigma_1" in r.data.metrics and r.data.params["nproc"] == "1"
+    arts = {a.path for a in client.list_artifacts(r.info.run_id, "videos")}
+    for i in range(2):
+        for ext in ("mp4", "gif", "latent.npy"):
+            assert f"videos/video_{i:03d}.{ext}" in arts
+    assert "generation.json" in {a.path for a in client.list_artifacts(r.info.run_id)}
+
+
+def test_failing_generation_marks_run_failed(prefect_api, trained, tmp_path):
+    import mlflow
+
+    params = GenerateParams(
+        checkpoint=str(tmp_path / "missing"), prompts=["x"], evaluate=False,
+        out_dir=str(tmp_path / "gen"), experiment="test-generate-flow",
+    )  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match="exited with code 2: vfm generate: error: --checkpoint .*missing: no such directory",
+    ):
+        generate_flow(params)
+    exp = mlflow.get_experiment_by_name("test-generate-flow")
+    runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.checkpoint LIKE '%missing'")
+    assert list(runs["status"]) == ["FAILED"]
+
+
+def test_generate_task_fn_names_tokenizer_mismatch(trained, tmp_path):
+    from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
+
+    run, _ = trained
+    save_tokenizer(CausalVideoAutoencoder(TokenizerConfig(base_channels=16, latent_channels=8)),
+                   tmp_path / "tok8")  # fmt: skip
+    with pytest.raises(RuntimeError, match="8 latent channels, expected 4"):
+        generate_video.fn(run, "a cat", str(tmp_path / "x.mp4"), frames=5, size="64x64", seed=0,
+                          tokenizer=str(tmp_path / "tok8"))  # fmt: skip
+
+
+def test_encode_shards_task_fn(trained, tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    from vfm_core.data.index import read_index
+    from vfm_core.data.shards import write_shards
+    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+    _, tok = trained
+    make_video(tmp_path / "c.mp4", VideoSpec(width=32, height=32, fps=8.0,
+               segments=(Segment(kind="moving", n_frames=9),)))  # fmt: skip
+    clips = pd.DataFrame([{"clip_id": "c0", "uri": str(tmp_path / "c.mp4"), "caption": "a"}])
+    write_shards(clips, str(tmp_path / "src"), embed=lambda c: np.ones((len(c), 8), np.float32))
+    out = encode_latents.fn(str(tmp_path / "src"), str(tmp_path / "dst"), tokenizer=tok)
+    assert out["encoded"] == 1 and out["index"].endswith("index.json")
+    assert read_index(str(tmp_path / "dst")).samples.at[0, "latent_shape"] == [4, 3, 4, 4]
