@@ -108,7 +108,21 @@ def steps_worker(rank: int, world: int, cases: list) -> list[dict]:
             out.append(step_worker(rank, world, arch, degrees, options))
         except Exception as e:  # reported per case by the test
             out.append({"error": f"{type(e).__name__}: {e}"})
-    return out
+    return {"cases": out, "mesh": mesh_coords(world)}
+
+
+def mesh_coords(world: int) -> dict:
+    """This rank's coordinates in a tp=2 mesh (checked by test_dims via the same spawn)."""
+    dims = ParallelDims(tp=2, world_size=world)
+    dims.build_mesh("cpu")
+    return {
+        "names": list(dims.mesh.mesh_dim_names),
+        "tp": dims.coord("tp"),
+        "dp": dims.dp_rank(),
+        "cp": dims.coord("cp"),
+        "tp_ranks": dims.submesh("tp").mesh.flatten().tolist(),
+        "dp_ranks": dims.dp_mesh().mesh.flatten().tolist(),
+    }
 
 
 def pipeline_worker(rank: int, world: int, cases: list) -> list[dict]:

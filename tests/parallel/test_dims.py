@@ -1,10 +1,9 @@
-"""ParallelDims: degree validation with errors naming the degree, dp_shard inference, the named
-mesh and its sub-meshes on 4 gloo ranks."""
+"""ParallelDims: degree validation with errors naming the degree, dp_shard inference (the named
+mesh on 4 gloo ranks is checked in test_equivalence.py, from the same spawn)."""
 
 from __future__ import annotations
 
 import pytest
-from parallel_harness import run_ranks
 
 from vfm_core.config import ConfigError, ParallelConfig
 from vfm_core.parallel.dims import MESH_DIMS, ParallelDims
@@ -38,26 +37,3 @@ def test_bad_degrees_are_named(kwargs, message):
 def test_mesh_needs_building_first():
     with pytest.raises(RuntimeError, match="build_mesh"):
         _ = ParallelDims(world_size=1).mesh
-
-
-def _worker_mesh(rank, world):
-    dims = ParallelDims(tp=2, dp_shard=-1, world_size=world)
-    mesh = dims.build_mesh("cpu")
-    assert mesh.mesh_dim_names == MESH_DIMS
-    return {
-        "tp": dims.coord("tp"),
-        "dp": dims.dp_rank(),
-        "cp": dims.coord("cp"),
-        "tp_ranks": dims.submesh("tp").mesh.flatten().tolist(),
-        "dp_ranks": dims.dp_mesh().mesh.flatten().tolist(),
-    }
-
-
-@pytest.mark.slow
-def test_named_mesh_puts_tp_innermost():
-    out = run_ranks(_worker_mesh, 4)
-    assert [o["tp"] for o in out] == [0, 1, 0, 1]
-    assert [o["dp"] for o in out] == [0, 0, 1, 1]
-    assert all(o["cp"] == 0 for o in out)
-    assert [o["tp_ranks"] for o in out] == [[0, 1], [0, 1], [2, 3], [2, 3]]
-    assert [o["dp_ranks"] for o in out] == [[0, 2], [1, 3], [0, 2], [1, 3]]

@@ -29,6 +29,7 @@ FOUR = [
     ("llama_dit", dict(tp=2, cp=2, dp_shard=1), dict(sequence_parallel=True, cp_mode="ring")),
     ("stdit", dict(tp=2, cp=2, dp_shard=1), dict(sequence_parallel=True, cp_mode="hybrid")),
     ("dit", dict(dp_replicate=2, dp_shard=2), {}),
+    ("stdit", dict(dp_replicate=2, cp=2, dp_shard=1), dict(cp_mode="hybrid")),
 ]
 
 
@@ -56,10 +57,22 @@ def _check(results, label):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(TWO)), ids=[str(c) for c in TWO])
 def test_two_process_step_equals_one_process(case, two_process_results):
-    _check([r[case] for r in two_process_results], str(TWO[case]))
+    _check([r["cases"][case] for r in two_process_results], str(TWO[case]))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(FOUR)), ids=[str(c) for c in FOUR])
 def test_four_process_step_equals_one_process(case, four_process_results):
-    _check([r[case] for r in four_process_results], str(FOUR[case]))
+    _check([r["cases"][case] for r in four_process_results], str(FOUR[case]))
+
+
+@pytest.mark.slow
+def test_named_mesh_puts_tp_innermost(four_process_results):
+    """ParallelDims on 4 ranks with tp=2 (dp_shard inferred = 2), from the same spawn."""
+    out = [r["mesh"] for r in four_process_results]
+    assert out[0]["names"] == ["pp", "dp_replicate", "dp_shard", "cp", "tp"]
+    assert [o["tp"] for o in out] == [0, 1, 0, 1]
+    assert [o["dp"] for o in out] == [0, 0, 1, 1]
+    assert all(o["cp"] == 0 for o in out)
+    assert [o["tp_ranks"] for o in out] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [o["dp_ranks"] for o in out] == [[0, 2], [1, 3], [0, 2], [1, 3]]

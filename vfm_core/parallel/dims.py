@@ -14,6 +14,7 @@ in the project computes ranks by hand: ask :meth:`ParallelDims.coord` or the sub
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -43,6 +44,8 @@ class ParallelDims:
     """Number of ranks the degrees must multiply to."""
     _mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
     """The built mesh (see :meth:`build_mesh`)."""
+    _fsdp: DeviceMesh | None = field(default=None, init=False, repr=False)
+    """The FSDP mesh (see :meth:`fsdp_mesh`)."""
 
     def __post_init__(self) -> None:
         if self.world_size <= 0:
@@ -144,6 +147,20 @@ class ParallelDims:
         if self.dp_replicate > 1 and self.dp_shard > 1:
             return self.submesh("dp_replicate", "dp_shard")
         return self.submesh("dp_replicate" if self.dp_replicate > 1 else "dp_shard")
+
+    def fsdp_mesh(self) -> DeviceMesh:
+        """Mesh FSDP2 shards over: data-parallel *and* context-parallel ranks (torchtitan's
+        ``dp_shard_cp``), 2D (replicate, shard x cp) for HSDP. CP ranks hold different tokens of
+        the same samples, so parameters and optimizer state shard over them too, and one
+        reduce-scatter replaces a separate gradient all-reduce over cp."""
+        if self._fsdp is None:
+            flat = self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+            if self.dp_replicate > 1:
+                with warnings.catch_warnings():  # slicing a flattened dim from the root mesh
+                    warnings.simplefilter("ignore", UserWarning)
+                    flat = self.mesh["dp_replicate", "dp_shard_cp"]
+            self._fsdp = flat
+        return self._fsdp
 
     def group(self, name: str) -> dist.ProcessGroup:
         """Process group of one mesh dimension."""

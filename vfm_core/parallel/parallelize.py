@@ -12,14 +12,14 @@ all-gathers the TP chunks of a CP chunk, ring / all-to-all attention joins the C
 run unchanged (identically on the ranks of one CP x TP group).
 
 Gradients. On a sequence chunk every parameter only sees its own tokens, so its gradient is a
-partial sum; :func:`sync_grads` all-reduces (SUM) after ``backward``:
+partial sum that must be summed:
 
-* over **cp**: every parameter (each CP rank saw different tokens);
-* over **tp**: parameters TP does not shard (plain tensors): with SP all of them (sequence chunks),
-  without SP only the per-head QK-RMSNorm weights (each TP rank normalises different heads).
-
-FSDP2 then averages over the data-parallel ranks (each holds a different batch slice). This is
-Megatron's rule for sequence-parallel LayerNorm weights, extended to CP.
+* over **cp**: every parameter (each CP rank saw different tokens). FSDP2 shards over the
+  flattened (dp_shard, cp) ranks (torchtitan's ``dp_shard_cp``) with its gradient divide factor set
+  to the data-parallel degree, so its reduce-scatter sums over CP and averages over DP at once;
+* over **tp** (:func:`sync_grads`, after ``backward``): parameters TP does not shard (plain
+  tensors): with SP all of them (sequence chunks), without SP only the per-head QK-RMSNorm weights
+  (each TP rank normalises different heads) — Megatron's rule for sequence-parallel norm weights.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -175,20 +175,25 @@ def parallelize_dit(
         if not sp:
             unsharded = [n for n in unsharded if ".q_norm." in n or ".k_norm." in n]
         groups.append((dims.group("tp"), unsharded))
-    if dims.cp_enabled:
-        groups.append((dims.group("cp"), [n for n, _ in model.named_parameters()]))
-    model.vfm_grad_sync = GradSync(groups=groups)
+    model.vfm_grad_sync = GradSync(groups=groups)  # cp partial sums: FSDP's reduce-scatter
     # 3. activation checkpointing: recompute each block in backward (parameter names unchanged)
     if activation_checkpointing:
         for block in model.blocks.values():
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-    # 4. FSDP2 over the data-parallel ranks (HSDP when dp_replicate > 1)
-    if dims.fsdp_enabled:
+    # 4. FSDP2 over the data-parallel x context-parallel ranks (HSDP when dp_replicate > 1).
+    # Gradients are divided by dp only: averaged over the batch slices, summed over the CP ranks'
+    # token chunks of the same samples.
+    if dims.fsdp_enabled or dims.cp_enabled:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-        dp_mesh = dims.dp_mesh()
+        fsdp_mesh = dims.fsdp_mesh()
         for block in model.blocks.values():
-            fully_shard(block, mesh=dp_mesh, mp_policy=mp)
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+            fully_shard(block, mesh=fsdp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
+        for module in model.modules():
+            if isinstance(module, FSDPModule) and dims.cp_enabled:
+                module.set_gradient_divide_factor(float(dims.dp))
+                if fsdp_mesh.device_type == "cpu":  # gloo has no PREMUL_SUM: sum, then divide
+                    module.set_force_sum_reduction_for_comms(True)
     return model
 
 
