@@ -14,7 +14,7 @@ from prefect import flow, unmapped
 from pydantic import BaseModel, Field
 
 from tasks.curate import curate_video_task, discover_task, write_manifests_task
-from vfm_core.curate.stages import CurateConfig
+from vfm_core.curate.config import CurateConfig
 
 
 class CurateParams(BaseModel):

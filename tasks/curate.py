@@ -15,6 +15,7 @@ from prefect import task
 
 from tasks.logs import task_logger
 from vfm_core.contracts import AnnotatedClips, Rejects
+from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import LocalExecutor
 from vfm_core.curate.pipeline import (
     assemble,
@@ -26,7 +27,6 @@ from vfm_core.curate.pipeline import (
     rows_valid,
 )
 from vfm_core.curate.records import VideoRef
-from vfm_core.curate.stages import CurateConfig
 
 
 def _ref(d: dict[str, Any]) -> VideoRef:

@@ -40,6 +40,7 @@ def s3(monkeypatch):
     fs, _ = storage.filesystem("s3://vfm")
     fs.mkdir("vfm")
     yield fs
+    fs.rm("vfm", recursive=True)  # moto's backend is process-global: leave no bucket behind
     fs.clear_instance_cache()
     server.stop()
 
@@ -79,3 +80,13 @@ def test_curate_s3_to_s3(s3, good_dir, bad_dir, tmp_path):
     # rerun: finished videos are skipped, the unreadable one is retried (and still rejected)
     again = curate("s3://vfm/raw/", "s3://vfm/out", config=CFG, refs=refs)
     assert again["n_skipped"] == len(refs) - 1 and again["n_clips"] == out["n_clips"]
+
+
+@pytest.mark.slow
+def test_s3_store_failure_fails_the_run(s3, good_dir):
+    """A destination that cannot be written is not the input's fault: no reject, an error."""
+    from vfm_core.storage import StorageError
+
+    s3.put_file(str(good_dir[0] / "demo0.mp4"), "vfm/raw/demo0.mp4")
+    with pytest.raises(StorageError, match="s3://no-such-bucket/out/clips/.*upload failed"):
+        curate("s3://vfm/raw/", "s3://no-such-bucket/out", config=CFG)

@@ -19,7 +19,7 @@ _EXPORTS = {
     "curate": "pipeline",
     "discover": "pipeline",
     "process": "pipeline",
-    "CurateConfig": "stages",
+    "CurateConfig": "config",
     "Stage": "stages",
     "build_stages": "stages",
 }

@@ -38,9 +38,9 @@ def _positive(name: str, v: float | None, *, zero_ok: bool = False) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vfm_core.contracts import ContractError
+    from vfm_core.curate.config import CurateConfig
     from vfm_core.curate.executors import RayExecutor
     from vfm_core.curate.pipeline import curate
-    from vfm_core.curate.stages import CurateConfig
     from vfm_core.storage import StorageError
 
     try:

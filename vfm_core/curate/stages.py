@@ -10,20 +10,19 @@ The order (see `records` for the items):
 
 A stage turns every user-caused failure (bad file, unreadable object, undecodable span) into a
 `RejectRow` with its stage and reason; rejects from earlier stages pass through unchanged, so
-every input ends as accepted clips or rejects. Stages are plain picklable objects: the same
-instances run in-process or inside Ray actors.
+every input ends as accepted clips or rejects. A storage failure after the input was read (e.g.
+uploading a clip) is not the input's fault: it raises, and the resumable run is retried. Stages
+are plain picklable objects: the same instances run in-process or inside Ray actors.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import av
 import numpy as np
@@ -31,7 +30,8 @@ import numpy as np
 from vfm_core import storage
 from vfm_core.annotate.caption import Captioner, ChainCaptioner, SidecarCaptioner, VLMCaptioner
 from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedder, clip_embedding
-from vfm_core.annotate.filters import FilterConfig, reject_reasons, sample_indices, score_frames
+from vfm_core.annotate.filters import reject_reasons, sample_indices, score_frames
+from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import (
     AnnotatedClip,
     ClipTask,
@@ -42,101 +42,10 @@ from vfm_core.curate.records import (
     SplitVideo,
     VideoRef,
 )
-from vfm_core.video.io import MAX_PIXELS, VideoError, decode_frames, probe, transcode_span
-from vfm_core.video.shots import (
-    ColorChangeSplitter,
-    FixedStrideSplitter,
-    LengthRules,
-    Splitter,
-    TransNetV2Splitter,
-)
+from vfm_core.video.io import VideoError, decode_frames, probe, transcode_span
 from vfm_core.video.stitch import stitch
 
 _USER_ERRORS = (VideoError, storage.StorageError, OSError, ValueError, av.FFmpegError)
-
-
-@dataclass(kw_only=True, slots=True)
-class CurateConfig:
-    """Settings of every curation stage."""
-
-    splitter: Literal["color", "stride", "transnetv2"] = "color"
-    """Shot detector: colour change (default), fixed stride, or TransNetV2."""
-    min_len_s: float = 2.0
-    """Shorter shots are dropped."""
-    max_len_s: float | None = 20.0
-    """Longer shots are cut into equal windows no longer than this (None: no limit)."""
-    stride_s: float = 10.0
-    """Window length of the fixed-stride splitter."""
-    stitch: bool = True
-    """Merge touching spans whose boundary frames look alike."""
-    stitch_threshold: float = 0.9
-    """Cosine similarity of boundary-frame embeddings above which spans merge."""
-    analysis_width: int = 64
-    """Width of the frames decoded for splitting and filter scores."""
-    max_pixels: int = MAX_PIXELS
-    """Videos declaring a larger frame (width x height) are rejected."""
-    out_width: int | None = None
-    """Clip width (aspect kept); None keeps the source size."""
-    out_fps: float | None = None
-    """Clip frame rate; None keeps the source rate (VFR sources get their average rate)."""
-    crf: int = 23
-    """libx264 quality."""
-    preset: str = "veryfast"
-    """libx264 preset."""
-    filters: FilterConfig = field(default_factory=FilterConfig)
-    """Filter thresholds."""
-    embed_frames: int = 4
-    """Frames averaged into a clip embedding."""
-    image_model: str | None = None
-    """Local directory of a transformers image model for clip embeddings (None: colour thumbs)."""
-    vlm: str | None = None
-    """Local directory of a transformers image-to-text model for captions (after sidecars)."""
-    require_caption: bool = False
-    """Reject clips without a caption."""
-
-    def clip_settings(self) -> str:
-        """Everything that changes which clips are written and what they contain (for clip ids)."""
-        d = dataclasses.asdict(self)
-        for k in ("filters", "embed_frames", "image_model", "vlm", "require_caption"):
-            d.pop(k)
-        return json.dumps(d, sort_keys=True)
-
-    def settings_hash(self) -> str:
-        """Hash of all settings (a finished video is redone when this changes)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (Prefect parameters, task arguments)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CurateConfig:
-        """Inverse of `to_dict`; unknown keys raise ValueError naming them."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"CurateConfig: unknown setting(s) {unknown}")
-        d = dict(d)
-        if isinstance(d.get("filters"), dict):
-            fnames = {f.name for f in dataclasses.fields(FilterConfig)}
-            bad = sorted(set(d["filters"]) - fnames)
-            if bad:
-                raise ValueError(f"CurateConfig.filters: unknown setting(s) {bad}")
-            d["filters"] = FilterConfig(**d["filters"])
-        return cls(**d)
-
-    def splitter_obj(self) -> Splitter:
-        lengths = LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)
-        if self.splitter == "color":
-            return ColorChangeSplitter(analysis_width=self.analysis_width, lengths=lengths)
-        if self.splitter == "stride":
-            return FixedStrideSplitter(stride_s=self.stride_s, lengths=lengths)
-        if self.splitter == "transnetv2":
-            return TransNetV2Splitter(lengths=lengths)
-        raise ValueError(
-            f"CurateConfig.splitter: unknown {self.splitter!r}; expected color, stride, transnetv2"
-        )
 
 
 @runtime_checkable
@@ -188,6 +97,10 @@ class _MapStage:
                 continue
             try:
                 out += self.one(item)
+            except storage.StorageError as e:
+                if self.name != "probe":
+                    raise  # the store failed, not the input: fail the run (retry/resume)
+                out.append(self._reject(item, e))
             except _USER_ERRORS as e:
                 out.append(self._reject(item, e))
         return out
@@ -335,7 +248,10 @@ class TranscodeStage(_MapStage):
         finally:
             tmp.unlink(missing_ok=True)
         if remote:
-            storage.put_file(final, uri)
+            try:
+                storage.put_file(final, uri)
+            except OSError as e:
+                raise storage.StorageError(uri, f"upload failed ({e})") from None
         return [
             ClipTask(
                 span=item, clip_id=cid, uri=uri, local_path=str(final), width=r.width,

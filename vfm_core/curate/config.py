@@ -1,0 +1,103 @@
+"""`CurateConfig`: the settings of every curation stage, JSON-able for Prefect parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vfm_core.annotate.filters import FilterConfig
+from vfm_core.video.io import MAX_PIXELS
+from vfm_core.video.shots import (
+    ColorChangeSplitter,
+    FixedStrideSplitter,
+    LengthRules,
+    Splitter,
+    TransNetV2Splitter,
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class CurateConfig:
+    """Settings of every curation stage."""
+
+    splitter: Literal["color", "stride", "transnetv2"] = "color"
+    """Shot detector: colour change (default), fixed stride, or TransNetV2."""
+    min_len_s: float = 2.0
+    """Shorter shots are dropped."""
+    max_len_s: float | None = 20.0
+    """Longer shots are cut into equal windows no longer than this (None: no limit)."""
+    stride_s: float = 10.0
+    """Window length of the fixed-stride splitter."""
+    stitch: bool = True
+    """Merge touching spans whose boundary frames look alike."""
+    stitch_threshold: float = 0.9
+    """Cosine similarity of boundary-frame embeddings above which spans merge."""
+    analysis_width: int = 64
+    """Width of the frames decoded for splitting and filter scores."""
+    max_pixels: int = MAX_PIXELS
+    """Videos declaring a larger frame (width x height) are rejected."""
+    out_width: int | None = None
+    """Clip width (aspect kept); None keeps the source size."""
+    out_fps: float | None = None
+    """Clip frame rate; None keeps the source rate (VFR sources get their average rate)."""
+    crf: int = 23
+    """libx264 quality."""
+    preset: str = "veryfast"
+    """libx264 preset."""
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    """Filter thresholds."""
+    embed_frames: int = 4
+    """Frames averaged into a clip embedding."""
+    image_model: str | None = None
+    """Local directory of a transformers image model for clip embeddings (None: colour thumbs)."""
+    vlm: str | None = None
+    """Local directory of a transformers image-to-text model for captions (after sidecars)."""
+    require_caption: bool = False
+    """Reject clips without a caption."""
+
+    def clip_settings(self) -> str:
+        """Everything that changes which clips are written and what they contain (for clip ids)."""
+        d = dataclasses.asdict(self)
+        for k in ("filters", "embed_frames", "image_model", "vlm", "require_caption"):
+            d.pop(k)
+        return json.dumps(d, sort_keys=True)
+
+    def settings_hash(self) -> str:
+        """Hash of all settings (a finished video is redone when this changes)."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (Prefect parameters, task arguments)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CurateConfig:
+        """Inverse of `to_dict`; unknown keys raise ValueError naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"CurateConfig: unknown setting(s) {unknown}")
+        d = dict(d)
+        if isinstance(d.get("filters"), dict):
+            fnames = {f.name for f in dataclasses.fields(FilterConfig)}
+            bad = sorted(set(d["filters"]) - fnames)
+            if bad:
+                raise ValueError(f"CurateConfig.filters: unknown setting(s) {bad}")
+            d["filters"] = FilterConfig(**d["filters"])
+        return cls(**d)
+
+    def splitter_obj(self) -> Splitter:
+        lengths = LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)
+        if self.splitter == "color":
+            return ColorChangeSplitter(analysis_width=self.analysis_width, lengths=lengths)
+        if self.splitter == "stride":
+            return FixedStrideSplitter(stride_s=self.stride_s, lengths=lengths)
+        if self.splitter == "transnetv2":
+            return TransNetV2Splitter(lengths=lengths)
+        raise ValueError(
+            f"CurateConfig.splitter: unknown {self.splitter!r}; expected color, stride, transnetv2"
+        )
