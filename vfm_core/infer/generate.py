@@ -14,9 +14,9 @@ Stage order of :func:`generate` (top to bottom):
    identical on every rank whatever their number;
 5. **denoise** with the EDM Heun sampler and classifier-free guidance, conditional and
    unconditional in one batch (:func:`vfm_core.diffusion.sampler.sample`). Under torchrun with N
-   ranks the DiT is wrapped by :func:`vfm_core.parallel.parallelize.parallelize_dit` with ``cp=N``:
-   each rank embeds, attends (ring attention for full 3D attention, all-to-all for ST-DiT) and
-   transforms only its contiguous 1/N slice of the raster-ordered tokens; the output projection is
+   ranks (:mod:`vfm_core.infer.context_parallel`, the parallel package's CP attention) each rank
+   embeds, attends (ring attention for full 3D attention, all-to-all for ST-DiT) and transforms
+   only its contiguous 1/N slice of the raster-ordered tokens; the output projection is
    all-gathered, so the sampler state stays replicated and every rank takes the same ODE step;
 6. **decode** on rank 0 with the causal tokenizer (or, for runs trained on synthetic latents with no
    tokenizer, a labelled latent preview: 3 channels up-sampled by the default 4x8x8 factors), then
@@ -43,6 +43,7 @@ import torch.distributed as dist
 from vfm_core.config import DiffusionConfig
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.sampler import karras_sigmas, sample
+from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames, write_outputs
@@ -229,20 +230,6 @@ def load_decoder(path: str | Path, *, latent_channels: int):
         raise GenerateError(f"--tokenizer {p}: {e}") from None
 
 
-def _parallel_model(model: torch.nn.Module, loaded: LoadedDiT) -> int:
-    """Wrap ``model`` for context parallelism over all ranks; returns the CP degree."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return 1
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.parallelize import parallelize_dit
-
-    world = dist.get_world_size()
-    dims = ParallelDims(cp=world, dp_shard=1, world_size=world)
-    mode = "hybrid" if loaded.cfg.model.arch == "stdit" else "ring"
-    parallelize_dit(model, parallel_dims=dims, cp_mode=mode)
-    return world
-
-
 def generate(
     checkpoint: str | Path | LoadedDiT,
     request: GenerateRequest,
@@ -283,7 +270,7 @@ def generate(
     if text_emb is None:
         text_emb = embed_prompt(request.prompt, embedder=embedder)
     text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
-    ranks = _parallel_model(loaded.model, loaded)
+    ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
     noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
     t0 = time.perf_counter()
     latent = sample_latent(loaded.model, cfg.diffusion, noise, text, steps=steps, guidance=guidance)

@@ -1,0 +1,54 @@
+"""Context parallelism for inference: each rank embeds, attends and transforms a contiguous slice
+of the latent tokens; the DiT's output is all-gathered so the sampler state stays replicated.
+
+Built from the parallel package's public pieces (:func:`vfm_core.parallel.context.cp_attention`,
+:func:`~vfm_core.parallel.context.seq_chunk`, :func:`~vfm_core.parallel.context.gather_seq`) and
+:class:`~vfm_core.parallel.dims.ParallelDims` for the mesh, with the same hooks as
+``parallelize_dit``'s sequence split, but without what training adds (gradient sync, FSDP
+sharding of the weights over the CP ranks): sampling has no backward, and every rank keeping the
+full weights saves one all-gather per block per step. Tokens stay in (t, h, w) raster order; rank
+r owns tokens ``[r*N/P, (r+1)*N/P)``.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from vfm_core.parallel.context import cp_attention, gather_seq, seq_chunk
+from vfm_core.parallel.dims import ParallelDims
+
+__all__ = ["context_parallel_for_sampling"]
+
+
+def context_parallel_for_sampling(model: nn.Module, *, arch: str) -> int:
+    """Split ``model``'s token sequence over all ranks of the default process group (in place);
+    returns the CP degree (1 = nothing to do: single process)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 1
+    world = dist.get_world_size()
+    dims = ParallelDims(cp=world, dp_shard=1, world_size=world)
+    dims.build_mesh(next(model.parameters()).device.type)
+    group, rank = dims.group("cp"), dims.coord("cp")
+    # full 3D attention: ring (exact online softmax); ST-DiT spatial/temporal: all-to-all
+    attn = cp_attention(group, "hybrid" if arch == "stdit" else "ring")
+    for block in model.blocks.values():
+        for a in block.self_attn:
+            a.attn_fn = attn
+
+    def split(_mod, _inp, out):  # (B, N, D) -> (B, N/P, D)
+        return seq_chunk(out, rank, world)
+
+    def rope_chunk(_mod, args):  # block(h, emb, shared, text, rope (N, d/2), grid)
+        args = list(args)
+        args[4] = seq_chunk(args[4], rank, world, dim=0)  # (N/P, d/2)
+        return tuple(args)
+
+    def gather(_mod, _inp, out):  # (B, N/P, C*P) -> (B, N, C*P)
+        return gather_seq(out, group)
+
+    model.x_embedder.register_forward_hook(split)
+    for block in model.blocks.values():
+        block.register_forward_pre_hook(rope_chunk)
+    model.final.register_forward_hook(gather)
+    return world
