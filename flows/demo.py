@@ -1,52 +1,43 @@
-"""``make demo``: the pipeline on the built-in synthetic sample, on CPU, then where to look.
+"""``make demo``: the whole pipeline on the built-in synthetic sample, on CPU, then where to look.
 
-Today the chain is: synthetic latents -> train dit-tiny (Prefect flow + MLflow run). Curation,
-shards, generation and report join as their stages land.
+sample videos → curate → shard → tokenizer → encode latents → train dit-tiny → generate → report,
+as one Prefect flow (flows/pipeline.py) with every run in MLflow. A second ``make demo`` resumes:
+finished stages are skipped (``make clean`` starts over). ``VFM_DEMO_STEPS`` sets the DiT steps.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
-from flows.train import TrainParams, train_flow
-from vfm_core.tracking import data_dir, ui_hint
+from flows.pipeline import PipelineParams, pipeline_flow
+from vfm_core.tracking import ui_hint
 
 
 def main() -> int:
-    steps = int(os.environ.get("VFM_DEMO_STEPS", "300"))
-    out = data_dir() / "runs" / f"demo-dit-tiny-{time.strftime('%Y%m%d-%H%M%S')}"
-    params = TrainParams(
-        recipe="dit-tiny",
-        steps=steps,
-        out_dir=str(out),
-        overrides=["train.ckpt_every=100", "optim.lr=0.001"],
+    t0 = time.time()
+    params = PipelineParams(
+        name="demo",
+        train_steps=int(os.environ.get("VFM_DEMO_STEPS", "300")),
+        tokenizer_steps=int(os.environ.get("VFM_DEMO_TOKENIZER_STEPS", "200")),
+        overrides=["optim.lr=0.001"],
         experiment="vfm-demo",
     )
-    summary = train_flow(params)
-    m = summary["final"]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
-    k = max(1, len(rows) // 10)
-    first = sum(r["loss"] for r in rows[:k]) / k
-    last = sum(r["loss"] for r in rows[-k:]) / k
-    print("\n" + "=" * 72)
-    print(
-        f"demo done: dit-tiny ({summary['params'] / 1e6:.1f}M params) trained "
-        f"{summary['step']} steps on CPU"
-    )
-    print(f"  loss {first:.4f} (mean of first {k} steps) -> {last:.4f} (last {k})")
-    print(
-        f"  throughput {m['tokens_per_s']:.0f} tokens/s, {m['tflops'] * 1e3:.1f} GFLOP/s, "
-        f"CPU MFU {m['mfu']:.1%}"
-    )
-    print(f"  metrics:     {out}/metrics.jsonl")
-    print(f"  checkpoint:  {summary['checkpoint']}")
-    print(f"  MLflow run:  {summary['mlflow_run_id']} (experiment vfm-demo)")
-    print(f"  look at it:  {ui_hint()}")
-    print("               then open http://127.0.0.1:5000")
-    print("=" * 72)
+    out = pipeline_flow(params)
+    tr = out["train"]
+    print("\n" + "=" * 78)
+    print(f"demo done in {time.time() - t0:.0f} s: {out['work_dir']}")
+    print(out["report"])
+    print()
+    if out.get("generate"):
+        for video in out["generate"]["videos"]:
+            print(f"  generated:   {video['mp4']}  (+ .gif)")
+    print(f"  checkpoint:  {tr['checkpoint']}")
+    print(f"  report:      {out['work_dir']}/report.md")
+    print(f"  MLflow:      run {tr['mlflow_run_id']}, experiment vfm-demo")
+    print(f"  look at it:  {ui_hint()}   then open http://127.0.0.1:5000")
+    print("=" * 78)
     return 0
 
 

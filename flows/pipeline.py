@@ -1,5 +1,6 @@
-"""The whole pipeline as one Prefect DAG: sample → curate → shard → tokenizer → train → generate →
-report. Each stage is a flow (or task) usable alone; this flow only composes them.
+"""The whole pipeline as one Prefect DAG: sample → curate → shard → tokenizer → encode latents →
+train → generate → report. Each stage is a flow (or task) usable alone; this flow only composes
+them.
 
 Resumable: a finished stage leaves ``WORK/stages/<stage>.json`` (its summary and outputs), and a
 rerun skips every stage whose marker and outputs are still there, so a crash in ``train`` keeps
@@ -20,9 +21,11 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field, field_validator
 
 from flows.curate import CurateParams, curate_flow
+from flows.generate import GenerateParams, generate_flow
 from flows.shard import ShardParams, shard_flow
 from flows.train import TrainParams, train_flow
 from tasks.pipeline import (
+    encode_latents_task,
     finished_stage,
     lineage_task,
     mark_stage,
@@ -54,6 +57,12 @@ class PipelineParams(BaseModel):
     train_steps: int = Field(200, ge=1, description="DiT training steps")
     latent_grid: tuple[int, int, int] = Field((3, 8, 8), description="latent (T, H, W) trained on")
     overrides: list[str] = Field(default_factory=list, description="extra section.field=value")
+    prompts: list[str] = Field(
+        default_factory=lambda: ["moving shapes over coloured textures",
+                                 "bright shapes bouncing across a striped background"],
+        description="one generated video per prompt ([] = no generation)",
+    )  # fmt: skip
+    generate_steps: int = Field(24, ge=1, le=1000, description="sampler steps per video")
     experiment: str = Field("vfm-pipeline", description="MLflow experiment")
 
     @field_validator("recipe")
@@ -110,16 +119,22 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
 
     tok_dir = p.tokenizer
     if not tok_dir:
-        t, h, w = p.latent_grid
-        tok_in = {"shard": shard, "steps": p.tokenizer_steps, "grid": p.latent_grid}
+        # the tokenizer is fully convolutional and causal: it trains on small crops (5 frames of
+        # 32 x 32) and encodes clips of any 1 + 4k frames and multiple-of-8 size
+        tok_in = {"shard": shard, "steps": p.tokenizer_steps}
         tok = _stage(work, "tokenizer", tok_in, lambda: tokenizer_task(
             f"{work}/shards", f"{work}/tokenizer", preset="tok-tiny", steps=p.tokenizer_steps,
-            frames=1 + 4 * (t - 1), size=8 * min(h, w)), lambda s: [s["dir"]])  # fmt: skip
+            frames=5, size=32), lambda s: [s["dir"]])  # fmt: skip
         out["tokenizer"] = tok
         tok_dir = tok["dir"]
 
+    enc = _stage(work, "encode", {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir)},
+                 lambda: encode_latents_task(f"{work}/shards", f"{work}/latents", tok_dir),
+                 lambda s: [s["index"]])  # fmt: skip
+    out["encode"] = enc
+
     t, h, w = p.latent_grid
-    data = ["data.source=shards", f"data.shards={work}/shards", f"data.tokenizer={tok_dir}",
+    data = ["data.source=shards", f"data.shards={enc['dir']}", f"data.tokenizer={tok_dir}",
             f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={w}"]
     train_params = TrainParams(
         recipe=p.recipe, steps=p.train_steps, out_dir=f"{work}/train", experiment=p.experiment,
@@ -133,10 +148,22 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
                          shards=shard["index"], tokenizer=tok_dir)  # fmt: skip
         return summary
 
-    train_in = {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir),
+    train_in = {"shard": enc, "tokenizer": out.get("tokenizer", tok_dir),
                 "params": train_params.model_dump()}  # fmt: skip
     train = _stage(work, "train", train_in, run_train, lambda s: [s["checkpoint"]])
     out["train"] = train
+
+    if p.prompts:
+        gen_params = GenerateParams(
+            checkpoint=f"{work}/train", prompts=p.prompts, frames=1 + 4 * (t - 1),
+            size=f"{8 * h}x{8 * w}", steps=p.generate_steps, tokenizer=tok_dir,
+            out_dir=f"{work}/generated", experiment=p.experiment,
+            eval_samples=8,
+        )  # fmt: skip
+        out["generate"] = _stage(work, "generate", {"train": train,
+                                                    "params": gen_params.model_dump()},
+                                 lambda: generate_flow(gen_params),
+                                 lambda s: [v["mp4"] for v in s["videos"]])  # fmt: skip
 
     report = _report(p, out)
     out["report"] = report
@@ -165,6 +192,13 @@ def _report(p: PipelineParams, out: dict[str, Any]) -> str:
         f"| train | {p.recipe} {tr['step']} steps, loss {final.get('loss', float('nan')):.4f}, "
         f"MFU {final.get('mfu', 0):.1%}, MLflow run `{tr.get('mlflow_run_id')}` |"
     )
+    if "generate" in out:
+        g = out["generate"]
+        m = g.get("metrics") or {}
+        videos = ", ".join(f"`{v['mp4']}`" for v in g["videos"])
+        evaluation = (f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
+                      f"{m['frechet_distance']:.3f}" if m else "")  # fmt: skip
+        lines.append(f"| generate | {len(g['videos'])} videos{evaluation}: {videos} |")
     lines += ["", f"Runs: {ui_hint()} (experiment `{p.experiment}`)"]
     text = "\n".join(lines)
     Path(out["work_dir"], "report.md").write_text(text + "\n")

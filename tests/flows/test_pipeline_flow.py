@@ -19,11 +19,13 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     import mlflow
 
     base = dict(name="t-pipe", work_dir=str(tmp_path), sample_videos=1, tokenizer_steps=3,
-                train_steps=2, latent_grid=(2, 4, 4), experiment="t-pipeline")  # fmt: skip
+                train_steps=2, latent_grid=(2, 4, 4), experiment="t-pipeline",
+                prompts=["moving shapes"], generate_steps=2)  # fmt: skip
     bad = PipelineParams(**base, overrides=TINY + ["model.in_channels=7"])  # != tokenizer latents
     with pytest.raises(PipelineStageError, match="pipeline stage 'train' failed"):
         pipeline_flow(bad)
-    kept = {s: stage_marker(str(tmp_path), s) for s in ("sample", "curate", "shard", "tokenizer")}
+    kept = {s: stage_marker(str(tmp_path), s)
+            for s in ("sample", "curate", "shard", "tokenizer", "encode")}  # fmt: skip
     assert all(p.exists() for p in kept.values())
     assert not stage_marker(str(tmp_path), "train").exists()
     mtimes = {s: p.stat().st_mtime_ns for s, p in kept.items()}
@@ -32,7 +34,12 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     assert {s: p.stat().st_mtime_ns for s, p in kept.items()} == mtimes  # not rerun
     assert out["curate"]["n_clips"] > 0 and out["shard"]["n_samples"] == out["curate"]["n_clips"]
     assert out["train"]["step"] == 2
-    assert "| train | dit-tiny 2 steps" in (tmp_path / "report.md").read_text()
+    assert out["encode"]["encoded"] == out["shard"]["n_samples"]  # trained on latents
+    (video,) = out["generate"]["videos"]
+    assert video["mp4"].endswith(".mp4") and (tmp_path / "generated").is_dir()
+    assert out["generate"]["metrics"]["frechet_distance"] >= 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| train | dit-tiny 2 steps" in report and "| generate | 1 videos" in report
 
     run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])
     assert run.data.tags["vfm.clips_manifest"] == out["curate"]["clips"]
