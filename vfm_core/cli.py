@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="vfm", description="vfm: raw videos to a trained video DiT")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    tr = sub.add_parser("train", help="train a DiT (single process)")
+    tr = sub.add_parser("train", help="train a DiT (one process, or --nproc N under torchrun)")
     tr.add_argument("--recipe", default="dit-tiny", help=f"preset ({', '.join(RECIPES)})")
     tr.add_argument("--config", help="YAML config applied on top of the recipe")
     tr.add_argument("--steps", type=_positive("--steps"), required=True, help="total steps")
@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config field (repeatable)",
     )
     tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    tr.add_argument("--nproc", type=_positive("--nproc"), default=1,
+                    help="processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)")
+    for degree in ("dp-replicate", "dp-shard", "tp", "cp", "pp"):
+        tr.add_argument(f"--{degree}", type=_positive(f"--{degree}"),
+                        help=f"parallel.{degree.replace('-', '_')} degree")  # fmt: skip
 
     fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
     fl.add_argument("--recipe", required=True)
@@ -137,10 +142,37 @@ def _config(args: argparse.Namespace):
     return validate(merge(cfg, extra))
 
 
+def _train_parallel(args: argparse.Namespace, cfg) -> int:
+    """``vfm train --nproc N [--tp B --cp C ...]``: torchrun over vfm_core.parallel.main."""
+    import dataclasses
+    import subprocess
+
+    from vfm_core.config import save_yaml
+    from vfm_core.parallel.dims import ParallelDims
+    from vfm_core.parallel.main import torchrun_argv
+
+    degrees = {k: getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")}
+    given = {k: v for k, v in degrees.items() if v is not None}
+    # the layout is checked here, before any process starts: one clear line instead of N tracebacks
+    ParallelDims.from_config(dataclasses.replace(cfg.parallel, **given), args.nproc)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_yaml(cfg, out / "run.yaml")
+    argv = torchrun_argv(args.nproc, config=out / "run.yaml", out=out, **degrees)
+    proc = subprocess.run(argv + (["--resume"] if args.resume else []))
+    if proc.returncode != 0:
+        print(f"vfm train: error: torchrun exited with code {proc.returncode}", file=sys.stderr)
+        return proc.returncode if proc.returncode in (1, 2) else 1
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.train.main import run_training
 
     cfg = _config(args)
+    degrees = [getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")]
+    if args.nproc > 1 or any(d not in (None, 1) for d in degrees):
+        return _train_parallel(args, cfg)
     summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=sys.stderr.isatty())
     m = summary["metrics"]
     print(
