@@ -26,7 +26,7 @@ from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer, save_
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.trainer import ParallelTrainer
 from vfm_core.train.checkpoint import CheckpointError
-from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger
+from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 
 _DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
@@ -114,18 +114,7 @@ def run(args: argparse.Namespace) -> dict:
         def save(tr: ParallelTrainer) -> None:
             save_trainer(ckpt, tr, meta={"mlflow_run_id": shared_run_id})
 
-        status = "FAILED"
-        try:
-            last = trainer.fit(loggers=loggers, checkpoint=save)
-            status = "FINISHED"
-        finally:
-            for lg in loggers:
-                if lg is mlf:
-                    for name in ("config.yaml", "metrics.jsonl"):
-                        mlf.log_artifact(out / name)
-                    mlf.close(status)
-                else:
-                    lg.close()
+        last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
         summary = {
             "step": trainer.step,
             "out_dir": str(out),

@@ -22,7 +22,7 @@ from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 from vfm_core.parallel.rng import StepRNG
-from vfm_core.train.trainer import Trainer, TrainingDiverged, lr_lambda
+from vfm_core.train.trainer import Trainer, lr_lambda
 
 
 @torch.no_grad()
@@ -109,31 +109,11 @@ class ParallelTrainer(Trainer):
         noise = self.step_rng.noise(self.step, tuple(x0.shape)).to(self.device)  # (b, C, T, H, W)
         keep = self.step_rng.keep_caption(self.step, b, d.cond_dropout).to(self.device)  # (b,)
         text = batch.text[sl].to(self.device) * keep[:, None, None]  # (b, L, Dt)
-        dtype = torch.bfloat16 if self.cfg.train.dtype == "bfloat16" else torch.float32
-        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = self.edm.loss(self.model, x0, text, sigma=sigma, noise=noise).mean()
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"loss is {loss.item()} at step {self.step + 1}; stopped before the update"
-            )
+        loss = self.loss(x0, text, sigma, noise)
         loss.backward()
         sync_grads(self.model)
         grad_norm = clip_grad_norm(self.model, self.cfg.optim.grad_clip or float("inf"))
-        if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise TrainingDiverged(
-                f"gradient norm is {grad_norm.item()} at step {self.step + 1}; stopped before the "
-                "update"
-            )
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
-            with torch.no_grad():
-                for pe, pm in zip(self.ema.parameters(), self.model.parameters(), strict=True):
-                    pe.lerp_(pm, 1 - self.cfg.train.ema_decay)
-        self.step += 1
+        lr = self.update(grad_norm)
         total = loss.detach().float().clone()
         dist.all_reduce(total)  # equal within a model-parallel group: mean over ranks = global
         return {"loss": total.item() / self.world, "grad_norm": grad_norm.item(), "lr": lr}

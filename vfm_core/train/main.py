@@ -12,7 +12,7 @@ from typing import Any
 
 from vfm_core.config import Config, ConfigError, load_yaml, save_yaml
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager
-from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger
+from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.trainer import Trainer
 
 
@@ -73,18 +73,7 @@ def run_training(
         meta = {**tr.meta(), "mlflow_run_id": mlf.run_id if mlf else None}
         ckpt.save(tr.step, tr.state_dict(), meta=meta)
 
-    status = "FAILED"
-    try:
-        last = trainer.fit(loggers=loggers, checkpoint=save)
-        status = "FINISHED"
-    finally:
-        for lg in loggers:
-            if lg is mlf:
-                for name in ("config.yaml", "metrics.jsonl"):
-                    mlf.log_artifact(out / name)
-                mlf.close(status)
-            else:
-                lg.close()
+    last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
     summary = {
         "step": trainer.step,
         "out_dir": str(out),

@@ -130,3 +130,23 @@ class MLflowLogger:
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+
+def fit_and_close(trainer, loggers: list, *, checkpoint, mlflow: MLflowLogger | None,
+                  out: Path) -> dict[str, float]:  # fmt: skip
+    """Run ``trainer.fit`` and close every logger whatever happens; the MLflow run gets the run's
+    config and metrics file as artifacts and ends FINISHED or FAILED."""
+    status = "FAILED"
+    try:
+        last = trainer.fit(loggers=loggers, checkpoint=checkpoint)
+        status = "FINISHED"
+    finally:
+        for lg in loggers:
+            if lg is mlflow:
+                for name in ("config.yaml", "metrics.jsonl"):
+                    mlflow.log_artifact(out / name)
+                mlflow.close(status)
+            else:
+                lg.close()
+    return last
+

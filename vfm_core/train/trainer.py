@@ -151,6 +151,17 @@ class Trainer:
             torch.rand(b, generator=self.rng, device=self.device) >= self.cfg.diffusion.cond_dropout
         )
         text = batch.text.to(self.device) * keep[:, None, None]  # (B, L, Dt); dropped -> null text
+        loss = self.loss(x0, text, sigma, noise)
+        loss.backward()
+        clip = self.cfg.optim.grad_clip or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        lr = self.update(grad_norm)
+        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}
+
+    def loss(self, x0: torch.Tensor, text: torch.Tensor, sigma: torch.Tensor,
+             noise: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Mean EDM loss of the batch under the configured autocast; a non-finite loss stops
+        training before any update."""
         dtype = torch.bfloat16 if self.cfg.train.dtype == "bfloat16" else torch.float32
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
             loss = self.edm.loss(self.model, x0, text, sigma=sigma, noise=noise).mean()
@@ -159,9 +170,11 @@ class Trainer:
                 f"loss is {loss.item()} at step {self.step + 1}; stopped before the update, "
                 "nothing was saved from this step (lower optim.lr or check the data)"
             )
-        loss.backward()
-        clip = self.cfg.optim.grad_clip or float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        return loss
+
+    def update(self, grad_norm: torch.Tensor) -> float:
+        """Optimizer, LR schedule and EMA once the gradients are final (clipped to
+        ``grad_norm``); a non-finite norm stops training before the update. Returns the LR."""
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(
@@ -177,7 +190,7 @@ class Trainer:
                 for pe, pm in zip(self.ema.parameters(), self.model.parameters(), strict=True):
                     pe.lerp_(pm, 1 - self.cfg.train.ema_decay)
         self.step += 1
-        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}
+        return lr
 
     def metrics(
         self, step_out: dict[str, float], *, step_time: float, data_time: float, batch: int
