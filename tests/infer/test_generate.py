@@ -85,10 +85,17 @@ def test_cfg_evaluates_cond_and_uncond_in_one_batch(tiny_run, prompt_emb):
     assert batches == [2, 2, 2]  # Heun with 2 steps: 3 evaluations, each on [cond, uncond]
 
 
-def test_ema_weights_are_loaded(tiny_run):
-    loaded = load_dit(tiny_run)
-    assert loaded.weights == "ema" and loaded.step == 1
-    assert not loaded.model.training
+def test_ema_or_raw_weights(tiny_run, tmp_path):
+    loaded = load_dit(tiny_run)  # step 1 < EMA horizon 1000: the raw weights
+    assert loaded.weights == "model" and loaded.step == 1 and not loaded.model.training
+    assert load_dit(tiny_run, weights="ema").weights == "ema"
+    # past the horizon the EMA is used: a run whose EMA differs from its raw weights
+    run = make_run(tmp_path / "r", ["train.ema_decay=0.5"])  # horizon 2 steps
+    ckpt = next((run / "checkpoints").iterdir())
+    (ckpt / "state.json").write_text(
+        (ckpt / "state.json").read_text().replace('"step": 1', '"step": 2', 1)
+    )
+    assert load_dit(run).weights == "ema"
 
 
 def test_latent_preview_without_tokenizer(tiny_run, prompt_emb, tmp_path):
