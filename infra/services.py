@@ -150,7 +150,7 @@ def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]
         "ray": (
             [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", s.host,
              "--port", str(s.ray_port), "--num-cpus", str(os.cpu_count() or 1),
-             "--include-dashboard", "false"],
+             "--include-dashboard", "false", "--disable-usage-stats"],
             None,
             s.ray_port,
         ),
@@ -173,6 +173,7 @@ def _env(s: Settings) -> dict[str, str]:
     env.update(s.client_env())
     env["PREFECT_HOME"] = str(s.run_dir / "prefect-home")
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"  # nothing leaves the machine
     env["PREFECT_UI_API_URL"] = s.prefect_api
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("VFM_DATA_DIR", str(ROOT / "data"))
