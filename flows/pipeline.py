@@ -24,8 +24,8 @@ from flows.curate import CurateParams, curate_flow
 from flows.generate import GenerateParams, generate_flow
 from flows.shard import ShardParams, shard_flow
 from flows.train import TrainParams, train_flow
+from tasks.generate import encode_latents
 from tasks.pipeline import (
-    encode_latents_task,
     finished_stage,
     lineage_task,
     mark_stage,
@@ -129,7 +129,8 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
         tok_dir = tok["dir"]
 
     enc = _stage(work, "encode", {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir)},
-                 lambda: encode_latents_task(f"{work}/shards", f"{work}/latents", tok_dir),
+                 lambda: {**encode_latents(f"{work}/shards", f"{work}/latents", tokenizer=tok_dir),
+                          "dir": f"{work}/latents"},
                  lambda s: [s["index"]])  # fmt: skip
     out["encode"] = enc
 

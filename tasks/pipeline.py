@@ -83,14 +83,3 @@ def lineage_task(run_id: str, experiment: str, *, clips: str, shards: str,
     """Link the training run to the manifests it learned from (MLflow datasets + tags)."""
     log_lineage(run_id, experiment=experiment, clips=clips, shards=shards, tokenizer=tokenizer)
 
-
-@task(name="encode-latents", retries=1, retry_delay_seconds=2)
-def encode_latents_task(shards: str, dst: str, tokenizer: str) -> dict[str, Any]:
-    """Copy the shards adding ``{key}.latent.npy`` from the tokenizer, so training skips video
-    decoding; returns the new dataset's dir and index."""
-    from vfm_core.infer.encode_shards import encode_shards
-
-    r = encode_shards(shards, dst, tokenizer=tokenizer)
-    task_logger().info("%d of %d samples encoded in %.1fs -> %s", r.encoded, r.samples,
-                       r.seconds, r.index)  # fmt: skip
-    return {"dir": dst, "index": r.index, "samples": r.samples, "encoded": r.encoded}
