@@ -19,8 +19,8 @@ def main() -> int:
     t0 = time.time()
     params = PipelineParams(
         name="demo",
-        train_steps=int(os.environ.get("VFM_DEMO_STEPS", "300")),
-        tokenizer_steps=int(os.environ.get("VFM_DEMO_TOKENIZER_STEPS", "200")),
+        train_steps=int(os.environ.get("VFM_DEMO_STEPS", "1000")),
+        tokenizer_steps=int(os.environ.get("VFM_DEMO_TOKENIZER_STEPS", "800")),
         overrides=["optim.lr=0.001"],
         experiment="vfm-demo",
     )
