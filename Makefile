@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	# torch==2.13.0 is pinned in pyproject (CPU build); check the log for a CUDA torch download
 	$(BIN)/pip install -e '.[dev,video,text,s3,ray]' 2>&1 | tee $(VENV)/install.log | grep -E '^(Successfully|ERROR)' || true
 	@! grep -qiE 'nvidia-|torch-2\.1[4-9]' $(VENV)/install.log || { echo "a CUDA torch was pulled in"; exit 1; }
+	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -c "import torch, prefect, mlflow; print('torch', torch.__version__)"
 	touch $(STAMP)
 
