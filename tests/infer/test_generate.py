@@ -86,15 +86,16 @@ def test_cfg_evaluates_cond_and_uncond_in_one_batch(tiny_run, prompt_emb):
 
 
 def test_ema_or_raw_weights(tiny_run, tmp_path):
-    loaded = load_dit(tiny_run)  # step 1 < EMA horizon 1000: the raw weights
+    loaded = load_dit(tiny_run)  # step 1 < three EMA horizons (3000 steps): the raw weights
     assert loaded.weights == "model" and loaded.step == 1 and not loaded.model.training
     assert load_dit(tiny_run, weights="ema").weights == "ema"
     # past the horizon the EMA is used: a run whose EMA differs from its raw weights
-    run = make_run(tmp_path / "r", ["train.ema_decay=0.5"])  # horizon 2 steps
+    run = make_run(tmp_path / "r", ["train.ema_decay=0.5"])  # three horizons: 6 steps
     ckpt = next((run / "checkpoints").iterdir())
-    (ckpt / "state.json").write_text(
-        (ckpt / "state.json").read_text().replace('"step": 1', '"step": 2', 1)
-    )
+    state = (ckpt / "state.json").read_text()
+    (ckpt / "state.json").write_text(state.replace('"step": 1', '"step": 5', 1))
+    assert load_dit(run).weights == "model"  # 0.5**5 = 3% init: still one step short
+    (ckpt / "state.json").write_text(state.replace('"step": 1', '"step": 6', 1))
     assert load_dit(run).weights == "ema"
 
 
