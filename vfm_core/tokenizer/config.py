@@ -154,40 +154,20 @@ class TokenizerConfig:
         return cls(**d)
 
 
+# shared by the paper-scale presets: 16 latent channels, 2x2x2 patching, 128 base channels
+_PAPER_SCALE: dict = dict(
+    latent_channels=16, patch_t=2, patch_s=2, base_channels=128, num_res_blocks=2, norm_groups=32
+)
+
 TOKENIZER_PRESETS: dict[str, Callable[[], TokenizerConfig]] = {
     # CPU: 4x8x8, 4 latent channels (dit-tiny's in_channels); patch 2x4x4 then one 2x2x2 stage
     "tok-tiny": lambda: TokenizerConfig(),
     # paper scale (Cosmos CV4x8x8 / CV8x8x8, 16 channels; dit-7b/28b use 8x8x8); 2x2x2 patching
     # in front as Cosmos' Haar-wavelet step, then 2 (or 3) conv stages
-    "tok-4x8x8": lambda: TokenizerConfig(
-        latent_channels=16,
-        patch_t=2,
-        patch_s=2,
-        base_channels=128,
-        channel_mult=(1, 2, 4),
-        num_res_blocks=2,
-        norm_groups=32,
-    ),
-    "tok-8x8x8": lambda: TokenizerConfig(
-        latent_channels=16,
-        temporal_factor=8,
-        patch_t=2,
-        patch_s=2,
-        base_channels=128,
-        channel_mult=(1, 2, 4),
-        num_res_blocks=2,
-        norm_groups=32,
-    ),
+    "tok-4x8x8": lambda: TokenizerConfig(**_PAPER_SCALE, channel_mult=(1, 2, 4)),
+    "tok-8x8x8": lambda: TokenizerConfig(**_PAPER_SCALE, temporal_factor=8, channel_mult=(1, 2, 4)),
     "tok-8x16x16": lambda: TokenizerConfig(
-        latent_channels=16,
-        temporal_factor=8,
-        spatial_factor=16,
-        patch_t=2,
-        patch_s=2,
-        base_channels=128,
-        channel_mult=(1, 2, 4, 4),
-        num_res_blocks=2,
-        norm_groups=32,
+        **_PAPER_SCALE, temporal_factor=8, spatial_factor=16, channel_mult=(1, 2, 4, 4)
     ),
 }
 
