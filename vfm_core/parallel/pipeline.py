@@ -10,6 +10,16 @@ of receiving the embeddings (paper §4: cheaper than sending them and their grad
 The EDM loss moves to the last stage in an exactly equivalent form: with
 lambda(sigma) * c_out(sigma)^2 = 1 (EDM Table 1), lambda * |c_skip x + c_out F - x0|^2 equals
 |F - (x0 - c_skip x) / c_out|^2, so the last stage needs only F and that target.
+
+Combined with other degrees (:func:`parallelize_stage`, same order as ``parallelize_dit``):
+**TP (+ SP)** splits the stage's blocks with the same plan as the un-pipelined model; with SP the
+first stage cuts the embedded tokens into this TP rank's chunk, the chunk (B, N/T, D) is what
+crosses the stage boundary (to the same TP rank of the next stage) and the last stage gathers the
+final layer's output. **FSDP2** shards the stage's blocks and the stage over the data-parallel
+ranks of its pipeline coordinate; each data-parallel rank feeds its own slice of the global batch
+through its pipeline and FSDP's reduce-scatter averages the gradients over dp. Gradient sums, in
+order: FSDP over dp (inside the schedule's last backward), :func:`sync_grads` over tp (partial
+sums of unsharded parameters), :func:`sync_pipeline_grads` over pp (conditioning replicas).
 """
 
 from __future__ import annotations
@@ -17,11 +27,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
 from vfm_core.config import ConfigError
 from vfm_core.models.layers import Grid, patchify, rope_3d, unpatchify
+from vfm_core.parallel.context import gather_seq, seq_chunk
 from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.parallelize import GradSync, _tp_plan, sync_grads
 
 REPLICATED = ("t_embedder.", "adaln_global.")
 """Parameters every stage holds a copy of (conditioning recomputed per stage)."""
@@ -69,6 +84,51 @@ class DiTStage(nn.Module):
         return h, c_noise, text
 
 
+def parallelize_stage(
+    stage: DiTStage,
+    dims: ParallelDims,
+    *,
+    sequence_parallel: bool = True,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+) -> DiTStage:
+    """Apply TP (+ SP) and FSDP2 to one pipeline stage in place (see the module docstring); sets
+    ``stage.vfm_grad_sync`` for :func:`vfm_core.parallel.parallelize.sync_grads`."""
+    mesh = dims.mesh
+    cfg = stage.cfg
+    if dims.tp_enabled and (cfg.heads % dims.tp or cfg.n_kv_heads % dims.tp):
+        raise ConfigError(
+            f"parallel.tp: {dims.tp} must divide model.heads={cfg.heads} and the key/value "
+            f"heads {cfg.n_kv_heads}"
+        )
+    sp = sequence_parallel and dims.tp_enabled
+    plain_before_tp = {n for n, p in stage.named_parameters() if not isinstance(p, DTensor)}
+    if dims.tp_enabled:
+        for block in stage.blocks.values():
+            parallelize_module(block, mesh["tp"], _tp_plan(block, sp), src_data_rank=None)
+    if sp:
+        tp, tp_rank, tp_group = dims.tp, dims.coord("tp"), dims.group("tp")
+        if stage.first:  # (B, N, D) -> (B, N/T, D): this TP rank's chunk crosses the boundary
+            stage.x_embedder.register_forward_hook(lambda _m, _i, out: seq_chunk(out, tp_rank, tp))
+        if stage.last:  # (B, N/T, C*P) -> (B, N, C*P)
+            stage.final.register_forward_hook(lambda _m, _i, out: gather_seq(out, tp_group))
+    groups = []
+    if dims.tp_enabled:
+        names = [n for n, p in stage.named_parameters() if not isinstance(p, DTensor)]
+        names = [n for n in names if n in plain_before_tp]
+        if not sp:  # only per-head QK norms see partial gradients without SP
+            names = [n for n in names if ".q_norm." in n or ".k_norm." in n]
+        groups.append((dims.group("tp"), names))
+    stage.vfm_grad_sync = GradSync(groups=groups)
+    if dims.fsdp_enabled:
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        fsdp_mesh = dims.fsdp_mesh()
+        for block in stage.blocks.values():
+            fully_shard(block, mesh=fsdp_mesh, mp_policy=mp)
+        fully_shard(stage, mesh=fsdp_mesh, mp_policy=mp)
+    return stage
+
+
 def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output - target).square().flatten(1).mean(1).mean()  # microbatch mean
 
@@ -84,27 +144,47 @@ class DiTPipeline:
         grid: Grid,
         microbatches: int,
         schedule: str = "1f1b",
+        sequence_parallel: bool = True,
+        param_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
     ):
         dims = parallel_dims
         if dims.pp < 2:
             raise ConfigError("DiTPipeline: parallel.pp must be >= 2")
-        if (dims.dp_shard, dims.dp_replicate, dims.tp, dims.cp) != (1, 1, 1, 1):
-            raise ConfigError("parallel.pp: combining PP with other degrees is not available yet")
+        if dims.cp_enabled:
+            raise ConfigError(
+                "parallel.pp: combining PP with context parallelism (cp > 1) is not available "
+                "yet (PP combines with dp_shard, dp_replicate and tp)"
+            )
         mesh = dims.build_mesh(next(model.parameters()).device.type)
+        self.dims = dims
         self.group = mesh["pp"].get_group()
         self.rank, self.size = dims.coord("pp"), dims.pp
         self.module = DiTStage(model, stage=self.rank, num_stages=self.size, grid=grid)
+        parallelize_stage(
+            self.module,
+            dims,
+            sequence_parallel=sequence_parallel,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+        )
         device = next(model.parameters()).device
         self.stage = PipelineStage(self.module, self.rank, self.size, device, group=self.group)
         kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
         if schedule not in kinds:
             raise ConfigError(f"pipeline schedule {schedule!r} unknown (gpipe | 1f1b)")
+        if microbatches < 1 or (schedule == "1f1b" and microbatches < self.size):
+            raise ConfigError(
+                f"pipeline microbatches: {microbatches} is too few for the {schedule!r} schedule "
+                f"over {self.size} stages (1f1b needs at least one per stage)"
+            )
         self.microbatches = microbatches
         self.schedule = kinds[schedule](self.stage, n_microbatches=microbatches, loss_fn=_mse)
 
     def step(self, edm, x0, text, *, sigma, noise) -> torch.Tensor | None:
-        """Forward + backward of the EDM loss over the microbatches; returns the batch-mean loss
-        on the last stage (None elsewhere). Call :func:`sync_pipeline_grads` afterwards."""
+        """Forward + backward of the EDM loss over the microbatches of this data-parallel rank's
+        batch; returns its batch-mean loss on the last stage (None elsewhere). Call
+        :func:`sync_pipeline_grads` afterwards."""
         if x0.shape[0] % self.microbatches:
             raise ValueError(
                 f"batch of {x0.shape[0]} samples cannot be split into {self.microbatches} "
@@ -129,7 +209,20 @@ class DiTPipeline:
 
 @torch.no_grad()
 def sync_pipeline_grads(pipe: DiTPipeline) -> None:
-    """Sum the gradients of the per-stage conditioning replicas over the pipeline group."""
-    for name, p in pipe.module.named_parameters():
-        if name.startswith(REPLICATED) and p.grad is not None:
-            dist.all_reduce(p.grad, group=pipe.group)
+    """Make the gradients final: TP partial sums (:func:`sync_grads`, SP / QK norms), then the
+    per-stage conditioning replicas summed over the pipeline group (FSDP's reduce-scatter over dp
+    ran inside the schedule); one coalesced all-reduce per group."""
+    sync_grads(pipe.module)
+    grads = [
+        p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        for name, p in pipe.module.named_parameters()
+        if name.startswith(REPLICATED) and p.grad is not None
+    ]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=pipe.group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
