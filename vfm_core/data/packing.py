@@ -215,3 +215,35 @@ def merge_lse(
     wa = torch.exp(lse_a - safe).nan_to_num(nan=0.0)[..., None]
     wb = torch.exp(lse_b - safe).nan_to_num(nan=0.0)[..., None]
     return wa * out_a + wb * out_b, lse  # (B, H, Sq, d), (B, H, Sq)
+
+
+# ----------------------------------------------------------------------------------------- groups
+ATTENTION_GROUPS = ("full", "spatial", "temporal")
+
+
+def attention_groups(layout: PackLayout, kind: str) -> torch.Tensor:
+    """(length,) int64 attention group of every token of the pack: two tokens attend to each
+    other iff their ids are equal (mask ``ids[:, None] == ids[None, :]``).
+
+    ``full``: the sample; ``spatial`` (ST-DiT, within a frame): (sample, t); ``temporal`` (across
+    frames): (sample, h, w). Padding tokens get unique negative ids, so each attends to itself
+    only (no empty softmax row, no NaN) and nothing else sees them."""
+    if kind not in ATTENTION_GROUPS:
+        raise ValueError(f"attention group kind {kind!r} unknown (choose from {ATTENTION_GROUPS})")
+    ids = layout.sample_ids
+    pad = ids < 0
+    if kind == "full":
+        key = ids
+    else:
+        s = ids.clamp(min=0)  # (N,)
+        grids = torch.tensor(layout.grids, dtype=torch.int64).reshape(-1, 3)  # (S, 3)
+        pos = layout.positions  # (N, 3)
+        if kind == "spatial":
+            count, local = grids[:, 0], pos[:, 0]  # groups per sample: t
+        else:
+            count = grids[:, 1] * grids[:, 2]  # groups per sample: h*w
+            local = pos[:, 1] * grids[s, 2] + pos[:, 2]  # (N,)
+        offset = torch.cumsum(count, 0) - count  # (S,) first group id of every sample
+        key = offset[s] + local  # (N,)
+    unique_pad = -1 - torch.arange(len(ids), dtype=torch.int64)  # (N,)
+    return torch.where(pad, unique_pad, key)

@@ -20,7 +20,15 @@ from torch import nn
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale[:, None]) + shift[:, None]  # (B, N, D)
+    """x (B, N, D) with per-sample (B, D) or per-token (B, N, D) shift and scale (packs)."""
+    if shift.ndim == 2:
+        shift, scale = shift[:, None], scale[:, None]  # (B, 1, D)
+    return x * (1 + scale) + shift  # (B, N, D)
+
+
+def per_token(gate: torch.Tensor) -> torch.Tensor:
+    """A gate (B, D) per sample -> (B, 1, D); per-token gates (B, N, D) stay as they are."""
+    return gate[:, None] if gate.ndim == 2 else gate
 
 
 class AdaLNGlobal(nn.Module):

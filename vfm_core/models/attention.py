@@ -72,7 +72,7 @@ class Attention(nn.Module):
             self.k_norm: nn.Module = nn.RMSNorm(self.head_dim, eps=eps)
         else:
             self.q_norm = self.k_norm = nn.Identity()
-        # replaceable core (q, k, v, *, grid, layout) -> (B, Hq, N, d), set from outside by
+        # replaceable core (q, k, v, *, grid, layout[, sample_ids]) -> (B, Hq, N, d), set by
         # vfm_core.parallel for context parallelism (ring / all-to-all); None = single device
         self.attn_fn = None
 
@@ -84,7 +84,16 @@ class Attention(nn.Module):
         rope: torch.Tensor | None = None,
         grid: Grid | None = None,
         layout: Layout = "full",
+        sample_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """x (B, N, D) -> (B, N, D).
+
+        Packed sequences: ``sample_ids`` (N_pack,) int64 group ids of the *whole* pack (self-
+        attention under ``ids[:, None] == ids[None, :]``, full layout; the ids encode spatial /
+        temporal groups) — handed to ``attn_fn`` as they are, so context parallelism sees the
+        whole pack; ``mask`` (N, S) bool, True = attend, for cross-attention to packed captions.
+        """
         b, n, _ = x.shape
         src = x if context is None else context  # (B, S, Dk)
         d = self.head_dim
@@ -94,6 +103,25 @@ class Attention(nn.Module):
         v = self.v(src).view(b, src.shape[1], -1, d).transpose(1, 2)  # (B, Hkv, S, d)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if sample_ids is not None:
+            if self.attn_fn is not None:  # context parallel: ring / all-to-all over the pack
+                out = self.attn_fn(q, k, v, grid=None, layout="full", sample_ids=sample_ids)
+            else:
+                if sample_ids.shape != (n,):
+                    raise ValueError(
+                        f"sample_ids: expected shape ({n},) for {n} tokens, "
+                        f"got {tuple(sample_ids.shape)}"
+                    )
+                same = sample_ids[:, None] == sample_ids[None, :]  # (N, N)
+                out = attention(q, k, v, same[None, None])  # (B, Hq, N, d)
+            return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
+        if mask is not None:
+            if mask.shape != (n, src.shape[1]):
+                raise ValueError(
+                    f"attention mask: expected shape ({n}, {src.shape[1]}), got {tuple(mask.shape)}"
+                )
+            out = attention(q, k, v, mask[None, None])  # (B, Hq, N, d)
+            return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
         if self.attn_fn is not None:
             out = self.attn_fn(q, k, v, grid=grid, layout=layout)  # (B, Hq, N, d)
             return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)

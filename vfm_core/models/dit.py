@@ -19,10 +19,12 @@ import torch
 from torch import nn
 
 from vfm_core.config import ModelConfig
-from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate
+from vfm_core.data.packing import PackLayout, rope_angles
+from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
 from vfm_core.models.attention import Attention, Layout
 from vfm_core.models.layers import (
     Grid,
+    ShapeError,
     TimestepEmbedder,
     make_mlp,
     make_norm,
@@ -30,6 +32,7 @@ from vfm_core.models.layers import (
     rope_3d,
     unpatchify,
 )
+from vfm_core.models.packed import TokenPack, token_pack
 
 
 class DiTBlock(nn.Module):
@@ -56,19 +59,30 @@ class DiTBlock(nn.Module):
         shared: torch.Tensor | None,  # (B, 3D) AdaLN-LoRA global term
         text: torch.Tensor,  # (B, L, Dt)
         rope: torch.Tensor,  # (N, d/2)
-        grid: Grid,
+        grid: Grid | None,
+        *,
+        pack: TokenPack | None = None,
     ) -> torch.Tensor:
-        mods = self.modulation(emb, shared)
+        """Batched, or one pack (``pack`` given): x (1, N, D), emb (S, D), shared (S, 3D),
+        text (1, S*L, Dt), rope (N, d/2) per token, grid None."""
+        mods = self.modulation(emb, shared)  # n × (shift, scale, gate), each (B | S, D)
+        if pack is not None:  # per-sample modulation -> per token
+            mods = [tuple(pack.per_token(m) for m in mod) for mod in mods]  # each (1, N, D)
         for i, (layout, attn) in enumerate(zip(self.layouts, self.self_attn)):
             shift, scale, gate = mods[i]
             h = modulate(self.norms[i](x), shift, scale)
-            x = x + gate[:, None] * attn(h, rope=rope, grid=grid, layout=layout)  # (B, N, D)
+            if pack is None:
+                a = attn(h, rope=rope, grid=grid, layout=layout)  # (B, N, D)
+            else:
+                a = attn(h, rope=rope, sample_ids=pack.groups[layout])  # (1, N, D)
+            x = x + per_token(gate) * a  # (B, N, D)
         shift, scale, gate = mods[-2]
         h = modulate(self.norms[-2](x), shift, scale)
-        x = x + gate[:, None] * self.cross_attn(h, context=text)  # (B, N, D)
+        mask = None if pack is None else pack.cross_mask  # (N, S*L)
+        x = x + per_token(gate) * self.cross_attn(h, context=text, mask=mask)  # (B, N, D)
         shift, scale, gate = mods[-1]
         h = modulate(self.norms[-1](x), shift, scale)
-        return x + gate[:, None] * self.mlp(h)  # (B, N, D)
+        return x + per_token(gate) * self.mlp(h)  # (B, N, D)
 
 
 class FinalLayer(nn.Module):
@@ -82,8 +96,12 @@ class FinalLayer(nn.Module):
         self.modulation = nn.Linear(d, 2 * d)
         self.linear = nn.Linear(d, pt * ph * pw * cfg.in_channels)
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, emb: torch.Tensor, *, pack: TokenPack | None = None
+    ) -> torch.Tensor:
         shift, scale = self.modulation(nn.functional.silu(emb)).chunk(2, dim=-1)  # (B, D) each
+        if pack is not None:
+            shift, scale = pack.per_token(shift), pack.per_token(scale)  # (1, N, D) each
         return self.linear(modulate(self.norm(x), shift, scale))  # (B, N, C*P)
 
 
@@ -143,6 +161,53 @@ class DiT(nn.Module):
             h = block(h, emb, shared, text, rope, grid)  # (B, N, D)
         out = self.final(h, emb)  # (B, N, C*P)
         return unpatchify(out, grid, cfg.patch, cfg.in_channels)  # (B, C, T, H, W)
+
+    def forward_packed(
+        self,
+        tokens: torch.Tensor,
+        c_noise: torch.Tensor,
+        text: torch.Tensor,
+        text_lengths: torch.Tensor,
+        layout: PackLayout,
+    ) -> torch.Tensor:
+        """Denoiser on one pack of S samples of different grids -> (length, C*P).
+
+        tokens (length, C*P) packed patch tokens (:func:`vfm_core.models.packed.pack_latents`),
+        c_noise (S,) per sample, text (S, L, Dt) captions with ``text_lengths`` (S,) valid tokens
+        each. Equals :meth:`forward` of every sample alone (its caption cut to its length);
+        padding tokens stay finite and touch nothing else.
+        """
+        cfg = self.cfg
+        s = layout.n_samples
+        feat = cfg.in_channels * cfg.patch[0] * cfg.patch[1] * cfg.patch[2]
+        if tokens.shape != (layout.length, feat):
+            raise ShapeError(
+                f"packed tokens: expected ({layout.length}, {feat}) for the layout, "
+                f"got {tuple(tokens.shape)}"
+            )
+        if c_noise.shape != (s,) or text.ndim != 3 or text.shape[0] != s:
+            raise ShapeError(
+                f"pack of {s} samples: c_noise must be ({s},) and text ({s}, L, Dt), got "
+                f"{tuple(c_noise.shape)} and {tuple(text.shape)}"
+            )
+        if text_lengths.shape != (s,) or not bool(
+            ((text_lengths >= 1) & (text_lengths <= text.shape[1])).all()
+        ):
+            raise ShapeError(
+                f"text_lengths: expected ({s},) values in [1, {text.shape[1]}], "
+                f"got {text_lengths.tolist()}"
+            )
+        h = self.x_embedder(tokens[None])  # (1, N, D)
+        emb = self.t_embedder(c_noise)  # (S, D)
+        shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (S, 3D)
+        rope = rope_angles(layout.positions, cfg.head_dim, cfg.rope_theta).to(h.device)  # (N, d/2)
+        used = {name for block in self.blocks.values() for name in block.layouts}
+        pack = token_pack(layout, text_lengths, sorted(used), device=h.device)
+        lmax = int(text_lengths.max())
+        txt = text[:, :lmax].to(h.dtype).reshape(1, s * lmax, -1)  # (1, S*L, Dt)
+        for block in self.blocks.values():
+            h = block(h, emb, shared, txt, rope, None, pack=pack)  # (1, N, D)
+        return self.final(h, emb, pack=pack)[0]  # (N, C*P)
 
 
 def build_model(cfg: ModelConfig, *, device: str | torch.device | None = None) -> DiT:
