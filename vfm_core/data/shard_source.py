@@ -19,7 +19,7 @@ import torch
 
 from vfm_core.config import ConfigError, DataConfig, ModelConfig
 from vfm_core.data.blend import BucketSpec
-from vfm_core.data.loader import Sample, build_loader
+from vfm_core.data.loader import LoaderStateError, Sample, build_loader
 from vfm_core.data.samples import LatentBatch
 
 
@@ -36,7 +36,11 @@ class ShardLatentSource:
     """Latent batches of the configured shape from a shard directory (see module docstring)."""
 
     def __init__(self, data: DataConfig, model: ModelConfig, *, dp_rank: int = 0,
-                 dp_size: int = 1) -> None:  # fmt: skip
+                 dp_size: int = 1, mp_group: Any = None) -> None:  # fmt: skip
+        """``dp_rank`` / ``dp_size``: this rank's share of each global step (``data.batch_size``
+        samples of ``dp_size * data.batch_size``). ``mp_group``: the model-parallel ranks that
+        share this data-parallel rank; each reads 1/k of the samples and the group all-gathers the
+        bytes, so every rank of the group ends with the same batch."""
         if not data.shards:
             raise ConfigError("data.shards: set the shard directory for data.source='shards'")
         self.data, self.model = data, model
@@ -65,7 +69,8 @@ class ShardLatentSource:
             compression=(ct, cs, cs),
             patch=tuple(model.patch),
             buckets=BucketSpec(resolutions=(self.pixels,), durations=(self.frames,)),
-            prefetch=1,  # read + decode the next step while this one trains
+            prefetch=1,  # read + decode the next step while this one trains (not with mp_group)
+            mp_group=mp_group,
         )
         if self.loader.index.embedding_dim != model.text_dim:
             raise ConfigError(
@@ -118,7 +123,38 @@ class ShardLatentSource:
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
+        """Restore the data position; a state saved with another per-rank ``batch_size`` (another
+        data-parallel degree at the same global batch) is re-batched when it holds no partial
+        batch (see :func:`rebatch_state`)."""
+        self.loader.load_state_dict(rebatch_state(state, self.data.batch_size))
+
+
+def rebatch_state(state: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """``state`` (a shard loader state) for a loader whose per-rank ``batch_size`` differs.
+
+    The planner's position is global (the same on every rank and valid for any ``dp_size``);
+    packed plans queue whole packs, which any batch size hands out in the same order. A
+    same-shape (bucket) planner may hold samples waiting for a batch of the old size, or whole
+    batches of it: between steps of a one-bucket run (the trainer's) both are empty, so only the
+    recorded size changes; otherwise the batches cannot be re-cut the same way and
+    :class:`LoaderStateError` says what is pending.
+    """
+    old = state.get("batch_size")
+    if old == batch_size or state.get("kind") != "shard_loader":
+        return state  # nothing to convert; the loader checks the rest
+    planner = state.get("planner") or {}
+    pending = {
+        "waiting": sum(len(w) for w in planner.get("waiting", [])),
+        "ready": sum(len(r) for r in planner.get("ready", [])),
+    }
+    if any(pending.values()):
+        shown = ", ".join(f"{v} {k}" for k, v in pending.items() if v)
+        raise LoaderStateError(
+            f"loader state: saved with data.batch_size={old}, now {batch_size}, and its planner "
+            f"holds samples of unfinished batches ({shown}); resume with "
+            f"data.batch_size={old} per data-parallel rank"
+        )
+    return {**state, "batch_size": batch_size}
 
 
 def make_source(data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5):

@@ -6,6 +6,11 @@ written by every rank at once: each rank saves its own shards of model, EMA and 
 (``save_distributed=True``; replicated tensors are de-duplicated by DCP), rank 0 writes the JSON
 and renames the finished folder. Loading reads the tensors into the *current* layout's shards, so a
 checkpoint saved under TP2 loads under FSDP2, TP2 x CP2 or one process (paper §4: resharding).
+
+The data position (``data`` in the state) is one JSON copy written by rank 0: the shard loader plans
+every step globally, so all ranks hold the same state (:meth:`ParallelTrainer.state_dict` checks)
+and it restores every data-parallel rank of any layout; a per-rank ``data.batch_size`` other than
+the saved one is accepted between steps (:func:`vfm_core.data.shard_source.rebatch_state`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
+from vfm_core.data.loader import LoaderStateError
 from vfm_core.train.checkpoint import (
     FORMAT_VERSION,
     STATE_FILE,
@@ -120,5 +126,8 @@ def load_trainer(ckpt: ParallelCheckpoint, trainer, path: Path | None = None) ->
             f"checkpoint {saved.get(diff[0])!r} vs now {current[diff[0]]!r})"
         )
     init_optimizer_state(trainer)
-    trainer.load_state_dict(ckpt.load(path, trainer.state_dict()))
+    try:
+        trainer.load_state_dict(ckpt.load(path, trainer.state_dict()))
+    except LoaderStateError as e:  # data position saved for another dataset / batch layout
+        raise CheckpointError(f"checkpoint {path}: {e}") from None
     return path

@@ -1,7 +1,9 @@
 """ParallelTrainer: the spine's Trainer with its model parallelized by ``parallelize_dit``.
 
 Everything the single-process trainer does stays (EDM loss, AdamW, LR schedule, EMA, metrics); what
-changes per step, in order: this rank takes its data-parallel slice of the global batch -> sigma,
+changes per step, in order: this rank takes its data-parallel slice of the global batch (with
+``data.source: shards`` the loader hands each data-parallel rank its own slice, read 1/k per
+model-parallel rank and all-gathered: :func:`shard_source_for`) -> sigma,
 noise and caption drop come from the counter-based :class:`StepRNG` (same numbers in every layout)
 -> loss -> backward -> :func:`sync_grads` (CP / SP partial sums) -> global gradient-norm clip over
 all meshes -> AdamW -> the logged loss is the global-batch mean over the data-parallel ranks.
@@ -10,6 +12,10 @@ all meshes -> AdamW -> the logged loss is the global-batch mean over the data-pa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import logging
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,11 +24,48 @@ from torch.distributed.tensor import DTensor, Shard
 
 from vfm_core.config import Config, ParallelConfig
 from vfm_core.data.samples import LatentBatch, LatentSource
+from vfm_core.data.shard_source import ShardLatentSource
 from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 from vfm_core.parallel.rng import StepRNG
 from vfm_core.train.trainer import Trainer, lr_lambda
+
+log = logging.getLogger(__name__)
+
+
+def model_parallel_group(dims: ParallelDims) -> dist.ProcessGroup | None:
+    """The ranks that hold the same data-parallel slice (pp x cp x tp), as a gloo group (the
+    loader all-gathers bytes in CPU tensors, also under nccl); None when that is one rank.
+
+    ``dist.new_group`` must be entered by every rank for every group in the same order, so all
+    dp groups are created here and this rank keeps its own.
+    """
+    if dims.pp * dims.cp * dims.tp == 1:
+        return None
+    ranks = dims.mesh.mesh  # (pp, dp_replicate, dp_shard, cp, tp) global ranks
+    mine = None
+    for r in range(dims.dp_replicate):
+        for s in range(dims.dp_shard):
+            members = sorted(ranks[:, r, s].flatten().tolist())
+            group = dist.new_group(members, backend="gloo")
+            if dist.get_rank() in members:
+                mine = group
+    return mine
+
+
+def shard_source_for(cfg: Config, dims: ParallelDims) -> ShardLatentSource:
+    """This rank's shard source: ``data.batch_size`` samples of data-parallel slice
+    ``dims.dp_rank()`` per step. The loader plans every step globally and rank r takes batch r
+    of it, so the slices of all dp ranks, in dp order, are the global batch a 1-process run with
+    ``data.batch_size * dp`` reads at that step (same samples, same order)."""
+    return ShardLatentSource(
+        cfg.data,
+        cfg.model,
+        dp_rank=dims.dp_rank(),
+        dp_size=dims.dp,
+        mp_group=model_parallel_group(dims),
+    )
 
 
 @torch.no_grad()
@@ -58,16 +101,20 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
 
 
 class ParallelTrainer(Trainer):
-    """Trainer whose model (and EMA) is parallelized over ``dims``; the source yields the global
-    batch (``data.batch_size`` per data-parallel rank times ``dims.dp``)."""
+    """Trainer whose model (and EMA) is parallelized over ``dims``. A given ``source`` and the
+    synthetic one yield the global batch (``data.batch_size`` per data-parallel rank times
+    ``dims.dp``) and each rank slices its part; ``data.source: shards`` yields this rank's slice
+    directly (``local_batches``)."""
 
     def __init__(self, cfg: Config, *, dims: ParallelDims, source: LatentSource | None = None):
         p = cfg.parallel
         single = dataclasses.replace(cfg, parallel=ParallelConfig())
-        global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
-        source = source or SyntheticLatents(
-            global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data
-        )
+        self.local_batches = source is None and cfg.data.source == "shards"
+        if self.local_batches:
+            source = shard_source_for(cfg, dims)
+        elif source is None:
+            global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
+            source = SyntheticLatents(global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data)
         super().__init__(single, source=source)  # same seed on every rank: identical full init
         self.cfg, self.dims = cfg, dims
         bf16 = cfg.train.dtype == "bfloat16" and self.device.type == "cuda"
@@ -98,17 +145,30 @@ class ParallelTrainer(Trainer):
         self.step_rng = StepRNG.from_dims(cfg.train.seed + 1, dims)
         self.world = dist.get_world_size()
 
-    def train_step(self, batch: LatentBatch) -> dict[str, float]:
+    def local_batch(self, batch: LatentBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (latents, text): its slice of a global batch, or the batch itself when the
+        source already gives per-rank batches (shards)."""
+        if self.local_batches:
+            return batch.latents, batch.text
         b = self.cfg.data.batch_size
         sl = slice(self.dims.dp_rank() * b, (self.dims.dp_rank() + 1) * b)
-        x0 = batch.latents[sl].to(self.device, torch.float32)  # (b, C, T, H, W)
+        return batch.latents[sl], batch.text[sl]
+
+    def train_step(self, batch: LatentBatch) -> dict[str, float]:
+        b = self.cfg.data.batch_size
+        latents, text = self.local_batch(batch)
+        x0 = latents.to(self.device, torch.float32)  # (n, C, T, H, W)
+        n = x0.shape[0]
+        if n != b:  # the loader skipped bad samples: draws of the first n of this rank's b
+            log.warning("step %d: %d of %d samples on dp rank %d", self.step + 1, n, b,
+                        self.dims.dp_rank())  # fmt: skip
         d = self.cfg.diffusion
-        sigma = self.step_rng.sigma(self.step, b, p_mean=d.p_mean, p_std=d.p_std)  # (b,)
+        sigma = self.step_rng.sigma(self.step, b, p_mean=d.p_mean, p_std=d.p_std)[:n]  # (n,)
         sigma = sigma.to(self.device, torch.float32)
         # all frames: CP ranks split the tokens inside the model, the loss sees the full latent
-        noise = self.step_rng.noise(self.step, tuple(x0.shape)).to(self.device)  # (b, C, T, H, W)
-        keep = self.step_rng.keep_caption(self.step, b, d.cond_dropout).to(self.device)  # (b,)
-        text = batch.text[sl].to(self.device) * keep[:, None, None]  # (b, L, Dt)
+        noise = self.step_rng.noise(self.step, (b, *x0.shape[1:]))[:n].to(self.device)
+        keep = self.step_rng.keep_caption(self.step, b, d.cond_dropout)[:n].to(self.device)
+        text = text.to(self.device) * keep[:, None, None]  # (n, L, Dt)
         loss = self.loss(x0, text, sigma, noise)
         loss.backward()
         sync_grads(self.model)
@@ -119,11 +179,31 @@ class ParallelTrainer(Trainer):
         return {"loss": total.item() / self.world, "grad_norm": grad_norm.item(), "lr": lr}
 
     def metrics(self, step_out, *, step_time, data_time, batch):
-        """``batch`` is the global batch: throughput is global, TFLOPS and MFU are per GPU."""
+        """``batch`` is the source's batch (this rank's with shards: times dp for the global
+        one): throughput is global, TFLOPS and MFU are per GPU."""
+        if self.local_batches:
+            batch *= self.dims.dp
         out = super().metrics(step_out, step_time=step_time, data_time=data_time, batch=batch)
         out["tflops"] /= self.world
         out["mfu"] /= self.world
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """As the spine's, after checking that every rank holds the same data state: the loader
+        plans globally, so one copy (rank 0 writes it) restores every dp rank."""
+        state = super().state_dict()
+        raw = json.dumps(state["data"], sort_keys=True).encode()
+        digest = int.from_bytes(hashlib.blake2b(raw, digest_size=7).digest(), "little")
+        both = torch.tensor([digest, -digest], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            both = both.cuda()
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        if int(both[0]) != digest or int(both[1]) != -digest:
+            raise RuntimeError(
+                f"data state differs across ranks at step {self.step} (rank {dist.get_rank()}); "
+                "one copy could not restore them all"
+            )
+        return state
 
     def meta(self):
         return {**super().meta(), "parallel": dataclasses.asdict(self.cfg.parallel)}
