@@ -24,6 +24,7 @@ import torch.distributed as dist
 from vfm_core.config import ConfigError, load_yaml, save_yaml, validate
 from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer, save_trainer
 from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.pipeline_trainer import PipelineTrainer
 from vfm_core.parallel.trainer import ParallelTrainer
 from vfm_core.train.checkpoint import CheckpointError
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
@@ -71,7 +72,13 @@ def run(args: argparse.Namespace) -> dict:
     try:
         dims = ParallelDims.from_config(cfg.parallel, dist.get_world_size())
         dims.build_mesh("cuda" if cuda else "cpu")
-        trainer = ParallelTrainer(cfg, dims=dims)
+        if dims.pp_enabled and args.resume:
+            raise ConfigError(
+                "--resume: checkpoints under parallel.pp > 1 are not available yet (the pipeline "
+                "trainer neither saves nor loads them); rerun into a new --out"
+            )
+        # pp > 1: one pipeline stage per rank (optionally x TP, FSDP2); else parallelize_dit
+        trainer = (PipelineTrainer if dims.pp_enabled else ParallelTrainer)(cfg, dims=dims)
         rank0 = dist.get_rank() == 0
         out = Path(args.out)
         ckpt = ParallelCheckpoint(out, keep=cfg.train.keep_ckpts)
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace) -> dict:
         def save(tr: ParallelTrainer) -> None:
             save_trainer(ckpt, tr, meta={"mlflow_run_id": shared_run_id})
 
-        last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
+        checkpoint = None if dims.pp_enabled else save  # see PipelineTrainer: no DCP under pp
+        last = fit_and_close(trainer, loggers, checkpoint=checkpoint, mlflow=mlf, out=out)
         summary = {
             "step": trainer.step,
             "out_dir": str(out),

@@ -24,6 +24,8 @@ sums of unsharded parameters), :func:`sync_pipeline_grads` over pp (conditioning
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -31,6 +33,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
+from torch.utils.checkpoint import checkpoint
 
 from vfm_core.config import ConfigError
 from vfm_core.models.layers import Grid, patchify, rope_3d, unpatchify
@@ -89,11 +92,13 @@ def parallelize_stage(
     dims: ParallelDims,
     *,
     sequence_parallel: bool = True,
+    activation_checkpointing: bool = False,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
 ) -> DiTStage:
-    """Apply TP (+ SP) and FSDP2 to one pipeline stage in place (see the module docstring); sets
-    ``stage.vfm_grad_sync`` for :func:`vfm_core.parallel.parallelize.sync_grads`."""
+    """Apply TP (+ SP), activation checkpointing and FSDP2 to one pipeline stage in place (see the
+    module docstring); sets ``stage.vfm_grad_sync`` for
+    :func:`vfm_core.parallel.parallelize.sync_grads`."""
     mesh = dims.mesh
     cfg = stage.cfg
     if dims.tp_enabled and (cfg.heads % dims.tp or cfg.n_kv_heads % dims.tp):
@@ -120,6 +125,9 @@ def parallelize_stage(
             names = [n for n in names if ".q_norm." in n or ".k_norm." in n]
         groups.append((dims.group("tp"), names))
     stage.vfm_grad_sync = GradSync(groups=groups)
+    if activation_checkpointing:  # recompute each block in backward (parameter names unchanged)
+        for block in stage.blocks.values():
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     if dims.fsdp_enabled:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         fsdp_mesh = dims.fsdp_mesh()
@@ -145,6 +153,7 @@ class DiTPipeline:
         microbatches: int,
         schedule: str = "1f1b",
         sequence_parallel: bool = True,
+        activation_checkpointing: bool = False,
         param_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
     ):
@@ -165,6 +174,7 @@ class DiTPipeline:
             self.module,
             dims,
             sequence_parallel=sequence_parallel,
+            activation_checkpointing=activation_checkpointing,
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
         )

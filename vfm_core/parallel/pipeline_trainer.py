@@ -1,0 +1,175 @@
+"""PipelineTrainer: the spine's Trainer with its model split into pipeline stages (pp > 1).
+
+Each rank holds one stage (:class:`vfm_core.parallel.pipeline.DiTPipeline`), optionally with TP
+(+ SP) and FSDP2 / HSDP over the other ranks of its pipeline coordinate. What one step does, in
+order: this rank takes its data-parallel slice of the global batch -> sigma, noise and caption drop
+from the counter-based :class:`StepRNG` (the same numbers as every other layout, one process
+included) -> the 1F1B schedule runs forward + backward over ``parallel.pp`` microbatches (the loss
+lives on the last stage) -> :func:`sync_pipeline_grads` (TP partial sums, conditioning replicas
+summed over pp) -> global gradient-norm clip over all stages (:func:`clip_grad_norm_pp`) -> AdamW,
+LR schedule and the EMA of this rank's stage -> the logged loss is the global-batch mean, summed
+over the last stage's ranks and shared with every rank.
+
+Checkpoints: not yet under pp > 1 (``vfm_core.parallel.main`` refuses ``--resume`` and does not
+save): :class:`vfm_core.parallel.checkpoint.ParallelCheckpoint` records rank 0's state skeleton
+only, which names the first stage's tensors alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+from vfm_core.config import Config, ConfigError, ParallelConfig
+from vfm_core.data.samples import LatentBatch, LatentSource
+from vfm_core.data.synthetic_latents import SyntheticLatents
+from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.pipeline import (
+    REPLICATED,
+    DiTPipeline,
+    DiTStage,
+    parallelize_stage,
+    sync_pipeline_grads,
+)
+from vfm_core.parallel.rng import StepRNG
+from vfm_core.train.trainer import Trainer, TrainingDiverged, lr_lambda
+
+
+@torch.no_grad()
+def clip_grad_norm_pp(stage: nn.Module, max_norm: float, dims: ParallelDims) -> torch.Tensor:
+    """Global L2 norm of the gradients of the whole pipelined model, then scale them to
+    ``max_norm``; every parameter element counts once.
+
+    A piece of a stage's gradient (a DTensor shard or a plain tensor) is held by
+    ``world / (pp * shards)`` ranks; a piece of a conditioning replica (``t_embedder``,
+    ``adaln_global``: on every stage, gradients already summed over pp) by ``world / shards``.
+    Each rank weights its squared sums by the inverse and one all-reduce over the world adds them.
+    """
+    world = dist.get_world_size()
+    total = torch.zeros((), dtype=torch.float64)
+    grads = []
+    for name, p in stage.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        grads.append(g)
+        shards = 1
+        if isinstance(g, DTensor):
+            for i, pl in enumerate(g.placements):
+                if isinstance(pl, Shard):
+                    shards *= g.device_mesh.size(i)
+            g = g.to_local()
+        stages = 1 if name.startswith(REPLICATED) else dims.pp
+        total += g.double().square().sum().cpu() * shards * stages / world
+    device = grads[0].device if grads else torch.device("cpu")
+    total = total.to(device)
+    dist.all_reduce(total)
+    norm = total.sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    if torch.isfinite(norm):
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+    return norm.float()
+
+
+class PipelineTrainer(Trainer):
+    """Trainer over one pipeline stage per rank (pp > 1); the source yields the global batch
+    (``data.batch_size`` per data-parallel rank times ``dims.dp``), split into ``pp``
+    microbatches per data-parallel rank."""
+
+    def __init__(self, cfg: Config, *, dims: ParallelDims, source: LatentSource | None = None):
+        p = cfg.parallel
+        if not dims.pp_enabled:
+            raise ConfigError("PipelineTrainer: parallel.pp must be >= 2 (use ParallelTrainer)")
+        if cfg.data.batch_size % dims.pp:
+            raise ConfigError(
+                f"data.batch_size: {cfg.data.batch_size} samples per data-parallel rank cannot "
+                f"be split into parallel.pp={dims.pp} microbatches (use a multiple of {dims.pp})"
+            )
+        single = dataclasses.replace(cfg, parallel=ParallelConfig())
+        global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
+        source = source or SyntheticLatents(
+            global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data
+        )
+        super().__init__(single, source=source)  # same seed on every rank: identical full init
+        self.cfg, self.dims = cfg, dims
+        dims.build_mesh(self.device.type)
+        self.bf16 = cfg.train.dtype == "bfloat16" and self.device.type == "cuda"
+        opts = dict(
+            sequence_parallel=p.sequence_parallel,
+            param_dtype=torch.bfloat16 if self.bf16 else None,
+            reduce_dtype=torch.float32 if self.bf16 else None,
+        )
+        self.pipe = DiTPipeline(
+            self.model,
+            parallel_dims=dims,
+            grid=self.grid,
+            microbatches=dims.pp,
+            schedule="1f1b",
+            activation_checkpointing=p.activation_checkpointing,
+            **opts,
+        )
+        self.model = self.pipe.module  # this rank's stage: what the optimizer and EMA see
+        if self.ema is not None:  # the same stage of the EMA copy, sharded the same way
+            rank = dims.coord("pp")
+            ema = DiTStage(self.ema, stage=rank, num_stages=dims.pp, grid=self.grid)
+            self.ema = parallelize_stage(ema, dims, **opts)
+        o = cfg.optim
+        # foreach=False: parameters live on different meshes (FSDP, TP) or none
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=o.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            foreach=False,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(o, cfg.train.steps)
+        )
+        self.step_rng = StepRNG.from_dims(cfg.train.seed + 1, dims)
+        self.world = dist.get_world_size()
+
+    def train_step(self, batch: LatentBatch) -> dict[str, float]:
+        b = self.cfg.data.batch_size
+        sl = slice(self.dims.dp_rank() * b, (self.dims.dp_rank() + 1) * b)
+        x0 = batch.latents[sl].to(self.device, torch.float32)  # (b, C, T, H, W)
+        d = self.cfg.diffusion
+        sigma = self.step_rng.sigma(self.step, b, p_mean=d.p_mean, p_std=d.p_std)  # (b,)
+        sigma = sigma.to(self.device, torch.float32)
+        noise = self.step_rng.noise(self.step, tuple(x0.shape)).to(self.device)  # (b, C, T, H, W)
+        keep = self.step_rng.keep_caption(self.step, b, d.cond_dropout).to(self.device)  # (b,)
+        text = batch.text[sl].to(self.device) * keep[:, None, None]  # (b, L, Dt)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss = self.pipe.step(self.edm, x0, text, sigma=sigma, noise=noise)  # last stage
+        sync_pipeline_grads(self.pipe)
+        # the last stage's dp x tp ranks hold their slice's loss (equal over tp); others add 0
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        if loss is not None:
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        mean = total.item() / (self.world // self.dims.pp)
+        if not torch.isfinite(torch.tensor(mean)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(
+                f"loss is {mean} at step {self.step + 1}; stopped before the update, nothing was "
+                "saved from this step (lower optim.lr or check the data)"
+            )
+        clip = self.cfg.optim.grad_clip or float("inf")
+        grad_norm = clip_grad_norm_pp(self.model, clip, self.dims)
+        lr = self.update(grad_norm)
+        return {"loss": mean, "grad_norm": grad_norm.item(), "lr": lr}
+
+    def metrics(self, step_out, *, step_time, data_time, batch):
+        """``batch`` is the global batch: throughput is global, TFLOPS and MFU are per GPU."""
+        out = super().metrics(step_out, step_time=step_time, data_time=data_time, batch=batch)
+        out["tflops"] /= self.world
+        out["mfu"] /= self.world
+        return out
+
+    def meta(self):
+        return {**super().meta(), "parallel": dataclasses.asdict(self.cfg.parallel)}
