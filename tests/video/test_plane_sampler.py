@@ -48,9 +48,7 @@ def test_sampler_covers_every_yuv_code():
         s = _PlaneSampler(512, 512, 256, 256)  # distinct sample rows / columns
         for y in (*range(0, 255, 8), 255):
             frame = av.VideoFrame(512, 512, fmt)
-            planes = [
-                np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in frame.planes[:3]
-            ]
+            planes = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in frame.planes[:3]]
             planes[0][:] = y  # constant luma: the 2x2 mean is y itself
             planes[1][s.ys[:, None], s.xs[None, :]] = np.arange(256)[:, None]  # U = output row
             planes[2][s.ys[:, None], s.xs[None, :]] = np.arange(256)[None, :]  # V = output col
