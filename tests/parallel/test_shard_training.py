@@ -228,29 +228,28 @@ def test_vfm_train_dp2_from_shards_matches_one_process_and_resumes(shards, refer
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     dp2 = ["--nproc", "2", "--dp-shard", "2", "--set", f"data.batch_size={GLOBAL_BATCH // 2}"]
     out = tmp_path / "dp2"
-    rows = _vfm_train(out, shards, "--steps", str(STEPS), *dp2,
+    rows = _vfm_train(out, shards, "--steps", str(STEPS), *dp2, "--set", "train.ckpt_every=2",
                       "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     _close([r["loss"] for r in rows], reference, 1e-5)
     summary = _mlflow_mfu(out, uri, STEPS)
     assert summary["degrees"]["dp_shard"] == 2
 
-    # interrupted after 2 steps, resumed by new processes: the same losses
-    half = tmp_path / "half"
-    _vfm_train(half, shards, "--steps", "2", *dp2, "--no-mlflow")
-    saved = half / "checkpoints" / "step_00000002"
+    # its step-2 checkpoint, resumed by new processes in a fresh folder: the same losses
+    saved = out / "checkpoints" / "step_00000002"
     state = json.loads((saved / "state.json").read_text())["state"]["data"]
     assert state["kind"] == "shard_loader" and state["planner"]["position"] == 2 * GLOBAL_BATCH
-    shutil.copytree(saved, tmp_path / "other" / "checkpoints" / saved.name)
+    half = tmp_path / "half"
+    shutil.copytree(saved, half / "checkpoints" / saved.name)
     resumed = _vfm_train(half, shards, "--steps", str(STEPS), *dp2, "--no-mlflow", "--resume")
-    assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))
-    assert [r["loss"] for r in resumed][2:] == [r["loss"] for r in rows][2:]
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in rows][2:]
 
     # the same checkpoint under another layout: one process at the global batch (data.batch_size
     # 2 -> 4 per dp rank at the same global batch: the loader state is re-batched)
     config = tmp_path / "one.yaml"
     save_yaml(_cfg(shards, f"train.steps={STEPS}", "tracking.mlflow=false"), config)
-    other = str(tmp_path / "other" / "checkpoints" / saved.name)
+    other = str(saved)
     got = run_ranks(_fit, 1, str(config), {}, other)[0]
     assert got["start"] == 2
     _close(got["losses"], [r["loss"] for r in rows][2:], 1e-5)
