@@ -207,7 +207,9 @@ class DiT(nn.Module):
         txt = text[:, :lmax].to(h.dtype).reshape(1, s * lmax, -1)  # (1, S*L, Dt)
         for block in self.blocks.values():
             h = block(h, emb, shared, txt, rope, None, pack=pack)  # (1, N, D)
-        return self.final(h, emb, pack=pack)[0]  # (N, C*P)
+        # a fresh tensor, not a view of the (1, N, C*P) output (FSDP2's pre-backward hook sits on
+        # the returned tensor; an in-place op on a view would drop it)
+        return self.final(h, emb, pack=pack)[0].clone()  # (N, C*P)
 
 
 def build_model(cfg: ModelConfig, *, device: str | torch.device | None = None) -> DiT:

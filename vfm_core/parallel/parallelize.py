@@ -11,6 +11,14 @@ all-gathers the TP chunks of a CP chunk, ring / all-to-all attention joins the C
 ``final`` layer's output is all-gathered back to the full sequence, so ``unpatchify`` and the loss
 run unchanged (identically on the ranks of one CP x TP group).
 
+Packed sequences (``DiT.forward_packed``, one pack of length divisible by C*T per data-parallel
+rank) use the same cut, so chunk boundaries may split samples. A forward pre-hook cuts the pack's
+per-token side information like the tokens: the token -> sample index of the modulation by
+(C, T), the cross-attention mask rows by C (SP all-gathers the attention input); the attention
+group ids stay whole, since ring / all-to-all attention need the whole pack's ids. In the hybrid
+mode ST-DiT's spatial / temporal modules send packed calls (full attention under group ids) to
+all-to-all and full attention to the ring, as for unpacked batches.
+
 Gradients. On a sequence chunk every parameter only sees its own tokens, so its gradient is a
 partial sum that must be summed:
 
@@ -25,12 +33,18 @@ partial sum that must be summed:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -127,11 +141,39 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
             out = gather_seq(out, tp_group)
         return gather_seq(out, cp_group) if cp > 1 else out
 
+    def pack_chunk(_mod, args, kwargs):  # packed forward: block / final(..., pack=TokenPack)
+        pack = kwargs.get("pack")
+        if pack is None:
+            return None
+        # modulation rows follow the block's tokens (CP chunk, then SP chunk); cross-attention
+        # rows follow what the attention sees (the CP chunk: SP all-gathers its input); the
+        # group ids stay whole (ring / all-to-all take the whole pack's ids)
+        local = seq_chunk(seq_chunk(pack.token_sample, cp_rank, cp, 0), tp_rank, tp, 0)  # (n,)
+        cross = seq_chunk(pack.cross_mask, cp_rank, cp, 0)  # (N/C, S*L)
+        kwargs = {**kwargs, "pack": replace(pack, token_sample=local, cross_mask=cross)}
+        return args, kwargs
+
     model.x_embedder.register_forward_hook(split)
     if cp > 1:
         for block in model.blocks.values():
             block.register_forward_pre_hook(rope_chunk)
+    for module in (*model.blocks.values(), model.final):
+        module.register_forward_pre_hook(pack_chunk, with_kwargs=True)
     model.final.register_forward_hook(gather)
+
+
+def _packs_to(batched: Callable, packed: Callable) -> Callable:
+    """An ``Attention.attn_fn`` that sends packed calls (``sample_ids`` given) to ``packed``.
+
+    ST-DiT's spatial / temporal attentions in a pack are full attention under their group ids
+    (``layout="full"``); the hybrid's rule still holds by module: those modules go all-to-all."""
+
+    def attn_fn(q, k, v, *, grid=None, layout="full", sample_ids=None):
+        if sample_ids is None:
+            return batched(q, k, v, grid=grid, layout=layout)
+        return packed(q, k, v, grid=grid, layout=layout, sample_ids=sample_ids)
+
+    return attn_fn
 
 
 def parallelize_dit(
@@ -163,9 +205,12 @@ def parallelize_dit(
     # 2. context parallel: self-attention cores become ring / all-to-all over the cp group
     if dims.cp_enabled:
         fn = cp_attention(dims.group("cp"), cp_mode)
+        local_fn = fn
+        if cp_mode == "hybrid":  # packed spatial / temporal groups: all-to-all, as unpacked
+            local_fn = _packs_to(fn, cp_attention(dims.group("cp"), "alltoall"))
         for block in model.blocks.values():
-            for attn in block.self_attn:
-                attn.attn_fn = fn
+            for layout, attn in zip(block.layouts, block.self_attn):
+                attn.attn_fn = fn if layout == "full" else local_fn
     if sp or dims.cp_enabled:
         _split_sequence(model, dims, sp)
     groups = []
@@ -189,6 +234,8 @@ def parallelize_dit(
         for block in model.blocks.values():
             fully_shard(block, mesh=fsdp_mesh, mp_policy=mp)
         fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
+        if hasattr(model, "forward_packed"):  # root unshard / reshard around packed forwards
+            register_fsdp_forward_method(model, "forward_packed")
         for module in model.modules():
             if isinstance(module, FSDPModule) and dims.cp_enabled:
                 module.set_gradient_divide_factor(float(dims.dp))
