@@ -10,7 +10,8 @@ from parallel_harness import run_ranks
 
 from vfm_core.config import ConfigError
 from vfm_core.models.dit import build_model
-from vfm_core.parallel.pipeline import stage_blocks
+from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.pipeline import DiTPipeline, stage_blocks
 
 TOL = 1e-9
 CASES = [("dit", "gpipe", 2), ("stdit", "1f1b", 4), ("llama_dit", "1f1b", 2)]
@@ -36,3 +37,18 @@ def test_two_stage_pipeline_step_equals_one_process():
         assert len(held) == n_params[arch]  # every parameter lives on some stage
         shared = set(first["names"]) & set(last["names"])
         assert shared and all(n.startswith(("t_embedder.", "adaln_global.")) for n in shared)
+
+
+def test_pipeline_names_what_it_cannot_run():
+    model = build_model(tiny_model_cfg("dit"))
+    grid = (4, 4, 4)
+    bad = [
+        (dict(pp=2, cp=2, world_size=4), {}, "combining PP with context parallelism"),
+        (dict(pp=2, world_size=2), dict(schedule="zb"), "pipeline schedule 'zb' unknown"),
+        (dict(pp=2, world_size=2), dict(microbatches=1), "1 is too few for the '1f1b' schedule"),
+        (dict(world_size=1), {}, "parallel.pp must be >= 2"),
+    ]
+    for degrees, options, message in bad:
+        kw = {"microbatches": 2, **options}
+        with pytest.raises(ConfigError, match=message):
+            DiTPipeline(model, parallel_dims=ParallelDims(**degrees), grid=grid, **kw)

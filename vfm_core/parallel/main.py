@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> dict:
     cfg = load_yaml(args.config)
     given = {k: getattr(args, k) for k in _DEGREES if getattr(args, k) is not None}
     cfg = validate(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **given)))
+    if cfg.parallel.pp > 1 and args.resume:  # before any process group: one line, no hang
+        raise ConfigError(
+            "--resume: checkpoints under parallel.pp > 1 are not available yet (the pipeline "
+            "trainer neither saves nor loads them); rerun into a new --out"
+        )
     cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -72,11 +77,6 @@ def run(args: argparse.Namespace) -> dict:
     try:
         dims = ParallelDims.from_config(cfg.parallel, dist.get_world_size())
         dims.build_mesh("cuda" if cuda else "cpu")
-        if dims.pp_enabled and args.resume:
-            raise ConfigError(
-                "--resume: checkpoints under parallel.pp > 1 are not available yet (the pipeline "
-                "trainer neither saves nor loads them); rerun into a new --out"
-            )
         # pp > 1: one pipeline stage per rank (optionally x TP, FSDP2); else parallelize_dit
         trainer = (PipelineTrainer if dims.pp_enabled else ParallelTrainer)(cfg, dims=dims)
         rank0 = dist.get_rank() == 0

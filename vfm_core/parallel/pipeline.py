@@ -165,6 +165,14 @@ class DiTPipeline:
                 "parallel.pp: combining PP with context parallelism (cp > 1) is not available "
                 "yet (PP combines with dp_shard, dp_replicate and tp)"
             )
+        kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+        if schedule not in kinds:
+            raise ConfigError(f"pipeline schedule {schedule!r} unknown (gpipe | 1f1b)")
+        if microbatches < 1 or (schedule == "1f1b" and microbatches < dims.pp):
+            raise ConfigError(
+                f"pipeline microbatches: {microbatches} is too few for the {schedule!r} schedule "
+                f"over {dims.pp} stages (1f1b needs at least one per stage)"
+            )
         mesh = dims.build_mesh(next(model.parameters()).device.type)
         self.dims = dims
         self.group = mesh["pp"].get_group()
@@ -180,14 +188,6 @@ class DiTPipeline:
         )
         device = next(model.parameters()).device
         self.stage = PipelineStage(self.module, self.rank, self.size, device, group=self.group)
-        kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-        if schedule not in kinds:
-            raise ConfigError(f"pipeline schedule {schedule!r} unknown (gpipe | 1f1b)")
-        if microbatches < 1 or (schedule == "1f1b" and microbatches < self.size):
-            raise ConfigError(
-                f"pipeline microbatches: {microbatches} is too few for the {schedule!r} schedule "
-                f"over {self.size} stages (1f1b needs at least one per stage)"
-            )
         self.microbatches = microbatches
         self.schedule = kinds[schedule](self.stage, n_microbatches=microbatches, loss_fn=_mse)
 
