@@ -1,8 +1,9 @@
 """Pipeline parallelism in the trainer: ``vfm train --nproc 2 --pp 2`` and ``--nproc 4 --pp 2
 --dp-shard 2`` train the tiny preset and track the 1-process run step for step (loss of the global
 batch and the global gradient norm, fp32, relative tolerance 1e-5), with the spine's
-``DIR/metrics.jsonl`` contract and MLflow (loss, TFLOPS and MFU per process) from rank 0; layouts
-and requests the pipeline trainer cannot serve fail with one clear line."""
+``DIR/metrics.jsonl`` contract and MLflow (loss, TFLOPS and MFU per process) from rank 0, from the
+synthetic source and from WebDataset shards; layouts and requests the pipeline trainer cannot serve
+fail with one clear line."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def test_vfm_train_pp2_tracks_one_process_and_logs_mlflow(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_pp2_fsdp2_tracks_one_process(tmp_path):
-    steps = 8
+    steps = 6
     cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, f"train.steps={steps}"])
     cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, mlflow=False))
     config = tmp_path / "run.yaml"
@@ -117,6 +118,72 @@ def test_torchrun_pp2_fsdp2_tracks_one_process(tmp_path):
     _track(_rows(out), reference, steps)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["degrees"]["dp_shard"] == 2
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """8 real 32x32 H.264 clips with stored (4, 2, 4, 4) latents and 16-d caption vectors."""
+    import numpy as np
+    import pandas as pd
+
+    from vfm_core.data.shards import ShardWriterConfig, write_shards
+    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+    root = tmp_path_factory.mktemp("clips")
+    (root / "clips").mkdir()
+    rows, lat = [], {}
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        cid = f"clip{i:03d}"
+        spec = VideoSpec(width=32, height=32, fps=8.0, seed=i,
+                         segments=(Segment(kind="moving", n_frames=5),))  # fmt: skip
+        make_video(root / "clips" / f"{cid}.mp4", spec)
+        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
+                     "start_s": 0.0, "end_s": 0.625, "uri": f"clips/{cid}.mp4",
+                     "caption": f"shapes moving, clip {i}", "width": 32, "height": 32,
+                     "fps": 8.0, "n_frames": 5})  # fmt: skip
+        lat[cid] = (rng.standard_normal((4, 2, 4, 4)) * 0.5 + (i % 4 - 1.5) * 0.4).astype(
+            np.float32
+        )
+
+    def embed(captions: list[str]) -> np.ndarray:  # (N, 16) unit vectors seeded by the text
+        v = [np.random.default_rng(sum(map(ord, c))).standard_normal(16) for c in captions]
+        return np.stack([x / np.linalg.norm(x) for x in v]).astype(np.float32)
+
+    out = tmp_path_factory.mktemp("latent-shards")
+    write_shards(pd.DataFrame(rows), str(out), embed=embed, base_url=str(root), latents=lat,
+                 config=ShardWriterConfig(target_shard_bytes=6_000))  # fmt: skip
+    return out
+
+
+@pytest.mark.slow
+def test_torchrun_pp2_fsdp2_from_shards_tracks_one_process(shards, tmp_path):
+    """With ``data.source: shards`` each dp rank's pipeline gets its own slice from the loader
+    (the pp ranks of one slice read half of it each and all-gather)."""
+    steps = 4
+    small = ["model.hidden=64", "model.depth=2", "model.text_dim=16", "data.latent_frames=2",
+             "data.latent_height=4", "data.latent_width=4", "train.device=cpu",
+             "optim.warmup_steps=1", "optim.lr=0.002", "tracking.mlflow=false",
+             "data.source=shards", f"data.shards={shards}", f"train.steps={steps}"]  # fmt: skip
+    config, single = tmp_path / "run.yaml", tmp_path / "single.yaml"
+    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=2"]), config)
+    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=4"]), single)
+    reference = run_ranks(_fit_one_process, 1, str(single))[0]
+    out = tmp_path / "pp2dp2"
+    proc = subprocess.run(
+        torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    for row, ref in zip(rows, reference, strict=True):
+        for key in ("loss", "grad_norm"):
+            assert abs(row[key] - ref[key]) <= TOL * abs(ref[key]), (row["step"], key, row, ref)
+    assert rows[0]["tokens_per_s"] > 0
 
 
 def test_pipeline_trainer_names_bad_requests(tmp_path, capsys):

@@ -1,18 +1,23 @@
 """PipelineTrainer: the spine's Trainer with its model split into pipeline stages (pp > 1).
 
 Each rank holds one stage (:class:`vfm_core.parallel.pipeline.DiTPipeline`), optionally with TP
-(+ SP) and FSDP2 / HSDP over the other ranks of its pipeline coordinate. What one step does, in
-order: this rank takes its data-parallel slice of the global batch -> sigma, noise and caption drop
-from the counter-based :class:`StepRNG` (the same numbers as every other layout, one process
-included) -> the 1F1B schedule runs forward + backward over ``parallel.pp`` microbatches (the loss
-lives on the last stage) -> :func:`sync_pipeline_grads` (TP partial sums, conditioning replicas
-summed over pp) -> global gradient-norm clip over all stages (:func:`clip_grad_norm_pp`) -> AdamW,
-LR schedule and the EMA of this rank's stage -> the logged loss is the global-batch mean, summed
-over the last stage's ranks and shared with every rank.
+(+ SP) and FSDP2 / HSDP over the other ranks of its pipeline coordinate. One step, in order:
+
+1. this rank takes its data-parallel slice of the global batch (with ``data.source: shards`` the
+   loader hands each data-parallel rank its slice, as for ``ParallelTrainer``; batches must be
+   full: the schedule splits them into ``pp`` equal microbatches);
+2. sigma, noise and caption drop come from the counter-based :class:`StepRNG` (the same numbers
+   as every other layout, one process included);
+3. the 1F1B schedule runs forward + backward over the microbatches (the loss lives on the last
+   stage);
+4. :func:`sync_pipeline_grads`: TP partial sums, conditioning replicas summed over pp;
+5. global gradient-norm clip over all stages (:func:`clip_grad_norm_pp`), AdamW, LR schedule, EMA
+   of this rank's stage;
+6. the logged loss is the global-batch mean, summed over the last stage's ranks, on every rank.
 
 Checkpoints: not yet under pp > 1 (``vfm_core.parallel.main`` refuses ``--resume`` and does not
 save): :class:`vfm_core.parallel.checkpoint.ParallelCheckpoint` records rank 0's state skeleton
-only, which names the first stage's tensors alone.
+only, which names the first stage's tensors alone, so a later stage cannot load.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from vfm_core.parallel.pipeline import (
     sync_pipeline_grads,
 )
 from vfm_core.parallel.rng import StepRNG
-from vfm_core.train.trainer import Trainer, TrainingDiverged, lr_lambda
+from vfm_core.parallel.trainer import shard_source_for
+from vfm_core.train.trainer import Trainer, TrainingDiverged, lr_lambda, resolve_device
 
 
 @torch.no_grad()
@@ -91,13 +97,16 @@ class PipelineTrainer(Trainer):
                 f"be split into parallel.pp={dims.pp} microbatches (use a multiple of {dims.pp})"
             )
         single = dataclasses.replace(cfg, parallel=ParallelConfig())
-        global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
-        source = source or SyntheticLatents(
-            global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data
-        )
+        dims.build_mesh(resolve_device(cfg.train.device).type)
+        # as ParallelTrainer: shards give this rank its dp slice, other sources the global batch
+        self.local_batches = source is None and cfg.data.source == "shards"
+        if self.local_batches:
+            source = shard_source_for(cfg, dims)
+        elif source is None:
+            global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
+            source = SyntheticLatents(global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data)
         super().__init__(single, source=source)  # same seed on every rank: identical full init
         self.cfg, self.dims = cfg, dims
-        dims.build_mesh(self.device.type)
         self.bf16 = cfg.train.dtype == "bfloat16" and self.device.type == "cuda"
         opts = dict(
             sequence_parallel=p.sequence_parallel,
@@ -136,14 +145,24 @@ class PipelineTrainer(Trainer):
 
     def train_step(self, batch: LatentBatch) -> dict[str, float]:
         b = self.cfg.data.batch_size
-        sl = slice(self.dims.dp_rank() * b, (self.dims.dp_rank() + 1) * b)
-        x0 = batch.latents[sl].to(self.device, torch.float32)  # (b, C, T, H, W)
+        if self.local_batches:
+            latents, text = batch.latents, batch.text
+        else:
+            sl = slice(self.dims.dp_rank() * b, (self.dims.dp_rank() + 1) * b)
+            latents, text = batch.latents[sl], batch.text[sl]
+        if latents.shape[0] != b:  # the loader skipped bad samples
+            raise ValueError(
+                f"step {self.step + 1}: the loader gave {latents.shape[0]} of data.batch_size={b} "
+                f"samples on data-parallel rank {self.dims.dp_rank()}; the pipeline schedule "
+                "needs full batches (remove the bad samples from the shards)"
+            )
+        x0 = latents.to(self.device, torch.float32)  # (b, C, T, H, W)
         d = self.cfg.diffusion
         sigma = self.step_rng.sigma(self.step, b, p_mean=d.p_mean, p_std=d.p_std)  # (b,)
         sigma = sigma.to(self.device, torch.float32)
         noise = self.step_rng.noise(self.step, tuple(x0.shape)).to(self.device)  # (b, C, T, H, W)
         keep = self.step_rng.keep_caption(self.step, b, d.cond_dropout).to(self.device)  # (b,)
-        text = batch.text[sl].to(self.device) * keep[:, None, None]  # (b, L, Dt)
+        text = text.to(self.device) * keep[:, None, None]  # (b, L, Dt)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             loss = self.pipe.step(self.edm, x0, text, sigma=sigma, noise=noise)  # last stage
         sync_pipeline_grads(self.pipe)
@@ -165,7 +184,10 @@ class PipelineTrainer(Trainer):
         return {"loss": mean, "grad_norm": grad_norm.item(), "lr": lr}
 
     def metrics(self, step_out, *, step_time, data_time, batch):
-        """``batch`` is the global batch: throughput is global, TFLOPS and MFU are per GPU."""
+        """``batch`` is the source's batch (this rank's with shards: times dp for the global
+        one): throughput is global, TFLOPS and MFU are per GPU."""
+        if self.local_batches:
+            batch *= self.dims.dp
         out = super().metrics(step_out, step_time=step_time, data_time=data_time, batch=batch)
         out["tflops"] /= self.world
         out["mfu"] /= self.world
