@@ -6,7 +6,10 @@
    depth 4, fp32) / ``stdit-tiny`` on the same global batch of 4 for each layout; bytes each rank
    sends per step (counted on every c10d collective by ``CommCounter``) and the median step time.
    Gloo on 2 shared cores is not a speed test: read the bytes, take the time as context only.
-2. **On paper**: per attention layer (fwd + bwd, bf16, per rank) bytes of ring P2P vs all-to-all
+2. **Ring overlap (CPU, gloo)**: ring attention fwd + bwd alone, the next K/V block (backward: the
+   K/V gradients) moving while the current block is computed vs. send-wait-compute, same numbers
+   (bitwise, tests/parallel/test_context.py); median time of each, one thread per rank.
+3. **On paper**: per attention layer (fwd + bwd, bf16, per rank) bytes of ring P2P vs all-to-all
    context parallelism for ST-DiT spatial / temporal and full attention at the paper's shapes
    (b=1, 16 x 44 x 80 = 56,320 tokens), with the attention compute per rank and the H100 NVLink
    time — the numbers the hybrid (all-to-all for spatial/temporal, ring for full) rests on.
@@ -107,6 +110,38 @@ def measured(steps: int) -> list[dict]:
     return rows
 
 
+def _overlap_worker(rank, world, tokens, heads, dim, steps):
+    from vfm_core.parallel.context import ring_attention
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, heads, tokens // world, dim, generator=g) for _ in range(3))
+    res = {}
+    for overlap in (False, True, False, True):  # interleaved: load drifts hit both alike
+        times = []
+        for _ in range(steps):
+            loc = [t.clone().requires_grad_() for t in (q, k, v)]
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            ring_attention(*loc, torch.distributed.group.WORLD, overlap=overlap).sum().backward()
+            times.append(time.perf_counter() - t0)
+        res.setdefault(overlap, []).extend(times)
+    return {str(o): statistics.median(t) for o, t in res.items()}
+
+
+def overlap_rows(steps: int, tokens: int = 4096, heads: int = 4, dim: int = 64) -> list[dict]:
+    rows = []
+    for world in (2, 4):
+        res = run_ranks(_overlap_worker, world, tokens, heads, dim, steps)
+        seq = max(r["False"] for r in res)
+        ovl = max(r["True"] for r in res)
+        kv_mib = 2 * heads * (tokens // world) * dim * 4 / 2**20
+        rows.append({"cp": world, "tokens": tokens, "kv_block_mib": kv_mib, "sequential_s": seq,
+                     "overlap_s": ovl, "speedup": seq / ovl})
+        print(f"  ring overlap cp={world}: {seq:.3f} s -> {ovl:.3f} s", file=sys.stderr)
+    return rows
+
+
 def paper_table(hidden: int = 5120, heads: int = 40) -> list[dict]:
     """stdit-12b width; b=1, t=16, h*w=44*80 latent tokens; bf16; H100 SXM."""
     h100 = PEAKS["H100 SXM"]
@@ -140,6 +175,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--skip-measured", action="store_true")
+    ap.add_argument("--skip-overlap", action="store_true")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args()
     out: dict = {}
@@ -151,6 +187,13 @@ def main() -> int:
             ops = ", ".join(f"{k} {v}" for k, v in r["ops"].items()) or "-"
             print(f"| {r['layout']} | {r['ranks']} | {r['mb_per_rank']:.2f} | {ops} | "
                   f"{r['step_s']:.3f} |")
+    if not args.skip_overlap:
+        out["overlap"] = overlap_rows(max(args.steps, 3))
+        print("\n| ring attention fwd+bwd | tokens | K/V block MiB | send-wait-compute s | "
+              "overlapped s | speed-up |\n|---|---|---|---|---|---|")
+        for r in out["overlap"]:
+            print(f"| cp={r['cp']} | {r['tokens']} | {r['kv_block_mib']:.2f} | "
+                  f"{r['sequential_s']:.3f} | {r['overlap_s']:.3f} | {r['speedup']:.2f}x |")
     out["paper"] = paper_table()
     print("\nPer attention layer, fwd+bwd, bf16, per rank; stdit-12b width 5120; b=1, "
           "16x44x80 = 56,320 tokens; H100 SXM: 989 TFLOP/s dense bf16, NVLink 450 GB/s per "

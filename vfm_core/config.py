@@ -182,6 +182,9 @@ class TrainConfig:
     """Where to train."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Autocast dtype of the forward pass."""
+    fp8: Literal["off", "auto", "on"] = "off"
+    """FP8 GEMMs in the transformer blocks through transformer-engine (Ada/Hopper GPUs): 'auto'
+    uses them when they can run and says why not otherwise, 'on' refuses to run without them."""
     out_dir: str = "runs/train"
     """Where metrics.jsonl and checkpoints go."""
 
@@ -391,6 +394,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.steps: must be >= 0, got {t.steps}")
     if t.log_every <= 0 or t.ckpt_every <= 0:
         raise ConfigError("train.log_every and train.ckpt_every must be positive")
+    if t.fp8 == "on" and cfg.parallel.tp > 1:
+        raise ConfigError(
+            f"train.fp8: 'on' cannot combine with parallel.tp={cfg.parallel.tp} (DTensor tensor "
+            "parallelism shards torch linears, not transformer-engine ones); use 'auto' or tp=1"
+        )
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1), got {t.ema_decay}")
     if not 0.0 <= cfg.diffusion.cond_dropout <= 1.0:

@@ -187,3 +187,39 @@ def test_ring_and_alltoall_equal_full_attention_forward_and_backward():
 def test_cp_mode_unknown_is_rejected():
     with pytest.raises(ValueError, match="mode 'zigzag' unknown"):
         cp_attention(None, "zigzag")
+
+
+def _worker_ring_overlap(rank, world):
+    """Ring over 4 ranks (3 K/V transfers): with the next transfer overlapping the current block
+    (forward) and the gradient transfers overlapping the block before (backward) vs. sending and
+    waiting first, both against full attention; packed ids straddle every chunk boundary."""
+    group = dist.group.WORLD
+    ids = torch.tensor([0] * 5 + [1] * 9 + [2] * 3 + [3] * 7)  # 24 tokens, chunks of 6
+    out = {}
+    for overlap in (True, False):
+        for name, sample_ids in (("full", None), ("packed", ids)):
+            out[f"{name}/overlap={overlap}"] = _compare(
+                rank, world,
+                lambda q, k, v, o=overlap, s=sample_ids: ring_attention(
+                    q, k, v, group, sample_ids=s, overlap=o
+                ),
+                4, 2, "full", sample_ids,
+            )
+    q, k, v, dout = _case(4, 2)
+    runs = []
+    for overlap in (True, False):
+        loc = [seq_chunk(t, rank, world, dim=2).clone().requires_grad_() for t in (q, k, v)]
+        res = ring_attention(*loc, group, overlap=overlap)
+        res.backward(seq_chunk(dout, rank, world, dim=2))
+        runs.append([res.detach()] + [t.grad for t in loc])
+    out["bitwise"] = [float(not torch.equal(a, b)) for a, b in zip(*runs)]
+    return out
+
+
+@pytest.mark.slow
+def test_ring_overlap_equals_sequential_ring_and_full_attention_on_4_ranks():
+    for rank_result in run_ranks(_worker_ring_overlap, 4):
+        assert rank_result["bitwise"] == [0.0] * 4, "overlap changed the numbers"
+        for name, errs in rank_result.items():
+            if name != "bitwise":
+                assert max(errs) < TOL, f"{name}: max errors (out, dq, dk, dv) = {errs}"

@@ -34,8 +34,10 @@ CPMode = Literal["ring", "alltoall", "hybrid"]
 
 
 # ------------------------------------------------------------------ differentiable collectives
-def _ring_send_recv(tensors: list[torch.Tensor], group: dist.ProcessGroup, shift: int):
-    """Send every tensor to the rank ``shift`` steps ahead in ``group``, receive from behind."""
+def _start_send_recv(tensors: list[torch.Tensor], group: dist.ProcessGroup, shift: int):
+    """Start sending every tensor to the rank ``shift`` steps ahead in ``group`` and receiving
+    from the rank behind; returns (receive buffers, requests). The buffers hold the data only
+    after every request's ``wait()``."""
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     dst = dist.get_global_rank(group, (rank + shift) % world)
@@ -44,7 +46,13 @@ def _ring_send_recv(tensors: list[torch.Tensor], group: dist.ProcessGroup, shift
     recv = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     ops = [dist.P2POp(dist.isend, t, dst, group) for t in tensors]
     ops += [dist.P2POp(dist.irecv, r, src, group) for r in recv]
-    for req in dist.batch_isend_irecv(ops):
+    return recv, dist.batch_isend_irecv(ops)
+
+
+def _ring_send_recv(tensors: list[torch.Tensor], group: dist.ProcessGroup, shift: int):
+    """Send every tensor to the rank ``shift`` steps ahead in ``group``, receive from behind."""
+    recv, reqs = _start_send_recv(tensors, group, shift)
+    for req in reqs:
         req.wait()
     return recv
 
@@ -60,6 +68,63 @@ class _RingShift(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dk, dv):
         return (None, *_ring_send_recv([dk, dv], ctx.group, -1))
+
+
+class _Transfer:
+    """The in-flight requests and receive buffers of one asynchronous ring exchange, shared by the
+    :class:`_RingStart` / :class:`_RingWait` pair that brackets the compute it overlaps."""
+
+    __slots__ = ("reqs", "recv")
+
+    def __init__(self) -> None:
+        self.reqs: list = []
+        self.recv: list[torch.Tensor] = []
+
+    def wait(self) -> list[torch.Tensor]:
+        for req in self.reqs:
+            req.wait()
+        self.reqs = []
+        return self.recv
+
+
+class _RingStart(torch.autograd.Function):
+    """Forward: *start* passing (k, v) one rank ahead and return the (still filling) receive
+    buffers. Backward: wait for the gradients :class:`_RingWait` started sending one rank back.
+
+    With the pair, the transfer of the next K/V block runs while the current block is computed
+    (forward), and the transfer of a block's K/V gradients runs while autograd computes the
+    gradients of the block before it (backward): the two ops sit on either side of that block's
+    compute in the graph. Exactly one exchange is in flight at a time on every rank, in the same
+    order, so the P2P pairs always match.
+    """
+
+    @staticmethod
+    def forward(ctx, group, transfer, k, v):
+        ctx.transfer = transfer
+        transfer.recv, transfer.reqs = _start_send_recv([k, v], group, 1)
+        return tuple(transfer.recv)
+
+    @staticmethod
+    def backward(ctx, _dk, _dv):  # the received gradients, not these pass-throughs, are ours
+        dk, dv = ctx.transfer.wait()
+        return None, None, dk, dv
+
+
+class _RingWait(torch.autograd.Function):
+    """Forward: wait until the buffers of :class:`_RingStart` are filled (identity on them).
+    Backward: start sending their gradients one rank back; :class:`_RingStart` collects them."""
+
+    @staticmethod
+    def forward(ctx, group, transfer, k, v):
+        ctx.group, ctx.transfer = group, transfer
+        transfer.wait()
+        return k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dk, dv):
+        t = ctx.transfer
+        t.recv, t.reqs = _start_send_recv([dk, dv], ctx.group, -1)
+        return None, None, dk, dv
 
 
 class _AllToAll(torch.autograd.Function):
@@ -128,6 +193,7 @@ def ring_attention(
     group: dist.ProcessGroup,
     *,
     sample_ids: torch.Tensor | None = None,
+    overlap: bool = True,
 ) -> torch.Tensor:
     """Exact full attention of the local queries against the K/V chunks of all ranks.
 
@@ -138,6 +204,9 @@ def ring_attention(
     ``sample_ids`` (N,) int, the sample of every token of the *whole* packed sequence (the THD
     pack split over the ranks, ``cu_seqlens`` expanded): a token then attends only to tokens of
     its own sample, wherever along the ring they live; samples may straddle chunk boundaries.
+
+    ``overlap``: move the next K/V block (backward: the K/V gradients) while the current block is
+    computed (:class:`_RingStart` / :class:`_RingWait`); False sends, waits, then computes.
     """
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -152,9 +221,16 @@ def ring_attention(
     scale = 1.0 / math.sqrt(q.shape[-1])
     qf = q.to(acc)  # (B, Hq, n, d)
     out = lse = None
+    moving: tuple | None = None  # (transfer, k, v buffers) of the block in flight
     for step in range(world):
-        if step:
+        if moving is not None:
+            k, v = _RingWait.apply(group, *moving)  # the block that moved meanwhile
+        elif step:
             k, v = _RingShift.apply(group, k, v)  # block of rank (r - step) mod P
+        moving = None
+        if overlap and step + 1 < world:  # start moving the next block before computing this
+            transfer = _Transfer()
+            moving = (transfer, *_RingStart.apply(group, transfer, k, v))
         kb = k.repeat_interleave(rep, dim=1) if rep > 1 else k  # (B, Hq, n, d)
         vb = v.repeat_interleave(rep, dim=1) if rep > 1 else v
         mask = None

@@ -65,6 +65,7 @@ def run_training(
                 "peak_flops": trainer.peak_flops,
                 "peak_source": trainer.peak_source,
                 "attn_backend_used": trainer.attn_backend_reason,
+                "fp8_used": trainer.fp8_reason,
             }
         )
         loggers.append(mlf)

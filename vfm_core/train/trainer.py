@@ -15,13 +15,18 @@ import time
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from vfm_core.config import Config, ConfigError, OptimConfig, to_dict, validate
 from vfm_core.data.samples import LatentBatch, LatentSource
 from vfm_core.data.shard_source import make_source
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.models.dit import build_model, count_params
+from vfm_core.models.fp8 import drop_fp8_state, fp8_autocast, resolve_fp8, to_te_linears
 from vfm_core.models.layers import set_attention_backend
 from vfm_core.models.te_adapter import resolve_attention_backend
 from vfm_core.perf.flops import train_flops_per_token
@@ -80,6 +85,9 @@ class Trainer:
         set_attention_backend(backend)
         torch.manual_seed(cfg.train.seed)  # weight init is a function of the seed alone
         self.model = build_model(cfg.model, device=self.device)
+        self.fp8, self.fp8_reason = resolve_fp8(cfg.train.fp8, tp=cfg.parallel.tp)
+        if self.fp8:  # before the EMA copy and the optimizer: both see the TE linears
+            to_te_linears(self.model)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if cfg.train.ema_decay else None
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -114,9 +122,9 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {
-            "model": model_sd,
+            "model": drop_fp8_state(model_sd),
             "optim": optim_sd,
-            "ema": self.ema.state_dict() if self.ema is not None else {},
+            "ema": drop_fp8_state(self.ema.state_dict()) if self.ema is not None else {},
             "sched": self.scheduler.state_dict(),
             "step": self.step,
             "rng": self.rng.get_state(),
@@ -129,9 +137,10 @@ class Trainer:
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
+            options=StateDictOptions(strict=not self.fp8),  # FP8: no TE scaling state saved
         )
         if self.ema is not None:
-            self.ema.load_state_dict(state["ema"] or state["model"])
+            self.ema.load_state_dict(state["ema"] or state["model"], strict=not self.fp8)
         self.scheduler.load_state_dict(state["sched"])
         self.step = int(state["step"])
         self.rng.set_state(state["rng"])
@@ -163,7 +172,10 @@ class Trainer:
         """Mean EDM loss of the batch under the configured autocast; a non-finite loss stops
         training before any update."""
         dtype = torch.bfloat16 if self.cfg.train.dtype == "bfloat16" else torch.float32
-        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        with (
+            torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32),
+            fp8_autocast(self.fp8),
+        ):
             loss = self.edm.loss(self.model, x0, text, sigma=sigma, noise=noise).mean()
         if not torch.isfinite(loss):
             raise TrainingDiverged(

@@ -1,0 +1,137 @@
+"""Thin, runtime-selected FP8 adapter: transformer-engine linears under ``fp8_autocast``
+(optional ``gpu`` extra; ``train.fp8: off | auto | on``).
+
+FP8 GEMMs need an Ada / Hopper GPU (compute capability >= 8.9) and transformer-engine, which
+cannot be imported without CUDA, so everything TE-specific is imported lazily. What runs:
+
+* :func:`resolve_fp8` maps the setting to on/off and says why (``auto`` falls back to the
+  configured dtype; ``on`` where FP8 cannot run is a :class:`ConfigError` naming the setting);
+* :func:`fp8_linear_names` picks the GEMMs that go to FP8: the projections and MLP inside the
+  transformer blocks whose sizes FP8 kernels accept (multiples of 16). AdaLN modulation, the
+  embedders and the final layer stay in the higher precision (the paper keeps the conditioning
+  path and the output in bf16);
+* :func:`to_te_linears` swaps those ``nn.Linear`` for ``te.Linear`` with the same weights and
+  parameter names (checkpoints stay interchangeable with the torch model);
+* :func:`fp8_autocast` is TE's ``fp8_autocast`` (delayed scaling, HYBRID e4m3/e5m2) when on,
+  a no-op context otherwise.
+
+Tensor parallelism shards ``nn.Linear`` with DTensor plans, which TE modules are not, so FP8
+with ``parallel.tp > 1`` resolves to off (``auto``) or is refused (``on``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from vfm_core.config import ConfigError
+
+FP8_MIN_CAPABILITY = (8, 9)
+_FP8_SKIP = ("modulation",)  # AdaLN: conditioning path stays in bf16 / fp32
+
+
+def fp8_status() -> tuple[bool, str]:
+    """(usable, reason) for transformer-engine FP8 GEMMs on this machine."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    cap = torch.cuda.get_device_capability()
+    if cap < FP8_MIN_CAPABILITY:
+        return False, (
+            f"GPU compute capability {cap[0]}.{cap[1]} < 8.9 (FP8 needs Ada or Hopper)"
+        )
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False, "transformer-engine not installed (pip install -e '.[gpu]')"
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as e:  # TE raises assorted errors when cuDNN/CUDA libraries are missing
+        return False, f"transformer-engine failed to import ({type(e).__name__}: {e})"
+    return True, "transformer-engine FP8 (delayed scaling, HYBRID)"
+
+
+def resolve_fp8(requested: str, *, tp: int = 1) -> tuple[bool, str]:
+    """``train.fp8`` ('off', 'auto', 'on') -> (FP8 on?, why)."""
+    if requested == "off":
+        return False, "off (configured)"
+    if requested not in ("auto", "on"):
+        raise ConfigError(f"train.fp8: unknown value {requested!r} (off | auto | on)")
+    usable, reason = fp8_status()
+    if usable and tp > 1:
+        usable, reason = False, (
+            f"parallel.tp={tp}: DTensor tensor parallelism shards torch linears, not "
+            "transformer-engine ones"
+        )
+    if requested == "on" and not usable:
+        raise ConfigError(f"train.fp8: 'on' requested but FP8 cannot run: {reason}")
+    return usable, reason if usable else f"off ({reason})"
+
+
+def fp8_linear_names(model: nn.Module) -> list[str]:
+    """Names of the ``nn.Linear`` modules inside ``model.blocks`` that run in FP8: not AdaLN
+    modulation, both feature sizes multiples of 16 (FP8 GEMM alignment)."""
+    names = []
+    for name, mod in model.named_modules():
+        if not name.startswith("blocks.") or not isinstance(mod, nn.Linear):
+            continue
+        if any(part in _FP8_SKIP for part in name.split(".")):
+            continue
+        if mod.in_features % 16 or mod.out_features % 16:
+            continue
+        names.append(name)
+    return names
+
+
+def to_te_linears(model: nn.Module) -> int:
+    """Replace the FP8-eligible linears of ``model`` by ``transformer_engine.pytorch.Linear`` with
+    the same weights and parameter names; returns how many were replaced (CUDA + TE only)."""
+    usable, reason = fp8_status()
+    if not usable:
+        raise ConfigError(f"train.fp8: cannot convert linears to transformer-engine: {reason}")
+    import transformer_engine.pytorch as te
+
+    names = fp8_linear_names(model)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old: nn.Linear = getattr(parent, child)
+        new = te.Linear(
+            old.in_features,
+            old.out_features,
+            bias=old.bias is not None,
+            params_dtype=old.weight.dtype,
+            device=old.weight.device,
+        )
+        with torch.no_grad():
+            new.weight.copy_(old.weight)
+            if old.bias is not None:
+                new.bias.copy_(old.bias)
+        setattr(parent, child, new)
+    return len(names)
+
+
+FP8_STATE_SUFFIX = "._extra_state"
+
+
+def drop_fp8_state(state: dict) -> dict:
+    """A model state dict without TE's ``_extra_state`` entries (FP8 scaling history, which TE may
+    serialise with pickle): checkpoints hold plain tensors only, the same keys as the torch model;
+    after a resume the amax history starts afresh."""
+    return {k: v for k, v in state.items() if not k.endswith(FP8_STATE_SUFFIX)}
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool) -> Iterator[None]:
+    """TE's FP8 autocast (delayed scaling, e4m3 forward / e5m2 gradients) when ``enabled``."""
+    if not enabled:
+        yield
+        return
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    recipe = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16,
+                            amax_compute_algo="max")  # fmt: skip
+    with te.fp8_autocast(enabled=True, fp8_recipe=recipe):
+        yield
