@@ -119,6 +119,32 @@ def _fit(rank, world, config, degrees, resume_from):
     return {"start": start, "losses": log.losses}
 
 
+def _resume_checks(rank, world, config, path):
+    """Resume one process at the global batch from ``path``; then try the same checkpoint with
+    another data seed, which must fail with a clear CheckpointError."""
+    import dataclasses
+    from pathlib import Path
+
+    from vfm_core.config import load_yaml
+    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
+    from vfm_core.parallel.dims import ParallelDims
+    from vfm_core.parallel.trainer import ParallelTrainer
+    from vfm_core.train.checkpoint import CheckpointError
+
+    got = _fit(rank, world, config, {}, path)
+    cfg = load_yaml(config)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seed=7))
+    dims = ParallelDims(world_size=world)
+    dims.build_mesh("cpu")
+    try:
+        load_trainer(ParallelCheckpoint(Path(path).parent.parent), ParallelTrainer(cfg, dims=dims),
+                     Path(path))  # fmt: skip
+        got["error"] = "loaded"
+    except CheckpointError as e:
+        got["error"] = str(e)
+    return got
+
+
 def _batches(rank, world, config, degrees, steps):
     """Keys, latent sums and bytes read by this rank's shard source over ``steps`` steps."""
     from vfm_core.config import load_yaml
@@ -249,10 +275,11 @@ def test_vfm_train_dp2_from_shards_matches_one_process_and_resumes(shards, refer
     # 2 -> 4 per dp rank at the same global batch: the loader state is re-batched)
     config = tmp_path / "one.yaml"
     save_yaml(_cfg(shards, f"train.steps={STEPS}", "tracking.mlflow=false"), config)
-    other = str(saved)
-    got = run_ranks(_fit, 1, str(config), {}, other)[0]
+    got = run_ranks(_resume_checks, 1, str(config), str(saved))[0]
     assert got["start"] == 2
     _close(got["losses"], [r["loss"] for r in rows][2:], 1e-5)
+    assert "step_00000002: loader state belongs to another dataset" in got["error"]
+    assert "seed: state 0 vs loader 7" in got["error"]
 
 
 @pytest.mark.slow
