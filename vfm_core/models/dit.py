@@ -114,7 +114,8 @@ def block_layouts(cfg: ModelConfig, index: int) -> tuple[Layout, ...]:
 
 
 class DiT(nn.Module):
-    """Denoiser network F(x_in, c_noise, text) on latents (B, C, T, H, W) -> (B, C, T, H, W)."""
+    """Denoiser network F(x_in, c_noise, text) on latents (B, C, T, H, W) -> (B, C, T, H, W);
+    :meth:`forward_packed` runs one pack of samples of different grids (THD tokens)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -67,7 +67,7 @@ def token_pack(
     return TokenPack(
         token_sample=ids.clamp(min=0).to(device),
         groups={name: attention_groups(layout, name).to(device) for name in set(layouts)},
-        cross_mask=cross_attention_mask(ids, text_lengths.cpu()).to(device),
+        cross_mask=cross_attention_mask(ids.cpu(), text_lengths.cpu()).to(device),
     )
 
 
