@@ -121,13 +121,29 @@ def packed_step_worker(rank: int, world: int, arch: str, degrees: dict, options:
     }
 
 
+def uneven_pack_error(world: int) -> str:
+    """The error a pack of 45 tokens gives under cp=``world`` (45 is not a multiple of it)."""
+    cfg = packed_model_cfg("dit")
+    torch.manual_seed(0)
+    model = build_model(cfg).double()
+    dims = ParallelDims(cp=world, dp_shard=1, world_size=world)
+    model = parallelize_dit(model, parallel_dims=dims, cp_mode="ring")
+    tokens, layout = pack_latents([torch.zeros(4, 1, 6, 6), torch.zeros(4, 4, 6, 6)], cfg.patch)
+    text = torch.zeros(2, 4, 32, dtype=torch.float64)
+    try:
+        model.forward_packed(tokens.double(), torch.zeros(2), text, torch.tensor([4, 4]), layout)
+    except ValueError as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
 def packed_steps_worker(rank: int, world: int, cases: list) -> dict:
     """:func:`packed_step_worker` for several cases in one spawn; a failing case reports its
-    error instead of ending the spawn."""
+    error instead of ending the spawn. Also the error of a pack not divisible by cp=world."""
     out = []
     for arch, degrees, options in cases:
         try:
             out.append(packed_step_worker(rank, world, arch, degrees, options))
         except Exception as e:  # reported per case by the test
             out.append({"error": f"{type(e).__name__}: {e}"})
-    return {"cases": out}
+    return {"cases": out, "uneven": uneven_pack_error(world)}

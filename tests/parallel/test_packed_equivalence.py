@@ -63,3 +63,10 @@ def test_packed_two_process_step_equals_one_process(case, two_process_results):
 @pytest.mark.parametrize("case", range(len(FOUR)), ids=[str(c) for c in FOUR])
 def test_packed_four_process_step_equals_one_process(case, four_process_results):
     _check([r["cases"][case] for r in four_process_results], str(FOUR[case]))
+
+
+@pytest.mark.slow
+def test_pack_not_divisible_by_cp_names_the_sizes(two_process_results):
+    """A pack of 45 tokens under cp=2 (same spawn): a clear error, not a hang or a shape crash."""
+    for r in two_process_results:
+        assert "45 tokens cannot be split evenly over 2 ranks" in r["uneven"], r["uneven"]
