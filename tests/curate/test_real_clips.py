@@ -9,7 +9,7 @@ import pytest
 
 from vfm_core.curate import CurateConfig, curate
 from vfm_core.curate.pipeline import read_clips
-from vfm_core.video.io import transcode_span
+from vfm_core.video.transcode import transcode_span
 
 PURELIB = Path(sysconfig.get_paths()["purelib"])
 TRANSNET_VIDEO = PURELIB / "tests" / "test.mp4"  # 212 s, 160x90, 25 fps, real cuts

@@ -3,15 +3,9 @@ import io
 import numpy as np
 import pytest
 
-from vfm_core.video.io import (
-    VideoError,
-    decode_frames,
-    encode_h264,
-    iter_frames,
-    probe,
-    transcode_span,
-)
+from vfm_core.video.io import VideoError, decode_frames, iter_frames, probe
 from vfm_core.video.synthetic import demo_spec, render_frames
+from vfm_core.video.transcode import encode_h264, transcode_span
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -23,6 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cu.add_argument("--width", type=int, default=None, help="clip width (default: source)")
     cu.add_argument("--fps", type=float, default=None, help="clip frame rate (default: source)")
     cu.add_argument("--no-stitch", action="store_true", help="keep every detected cut")
+    cu.add_argument(
+        "--encoder", choices=["auto", "libx264", "h264_nvenc"], default="auto",
+        help="H.264 encoder (auto: h264_nvenc where a GPU build and GPU are present)",
+    )  # fmt: skip
     cu.add_argument("--vlm", default=None, help="local transformers image-to-text model dir")
     cu.add_argument("--image-model", default=None, help="local transformers image model dir")
     cu.add_argument("--ray-cpus", type=int, default=2, help="CPUs of a local Ray instance")
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from vfm_core.curate.executors import RayExecutor
     from vfm_core.curate.pipeline import curate
     from vfm_core.storage import StorageError
+    from vfm_core.video.transcode import EncoderError, select_encoder
 
     try:
         _positive("--min-len", args.min_len, zero_ok=True)
@@ -51,11 +56,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = CurateConfig(
             splitter=args.splitter, min_len_s=args.min_len, max_len_s=args.max_len or None,
             out_width=args.width, out_fps=args.fps, stitch=not args.no_stitch, vlm=args.vlm,
-            image_model=args.image_model,
+            image_model=args.image_model, encoder=args.encoder,
         )  # fmt: skip
+        select_encoder(cfg.encoder, setting="--encoder")  # fail before any work
         executor = RayExecutor(num_cpus=args.ray_cpus) if args.executor == "ray" else "local"
         out = curate(args.src, args.dst, executor=executor, config=cfg, progress=args.progress)
-    except (StorageError, ContractError, ValueError, FileNotFoundError) as e:
+    except (StorageError, ContractError, ValueError, FileNotFoundError, EncoderError) as e:
         print(f"vfm curate: error: {e}", file=sys.stderr)
         return 2
     if args.json:

@@ -46,7 +46,9 @@ class CurateConfig:
     crf: int = 23
     """libx264 quality."""
     preset: str = "veryfast"
-    """libx264 preset."""
+    """libx264 preset (NVENC gets the p1..p7 preset of similar speed)."""
+    encoder: Literal["auto", "libx264", "h264_nvenc"] = "auto"
+    """H.264 encoder: auto = h264_nvenc where it opens here (GPU build + GPU), else libx264."""
     filters: FilterConfig = field(default_factory=FilterConfig)
     """Filter thresholds."""
     embed_frames: int = 4

@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from vfm_core.video.io import VideoInfo
 from vfm_core.video.shots import Span
 
 
@@ -33,32 +34,30 @@ class VideoRef:
     """Where to read it: an absolute local path or an s3:// URL."""
 
 
-@dataclass(kw_only=True, slots=True)
-class ProbedVideo:
-    """A readable video with its probe results (a `VideoManifest` row plus `local_path`)."""
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ProbedVideo(VideoInfo):
+    """A readable video: `probe`'s `VideoInfo` fields plus where it is and its content hash.
+
+    A `VideoManifest` row is these fields less `local_path`, `url` and `has_video` (always True).
+    """
 
     source_uri: str
+    """The input as given under SRC."""
     video_id: str
     """Content hash of the file (sha256, 16 hex digits)."""
     local_path: str
     """A local copy (the file itself when local; a cached download for s3://)."""
     url: str
+    """Where it was read: an absolute local path or an s3:// URL."""
     size_bytes: int
-    duration_s: float
-    fps: float
-    vfr: bool
-    width: int
-    height: int
-    codec: str
-    pix_fmt: str
-    rotation: int
-    n_frames: int
+    """File size."""
 
     def manifest_row(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d.pop("local_path")
-        d.pop("url")
-        return d
+        head = {k: d.pop(k) for k in ("source_uri", "video_id", "size_bytes")}
+        for k in ("local_path", "url", "has_video"):
+            d.pop(k)
+        return head | d
 
 
 @dataclass(kw_only=True, slots=True)

@@ -17,6 +17,7 @@ are plain picklable objects: the same instances run in-process or inside Ray act
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tempfile
@@ -42,8 +43,9 @@ from vfm_core.curate.records import (
     SplitVideo,
     VideoRef,
 )
-from vfm_core.video.io import VideoError, decode_frames, probe, transcode_span
+from vfm_core.video.io import VideoError, decode_frames, probe
 from vfm_core.video.stitch import stitch
+from vfm_core.video.transcode import select_encoder, transcode_span
 
 _USER_ERRORS = (VideoError, storage.StorageError, OSError, ValueError, av.FFmpegError)
 
@@ -162,10 +164,7 @@ class ProbeStage(_MapStage):
         return [
             ProbedVideo(
                 source_uri=item.source_uri, video_id=_hash_file(local), local_path=local,
-                url=item.url, size_bytes=os.path.getsize(local), duration_s=info.duration_s,
-                fps=info.fps, vfr=info.vfr, width=info.width, height=info.height,
-                codec=info.codec, pix_fmt=info.pix_fmt, rotation=info.rotation,
-                n_frames=info.n_frames,
+                url=item.url, size_bytes=os.path.getsize(local), **dataclasses.asdict(info),
             )  # fmt: skip
         ]
 
@@ -229,8 +228,15 @@ class TranscodeStage(_MapStage):
 
     name = "transcode"
     reject_as = "transcode"
+    _encoder: str | None = field(default=None, init=False, repr=False)
+
+    def setup(self) -> None:
+        # once per worker; an unusable encoder setting fails the run (EncoderError), not a clip
+        self._encoder = select_encoder(self.cfg.encoder, setting="CurateConfig.encoder")
 
     def one(self, item: SpanTask) -> list[Item]:
+        if self._encoder is None:
+            self.setup()
         v, cfg = item.video, self.cfg
         cid = clip_id_of(v.video_id, item.start_frame, item.end_frame, cfg.clip_settings())
         uri = storage.join(self.dst, "clips", f"{cid}.mp4")
@@ -243,6 +249,7 @@ class TranscodeStage(_MapStage):
                 _local_video(v, self.work_dir), tmp, item.start_s, item.end_s,
                 width=cfg.out_width, fps=cfg.out_fps or (v.fps if v.vfr else None),
                 cfr=v.vfr, rotation=v.rotation, crf=cfg.crf, preset=cfg.preset,
+                encoder=self._encoder,
             )  # fmt: skip
             os.replace(tmp, final)
         finally:

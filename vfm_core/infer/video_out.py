@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vfm_core.video.io import encode_h264
+from vfm_core.video.transcode import encode_h264
 
 __all__ = ["latent_preview", "to_uint8_frames", "write_outputs"]
 

@@ -4,16 +4,7 @@ The curation stages (split -> stitch -> transcode -> annotate) build on these fu
 and the executors call them, never PyAV directly.
 """
 
-from vfm_core.video.io import (
-    TranscodeResult,
-    VideoError,
-    VideoInfo,
-    decode_frames,
-    encode_h264,
-    iter_frames,
-    probe,
-    transcode_span,
-)
+from vfm_core.video.io import VideoError, VideoInfo, decode_frames, iter_frames, probe
 from vfm_core.video.shots import (
     ColorChangeSplitter,
     FixedStrideSplitter,
@@ -23,9 +14,17 @@ from vfm_core.video.shots import (
     TransNetV2Splitter,
 )
 from vfm_core.video.stitch import color_thumb_embed, stitch
+from vfm_core.video.transcode import (
+    EncoderError,
+    TranscodeResult,
+    encode_h264,
+    select_encoder,
+    transcode_span,
+)
 
 __all__ = [
     "ColorChangeSplitter",
+    "EncoderError",
     "FixedStrideSplitter",
     "LengthRules",
     "Span",
@@ -39,6 +38,7 @@ __all__ = [
     "encode_h264",
     "iter_frames",
     "probe",
+    "select_encoder",
     "stitch",
     "transcode_span",
 ]

@@ -22,7 +22,7 @@ from typing import Literal
 import av
 import numpy as np
 
-from vfm_core.video.io import encode_h264
+from vfm_core.video.transcode import encode_h264
 
 SegmentKind = Literal["moving", "pan", "static", "black"]
 TransitionKind = Literal["cut", "dissolve"]

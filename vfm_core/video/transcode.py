@@ -1,0 +1,277 @@
+"""Encoding: H.264 MP4 from frames (`encode_h264`) and from a span of a video (`transcode_span`).
+
+The encoder is libx264 (always in PyAV's wheel) or NVIDIA's h264_nvenc where the FFmpeg build has
+it and a GPU with a driver lets it open. `select_encoder("auto")` picks NVENC when it opens here
+and otherwise libx264, logging why; asking for "h264_nvenc" where it cannot open raises
+`EncoderError` naming the setting. Quality settings are libx264's (`crf`, `preset`); for NVENC
+they map to constant-quality `cq` and the p1..p7 preset of similar speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal
+
+import av
+import numpy as np
+
+from vfm_core.video.io import (
+    Source,
+    VideoError,
+    _iter_av_frames,
+    _name,
+    _video_stream,
+    analysis_size,
+    open_container,
+)
+
+log = logging.getLogger(__name__)
+
+Encoder = Literal["auto", "libx264", "h264_nvenc"]
+ENCODERS: tuple[str, ...] = ("auto", "libx264", "h264_nvenc")
+"""Accepted values of an `encoder` setting."""
+
+# libx264 preset -> NVENC preset of similar speed (p1 fastest .. p7 best quality)
+_NVENC_PRESETS = {
+    "ultrafast": "p1", "superfast": "p1", "veryfast": "p2", "faster": "p3", "fast": "p3",
+    "medium": "p4", "slow": "p5", "slower": "p6", "veryslow": "p7", "placebo": "p7",
+}  # fmt: skip
+
+
+class EncoderError(RuntimeError):
+    """An encoder setting that cannot be honoured here (a configuration error, not a bad video)."""
+
+
+@functools.cache
+def encoder_unavailable(codec: str) -> str | None:
+    """None when `codec` opens for encoding on this machine, else why not (cached per process).
+
+    Opening a tiny encoder is the real test for NVENC: the FFmpeg build must contain it and the
+    NVIDIA driver must find a GPU with an encoder engine.
+    """
+    if codec not in av.codecs_available:
+        return f"this PyAV/FFmpeg build has no {codec} encoder"
+    try:
+        cc = av.CodecContext.create(codec, "w")
+        cc.width, cc.height, cc.pix_fmt = 256, 144, "yuv420p"
+        cc.time_base, cc.framerate = Fraction(1, 24), Fraction(24)
+        cc.open()
+    except (av.FFmpegError, ValueError, OSError) as e:
+        return f"{codec} does not open here (no usable NVIDIA GPU / driver?): {e}"
+    return None
+
+
+def select_encoder(requested: str = "auto", *, setting: str = "encoder") -> str:
+    """The encoder to use for `requested` ("auto" | "libx264" | "h264_nvenc").
+
+    "auto" gives h264_nvenc when it opens here, else libx264 (the reason is logged). `setting`
+    names the option in errors (e.g. "CurateConfig.encoder").
+    """
+    if requested not in ENCODERS:
+        raise EncoderError(f"{setting}: unknown encoder {requested!r}; expected one of {ENCODERS}")
+    if requested == "libx264":
+        return "libx264"
+    why = encoder_unavailable("h264_nvenc")
+    if requested == "h264_nvenc":
+        if why:
+            raise EncoderError(
+                f"{setting}='h264_nvenc' is unavailable: {why}; use 'auto' or 'libx264'"
+            )
+        return "h264_nvenc"
+    if why:
+        log.info("%s=auto: using libx264 (%s)", setting, why)
+        return "libx264"
+    log.info("%s=auto: using h264_nvenc", setting)
+    return "h264_nvenc"
+
+
+def _even(x: int) -> int:
+    return max(2, x - x % 2)
+
+
+def _open_h264(
+    out_path: str | os.PathLike[str],
+    *,
+    fps: float | Fraction,
+    width: int,
+    height: int,
+    crf: int,
+    preset: str,
+    pix_fmt: str,
+    gop: int | None,
+    encoder: str = "libx264",
+) -> tuple[Any, Any]:
+    """An MP4 container and its H.264 stream; `encoder` is a concrete name (not "auto")."""
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    out = av.open(os.fspath(out_path), mode="w", options={"movflags": "+faststart"})
+    rate = Fraction(fps).limit_denominator(1001) if not isinstance(fps, Fraction) else fps
+    st = out.add_stream(encoder, rate=rate)
+    st.width, st.height, st.pix_fmt = width, height, pix_fmt
+    st.time_base = 1 / rate
+    st.codec_context.time_base = 1 / rate
+    if encoder == "h264_nvenc":
+        # constant quality (VBR with cq, no bitrate cap) ~ libx264 crf; the first frame is IDR
+        nv = _NVENC_PRESETS.get(preset, preset)
+        st.options = {"rc": "vbr", "cq": str(crf), "b": "0", "preset": nv}
+    else:
+        st.options = {"crf": str(crf), "preset": preset}
+    if gop is not None:
+        st.codec_context.gop_size = gop
+    return out, st
+
+
+def encode_h264(
+    frames: Iterable[np.ndarray] | np.ndarray,
+    out_path: str | os.PathLike[str],
+    *,
+    fps: float | Fraction,
+    width: int | None = None,
+    height: int | None = None,
+    crf: int = 23,
+    preset: str = "veryfast",
+    pix_fmt: str = "yuv420p",
+    gop: int | None = None,
+    encoder: Encoder = "libx264",
+) -> int:
+    """Encode RGB uint8 frames (each (H, W, 3)) to an H.264 MP4; returns frames written.
+
+    Frame 0 is an IDR keyframe. Output size defaults to the first frame's size rounded down to
+    even numbers (yuv420p needs even sizes); other sizes are scaled by swscale. `encoder` is
+    libx264 by default (bit-reproducible files, e.g. the synthetic test videos); "auto" or
+    "h264_nvenc" go through `select_encoder`.
+    """
+    it = iter(frames)
+    first = next(it, None)
+    if first is None:
+        raise ValueError("encode_h264: no frames")
+    h0, w0 = first.shape[:2]
+    w, h = _even(width or w0), _even(height or h0)
+    codec = select_encoder(encoder, setting="encode_h264(encoder=...)")
+    out, st = _open_h264(
+        out_path, fps=fps, width=w, height=h, crf=crf, preset=preset, pix_fmt=pix_fmt, gop=gop,
+        encoder=codec,
+    )  # fmt: skip
+    n = 0
+    with out:
+        for arr in _chain(first, it):
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            vf = vf.reformat(width=w, height=h, format=pix_fmt)
+            vf.pts, vf.time_base = n, st.codec_context.time_base
+            out.mux(st.encode(vf))
+            n += 1
+        out.mux(st.encode(None))
+    return n
+
+
+def _chain(first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    yield first
+    yield from rest
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TranscodeResult:
+    """What `transcode_span` wrote."""
+
+    path: str
+    """The MP4 written."""
+    n_frames: int
+    """Frames in the clip."""
+    duration_s: float
+    """n_frames / fps."""
+    width: int
+    """Clip width in pixels (upright)."""
+    height: int
+    """Clip height in pixels (upright)."""
+    fps: float
+    """Clip frame rate."""
+    encoder: str = "libx264"
+    """The H.264 encoder that wrote it (libx264 or h264_nvenc)."""
+
+
+def transcode_span(
+    src: Source,
+    out_path: str | os.PathLike[str],
+    start_s: float,
+    end_s: float,
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    fps: float | None = None,
+    crf: int = 23,
+    preset: str = "veryfast",
+    threads: str = "AUTO",
+    rotation: int = 0,
+    cfr: bool = False,
+    encoder: Encoder = "auto",
+) -> TranscodeResult:
+    """Write the frames of [start_s, end_s) of `src` as an H.264 MP4 starting on a keyframe.
+
+    Only the span is decoded: the demuxer seeks to the keyframe before `start_s`, earlier frames
+    are decoded and dropped. `width` alone keeps the aspect ratio; `fps` resamples by nearest
+    earlier frame (drop / repeat) on the output time grid; `cfr=True` does that even at the input's
+    average rate (variable-frame-rate input -> constant-rate clip). `rotation` (degrees
+    counter-clockwise, `VideoInfo.rotation`) is applied to the pixels, so the clip is upright
+    without a display matrix; `width` / `height` are then the upright size. `encoder` "auto"
+    uses h264_nvenc where it opens, else libx264 (see `select_encoder`). Raises `VideoError` if
+    the span is empty, `EncoderError` for an encoder that is unknown or unavailable.
+    """
+    codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
+    name = _name(src)
+    with open_container(src) as c:
+        s = _video_stream(c, name)
+        w0, h0 = s.codec_context.width, s.codec_context.height
+        in_rate = s.average_rate or s.guessed_rate or Fraction(30)
+    k = (rotation // 90) % 4
+    if k % 2:
+        w0, h0 = h0, w0  # upright size
+    if height is None:
+        w, h = analysis_size(w0, h0, width) if width else (w0, h0)
+    else:
+        w, h = width or w0, height
+    w, h = _even(w), _even(h)
+    out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
+    out, st = _open_h264(
+        out_path, fps=out_rate, width=w, height=h, crf=crf, preset=preset, pix_fmt="yuv420p",
+        gop=None, encoder=codec,
+    )  # fmt: skip
+    n = 0
+    with out:
+        resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
+        for t, frame in _iter_av_frames(
+            src, start_s=start_s, end_s=end_s, threads=threads, name=name
+        ):
+            if k:
+                # rotate the coded picture upright: (h0', w0', 3) -> np.rot90 is counter-clockwise
+                cw, ch = (h, w) if k % 2 else (w, h)
+                a = frame.to_ndarray(format="rgb24", width=cw, height=ch)
+                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(a, k)), "rgb24")
+                vf = vf.reformat(format="yuv420p")
+            else:
+                vf = frame.reformat(width=w, height=h, format="yuv420p")
+            if resample:
+                # repeat/drop: emit output frames whose grid time falls before the next input frame
+                rel = t - start_s
+                while n / float(out_rate) <= rel + 0.5 / float(in_rate) and (
+                    start_s + n / float(out_rate) < end_s - 1e-9
+                ):
+                    vf.pts, vf.time_base = n, st.codec_context.time_base
+                    out.mux(st.encode(vf))
+                    n += 1
+            else:
+                vf.pts, vf.time_base = n, st.codec_context.time_base
+                out.mux(st.encode(vf))
+                n += 1
+        out.mux(st.encode(None))
+    if n == 0:
+        Path(out_path).unlink(missing_ok=True)
+        raise VideoError(name, f"no frames in span [{start_s:.3f}, {end_s:.3f}) s")
+    return TranscodeResult(
+        path=os.fspath(out_path), n_frames=n, duration_s=n / float(out_rate), width=w, height=h,
+        fps=float(out_rate), encoder=codec,
+    )  # fmt: skip
