@@ -69,7 +69,7 @@ def test_vfm_train_pp2_tracks_one_process_and_logs_mlflow(tmp_path):
 
     from vfm_core.tracking import tracking_uri
 
-    steps = 12
+    steps = 8
     out = tmp_path / "pp2"
     sets = sum((["--set", s] for s in TINY), [])
     r = subprocess.run(
