@@ -166,8 +166,10 @@ class ParallelTrainer(Trainer):
         sigma = self.step_rng.sigma(self.step, b, p_mean=d.p_mean, p_std=d.p_std)[:n]  # (n,)
         sigma = sigma.to(self.device, torch.float32)
         # all frames: CP ranks split the tokens inside the model, the loss sees the full latent
-        noise = self.step_rng.noise(self.step, (b, *x0.shape[1:]))[:n].to(self.device)
-        keep = self.step_rng.keep_caption(self.step, b, d.cond_dropout)[:n].to(self.device)
+        noise = self.step_rng.noise(self.step, (b, *x0.shape[1:]))[:n]  # (n, C, T, H, W)
+        noise = noise.to(self.device)
+        keep = self.step_rng.keep_caption(self.step, b, d.cond_dropout)[:n]  # (n,)
+        keep = keep.to(self.device)
         text = text.to(self.device) * keep[:, None, None]  # (n, L, Dt)
         loss = self.loss(x0, text, sigma, noise)
         loss.backward()
