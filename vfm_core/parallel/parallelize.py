@@ -90,8 +90,9 @@ def _check(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
         )
     if dims.pp_enabled:
         raise ConfigError(
-            "parallel.pp: parallelize_dit does not pipeline; pp > 1 runs alone through "
-            "vfm_core.parallel.pipeline.DiTPipeline (not yet in the trainer or with other degrees)"
+            "parallel.pp: parallelize_dit does not pipeline; pp > 1 runs through "
+            "vfm_core.parallel.pipeline.DiTPipeline (parallelize_stage applies TP / FSDP2 per "
+            "stage; the trainer for it is vfm_core.parallel.pipeline_trainer.PipelineTrainer)"
         )
 
 

@@ -115,7 +115,8 @@ class ParallelTrainer(Trainer):
         elif source is None:
             global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
             source = SyntheticLatents(global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data)
-        super().__init__(single, source=source)  # same seed on every rank: identical full init
+        # same seed on every rank: identical full init
+        super().__init__(single, source=source, tp=dims.tp)
         self.cfg, self.dims = cfg, dims
         bf16 = cfg.train.dtype == "bfloat16" and self.device.type == "cuda"
         opts = dict(

@@ -71,7 +71,9 @@ def peak_memory_gb(device: torch.device) -> float:
 class Trainer:
     """Single-process trainer (parallel layouts wrap the model from outside, issue #5)."""
 
-    def __init__(self, cfg: Config, *, source: LatentSource | None = None):
+    def __init__(self, cfg: Config, *, source: LatentSource | None = None, tp: int = 1):
+        """``tp``: the tensor-parallel degree a parallel trainer splits this model by afterwards
+        (FP8's transformer-engine linears cannot be split by DTensor plans)."""
         self.cfg = cfg = validate(cfg)
         p = cfg.parallel
         if (p.dp_replicate, p.cp, p.tp, p.pp) != (1, 1, 1, 1) or p.dp_shard not in (-1, 1):
@@ -85,7 +87,7 @@ class Trainer:
         set_attention_backend(backend)
         torch.manual_seed(cfg.train.seed)  # weight init is a function of the seed alone
         self.model = build_model(cfg.model, device=self.device)
-        self.fp8, self.fp8_reason = resolve_fp8(cfg.train.fp8, tp=cfg.parallel.tp)
+        self.fp8, self.fp8_reason = resolve_fp8(cfg.train.fp8, tp=tp)
         if self.fp8:  # before the EMA copy and the optimizer: both see the TE linears
             to_te_linears(self.model)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if cfg.train.ema_decay else None
