@@ -141,6 +141,10 @@ class DataConfig:
     """Tokenizer directory for shards without ``latent.npy`` ('' = the shards must hold latents)."""
     num_workers: int = 0
     """Loader reader/decoder threads (never changes the sample order)."""
+    max_tokens: int = 0
+    """Packed training (``source='shards'``): tokens per pack, each pack holding samples of their
+    own native latent sizes (images and videos); ``batch_size`` then counts packs per step and
+    data-parallel rank. 0 = no packing (every sample cropped to ``latent_*``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -365,6 +369,32 @@ def save_yaml(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
+def _validate_packing(cfg: Config) -> None:
+    """``data.max_tokens``: a non-negative pack length, only from shards, divisible by the
+    ranks that split a pack's tokens (cp * tp), not under pipeline parallelism. Whether the
+    largest sample fits is checked against the shard index by the shard source."""
+    d, p = cfg.data, cfg.parallel
+    if d.max_tokens < 0:
+        raise ConfigError(f"data.max_tokens: must be >= 0 (0 = no packing), got {d.max_tokens}")
+    if not d.max_tokens:
+        return
+    if d.source != "shards":
+        raise ConfigError(
+            f"data.max_tokens={d.max_tokens}: packing needs data.source='shards' (got {d.source!r})"
+        )
+    split = p.cp * p.tp
+    if d.max_tokens % split:
+        raise ConfigError(
+            f"data.max_tokens={d.max_tokens} is not a multiple of parallel.cp * parallel.tp = "
+            f"{split} (every pack is cut into equal token chunks over those ranks)"
+        )
+    if p.pp > 1:
+        raise ConfigError(
+            f"data.max_tokens={d.max_tokens}: packed training is not available with "
+            f"parallel.pp={p.pp} (pipeline stages take same-shape batches); use data.max_tokens=0"
+        )
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a single type cannot express; raises ConfigError naming the key."""
     m, d, t = cfg.model, cfg.data, cfg.train
@@ -390,6 +420,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"data.{name}: {size} is not a positive multiple of the patch {p}")
     if d.batch_size <= 0:
         raise ConfigError(f"data.batch_size: must be positive, got {d.batch_size}")
+    _validate_packing(cfg)
     if t.steps < 0:
         raise ConfigError(f"train.steps: must be >= 0, got {t.steps}")
     if t.log_every <= 0 or t.ckpt_every <= 0:

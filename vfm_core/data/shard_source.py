@@ -7,6 +7,12 @@ alike) → per sample: ``latent.npy`` cropped to (T, H, W) when the shard has la
 decoded clip's first frames, centre-cropped, to [-1, 1] and encoded with the tokenizer →
 caption embedding padded / cut to ``model.text_len`` → :class:`LatentBatch`. Time spent waiting
 for data is accumulated in ``data_wait_s`` (the trainer logs its fraction of each step).
+
+Packed (``data.max_tokens > 0``): the loader packs samples of their native sizes (images = one
+latent frame, videos of several sizes) into ``data.batch_size`` packs of at most ``max_tokens``
+tokens; every latent is cropped to its token grid times the patch (first frames, centre of H and
+W), and a step is a :class:`PackedLatentBatch` (per sample: latent, caption with its length,
+loader position).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 from vfm_core.config import ConfigError, DataConfig, ModelConfig
 from vfm_core.data.blend import BucketSpec
 from vfm_core.data.loader import LoaderStateError, Sample, build_loader
-from vfm_core.data.samples import LatentBatch
+from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
 
 
 def _crop(a: np.ndarray, size: tuple[int, int], axes: tuple[int, int]) -> np.ndarray:
@@ -56,8 +62,11 @@ class ShardLatentSource:
             except ValueError as e:
                 raise ConfigError(f"data.tokenizer: {e}") from None
             ct, cs = self.tokenizer.cfg.temporal_factor, self.tokenizer.cfg.spatial_factor
+        self.ct, self.cs = ct, cs
         self.frames = 1 + ct * (data.latent_frames - 1)  # pixel frames of one training sample
         self.pixels = (data.latent_height * cs, data.latent_width * cs)
+        self.packed = data.max_tokens > 0
+        shape = BucketSpec(resolutions=(self.pixels,), durations=(self.frames,))
         self.loader = build_loader(
             shards=data.shards,
             seed=data.seed,
@@ -68,7 +77,8 @@ class ShardLatentSource:
             decode="frames",
             compression=(ct, cs, cs),
             patch=tuple(model.patch),
-            buckets=BucketSpec(resolutions=(self.pixels,), durations=(self.frames,)),
+            buckets=None if self.packed else shape,
+            max_tokens=data.max_tokens if self.packed else None,
             prefetch=1,  # read + decode the next step while this one trains (not with mp_group)
             mp_group=mp_group,
         )
@@ -77,7 +87,71 @@ class ShardLatentSource:
                 f"model.text_dim={model.text_dim} but the shards' caption embeddings are "
                 f"{self.loader.index.embedding_dim}-d ({data.shards})"
             )
+        if self.packed:
+            self._check_fits()
         self.data_wait_s = 0.0
+
+    def _check_fits(self) -> None:
+        """Every sample of the index fits one pack (else the planner would skip it silently)."""
+        n = len(self.loader.index)
+        tokens = [self.loader.tokens(i) for i in range(n)]
+        worst = max(range(n), key=tokens.__getitem__)
+        if tokens[worst] > self.data.max_tokens:
+            key = self.loader.index.samples.at[worst, "key"]
+            raise ConfigError(
+                f"data.max_tokens={self.data.max_tokens} is smaller than the largest sample "
+                f"({key}: {tokens[worst]} tokens, grid {self.loader._grids[worst]}) of "
+                f"{self.data.shards}; set data.max_tokens >= {tokens[worst]}"
+            )
+
+    def _packed_latent(self, s: Sample) -> torch.Tensor:
+        """The sample at its native size, cropped to its token grid times the patch."""
+        pt, ph, pw = self.model.patch
+        t, h, w = s.grid[0] * pt, s.grid[1] * ph, s.grid[2] * pw
+        if s.latent is not None:
+            c, lt, lh, lw = s.latent.shape
+            if c != self.model.in_channels or lt < t or lh < h or lw < w:
+                raise ConfigError(
+                    f"{s.key}: latent {s.latent.shape} does not fit model.in_channels="
+                    f"{self.model.in_channels} and the patch {tuple(self.model.patch)}"
+                )
+            lat = _crop(s.latent[:, :t], (h, w), (2, 3))
+            return torch.from_numpy(np.ascontiguousarray(lat))  # (C, t, h, w)
+        if self.tokenizer is None:
+            raise ConfigError(
+                f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
+            )
+        assert s.frames is not None
+        clip = _crop(s.frames[: 1 + self.ct * (t - 1)], (h * self.cs, w * self.cs), (1, 2))
+        x = torch.from_numpy(np.ascontiguousarray(clip)).permute(3, 0, 1, 2).float()  # (3, F, H, W)
+        with torch.no_grad():
+            z = self.tokenizer.encode(x[None] / 127.5 - 1.0)[0]  # (C, t, h, w) normalised
+        if tuple(z.shape[1:]) != (t, h, w):
+            raise ConfigError(
+                f"{s.key}: clip encodes to {tuple(z.shape)}, expected (C, {t}, {h}, {w})"
+            )
+        return z
+
+    def _text_length(self, s: Sample) -> int:
+        return max(1, min(int(s.txt_emb.shape[0]), self.model.text_len))
+
+    def _packs(self, batch) -> PackedLatentBatch:
+        packs = []
+        for members in batch.pack_members:
+            if not members:  # every sample of this pack was bad (skipped, logged)
+                continue
+            ss = [batch.samples[m] for m in members]
+            packs.append(
+                LatentPack(
+                    latents=[self._packed_latent(s) for s in ss],  # [(C, T, H, W)]
+                    text=torch.stack([self._text(s) for s in ss]),  # (S, L, Dt)
+                    text_lengths=torch.tensor([self._text_length(s) for s in ss]),  # (S,)
+                    keys=[s.key for s in ss],
+                    positions=[s.position for s in ss],
+                    length=self.data.max_tokens,
+                )
+            )
+        return PackedLatentBatch(packs=packs)
 
     def _latent(self, s: Sample) -> torch.Tensor:
         d = self.data
@@ -106,11 +180,15 @@ class ShardLatentSource:
         e = torch.from_numpy(s.txt_emb[:L])  # (l, Dt)
         return torch.cat([e, e.new_zeros(L - e.shape[0], e.shape[1])])  # (L, Dt) zero padded
 
-    def next_batch(self) -> LatentBatch:
+    def next_batch(self) -> LatentBatch | PackedLatentBatch:
         t0 = time.perf_counter()
         batch = self.loader.next_batch()
         if not batch.samples:
             raise RuntimeError(f"step {batch.step}: every sample was bad ({batch.skipped[:3]})")
+        if self.packed:
+            packed = self._packs(batch)
+            self.data_wait_s += time.perf_counter() - t0
+            return packed
         out = LatentBatch(
             latents=torch.stack([self._latent(s) for s in batch.samples]),  # (B, C, T, H, W)
             text=torch.stack([self._text(s) for s in batch.samples]),  # (B, L, Dt)

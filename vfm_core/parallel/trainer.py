@@ -7,6 +7,13 @@ model-parallel rank and all-gathered: :func:`shard_source_for`) -> sigma,
 noise and caption drop come from the counter-based :class:`StepRNG` (same numbers in every layout)
 -> loss -> backward -> :func:`sync_grads` (CP / SP partial sums) -> global gradient-norm clip over
 all meshes -> AdamW -> the logged loss is the global-batch mean over the data-parallel ranks.
+
+Packed steps (``data.max_tokens > 0``): each data-parallel rank trains its own packs (every rank
+of a model-parallel group the same ones; CP / TP cut each pack's tokens inside the model). Sigma,
+noise and caption drop of a sample are counter-based on (step, its global loader position), so
+every layout draws the same numbers for it; one all-reduce of the step's sample count makes every
+rank weigh its per-sample losses by dp / (samples of the global step), so the data-parallel
+gradient average is the mean over all samples of the global step.
 """
 
 from __future__ import annotations
@@ -22,13 +29,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from vfm_core.config import Config, ParallelConfig
-from vfm_core.data.samples import LatentBatch, LatentSource
+from vfm_core.config import Config, ParallelConfig, validate
+from vfm_core.data.samples import LatentBatch, LatentSource, PackedLatentBatch
 from vfm_core.data.shard_source import ShardLatentSource
 from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
-from vfm_core.parallel.rng import StepRNG
+from vfm_core.parallel.rng import StepRNG, counter_generator
 from vfm_core.train.trainer import Trainer, lr_lambda
 
 log = logging.getLogger(__name__)
@@ -107,7 +114,7 @@ class ParallelTrainer(Trainer):
     directly (``local_batches``)."""
 
     def __init__(self, cfg: Config, *, dims: ParallelDims, source: LatentSource | None = None):
-        p = cfg.parallel
+        p = validate(cfg).parallel  # the layout-dependent checks (e.g. data.max_tokens vs cp*tp)
         single = dataclasses.replace(cfg, parallel=ParallelConfig())
         self.local_batches = source is None and cfg.data.source == "shards"
         if self.local_batches:
@@ -155,7 +162,9 @@ class ParallelTrainer(Trainer):
         sl = slice(self.dims.dp_rank() * b, (self.dims.dp_rank() + 1) * b)
         return batch.latents[sl], batch.text[sl]
 
-    def train_step(self, batch: LatentBatch) -> dict[str, float]:
+    def train_step(self, batch: LatentBatch | PackedLatentBatch) -> dict[str, float]:
+        if isinstance(batch, PackedLatentBatch):
+            return self.train_packed(batch)
         b = self.cfg.data.batch_size
         latents, text = self.local_batch(batch)
         x0 = latents.to(self.device, torch.float32)  # (n, C, T, H, W)
@@ -179,6 +188,51 @@ class ParallelTrainer(Trainer):
         lr = self.update(grad_norm)
         total = loss.detach().float().clone()
         dist.all_reduce(total)  # equal within a model-parallel group: mean over ranks = global
+        return {"loss": total.item() / self.world, "grad_norm": grad_norm.item(), "lr": lr}
+
+    # ------------------------------------------------------------------ packed step
+    def pack_draws(self, batch: PackedLatentBatch) -> list[tuple[torch.Tensor, list, torch.Tensor]]:
+        """Per pack: sigma (S,), noise [(C, T_s, H_s, W_s)], caption keep (S,), each a function of
+        (train seed, step, the sample's loader position) only: the same in every layout."""
+        d, seed, dev = self.cfg.diffusion, self.step_rng.seed, self.device
+        out = []
+        for p in batch.packs:
+            gens = {
+                what: [counter_generator(seed, what, self.step, pos) for pos in p.positions]
+                for what in ("sigma", "noise", "keep")
+            }
+            n = torch.cat(
+                [torch.randn(1, generator=g, dtype=torch.float64) for g in gens["sigma"]]
+            )  # (S,) fmt: skip
+            u = torch.cat(
+                [torch.rand(1, generator=g, dtype=torch.float64) for g in gens["keep"]]
+            )  # (S,) fmt: skip
+            noise = [
+                torch.randn(z.shape, generator=g).to(dev)  # (C, T, H, W)
+                for z, g in zip(p.latents, gens["noise"], strict=True)
+            ]
+            sigma = (d.p_mean + d.p_std * n).exp()  # (S,)
+            out.append((sigma.to(dev), noise, (u >= d.cond_dropout).to(dev)))
+        return out
+
+    def pack_weight(self, batch: PackedLatentBatch) -> float:
+        """dp / (samples of the global step): the data-parallel gradient average then is the
+        mean over all its samples. Sets :attr:`packed_work` to the global step's (tokens, FLOPs)."""
+        tokens, flops = self.pack_work(batch)
+        counts = torch.tensor([batch.n_samples, tokens, flops], dtype=torch.float64)
+        counts = counts.to(self.device)
+        dist.all_reduce(counts)  # every dp slice counted once per rank of its model-parallel group
+        counts = (counts / (self.world // self.dims.dp)).tolist()
+        self.packed_work = (counts[1], counts[2])
+        return self.dims.dp / counts[0]
+
+    def train_packed(self, batch: PackedLatentBatch) -> dict[str, float]:
+        loss = self.packed_backward(batch)
+        sync_grads(self.model)
+        grad_norm = clip_grad_norm(self.model, self.cfg.optim.grad_clip or float("inf"))
+        lr = self.update(grad_norm)
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)  # equal within a model-parallel group: sum / world = global mean
         return {"loss": total.item() / self.world, "grad_norm": grad_norm.item(), "lr": lr}
 
     def metrics(self, step_out, *, step_time, data_time, batch):

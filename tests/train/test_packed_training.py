@@ -1,0 +1,213 @@
+"""Packed training in the single-process Trainer (``data.max_tokens``): the shard source packs
+images and videos of several native latent sizes (cropped to multiples of the patch) with their
+own captions; a step's loss is the mean over its samples of the EDM loss each sample has alone;
+tokens/s and MFU count the real tokens; a resume in a new process is bit-identical."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from vfm_core.config import ConfigError, apply_overrides, validate
+from vfm_core.data.samples import PackedLatentBatch
+from vfm_core.data.shard_source import ShardLatentSource
+from vfm_core.perf.flops import train_flops
+from vfm_core.recipes import get_recipe
+from vfm_core.train.trainer import Trainer
+
+# latent (C, T, H, W) of every sample; patch (1, 2, 2): images (T = 1) and videos of several
+# sizes, two with an odd H or W (cropped to the patch multiple: 5 -> 4, 7 -> 6)
+LATENTS = [
+    (4, 1, 4, 4), (4, 2, 4, 4), (4, 3, 4, 6), (4, 1, 6, 4), (4, 2, 5, 4), (4, 4, 4, 4),
+    (4, 2, 6, 6), (4, 1, 4, 7), (4, 3, 4, 4), (4, 1, 8, 8), (4, 2, 4, 6), (4, 1, 4, 4),
+]  # fmt: skip
+MAX_TOKENS = 32
+SMALL = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.text_dim=16",
+    "train.device=cpu",
+    "optim.warmup_steps=1",
+    "optim.lr=0.002",
+    "train.ema_decay=0.9",
+    "data.batch_size=2",
+    f"data.max_tokens={MAX_TOKENS}",
+    "data.source=shards",
+]
+
+
+def caption_embed(captions: list[str]) -> np.ndarray:
+    """One caption -> (1, words, 16) token vectors seeded by the words: captions of different
+    lengths (call with ``embed_batch=1``)."""
+    words = captions[0].split()
+    rng = np.random.default_rng(sum(map(ord, captions[0])))
+    return rng.standard_normal((1, len(words), 16)).astype(np.float32) / 4
+
+
+def write_mixed_shards(root: Path) -> Path:
+    """Real one-frame / multi-frame H.264 clips with stored latents of the ``LATENTS`` sizes
+    (pixels = latent * 8, frames = 1 + 4 (T - 1)) and captions of 2-11 words, in 3+ shards."""
+    from vfm_core.data.shards import ShardWriterConfig, write_shards
+    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+    (root / "clips").mkdir(parents=True)
+    rows, lat = [], {}
+    rng = np.random.default_rng(0)
+    for i, (c, t, h, w) in enumerate(LATENTS):
+        cid, frames = f"mixed{i:03d}", 1 + 4 * (t - 1)
+        spec = VideoSpec(width=8 * w, height=8 * h, fps=8.0, seed=i,
+                         segments=(Segment(kind="moving", n_frames=frames),))  # fmt: skip
+        make_video(root / "clips" / f"{cid}.mp4", spec)
+        caption = " ".join(["shapes"] * (2 + i % 10))
+        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
+                     "start_s": 0.0, "end_s": frames / 8.0, "uri": f"clips/{cid}.mp4",
+                     "caption": caption, "width": 8 * w, "height": 8 * h, "fps": 8.0,
+                     "n_frames": frames})  # fmt: skip
+        # a class-dependent mean: something to learn in a few steps
+        lat[cid] = (rng.standard_normal((c, t, h, w)) * 0.5 + (i % 3 - 1) * 0.5).astype(np.float32)
+    out = root / "shards"
+    cfg = ShardWriterConfig(target_shard_bytes=8_000, embed_batch=1)
+    write_shards(pd.DataFrame(rows), str(out), embed=caption_embed, base_url=str(root),
+                 latents=lat, config=cfg)  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_mixed_shards(tmp_path_factory.mktemp("mixed"))
+
+
+def _cfg(shards: Path, *extra: str):
+    return apply_overrides(get_recipe("dit-tiny"), [*SMALL, f"data.shards={shards}", *extra])
+
+
+def test_max_tokens_is_validated_with_the_key_named(shards):
+    cfg = _cfg(shards)
+    bad = [
+        ("data.max_tokens=-4", r"data.max_tokens: must be >= 0"),
+        ("data.source=synthetic", r"data.max_tokens=32: packing needs data.source='shards'"),
+    ]
+    for override, msg in bad:
+        with pytest.raises(ConfigError, match=msg):
+            validate(apply_overrides(cfg, [override]))
+    cp3 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, cp=3))
+    with pytest.raises(ConfigError, match=r"data.max_tokens=32 is not a multiple of .*cp \* "):
+        validate(cp3)
+    pp2 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pp=2))
+    with pytest.raises(ConfigError, match=r"data.max_tokens=32: packed training .*pp=2"):
+        validate(pp2)
+    small = apply_overrides(cfg, ["data.max_tokens=18"])  # the 3x4x6 video has 18 tokens: fits
+    ShardLatentSource(small.data, small.model)
+    small = apply_overrides(cfg, ["data.max_tokens=17"])
+    with pytest.raises(ConfigError, match=r"data.max_tokens=17 is smaller than the largest "
+                                          r"sample \(mixed\d+: 18 tokens"):  # fmt: skip
+        ShardLatentSource(small.data, small.model)
+
+
+def test_source_packs_images_and_videos_at_their_native_sizes(shards):
+    cfg = _cfg(shards)
+    src = ShardLatentSource(cfg.data, cfg.model)
+    seen, positions, keys = set(), [], set()
+    for _ in range(6):  # 6 steps of 2 packs: more than one epoch of 12 samples
+        batch = src.next_batch()
+        assert isinstance(batch, PackedLatentBatch) and 1 <= len(batch.packs) <= 2
+        for p in batch.packs:
+            s = len(p.keys)
+            assert p.text.shape == (s, 8, 16) and p.text_lengths.shape == (s,)
+            assert p.length == MAX_TOKENS
+            tokens = 0
+            for z, key, n in zip(p.latents, p.keys, p.text_lengths.tolist(), strict=True):
+                c, t, h, w = z.shape
+                assert c == 4 and h % 2 == 0 and w % 2 == 0
+                want = LATENTS[int(key[-3:])]
+                assert (t, h, w) == (want[1], want[2] // 2 * 2, want[3] // 2 * 2)
+                assert n == min(8, 2 + int(key[-3:]) % 10)  # caption cut to text_len
+                assert p.text[p.keys.index(key), n:].abs().sum() == 0  # zero padded
+                tokens += t * (h // 2) * (w // 2)
+                seen.add((t, h, w))
+            assert tokens <= MAX_TOKENS
+            positions += p.positions
+            keys.update(p.keys)
+    assert (1, 4, 4) in seen and (4, 4, 4) in seen and (2, 4, 4) in seen  # 5 -> 4 cropped too
+    assert len({t for t, _, _ in seen}) >= 3  # images and videos of several lengths
+    assert len(positions) == len(set(positions)) > 12  # global positions: unique draw keys
+    assert len(keys) == 12 and sorted(positions)[:12] == list(range(12))  # epoch 1 in full
+
+
+def _copy_rng(tr: Trainer) -> torch.Generator:
+    g = torch.Generator().manual_seed(0)
+    g.set_state(tr.rng.get_state())
+    return g
+
+
+def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(shards):
+    cfg = _cfg(shards, "diffusion.cond_dropout=0.5")
+    tr = Trainer(cfg)
+    batch = tr.source.next_batch()
+    rng = _copy_rng(tr)
+    draws = tr.pack_draws(batch)  # the draws train_step will make from the same RNG state
+    tr.rng.set_state(rng.get_state())
+    want = []
+    with torch.no_grad():
+        for p, (sigma, noise, keep) in zip(batch.packs, draws, strict=True):
+            assert sigma.shape == keep.shape == (len(p.keys),)
+            for i, z in enumerate(p.latents):
+                n = int(p.text_lengths[i])
+                text = p.text[i : i + 1, :n] * keep[i]  # (1, n, Dt)
+                loss = tr.edm.loss(tr.model, z[None], text, sigma=sigma[i : i + 1],
+                                   noise=noise[i][None])  # fmt: skip
+                want.append(loss.item())
+    assert len(want) == batch.n_samples > 2
+    out = tr.train_step(batch)
+    assert out["loss"] == pytest.approx(np.mean(want), rel=1e-5)
+    assert tr.step == 1 and np.isfinite(out["grad_norm"]) and out["grad_norm"] > 0
+
+    # throughput and MFU from the real tokens, each sample's FLOPs at its own length
+    grids = [(z.shape[1], z.shape[2] // 2, z.shape[3] // 2) for p in batch.packs for z in p.latents]
+    real = sum(t * h * w for t, h, w in grids)
+    assert real < len(batch.packs) * MAX_TOKENS or len(batch.packs) == 1
+    flops = sum(train_flops(tr.cfg.model, seq_lens=g[0] * g[1] * g[2], grid=g,
+                            text_len=8)["total"] for g in grids)  # fmt: skip
+    m = tr.metrics(out, step_time=2.0, data_time=0.5, batch=batch.n_samples)
+    assert m["tokens_per_s"] == pytest.approx(real / 2.0)
+    assert m["mfu"] == pytest.approx(flops / 2.0 / tr.peak_flops, rel=1e-9)
+    assert m["data_wait"] == 0.25
+
+
+def vfm(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "vfm_core.cli", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_packed_resume_in_new_process_is_bit_identical_and_loss_falls(shards, tmp_path):
+    sets = [
+        a for s in [*SMALL, f"data.shards={shards}", "train.ckpt_every=4"] for a in ("--set", s)
+    ]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["train", "--recipe", "dit-tiny", "--no-mlflow", *sets]
+    r = vfm(*common, "--steps", "8", "--out", str(straight))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = vfm(*common, "--steps", "4", "--out", str(split))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = vfm(*common, "--steps", "8", "--out", str(split), "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = ([json.loads(x) for x in (d / "metrics.jsonl").open()] for d in (straight, split))
+    assert [x["step"] for x in a] == [x["step"] for x in b] == list(range(1, 9))
+    assert [x["loss"] for x in a] == [x["loss"] for x in b]  # exact, every step
+    assert [x["grad_norm"] for x in a] == [x["grad_norm"] for x in b]
+    assert all(x["mfu"] > 0 and x["tokens_per_s"] > 0 for x in a)
+    state = json.loads((split / "checkpoints" / "step_00000004" / "state.json").read_text())
+    assert state["state"]["data"]["max_tokens"] == MAX_TOKENS
+    first, last = np.mean([x["loss"] for x in a[:3]]), np.mean([x["loss"] for x in a[-3:]])
+    assert last < first, [x["loss"] for x in a]
