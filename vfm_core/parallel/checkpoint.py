@@ -11,6 +11,14 @@ The data position (``data`` in the state) is one JSON copy written by rank 0: th
 every step globally, so all ranks hold the same state (:meth:`ParallelTrainer.state_dict` checks)
 and it restores every data-parallel rank of any layout; a per-rank ``data.batch_size`` other than
 the saved one is accepted between steps (:func:`vfm_core.data.shard_source.rebatch_state`).
+
+Ranks need not hold the same tensors (pipeline parallelism: each stage its own blocks, their EMA
+and optimizer moments): ``state.json`` records the union of every rank's state skeleton
+(:func:`merge_skeletons`; the skeletons travel as JSON bytes in tensors, never pickle), with the
+optimizer's ``param_groups`` merged into one list of parameter names per group, so a checkpoint
+saved under PP2 loads in one process and the other way round. On load each rank reads the subset
+of the saved tensors its own state holds (:func:`restrict_skeleton`); the union of all ranks'
+tensors must equal the saved set (another model otherwise).
 """
 
 from __future__ import annotations
@@ -57,6 +65,71 @@ def init_optimizer_state(trainer) -> None:
         g["lr"] = lr
 
 
+def all_gather_bytes(raw: bytes) -> list[bytes]:
+    """Every rank's ``raw`` in rank order, as uint8 tensors (no pickle between ranks)."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    size = torch.tensor([len(raw)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    longest = max(int(n) for n in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8)
+    if raw:
+        buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    buf = buf.to(device)
+    bufs = [torch.empty_like(buf) for _ in sizes]
+    dist.all_gather(bufs, buf)
+    return [bytes(b[: int(n)].cpu().numpy().tobytes()) for b, n in zip(bufs, sizes)]
+
+
+def _ordered_union(lists: list[list]) -> list:
+    seen: dict = {}
+    for items in lists:
+        for x in items:
+            seen.setdefault(x, None)
+    return list(seen)
+
+
+def merge_skeletons(skeletons: list[Any], path: str = "") -> Any:
+    """One skeleton holding the state of all ranks: dicts are united key by key (the first rank
+    holding a key gives its order), ``optim.param_groups`` keep rank 0's hyper-parameters with
+    the parameter names of all ranks (``params``, first-seen order), any other leaf is the first
+    rank's (step, LR schedule, data position: equal on every rank)."""
+    first = skeletons[0]
+    if isinstance(first, dict) and all(isinstance(s, dict) for s in skeletons):
+        keys = _ordered_union([list(s) for s in skeletons])
+        return {
+            k: merge_skeletons([s[k] for s in skeletons if k in s], f"{path}.{k}" if path else k)
+            for k in keys
+        }
+    if path == "optim.param_groups":
+        if len({len(s) for s in skeletons}) != 1:
+            raise CheckpointError(
+                f"optimizer param_groups differ in number across ranks "
+                f"({sorted({len(s) for s in skeletons})}); cannot merge them"
+            )
+        return [
+            {**groups[0], "params": _ordered_union([g["params"] for g in groups])}
+            for groups in zip(*skeletons)
+        ]
+    return first
+
+
+_DROP = object()
+
+
+def restrict_skeleton(node: Any, keep: set[str]) -> Any:
+    """``node`` without the tensors outside ``keep`` (dicts that held only such tensors go too):
+    the part of a merged skeleton this rank's state holds. Other leaves stay."""
+    if isinstance(node, dict):
+        if set(node) == {"__tensor__"}:
+            return node if node["__tensor__"] in keep else _DROP
+        out = {k: r for k, v in node.items() if (r := restrict_skeleton(v, keep)) is not _DROP}
+        return _DROP if node and not out else out
+    if isinstance(node, list):
+        return [r for v in node if (r := restrict_skeleton(v, keep)) is not _DROP]
+    return node
+
+
 class ParallelCheckpoint(CheckpointManager):
     """:class:`CheckpointManager` whose save/load run on every rank of the default group."""
 
@@ -70,6 +143,8 @@ class ParallelCheckpoint(CheckpointManager):
         dist.barrier()
         tensors, skeleton = split_state(state)
         tensors = {k: v.detach() for k, v in tensors.items()}
+        skeletons = [json.loads(b) for b in all_gather_bytes(json.dumps(skeleton).encode())]
+        skeleton = merge_skeletons(skeletons)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             writer = HuggingFaceStorageWriter(str(tmp), save_distributed=True)
@@ -92,7 +167,11 @@ class ParallelCheckpoint(CheckpointManager):
         tensors, _ = split_state(template)
         skeleton = doc["state"]
         saved_paths = set(split_state_paths(skeleton))
-        missing, extra = set(tensors) - saved_paths, saved_paths - set(tensors)
+        # all ranks together must hold exactly the saved tensors; each reads its own subset
+        everyone: set[str] = set()
+        for raw in all_gather_bytes(json.dumps(sorted(tensors)).encode()):
+            everyone.update(json.loads(raw))
+        missing, extra = everyone - saved_paths, saved_paths - everyone
         if missing or extra:
             raise CheckpointError(
                 f"checkpoint {path}: tensors do not match this trainer (missing "
@@ -105,7 +184,8 @@ class ParallelCheckpoint(CheckpointManager):
                 dcp.load(buffers, storage_reader=HuggingFaceStorageReader(str(path)))
             except Exception as e:  # DCP wraps per-rank errors
                 raise CheckpointError(f"checkpoint {path}: cannot load tensors ({e})") from None
-        return _restore_int_keys(join_state(skeleton, buffers), template)
+        mine = restrict_skeleton(skeleton, set(tensors))
+        return _restore_int_keys(join_state(mine, buffers), template)
 
 
 def save_trainer(ckpt: ParallelCheckpoint, trainer, *, meta: dict[str, Any] | None = None) -> Path:

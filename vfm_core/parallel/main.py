@@ -65,10 +65,11 @@ def run(args: argparse.Namespace) -> dict:
     cfg = load_yaml(args.config)
     given = {k: getattr(args, k) for k in _DEGREES if getattr(args, k) is not None}
     cfg = validate(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **given)))
-    if cfg.parallel.pp > 1 and args.resume:  # before any process group: one line, no hang
-        raise ConfigError(
-            "--resume: checkpoints under parallel.pp > 1 are not available yet (the pipeline "
-            "trainer neither saves nor loads them); rerun into a new --out"
+    found = ParallelCheckpoint(args.out)
+    if args.resume and found.latest() is None:  # before any process group: one line, no hang
+        raise CheckpointError(
+            f"--resume: no checkpoint under {found.dir} (nothing to continue; drop --resume to "
+            "start a new run)"
         )
     cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
     if cuda:
@@ -121,8 +122,7 @@ def run(args: argparse.Namespace) -> dict:
         def save(tr: ParallelTrainer) -> None:
             save_trainer(ckpt, tr, meta={"mlflow_run_id": shared_run_id})
 
-        checkpoint = None if dims.pp_enabled else save  # see PipelineTrainer: no DCP under pp
-        last = fit_and_close(trainer, loggers, checkpoint=checkpoint, mlflow=mlf, out=out)
+        last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
         summary = {
             "step": trainer.step,
             "out_dir": str(out),

@@ -15,9 +15,11 @@ Each rank holds one stage (:class:`vfm_core.parallel.pipeline.DiTPipeline`), opt
    of this rank's stage;
 6. the logged loss is the global-batch mean, summed over the last stage's ranks, on every rank.
 
-Checkpoints: not yet under pp > 1 (``vfm_core.parallel.main`` refuses ``--resume`` and does not
-save): :class:`vfm_core.parallel.checkpoint.ParallelCheckpoint` records rank 0's state skeleton
-only, which names the first stage's tensors alone, so a later stage cannot load.
+Checkpoints: :class:`vfm_core.parallel.checkpoint.ParallelCheckpoint` as for ``ParallelTrainer``.
+Each rank's state names its stage's tensors with the single-device names (``model.blocks.4.*``,
+``optim.state.blocks.4.*``, ``ema.*``; the conditioning replicas once), the checkpoint holds the
+union of all stages, so it loads under pp, in one process or under any other layout, and a
+one-process (or FSDP2, TP) checkpoint loads into the stages.
 """
 
 from __future__ import annotations
