@@ -44,6 +44,9 @@ LAYOUTS = [  # (label, recipe, world, degrees, options)
     ("ST-DiT CP2 hybrid", "stdit-tiny", 2, dict(cp=2), dict(cp_mode="hybrid")),
     ("FSDP2 x TP2+SP", "dit-tiny", 4, dict(dp_shard=2, tp=2), {}),
     ("TP2+SP x CP2 ring", "dit-tiny", 4, dict(tp=2, cp=2), dict(cp_mode="ring")),
+    ("PP2 (1F1B, 2 microbatches)", "dit-tiny", 2, dict(pp=2, dp_shard=1), dict(pp=True)),
+    ("PP2 x FSDP2", "dit-tiny", 4, dict(pp=2, dp_shard=2), dict(pp=True)),
+    ("PP2 x TP2+SP", "dit-tiny", 4, dict(pp=2, tp=2, dp_shard=1), dict(pp=True)),
 ]
 
 
@@ -59,7 +62,15 @@ def _step_worker(rank, world, recipe, degrees, options, steps):
     torch.manual_seed(0)
     model = build_model(cfg.model)
     dims = ParallelDims(**degrees, world_size=world)
-    if world > 1:
+    pipe = None
+    if options.get("pp"):
+        from vfm_core.parallel.pipeline import DiTPipeline, sync_pipeline_grads
+
+        d, m = cfg.data, cfg.model
+        grid = (d.latent_frames // m.patch[0], d.latent_height // m.patch[1],
+                d.latent_width // m.patch[2])
+        pipe = DiTPipeline(model, parallel_dims=dims, grid=grid, microbatches=2)
+    elif world > 1:
         model = parallelize_dit(model, parallel_dims=dims, **options)
     b = GLOBAL_BATCH // dims.dp
     d, m = cfg.data, cfg.model
@@ -71,6 +82,11 @@ def _step_worker(rank, world, recipe, degrees, options, steps):
     edm = create_diffusion(cfg.diffusion)
 
     def step():
+        if pipe is not None:
+            pipe.step(edm, x0, text, sigma=sigma, noise=noise)
+            sync_pipeline_grads(pipe)
+            pipe.module.zero_grad(set_to_none=True)
+            return
         edm.loss(model, x0, text, sigma=sigma, noise=noise).mean().backward()
         sync_grads(model)
         model.zero_grad(set_to_none=True)
