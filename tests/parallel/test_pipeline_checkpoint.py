@@ -76,6 +76,17 @@ def _one_process(rank, world, config, pp_ckpt, root):
     return {"resumed": resumed, "scratch": log.losses}
 
 
+def _fit_saving(rank, world, config, root, degrees):
+    """Train from scratch under ``degrees`` with checkpoints under ``root``: the losses."""
+    from vfm_core.parallel.checkpoint import ParallelCheckpoint, save_trainer
+
+    tr = _trainer(config, world, degrees)
+    ckpt = ParallelCheckpoint(root)
+    log = _Collect()
+    tr.fit(loggers=[log], checkpoint=lambda t: save_trainer(ckpt, t))
+    return log.losses
+
+
 def _torchrun(config, out, *extra):
     proc = subprocess.run(
         [*torchrun_argv(2, config=config, out=out, pp=2), *extra],
@@ -135,6 +146,20 @@ def test_pp2_checkpoints_resume_bit_identical_and_reshard_to_one_process_and_bac
     one_ckpt = tmp_path / "one" / "checkpoints" / "step_00000002"
     for got in run_ranks(_resume_from, 2, str(config), str(one_ckpt), {"pp": 2}):
         _close(got, one["scratch"][2:])
+
+
+@pytest.mark.slow
+def test_pp2_fsdp2_checkpoint_resumes_under_pp2(tmp_path):
+    """Saved by 4 ranks (2 stages x 2 FSDP2 shards, conditioning replicas sharded on both
+    stages' meshes), loaded by 2 (whole stages) on the same global batch of 4."""
+    sharded, whole = tmp_path / "pp2dp2.yaml", tmp_path / "pp2.yaml"
+    save_yaml(apply_overrides(get_recipe("dit-tiny"), TINY), sharded)
+    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*TINY, "data.batch_size=4"]), whole)
+    root = tmp_path / "pp2dp2"
+    losses = run_ranks(_fit_saving, 4, str(sharded), str(root), {"pp": 2, "dp_shard": 2})[0]
+    saved = root / "checkpoints" / "step_00000002"
+    for got in run_ranks(_resume_from, 2, str(whole), str(saved), {"pp": 2}):
+        _close(got, losses[2:])
 
 
 def test_merge_and_restrict_skeletons():
