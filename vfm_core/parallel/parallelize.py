@@ -99,7 +99,7 @@ def _check(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
 def _tp_plan(block: nn.Module, sp: bool) -> dict:
     """parallelize_module plan of one DiT / ST-DiT / Llama-DiT block."""
     seq_in = PrepareModuleInput(
-        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=False
     )
     out_layout = Shard(1) if sp else Replicate()
     plan: dict = {}
