@@ -154,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({k: v for k, v in summary.items() if k != "metrics"}
-                         | {"final": summary["metrics"]}))
+        print(
+            json.dumps(
+                {k: v for k, v in summary.items() if k != "metrics"} | {"final": summary["metrics"]}
+            )
+        )
     return 0
 
 
