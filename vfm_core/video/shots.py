@@ -169,6 +169,17 @@ def hsv_histograms(frames: np.ndarray) -> np.ndarray:
     return (hist / x.shape[1]).astype(np.float32)  # (T, N_BINS), rows sum to 1
 
 
+THUMB = 8
+
+
+def thumbnails(frames: np.ndarray) -> np.ndarray:
+    """(T, H, W, 3) -> (T, THUMB, THUMB, 3): point samples at the cell centres (stitch embedder)."""
+    h, w = frames.shape[1:3]
+    ys = ((np.arange(THUMB) + 0.5) * h / THUMB).astype(np.intp)
+    xs = ((np.arange(THUMB) + 0.5) * w / THUMB).astype(np.intp)
+    return frames[:, ys[:, None], xs[None, :]]  # (T, THUMB, THUMB, 3)
+
+
 def _luma(frames: np.ndarray) -> np.ndarray:
     """(T, H, W, 3) uint8 -> (T, H, W) float32 luma (BT.601)."""
     f = frames.astype(np.float32)
@@ -187,6 +198,8 @@ class FrameFeatures:
     """(T,) 98th-percentile luma (0..255)."""
     times: np.ndarray | None = None
     """(T,) presentation times in seconds when decoded from a video (None for arrays)."""
+    thumbs: np.ndarray | None = None
+    """(T, THUMB, THUMB, 3) uint8 thumbnails: with `hist`, the stitch embedder's input."""
 
 
 class _FeatureAccumulator:
@@ -196,6 +209,7 @@ class _FeatureAccumulator:
         self.hist: list[np.ndarray] = []
         self.dpix: list[np.ndarray] = []
         self.bright: list[np.ndarray] = []
+        self.thumbs: list[np.ndarray] = []
         self.times: list[float] = []
         self.prev: np.ndarray | None = None
 
@@ -204,6 +218,7 @@ class _FeatureAccumulator:
             self.times += times
         y = _luma(frames)  # (B, H, W)
         self.hist.append(hsv_histograms(frames))
+        self.thumbs.append(thumbnails(frames))
         prev = y[:1] if self.prev is None else self.prev[None]
         yy = np.concatenate([prev, y], 0)  # (B + 1, H, W)
         self.dpix.append(np.abs(np.diff(yy, axis=0)).mean(axis=(1, 2)) / 255.0)
@@ -222,6 +237,7 @@ class _FeatureAccumulator:
             dpix=np.concatenate(self.dpix),
             bright=np.concatenate(self.bright),
             times=np.asarray(self.times) if self.times else None,
+            thumbs=np.concatenate(self.thumbs),
         )
 
 
@@ -335,9 +351,15 @@ class ColorChangeSplitter:
     """Min / max clip length rules."""
 
     def split(self, source: FramesOrSource, *, fps: float | None = None) -> list[Span]:
+        return self.split_features(source, fps=fps)[0]
+
+    def split_features(
+        self, source: FramesOrSource, *, fps: float | None = None
+    ) -> tuple[list[Span], FrameFeatures]:
+        """`split`, also returning the per-frame features (stitching reuses them: no re-decode)."""
         fps_ = _fps_of(source, fps)
         feats = compute_features(source, width=self.analysis_width)
-        return self.spans(self.detect(feats, fps_), fps_, times=feats.times)
+        return self.spans(self.detect(feats, fps_), fps_, times=feats.times), feats
 
     def spans(self, det: Detection, fps: float, times: np.ndarray | None = None) -> list[Span]:
         """Turn a detection into spans under the drop/length rules."""
