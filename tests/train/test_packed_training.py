@@ -53,9 +53,10 @@ def caption_embed(captions: list[str]) -> np.ndarray:
     return rng.standard_normal((1, len(words), 16)).astype(np.float32) / 4
 
 
-def write_mixed_shards(root: Path) -> Path:
+def write_mixed_shards(root: Path, *, latents: bool = True) -> Path:
     """Real one-frame / multi-frame H.264 clips with stored latents of the ``LATENTS`` sizes
-    (pixels = latent * 8, frames = 1 + 4 (T - 1)) and captions of 2-11 words, in 3+ shards."""
+    (pixels = latent * 8, frames = 1 + 4 (T - 1)) and captions of 2-11 words, in 3+ shards;
+    ``latents=False``: the clips alone (for the tokenizer)."""
     from vfm_core.data.shards import ShardWriterConfig, write_shards
     from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 
@@ -74,10 +75,10 @@ def write_mixed_shards(root: Path) -> Path:
                      "n_frames": frames})  # fmt: skip
         # a class-dependent mean: something to learn in a few steps
         lat[cid] = (rng.standard_normal((c, t, h, w)) * 0.5 + (i % 3 - 1) * 0.5).astype(np.float32)
-    out = root / "shards"
+    out = root / ("shards" if latents else "clip-shards")
     cfg = ShardWriterConfig(target_shard_bytes=8_000, embed_batch=1)
     write_shards(pd.DataFrame(rows), str(out), embed=caption_embed, base_url=str(root),
-                 latents=lat, config=cfg)  # fmt: skip
+                 latents=lat if latents else None, config=cfg)  # fmt: skip
     return out
 
 
@@ -211,3 +212,23 @@ def test_packed_resume_in_new_process_is_bit_identical_and_loss_falls(shards, tm
     assert state["state"]["data"]["max_tokens"] == MAX_TOKENS
     first, last = np.mean([x["loss"] for x in a[:3]]), np.mean([x["loss"] for x in a[-3:]])
     assert last < first, [x["loss"] for x in a]
+
+
+def test_packs_from_clips_through_the_tokenizer(tmp_path):
+    """Shards without latents: every clip is cropped to its token grid in pixels (frames
+    1 + 4 (T - 1), size grid * patch * 8) and encoded; a packed step trains on them."""
+    from vfm_core.tokenizer import CausalVideoAutoencoder, get_tokenizer_config, save_tokenizer
+
+    torch.manual_seed(0)
+    save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny")), tmp_path / "tok")
+    clips = write_mixed_shards(tmp_path / "mixed", latents=False)
+    cfg = _cfg(clips, f"data.tokenizer={tmp_path / 'tok'}")
+    tr = Trainer(cfg)
+    batch = tr.source.next_batch()
+    for p in batch.packs:
+        for z, key in zip(p.latents, p.keys, strict=True):
+            want = LATENTS[int(key[-3:])]
+            assert tuple(z.shape) == (4, want[1], want[2] // 2 * 2, want[3] // 2 * 2)
+            assert torch.isfinite(z).all()
+    out = tr.train_step(batch)
+    assert np.isfinite(out["loss"]) and tr.step == 1
