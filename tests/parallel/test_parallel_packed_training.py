@@ -89,28 +89,37 @@ class _Collect:
         pass
 
 
-def _fit(rank, world, config):
-    """A packed ParallelTrainer run from ``config`` on ``world`` ranks; its logged rows."""
+def _fit(rank, world, config, resume_from=""):
+    """A packed ParallelTrainer run from ``config`` on ``world`` ranks (restored from the
+    checkpoint folder ``resume_from`` first, if given); its logged rows."""
     from vfm_core.config import load_yaml
+    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
     from vfm_core.parallel.dims import ParallelDims
     from vfm_core.parallel.trainer import ParallelTrainer
 
     dims = ParallelDims(world_size=world)
     dims.build_mesh("cpu")
     tr = ParallelTrainer(load_yaml(config), dims=dims)
+    if resume_from:
+        load_trainer(ParallelCheckpoint(Path(resume_from).parent.parent), tr, Path(resume_from))
     log = _Collect()
     tr.fit(loggers=[log])
     return log.rows
 
 
-@pytest.fixture(scope="module")
-def reference(shards, tmp_path_factory):
-    """One process at the global batch (the ParallelTrainer's counter-based draws)."""
-    config = tmp_path_factory.mktemp("ref") / "run.yaml"
+def _one_process_config(shards: Path, folder: Path) -> str:
+    config = folder / "run.yaml"
     cfg = apply_overrides(get_recipe("dit-tiny"), [*SMALL, f"data.shards={shards}",
                           f"data.batch_size={PACKS}", f"train.steps={STEPS}"])  # fmt: skip
     save_yaml(cfg, config)
-    rows = run_ranks(_fit, 1, str(config))[0]
+    return str(config)
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory):
+    """One process at the global batch (the ParallelTrainer's counter-based draws)."""
+    config = _one_process_config(shards, tmp_path_factory.mktemp("ref"))
+    rows = run_ranks(_fit, 1, config)[0]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(np.isfinite(r["loss"]) and r["mfu"] > 0 for r in rows)
     return rows
@@ -147,14 +156,25 @@ def _check_run(out: Path, uri: str, reference: list[dict], tol: float = 1e-5) ->
 
 
 @pytest.mark.slow
-def test_vfm_train_cp2_on_packs_matches_one_process(shards, reference, tmp_path):
+def test_vfm_train_cp2_on_packs_matches_one_process_and_resumes_in_one(shards, reference,
+                                                                       tmp_path):  # fmt: skip
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "cp2"
-    r = _vfm_train(out, shards, "--nproc", "2", "--cp", "2", "--set", f"data.batch_size={PACKS}",
-                   "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
+    sets = [f"data.batch_size={PACKS}", "train.ckpt_every=2", f"tracking.tracking_uri={uri}"]
+    r = _vfm_train(
+        out, shards, "--nproc", "2", "--cp", "2", *(a for s in sets for a in ("--set", s))
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = _check_run(out, uri, reference)
     assert summary["degrees"]["cp"] == 2
+    # its step-2 checkpoint (packed loader state, CP2 weights) resumed by one process
+    saved = out / "checkpoints" / "step_00000002"
+    state = json.loads((saved / "state.json").read_text())["state"]["data"]
+    assert state["max_tokens"] == 32 and state["planner"]["steps"] == 2
+    rows = run_ranks(_fit, 1, _one_process_config(shards, tmp_path), str(saved))[0]
+    assert [r["step"] for r in rows] == [3, 4]
+    for r, w in zip(rows, reference[2:], strict=True):
+        assert abs(r["loss"] - w["loss"]) <= 1e-5 * abs(w["loss"]), (rows, reference)
 
 
 @pytest.mark.slow
