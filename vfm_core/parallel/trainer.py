@@ -237,7 +237,8 @@ class ParallelTrainer(Trainer):
 
     def metrics(self, step_out, *, step_time, data_time, batch):
         """``batch`` is the source's batch (this rank's with shards: times dp for the global
-        one): throughput is global, TFLOPS and MFU are per GPU."""
+        one; packs: the global step's real tokens and FLOPs from :meth:`pack_weight`):
+        throughput is global, TFLOPS and MFU are per GPU."""
         if self.local_batches:
             batch *= self.dims.dp
         out = super().metrics(step_out, step_time=step_time, data_time=data_time, batch=batch)
