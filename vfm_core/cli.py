@@ -147,14 +147,17 @@ def _train_parallel(args: argparse.Namespace, cfg) -> int:
     import dataclasses
     import subprocess
 
-    from vfm_core.config import save_yaml
+    from vfm_core.config import save_yaml, validate
     from vfm_core.parallel.dims import ParallelDims
     from vfm_core.parallel.main import torchrun_argv
 
     degrees = {k: getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")}
     given = {k: v for k, v in degrees.items() if v is not None}
-    # the layout is checked here, before any process starts: one clear line instead of N tracebacks
-    ParallelDims.from_config(dataclasses.replace(cfg.parallel, **given), args.nproc)
+    # the layout (and what depends on it, e.g. data.max_tokens vs cp*tp) is checked here, before
+    # any process starts: one clear line instead of N tracebacks
+    layout = dataclasses.replace(cfg.parallel, **given)
+    ParallelDims.from_config(layout, args.nproc)
+    validate(dataclasses.replace(cfg, parallel=layout))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     save_yaml(cfg, out / "run.yaml")

@@ -37,3 +37,14 @@ def test_vfm_train_rejects_an_impossible_layout_before_launching(tmp_path):
     assert r.stderr.strip().count("\n") == 0  # one line
     assert "does not divide the world size 2" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_vfm_train_checks_the_config_under_the_requested_layout_before_launching(tmp_path):
+    """A pack length that the requested cp x tp cannot split is named before torchrun starts."""
+    r = _vfm("train", "--nproc", "2", "--cp", "2", "--steps", "1", "--out", str(tmp_path / "x"),
+             "--set", "data.source=shards", "--set", "data.shards=/nowhere",
+             "--set", "data.max_tokens=33")  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().count("\n") == 0  # one line
+    assert "data.max_tokens=33 is not a multiple of parallel.cp * parallel.tp = 2" in r.stderr
+    assert not (tmp_path / "x").exists()
