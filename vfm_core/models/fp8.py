@@ -22,13 +22,13 @@ with ``parallel.tp > 1`` resolves to off (``auto``) or is refused (``on``).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from vfm_core.config import ConfigError
+from vfm_core.models.te_adapter import te_status
 
 FP8_MIN_CAPABILITY = (8, 9)
 _FP8_SKIP = ("modulation",)  # AdaLN: conditioning path stays in bf16 / fp32
@@ -36,19 +36,12 @@ _FP8_SKIP = ("modulation",)  # AdaLN: conditioning path stays in bf16 / fp32
 
 def fp8_status() -> tuple[bool, str]:
     """(usable, reason) for transformer-engine FP8 GEMMs on this machine."""
-    if not torch.cuda.is_available():
-        return False, "no CUDA device"
+    usable, reason = te_status()  # CUDA present, transformer-engine importable
+    if not usable:
+        return False, reason
     cap = torch.cuda.get_device_capability()
     if cap < FP8_MIN_CAPABILITY:
-        return False, (
-            f"GPU compute capability {cap[0]}.{cap[1]} < 8.9 (FP8 needs Ada or Hopper)"
-        )
-    if importlib.util.find_spec("transformer_engine") is None:
-        return False, "transformer-engine not installed (pip install -e '.[gpu]')"
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as e:  # TE raises assorted errors when cuDNN/CUDA libraries are missing
-        return False, f"transformer-engine failed to import ({type(e).__name__}: {e})"
+        return False, f"GPU compute capability {cap[0]}.{cap[1]} < 8.9 (FP8 needs Ada or Hopper)"
     return True, "transformer-engine FP8 (delayed scaling, HYBRID)"
 
 

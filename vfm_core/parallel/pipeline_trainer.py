@@ -44,7 +44,7 @@ from vfm_core.parallel.pipeline import (
 )
 from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.trainer import shard_source_for
-from vfm_core.train.trainer import Trainer, TrainingDiverged, lr_lambda, resolve_device
+from vfm_core.train.trainer import Trainer, TrainingDiverged, build_optimizer, resolve_device
 
 
 @torch.no_grad()
@@ -130,18 +130,8 @@ class PipelineTrainer(Trainer):
             rank = dims.coord("pp")
             ema = DiTStage(self.ema, stage=rank, num_stages=dims.pp, grid=self.grid)
             self.ema = parallelize_stage(ema, dims, **opts)
-        o = cfg.optim
-        # foreach=False: parameters live on different meshes (FSDP, TP) or none
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=o.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            foreach=False,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(o, cfg.train.steps)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, cfg.optim, cfg.train.steps, foreach=False
         )
         self.step_rng = StepRNG.from_dims(cfg.train.seed + 1, dims)
         self.world = dist.get_world_size()

@@ -36,7 +36,7 @@ from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 from vfm_core.parallel.rng import StepRNG, counter_generator
-from vfm_core.train.trainer import Trainer, lr_lambda
+from vfm_core.train.trainer import Trainer, build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +137,8 @@ class ParallelTrainer(Trainer):
         if self.ema is not None:
             self.ema = parallelize_dit(self.ema, **{**opts, "activation_checkpointing": False})
         self.model = parallelize_dit(self.model, **opts)
-        o = cfg.optim
-        # foreach=False: parameters live on different meshes (FSDP, TP) or none
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=o.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            foreach=False,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(o, cfg.train.steps)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, cfg.optim, cfg.train.steps, foreach=False
         )
         self.step_rng = StepRNG.from_dims(cfg.train.seed + 1, dims)
         self.world = dist.get_world_size()

@@ -70,6 +70,16 @@ def lr_lambda(optim: OptimConfig, total_steps: int):
     return fn
 
 
+def build_optimizer(
+    model: torch.nn.Module, o: OptimConfig, total_steps: int, *, foreach: bool | None = None
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``model``'s parameters and its warm-up / decay schedule. Parallel trainers pass
+    ``foreach=False``: their parameters live on different meshes (FSDP, TP) or none."""
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
+                            weight_decay=o.weight_decay, foreach=foreach)  # fmt: skip
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, total_steps))
+
+
 def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -99,13 +109,7 @@ class Trainer:
         if self.fp8:  # before the EMA copy and the optimizer: both see the TE linears
             to_te_linears(self.model)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if cfg.train.ema_decay else None
-        o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(o, cfg.train.steps)
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.train.steps)
         self.edm = create_diffusion(cfg.diffusion)
         # sigma, noise and caption dropout: one stream, separate from init and data
         self.rng = torch.Generator(device=self.device).manual_seed(cfg.train.seed + 1)
