@@ -29,11 +29,15 @@ class CurateParams(BaseModel):
     out_fps: float | None = Field(None, gt=0, description="clip frame rate (None: source)")
     stitch: bool = Field(True, description="merge false cuts")
     vlm: str | None = Field(None, description="local image-to-text model dir for captions")
+    encoder: Literal["auto", "libx264", "h264_nvenc"] = Field(
+        "auto", description="H.264 encoder (auto: NVENC where it opens, else libx264)"
+    )
 
     def config(self) -> CurateConfig:
         return CurateConfig(
             splitter=self.splitter, min_len_s=self.min_len_s, max_len_s=self.max_len_s,
             out_width=self.out_width, out_fps=self.out_fps, stitch=self.stitch, vlm=self.vlm,
+            encoder=self.encoder,
         )  # fmt: skip
 
 

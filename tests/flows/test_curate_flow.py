@@ -30,6 +30,9 @@ def test_params_validate():
         CurateParams(src="a", dst="b", out_fps=0)
     with pytest.raises(ValidationError, match="splitter"):
         CurateParams(src="a", dst="b", splitter="magic")
+    with pytest.raises(ValidationError, match="encoder"):
+        CurateParams(src="a", dst="b", encoder="x265")
+    assert CurateParams(src="a", dst="b", encoder="libx264").config().encoder == "libx264"
     assert {"src", "dst"} <= set(CurateParams.model_json_schema()["required"])
 
 
