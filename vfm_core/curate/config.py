@@ -15,8 +15,8 @@ from vfm_core.video.shots import (
     FixedStrideSplitter,
     LengthRules,
     Splitter,
-    TransNetV2Splitter,
 )
+from vfm_core.video.transnet import TransNetV2Splitter
 
 
 @dataclass(kw_only=True, slots=True)

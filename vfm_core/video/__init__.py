@@ -11,7 +11,6 @@ from vfm_core.video.shots import (
     LengthRules,
     Span,
     Splitter,
-    TransNetV2Splitter,
 )
 from vfm_core.video.stitch import color_thumb_embed, stitch
 from vfm_core.video.transcode import (
@@ -21,6 +20,7 @@ from vfm_core.video.transcode import (
     select_encoder,
     transcode_span,
 )
+from vfm_core.video.transnet import TransNetV2Splitter
 
 __all__ = [
     "ColorChangeSplitter",
