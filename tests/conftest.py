@@ -34,3 +34,65 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def data_root() -> Path:
     return Path(os.environ["VFM_DATA_DIR"])
+
+
+class MixedShards:
+    """Shards of images and videos at several native latent sizes, shared by the packed-training
+    tests of one process (tests/train) and of several (tests/parallel)."""
+
+    LATENTS = [
+        (4, 1, 4, 4), (4, 2, 4, 4), (4, 3, 4, 6), (4, 1, 6, 4), (4, 2, 5, 4), (4, 4, 4, 4),
+        (4, 2, 6, 6), (4, 1, 4, 7), (4, 3, 4, 4), (4, 1, 8, 8), (4, 2, 4, 6), (4, 1, 4, 4),
+    ]  # fmt: skip
+    """Latent (C, T, H, W) of every sample; patch (1, 2, 2): images (T = 1) and videos of 4..18
+    tokens, two with an odd H or W (cropped to the patch multiple: 5 -> 4, 7 -> 6)."""
+
+    @staticmethod
+    def caption_embed(captions: list[str]):
+        """One caption -> (1, words, 16) token vectors seeded by the words: captions of different
+        lengths (call with ``embed_batch=1``)."""
+        import numpy as np
+
+        rng = np.random.default_rng(sum(map(ord, captions[0])))
+        return rng.standard_normal((1, len(captions[0].split()), 16)).astype(np.float32) / 4
+
+    @classmethod
+    def write(cls, root: Path, *, latents: bool = True, seed: int = 0) -> Path:
+        """Real one-frame / multi-frame H.264 clips under ``root`` with stored latents of the
+        ``LATENTS`` sizes (pixels = latent * 8, frames = 1 + 4 (T - 1); latent values drawn from
+        ``seed``) and captions of 2-11 words, in 3+ shards; ``latents=False``: the clips alone
+        (for the tokenizer)."""
+        import numpy as np
+        import pandas as pd
+
+        from vfm_core.data.shards import ShardWriterConfig, write_shards
+        from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+        (root / "clips").mkdir(parents=True)
+        rows, lat = [], {}
+        rng = np.random.default_rng(seed)
+        for i, (c, t, h, w) in enumerate(cls.LATENTS):
+            cid, frames = f"mixed{i:03d}", 1 + 4 * (t - 1)
+            spec = VideoSpec(width=8 * w, height=8 * h, fps=8.0, seed=i,
+                             segments=(Segment(kind="moving", n_frames=frames),))  # fmt: skip
+            make_video(root / "clips" / f"{cid}.mp4", spec)
+            caption = " ".join(["shapes"] * (2 + i % 10))
+            rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
+                         "start_s": 0.0, "end_s": frames / 8.0, "uri": f"clips/{cid}.mp4",
+                         "caption": caption, "width": 8 * w, "height": 8 * h, "fps": 8.0,
+                         "n_frames": frames})  # fmt: skip
+            # a class-dependent mean: something to learn in a few steps
+            z = rng.standard_normal((c, t, h, w)) * 0.5 + (i % 3 - 1) * 0.5
+            lat[cid] = z.astype(np.float32)
+        out = root / ("shards" if latents else "clip-shards")
+        cfg = ShardWriterConfig(target_shard_bytes=8_000, embed_batch=1)
+        write_shards(pd.DataFrame(rows), str(out), embed=cls.caption_embed, base_url=str(root),
+                     latents=lat if latents else None, config=cfg)  # fmt: skip
+        return out
+
+
+@pytest.fixture(scope="session")
+def mixed_shards() -> type[MixedShards]:
+    """The mixed image / video shard builder: ``mixed_shards.write(root)``, its
+    ``mixed_shards.LATENTS`` sizes."""
+    return MixedShards

@@ -5,12 +5,19 @@ returns.
 ``fn`` must be a module-level function of an importable module (spawned children unpickle it by
 name; pytest's sys.path travels with them). Each rank returns a JSON-serialisable value; an
 exception in any rank fails the caller with that rank's traceback.
+
+Also what the parallel training tests share: the trainer of a rank (:func:`build_trainer`,
+:func:`resume_trainer`), an in-memory metrics logger (:class:`MetricsCollector`), launching
+``torchrun`` / ``vfm train`` (:func:`launch`, :func:`launch_ok`) and a small latent shard set
+(:func:`write_moving_clip_shards`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -47,3 +54,125 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
             detail = "\n".join(f"--- {p.stem}\n{p.read_text()}" for p in errs)
             raise AssertionError(f"distributed run failed: {e}\n{detail}") from None
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+class MetricsCollector:
+    """An in-memory metrics logger (``log`` / ``close``): ``rows`` keeps every logged dict with
+    its step; ``losses`` and ``column`` read them back."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def log(self, step: int, metrics: dict) -> None:
+        self.rows.append({"step": step, **metrics})
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def losses(self) -> list[float]:
+        return self.column("loss")
+
+    def column(self, *keys: str) -> list:
+        """One key: its values per step; several: a dict of those keys per step."""
+        if len(keys) == 1:
+            return [r[keys[0]] for r in self.rows]
+        return [{k: r[k] for k in keys} for r in self.rows]
+
+
+def build_trainer(config: Any, world: int, degrees: dict | None = None) -> Any:
+    """The trainer of this gloo rank: ``config`` a YAML path or a config object; the mesh from
+    ``degrees`` (``ParallelDims(**degrees)``) or, when None, from ``config.parallel``; a
+    ``PipelineTrainer`` when pp > 1, else a ``ParallelTrainer``."""
+    from vfm_core.config import load_yaml
+    from vfm_core.parallel.dims import ParallelDims
+    from vfm_core.parallel.pipeline_trainer import PipelineTrainer
+    from vfm_core.parallel.trainer import ParallelTrainer
+
+    cfg = load_yaml(config) if isinstance(config, str | Path) else config
+    if degrees is None:
+        dims = ParallelDims.from_config(cfg.parallel, world)
+    else:
+        dims = ParallelDims(**degrees, world_size=world)
+    dims.build_mesh("cpu")
+    return (PipelineTrainer if dims.pp_enabled else ParallelTrainer)(cfg, dims=dims)
+
+
+def resume_trainer(trainer: Any, path: str | Path) -> Path:
+    """Load the checkpoint folder ``path`` (``.../checkpoints/step_N``) into ``trainer``."""
+    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
+
+    path = Path(path)
+    return load_trainer(ParallelCheckpoint(path.parent.parent), trainer, path)
+
+
+def fit_collect(trainer: Any, **fit_kwargs: Any) -> MetricsCollector:
+    """``trainer.fit`` with a fresh :class:`MetricsCollector` as its only logger."""
+    log = MetricsCollector()
+    trainer.fit(loggers=[log], **fit_kwargs)
+    return log
+
+
+def launch(argv: list, timeout: int = 400) -> subprocess.CompletedProcess:
+    """Run a training command (torchrun / ``vfm train``) with one OMP thread per process."""
+    return subprocess.run(
+        [str(a) for a in argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def launch_ok(argv: list, out: Path, timeout: int = 400) -> list[dict]:
+    """:func:`launch` that must succeed; the rows of its ``out/metrics.jsonl``."""
+    proc = launch(argv, timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return metrics_rows(out)
+
+
+def metrics_rows(out: Path) -> list[dict]:
+    """The rows of a run folder's ``metrics.jsonl``."""
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").open()]
+
+
+def vfm_argv(*args: Any) -> list[str]:
+    """``python -m vfm_core.cli ARGS``."""
+    return [sys.executable, "-m", "vfm_core.cli", *map(str, args)]
+
+
+def set_args(overrides: list[str]) -> list[str]:
+    """``--set K=V`` for every override."""
+    return [a for s in overrides for a in ("--set", s)]
+
+
+def write_moving_clip_shards(
+    clips: Path, out: Path, n_clips: int, embed: Callable[[list[str]], Any]
+) -> Path:
+    """``n_clips`` real 32x32 H.264 clips of 5 moving frames under ``clips`` with stored
+    (4, 2, 4, 4) latents (a class-dependent mean, so a few steps learn something), captions
+    embedded by ``embed``, written as ~6 kB shards to ``out``."""
+    import numpy as np
+    import pandas as pd
+
+    from vfm_core.data.shards import ShardWriterConfig, write_shards
+    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+    (clips / "clips").mkdir()
+    rows, lat = [], {}
+    rng = np.random.default_rng(0)
+    for i in range(n_clips):
+        cid = f"clip{i:03d}"
+        spec = VideoSpec(width=32, height=32, fps=8.0, seed=i,
+                         segments=(Segment(kind="moving", n_frames=5),))  # fmt: skip
+        make_video(clips / "clips" / f"{cid}.mp4", spec)
+        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
+                     "start_s": 0.0, "end_s": 0.625, "uri": f"clips/{cid}.mp4",
+                     "caption": f"shapes moving, clip {i}", "width": 32, "height": 32,
+                     "fps": 8.0, "n_frames": 5})  # fmt: skip
+        lat[cid] = (rng.standard_normal((4, 2, 4, 4)) * 0.5 + (i % 4 - 1.5) * 0.4).astype(
+            np.float32
+        )
+    write_shards(pd.DataFrame(rows), str(out), embed=embed, base_url=str(clips), latents=lat,
+                 config=ShardWriterConfig(target_shard_bytes=6_000))  # fmt: skip
+    return out

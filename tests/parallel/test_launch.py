@@ -5,11 +5,9 @@ the global-batch loss and MFU per GPU to MLflow from rank 0."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
-from parallel_harness import run_ranks
+from parallel_harness import build_trainer, fit_collect, launch_ok, run_ranks
 
 from vfm_core.config import ConfigError, apply_overrides, save_yaml
 from vfm_core.parallel.main import torchrun_argv
@@ -31,28 +29,8 @@ TINY = [
 ]
 
 
-class _Collect:
-    def __init__(self):
-        self.rows = []
-
-    def log(self, step, metrics):
-        self.rows.append(metrics["loss"])
-
-    def close(self):
-        pass
-
-
 def _fit_one_process(rank, world, config):
-    from vfm_core.config import load_yaml
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import ParallelTrainer
-
-    cfg = load_yaml(config)
-    dims = ParallelDims.from_config(cfg.parallel, world)
-    dims.build_mesh("cpu")
-    log = _Collect()
-    ParallelTrainer(cfg, dims=dims).fit(loggers=[log])
-    return log.rows
+    return fit_collect(build_trainer(config, world)).losses
 
 
 def test_torchrun_argv_names_bad_input(tmp_path):
@@ -77,15 +55,7 @@ def test_tp2_cp2_torchrun_tracks_one_process_and_logs_mfu(tmp_path):
     assert len(reference) == STEPS
 
     out = tmp_path / "tp2cp2"
-    proc = subprocess.run(
-        torchrun_argv(4, config=config, out=out, tp=2, cp=2),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    rows = launch_ok(torchrun_argv(4, config=config, out=out, tp=2, cp=2), out)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for step, (row, ref) in enumerate(zip(rows, reference), start=1):
         assert abs(row["loss"] - ref) <= 1e-4 * abs(ref), (step, row["loss"], ref)

@@ -11,24 +11,25 @@ have distinct basenames.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
-from parallel_harness import run_ranks
+from parallel_harness import (
+    build_trainer,
+    fit_collect,
+    launch,
+    metrics_rows,
+    resume_trainer,
+    run_ranks,
+    set_args,
+    vfm_argv,
+)
 
 from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
 
-# latent (C, T, H, W) per sample, patch (1, 2, 2): images and videos of 4..18 tokens
-LATENTS = [
-    (4, 1, 4, 4), (4, 2, 4, 4), (4, 3, 4, 6), (4, 1, 6, 4), (4, 2, 5, 4), (4, 4, 4, 4),
-    (4, 2, 6, 6), (4, 1, 4, 7), (4, 3, 4, 4), (4, 1, 8, 8), (4, 2, 4, 6), (4, 1, 4, 4),
-]  # fmt: skip
 STEPS = 4
 PACKS = 2  # packs of the global step
 SMALL = [
@@ -45,66 +46,19 @@ SMALL = [
 ]
 
 
-def _embed(captions: list[str]) -> np.ndarray:
-    """One caption -> (1, words, 16): captions of different lengths (``embed_batch=1``)."""
-    rng = np.random.default_rng(sum(map(ord, captions[0])))
-    return rng.standard_normal((1, len(captions[0].split()), 16)).astype(np.float32) / 4
-
-
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    """Real H.264 clips (one-frame images and videos) with stored latents of ``LATENTS``."""
-    from vfm_core.data.shards import ShardWriterConfig, write_shards
-    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
-
-    root = tmp_path_factory.mktemp("mixed")
-    (root / "clips").mkdir()
-    rows, lat = [], {}
-    rng = np.random.default_rng(1)
-    for i, (c, t, h, w) in enumerate(LATENTS):
-        cid, frames = f"mixed{i:03d}", 1 + 4 * (t - 1)
-        spec = VideoSpec(width=8 * w, height=8 * h, fps=8.0, seed=i,
-                         segments=(Segment(kind="moving", n_frames=frames),))  # fmt: skip
-        make_video(root / "clips" / f"{cid}.mp4", spec)
-        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
-                     "start_s": 0.0, "end_s": frames / 8.0, "uri": f"clips/{cid}.mp4",
-                     "caption": " ".join(["shapes"] * (2 + i % 10)), "width": 8 * w,
-                     "height": 8 * h, "fps": 8.0, "n_frames": frames})  # fmt: skip
-        lat[cid] = (rng.standard_normal((c, t, h, w)) * 0.5 + (i % 3 - 1) * 0.5).astype(np.float32)
-    out = root / "shards"
-    cfg = ShardWriterConfig(target_shard_bytes=8_000, embed_batch=1)
-    write_shards(pd.DataFrame(rows), str(out), embed=_embed, base_url=str(root), latents=lat,
-                 config=cfg)  # fmt: skip
-    return out
-
-
-class _Collect:
-    def __init__(self):
-        self.rows = []
-
-    def log(self, step, metrics):
-        self.rows.append({"step": step, **metrics})
-
-    def close(self):
-        pass
+def shards(tmp_path_factory, mixed_shards) -> Path:
+    """Real H.264 clips (one-frame images and videos) with stored latents of several sizes."""
+    return mixed_shards.write(tmp_path_factory.mktemp("mixed"), seed=1)
 
 
 def _fit(rank, world, config, resume_from=""):
     """A packed ParallelTrainer run from ``config`` on ``world`` ranks (restored from the
     checkpoint folder ``resume_from`` first, if given); its logged rows."""
-    from vfm_core.config import load_yaml
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import ParallelTrainer
-
-    dims = ParallelDims(world_size=world)
-    dims.build_mesh("cpu")
-    tr = ParallelTrainer(load_yaml(config), dims=dims)
+    tr = build_trainer(config, world, {})
     if resume_from:
-        load_trainer(ParallelCheckpoint(Path(resume_from).parent.parent), tr, Path(resume_from))
-    log = _Collect()
-    tr.fit(loggers=[log])
-    return log.rows
+        resume_trainer(tr, resume_from)
+    return fit_collect(tr).rows
 
 
 def _one_process_config(shards: Path, folder: Path) -> str:
@@ -126,16 +80,13 @@ def reference(shards, tmp_path_factory):
 
 
 def _vfm_train(out: Path, shards: Path, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "vfm_core.cli", "train", "--recipe", "dit-tiny", "--out",
-            str(out), "--steps", str(STEPS), *args]  # fmt: skip
-    for s in [*SMALL, f"data.shards={shards}"]:
-        argv += ["--set", s]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    sets = set_args([*SMALL, f"data.shards={shards}"])
+    argv = vfm_argv("train", "--recipe", "dit-tiny", "--out", out, "--steps", STEPS, *args, *sets)
+    return launch(argv, timeout=300)
 
 
 def _check_run(out: Path, uri: str, reference: list[dict], tol: float = 1e-5) -> dict:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    rows = metrics_rows(out)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r, w in zip(rows, reference, strict=True):
         assert abs(r["loss"] - w["loss"]) <= tol * abs(w["loss"]), (rows, reference)

@@ -8,14 +8,12 @@ checkpoint resumes under PP2 with the losses of the run that never stopped (fp32
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 
 import pytest
-from parallel_harness import run_ranks
+from parallel_harness import build_trainer, fit_collect, launch_ok, resume_trainer, run_ranks
 
-from vfm_core.config import apply_overrides, load_yaml, save_yaml
+from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.parallel.checkpoint import merge_skeletons, restrict_skeleton
 from vfm_core.parallel.main import main, torchrun_argv
 from vfm_core.recipes import get_recipe
@@ -28,75 +26,32 @@ TINY = ["model.hidden=64", "model.depth=3", "model.text_dim=32", "data.batch_siz
         f"train.steps={STEPS}", "train.ckpt_every=2", "train.keep_ckpts=2"]  # fmt: skip
 
 
-class _Collect:
-    def __init__(self):
-        self.losses = []
-
-    def log(self, step, metrics):
-        self.losses.append(metrics["loss"])
-
-    def close(self):
-        pass
-
-
-def _trainer(config, world, degrees):
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.pipeline_trainer import PipelineTrainer
-    from vfm_core.parallel.trainer import ParallelTrainer
-
-    dims = ParallelDims(**degrees, world_size=world)
-    dims.build_mesh("cpu")
-    return (PipelineTrainer if dims.pp_enabled else ParallelTrainer)(load_yaml(config), dims=dims)
-
-
 def _resume_from(rank, world, config, path, degrees):
     """Load ``path`` into a fresh trainer of this layout and train to the end: the losses."""
-    from pathlib import Path
-
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
-
-    tr = _trainer(config, world, degrees)
-    load_trainer(ParallelCheckpoint(Path(path).parent.parent), tr, Path(path))
+    tr = build_trainer(config, world, degrees)
+    resume_trainer(tr, path)
     assert tr.step == 2, tr.step
-    log = _Collect()
-    tr.fit(loggers=[log])
-    return log.losses
-
-
-def _one_process(rank, world, config, pp_ckpt, root):
-    """One process: resume the PP2 step-2 checkpoint; then train from scratch with checkpoints
-    (under ``root``), the reference for the one-process -> PP2 direction."""
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, save_trainer
-
-    resumed = _resume_from(rank, world, config, pp_ckpt, {})
-    tr = _trainer(config, world, {})
-    ckpt = ParallelCheckpoint(root)
-    log = _Collect()
-    tr.fit(loggers=[log], checkpoint=lambda t: save_trainer(ckpt, t))
-    return {"resumed": resumed, "scratch": log.losses}
+    return fit_collect(tr).losses
 
 
 def _fit_saving(rank, world, config, root, degrees):
     """Train from scratch under ``degrees`` with checkpoints under ``root``: the losses."""
     from vfm_core.parallel.checkpoint import ParallelCheckpoint, save_trainer
 
-    tr = _trainer(config, world, degrees)
     ckpt = ParallelCheckpoint(root)
-    log = _Collect()
-    tr.fit(loggers=[log], checkpoint=lambda t: save_trainer(ckpt, t))
-    return log.losses
+    tr = build_trainer(config, world, degrees)
+    return fit_collect(tr, checkpoint=lambda t: save_trainer(ckpt, t)).losses
+
+
+def _one_process(rank, world, config, pp_ckpt, root):
+    """One process: resume the PP2 step-2 checkpoint; then train from scratch with checkpoints
+    (under ``root``), the reference for the one-process -> PP2 direction."""
+    resumed = _resume_from(rank, world, config, pp_ckpt, {})
+    return {"resumed": resumed, "scratch": _fit_saving(rank, world, config, root, {})}
 
 
 def _torchrun(config, out, *extra):
-    proc = subprocess.run(
-        [*torchrun_argv(2, config=config, out=out, pp=2), *extra],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    return launch_ok([*torchrun_argv(2, config=config, out=out, pp=2), *extra], out)
 
 
 def _close(got, want):

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from parallel_harness import run_ranks
+from parallel_harness import (
+    build_trainer,
+    fit_collect,
+    launch_ok,
+    run_ranks,
+    set_args,
+    vfm_argv,
+    write_moving_clip_shards,
+)
 
 from vfm_core.config import apply_overrides, load_yaml, save_yaml
 from vfm_core.parallel.main import torchrun_argv
@@ -27,31 +32,8 @@ TINY = ["model.hidden=64", "model.depth=3", "model.text_dim=32", "data.batch_siz
         "tracking.experiment=test-pipeline-trainer"]  # fmt: skip
 
 
-class _Collect:
-    def __init__(self):
-        self.rows = []
-
-    def log(self, step, metrics):
-        self.rows.append({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"]})
-
-    def close(self):
-        pass
-
-
 def _fit_one_process(rank, world, config):
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import ParallelTrainer
-
-    cfg = load_yaml(config)
-    dims = ParallelDims.from_config(cfg.parallel, world)
-    dims.build_mesh("cpu")
-    log = _Collect()
-    ParallelTrainer(cfg, dims=dims).fit(loggers=[log])
-    return log.rows
-
-
-def _rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    return fit_collect(build_trainer(config, world)).column("loss", "grad_norm")
 
 
 def _track(rows, reference, steps):
@@ -71,15 +53,11 @@ def test_vfm_train_pp2_tracks_one_process_and_logs_mlflow(tmp_path):
 
     steps = 8
     out = tmp_path / "pp2"
-    sets = sum((["--set", s] for s in TINY), [])
-    r = subprocess.run(
-        [sys.executable, "-m", "vfm_core.cli", "train", "--nproc", "2", "--pp", "2",
-         "--steps", str(steps), "--out", str(out), *sets],
-        capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
+    sets = set_args(TINY)
+    argv = vfm_argv("train", "--nproc", "2", "--pp", "2", "--steps", steps, "--out", out, *sets)
+    rows = launch_ok(argv, out)
     reference = run_ranks(_fit_one_process, 1, str(out / "run.yaml"))[0]
-    _track(_rows(out), reference, steps)
+    _track(rows, reference, steps)
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["degrees"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1}
@@ -107,15 +85,8 @@ def test_torchrun_pp2_fsdp2_tracks_one_process(tmp_path):
     reference = run_ranks(_fit_one_process, 1, str(single))[0]
 
     out = tmp_path / "pp2dp2"
-    proc = subprocess.run(
-        torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _track(_rows(out), reference, steps)
+    rows = launch_ok(torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2), out)
+    _track(rows, reference, steps)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["degrees"]["dp_shard"] == 2
 
@@ -124,36 +95,13 @@ def test_torchrun_pp2_fsdp2_tracks_one_process(tmp_path):
 def shards(tmp_path_factory):
     """8 real 32x32 H.264 clips with stored (4, 2, 4, 4) latents and 16-d caption vectors."""
     import numpy as np
-    import pandas as pd
-
-    from vfm_core.data.shards import ShardWriterConfig, write_shards
-    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
-
-    root = tmp_path_factory.mktemp("clips")
-    (root / "clips").mkdir()
-    rows, lat = [], {}
-    rng = np.random.default_rng(0)
-    for i in range(8):
-        cid = f"clip{i:03d}"
-        spec = VideoSpec(width=32, height=32, fps=8.0, seed=i,
-                         segments=(Segment(kind="moving", n_frames=5),))  # fmt: skip
-        make_video(root / "clips" / f"{cid}.mp4", spec)
-        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
-                     "start_s": 0.0, "end_s": 0.625, "uri": f"clips/{cid}.mp4",
-                     "caption": f"shapes moving, clip {i}", "width": 32, "height": 32,
-                     "fps": 8.0, "n_frames": 5})  # fmt: skip
-        lat[cid] = (rng.standard_normal((4, 2, 4, 4)) * 0.5 + (i % 4 - 1.5) * 0.4).astype(
-            np.float32
-        )
 
     def embed(captions: list[str]) -> np.ndarray:  # (N, 16) unit vectors seeded by the text
         v = [np.random.default_rng(sum(map(ord, c))).standard_normal(16) for c in captions]
         return np.stack([x / np.linalg.norm(x) for x in v]).astype(np.float32)
 
-    out = tmp_path_factory.mktemp("latent-shards")
-    write_shards(pd.DataFrame(rows), str(out), embed=embed, base_url=str(root), latents=lat,
-                 config=ShardWriterConfig(target_shard_bytes=6_000))  # fmt: skip
-    return out
+    clips, out = tmp_path_factory.mktemp("clips"), tmp_path_factory.mktemp("latent-shards")
+    return write_moving_clip_shards(clips, out, 8, embed)
 
 
 @pytest.mark.slow
@@ -170,15 +118,7 @@ def test_torchrun_pp2_fsdp2_from_shards_tracks_one_process(shards, tmp_path):
     save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=4"]), single)
     reference = run_ranks(_fit_one_process, 1, str(single))[0]
     out = tmp_path / "pp2dp2"
-    proc = subprocess.run(
-        torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = _rows(out)
+    rows = launch_ok(torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2), out)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for row, ref in zip(rows, reference, strict=True):
         for key in ("loss", "grad_norm"):

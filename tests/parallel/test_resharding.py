@@ -5,7 +5,7 @@ never stopped (same global batch; fp32, relative tolerance 1e-5)."""
 from __future__ import annotations
 
 import pytest
-from parallel_harness import run_ranks
+from parallel_harness import build_trainer, fit_collect, run_ranks
 
 from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
@@ -25,28 +25,15 @@ TINY = [
 ]
 
 
-class _Collect:
-    def __init__(self):
-        self.losses = []
-
-    def log(self, step, metrics):
-        self.losses.append(metrics["loss"])
-
-    def close(self):
-        pass
-
-
 def _trainer(world, degrees, steps):
     from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import ParallelTrainer
 
-    dims = ParallelDims(**degrees, world_size=world)
-    dims.build_mesh("cpu")
+    dp = ParallelDims(**degrees, world_size=world).dp
     cfg = apply_overrides(
         get_recipe("dit-tiny"),
-        [*TINY, f"train.steps={steps}", f"data.batch_size={GLOBAL_BATCH // dims.dp}"],
+        [*TINY, f"train.steps={steps}", f"data.batch_size={GLOBAL_BATCH // dp}"],
     )
-    return ParallelTrainer(cfg, dims=dims)
+    return build_trainer(cfg, world, degrees)
 
 
 def _save_then_continue(rank, world, root):
@@ -56,9 +43,7 @@ def _save_then_continue(rank, world, root):
     tr = _trainer(world, dict(tp=2, dp_shard=1), steps=2)
     tr.fit(loggers=[], checkpoint=lambda t: save_trainer(ckpt, t))
     tr.cfg.train.steps = 4
-    log = _Collect()
-    tr.fit(loggers=[log])
-    return log.losses
+    return fit_collect(tr).losses
 
 
 def _resume(rank, world, root, degrees):
@@ -67,22 +52,16 @@ def _resume(rank, world, root, degrees):
     tr = _trainer(world, degrees, steps=4)
     path = load_trainer(ParallelCheckpoint(root), tr)
     assert tr.step == 2, tr.step
-    log = _Collect()
-    tr.fit(loggers=[log])
-    return {"path": path.name, "losses": log.losses}
+    return {"path": path.name, "losses": fit_collect(tr).losses}
 
 
 def _resume_wrong_model(rank, world, root):
     from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import ParallelTrainer
     from vfm_core.train.checkpoint import CheckpointError
 
-    dims = ParallelDims(world_size=world)
-    dims.build_mesh("cpu")
     cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, "model.depth=3"])
     try:
-        load_trainer(ParallelCheckpoint(root), ParallelTrainer(cfg, dims=dims))
+        load_trainer(ParallelCheckpoint(root), build_trainer(cfg, world, {}))
     except CheckpointError as e:
         return str(e)
     return "loaded"

@@ -8,15 +8,20 @@ processes (same or another layout) continues with the losses of the run that nev
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
-import pandas as pd
 import pytest
-from parallel_harness import run_ranks
+from parallel_harness import (
+    build_trainer,
+    fit_collect,
+    launch_ok,
+    resume_trainer,
+    run_ranks,
+    set_args,
+    vfm_argv,
+    write_moving_clip_shards,
+)
 
 from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.data.loader import LoaderStateError
@@ -52,30 +57,8 @@ def _embed(captions: list[str]) -> np.ndarray:
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """16 real 32x32 H.264 clips of 5 frames with stored (4, 2, 4, 4) latents, in 4 shards."""
-    from vfm_core.data.shards import ShardWriterConfig, write_shards
-    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
-
-    root = tmp_path_factory.mktemp("clips")
-    (root / "clips").mkdir()
-    rows, lat = [], {}
-    rng = np.random.default_rng(0)
-    for i in range(N_CLIPS):
-        cid = f"clip{i:03d}"
-        spec = VideoSpec(width=32, height=32, fps=8.0, seed=i,
-                         segments=(Segment(kind="moving", n_frames=5),))  # fmt: skip
-        make_video(root / "clips" / f"{cid}.mp4", spec)
-        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
-                     "start_s": 0.0, "end_s": 0.625, "uri": f"clips/{cid}.mp4",
-                     "caption": f"shapes moving, clip {i}", "width": 32, "height": 32,
-                     "fps": 8.0, "n_frames": 5})  # fmt: skip
-        # a class-dependent mean so the model has something to learn in a few steps
-        lat[cid] = (rng.standard_normal((4, 2, 4, 4)) * 0.5 + (i % 4 - 1.5) * 0.4).astype(
-            np.float32
-        )
-    out = tmp_path_factory.mktemp("latent-shards")
-    write_shards(pd.DataFrame(rows), str(out), embed=_embed, base_url=str(root), latents=lat,
-                 config=ShardWriterConfig(target_shard_bytes=6_000))  # fmt: skip
-    return out
+    clips, out = tmp_path_factory.mktemp("clips"), tmp_path_factory.mktemp("latent-shards")
+    return write_moving_clip_shards(clips, out, N_CLIPS, _embed)
 
 
 def _cfg(shards, *extra: str, batch: int = GLOBAL_BATCH):
@@ -86,59 +69,29 @@ def _cfg(shards, *extra: str, batch: int = GLOBAL_BATCH):
     )  # fmt: skip
 
 
-class _Collect:
-    def __init__(self):
-        self.losses = []
-
-    def log(self, step, metrics):
-        self.losses.append(metrics["loss"])
-
-    def close(self):
-        pass
-
-
 def _fit(rank, world, config, degrees, resume_from):
     """A ParallelTrainer from ``config`` under ``degrees``; optionally restored from a checkpoint
     folder first. Returns the losses of the steps it trained and its start step."""
-    from pathlib import Path
-
-    from vfm_core.config import load_yaml
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import ParallelTrainer
-
-    cfg = load_yaml(config)
-    dims = ParallelDims(**degrees, world_size=world)
-    dims.build_mesh("cpu")
-    tr = ParallelTrainer(cfg, dims=dims)
+    tr = build_trainer(config, world, degrees)
     if resume_from:
-        load_trainer(ParallelCheckpoint(Path(resume_from).parent.parent), tr, Path(resume_from))
+        resume_trainer(tr, resume_from)
     start = tr.step
-    log = _Collect()
-    tr.fit(loggers=[log])
-    return {"start": start, "losses": log.losses}
+    return {"start": start, "losses": fit_collect(tr).losses}
 
 
 def _resume_checks(rank, world, config, path):
     """Resume one process at the global batch from ``path``; then try the same checkpoint with
     another data seed, which must fail with a clear CheckpointError."""
     import dataclasses
-    from pathlib import Path
 
     from vfm_core.config import load_yaml
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import ParallelTrainer
     from vfm_core.train.checkpoint import CheckpointError
 
     got = _fit(rank, world, config, {}, path)
     cfg = load_yaml(config)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seed=7))
-    dims = ParallelDims(world_size=world)
-    dims.build_mesh("cpu")
     try:
-        load_trainer(ParallelCheckpoint(Path(path).parent.parent), ParallelTrainer(cfg, dims=dims),
-                     Path(path))  # fmt: skip
+        resume_trainer(build_trainer(cfg, world, {}), path)
         got["error"] = "loaded"
     except CheckpointError as e:
         got["error"] = str(e)
@@ -165,13 +118,8 @@ def _batches(rank, world, config, degrees, steps):
 
 
 def _vfm_train(out, shards, *args: str) -> list[dict]:
-    argv = [sys.executable, "-m", "vfm_core.cli", "train", "--out", str(out), *args]
-    for s in [*SMALL, "data.source=shards", f"data.shards={shards}"]:
-        argv += ["--set", s]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    sets = set_args([*SMALL, "data.source=shards", f"data.shards={shards}"])
+    return launch_ok(vfm_argv("train", "--out", out, *args, *sets), out, timeout=300)
 
 
 @pytest.fixture(scope="module")

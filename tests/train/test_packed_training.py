@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -24,12 +23,6 @@ from vfm_core.perf.flops import train_flops
 from vfm_core.recipes import get_recipe
 from vfm_core.train.trainer import Trainer
 
-# latent (C, T, H, W) of every sample; patch (1, 2, 2): images (T = 1) and videos of several
-# sizes, two with an odd H or W (cropped to the patch multiple: 5 -> 4, 7 -> 6)
-LATENTS = [
-    (4, 1, 4, 4), (4, 2, 4, 4), (4, 3, 4, 6), (4, 1, 6, 4), (4, 2, 5, 4), (4, 4, 4, 4),
-    (4, 2, 6, 6), (4, 1, 4, 7), (4, 3, 4, 4), (4, 1, 8, 8), (4, 2, 4, 6), (4, 1, 4, 4),
-]  # fmt: skip
 MAX_TOKENS = 32
 SMALL = [
     "model.hidden=64",
@@ -45,46 +38,9 @@ SMALL = [
 ]
 
 
-def caption_embed(captions: list[str]) -> np.ndarray:
-    """One caption -> (1, words, 16) token vectors seeded by the words: captions of different
-    lengths (call with ``embed_batch=1``)."""
-    words = captions[0].split()
-    rng = np.random.default_rng(sum(map(ord, captions[0])))
-    return rng.standard_normal((1, len(words), 16)).astype(np.float32) / 4
-
-
-def write_mixed_shards(root: Path, *, latents: bool = True) -> Path:
-    """Real one-frame / multi-frame H.264 clips with stored latents of the ``LATENTS`` sizes
-    (pixels = latent * 8, frames = 1 + 4 (T - 1)) and captions of 2-11 words, in 3+ shards;
-    ``latents=False``: the clips alone (for the tokenizer)."""
-    from vfm_core.data.shards import ShardWriterConfig, write_shards
-    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
-
-    (root / "clips").mkdir(parents=True)
-    rows, lat = [], {}
-    rng = np.random.default_rng(0)
-    for i, (c, t, h, w) in enumerate(LATENTS):
-        cid, frames = f"mixed{i:03d}", 1 + 4 * (t - 1)
-        spec = VideoSpec(width=8 * w, height=8 * h, fps=8.0, seed=i,
-                         segments=(Segment(kind="moving", n_frames=frames),))  # fmt: skip
-        make_video(root / "clips" / f"{cid}.mp4", spec)
-        caption = " ".join(["shapes"] * (2 + i % 10))
-        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
-                     "start_s": 0.0, "end_s": frames / 8.0, "uri": f"clips/{cid}.mp4",
-                     "caption": caption, "width": 8 * w, "height": 8 * h, "fps": 8.0,
-                     "n_frames": frames})  # fmt: skip
-        # a class-dependent mean: something to learn in a few steps
-        lat[cid] = (rng.standard_normal((c, t, h, w)) * 0.5 + (i % 3 - 1) * 0.5).astype(np.float32)
-    out = root / ("shards" if latents else "clip-shards")
-    cfg = ShardWriterConfig(target_shard_bytes=8_000, embed_batch=1)
-    write_shards(pd.DataFrame(rows), str(out), embed=caption_embed, base_url=str(root),
-                 latents=lat if latents else None, config=cfg)  # fmt: skip
-    return out
-
-
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_mixed_shards(tmp_path_factory.mktemp("mixed"))
+def shards(tmp_path_factory, mixed_shards) -> Path:
+    return mixed_shards.write(tmp_path_factory.mktemp("mixed"))
 
 
 def _cfg(shards: Path, *extra: str):
@@ -114,7 +70,7 @@ def test_max_tokens_is_validated_with_the_key_named(shards):
         ShardLatentSource(small.data, small.model)
 
 
-def test_source_packs_images_and_videos_at_their_native_sizes(shards):
+def test_source_packs_images_and_videos_at_their_native_sizes(shards, mixed_shards):
     cfg = _cfg(shards)
     src = ShardLatentSource(cfg.data, cfg.model)
     seen, positions, keys = set(), [], set()
@@ -129,7 +85,7 @@ def test_source_packs_images_and_videos_at_their_native_sizes(shards):
             for z, key, n in zip(p.latents, p.keys, p.text_lengths.tolist(), strict=True):
                 c, t, h, w = z.shape
                 assert c == 4 and h % 2 == 0 and w % 2 == 0
-                want = LATENTS[int(key[-3:])]
+                want = mixed_shards.LATENTS[int(key[-3:])]
                 assert (t, h, w) == (want[1], want[2] // 2 * 2, want[3] // 2 * 2)
                 assert n == min(8, 2 + int(key[-3:]) % 10)  # caption cut to text_len
                 assert p.text[p.keys.index(key), n:].abs().sum() == 0  # zero padded
@@ -214,20 +170,20 @@ def test_packed_resume_in_new_process_is_bit_identical_and_loss_falls(shards, tm
     assert last < first, [x["loss"] for x in a]
 
 
-def test_packs_from_clips_through_the_tokenizer(tmp_path):
+def test_packs_from_clips_through_the_tokenizer(tmp_path, mixed_shards):
     """Shards without latents: every clip is cropped to its token grid in pixels (frames
     1 + 4 (T - 1), size grid * patch * 8) and encoded; a packed step trains on them."""
     from vfm_core.tokenizer import CausalVideoAutoencoder, get_tokenizer_config, save_tokenizer
 
     torch.manual_seed(0)
     save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny")), tmp_path / "tok")
-    clips = write_mixed_shards(tmp_path / "mixed", latents=False)
+    clips = mixed_shards.write(tmp_path / "mixed", latents=False)
     cfg = _cfg(clips, f"data.tokenizer={tmp_path / 'tok'}")
     tr = Trainer(cfg)
     batch = tr.source.next_batch()
     for p in batch.packs:
         for z, key in zip(p.latents, p.keys, strict=True):
-            want = LATENTS[int(key[-3:])]
+            want = mixed_shards.LATENTS[int(key[-3:])]
             assert tuple(z.shape) == (4, want[1], want[2] // 2 * 2, want[3] // 2 * 2)
             assert torch.isfinite(z).all()
     out = tr.train_step(batch)
