@@ -60,20 +60,73 @@ def _full_grad(p: torch.nn.Parameter) -> torch.Tensor:
     return g.full_tensor() if isinstance(g, DTensor) else g
 
 
-def step_worker(rank: int, world: int, arch: str, degrees: dict, options: dict) -> dict:
-    """Returns {"loss_err", "grad_err" (max over parameters of max|diff| / max|ref|), "checked",
-    "worst"} for this rank."""
-    cfg = tiny_model_cfg(arch)
-    edm = create_diffusion(DiffusionConfig())
+def seeded_pair(cfg: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The fp64 single-process reference (seed 0, randomized weights) and a copy to split."""
     torch.manual_seed(0)
     ref = build_model(cfg).double()
     _randomize(ref)
-    model = copy.deepcopy(ref)
-    x0, text, sigma, noise = _batch()
+    return ref, copy.deepcopy(ref)
 
+
+def grad_report(named_params, ref: torch.nn.Module) -> dict:
+    """Every gradient of ``named_params`` (gathered if sharded) vs. the same parameter's of
+    ``ref``: {"grad_err" (max over parameters of max|diff| / max|ref|), "worst", "names",
+    "nonfinite"}."""
+    ref_params = dict(ref.named_parameters())
+    worst, worst_name, names, nonfinite = 0.0, "", [], []
+    for name, p in named_params:
+        r, g = ref_params[name].grad, _full_grad(p)
+        if not torch.isfinite(g).all():
+            nonfinite.append(name)
+        err = ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
+        names.append(name)
+        if err > worst:
+            worst, worst_name = err, name
+    return {"grad_err": worst, "worst": worst_name, "names": names, "nonfinite": nonfinite}
+
+
+def reference_step(arch: str) -> tuple:
+    """The EDM, the fp64 reference after its backward on the global batch, the copy to split,
+    the batch ``(x0, text, sigma, noise)`` and the reference loss."""
+    edm = create_diffusion(DiffusionConfig())
+    ref, model = seeded_pair(tiny_model_cfg(arch))
+    batch = _batch()
+    x0, text, sigma, noise = batch
     ref_loss = edm.loss(ref, x0, text, sigma=sigma, noise=noise).mean()
     ref_loss.backward()
+    return edm, ref, model, batch, ref_loss
 
+
+def data_parallel_report(loss, ref_loss, model, ref, world: int) -> dict:
+    """After a data-parallel step: the relative error of the global loss (every rank of one dp
+    slice holds its slice's loss, so the mean over all ranks is the global loss) and the
+    :func:`grad_report` of every parameter ("checked" of them, all of ``ref``'s)."""
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    loss_err = abs(total.item() / world - ref_loss.item()) / abs(ref_loss.item())
+    report = grad_report(model.named_parameters(), ref)
+    checked = len(report["names"])
+    n_ref = len(list(ref.parameters()))
+    assert checked == n_ref, (checked, n_ref)
+    return {"loss_err": loss_err, "checked": checked, **report}
+
+
+def run_cases(case_fn, cases: list) -> list[dict]:
+    """``case_fn(*case)`` for every case; a failing case reports its error instead of ending the
+    spawn (the process start-up dominates a tiny step on CPU, so one spawn runs them all)."""
+    out = []
+    for case in cases:
+        try:
+            out.append(case_fn(*case))
+        except Exception as e:  # reported per case by the test
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    return out
+
+
+def step_worker(rank: int, world: int, arch: str, degrees: dict, options: dict) -> dict:
+    """Returns {"loss_err", "grad_err" (max over parameters of max|diff| / max|ref|), "checked",
+    "worst"} for this rank."""
+    edm, ref, model, (x0, text, sigma, noise), ref_loss = reference_step(arch)
     dims = ParallelDims(**degrees, world_size=world)
     model = parallelize_dit(model, parallel_dims=dims, **options)
     b = GLOBAL_BATCH // dims.dp
@@ -81,34 +134,15 @@ def step_worker(rank: int, world: int, arch: str, degrees: dict, options: dict) 
     loss = edm.loss(model, x0[sl], text[sl], sigma=sigma[sl], noise=noise[sl]).mean()
     loss.backward()
     sync_grads(model)
-    # every rank of one data-parallel slice holds the same loss: the mean over ranks is global
-    total = loss.detach().clone()
-    dist.all_reduce(total)
-    loss_err = abs(total.item() / world - ref_loss.item()) / abs(ref_loss.item())
-
-    ref_params = dict(ref.named_parameters())
-    worst, worst_name, checked = 0.0, "", 0
-    for name, p in model.named_parameters():
-        r = ref_params[name].grad
-        g = _full_grad(p)
-        err = ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-        checked += 1
-        if err > worst:
-            worst, worst_name = err, name
-    assert checked == len(ref_params), (checked, len(ref_params))
-    return {"loss_err": loss_err, "grad_err": worst, "worst": worst_name, "checked": checked}
+    r = data_parallel_report(loss, ref_loss, model, ref, world)
+    return {k: r[k] for k in ("loss_err", "grad_err", "worst", "checked")}
 
 
 def steps_worker(rank: int, world: int, cases: list) -> list[dict]:
     """:func:`step_worker` for several (arch, degrees, options) cases in one spawn (the process
     start-up dominates a tiny step on CPU); a failing case reports its error, not a crash."""
-    out = []
-    for arch, degrees, options in cases:
-        try:
-            out.append(step_worker(rank, world, arch, degrees, options))
-        except Exception as e:  # reported per case by the test
-            out.append({"error": f"{type(e).__name__}: {e}"})
-    return {"cases": out, "mesh": mesh_coords(world)}
+    cases_out = run_cases(lambda *case: step_worker(rank, world, *case), cases)
+    return {"cases": cases_out, "mesh": mesh_coords(world)}
 
 
 def mesh_coords(world: int) -> dict:
@@ -130,17 +164,8 @@ def pipeline_worker(rank: int, world: int, cases: list) -> list[dict]:
     gradients of every parameter each stage holds."""
     from vfm_core.parallel.pipeline import DiTPipeline, sync_pipeline_grads
 
-    out = []
-    for arch, schedule, microbatches in cases:
-        cfg = tiny_model_cfg(arch)
-        edm = create_diffusion(DiffusionConfig())
-        torch.manual_seed(0)
-        ref = build_model(cfg).double()
-        _randomize(ref)
-        model = copy.deepcopy(ref)
-        x0, text, sigma, noise = _batch()
-        ref_loss = edm.loss(ref, x0, text, sigma=sigma, noise=noise).mean()
-        ref_loss.backward()
+    def case(arch: str, schedule: str, microbatches: int) -> dict:
+        edm, ref, model, (x0, text, sigma, noise), ref_loss = reference_step(arch)
         grid = (LATENT[1], LATENT[2] // 2, LATENT[3] // 2)
         pipe = DiTPipeline(
             model,
@@ -151,20 +176,12 @@ def pipeline_worker(rank: int, world: int, cases: list) -> list[dict]:
         )
         loss = pipe.step(edm, x0, text, sigma=sigma, noise=noise)
         sync_pipeline_grads(pipe)
-        ref_params = dict(ref.named_parameters())
-        worst, worst_name, names = 0.0, "", []
-        for name, p in pipe.module.named_parameters():
-            r = ref_params[name].grad
-            err = ((p.grad - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-            names.append(name)
-            if err > worst:
-                worst, worst_name = err, name
-        out.append(
-            {
-                "loss_err": None if loss is None else abs(loss.item() / ref_loss.item() - 1),
-                "grad_err": worst,
-                "worst": worst_name,
-                "names": names,
-            }
-        )
-    return out
+        report = grad_report(pipe.module.named_parameters(), ref)
+        return {
+            "loss_err": None if loss is None else abs(loss.item() / ref_loss.item() - 1),
+            "grad_err": report["grad_err"],
+            "worst": report["worst"],
+            "names": report["names"],
+        }
+
+    return [case(*c) for c in cases]  # no per-case capture: a failure ends the spawn

@@ -11,12 +11,10 @@ the loss and of every gathered gradient (same format as ``equivalence.step_worke
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import torch
-import torch.distributed as dist
-from equivalence import _full_grad, _randomize, tiny_model_cfg
+from equivalence import data_parallel_report, run_cases, seeded_pair, tiny_model_cfg
 
 from vfm_core.config import DiffusionConfig
 from vfm_core.diffusion.edm import create_diffusion
@@ -81,10 +79,7 @@ def pack_loss(model, edm, pack: dict) -> torch.Tensor:
 def packed_step_worker(rank: int, world: int, arch: str, degrees: dict, options: dict) -> dict:
     cfg = packed_model_cfg(arch)
     edm = create_diffusion(DiffusionConfig())
-    torch.manual_seed(0)
-    ref = build_model(cfg).double()
-    _randomize(ref)
-    model = copy.deepcopy(ref)
+    ref, model = seeded_pair(cfg)
     packs = make_packs(cfg.patch)
 
     ref_loss = torch.stack([pack_loss(ref, edm, p) for p in packs]).mean()
@@ -97,28 +92,8 @@ def packed_step_worker(rank: int, world: int, arch: str, degrees: dict, options:
     loss = torch.stack([pack_loss(model, edm, p) for p in mine]).mean()
     loss.backward()
     sync_grads(model)
-    total = loss.detach().clone()  # equal on the ranks of one dp slice: the mean is global
-    dist.all_reduce(total)
-    loss_err = abs(total.item() / world - ref_loss.item()) / abs(ref_loss.item())
-
-    ref_params = dict(ref.named_parameters())
-    worst, worst_name, checked, nonfinite = 0.0, "", 0, []
-    for name, p in model.named_parameters():
-        r, g = ref_params[name].grad, _full_grad(p)
-        if not torch.isfinite(g).all():
-            nonfinite.append(name)
-        err = ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-        checked += 1
-        if err > worst:
-            worst, worst_name = err, name
-    assert checked == len(ref_params), (checked, len(ref_params))
-    return {
-        "loss_err": loss_err,
-        "grad_err": worst,
-        "worst": worst_name,
-        "checked": checked,
-        "nonfinite": nonfinite,
-    }
+    r = data_parallel_report(loss, ref_loss, model, ref, world)
+    return {k: r[k] for k in ("loss_err", "grad_err", "worst", "checked", "nonfinite")}
 
 
 def uneven_pack_error(world: int) -> str:
@@ -140,10 +115,5 @@ def uneven_pack_error(world: int) -> str:
 def packed_steps_worker(rank: int, world: int, cases: list) -> dict:
     """:func:`packed_step_worker` for several cases in one spawn; a failing case reports its
     error instead of ending the spawn. Also the error of a pack not divisible by cp=world."""
-    out = []
-    for arch, degrees, options in cases:
-        try:
-            out.append(packed_step_worker(rank, world, arch, degrees, options))
-        except Exception as e:  # reported per case by the test
-            out.append({"error": f"{type(e).__name__}: {e}"})
+    out = run_cases(lambda *case: packed_step_worker(rank, world, *case), cases)
     return {"cases": out, "uneven": uneven_pack_error(world)}

@@ -7,17 +7,13 @@ ST-DiT and Llama-DiT. Each data-parallel rank feeds its own slice of the batch t
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
-from equivalence import GLOBAL_BATCH, LATENT, _batch, _full_grad, _randomize, tiny_model_cfg
+from equivalence import GLOBAL_BATCH, LATENT, grad_report, reference_step, run_cases, tiny_model_cfg
 from parallel_harness import run_ranks
 from torch.distributed.tensor import DTensor
 
-from vfm_core.config import DiffusionConfig
-from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.models.dit import build_model
 from vfm_core.parallel.dims import ParallelDims
 
@@ -42,15 +38,7 @@ CASES = [
 def _case(world: int, arch: str, degrees: dict, schedule: str, micro: int, sp: bool) -> dict:
     from vfm_core.parallel.pipeline import DiTPipeline, sync_pipeline_grads
 
-    cfg = tiny_model_cfg(arch)
-    edm = create_diffusion(DiffusionConfig())
-    torch.manual_seed(0)
-    ref = build_model(cfg).double()
-    _randomize(ref)
-    model = copy.deepcopy(ref)
-    x0, text, sigma, noise = _batch()
-    ref_loss = edm.loss(ref, x0, text, sigma=sigma, noise=noise).mean()
-    ref_loss.backward()
+    edm, ref, model, (x0, text, sigma, noise), ref_loss = reference_step(arch)
 
     dims = ParallelDims(**degrees, world_size=world)
     pipe = DiTPipeline(
@@ -70,35 +58,22 @@ def _case(world: int, arch: str, degrees: dict, schedule: str, micro: int, sp: b
     dist.all_reduce(total)
     loss_err = abs(total.item() / (world // dims.pp) / ref_loss.item() - 1)
 
-    ref_params = dict(ref.named_parameters())
-    worst, worst_name, names = 0.0, "", []
-    for name, p in pipe.module.named_parameters():
-        r = ref_params[name].grad
-        g = _full_grad(p)  # collective over this stage's dp x tp ranks (same order on each)
-        err = ((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item()
-        names.append(name)
-        if err > worst:
-            worst, worst_name = err, name
+    # gathering a sharded gradient is a collective over this stage's dp x tp ranks (same order)
+    report = grad_report(pipe.module.named_parameters(), ref)
     n_sharded = sum(isinstance(p, DTensor) for p in pipe.module.parameters())
     return {
         "loss_err": loss_err,
         "has_loss": loss is not None,
-        "grad_err": worst,
-        "worst": worst_name,
-        "names": names,
+        "grad_err": report["grad_err"],
+        "worst": report["worst"],
+        "names": report["names"],
         "pp": dims.coord("pp"),
         "sharded": n_sharded,
     }
 
 
 def combined_worker(rank: int, world: int, cases: list) -> list[dict]:
-    out = []
-    for case in cases:
-        try:
-            out.append(_case(world, *case))
-        except Exception as e:  # reported per case by the test
-            out.append({"error": f"{type(e).__name__}: {e}"})
-    return out
+    return run_cases(lambda *case: _case(world, *case), cases)
 
 
 @pytest.fixture(scope="module")
