@@ -29,11 +29,9 @@ import dataclasses
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard
 
 from vfm_core.config import Config, ConfigError, ParallelConfig
 from vfm_core.data.samples import LatentBatch, LatentSource
-from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.pipeline import (
     REPLICATED,
@@ -43,45 +41,18 @@ from vfm_core.parallel.pipeline import (
     sync_pipeline_grads,
 )
 from vfm_core.parallel.rng import StepRNG
-from vfm_core.parallel.trainer import shard_source_for
+from vfm_core.parallel.trainer import clip_grad_norm, trainer_source
 from vfm_core.train.trainer import Trainer, TrainingDiverged, build_optimizer, resolve_device
 
 
-@torch.no_grad()
 def clip_grad_norm_pp(stage: nn.Module, max_norm: float, dims: ParallelDims) -> torch.Tensor:
     """Global L2 norm of the gradients of the whole pipelined model, then scale them to
-    ``max_norm``; every parameter element counts once.
-
-    A piece of a stage's gradient (a DTensor shard or a plain tensor) is held by
-    ``world / (pp * shards)`` ranks; a piece of a conditioning replica (``t_embedder``,
-    ``adaln_global``: on every stage, gradients already summed over pp) by ``world / shards``.
-    Each rank weights its squared sums by the inverse and one all-reduce over the world adds them.
-    """
-    world = dist.get_world_size()
-    total = torch.zeros((), dtype=torch.float64)
-    grads = []
-    for name, p in stage.named_parameters():
-        g = p.grad
-        if g is None:
-            continue
-        grads.append(g)
-        shards = 1
-        if isinstance(g, DTensor):
-            for i, pl in enumerate(g.placements):
-                if isinstance(pl, Shard):
-                    shards *= g.device_mesh.size(i)
-            g = g.to_local()
-        stages = 1 if name.startswith(REPLICATED) else dims.pp
-        total += g.double().square().sum().cpu() * shards * stages / world
-    device = grads[0].device if grads else torch.device("cpu")
-    total = total.to(device)
-    dist.all_reduce(total)
-    norm = total.sqrt()
-    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    if torch.isfinite(norm):
-        for g in grads:
-            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
-    return norm.float()
+    ``max_norm``; every parameter element counts once: a stage's own parameters are one of ``pp``
+    disjoint parts, the conditioning replicas (``t_embedder``, ``adaln_global``: on every stage,
+    gradients already summed over pp) are whole on each."""
+    return clip_grad_norm(
+        stage, max_norm, holders=lambda name: 1 if name.startswith(REPLICATED) else dims.pp
+    )
 
 
 class PipelineTrainer(Trainer):
@@ -100,13 +71,7 @@ class PipelineTrainer(Trainer):
             )
         single = dataclasses.replace(cfg, parallel=ParallelConfig())
         dims.build_mesh(resolve_device(cfg.train.device).type)
-        # as ParallelTrainer: shards give this rank its dp slice, other sources the global batch
-        self.local_batches = source is None and cfg.data.source == "shards"
-        if self.local_batches:
-            source = shard_source_for(cfg, dims)
-        elif source is None:
-            global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
-            source = SyntheticLatents(global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data)
+        source, self.local_batches = trainer_source(cfg, dims, source)
         # same seed on every rank: identical full init
         super().__init__(single, source=source, tp=dims.tp)
         self.cfg, self.dims = cfg, dims

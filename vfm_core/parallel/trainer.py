@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,26 +77,34 @@ def shard_source_for(cfg: Config, dims: ParallelDims) -> ShardLatentSource:
 
 
 @torch.no_grad()
-def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(
+    model: nn.Module, max_norm: float, *, holders: Callable[[str], int] | None = None
+) -> torch.Tensor:
     """Global L2 norm of all gradients of a parallelized model, then scale them to ``max_norm``.
 
     Gradients may be plain (replicated on every rank) or DTensors on different meshes (FSDP, TP,
     both). Each rank sums the squares of its local pieces weighted by 1 / (number of ranks holding
     that same piece) and one all-reduce over the world adds them up, so every element counts once.
+    A piece is held by ``world / shards`` ranks, divided further by ``holders(name)`` where the
+    model is itself one of several disjoint parts (pipeline stages: ``pp`` for a stage's own
+    parameters, 1 for conditioning replicas present on every stage).
     """
     world = dist.get_world_size()
     total = torch.zeros((), dtype=torch.float64)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    for g in grads:
+    grads = []
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        grads.append(g)
+        shards = 1
         if isinstance(g, DTensor):
-            shards = 1
             for i, pl in enumerate(g.placements):
                 if isinstance(pl, Shard):
                     shards *= g.device_mesh.size(i)
-            local = g.to_local()
-        else:
-            shards, local = 1, g
-        total += local.double().square().sum().cpu() * shards / world
+            g = g.to_local()
+        parts = holders(name) if holders is not None else 1
+        total += g.double().square().sum().cpu() * shards * parts / world
     device = grads[0].device if grads else torch.device("cpu")
     total = total.to(device)
     dist.all_reduce(total)
@@ -107,6 +116,20 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     return norm.float()
 
 
+def trainer_source(
+    cfg: Config, dims: ParallelDims, source: LatentSource | None
+) -> tuple[LatentSource, bool]:
+    """(source, local_batches) of a parallel trainer: ``data.source: shards`` gives this rank its
+    data-parallel slice directly (local batches); a given source and the synthetic one yield the
+    global batch (``data.batch_size`` per data-parallel rank times ``dims.dp``) to be sliced."""
+    if source is None and cfg.data.source == "shards":
+        return shard_source_for(cfg, dims), True
+    if source is None:
+        global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
+        source = SyntheticLatents(global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data)
+    return source, False
+
+
 class ParallelTrainer(Trainer):
     """Trainer whose model (and EMA) is parallelized over ``dims``. A given ``source`` and the
     synthetic one yield the global batch (``data.batch_size`` per data-parallel rank times
@@ -116,12 +139,7 @@ class ParallelTrainer(Trainer):
     def __init__(self, cfg: Config, *, dims: ParallelDims, source: LatentSource | None = None):
         p = validate(cfg).parallel  # the layout-dependent checks (e.g. data.max_tokens vs cp*tp)
         single = dataclasses.replace(cfg, parallel=ParallelConfig())
-        self.local_batches = source is None and cfg.data.source == "shards"
-        if self.local_batches:
-            source = shard_source_for(cfg, dims)
-        elif source is None:
-            global_data = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size * dims.dp)
-            source = SyntheticLatents(global_data, cfg.model, sigma_data=cfg.diffusion.sigma_data)
+        source, self.local_batches = trainer_source(cfg, dims, source)
         # same seed on every rank: identical full init
         super().__init__(single, source=source, tp=dims.tp)
         self.cfg, self.dims = cfg, dims
