@@ -36,6 +36,7 @@ def _entry(rank: int, world: int, store: str, out: str, fn: Callable, args: tupl
     try:
         result = fn(rank, world, *args)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()  # nobody closes its connections while a peer still talks to it
     except BaseException:
         Path(out, f"rank{rank}.err").write_text(traceback.format_exc())
         raise
