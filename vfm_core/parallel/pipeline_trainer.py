@@ -41,7 +41,7 @@ from vfm_core.parallel.pipeline import (
     sync_pipeline_grads,
 )
 from vfm_core.parallel.rng import StepRNG
-from vfm_core.parallel.trainer import clip_grad_norm, trainer_source
+from vfm_core.parallel.trainer import GlobalMetrics, clip_grad_norm, trainer_source
 from vfm_core.train.trainer import Trainer, TrainingDiverged, build_optimizer, resolve_device
 
 
@@ -55,7 +55,7 @@ def clip_grad_norm_pp(stage: nn.Module, max_norm: float, dims: ParallelDims) -> 
     )
 
 
-class PipelineTrainer(Trainer):
+class PipelineTrainer(GlobalMetrics, Trainer):
     """Trainer over one pipeline stage per rank (pp > 1); the source yields the global batch
     (``data.batch_size`` per data-parallel rank times ``dims.dp``), split into ``pp``
     microbatches per data-parallel rank."""
@@ -140,16 +140,6 @@ class PipelineTrainer(Trainer):
         grad_norm = clip_grad_norm_pp(self.model, clip, self.dims)
         lr = self.update(grad_norm)
         return {"loss": mean, "grad_norm": grad_norm.item(), "lr": lr}
-
-    def metrics(self, step_out, *, step_time, data_time, batch):
-        """``batch`` is the source's batch (this rank's with shards: times dp for the global
-        one): throughput is global, TFLOPS and MFU are per GPU."""
-        if self.local_batches:
-            batch *= self.dims.dp
-        out = super().metrics(step_out, step_time=step_time, data_time=data_time, batch=batch)
-        out["tflops"] /= self.world
-        out["mfu"] /= self.world
-        return out
 
     def meta(self):
         return {**super().meta(), "parallel": dataclasses.asdict(self.cfg.parallel)}

@@ -130,7 +130,21 @@ def trainer_source(
     return source, False
 
 
-class ParallelTrainer(Trainer):
+class GlobalMetrics:
+    """Metrics of a parallel trainer (mixed in before :class:`Trainer`): ``batch`` is the
+    source's batch (this rank's with shards: times dp for the global one; packs: the global
+    step's real tokens and FLOPs): throughput is global, TFLOPS and MFU are per GPU."""
+
+    def metrics(self, step_out, *, step_time, data_time, batch):
+        if self.local_batches:
+            batch *= self.dims.dp
+        out = super().metrics(step_out, step_time=step_time, data_time=data_time, batch=batch)
+        out["tflops"] /= self.world
+        out["mfu"] /= self.world
+        return out
+
+
+class ParallelTrainer(GlobalMetrics, Trainer):
     """Trainer whose model (and EMA) is parallelized over ``dims``. A given ``source`` and the
     synthetic one yield the global batch (``data.batch_size`` per data-parallel rank times
     ``dims.dp``) and each rank slices its part; ``data.source: shards`` yields this rank's slice
@@ -242,17 +256,6 @@ class ParallelTrainer(Trainer):
         total = loss.detach().float().clone()
         dist.all_reduce(total)  # equal within a model-parallel group: sum / world = global mean
         return {"loss": total.item() / self.world, "grad_norm": grad_norm.item(), "lr": lr}
-
-    def metrics(self, step_out, *, step_time, data_time, batch):
-        """``batch`` is the source's batch (this rank's with shards: times dp for the global
-        one; packs: the global step's real tokens and FLOPs from :meth:`pack_weight`):
-        throughput is global, TFLOPS and MFU are per GPU."""
-        if self.local_batches:
-            batch *= self.dims.dp
-        out = super().metrics(step_out, step_time=step_time, data_time=data_time, batch=batch)
-        out["tflops"] /= self.world
-        out["mfu"] /= self.world
-        return out
 
     def state_dict(self) -> dict[str, Any]:
         """As the spine's, after checking that every rank holds the same data state: the loader
