@@ -1,7 +1,7 @@
 """Prefect tasks around training. Training ranks are never Prefect tasks: the task writes the run
-config, launches ``python -m vfm_core.train.main`` (one process) or ``torchrun -m
-vfm_core.parallel.main`` (``nproc`` > 1) as a subprocess, streams its log, and returns small
-serialisable results (run id, paths, final metrics)."""
+config, launches the one training entry point ``vfm_core.train.main`` (one process, or ``nproc``
+ranks under torchrun) as a subprocess, streams its log, and returns small serialisable results (run
+id, paths, final metrics)."""
 
 from __future__ import annotations
 
@@ -44,11 +44,9 @@ def train_model(
     cfg_path = out / "run.yaml"
     save_yaml(cfg, cfg_path)
     if nproc > 1 or degrees:
-        if resume:
-            raise ValueError("resume is not available for multi-process training runs yet")
-        from vfm_core.parallel.main import torchrun_argv
+        from vfm_core.train.launch import torchrun_argv
 
-        cmd = torchrun_argv(nproc, config=cfg_path, out=out, **(degrees or {}))
+        cmd = torchrun_argv(nproc, config=cfg_path, out=out, resume=resume, **(degrees or {}))
     else:
         cmd = [sys.executable, "-m", "vfm_core.train.main", "--config", str(cfg_path),
                "--out", str(out), "--no-progress"] + (["--resume"] if resume else [])  # fmt: skip

@@ -143,26 +143,17 @@ def _config(args: argparse.Namespace):
 
 
 def _train_parallel(args: argparse.Namespace, cfg) -> int:
-    """``vfm train --nproc N [--tp B --cp C ...]``: torchrun over vfm_core.parallel.main."""
-    import dataclasses
+    """``vfm train --nproc N [--tp B --cp C ...]``: torchrun over the same entry point."""
     import subprocess
 
-    from vfm_core.config import save_yaml, validate
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.main import torchrun_argv
+    from vfm_core.config import save_yaml
+    from vfm_core.train.launch import torchrun_argv
 
-    degrees = {k: getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")}
-    given = {k: v for k, v in degrees.items() if v is not None}
-    # the layout (and what depends on it, e.g. data.max_tokens vs cp*tp) is checked here, before
-    # any process starts: one clear line instead of N tracebacks
-    layout = dataclasses.replace(cfg.parallel, **given)
-    ParallelDims.from_config(layout, args.nproc)
-    validate(dataclasses.replace(cfg, parallel=layout))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     save_yaml(cfg, out / "run.yaml")
-    argv = torchrun_argv(args.nproc, config=out / "run.yaml", out=out, **degrees)
-    proc = subprocess.run(argv + (["--resume"] if args.resume else []))
+    argv = torchrun_argv(args.nproc, config=out / "run.yaml", out=out, resume=args.resume)
+    proc = subprocess.run(argv)
     if proc.returncode != 0:
         print(f"vfm train: error: torchrun exited with code {proc.returncode}", file=sys.stderr)
         return proc.returncode if proc.returncode in (1, 2) else 1
@@ -170,11 +161,15 @@ def _train_parallel(args: argparse.Namespace, cfg) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from vfm_core.parallel.layout import validate_layout, with_degrees
     from vfm_core.train.main import run_training
 
-    cfg = _config(args)
-    degrees = [getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")]
-    if args.nproc > 1 or any(d not in (None, 1) for d in degrees):
+    degrees = {k: getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")}
+    cfg = with_degrees(_config(args), **degrees)
+    # the layout (and what depends on it) is checked here, before any process starts: one clear
+    # line instead of N tracebacks
+    validate_layout(cfg, args.nproc)
+    if args.nproc > 1:
         return _train_parallel(args, cfg)
     summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=sys.stderr.isatty())
     m = summary["metrics"]
@@ -361,8 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         from vfm_core.infer.shapes import GenerateError
         from vfm_core.models.layers import ShapeError
         from vfm_core.storage import StorageError
-        from vfm_core.train.checkpoint import CheckpointError
-        from vfm_core.train.trainer import TrainingDiverged
+        from vfm_core.train.errors import CheckpointError, TrainingDiverged
 
         user_errors = (ShapeError, CheckpointError, TrainingDiverged, GenerateError,
                        DatasetIndexError, StorageError)  # fmt: skip

@@ -33,7 +33,13 @@ ARCHS = {
 
 def tiny_model_cfg(arch: str) -> ModelConfig:
     return ModelConfig(
-        in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=4, adaln_lora_rank=8,
+        in_channels=4,
+        hidden=64,
+        depth=2,
+        heads=4,
+        text_dim=32,
+        text_len=4,
+        adaln_lora_rank=8,
         **ARCHS[arch],
     )
 

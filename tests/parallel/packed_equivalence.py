@@ -71,7 +71,12 @@ def pack_loss(model, edm, pack: dict) -> torch.Tensor:
         return model.forward_packed(x, c_noise, text, lengths, layout)  # (N, C*P)
 
     return packed_loss(
-        edm, net, pack["x0"], pack["text"], sigma=pack["sigma"], noise=pack["noise"],
+        edm,
+        net,
+        pack["x0"],
+        pack["text"],
+        sigma=pack["sigma"],
+        noise=pack["noise"],
         sample_ids=layout.sample_ids,
     ).mean()
 

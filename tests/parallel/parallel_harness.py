@@ -82,29 +82,29 @@ class MetricsCollector:
 
 
 def build_trainer(config: Any, world: int, degrees: dict | None = None) -> Any:
-    """The trainer of this gloo rank: ``config`` a YAML path or a config object; the mesh from
-    ``degrees`` (``ParallelDims(**degrees)``) or, when None, from ``config.parallel``; a
-    ``PipelineTrainer`` when pp > 1, else a ``ParallelTrainer``."""
-    from vfm_core.config import load_yaml
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.pipeline_trainer import PipelineTrainer
-    from vfm_core.parallel.trainer import ParallelTrainer
+    """The trainer of this gloo rank: ``config`` a YAML path or a config object, its parallel
+    degrees replaced by ``degrees`` when given (``{}``: all 1, one process)."""
+    import dataclasses
+
+    from vfm_core.config import ParallelConfig, load_yaml
+    from vfm_core.train.trainer import Trainer
 
     cfg = load_yaml(config) if isinstance(config, str | Path) else config
-    if degrees is None:
-        dims = ParallelDims.from_config(cfg.parallel, world)
-    else:
-        dims = ParallelDims(**degrees, world_size=world)
-    dims.build_mesh("cpu")
-    return (PipelineTrainer if dims.pp_enabled else ParallelTrainer)(cfg, dims=dims)
+    if degrees is not None:
+        layout = dataclasses.replace(ParallelConfig(), **degrees)
+        layout = dataclasses.replace(layout, **{k: getattr(cfg.parallel, k) for k in
+                                                ("sequence_parallel", "cp_mode",
+                                                 "activation_checkpointing")})  # fmt: skip
+        cfg = dataclasses.replace(cfg, parallel=layout)
+    return Trainer(cfg)
 
 
 def resume_trainer(trainer: Any, path: str | Path) -> Path:
     """Load the checkpoint folder ``path`` (``.../checkpoints/step_N``) into ``trainer``."""
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
+    from vfm_core.train.checkpoint import CheckpointManager, load_trainer
 
     path = Path(path)
-    return load_trainer(ParallelCheckpoint(path.parent.parent), trainer, path)
+    return load_trainer(CheckpointManager(path.parent.parent), trainer, path)
 
 
 def fit_collect(trainer: Any, **fit_kwargs: Any) -> MetricsCollector:

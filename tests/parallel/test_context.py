@@ -85,17 +85,31 @@ def _worker_attention(rank, world):
     ids = torch.tensor([0] * 5 + [1] * 11 + [2] * 8)
     for hq, hkv in ((4, 4), (4, 2)):
         results[f"ring/packed/{hq}-{hkv}"] = _compare(
-            rank, world, lambda q, k, v: ring_attention(q, k, v, group, sample_ids=ids), hq, hkv,
-            "full", ids,
+            rank,
+            world,
+            lambda q, k, v: ring_attention(q, k, v, group, sample_ids=ids),
+            hq,
+            hkv,
+            "full",
+            ids,
         )
         results[f"a2a/packed/{hq}-{hkv}"] = _compare(
-            rank, world, lambda q, k, v: ulysses_attention(q, k, v, group, sample_ids=ids), hq,
-            hkv, "full", ids,
+            rank,
+            world,
+            lambda q, k, v: ulysses_attention(q, k, v, group, sample_ids=ids),
+            hq,
+            hkv,
+            "full",
+            ids,
         )
     hybrid = cp_attention(group, "hybrid")
     for layout in ("full", "spatial", "temporal"):
         results[f"hybrid/{layout}"] = _compare(
-            rank, world, lambda q, k, v, lay=layout: hybrid(q, k, v, grid=GRID, layout=lay), 4, 4,
+            rank,
+            world,
+            lambda q, k, v, lay=layout: hybrid(q, k, v, grid=GRID, layout=lay),
+            4,
+            4,
             layout,
         )
     # the all-to-all pair is an exact round trip
@@ -199,11 +213,15 @@ def _worker_ring_overlap(rank, world):
     for overlap in (True, False):
         for name, sample_ids in (("full", None), ("packed", ids)):
             out[f"{name}/overlap={overlap}"] = _compare(
-                rank, world,
+                rank,
+                world,
                 lambda q, k, v, o=overlap, s=sample_ids: ring_attention(
                     q, k, v, group, sample_ids=s, overlap=o
                 ),
-                4, 2, "full", sample_ids,
+                4,
+                2,
+                "full",
+                sample_ids,
             )
     q, k, v, dout = _case(4, 2)
     runs = []

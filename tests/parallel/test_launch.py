@@ -1,4 +1,4 @@
-"""`torchrun -m vfm_core.parallel.main` under TP2 x CP2 on 4 gloo ranks trains the tiny preset,
+"""`torchrun -m vfm_core.train.main` under TP2 x CP2 on 4 gloo ranks trains the tiny preset,
 tracks the 1-process loss curve step for step (fp32, relative tolerance 1e-4 over 20 steps) and logs
 the global-batch loss and MFU per GPU to MLflow from rank 0."""
 
@@ -10,8 +10,8 @@ import pytest
 from parallel_harness import build_trainer, fit_collect, launch_ok, run_ranks
 
 from vfm_core.config import ConfigError, apply_overrides, save_yaml
-from vfm_core.parallel.main import torchrun_argv
 from vfm_core.recipes import get_recipe
+from vfm_core.train.launch import torchrun_argv
 
 STEPS = 20
 TINY = [

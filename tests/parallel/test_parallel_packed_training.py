@@ -1,4 +1,4 @@
-"""Packed training under the ParallelTrainer (``data.max_tokens``): shards of images and videos of
+"""Packed training under parallel layouts (``data.max_tokens``): shards of images and videos of
 several latent sizes packed into 32-token sequences; sigma, noise and caption drop of a sample are
 counter-based on its loader position, and every rank weighs its samples by dp / (samples of the
 global step), so `vfm train --nproc 2 --cp 2` (packs cut into token chunks, samples split across
@@ -53,7 +53,7 @@ def shards(tmp_path_factory, mixed_shards) -> Path:
 
 
 def _fit(rank, world, config, resume_from=""):
-    """A packed ParallelTrainer run from ``config`` on ``world`` ranks (restored from the
+    """A packed training run from ``config`` on ``world`` ranks (restored from the
     checkpoint folder ``resume_from`` first, if given); its logged rows."""
     tr = build_trainer(config, world, {})
     if resume_from:
@@ -71,7 +71,7 @@ def _one_process_config(shards: Path, folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def reference(shards, tmp_path_factory):
-    """One process at the global batch (the ParallelTrainer's counter-based draws)."""
+    """One process at the global batch."""
     config = _one_process_config(shards, tmp_path_factory.mktemp("ref"))
     rows = run_ranks(_fit, 1, config)[0]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -134,9 +134,8 @@ def test_vfm_train_fsdp2_x_tp2_on_packs_matches_one_process(shards, reference, t
     pack's tokens cut in two inside the model)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "dp2tp2"
-    per_rank = f"data.batch_size={PACKS // 2}"
     r = _vfm_train(out, shards, "--nproc", "4", "--dp-shard", "2", "--tp", "2", "--set",
-                   per_rank, "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
+                   f"data.batch_size={PACKS}", "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     summary = _check_run(out, uri, reference, tol=1e-4)
     assert summary["degrees"]["dp_shard"] == 2 and summary["degrees"]["tp"] == 2

@@ -14,9 +14,10 @@ import pytest
 from parallel_harness import build_trainer, fit_collect, launch_ok, resume_trainer, run_ranks
 
 from vfm_core.config import apply_overrides, save_yaml
-from vfm_core.parallel.checkpoint import merge_skeletons, restrict_skeleton
-from vfm_core.parallel.main import main, torchrun_argv
 from vfm_core.recipes import get_recipe
+from vfm_core.train.launch import torchrun_argv
+from vfm_core.train.main import main
+from vfm_core.train.state_tree import merge_skeletons, restrict_skeleton
 
 TOL = 1e-5
 STEPS = 4
@@ -36,9 +37,9 @@ def _resume_from(rank, world, config, path, degrees):
 
 def _fit_saving(rank, world, config, root, degrees):
     """Train from scratch under ``degrees`` with checkpoints under ``root``: the losses."""
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, save_trainer
+    from vfm_core.train.checkpoint import CheckpointManager, save_trainer
 
-    ckpt = ParallelCheckpoint(root)
+    ckpt = CheckpointManager(root)
     tr = build_trainer(config, world, degrees)
     return fit_collect(tr, checkpoint=lambda t: save_trainer(ckpt, t)).losses
 
@@ -107,9 +108,8 @@ def test_pp2_checkpoints_resume_bit_identical_and_reshard_to_one_process_and_bac
 def test_pp2_fsdp2_checkpoint_resumes_under_pp2(tmp_path):
     """Saved by 4 ranks (2 stages x 2 FSDP2 shards, conditioning replicas sharded on both
     stages' meshes), loaded by 2 (whole stages) on the same global batch of 4."""
-    sharded, whole = tmp_path / "pp2dp2.yaml", tmp_path / "pp2.yaml"
-    save_yaml(apply_overrides(get_recipe("dit-tiny"), TINY), sharded)
-    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*TINY, "data.batch_size=4"]), whole)
+    sharded = whole = tmp_path / "run.yaml"
+    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*TINY, "data.batch_size=4"]), sharded)
     root = tmp_path / "pp2dp2"
     losses = run_ranks(_fit_saving, 4, str(sharded), str(root), {"pp": 2, "dp_shard": 2})[0]
     saved = root / "checkpoints" / "step_00000002"

@@ -22,8 +22,8 @@ from parallel_harness import (
 )
 
 from vfm_core.config import apply_overrides, load_yaml, save_yaml
-from vfm_core.parallel.main import torchrun_argv
 from vfm_core.recipes import get_recipe
+from vfm_core.train.launch import torchrun_argv
 
 TOL = 1e-5
 TINY = ["model.hidden=64", "model.depth=3", "model.text_dim=32", "data.batch_size=2",
@@ -75,14 +75,13 @@ def test_vfm_train_pp2_tracks_one_process_and_logs_mlflow(tmp_path):
 @pytest.mark.slow
 def test_torchrun_pp2_fsdp2_tracks_one_process(tmp_path):
     steps = 6
-    cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, f"train.steps={steps}"])
+    cfg = apply_overrides(
+        get_recipe("dit-tiny"), [*TINY, f"train.steps={steps}", "data.batch_size=4"]
+    )
     cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, mlflow=False))
     config = tmp_path / "run.yaml"
     save_yaml(cfg, config)
-    # one process on the same global batch: 2 data-parallel ranks x data.batch_size
-    single = tmp_path / "single.yaml"
-    save_yaml(apply_overrides(cfg, ["data.batch_size=4"]), single)
-    reference = run_ranks(_fit_one_process, 1, str(single))[0]
+    reference = run_ranks(_fit_one_process, 1, str(config))[0]  # the same global batch
 
     out = tmp_path / "pp2dp2"
     rows = launch_ok(torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2), out)
@@ -113,10 +112,9 @@ def test_torchrun_pp2_fsdp2_from_shards_tracks_one_process(shards, tmp_path):
              "data.latent_height=4", "data.latent_width=4", "train.device=cpu",
              "optim.warmup_steps=1", "optim.lr=0.002", "tracking.mlflow=false",
              "data.source=shards", f"data.shards={shards}", f"train.steps={steps}"]  # fmt: skip
-    config, single = tmp_path / "run.yaml", tmp_path / "single.yaml"
-    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=2"]), config)
-    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=4"]), single)
-    reference = run_ranks(_fit_one_process, 1, str(single))[0]
+    config = tmp_path / "run.yaml"
+    save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=4"]), config)
+    reference = run_ranks(_fit_one_process, 1, str(config))[0]
     out = tmp_path / "pp2dp2"
     rows = launch_ok(torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2), out)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
@@ -126,18 +124,19 @@ def test_torchrun_pp2_fsdp2_from_shards_tracks_one_process(shards, tmp_path):
     assert rows[0]["tokens_per_s"] > 0
 
 
-def test_pipeline_trainer_names_bad_requests(tmp_path, capsys):
+def test_pipeline_layouts_are_named_before_training(tmp_path, capsys):
     from vfm_core.config import ConfigError
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.main import main
-    from vfm_core.parallel.pipeline_trainer import PipelineTrainer
+    from vfm_core.parallel.layout import validate_layout, with_degrees
+    from vfm_core.train.main import main
 
     cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, "train.steps=1", "data.batch_size=3"])
-    with pytest.raises(ConfigError, match="data.batch_size: 3 samples per data-parallel rank "
-                       "cannot be split into parallel.pp=2 microbatches"):  # fmt: skip
-        PipelineTrainer(cfg, dims=ParallelDims(pp=2, world_size=2))
-    with pytest.raises(ConfigError, match="parallel.pp must be >= 2"):
-        PipelineTrainer(cfg, dims=ParallelDims(world_size=1))
+    with pytest.raises(ConfigError, match="each of the dp=1 data-parallel ranks gets 3 samples, "
+                       "which cannot be split into parallel.pp=2 microbatches"):  # fmt: skip
+        validate_layout(with_degrees(cfg, pp=2), 2)
+    with pytest.raises(ConfigError, match="pipeline x context parallel is not available"):
+        validate_layout(with_degrees(cfg, pp=2, cp=2, dp_shard=1), 4)
+    with pytest.raises(ConfigError, match="parallel.pp: 4 stages need at least 4 blocks"):
+        validate_layout(with_degrees(cfg, pp=4, dp_shard=1), 4)
 
     config = tmp_path / "run.yaml"
     save_yaml(cfg, config)

@@ -26,20 +26,16 @@ TINY = [
 
 
 def _trainer(world, degrees, steps):
-    from vfm_core.parallel.dims import ParallelDims
-
-    dp = ParallelDims(**degrees, world_size=world).dp
     cfg = apply_overrides(
-        get_recipe("dit-tiny"),
-        [*TINY, f"train.steps={steps}", f"data.batch_size={GLOBAL_BATCH // dp}"],
+        get_recipe("dit-tiny"), [*TINY, f"train.steps={steps}", f"data.batch_size={GLOBAL_BATCH}"]
     )
     return build_trainer(cfg, world, degrees)
 
 
 def _save_then_continue(rank, world, root):
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, save_trainer
+    from vfm_core.train.checkpoint import CheckpointManager, save_trainer
 
-    ckpt = ParallelCheckpoint(root)
+    ckpt = CheckpointManager(root)
     tr = _trainer(world, dict(tp=2, dp_shard=1), steps=2)
     tr.fit(loggers=[], checkpoint=lambda t: save_trainer(ckpt, t))
     tr.cfg.train.steps = 4
@@ -47,21 +43,20 @@ def _save_then_continue(rank, world, root):
 
 
 def _resume(rank, world, root, degrees):
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
+    from vfm_core.train.checkpoint import CheckpointManager, load_trainer
 
     tr = _trainer(world, degrees, steps=4)
-    path = load_trainer(ParallelCheckpoint(root), tr)
+    path = load_trainer(CheckpointManager(root), tr)
     assert tr.step == 2, tr.step
     return {"path": path.name, "losses": fit_collect(tr).losses}
 
 
 def _resume_wrong_model(rank, world, root):
-    from vfm_core.parallel.checkpoint import ParallelCheckpoint, load_trainer
-    from vfm_core.train.checkpoint import CheckpointError
+    from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer
 
     cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, "model.depth=3"])
     try:
-        load_trainer(ParallelCheckpoint(root), build_trainer(cfg, world, {}))
+        load_trainer(CheckpointManager(root), build_trainer(cfg, world, {}))
     except CheckpointError as e:
         return str(e)
     return "loaded"

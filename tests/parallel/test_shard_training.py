@@ -70,7 +70,7 @@ def _cfg(shards, *extra: str, batch: int = GLOBAL_BATCH):
 
 
 def _fit(rank, world, config, degrees, resume_from):
-    """A ParallelTrainer from ``config`` under ``degrees``; optionally restored from a checkpoint
+    """The trainer from ``config`` under ``degrees``; optionally restored from a checkpoint
     folder first. Returns the losses of the steps it trained and its start step."""
     tr = build_trainer(config, world, degrees)
     if resume_from:
@@ -102,12 +102,12 @@ def _batches(rank, world, config, degrees, steps):
     """Keys, latent sums and bytes read by this rank's shard source over ``steps`` steps."""
     from vfm_core.config import load_yaml
     from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.trainer import shard_source_for
+    from vfm_core.train.trainer import training_source
 
     cfg = load_yaml(config)
     dims = ParallelDims(**degrees, world_size=world)
     dims.build_mesh("cpu")
-    src = shard_source_for(cfg, dims)
+    src, _ = training_source(cfg, dims)
     keys, sums = [], []
     for _ in range(steps):
         b = src.next_batch()
@@ -124,7 +124,7 @@ def _vfm_train(out, shards, *args: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def reference(shards, tmp_path_factory):
-    """Losses of one process at the global batch (the ParallelTrainer's counter-based RNG)."""
+    """Losses of one process at the global batch ."""
     config = tmp_path_factory.mktemp("ref") / "run.yaml"
     save_yaml(_cfg(shards, f"train.steps={STEPS}", "tracking.mlflow=false"), config)
     got = run_ranks(_fit, 1, str(config), {}, "")[0]
@@ -180,7 +180,7 @@ def test_dp_slices_are_the_global_batch_and_mp_ranks_read_a_share(shards, tmp_pa
     glob = ShardLatentSource(_cfg(shards).data, _cfg(shards).model)
     want = [glob.next_batch() for _ in range(steps)]
     config = tmp_path / "run.yaml"
-    save_yaml(_cfg(shards, batch=GLOBAL_BATCH // 2), config)
+    save_yaml(_cfg(shards), config)  # the global batch
     ranks = run_ranks(_batches, 4, str(config), dict(dp_shard=2, tp=2), steps)
     assert [r["dp"] for r in ranks] == [0, 0, 1, 1]  # tp innermost: ranks 0,1 share dp rank 0
     for s in range(steps):
@@ -200,7 +200,7 @@ def test_dp_slices_are_the_global_batch_and_mp_ranks_read_a_share(shards, tmp_pa
 @pytest.mark.slow
 def test_vfm_train_dp2_from_shards_matches_one_process_and_resumes(shards, reference, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    dp2 = ["--nproc", "2", "--dp-shard", "2", "--set", f"data.batch_size={GLOBAL_BATCH // 2}"]
+    dp2 = ["--nproc", "2", "--dp-shard", "2"]  # the global batch: GLOBAL_BATCH / 2 per dp rank
     out = tmp_path / "dp2"
     rows = _vfm_train(out, shards, "--steps", str(STEPS), *dp2, "--set", "train.ckpt_every=2",
                       "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
@@ -219,8 +219,8 @@ def test_vfm_train_dp2_from_shards_matches_one_process_and_resumes(shards, refer
     assert [r["step"] for r in resumed] == [3, 4]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in rows][2:]
 
-    # the same checkpoint under another layout: one process at the global batch (data.batch_size
-    # 2 -> 4 per dp rank at the same global batch: the loader state is re-batched)
+    # the same checkpoint under another layout: one process (2 -> 4 samples per dp rank at the
+    # same global batch: the loader state is re-batched)
     config = tmp_path / "one.yaml"
     save_yaml(_cfg(shards, f"train.steps={STEPS}", "tracking.mlflow=false"), config)
     got = run_ranks(_resume_checks, 1, str(config), str(saved))[0]
@@ -235,8 +235,7 @@ def test_vfm_train_tp2_cp2_from_shards_matches_one_process(shards, reference, tm
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "tp2cp2"
     rows = _vfm_train(out, shards, "--steps", str(STEPS), "--nproc", "4", "--tp", "2", "--cp",
-                      "2", "--set", f"data.batch_size={GLOBAL_BATCH}",
-                      "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
+                      "2", "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     _close([r["loss"] for r in rows], reference, 1e-4)
     summary = _mlflow_mfu(out, uri, STEPS)

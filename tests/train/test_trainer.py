@@ -93,11 +93,8 @@ def test_checkpoint_holds_no_pickle(tmp_path):
     run_training(cfg, out_dir=tmp_path, progress=False)
     ck = CheckpointManager(tmp_path).latest()
     files = sorted(p.name for p in ck.iterdir())
-    assert files == [
-        "model-00001-of-00001.safetensors",
-        "model.safetensors.index.json",
-        "state.json",
-    ]
+    assert "state.json" in files and any(f.endswith(".safetensors") for f in files)
+    assert all(f.endswith((".safetensors", ".json")) for f in files), files  # no pickle
     state = json.loads((ck / "state.json").read_text())
     assert state["step"] == 2 and state["state"]["data"]["position"] == 4
 

@@ -170,6 +170,23 @@ class ParallelDims:
         """This rank's index along dimension ``name``."""
         return self.submesh(name).get_local_rank()
 
+    def model_parallel_group(self) -> dist.ProcessGroup | None:
+        """The ranks that hold the same data-parallel slice (pp x cp x tp), as a gloo group (the
+        shard loader all-gathers bytes in CPU tensors, also under nccl); None when that is one
+        rank. ``dist.new_group`` must be entered by every rank for every group in the same order,
+        so all of them are created here and this rank keeps its own."""
+        if self.pp * self.cp * self.tp == 1:
+            return None
+        ranks = self.mesh.mesh  # (pp, dp_replicate, dp_shard, cp, tp) global ranks
+        mine = None
+        for r in range(self.dp_replicate):
+            for s in range(self.dp_shard):
+                members = sorted(ranks[:, r, s].flatten().tolist())
+                group = dist.new_group(members, backend="gloo")
+                if dist.get_rank() in members:
+                    mine = group
+        return mine
+
     def dp_rank(self) -> int:
         """Index of this rank's data-parallel batch slice (0 .. dp-1)."""
         return self.coord("dp_replicate") * self.dp_shard + self.coord("dp_shard")

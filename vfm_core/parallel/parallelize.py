@@ -92,7 +92,7 @@ def _check(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
         raise ConfigError(
             "parallel.pp: parallelize_dit does not pipeline; pp > 1 runs through "
             "vfm_core.parallel.pipeline.DiTPipeline (parallelize_stage applies TP / FSDP2 per "
-            "stage; the trainer for it is vfm_core.parallel.pipeline_trainer.PipelineTrainer)"
+            "stage; vfm_core.parallel.apply.apply_layout picks it)"
         )
 
 

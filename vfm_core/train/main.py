@@ -1,5 +1,14 @@
-"""Training entry point: ``python -m vfm_core.train.main --config run.yaml --out DIR [--resume]``
-(also what ``vfm train`` and the Prefect training task run, and later ``torchrun``)."""
+"""The one training entry point. Every launcher runs exactly this: ``vfm train`` in-process (one
+rank), ``torchrun`` on one node or many (:mod:`vfm_core.train.launch`), the Prefect training task,
+the Slurm and Kubernetes templates::
+
+    python -m vfm_core.train.main --config run.yaml --out DIR [--resume] [--tp 2 --cp 2 ...]
+    torchrun --nproc-per-node 4 -m vfm_core.train.main --config run.yaml --out DIR --tp 2 --cp 2
+
+Rank 0 writes ``DIR/config.yaml``, ``DIR/metrics.jsonl`` (the global-batch loss per step) and
+``DIR/summary.json`` and logs to MLflow (attaching to ``$MLFLOW_RUN_ID`` when a flow created the
+run); every rank takes part in checkpoints. The last stdout line of rank 0 is the JSON summary.
+"""
 
 from __future__ import annotations
 
@@ -10,108 +19,123 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from vfm_core.config import Config, ConfigError, load_yaml, save_yaml
-from vfm_core.train.checkpoint import CheckpointError, CheckpointManager
+from vfm_core.parallel.layout import with_degrees
+from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
+from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
-from vfm_core.train.trainer import Trainer
+from vfm_core.train.trainer import Trainer, TrainingDiverged, resolve_device
 
-
-def _check_same_model(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
-    diff = [k for k in current if saved.get(k) != current[k]]
-    if diff:
-        shown = ", ".join(
-            f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff[:4]
-        )
-        raise CheckpointError(f"checkpoint {path} was trained with another model shape ({shown})")
+DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
 def run_training(
     cfg: Config, *, out_dir: str | Path, resume: bool = False, progress: bool = True
 ) -> dict[str, Any]:
-    """Train ``cfg`` writing ``out_dir/metrics.jsonl`` and checkpoints; returns a summary dict."""
+    """Train ``cfg`` on this process's rank (the torchrun world, or one process) writing
+    ``out_dir``; returns the summary dict (the same on every rank)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg)
     ckpt = CheckpointManager(out, keep=cfg.train.keep_ckpts)
-    run_id = None
-    if resume:
-        path = ckpt.latest()
-        if path is None:
-            raise CheckpointError(f"--resume: no checkpoint under {ckpt.dir}")
-        doc = ckpt.read_meta(path)
-        _check_same_model(path, doc["meta"].get("model", {}), trainer.meta()["model"])
-        trainer.load_state_dict(ckpt.load(path, trainer.state_dict()))
-        run_id = doc["meta"].get("mlflow_run_id")
-        print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
-    elif ckpt.latest() is not None:
+    if resume and ckpt.latest() is None:  # before any process group: one line, no hang
+        raise CheckpointError(
+            f"--resume: no checkpoint under {ckpt.dir} (nothing to continue; drop --resume to "
+            "start a new run)"
+        )
+    if not resume and ckpt.latest() is not None:
         raise CheckpointError(
             f"{out} already holds checkpoints (latest {ckpt.latest().name}): pass --resume to "
             "continue, or choose a new --out"
         )
-    save_yaml(cfg, out / "config.yaml")
+    created = init_world(resolve_device(cfg.train.device))
+    try:
+        return _train(cfg, out, ckpt, resume=resume, progress=progress)
+    finally:
+        if created:
+            dist.destroy_process_group()
 
-    loggers: list = [
-        JsonlLogger(out / "metrics.jsonl", resume_step=trainer.step if resume else None),
-        ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=progress),
-    ]
+
+def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
+           progress: bool) -> dict[str, Any]:  # fmt: skip
+    trainer = Trainer(cfg)
+    run_id = None
+    if resume:  # any layout: DCP reshards the saved tensors into this one
+        path = load_trainer(ckpt, trainer)
+        run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
+        if is_rank0():
+            print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
+    loggers: list = []
     mlf = None
-    if cfg.tracking.mlflow:
-        mlf = MLflowLogger(cfg.tracking, run_id=run_id, tags={"recipe": cfg.recipe})
-        mlf.log_params(
-            {
-                **cfg.flat(),
-                "params": trainer.params,
-                "flops_per_token": trainer.flops_per_token,
-                "peak_flops": trainer.peak_flops,
-                "peak_source": trainer.peak_source,
-                "attn_backend_used": trainer.attn_backend_reason,
-                "fp8_used": trainer.fp8_reason,
-            }
-        )
-        loggers.append(mlf)
+    if is_rank0():
+        out.mkdir(parents=True, exist_ok=True)
+        save_yaml(cfg, out / "config.yaml")
+        loggers = [
+            JsonlLogger(out / "metrics.jsonl", resume_step=trainer.step if resume else None),
+            ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=progress),
+        ]
+        if cfg.tracking.mlflow:
+            mlf = MLflowLogger(cfg.tracking, run_id=run_id, tags={"recipe": cfg.recipe})
+            mlf.log_params(
+                {
+                    **cfg.flat(),
+                    "world_size": trainer.world,
+                    "params": trainer.params,
+                    "flops_per_token": trainer.flops_per_token,
+                    "peak_flops_per_gpu": trainer.peak_flops,
+                    "peak_source": trainer.peak_source,
+                    "attn_backend_used": trainer.attn_backend_reason,
+                    "fp8_used": trainer.fp8_reason,
+                }
+            )
+            loggers.append(mlf)
+    # every rank takes part in a save; only rank 0 knows the MLflow run id
+    shared_run_id = broadcast_str(mlf.run_id if mlf else "") or None
 
     def save(tr: Trainer) -> None:
-        meta = {**tr.meta(), "mlflow_run_id": mlf.run_id if mlf else None}
-        ckpt.save(tr.step, tr.state_dict(), meta=meta)
+        save_trainer(ckpt, tr, meta={"mlflow_run_id": shared_run_id})
 
     last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
     summary = {
         "step": trainer.step,
         "out_dir": str(out),
+        "world_size": trainer.world,
+        "degrees": trainer.dims.degrees,
         "checkpoint": str(ckpt.latest()) if ckpt.latest() else None,
-        "mlflow_run_id": mlf.run_id if mlf else None,
+        "mlflow_run_id": shared_run_id,
         "mlflow_ui": mlf.ui_hint if mlf else None,
         "params": trainer.params,
         "flops_per_token": trainer.flops_per_token,
         "metrics": last,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if is_rank0():
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m vfm_core.train.main")
     ap.add_argument("--config", required=True, help="run config YAML (from Config.to_dict)")
-    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--out", required=True, help="output directory (rank 0 writes)")
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = ap.parse_args(argv)
+    for name in DEGREES:
+        ap.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=f"parallel.{name}")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        cfg = load_yaml(args.config)
-        summary = run_training(
-            cfg,
-            out_dir=args.out,
-            resume=args.resume,
-            progress=not args.no_progress and sys.stderr.isatty(),
-        )
-    except (ConfigError, CheckpointError) as e:
+        cfg = with_degrees(load_yaml(args.config), **{k: getattr(args, k) for k in DEGREES})
+        progress = not args.no_progress and sys.stderr.isatty()
+        summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=progress)
+    except (ConfigError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(
-        json.dumps(
-            {k: v for k, v in summary.items() if k != "metrics"} | {"final": summary["metrics"]}
-        )
-    )
+    if is_rank0() and int(os.environ.get("RANK", "0")) == 0:
+        final = {k: v for k, v in summary.items() if k != "metrics"}
+        print(json.dumps(final | {"final": summary["metrics"]}))
     return 0
 
 

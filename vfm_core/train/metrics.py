@@ -149,4 +149,3 @@ def fit_and_close(trainer, loggers: list, *, checkpoint, mlflow: MLflowLogger | 
             else:
                 lg.close()
     return last
-

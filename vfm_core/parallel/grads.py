@@ -1,0 +1,50 @@
+"""Gradient clipping over a parallelized model: one global norm whatever the layout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+
+@torch.no_grad()
+def clip_grad_norm(
+    model: nn.Module, max_norm: float, *, holders: Callable[[str], int] | None = None
+) -> torch.Tensor:
+    """Global L2 norm of all gradients of a parallelized model, then scale them to ``max_norm``.
+
+    Gradients may be plain (replicated on every rank) or DTensors on different meshes (FSDP, TP,
+    both). Each rank sums the squares of its local pieces weighted by 1 / (number of ranks holding
+    that same piece) and one all-reduce over the world adds them up, so every element counts once.
+    A piece is held by ``world / shards`` ranks, divided further by ``holders(name)`` where the
+    model is itself one of several disjoint parts (pipeline stages: ``pp`` for a stage's own
+    parameters, 1 for conditioning replicas present on every stage).
+    """
+    world = dist.get_world_size()
+    total = torch.zeros((), dtype=torch.float64)
+    grads = []
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        grads.append(g)
+        shards = 1
+        if isinstance(g, DTensor):
+            for i, pl in enumerate(g.placements):
+                if isinstance(pl, Shard):
+                    shards *= g.device_mesh.size(i)
+            g = g.to_local()
+        parts = holders(name) if holders is not None else 1
+        total += g.double().square().sum().cpu() * shards * parts / world
+    device = grads[0].device if grads else torch.device("cpu")
+    total = total.to(device)
+    dist.all_reduce(total)
+    norm = total.sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    if torch.isfinite(norm):
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+    return norm.float()
