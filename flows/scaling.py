@@ -72,7 +72,11 @@ def scaling_flow(params: ScalingParams) -> dict[str, Any]:
     runs = []
     for i, lay in enumerate(params.layouts):
         name = f"{i:02d}-{lay.label()}"
+        # weak scaling: the recipe's batch per data-parallel rank, times the layout's dp ranks
+        layout = merge(base, {"parallel": lay.degrees()}).parallel
+        batch = base.data.batch_size * layout.data_parallel(lay.nproc)
         cfg = validate(merge(base, {
+            "data": {"batch_size": batch},
             "train": {"steps": params.steps, "out_dir": f"{params.root()}/{name}",
                       "ckpt_every": 10**9},
             "tracking": {"experiment": params.experiment, "run_name": f"{params.study}/{name}"},

@@ -29,6 +29,21 @@ class TrainParams(BaseModel):
     )
     resume: bool = Field(False, description="continue from the latest checkpoint in out_dir")
     experiment: str = Field("vfm", description="MLflow experiment")
+    nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) on the node; > 1: torchrun")
+    nnodes: int = Field(1, ge=1, le=1, description="nodes (this work pool runs one node)")
+    tp: int = Field(1, ge=1, description="tensor (+ sequence) parallel degree")
+    cp: int = Field(1, ge=1, description="context parallel degree")
+    pp: int = Field(1, ge=1, description="pipeline stages")
+    dp_shard: int = Field(-1, ge=-1, description="FSDP degree (-1: what is left of the ranks)")
+    dp_replicate: int = Field(1, ge=1, description="replicated data-parallel degree (HSDP)")
+    max_restarts: int = Field(0, ge=0, le=100, description="restart all ranks after one dies")
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _shard(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("dp_shard: use -1 (inferred) or a degree >= 1")
+        return v
 
     @field_validator("recipe")
     @classmethod
@@ -48,9 +63,13 @@ class TrainParams(BaseModel):
                         "out_dir": self.resolved_out(),
                     },
                     "tracking": {"experiment": self.experiment},
+                    "parallel": self.degrees(),
                 },
             )
         )
+
+    def degrees(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}
 
     def resolved_out(self) -> str:
         return self.out_dir or str(data_dir() / "runs" / self.recipe)
@@ -66,7 +85,8 @@ def train_flow(params: TrainParams | None = None) -> dict[str, Any]:
     run_id = None
     if cfg.tracking.mlflow and not params.resume:
         run_id = start_mlflow_run(cfg.tracking, {"recipe": cfg.recipe, "source": "prefect"})
-    summary = train_model(cfg, params.resolved_out(), resume=params.resume, mlflow_run_id=run_id)
+    summary = train_model(cfg, params.resolved_out(), resume=params.resume, mlflow_run_id=run_id,
+                          nproc=params.nproc, max_restarts=params.max_restarts)  # fmt: skip
     final = summary["final"]
     print(
         f"trained {cfg.recipe} to step {summary['step']}: loss {final.get('loss', 0):.4f}, "

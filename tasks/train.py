@@ -34,19 +34,25 @@ def train_model(
     mlflow_run_id: str | None = None,
     nproc: int = 1,
     degrees: dict[str, int] | None = None,
+    max_restarts: int = 0,
 ) -> dict[str, Any]:
     """Run the trainer in a subprocess (``nproc`` ranks under torchrun, ``degrees`` such as
-    ``{"tp": 2}`` overriding the config's parallel section); raise with its last log lines if it
-    fails."""
+    ``{"tp": 2}`` overriding the config's parallel section); the layout is checked first (one
+    clear error before any process starts); raise with its last log lines if it fails."""
+    from vfm_core.parallel.layout import validate_layout, with_degrees
+    from vfm_core.train.launch import Launch, torchrun_argv
+    from vfm_core.train.main import check_restartable
+
     logger = task_logger()
+    launch = Launch(nproc=nproc, max_restarts=max_restarts)
+    validate_layout(with_degrees(cfg, **(degrees or {})), launch.world_size)
+    check_restartable(cfg, max_restarts)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "run.yaml"
     save_yaml(cfg, cfg_path)
-    if nproc > 1 or degrees:
-        from vfm_core.train.launch import torchrun_argv
-
-        cmd = torchrun_argv(nproc, config=cfg_path, out=out, resume=resume, **(degrees or {}))
+    if not launch.in_process or degrees:
+        cmd = torchrun_argv(launch, config=cfg_path, out=out, resume=resume, **(degrees or {}))
     else:
         cmd = [sys.executable, "-m", "vfm_core.train.main", "--config", str(cfg_path),
                "--out", str(out), "--no-progress"] + (["--resume"] if resume else [])  # fmt: skip

@@ -1,6 +1,8 @@
 """The ``vfm`` command. The forms below are a stable contract (acceptance checks use them):
 
 vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume] [--set section.field=value ...]
+          [--nproc N] [--tp --cp --pp --dp-shard --dp-replicate D] [--max-restarts K]
+          [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT [--rdzv-timeout S]]
 vfm flops --recipe NAME --seq TOKENS [--json]
 vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,...] [--top K]
          [--json] [--explain] [--calibrate RUNS]
@@ -70,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     for degree in ("dp-replicate", "dp-shard", "tp", "cp", "pp"):
         tr.add_argument(f"--{degree}", type=_positive(f"--{degree}"),
                         help=f"parallel.{degree.replace('-', '_')} degree")  # fmt: skip
+    tr.add_argument("--nnodes", type=_positive("--nnodes"), default=1,
+                    help="nodes of a multi-node run (torchrun c10d rendezvous)")  # fmt: skip
+    tr.add_argument("--node-rank", type=_positive("--node-rank"), default=0,
+                    help="this node's index (0 hosts the rendezvous)")  # fmt: skip
+    tr.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT",
+                    help="rendezvous endpoint of a multi-node run")  # fmt: skip
+    tr.add_argument("--rdzv-timeout", type=_positive("--rdzv-timeout"), default=300,
+                    help="seconds to wait for the other nodes before giving up")  # fmt: skip
+    tr.add_argument("--max-restarts", type=_positive("--max-restarts"), default=0,
+                    help="restart all ranks after one dies, from the last checkpoint")  # fmt: skip
 
     fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
     fl.add_argument("--recipe", required=True)
@@ -142,18 +154,20 @@ def _config(args: argparse.Namespace):
     return validate(merge(cfg, extra))
 
 
-def _train_parallel(args: argparse.Namespace, cfg) -> int:
-    """``vfm train --nproc N [--tp B --cp C ...]``: torchrun over the same entry point."""
+def _train_torchrun(args: argparse.Namespace, cfg, launch) -> int:
+    """``vfm train --nproc N [--nnodes ...] [--tp B --cp C ...]``: torchrun over the same entry
+    point."""
     import subprocess
 
     from vfm_core.config import save_yaml
-    from vfm_core.train.launch import torchrun_argv
+    from vfm_core.train.launch import torchrun_argv, wait_for_rendezvous
 
+    wait_for_rendezvous(launch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    save_yaml(cfg, out / "run.yaml")
-    argv = torchrun_argv(args.nproc, config=out / "run.yaml", out=out, resume=args.resume)
-    proc = subprocess.run(argv)
+    config = out / f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else out / "run.yaml"
+    save_yaml(cfg, config)
+    proc = subprocess.run(torchrun_argv(launch, config=config, out=out, resume=args.resume))
     if proc.returncode != 0:
         print(f"vfm train: error: torchrun exited with code {proc.returncode}", file=sys.stderr)
         return proc.returncode if proc.returncode in (1, 2) else 1
@@ -162,15 +176,20 @@ def _train_parallel(args: argparse.Namespace, cfg) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.parallel.layout import validate_layout, with_degrees
-    from vfm_core.train.main import run_training
+    from vfm_core.train.launch import Launch
+    from vfm_core.train.main import check_restartable, run_training
 
     degrees = {k: getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")}
     cfg = with_degrees(_config(args), **degrees)
+    launch = Launch(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                    rdzv_endpoint=args.rdzv_endpoint, rdzv_timeout=args.rdzv_timeout,
+                    max_restarts=args.max_restarts)  # fmt: skip
     # the layout (and what depends on it) is checked here, before any process starts: one clear
     # line instead of N tracebacks
-    validate_layout(cfg, args.nproc)
-    if args.nproc > 1:
-        return _train_parallel(args, cfg)
+    validate_layout(cfg, launch.world_size)
+    check_restartable(cfg, launch.max_restarts)
+    if not launch.in_process:
+        return _train_torchrun(args, cfg, launch)
     summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=sys.stderr.isatty())
     m = summary["metrics"]
     print(

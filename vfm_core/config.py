@@ -124,7 +124,8 @@ class DataConfig:
     source: Literal["synthetic", "shards"] = "synthetic"
     """Where training latents come from: the synthetic blobs or WebDataset shards (``shards``)."""
     batch_size: int = 4
-    """Samples per step (per data-parallel rank)."""
+    """Samples per optimizer step over all data-parallel ranks (the global batch; each of the
+    dp ranks takes batch_size / dp), so a parallel layout never changes what a run trains on."""
     latent_frames: int = 4
     """Latent frames T per sample."""
     latent_height: int = 16
@@ -143,8 +144,8 @@ class DataConfig:
     """Loader reader/decoder threads (never changes the sample order)."""
     max_tokens: int = 0
     """Packed training (``source='shards'``): tokens per pack, each pack holding samples of their
-    own native latent sizes (images and videos); ``batch_size`` then counts packs per step and
-    data-parallel rank. 0 = no packing (every sample cropped to ``latent_*``)."""
+    own native latent sizes (images and videos); ``batch_size`` then counts packs per step (over all
+    data-parallel ranks). 0 = no packing (every sample cropped to ``latent_*``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -166,6 +167,13 @@ class ParallelConfig:
     spatial/temporal, ring for full attention)."""
     activation_checkpointing: bool = False
     """Recompute each block in the backward pass instead of keeping its activations."""
+
+    def data_parallel(self, world_size: int) -> int:
+        """Data-parallel ranks (distinct batch slices) of this layout on ``world_size`` ranks,
+        dp_shard=-1 resolved (validation is ParallelDims's)."""
+        rest = self.cp * self.tp * self.pp * self.dp_replicate
+        shard = self.dp_shard if self.dp_shard > 0 else max(1, world_size // rest)
+        return self.dp_replicate * shard
 
 
 @dataclass(kw_only=True, slots=True)

@@ -51,3 +51,29 @@ def test_train_task_fn_reports_trainer_failure(tmp_path: Path):
     (tmp_path / "bad" / "checkpoints").mkdir(parents=True)
     with pytest.raises(RuntimeError, match="no checkpoint under"):
         train_model.fn(cfg, str(tmp_path / "bad"), resume=True)
+
+
+@pytest.mark.slow
+def test_train_flow_runs_a_parallel_layout_from_the_form(prefect_api, tmp_path):
+    """The form's flat layout fields reach torchrun: TP2 on 2 processes trains the one-process
+    run's losses."""
+    common = dict(steps=2, overrides=FAST, experiment="test-flow")
+    one = train_flow(TrainParams(out_dir=str(tmp_path / "one"), **common))
+    two = train_flow(TrainParams(out_dir=str(tmp_path / "tp2"), nproc=2, tp=2, **common))
+    assert two["world_size"] == 2 and two["degrees"]["tp"] == 2
+    losses = [
+        [json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").open()]
+        for d in ("one", "tp2")
+    ]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    assert one["final"]["loss"] == pytest.approx(two["final"]["loss"], rel=1e-4)
+
+
+def test_bad_layouts_in_the_form_fail_before_launch(prefect_api, tmp_path):
+    with pytest.raises(ValidationError, match="dp_shard"):
+        TrainParams(dp_shard=0)
+    with pytest.raises(Exception, match="does not divide the world size 2"):
+        train_flow(TrainParams(steps=1, out_dir=str(tmp_path / "x"), nproc=2, tp=3))
+    with pytest.raises(Exception, match="--max-restarts 1: restarts resume from the last"):
+        train_flow(TrainParams(steps=1, out_dir=str(tmp_path / "y"), max_restarts=1))
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

@@ -33,7 +33,7 @@ TINY = ["model.hidden=64", "model.depth=3", "model.text_dim=32", "data.batch_siz
 
 
 def _fit_one_process(rank, world, config):
-    return fit_collect(build_trainer(config, world)).column("loss", "grad_norm")
+    return fit_collect(build_trainer(config, world, {})).column("loss", "grad_norm")
 
 
 def _track(rows, reference, steps):

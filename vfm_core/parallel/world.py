@@ -31,7 +31,19 @@ def init_world(device: torch.device, *, timeout_s: float = 600.0) -> bool:
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=timeout_s)
-    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent keeps one store across restarts; keys of an earlier attempt (the old
+        # ranks' gloo / nccl addresses) would be read by the restarted ranks, which then hang, so
+        # every attempt gets its own prefix
+        store = dist.PrefixStore(
+            f"vfm/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+            dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timeout),  # fmt: skip
+        )
+        dist.init_process_group(backend_for(device), store=store, rank=int(env["RANK"]),
+                                world_size=int(env["WORLD_SIZE"]), timeout=timeout)  # fmt: skip
+    elif "WORLD_SIZE" in env and "MASTER_ADDR" in env:
         dist.init_process_group(backend_for(device), timeout=timeout)
     else:
         dist.init_process_group(

@@ -121,7 +121,8 @@ def study_runs(study: str, *, tracking_uri: str | None = None, warmup: int = 2) 
                 model=model,
                 seq=_seq(p),
                 peak_flops=float(p.get("peak_flops_per_gpu", p.get("peak_flops", 0)) or 0),
-                batch=int(p.get("data.batch_size", 1)),
+                batch=max(1, int(p.get("data.batch_size", 1)) // (degrees["dp_replicate"]
+                                                                 * degrees["dp_shard"])),
             )
         )
     if not rows:

@@ -1,15 +1,24 @@
 """Launch the one training entry point (:mod:`vfm_core.train.main`) under torchrun.
 
 :func:`torchrun_argv` is the command line every launcher uses: ``vfm train --nproc N``, the
-Prefect training task, and (with ``$SLURM_*`` / PyTorchJob variables filled in) the cluster
-templates in ``infra/``. One node: ``--standalone``. Several: a c10d rendezvous on
-``--rdzv-endpoint HOST:PORT``; ``nproc`` is per node and the layout's degrees multiply to
-``nnodes * nproc``.
+Prefect training task, and the cluster templates in ``infra/`` (Slurm, Kubernetes), which fill in
+the node count, node rank and rendezvous endpoint from their own variables.
+
+* one node: ``--standalone`` (a private rendezvous on a free local port);
+* several nodes: a c10d rendezvous on ``--rdzv-endpoint HOST:PORT``; node rank 0 hosts the
+  rendezvous store (``is_host``), the others join it and give up with a clear error after
+  ``rdzv_timeout`` seconds; ``nproc`` is per node and the layout's degrees multiply to
+  ``nnodes * nproc``;
+* ``max_restarts`` K: torchrun restarts every rank of the job when one dies, up to K times; the
+  restarted ranks resume from the newest complete checkpoint (:mod:`vfm_core.train.main`).
 """
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from vfm_core.config import ConfigError
@@ -18,22 +27,103 @@ ENTRY = "vfm_core.train.main"
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
+@dataclass(kw_only=True, slots=True)
+class Launch:
+    """Where the ranks of a run come from (the ``vfm train`` / training-form flags)."""
+
+    nproc: int = 1
+    """Processes (GPUs) per node."""
+    nnodes: int = 1
+    """Nodes taking part; > 1 needs ``rdzv_endpoint``."""
+    node_rank: int = 0
+    """This node's index, 0 .. nnodes - 1 (node 0 hosts the rendezvous)."""
+    rdzv_endpoint: str = ""
+    """HOST:PORT of the c10d rendezvous (multi-node)."""
+    rdzv_timeout: int = 300
+    """Seconds a node waits for the others to join before it gives up."""
+    max_restarts: int = 0
+    """Restarts of all ranks after a rank dies (resuming from the last checkpoint)."""
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ConfigError(f"--nproc: must be >= 1, got {self.nproc}")
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes: must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(
+                f"--node-rank: {self.node_rank} is out of range for --nnodes {self.nnodes} "
+                f"(0 .. {self.nnodes - 1})"
+            )
+        if self.nnodes > 1:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(
+                    f"--rdzv-endpoint: expected HOST:PORT for --nnodes {self.nnodes}, got "
+                    f"{self.rdzv_endpoint!r}"
+                )
+        if self.rdzv_timeout < 1:
+            raise ConfigError(f"--rdzv-timeout: must be >= 1 s, got {self.rdzv_timeout}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc
+
+    @property
+    def in_process(self) -> bool:
+        """One rank, nothing to restart: ``vfm train`` runs the entry point in its own
+        process."""
+        return self.world_size == 1 and self.max_restarts == 0
+
+
+def wait_for_rendezvous(launch: Launch) -> None:
+    """A joining node (rank > 0) first waits for the rendezvous endpoint to accept connections,
+    for at most ``rdzv_timeout`` seconds; a ConfigError naming it if it never does (instead of a
+    torchrun traceback, or a hang)."""
+    if launch.nnodes == 1 or launch.node_rank == 0:
+        return
+    host, _, port = launch.rdzv_endpoint.rpartition(":")
+    deadline = time.monotonic() + launch.rdzv_timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"--rdzv-endpoint {launch.rdzv_endpoint}: no rendezvous answered within "
+                    f"{launch.rdzv_timeout} s ({e.strerror or e}); start node 0 first, or check "
+                    "the host and port"
+                ) from None
+            time.sleep(0.5)
+
+
 def torchrun_argv(
-    nproc: int,
+    launch: Launch | int,
     *,
     config: str | Path,
     out: str | Path,
     resume: bool = False,
     **degrees: int | None,
 ) -> list[str]:
-    """``python -m torch.distributed.run`` command for ``nproc`` local ranks running
-    :mod:`vfm_core.train.main`; ``degrees`` (e.g. ``tp=2``) override the config's parallel
-    section."""
-    if nproc < 1:
-        raise ConfigError(f"--nproc: must be >= 1, got {nproc}")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    argv += [f"--nproc-per-node={nproc}", "-m", ENTRY, "--config", str(config), "--out", str(out)]
-    argv += ["--no-progress"]
+    """``python -m torch.distributed.run`` command running :mod:`vfm_core.train.main` on this
+    node's ranks (``launch``: a :class:`Launch`, or the process count of one node);
+    ``degrees`` (e.g. ``tp=2``) override the config's parallel section."""
+    if isinstance(launch, int):
+        launch = Launch(nproc=launch)
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
+    if launch.nnodes == 1:
+        argv += ["--standalone"]
+    else:
+        host_conf = "is_host=true" if launch.node_rank == 0 else "is_host=false"
+        argv += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}",
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
+                 "--rdzv-id=vfm-train",
+                 f"--rdzv-conf={host_conf},join_timeout={launch.rdzv_timeout},"
+                 f"read_timeout={launch.rdzv_timeout}"]  # fmt: skip
+    argv += [f"--max-restarts={launch.max_restarts}", "--monitor-interval=1"]
+    argv += ["-m", ENTRY, "--config", str(config), "--out", str(out), "--no-progress"]
     for name, value in degrees.items():
         if name not in DEGREES:
             raise ConfigError(f"parallel degree {name!r} unknown (known: {DEGREES})")

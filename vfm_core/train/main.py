@@ -31,6 +31,23 @@ from vfm_core.train.trainer import Trainer, TrainingDiverged, resolve_device
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
+def check_restartable(cfg: Config, max_restarts: int) -> None:
+    """Restarts resume from the last checkpoint: without one before the end they would start
+    over, so ``--max-restarts`` needs ``train.ckpt_every`` below ``train.steps``."""
+    t = cfg.train
+    if max_restarts > 0 and t.ckpt_every >= t.steps:
+        raise ConfigError(
+            f"--max-restarts {max_restarts}: restarts resume from the last checkpoint, but "
+            f"train.ckpt_every={t.ckpt_every} saves none before the end of train.steps={t.steps} "
+            "(set train.ckpt_every lower)"
+        )
+
+
+def restart_count() -> int:
+    """How often torchrun restarted this job's ranks (0 on the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def run_training(
     cfg: Config, *, out_dir: str | Path, resume: bool = False, progress: bool = True
 ) -> dict[str, Any]:
@@ -38,6 +55,10 @@ def run_training(
     ``out_dir``; returns the summary dict (the same on every rank)."""
     out = Path(out_dir)
     ckpt = CheckpointManager(out, keep=cfg.train.keep_ckpts)
+    if restart_count() > 0:  # torchrun restarted the job after a rank died: continue, if possible
+        resume = ckpt.latest() is not None
+        print(f"restart {restart_count()}: " + (f"resuming from {ckpt.latest()}" if resume else
+              "no checkpoint yet, starting over"), file=sys.stderr)  # fmt: skip
     if resume and ckpt.latest() is None:  # before any process group: one line, no hang
         raise CheckpointError(
             f"--resume: no checkpoint under {ckpt.dir} (nothing to continue; drop --resume to "
@@ -128,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = with_degrees(load_yaml(args.config), **{k: getattr(args, k) for k in DEGREES})
+        check_restartable(cfg, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
         progress = not args.no_progress and sys.stderr.isatty()
         summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=progress)
     except (ConfigError, CheckpointError, TrainingDiverged) as e:
