@@ -191,11 +191,15 @@ def _read_pids(s: Settings) -> dict[str, int]:
 
 
 def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped by a parent in this process, is not)."""
     try:
         os.kill(pid, 0)
     except OSError:
         return False
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _wait(url: str | None, proc: subprocess.Popen, name: str, log: Path, timeout: float) -> None:
