@@ -12,7 +12,7 @@ from prefect import flow
 from pydantic import BaseModel, Field, field_validator
 
 from tasks.train import start_mlflow_run, train_model
-from vfm_core.config import ConfigError, apply_overrides, merge, validate
+from vfm_core.config import DEGREES, ConfigError, apply_overrides, merge, validate
 from vfm_core.recipes import RECIPES, get_recipe
 from vfm_core.tracking import data_dir, ui_hint
 
@@ -69,7 +69,7 @@ class TrainParams(BaseModel):
         )
 
     def degrees(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}
+        return {k: getattr(self, k) for k in DEGREES}
 
     def resolved_out(self) -> str:
         return self.out_dir or str(data_dir() / "runs" / self.recipe)

@@ -175,11 +175,12 @@ def _train_torchrun(args: argparse.Namespace, cfg, launch) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from vfm_core.config import DEGREES
     from vfm_core.parallel.layout import validate_layout, with_degrees
     from vfm_core.train.launch import Launch
     from vfm_core.train.main import check_restartable, run_training
 
-    degrees = {k: getattr(args, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp")}
+    degrees = {k: getattr(args, k) for k in DEGREES}
     cfg = with_degrees(_config(args), **degrees)
     launch = Launch(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                     rdzv_endpoint=args.rdzv_endpoint, rdzv_timeout=args.rdzv_timeout,

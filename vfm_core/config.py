@@ -148,6 +148,10 @@ class DataConfig:
     data-parallel ranks). 0 = no packing (every sample cropped to ``latent_*``)."""
 
 
+DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+"""The parallel degrees of a layout (``ParallelConfig`` fields, CLI flags, form fields)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ParallelConfig:
     dp_replicate: int = 1

@@ -12,7 +12,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -60,14 +59,6 @@ def _time(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
-def _reap(pids: list[int], stop: threading.Event) -> None:
-    while not stop.is_set():
-        for pid in pids:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-        stop.wait(0.2)
-
-
 def _quiesce(api: str, pool: str) -> None:
     """Pause the pool, then wait (bounded) for the runs the worker already started: each flow run
     is a session of its own, outside the worker's process group that down() kills."""
@@ -92,7 +83,7 @@ def server_and_worker(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO))
     from test_deployment_e2e import _free_port
 
-    from infra.services import Settings, _read_pids, down, up
+    from infra.services import Settings, down, up
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
@@ -103,17 +94,7 @@ def server_and_worker(tmp_path, monkeypatch):
         yield s, env
     finally:
         _quiesce(s.prefect_api, s.pool)
-        # up() ran in this process, so the stopped server and worker stay zombies (which down()
-        # counts as alive, waiting its whole timeout) until reaped here
-        pids = list(_read_pids(s).values())
-        stop = threading.Event()
-        reaper = threading.Thread(target=_reap, args=(pids, stop), daemon=True)
-        reaper.start()
-        try:
-            down(s)
-        finally:
-            stop.set()
-            reaper.join(timeout=5)
+        down(s)
 
 
 @pytest.mark.slow

@@ -235,10 +235,11 @@ def rebatch_state(state: dict[str, Any], batch_size: int) -> dict[str, Any]:
     return {**state, "batch_size": batch_size}
 
 
-def make_source(data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5):
-    """The trainer's latent source for ``data.source``."""
+def make_source(data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5, **shard_kw):
+    """The latent source for ``data.source``; ``shard_kw`` (``dp_rank``, ``dp_size``,
+    ``mp_group``) place a shard source's reads within a parallel layout."""
     if data.source == "shards":
-        return ShardLatentSource(data, model)
+        return ShardLatentSource(data, model, **shard_kw)
     from vfm_core.data.synthetic_latents import SyntheticLatents
 
     return SyntheticLatents(data, model, sigma_data=sigma_data)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from vfm_core.config import Config, ConfigError, validate
+from vfm_core.config import DEGREES, Config, ConfigError, validate
 from vfm_core.parallel.dims import ParallelDims
 
 
 def with_degrees(cfg: Config, **degrees: int | None) -> Config:
     """``cfg`` with the given parallel degrees (None = keep the config's)."""
     given = {k: v for k, v in degrees.items() if v is not None}
-    unknown = set(given) - {"dp_replicate", "dp_shard", "cp", "tp", "pp"}
+    unknown = set(given) - set(DEGREES)
     if unknown:
         raise ConfigError(f"parallel degree {sorted(unknown)[0]!r} unknown")
     return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **given))

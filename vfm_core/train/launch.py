@@ -21,10 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vfm_core.config import ConfigError
+from vfm_core.config import DEGREES, ConfigError
 
 ENTRY = "vfm_core.train.main"
-DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
 @dataclass(kw_only=True, slots=True)

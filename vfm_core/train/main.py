@@ -21,14 +21,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from vfm_core.config import Config, ConfigError, load_yaml, save_yaml
+from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, TrainingDiverged, resolve_device
-
-DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
 def check_restartable(cfg: Config, max_restarts: int) -> None:
@@ -155,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if is_rank0() and int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0:  # the group is gone: torchrun's rank says
         final = {k: v for k, v in summary.items() if k != "metrics"}
         print(json.dumps(final | {"final": summary["metrics"]}))
     return 0

@@ -46,8 +46,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from vfm_core.config import Config, ConfigError, OptimConfig, to_dict
 from vfm_core.data.samples import LatentBatch, LatentPack, LatentSource, PackedLatentBatch
-from vfm_core.data.shard_source import ShardLatentSource
-from vfm_core.data.synthetic_latents import SyntheticLatents
+from vfm_core.data.shard_source import make_source
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
 from vfm_core.models.dit import build_model, count_params
@@ -114,13 +113,13 @@ def training_source(cfg: Config, dims: ParallelDims) -> tuple[LatentSource, bool
     """(source, local): ``data.source: shards`` yields this rank's data-parallel slice directly
     (``batch_size / dp`` samples; the model-parallel ranks of a slice each read 1/k and
     all-gather). The synthetic source yields the global batch; each rank slices its part."""
-    if cfg.data.source == "shards":
-        local = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size // dims.dp)
-        group = dims.model_parallel_group()
-        src = ShardLatentSource(local, cfg.model, dp_rank=dims.dp_rank(), dp_size=dims.dp,
-                                mp_group=group)  # fmt: skip
-        return src, True
-    return SyntheticLatents(cfg.data, cfg.model, sigma_data=cfg.diffusion.sigma_data), False
+    sigma_data = cfg.diffusion.sigma_data
+    if cfg.data.source != "shards":
+        return make_source(cfg.data, cfg.model, sigma_data=sigma_data), False
+    local = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size // dims.dp)
+    src = make_source(local, cfg.model, sigma_data=sigma_data, dp_rank=dims.dp_rank(),
+                      dp_size=dims.dp, mp_group=dims.model_parallel_group())  # fmt: skip
+    return src, True
 
 
 class Trainer:
