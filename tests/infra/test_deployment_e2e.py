@@ -26,12 +26,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _api(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
+def _api(method: str, url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
