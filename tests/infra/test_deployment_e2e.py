@@ -1,5 +1,5 @@
 """End to end on real servers: infra up -> prefect deploy -> trigger through the UI's REST API ->
-the process worker runs training -> the MLflow server has the run's MFU -> infra down."""
+the process worker runs a 2-process tensor-parallel training -> the MLflow server has the run's MFU -> infra down."""
 
 from __future__ import annotations
 
@@ -87,9 +87,10 @@ def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
     assert code in (409, 422), err
     assert "steps" in json.dumps(err)
 
+    # the UI's form with a parallel layout: 2 processes, tensor parallel 2 (torchrun, gloo)
     out = tmp_path / "run"
-    params = {"params": {"recipe": "dit-tiny", "steps": 3, "out_dir": str(out),
-                         "experiment": "vfm-e2e", "overrides": ["data.batch_size=2"]}}
+    params = {"params": {"recipe": "dit-tiny", "steps": 3, "out_dir": str(out), "nproc": 2,
+                         "tp": 2, "experiment": "vfm-e2e", "overrides": ["data.batch_size=2"]}}
     code, run = _api("POST", f"{api}/deployments/{dep['id']}/create_flow_run",
                      {"parameters": params})
     assert code == 201, run
@@ -111,6 +112,7 @@ def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
     (mlrun,) = client.search_runs([exp.experiment_id])
     assert mlrun.info.status == "FINISHED"
     assert mlrun.data.metrics["mfu"] > 0
+    assert mlrun.data.params["world_size"] == "2"
     assert len(client.get_metric_history(mlrun.info.run_id, "tokens_per_s")) == 3
 
 
