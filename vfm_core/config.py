@@ -23,8 +23,11 @@ class ConfigError(ValueError):
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    arch: Literal["dit", "stdit", "llama_dit"] = "dit"
-    """Block family: full-attention DiT, spatial/temporal ST-DiT or Llama DiT (GQA, SwiGLU)."""
+    arch: Literal["dit", "stdit", "llama_dit", "ar"] = "dit"
+    """Block family: full-attention DiT, spatial/temporal ST-DiT, Llama DiT (GQA, SwiGLU), or
+    ar: the causal video transformer over discrete tokens (autoregressive family)."""
+    vocab_size: int = 64000
+    """ar only: discrete video tokens (= prod of the tokenizer's FSQ levels)."""
     in_channels: int = 4
     """Latent channels of the tokenizer."""
     patch: tuple[int, int, int] = (1, 2, 2)
@@ -421,6 +424,8 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"model.{name}: must be positive, got {getattr(m, name)}")
     if any(p <= 0 for p in m.patch):
         raise ConfigError(f"model.patch: must be positive, got {m.patch}")
+    if m.arch == "ar" and m.vocab_size < 2:
+        raise ConfigError(f"model.vocab_size: must be >= 2 for arch 'ar', got {m.vocab_size}")
     if m.adaln == "lora" and m.adaln_lora_rank <= 0:
         raise ConfigError(f"model.adaln_lora_rank: must be positive, got {m.adaln_lora_rank}")
     for name, size, p in (

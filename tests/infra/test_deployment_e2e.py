@@ -1,5 +1,6 @@
 """End to end on real servers: infra up -> prefect deploy -> trigger through the UI's REST API ->
-the process worker runs a 2-process tensor-parallel training -> the MLflow server has the run's MFU -> infra down."""
+the process worker runs a 2-process tensor-parallel training -> the MLflow server has the run's
+MFU -> infra down."""
 
 from __future__ import annotations
 

@@ -46,6 +46,48 @@ def _ungroup(x: torch.Tensor, batch: int, grid: Grid, layout: Layout) -> torch.T
     return x.reshape(batch, h, t * hh * ww, d)
 
 
+def causal_mask(
+    n_q: int, n_k: int, sample_ids: torch.Tensor | None = None, device=None
+) -> torch.Tensor | None:
+    """(1, 1, n_q, n_k) bool, True = attend: the queries are the last n_q of n_k positions;
+    with ``sample_ids`` (n_k,) a token also stays within its sample. None when nothing is
+    masked (one new query over its cache)."""
+    if n_q == 1 and sample_ids is None:
+        return None
+    qpos = torch.arange(n_k - n_q, n_k, device=device)  # (n_q,)
+    keep = torch.arange(n_k, device=device)[None, :] <= qpos[:, None]  # (n_q, n_k)
+    if sample_ids is not None:
+        keep = keep & (sample_ids[n_k - n_q :, None] == sample_ids[None, :])
+    return keep[None, None]
+
+
+class KVCache:
+    """Keys and values of one attention layer for incremental decoding, preallocated to
+    ``max_len`` positions on the first append: (B, Hkv, max_len, d)."""
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.length = 0
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (B, Hkv, N, d) -> all cached keys/values so far (B, Hkv, length + N, d)."""
+        n = k.shape[2]
+        if self.length + n > self.max_len:
+            raise ValueError(
+                f"KV cache: {self.length} + {n} positions exceed its {self.max_len}"
+            )
+        if self.k is None:
+            shape = (*k.shape[:2], self.max_len, k.shape[3])
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+        assert self.v is not None
+        self.k[:, :, self.length : self.length + n] = k
+        self.v[:, :, self.length : self.length + n] = v
+        self.length += n
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+
 class Attention(nn.Module):
     """Multi-head (or grouped-query) attention. Self-attention when ``context`` is None, else
     cross-attention from x (queries) to context (keys/values, width ``context_dim``)."""
@@ -86,6 +128,8 @@ class Attention(nn.Module):
         layout: Layout = "full",
         sample_ids: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
         """x (B, N, D) -> (B, N, D).
 
@@ -93,6 +137,10 @@ class Attention(nn.Module):
         attention under ``ids[:, None] == ids[None, :]``, full layout; the ids encode spatial /
         temporal groups) — handed to ``attn_fn`` as they are, so context parallelism sees the
         whole pack; ``mask`` (N, S) bool, True = attend, for cross-attention to packed captions.
+
+        Causal self-attention (``causal``; the autoregressive family): token i attends to tokens
+        <= i (and, packed, only within its sample). With ``cache`` the new keys/values are
+        appended to it and the N queries are positions ``cache.length .. cache.length + N - 1``.
         """
         b, n, _ = x.shape
         src = x if context is None else context  # (B, S, Dk)
@@ -103,6 +151,14 @@ class Attention(nn.Module):
         v = self.v(src).view(b, src.shape[1], -1, d).transpose(1, 2)  # (B, Hkv, S, d)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if causal:
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, Hkv, C + N, d)
+            if self.attn_fn is not None:  # context parallel: causal ring over token slices
+                out = self.attn_fn(q, k, v, grid=None, layout="causal", sample_ids=sample_ids)
+            else:
+                out = attention(q, k, v, causal_mask(n, k.shape[2], sample_ids, q.device))
+            return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
         if sample_ids is not None:
             if self.attn_fn is not None:  # context parallel: ring / all-to-all over the pack
                 out = self.attn_fn(q, k, v, grid=None, layout="full", sample_ids=sample_ids)
