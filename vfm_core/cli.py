@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--frames", type=_positive("--frames"), default=5, help="1 + 4k frames")
     tt.add_argument("--size", type=_positive("--size"), default=32, help="square crop, pixels")
     tt.add_argument("--seed", type=_positive("--seed"), default=0)
+    tt.add_argument("--discrete", nargs="?", const="8,5,5,5", metavar="LEVELS",
+                    help="discrete tokens: FSQ levels per channel (default 8,5,5,5 = 1000 ids)")
 
     rp = sub.add_parser("report", help="scaling-study table from MLflow runs (+ plots with --out)")
     rp.add_argument("--study", required=True, help="study name (MLflow tag vfm.study)")
@@ -287,13 +289,23 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     from vfm_core.tokenizer.from_shards import train_tokenizer_on_shards
 
+    levels = None
+    if args.discrete is not None:
+        try:
+            levels = tuple(int(v) for v in args.discrete.split(","))
+        except ValueError:
+            raise ConfigError(
+                f"--discrete: expected comma-separated integers such as 8,5,5,5, got "
+                f"{args.discrete!r}"
+            ) from None
     m = train_tokenizer_on_shards(
         args.shards, args.out, preset=args.preset, steps=args.steps, frames=args.frames,
-        size=args.size, seed=args.seed,
+        size=args.size, seed=args.seed, fsq_levels=levels,
     )  # fmt: skip
+    usage = "" if levels is None else f", codebook usage {100 * m.codebook_usage:.1f}%"
     print(f"tokenizer {args.preset}: {m.steps} steps, loss {m.loss_first:.4f} -> "
           f"{m.loss_last:.4f}, PSNR {m.psnr:.1f} dB (mean-colour baseline "
-          f"{m.baseline_psnr:.1f}) -> {args.out}")  # fmt: skip
+          f"{m.baseline_psnr:.1f}){usage} -> {args.out}")  # fmt: skip
     return 0
 
 

@@ -45,6 +45,7 @@ from vfm_core.tokenizer.causal_conv import (
     make_norm,
 )
 from vfm_core.tokenizer.config import TokenizerConfig
+from vfm_core.tokenizer.fsq import FSQ
 
 __all__ = [
     "AutoencoderOutput",
@@ -162,6 +163,7 @@ class CausalVideoAutoencoder(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
+        self.fsq = FSQ(cfg.fsq_levels) if cfg.fsq_levels else None  # discrete bottleneck
         self.register_buffer("latent_mean", torch.zeros(cfg.latent_channels))
         self.register_buffer("latent_std", torch.ones(cfg.latent_channels))
 
@@ -271,7 +273,38 @@ class CausalVideoAutoencoder(nn.Module):
         self.check_video_shape(x.shape)
         h = self._moments(x, self._tile(tile_latent_frames))
         z = h[:, : self.cfg.latent_channels]  # (B, C, 1 + k, h, w): KL mean or the latent
+        if self.fsq is not None:  # discrete: the FSQ codes in [-1, 1], never normalised
+            return self.fsq(z.movedim(1, -1)).movedim(-1, 1)
         return self.normalize(z) if normalize else z
+
+    # ---------------------------------------------------------------- discrete tokens
+    def _discrete(self) -> FSQ:
+        if self.fsq is None:
+            raise TokenizerShapeError(
+                "this tokenizer is continuous (no fsq_levels): it has no token ids; train one "
+                "with --discrete"
+            )
+        return self.fsq
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids of a discrete tokenizer: prod(fsq_levels)."""
+        return self._discrete().vocab_size
+
+    def encode_tokens(self, x: Tensor, *, tile_latent_frames: int | None = None) -> Tensor:
+        """Pixels (B, 3, 1 + t_c·k, H, W) -> token ids (B, 1 + k, H/s, W/s) int64."""
+        fsq = self._discrete()
+        codes = self.encode(x, tile_latent_frames=tile_latent_frames)  # (B, C, T', h, w)
+        return fsq.codes_to_indices(codes.movedim(1, -1))
+
+    def decode_tokens(self, ids: Tensor, *, tile_latent_frames: int | None = None) -> Tensor:
+        """Token ids (B, 1 + k, h, w) -> pixels (B, 3, 1 + t_c·k, h·s, w·s)."""
+        fsq = self._discrete()
+        if ids.ndim != 4:
+            raise TokenizerShapeError(f"token ids must be (B, 1 + k, h, w), got {tuple(ids.shape)}")
+        codes = fsq.indices_to_codes(ids).movedim(-1, 1)  # (B, C, T', h, w)
+        dtype = next(self.parameters()).dtype
+        return self.decode(codes.to(dtype), normalized=False, tile_latent_frames=tile_latent_frames)
 
     def decode(
         self, z: Tensor, *, normalized: bool = True, tile_latent_frames: int | None = None
@@ -281,7 +314,7 @@ class CausalVideoAutoencoder(nn.Module):
         ``normalized``: ``z`` is normalised (as :meth:`encode` returns by default) or raw.
         """
         self.check_latent_shape(z.shape)
-        if normalized:
+        if normalized and self.fsq is None:
             z = self.denormalize(z)
         tile = self._tile(tile_latent_frames)
         if tile == 0 or z.shape[2] <= 1 + tile:
@@ -304,6 +337,9 @@ class CausalVideoAutoencoder(nn.Module):
             z = mean + torch.exp(0.5 * logvar) * eps  # (B, C, 1 + k, h, w)
             # KL(N(mean, var) || N(0, 1)) per element, Kingma & Welling 2014 (appendix B)
             reg = 0.5 * (mean.square() + logvar.exp() - 1.0 - logvar).mean()
+        elif self.fsq is not None:  # straight-through rounding to the FSQ grid
+            z = self.fsq(h.movedim(1, -1)).movedim(-1, 1)  # (B, C, 1 + k, h, w)
+            reg = z.new_zeros(())
         elif self.cfg.regulariser == "l2":
             z = h
             reg = z.square().mean()

@@ -57,9 +57,25 @@ class TokenizerConfig:
     """Weight of the regulariser in the training loss (ignored for ``none``)."""
     tile_latent_frames: int = 0
     """Default temporal tile for encode/decode in latent frames (0 = no tiling)."""
+    fsq_levels: tuple[int, ...] = ()
+    """Discrete tokenizer: finite-scalar-quantisation levels per latent channel (e.g. 8,8,8,5,5,5
+    = 64,000 token ids; ``latent_channels`` must equal their count, regulariser none); empty =
+    continuous latents."""
 
     def __post_init__(self) -> None:
         self.channel_mult = tuple(self.channel_mult)
+        self.fsq_levels = tuple(int(v) for v in self.fsq_levels)
+        if self.fsq_levels:
+            if any(v < 2 for v in self.fsq_levels):
+                raise TokenizerConfigError(f"fsq_levels must be >= 2 each, got {self.fsq_levels}")
+            if self.latent_channels != len(self.fsq_levels):
+                raise TokenizerConfigError(
+                    f"fsq_levels {list(self.fsq_levels)} quantise {len(self.fsq_levels)} "
+                    f"channels: latent_channels must be {len(self.fsq_levels)}, got "
+                    f"{self.latent_channels}"
+                )
+            if self.regulariser != "none":
+                raise TokenizerConfigError("fsq_levels: discrete tokenizers need regulariser none")
         s, t = self.spatial_factor, self.temporal_factor
         if s < 1 or s & (s - 1):
             raise TokenizerConfigError(f"spatial_factor must be a power of two, got {s}")
@@ -136,6 +152,7 @@ class TokenizerConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["channel_mult"] = list(self.channel_mult)
+        d["fsq_levels"] = list(self.fsq_levels)
         return d
 
     def to_json(self) -> str:
@@ -151,6 +168,8 @@ class TokenizerConfig:
         d = dict(d)
         if "channel_mult" in d:
             d["channel_mult"] = tuple(int(m) for m in d["channel_mult"])
+        if "fsq_levels" in d:
+            d["fsq_levels"] = tuple(int(m) for m in d["fsq_levels"])
         return cls(**d)
 
 
@@ -158,6 +177,9 @@ class TokenizerConfig:
 _PAPER_SCALE: dict = dict(
     latent_channels=16, patch_t=2, patch_s=2, base_channels=128, num_res_blocks=2, norm_groups=32
 )
+
+_FSQ_64K = (8, 8, 8, 5, 5, 5)
+_DISCRETE: dict = {**_PAPER_SCALE, "latent_channels": 6, "shortcuts": False}
 
 TOKENIZER_PRESETS: dict[str, Callable[[], TokenizerConfig]] = {
     # CPU: 4x8x8, 4 latent channels (dit-tiny's in_channels); patch 2x4x4 then one 2x2x2 stage
@@ -168,6 +190,17 @@ TOKENIZER_PRESETS: dict[str, Callable[[], TokenizerConfig]] = {
     "tok-8x8x8": lambda: TokenizerConfig(**_PAPER_SCALE, temporal_factor=8, channel_mult=(1, 2, 4)),
     "tok-8x16x16": lambda: TokenizerConfig(
         **_PAPER_SCALE, temporal_factor=8, spatial_factor=16, channel_mult=(1, 2, 4, 4)
+    ),
+    # discrete (FSQ) for the autoregressive family: CPU 4x8x8 with 4 channels 8,5,5,5 = 1,000
+    # ids; Cosmos-like DV4x8x8 / DV8x16x16 with 6 channels 8,8,8,5,5,5 = 64,000 ids (6 does not
+    # divide the bottleneck width, so no latent shortcut)
+    "tok-tiny-discrete": lambda: TokenizerConfig(fsq_levels=(8, 5, 5, 5)),
+    "tok-dv4x8x8": lambda: TokenizerConfig(
+        **_DISCRETE, channel_mult=(1, 2, 4), fsq_levels=_FSQ_64K
+    ),
+    "tok-dv8x16x16": lambda: TokenizerConfig(
+        **_DISCRETE, temporal_factor=8, spatial_factor=16, channel_mult=(1, 2, 4, 4),
+        fsq_levels=_FSQ_64K,
     ),
 }
 

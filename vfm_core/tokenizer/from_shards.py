@@ -10,6 +10,7 @@ separate shard directory for a true held-out set).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,23 @@ import numpy as np
 import torch
 
 from vfm_core.config import ConfigError
-from vfm_core.tokenizer.config import get_tokenizer_config
+from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError, get_tokenizer_config
+from vfm_core.tokenizer.fsq import FSQError, check_levels
 from vfm_core.tokenizer.train import TokenizerTrainMetrics, train_tokenizer
+
+
+def discrete_variant(cfg: TokenizerConfig, levels: tuple[int, ...]) -> TokenizerConfig:
+    """``cfg`` with an FSQ bottleneck of ``levels`` (one latent channel per level, no
+    regulariser; the latent shortcut kept when the bottleneck width allows it)."""
+    width = cfg.base_channels * cfg.channel_mult[-1]
+    try:
+        levels = check_levels(levels)
+        return dataclasses.replace(
+            cfg, fsq_levels=levels, latent_channels=len(levels), regulariser="none",
+            shortcuts=cfg.shortcuts and width % len(levels) == 0,
+        )  # fmt: skip
+    except (TokenizerConfigError, FSQError) as e:
+        raise ConfigError(f"--discrete {','.join(map(str, levels))}: {e}") from None
 
 
 def shard_clips(
@@ -60,9 +76,13 @@ def train_tokenizer_on_shards(
     lr: float = 2e-3,
     max_batches: int = 256,
     progress: bool | None = None,
+    fsq_levels: tuple[int, ...] | None = None,
 ) -> TokenizerTrainMetrics:
-    """Train ``preset`` on the shards' clips; write the tokenizer to ``out_dir``."""
+    """Train ``preset`` on the shards' clips; write the tokenizer to ``out_dir``.
+    ``fsq_levels``: make it discrete with these FSQ levels (:func:`discrete_variant`)."""
     cfg = get_tokenizer_config(preset)
+    if fsq_levels is not None:
+        cfg = discrete_variant(cfg, fsq_levels)
     ct, cs = cfg.temporal_factor, cfg.spatial_factor
     if (frames - 1) % ct or size % cs:
         raise ConfigError(

@@ -92,6 +92,8 @@ class TokenizerTrainMetrics:
     """Wall time of the training loop."""
     train_frames_per_s: float = 0.0
     """Training throughput in input frames per second."""
+    codebook_usage: float = math.nan
+    """Discrete tokenizers: fraction of the token ids used on the held-out clips."""
     checkpoint: str | None = None
     """Path of the written safetensors file, if any."""
 
@@ -121,6 +123,15 @@ def _lr_factor(step: int, steps: int, warmup: int) -> float:
         return (step + 1) / warmup
     p = (step - warmup) / max(1, steps - warmup)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
+
+
+@torch.no_grad()
+def codebook_usage(model: CausalVideoAutoencoder, clips: Iterable[Tensor]) -> float:
+    """Fraction of a discrete tokenizer's ids that occur in the tokens of ``clips``."""
+    seen = torch.zeros(model.vocab_size, dtype=torch.bool)
+    for x in clips:
+        seen[model.encode_tokens(x).flatten().cpu()] = True
+    return seen.float().mean().item()
 
 
 @torch.no_grad()
@@ -209,9 +220,12 @@ def train_tokenizer(
     metrics.loss_last = sum(metrics.losses[-k:]) / k
 
     model.eval()
-    model.set_latent_stats(*compute_latent_stats(model, clips, max_batches=stats_batches))
+    if model.fsq is None:  # discrete codes are used as they are: no latent statistics
+        model.set_latent_stats(*compute_latent_stats(model, clips, max_batches=stats_batches))
     if held_out is not None:
         metrics.psnr, metrics.baseline_psnr = evaluate_psnr(model, held_out)
+        if model.fsq is not None:
+            metrics.codebook_usage = codebook_usage(model, held_out)
     if out_dir is not None:
         meta = {f"train.{k}": str(v) for k, v in metrics.summary().items()}
         metrics.checkpoint = str(save_tokenizer(model, out_dir, metadata=meta))
