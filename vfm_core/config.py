@@ -424,8 +424,16 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"model.{name}: must be positive, got {getattr(m, name)}")
     if any(p <= 0 for p in m.patch):
         raise ConfigError(f"model.patch: must be positive, got {m.patch}")
-    if m.arch == "ar" and m.vocab_size < 2:
-        raise ConfigError(f"model.vocab_size: must be >= 2 for arch 'ar', got {m.vocab_size}")
+    if m.arch == "ar":
+        if m.vocab_size < 2:
+            raise ConfigError(f"model.vocab_size: must be >= 2 for arch 'ar', got {m.vocab_size}")
+        if tuple(m.patch) != (1, 1, 1):
+            raise ConfigError(
+                f"model.patch: arch 'ar' predicts one token per latent cell, needs (1, 1, 1), "
+                f"got {tuple(m.patch)}"
+            )
+        if d.max_tokens:
+            raise ConfigError("data.max_tokens: packed training is not available for arch 'ar'")
     if m.adaln == "lora" and m.adaln_lora_rank <= 0:
         raise ConfigError(f"model.adaln_lora_rank: must be positive, got {m.adaln_lora_rank}")
     for name, size, p in (

@@ -34,6 +34,15 @@ _TINY_MODEL = dict(
 )
 
 
+# the autoregressive family (Cosmos-AR style): Llama blocks over discrete tokens, 1 token per cell
+_AR_MODEL = dict(arch="ar", patch=(1, 1, 1), norm="rms", mlp="swiglu", mlp_ratio=4.0)
+# CPU: 9 frames of 64x64 through a 4x8x8 discrete tokenizer -> 3x8x8 = 192 tokens, 1000 ids
+_AR_TINY_DATA = dict(latent_frames=3, latent_height=8, latent_width=8)
+# 33 frames of 640x1024 through an 8x16x16 discrete tokenizer -> 5x40x64 = 12,800 tokens
+_AR_BIG_DATA = dict(batch_size=1, latent_frames=5, latent_height=40, latent_width=64)
+_AR_BIG_MODEL = dict(_AR_MODEL, vocab_size=64000, text_dim=1024, text_len=512, kv_heads=8)
+
+
 def _cfg(name: str, model: dict, data: dict | None = None, train: dict | None = None) -> Config:
     return Config(
         recipe=name,
@@ -95,6 +104,19 @@ RECIPES: dict[str, Callable[[], Config]] = {
             "kv_heads": 8,
         },
         _BIG_DATA,
+    ),
+    # autoregressive: ~4M params on CPU; Cosmos-like 4B / 12B for the planner
+    "ar-tiny": lambda: _cfg(
+        "ar-tiny",
+        {**_AR_MODEL, "vocab_size": 1000, "hidden": 256, "depth": 4, "heads": 4, "kv_heads": 2,
+         "text_dim": 384, "text_len": 8},
+        _AR_TINY_DATA,
+    ),  # fmt: skip
+    "ar-4b": lambda: _cfg(
+        "ar-4b", {**_AR_BIG_MODEL, "hidden": 4096, "depth": 16, "heads": 32}, _AR_BIG_DATA
+    ),
+    "ar-12b": lambda: _cfg(
+        "ar-12b", {**_AR_BIG_MODEL, "hidden": 5120, "depth": 36, "heads": 32}, _AR_BIG_DATA
     ),
 }
 

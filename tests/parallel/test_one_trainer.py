@@ -1,6 +1,7 @@
 """One trainer: ``vfm train`` in one process and ``vfm train --nproc 2`` under each layout train the
 same run — the same loss at every step (fp32, relative 1e-4) for the DiT, ST-DiT and Llama-DiT
-presets. (Shards, packs, TP x CP, PP x FSDP2 and resharding have their own files here.)"""
+presets and the autoregressive ar-tiny. (Shards, packs, TP x CP, PP x FSDP2 and resharding have
+their own files here.)"""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ CASES = {
     ],
     "stdit-tiny": [["--cp", "2"], ["--pp", "2"]],
     "llama-dit-tiny": [["--tp", "2"], ["--dp-shard", "2"]],
+    "ar-tiny": [["--dp-shard", "2"]],  # the autoregressive family on the same trainer
 }
 
 

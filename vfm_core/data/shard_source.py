@@ -239,7 +239,16 @@ def make_source(data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5
     """The latent source for ``data.source``; ``shard_kw`` (``dp_rank``, ``dp_size``,
     ``mp_group``) place a shard source's reads within a parallel layout."""
     if data.source == "shards":
+        if model.arch == "ar":
+            raise ConfigError(
+                "data.source: shards of discrete tokens are not readable yet for arch 'ar'; "
+                "use data.source=synthetic"
+            )
         return ShardLatentSource(data, model, **shard_kw)
+    if model.arch == "ar":
+        from vfm_core.data.synthetic_tokens import SyntheticTokens
+
+        return SyntheticTokens(data, model)
     from vfm_core.data.synthetic_latents import SyntheticLatents
 
     return SyntheticLatents(data, model, sigma_data=sigma_data)

@@ -29,7 +29,9 @@ class ARBlock(nn.Module):
         d, eps = cfg.hidden, cfg.norm_eps
         attn = dict(kv_heads=cfg.kv_heads, qk_norm=cfg.qk_norm, eps=eps)
         self.norms = nn.ModuleList(nn.RMSNorm(d, eps=eps) for _ in range(3))
-        self.self_attn = Attention(d, cfg.heads, **attn)
+        # one causal pass; a list like the DiT block's passes, so the TP plan serves both
+        self.layouts = ("causal",)
+        self.self_attn = nn.ModuleList([Attention(d, cfg.heads, **attn)])
         self.cross_attn = Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
         self.mlp = SwiGLU(d, cfg.mlp_ratio)
 
@@ -44,7 +46,7 @@ class ARBlock(nn.Module):
         text_mask: torch.Tensor | None = None,  # (N, L) packed captions
     ) -> torch.Tensor:
         h = self.norms[0](x)
-        x = x + self.self_attn(h, rope=rope, causal=True, cache=cache, sample_ids=sample_ids)
+        x = x + self.self_attn[0](h, rope=rope, causal=True, cache=cache, sample_ids=sample_ids)
         x = x + self.cross_attn(self.norms[1](x), context=text, mask=text_mask)
         return x + self.mlp(self.norms[2](x))  # (B, N, D)
 
@@ -74,7 +76,7 @@ class CausalVideoTransformer(nn.Module):
                 nn.init.normal_(m.weight, std=std)
         scale = (2 * self.cfg.depth) ** -0.5
         for block in self.blocks.values():
-            for lin in (block.self_attn.o, block.cross_attn.o, block.mlp.w2):
+            for lin in (block.self_attn[0].o, block.cross_attn.o, block.mlp.w2):
                 lin.weight.data.mul_(scale)
 
     def check_tokens(self, tokens: torch.Tensor) -> None:

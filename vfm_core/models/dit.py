@@ -213,9 +213,14 @@ class DiT(nn.Module):
         return self.final(h, emb, pack=pack)[0].clone()  # (N, C*P)
 
 
-def build_model(cfg: ModelConfig, *, device: str | torch.device | None = None) -> DiT:
-    """Construct the denoiser for any arch; ``device="meta"`` builds a 28B model without memory."""
+def build_model(cfg: ModelConfig, *, device: str | torch.device | None = None) -> nn.Module:
+    """Construct the network of any arch (the DiT denoiser, or the causal video transformer for
+    ``arch='ar'``); ``device="meta"`` builds a 28B model without memory."""
     with torch.device(device or "cpu"):
+        if cfg.arch == "ar":
+            from vfm_core.models.ar import CausalVideoTransformer
+
+            return CausalVideoTransformer(cfg)
         return DiT(cfg)
 
 

@@ -36,6 +36,11 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"data-parallel ranks (dp_replicate={dims.dp_replicate} x dp_shard={dims.dp_shard}); "
             f"use a multiple of {dims.dp}"
         )
+    if m.arch == "ar" and (dims.tp > 1 or dims.cp > 1 or dims.pp > 1):
+        raise ConfigError(
+            f"model.arch 'ar' (the autoregressive family) trains data-parallel only so far "
+            f"(dp_shard / dp_replicate); got tp={dims.tp} cp={dims.cp} pp={dims.pp}"
+        )
     if dims.tp > 1 and (m.heads % dims.tp or m.n_kv_heads % dims.tp):
         raise ConfigError(
             f"parallel.tp: {dims.tp} must divide model.heads={m.heads} and the key/value heads "

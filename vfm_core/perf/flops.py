@@ -64,6 +64,7 @@ COMPONENTS = (
     "cross_attention",  # per token: cross-attention scores + values, 4·N·L·D
     "mlp",  # per token: GELU (2 matrices) or SwiGLU (3 matrices)
     "final",  # per token: final linear D -> C·pt·ph·pw
+    "head",  # autoregressive family, per token: output projection D -> vocabulary
 )
 
 
@@ -123,6 +124,8 @@ def _terms(
     lens = [seq_lens] if isinstance(seq_lens, int) else list(seq_lens)
     if not lens or any(s <= 0 for s in lens):
         raise ValueError(f"seq_lens must be positive token counts, got {seq_lens!r}")
+    if cfg.arch == "ar":
+        return _ar_terms(cfg, lens, text_len)
     needs_grid = cfg.arch == "stdit" and any(
         block_layouts(cfg, i) != ("full",) for i in range(cfg.depth)
     )
@@ -177,6 +180,28 @@ def _terms(
         terms.append(_Term("mlp", mlp_mats * matmul_flops(n, d, mlp_inner), True))
     terms.append(_Term("adaln", matmul_flops(b, d, 2 * d), True))  # final-layer modulation
     terms.append(_Term("final", matmul_flops(n, d, patch_dim), True))
+    return terms
+
+
+def _ar_terms(cfg: ModelConfig, lens: list[int], text_len: int | None) -> list[_Term]:
+    """Every matmul of the causal video transformer's forward (models/ar.py). The token
+    embedding is a lookup (no matmul); causal attention is counted once, over the lower
+    triangle with its diagonal: 4·Dq·S(S+1)/2 per sample of S tokens (a kernel that computes the
+    full square and masks it does twice that work, which model FLOPs do not reward)."""
+    n, b = float(sum(lens)), float(len(lens))
+    L = float(cfg.text_len if text_len is None else text_len)
+    d = cfg.hidden
+    inner, kv = cfg.heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    terms = []
+    for _ in range(cfg.depth):
+        proj = matmul_flops(n, d, inner) * 2 + matmul_flops(n, d, kv) * 2
+        terms.append(_Term("qkvo", proj, True))
+        terms.append(_Term("attention", sum(2.0 * s * (s + 1) * inner for s in lens), True))
+        terms.append(_Term("cross_qo", matmul_flops(n, d, inner) * 2, True))
+        terms.append(_Term("cross_kv", matmul_flops(b * L, cfg.text_dim, kv) * 2, False))
+        terms.append(_Term("cross_attention", 4.0 * n * L * inner, True))
+        terms.append(_Term("mlp", 3 * matmul_flops(n, d, swiglu_width(d, cfg.mlp_ratio)), True))
+    terms.append(_Term("head", matmul_flops(n, d, cfg.vocab_size), True))
     return terms
 
 

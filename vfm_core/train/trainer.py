@@ -49,6 +49,7 @@ from vfm_core.data.samples import LatentBatch, LatentPack, LatentSource, PackedL
 from vfm_core.data.shard_source import make_source
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
+from vfm_core.models.ar import next_token_loss
 from vfm_core.models.dit import build_model, count_params
 from vfm_core.models.fp8 import drop_fp8_state, fp8_autocast, resolve_fp8, to_te_linears
 from vfm_core.models.layers import set_attention_backend
@@ -133,6 +134,8 @@ class Trainer:
         self.dims = dims = validate_layout(cfg, self.world)
         dims.build_mesh(self.device.type)
         self.cfg = cfg
+        self.autoregressive = cfg.model.arch == "ar"
+        """The autoregressive family: token ids, next-token loss (no sigma / noise draws)."""
         backend, self.attn_backend_reason = resolve_attention_backend(cfg.model.attn_backend)
         set_attention_backend(backend)
         torch.manual_seed(cfg.train.seed)  # weight init: a function of the seed, same every rank
@@ -222,9 +225,8 @@ class Trainer:
         if isinstance(batch, PackedLatentBatch):
             return self.train_packed(batch)
         b = self.local_batch_size
-        latents, text = self.local_slice(batch)
-        x0 = latents.to(self.device, torch.float32)  # (n, C, T, H, W)
-        n = x0.shape[0]
+        data, text = self.local_slice(batch)  # latents (n, C, T, H, W) | token ids (n, T, H, W)
+        n = data.shape[0]
         if n != b:  # the loader skipped bad samples: draws of the first n of this rank's b
             if self.layout.pipe is not None:
                 raise ValueError(
@@ -235,12 +237,15 @@ class Trainer:
             log.warning("step %d: %d of %d samples on dp rank %d", self.step + 1, n, b,
                         self.dims.dp_rank())  # fmt: skip
         d = self.cfg.diffusion
+        keep = self.draws.keep_caption(self.step, b, d.cond_dropout)[:n].to(self.device)  # (n,)
+        text = text.to(self.device) * keep[:, None, None]  # (n, L, Dt); dropped -> null text
+        if self.autoregressive:
+            return self.finish_step(self.forward_backward_tokens(data.to(self.device), text))
+        x0 = data.to(self.device, torch.float32)  # (n, C, T, H, W)
         sigma = self.draws.sigma(self.step, b, p_mean=d.p_mean, p_std=d.p_std)[:n]  # (n,)
         sigma = sigma.to(self.device, torch.float32)
         # all frames: CP ranks split the tokens inside the model, the loss sees the full latent
         noise = self.draws.noise(self.step, (b, *x0.shape[1:]))[:n].to(self.device)  # (n,C,T,H,W)
-        keep = self.draws.keep_caption(self.step, b, d.cond_dropout)[:n].to(self.device)  # (n,)
-        text = text.to(self.device) * keep[:, None, None]  # (n, L, Dt); dropped -> null text
         loss = self.forward_backward(x0, text, sigma, noise)
         return self.finish_step(loss)
 
@@ -270,6 +275,15 @@ class Trainer:
                 return self.layout.pipe.step(self.edm, x0, text, sigma=sigma, noise=noise)
         with cast, fp8:
             loss = self.edm.loss(self.model, x0, text, sigma=sigma, noise=noise).mean()
+        loss.backward()
+        return loss.detach()
+
+    def forward_backward_tokens(self, tokens: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats per token) of this rank's videos of token ids
+        (n, T, H, W), after its backward (the autoregressive family)."""
+        cast, fp8 = self.autocast()
+        with cast, fp8:
+            loss = next_token_loss(self.model(tokens, text), tokens.flatten(1))
         loss.backward()
         return loss.detach()
 
