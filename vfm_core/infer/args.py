@@ -25,6 +25,10 @@ def add_generate_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokenizer", help="tokenizer dir (default: the run's data.tokenizer)")
     ap.add_argument("--fps", type=int, default=8, help="frame rate of the MP4/GIF")
     ap.add_argument("--no-gif", action="store_true", help="do not write FILE.gif")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="autoregressive runs: token temperature (0 = greedy)")
+    ap.add_argument("--top-k", type=int, default=0, help="autoregressive runs: top-k (0 = all)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="autoregressive runs: nucleus p")
 
 
 def request_from_args(args: argparse.Namespace) -> GenerateRequest:
@@ -41,4 +45,7 @@ def request_from_args(args: argparse.Namespace) -> GenerateRequest:
         guidance=args.guidance,
         fps=args.fps,
         gif=not args.no_gif,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
     )

@@ -73,7 +73,15 @@ def run(args: argparse.Namespace) -> int:
         check_guidance(args.guidance)
     if args.nproc < 1:
         raise GenerateError(f"--nproc: must be >= 1, got {args.nproc}")
-    resolve_checkpoint(args.checkpoint)
+    run_dir, _ = resolve_checkpoint(args.checkpoint)
+    if args.nproc > 1:
+        from vfm_core.config import load_yaml
+
+        if load_yaml(run_dir / "config.yaml").model.arch == "ar":
+            raise GenerateError(
+                f"--nproc {args.nproc}: the autoregressive family samples on one rank so far "
+                "(use --nproc 1)"
+            )
     emb = embed_prompt(args.prompt)  # (1, Dt); empty prompt -> GenerateError
     if args.nproc == 1:
         result = generate(

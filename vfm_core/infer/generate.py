@@ -41,12 +41,15 @@ import torch
 import torch.distributed as dist
 
 from vfm_core.config import DiffusionConfig
+from vfm_core.data.synthetic_tokens import synthetic_levels
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.sampler import karras_sigmas, sample
+from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames, write_outputs
+from vfm_core.tokenizer.fsq import FSQ
 
 __all__ = [
     "GUIDANCE_RANGE",
@@ -90,6 +93,12 @@ class GenerateRequest:
     """Frame rate of the written MP4 / GIF."""
     gif: bool = True
     """Also write ``OUT.gif`` (needs Pillow)."""
+    temperature: float = 1.0
+    """Autoregressive family: softmax temperature of the token draws (0 = greedy)."""
+    top_k: int = 0
+    """Autoregressive family: keep the k most likely tokens (0 = all)."""
+    top_p: float = 1.0
+    """Autoregressive family: nucleus, in (0, 1]."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -230,6 +239,27 @@ def load_decoder(path: str | Path, *, latent_channels: int):
         raise GenerateError(f"--tokenizer {p}: {e}") from None
 
 
+def load_token_decoder(path: str | Path, *, vocab_size: int):
+    """A discrete tokenizer whose FSQ grid has ``vocab_size`` ids, else GenerateError."""
+    from vfm_core.tokenizer import TokenizerLoadError, load_tokenizer
+
+    try:
+        tok = load_tokenizer(path)
+    except TokenizerLoadError as e:
+        raise GenerateError(f"--tokenizer {path}: {e}") from None
+    if tok.fsq is None:
+        raise GenerateError(
+            f"--tokenizer {path}: a continuous tokenizer; the autoregressive model needs a "
+            "discrete one (vfm tokenizer train --discrete)"
+        )
+    if tok.vocab_size != vocab_size:
+        raise GenerateError(
+            f"--tokenizer {path}: its codebook has {tok.vocab_size} ids (FSQ levels "
+            f"{list(tok.cfg.fsq_levels)}), the model's vocabulary {vocab_size}"
+        )
+    return tok
+
+
 def generate(
     checkpoint: str | Path | LoadedDiT,
     request: GenerateRequest,
@@ -252,35 +282,65 @@ def generate(
     if out.suffix.lower() != ".mp4":
         raise GenerateError(f"--out {out}: must end in .mp4")
     tok_path = tokenizer or cfg.data.tokenizer or None
-    decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels) if tok_path else None
+    ar = cfg.model.arch == "ar"
+    decoder = None
+    if ar:  # discrete tokens: the tokenizer's FSQ grid must be the model's vocabulary
+        if tok_path:
+            decoder = load_token_decoder(tok_path, vocab_size=cfg.model.vocab_size)
+        channels = decoder.cfg.latent_channels if decoder else len(synthetic_levels(cfg.model))
+    else:
+        if tok_path:
+            decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels)
+        channels = cfg.model.in_channels
     t_c, s = (
         (decoder.cfg.temporal_factor, decoder.cfg.spatial_factor) if decoder else PREVIEW_FACTORS
     )
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if ar and world > 1:
+        raise GenerateError(
+            f"--nproc {world}: the autoregressive family samples on one rank so far (use --nproc 1)"
+        )
     plan: LatentPlan = plan_latent(
         request.frames,
         request.height,
         request.width,
         temporal_factor=t_c,
         spatial_factor=s,
-        channels=cfg.model.in_channels,
+        channels=channels,
         patch=tuple(cfg.model.patch),
         cp=world,
     )
     if text_emb is None:
         text_emb = embed_prompt(request.prompt, embedder=embedder)
     text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
-    ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
-    noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
+    tokens = None
     t0 = time.perf_counter()
-    latent = sample_latent(loaded.model, cfg.diffusion, noise, text, steps=steps, guidance=guidance)
+    if ar:
+        ranks = 1
+        sampling = SamplingConfig(temperature=request.temperature, top_k=request.top_k,
+                                  top_p=request.top_p, guidance=guidance,
+                                  seed=request.seed)  # fmt: skip
+        try:
+            tokens = sample_tokens(loaded.model, text, tuple(plan.latent[1:]), sampling)
+        except SamplingError as e:
+            raise GenerateError(str(e)) from None
+        fsq = decoder.fsq if decoder is not None else FSQ(synthetic_levels(cfg.model))
+        latent = fsq.indices_to_codes(tokens).movedim(-1, 1)  # (1, C, T', h, w) codes
+        steps = math.prod(plan.latent[1:])  # one model call per token
+    else:
+        ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
+        noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
+        latent = sample_latent(loaded.model, cfg.diffusion, noise, text, steps=steps,
+                               guidance=guidance)  # fmt: skip
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank = dist.get_rank() if ranks > 1 else 0
     gif = None
     if rank == 0:
         with torch.no_grad():
-            if decoder is not None:
+            if decoder is not None and tokens is not None:
+                video = decoder.decode_tokens(tokens)  # (1, 3, F, H, W) in ~[-1, 1]
+            elif decoder is not None:
                 video = decoder.decode(latent.float())  # (1, 3, F, H, W) in ~[-1, 1]
             else:
                 warnings.warn(
@@ -293,6 +353,9 @@ def generate(
             to_uint8_frames(video[0]), latent[0].numpy(), out, fps=request.fps, gif=request.gif
         )
         gif = paths["gif"]
+        if tokens is not None:  # the sampled ids (T', h, w) int32 beside the codes
+            np.save(out.with_suffix(".tokens.npy"), tokens[0].numpy().astype(np.int32),
+                    allow_pickle=False)  # fmt: skip
     if ranks > 1:
         dist.barrier()
     return GenerateResult(

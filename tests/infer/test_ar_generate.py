@@ -1,0 +1,62 @@
+"""vfm generate on an autoregressive run: an ar-tiny checkpoint trained on the default synthetic
+source writes a video and its token ids without further flags; greedy sampling is reproducible;
+tokenizers that do not fit the vocabulary and --nproc > 1 are refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vfm_core.cli import main as vfm_main
+from vfm_core.config import apply_overrides
+from vfm_core.infer.generate import GenerateRequest, generate
+from vfm_core.infer.shapes import GenerateError
+from vfm_core.recipes import get_recipe
+from vfm_core.tokenizer import TokenizerConfig, save_tokenizer
+from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
+from vfm_core.train.main import run_training
+
+EMB = np.ones((1, 384), dtype=np.float32) / np.sqrt(384)
+
+
+@pytest.fixture(scope="module")
+def ar_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ar-run")
+    small = ["model.depth=2", "train.steps=4", "data.batch_size=2", "tracking.mlflow=false"]
+    cfg = apply_overrides(get_recipe("ar-tiny"), small)
+    run_training(cfg, out_dir=out, progress=False)
+    return out
+
+
+def test_generates_video_and_tokens_without_flags(ar_run, tmp_path):
+    req = GenerateRequest(prompt="a red disc moving right", frames=9, height=64, width=64,
+                          temperature=0.0)  # fmt: skip
+    a = generate(ar_run, req, tmp_path / "a.mp4", text_emb=EMB)
+    generate(ar_run, req, tmp_path / "b.mp4", text_emb=EMB)
+    assert a.decoder == "latent-preview" and a.latent_shape == (4, 3, 8, 8)
+    assert a.steps == 192  # one model call per token of the 3 x 8 x 8 grid
+    ta, tb = np.load(tmp_path / "a.tokens.npy"), np.load(tmp_path / "b.tokens.npy")
+    assert ta.shape == (3, 8, 8) and ta.dtype == np.int32
+    assert np.array_equal(ta, tb)  # greedy: the same video
+    assert (tmp_path / "a.mp4").stat().st_size > 0
+
+
+def test_tokenizers_that_do_not_fit_are_refused(ar_run, tmp_path):
+    req = GenerateRequest(prompt="x", frames=9, height=64, width=64)
+    cont = save_tokenizer(CausalVideoAutoencoder(TokenizerConfig()), tmp_path / "cont")
+    with pytest.raises(GenerateError, match="continuous tokenizer"):
+        generate(ar_run, req, tmp_path / "c.mp4", tokenizer=cont.parent, text_emb=EMB)
+    other = save_tokenizer(CausalVideoAutoencoder(TokenizerConfig(fsq_levels=(5, 5, 5, 5))),
+                           tmp_path / "other")  # fmt: skip
+    with pytest.raises(GenerateError, match="625 ids"):
+        generate(ar_run, req, tmp_path / "o.mp4", tokenizer=other.parent, text_emb=EMB)
+    with pytest.raises(GenerateError, match="top_p"):
+        generate(ar_run, GenerateRequest(prompt="x", frames=9, top_p=0.0), tmp_path / "p.mp4",
+                 text_emb=EMB)  # fmt: skip
+
+
+def test_cli_refuses_nproc_for_ar(ar_run, tmp_path, capsys):
+    code = vfm_main(["generate", "--checkpoint", str(ar_run), "--prompt", "x", "--nproc", "2",
+                     "--out", str(tmp_path / "n.mp4")])  # fmt: skip
+    assert code != 0
+    assert "one rank" in capsys.readouterr().err
