@@ -1,6 +1,7 @@
 """The autoregressive family on the one trainer: ar-tiny's next-token loss falls from ln(vocab) on
 the synthetic token source, MFU is logged, a resume continues bit-identically, and the layouts
-the family does not run yet are refused in one line."""
+the family does not run (yet) are refused in one line. Its parallel layouts are in
+tests/parallel/test_one_trainer.py and test_causal_context.py."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ def test_ar_tiny_learns_and_resumes_bit_identically(tmp_path):
     assert [r["loss"] for r in _rows(tmp_path / "resumed")] == [r["loss"] for r in rows]
 
 
-@pytest.mark.parametrize("degree", ["tp", "cp", "pp"])
-def test_ar_model_parallel_layouts_are_refused_in_one_line(degree):
-    cfg = with_degrees(get_recipe("ar-tiny"), **{degree: 2})
-    with pytest.raises(ConfigError, match="data-parallel only"):
-        validate_layout(cfg, 2)
+def test_ar_layouts_it_cannot_run_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match="not pipelined"):
+        validate_layout(with_degrees(get_recipe("ar-tiny"), pp=2), 2)
+    odd = apply_overrides(get_recipe("ar-tiny"), ["data.latent_frames=1", "data.latent_height=3",
+                                                  "data.latent_width=3"])  # fmt: skip
+    with pytest.raises(ConfigError, match="9 tokens"):
+        validate_layout(with_degrees(odd, cp=2), 2)

@@ -186,6 +186,25 @@ def _block_attention(q, k, v, scale, mask=None):
     return (e @ v) / total, (total.log() + peak).squeeze(-1)
 
 
+def causal_positions(n: int, world: int, *, balanced: bool = True) -> torch.Tensor:
+    """(world, n) global positions of every rank's n local tokens in a causal sequence of
+    ``world * n`` tokens. ``balanced`` (zigzag): cut into 2·world chunks, rank r holds chunks r
+    and 2·world-1-r, so every rank has the same share of the causal triangle's work;
+    otherwise contiguous chunks (rank r holds [r·n, (r+1)·n): the last rank does the most)."""
+    if not balanced:
+        return torch.arange(world * n).view(world, n)
+    if n % 2:
+        raise ValueError(
+            f"balanced causal context parallelism needs an even number of tokens per rank, got "
+            f"{n} (the sequence must divide into 2 x cp chunks)"
+        )
+    c = n // 2
+    rows = [torch.cat([torch.arange(r * c, (r + 1) * c),
+                       torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c)])
+            for r in range(world)]  # fmt: skip
+    return torch.stack(rows)
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -194,6 +213,7 @@ def ring_attention(
     *,
     sample_ids: torch.Tensor | None = None,
     overlap: bool | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact full attention of the local queries against the K/V chunks of all ranks.
 
@@ -204,6 +224,10 @@ def ring_attention(
     ``sample_ids`` (N,) int, the sample of every token of the *whole* packed sequence (the THD
     pack split over the ranks, ``cu_seqlens`` expanded): a token then attends only to tokens of
     its own sample, wherever along the ring they live; samples may straddle chunk boundaries.
+
+    ``positions`` (world, n) int: causal attention (the autoregressive family): a query attends
+    to keys at global positions <= its own, each rank's tokens placed as :func:`causal_positions`
+    says; blocks a rank's queries cannot see at all are skipped (the ring still passes them on).
 
     ``overlap``: move the next K/V block (backward: the K/V gradients) while the current block is
     computed (:class:`_RingStart` / :class:`_RingWait`); False sends, waits, then computes (same
@@ -238,10 +262,18 @@ def ring_attention(
         kb = k.repeat_interleave(rep, dim=1) if rep > 1 else k  # (B, Hq, n, d)
         vb = v.repeat_interleave(rep, dim=1) if rep > 1 else v
         mask = None
+        src = (rank - step) % world
         if sample_ids is not None:
-            src = (rank - step) % world
             q_ids = sample_ids[rank * n : (rank + 1) * n]
             mask = q_ids[:, None] == sample_ids[src * n : (src + 1) * n][None, :]  # (n, n)
+        if positions is not None:
+            seen = positions[src].to(q.device)[None, :] <= positions[rank].to(q.device)[:, None]
+            mask = seen if mask is None else mask & seen  # (n, n)
+            if not bool(seen.any()):  # no query here sees this block: no work, nothing to merge
+                # ...but keep the block in the graph (a zero term), so the backward of every
+                # ring shift runs on every rank and the P2P pairs of the backward still match
+                out = out + 0.0 * (kb.sum() + vb.sum()).to(acc)
+                continue
         o_blk, lse_blk = _block_attention(qf, kb.to(acc), vb.to(acc), scale, mask)
         if out is None:
             out, lse = o_blk, lse_blk
@@ -303,7 +335,9 @@ def local_attention(q, k, v, *, grid: Grid) -> torch.Tensor:
     return _ungroup(attention(q, k, v), b, grid, "spatial")  # (B, Hq, n, d)
 
 
-def cp_attention(group: dist.ProcessGroup, mode: CPMode = "hybrid") -> Callable[..., torch.Tensor]:
+def cp_attention(
+    group: dist.ProcessGroup, mode: CPMode = "hybrid", *, balanced: bool = True
+) -> Callable[..., torch.Tensor]:
     """The attention callable for a context-parallel self-attention (``Attention.attn_fn``).
 
     ``ring``: ring for every layout (spatial/temporal need the local chunk to hold whole groups,
@@ -311,6 +345,8 @@ def cp_attention(group: dist.ProcessGroup, mode: CPMode = "hybrid") -> Callable[
     (paper, ST-DiT): all-to-all for spatial/temporal, ring for full attention — and spatial
     attention with no communication at all when every rank's chunk holds whole frames
     (latent frames divisible by the CP degree), since tokens are split in (t, h, w) raster order.
+    Causal attention (``layout="causal"``, the autoregressive family) always runs the ring, over
+    the token placement of :func:`causal_positions` (``balanced``: zigzag).
     """
     if mode not in ("ring", "alltoall", "hybrid"):
         raise ValueError(f"context-parallel mode {mode!r} unknown (ring | alltoall | hybrid)")
@@ -318,6 +354,10 @@ def cp_attention(group: dist.ProcessGroup, mode: CPMode = "hybrid") -> Callable[
     def attn_fn(
         q, k, v, *, grid: Grid | None = None, layout: str = "full", sample_ids=None
     ) -> torch.Tensor:
+        if layout == "causal":  # autoregressive family: causal ring over balanced chunks
+            p = dist.get_world_size(group)
+            pos = causal_positions(q.shape[2], p, balanced=balanced)
+            return ring_attention(q, k, v, group, sample_ids=sample_ids, positions=pos)
         if mode == "hybrid" and layout == "spatial" and grid is not None and sample_ids is None:
             p = dist.get_world_size(group)
             if grid[0] % p == 0:  # the chunk holds whole frames: spatial attention is local

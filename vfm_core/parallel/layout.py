@@ -36,11 +36,20 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"data-parallel ranks (dp_replicate={dims.dp_replicate} x dp_shard={dims.dp_shard}); "
             f"use a multiple of {dims.dp}"
         )
-    if m.arch == "ar" and (dims.tp > 1 or dims.cp > 1 or dims.pp > 1):
-        raise ConfigError(
-            f"model.arch 'ar' (the autoregressive family) trains data-parallel only so far "
-            f"(dp_shard / dp_replicate); got tp={dims.tp} cp={dims.cp} pp={dims.pp}"
-        )
+    if m.arch == "ar":
+        if dims.pp > 1:
+            raise ConfigError(
+                f"parallel.pp={dims.pp}: the autoregressive family (model.arch 'ar') is not "
+                "pipelined yet; use dp_shard, dp_replicate, tp and cp"
+            )
+        tokens = cfg.data.latent_frames * cfg.data.latent_height * cfg.data.latent_width
+        sp = dims.tp if cfg.parallel.sequence_parallel else 1
+        if dims.cp > 1 and tokens % (2 * dims.cp * sp):
+            raise ConfigError(
+                f"parallel.cp={dims.cp}: balanced causal context parallelism cuts the {tokens} "
+                f"tokens of a video into 2 x cp{' x tp' if sp > 1 else ''} = {2 * dims.cp * sp} "
+                "equal chunks; choose latent sizes whose token count divides that"
+            )
     if dims.tp > 1 and (m.heads % dims.tp or m.n_kv_heads % dims.tp):
         raise ConfigError(
             f"parallel.tp: {dims.tp} must divide model.heads={m.heads} and the key/value heads "

@@ -55,7 +55,13 @@ from torch.distributed.tensor.parallel import (
 from torch.utils.checkpoint import checkpoint
 
 from vfm_core.config import ConfigError
-from vfm_core.parallel.context import CPMode, cp_attention, gather_seq, seq_chunk
+from vfm_core.parallel.context import (
+    CPMode,
+    causal_positions,
+    cp_attention,
+    gather_seq,
+    seq_chunk,
+)
 from vfm_core.parallel.dims import ParallelDims
 
 _MLP_IN = ("fc1", "w1", "w3")  # GELU fc1, SwiGLU gate w1 and up w3: column-parallel
@@ -121,26 +127,49 @@ def _tp_plan(block: nn.Module, sp: bool) -> dict:
     return plan
 
 
+def _sequence_ends(model: nn.Module) -> tuple[nn.Module, nn.Module, int, bool]:
+    """(module whose output is the token sequence, module whose output is gathered back, index
+    of the RoPE angles among a block's positional arguments, causal) of a DiT or of the causal
+    video transformer (whose CP chunks are balanced zigzag sets of positions)."""
+    if getattr(model.cfg, "arch", "") == "ar":
+        return model.embed, model.head, 2, True  # block(x, text, rope (N, d/2))
+    return model.x_embedder, model.final, 4, False  # block(h, emb, shared, text, rope, grid)
+
+
 def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
     """Hooks: cut the embedded tokens into this rank's chunk, give every block the RoPE angles of
-    its CP chunk, gather the final layer's output back to the full sequence."""
+    its CP chunk, gather the last layer's output back to the full sequence. A causal model's CP
+    chunk is the balanced set of positions of :func:`causal_positions` (then cut by SP)."""
     cp, tp = dims.cp, (dims.tp if sp else 1)
     cp_rank, tp_rank = dims.coord("cp"), (dims.coord("tp") if sp else 0)
     cp_group = dims.group("cp")
     tp_group = dims.group("tp")
+    seq_in, seq_out, rope_arg, causal = _sequence_ends(model)
+
+    def cp_part(x: torch.Tensor, dim: int) -> torch.Tensor:
+        if not causal or cp == 1:
+            return seq_chunk(x, cp_rank, cp, dim=dim)
+        idx = causal_positions(x.shape[dim] // cp, cp)[cp_rank].to(x.device)
+        return x.index_select(dim, idx)
 
     def split(_mod, _inp, out):  # (B, N, D) -> (B, N/(C*T), D)
-        return seq_chunk(seq_chunk(out, cp_rank, cp), tp_rank, tp)
+        return seq_chunk(cp_part(out, 1), tp_rank, tp)
 
-    def rope_chunk(_mod, args):  # block(h, emb, shared, text, rope (N, d/2), grid)
+    def rope_chunk(_mod, args):  # the block's RoPE angles (N, d/2) -> (N/C, d/2)
         args = list(args)
-        args[4] = seq_chunk(args[4], cp_rank, cp, dim=0)  # (N/C, d/2)
+        args[rope_arg] = cp_part(args[rope_arg], 0)
         return tuple(args)
 
-    def gather(_mod, _inp, out):  # (B, N/(C*T), C*P) -> (B, N, C*P)
+    def gather(_mod, _inp, out):  # (B, N/(C*T), F) -> (B, N, F)
         if tp > 1:
             out = gather_seq(out, tp_group)
-        return gather_seq(out, cp_group) if cp > 1 else out
+        if cp == 1:
+            return out
+        out = gather_seq(out, cp_group)  # (B, N, F) in rank order
+        if causal:  # back to raster order
+            order = causal_positions(out.shape[1] // cp, cp).flatten().argsort()
+            out = out.index_select(1, order.to(out.device))
+        return out
 
     def pack_chunk(_mod, args, kwargs):  # packed forward: block / final(..., pack=TokenPack)
         pack = kwargs.get("pack")
@@ -154,13 +183,13 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
         kwargs = {**kwargs, "pack": replace(pack, token_sample=local, cross_mask=cross)}
         return args, kwargs
 
-    model.x_embedder.register_forward_hook(split)
+    seq_in.register_forward_hook(split)
     if cp > 1:
         for block in model.blocks.values():
             block.register_forward_pre_hook(rope_chunk)
-    for module in (*model.blocks.values(), model.final):
+    for module in (*model.blocks.values(), seq_out):
         module.register_forward_pre_hook(pack_chunk, with_kwargs=True)
-    model.final.register_forward_hook(gather)
+    seq_out.register_forward_hook(gather)
 
 
 def _packs_to(batched: Callable, packed: Callable) -> Callable:
@@ -211,7 +240,7 @@ def parallelize_dit(
             local_fn = _packs_to(fn, cp_attention(dims.group("cp"), "alltoall"))
         for block in model.blocks.values():
             for layout, attn in zip(block.layouts, block.self_attn):
-                attn.attn_fn = fn if layout == "full" else local_fn
+                attn.attn_fn = fn if layout in ("full", "causal") else local_fn
     if sp or dims.cp_enabled:
         _split_sequence(model, dims, sp)
     groups = []
