@@ -1,6 +1,8 @@
 """Causal ring attention (the autoregressive family) over 4 gloo ranks equals causal attention on
 one device, forward and backward (fp64), with the balanced (zigzag) and the contiguous token
-placement, with GQA; the balanced placement evens the causal work per rank."""
+placement, with GQA; the balanced placement evens the causal work per rank. Under tensor
+parallelism the causal model's head is vocabulary-parallel: no rank holds the full logits, and
+the parallel cross-entropy and its gradients equal one device's."""
 
 from __future__ import annotations
 
@@ -8,9 +10,13 @@ import torch
 import torch.distributed as dist
 from parallel_harness import run_ranks
 
+from vfm_core.config import ModelConfig
+from vfm_core.models.ar import CausalVideoTransformer, next_token_loss
 from vfm_core.models.attention import causal_mask
 from vfm_core.models.layers import attention
 from vfm_core.parallel.context import causal_positions, cp_attention, ring_attention
+from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 
 N = 32  # tokens: 8 per rank on 4 ranks
 
@@ -61,3 +67,39 @@ def test_balanced_placement_evens_the_work():
         work = [int((pos.flatten()[None, :] <= pos[r][:, None]).sum()) for r in range(world)]
         assert sum(work) == n * (n + 1) // 2
         assert max(work) / min(work) <= spread + 1e-9 if balanced else max(work) / min(work) > 3
+
+
+def _worker_vocab_parallel(rank, world):
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    cfg = ModelConfig(arch="ar", vocab_size=50, hidden=32, depth=2, heads=4, kv_heads=2,
+                      text_dim=8, text_len=2, patch=(1, 1, 1))  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 50, (2, 2, 2, 4), generator=g)
+    text = torch.randn(2, 2, 8, generator=g, dtype=torch.float64)
+    torch.manual_seed(0)
+    ref = CausalVideoTransformer(cfg).double()
+    torch.manual_seed(0)
+    model = CausalVideoTransformer(cfg).double()
+    loss_ref = next_token_loss(ref(tokens, text), tokens.flatten(1))
+    loss_ref.backward()
+    model = parallelize_dit(model, parallel_dims=ParallelDims(tp=world, world_size=world))
+    logits = model(tokens, text)
+    assert isinstance(logits, DTensor) and logits.to_local().shape[-1] == 50 // world
+    with loss_parallel():
+        loss = next_token_loss(logits, tokens.flatten(1))
+        loss.backward()
+    sync_grads(model)
+    grads = dict(ref.named_parameters())
+    err = 0.0
+    for name, p in model.named_parameters():
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        err = max(err, (grad - grads[name].grad).abs().max().item())
+    loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+    return {"loss": abs(loss.item() - loss_ref.item()), "grad": err}
+
+
+def test_vocab_parallel_head_and_loss_equal_one_device():
+    for r in run_ranks(_worker_vocab_parallel, 2):
+        assert r["loss"] < 1e-12 and r["grad"] < 1e-10, r

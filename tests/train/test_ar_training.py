@@ -29,7 +29,8 @@ def test_ar_tiny_learns_and_resumes_bit_identically(tmp_path):
     rows = _rows(tmp_path / "full")
     assert rows[0]["loss"] == pytest.approx(math.log(cfg.model.vocab_size), rel=0.05)
     assert sum(r["loss"] for r in rows[-5:]) / 5 < 0.6 * rows[0]["loss"]
-    assert all(0 < r["mfu"] < 2 and r["tokens_per_s"] > 0 for r in rows)
+    # MFU against the CPU peak measured at start (noisy under load): logged and positive
+    assert all(r["mfu"] > 0 and r["tflops"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     # stop at 20, resume to 30: the same losses
     half = apply_overrides(cfg, ["train.steps=20"])
     run_training(half, out_dir=tmp_path / "resumed", progress=False)

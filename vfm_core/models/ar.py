@@ -131,5 +131,9 @@ class CausalVideoTransformer(nn.Module):
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats per token) of logits (B, N, V) against ids (B, N)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    """Mean cross-entropy (nats per token) of logits (B, N, V) against ids (B, N). Logits that
+    are a DTensor sharded over the vocabulary (tensor parallel) need torch's ``loss_parallel``
+    context around this call and its backward: the softmax is then reduced across the ranks and
+    no rank holds the full logits."""
+    acc = torch.promote_types(logits.dtype, torch.float32)  # bf16 -> fp32, fp64 stays
+    return F.cross_entropy(logits.flatten(0, 1).to(acc), targets.flatten())

@@ -407,6 +407,29 @@ class _GatherSeq(torch.autograd.Function):
         return None, None, seq_chunk(grad, ctx.index, ctx.parts, ctx.dim).contiguous()
 
 
+class _SplitSeq(torch.autograd.Function):
+    """This rank's chunk of a sequence replicated over ``group``; backward all-gathers the
+    chunks' gradients, so every rank gets the gradient of the whole sequence (the adjoint of
+    :class:`_GatherSeq`). For an input computed by a module sharded over ``group`` (each rank
+    must see the gradient of every token, not only of its chunk)."""
+
+    @staticmethod
+    def forward(ctx, group, dim, x):
+        ctx.group, ctx.dim = group, dim
+        return seq_chunk(x, dist.get_rank(group), dist.get_world_size(group), dim).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, gather_seq(grad.contiguous(), ctx.group, ctx.dim)
+
+
+def split_seq(x: torch.Tensor, group: dist.ProcessGroup, dim: int = 1) -> torch.Tensor:
+    """(B, P*n, ...) replicated -> (B, n, ...) this rank's chunk; gradients all-gathered."""
+    if dist.get_world_size(group) == 1:
+        return x
+    return _SplitSeq.apply(group, dim, x)
+
+
 def gather_seq(x: torch.Tensor, group: dist.ProcessGroup, dim: int = 1) -> torch.Tensor:
     """(B, n, ...) chunk -> (B, P*n, ...) full sequence on every rank of ``group``."""
     if dist.get_world_size(group) == 1:

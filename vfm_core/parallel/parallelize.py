@@ -61,6 +61,7 @@ from vfm_core.parallel.context import (
     cp_attention,
     gather_seq,
     seq_chunk,
+    split_seq,
 )
 from vfm_core.parallel.dims import ParallelDims
 
@@ -127,6 +128,19 @@ def _tp_plan(block: nn.Module, sp: bool) -> dict:
     return plan
 
 
+def _vocab_plan(sp: bool) -> dict:
+    """Vocabulary-parallel embedding (each TP rank holds a slice of the rows; the lookups are
+    summed over the group, so the full sequence is on every TP rank before the split hook cuts
+    it) and output head (column-parallel: each rank's logits cover its slice of the vocabulary,
+    a DTensor sharded on the last dim that :func:`vocab_parallel_loss` reduces without
+    gathering; under SP the head first all-gathers the sequence chunks)."""
+    return {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+                                output_layouts=Shard(-1), use_local_output=False),
+    }  # fmt: skip
+
+
 def _sequence_ends(model: nn.Module) -> tuple[nn.Module, nn.Module, int, bool]:
     """(module whose output is the token sequence, module whose output is gathered back, index
     of the RoPE angles among a block's positional arguments, causal) of a DiT or of the causal
@@ -153,6 +167,8 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
         return x.index_select(dim, idx)
 
     def split(_mod, _inp, out):  # (B, N, D) -> (B, N/(C*T), D)
+        if causal and tp > 1:  # the embedding is sharded over tp: it needs every token's grad
+            return split_seq(cp_part(out, 1), tp_group)
         return seq_chunk(cp_part(out, 1), tp_rank, tp)
 
     def rope_chunk(_mod, args):  # the block's RoPE angles (N, d/2) -> (N/C, d/2)
@@ -160,9 +176,7 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
         args[rope_arg] = cp_part(args[rope_arg], 0)
         return tuple(args)
 
-    def gather(_mod, _inp, out):  # (B, N/(C*T), F) -> (B, N, F)
-        if tp > 1:
-            out = gather_seq(out, tp_group)
+    def cp_gather(out: torch.Tensor) -> torch.Tensor:  # (B, N/C, F) -> (B, N, F)
         if cp == 1:
             return out
         out = gather_seq(out, cp_group)  # (B, N, F) in rank order
@@ -170,6 +184,14 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
             order = causal_positions(out.shape[1] // cp, cp).flatten().argsort()
             out = out.index_select(1, order.to(out.device))
         return out
+
+    def gather(_mod, _inp, out):  # (B, N/(C*T), F) -> (B, N, F)
+        if isinstance(out, DTensor):  # vocabulary-parallel logits, already whole over tp
+            local = cp_gather(out.to_local())  # (B, N, V/tp)
+            return DTensor.from_local(local, out.device_mesh, out.placements, run_check=False)
+        if tp > 1:
+            out = gather_seq(out, tp_group)
+        return cp_gather(out)
 
     def pack_chunk(_mod, args, kwargs):  # packed forward: block / final(..., pack=TokenPack)
         pack = kwargs.get("pack")
@@ -232,6 +254,8 @@ def parallelize_dit(
     if dims.tp_enabled:
         for block in model.blocks.values():
             parallelize_module(block, mesh["tp"], _tp_plan(block, sp), src_data_rank=None)
+        if _sequence_ends(model)[3]:  # causal model: vocabulary-parallel embedding and head
+            parallelize_module(model, mesh["tp"], _vocab_plan(sp), src_data_rank=None)
     # 2. context parallel: self-attention cores become ring / all-to-all over the cp group
     if dims.cp_enabled:
         fn = cp_attention(dims.group("cp"), cp_mode)

@@ -30,6 +30,7 @@ is in :meth:`Trainer.state_dict`; the draws need no state (they are functions of
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -43,6 +44,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from vfm_core.config import Config, ConfigError, OptimConfig, to_dict
 from vfm_core.data.samples import LatentBatch, LatentPack, LatentSource, PackedLatentBatch
@@ -282,9 +285,15 @@ class Trainer:
         """Mean next-token cross-entropy (nats per token) of this rank's videos of token ids
         (n, T, H, W), after its backward (the autoregressive family)."""
         cast, fp8 = self.autocast()
-        with cast, fp8:
-            loss = next_token_loss(self.model(tokens, text), tokens.flatten(1))
-        loss.backward()
+        # tensor parallel: the head's logits are sharded over the vocabulary (a DTensor); the
+        # cross-entropy reduces across the TP ranks without gathering them
+        vocab_parallel = loss_parallel() if self.dims.tp_enabled else contextlib.nullcontext()
+        with vocab_parallel:
+            with cast, fp8:
+                loss = next_token_loss(self.model(tokens, text), tokens.flatten(1))
+            loss.backward()
+        if isinstance(loss, DTensor):
+            loss = loss.full_tensor()
         return loss.detach()
 
     def finish_step(self, loss: torch.Tensor | None) -> dict[str, float]:
