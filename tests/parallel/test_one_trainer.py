@@ -22,7 +22,8 @@ CASES = {
     "stdit-tiny": [["--cp", "2"], ["--pp", "2"]],
     "llama-dit-tiny": [["--tp", "2"], ["--dp-shard", "2"]],
     # the autoregressive family on the same trainer: FSDP2, balanced causal ring CP, TP+SP
-    "ar-tiny": [["--dp-shard", "2"], ["--cp", "2"], ["--tp", "2"]],
+    # (vocabulary-parallel head and loss), PP
+    "ar-tiny": [["--dp-shard", "2"], ["--cp", "2"], ["--tp", "2"], ["--pp", "2"]],
 }
 
 

@@ -22,7 +22,7 @@ from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 from vfm_core.parallel.pipeline import (
     REPLICATED,
     DiTPipeline,
-    DiTStage,
+    make_stage,
     parallelize_stage,
     sync_pipeline_grads,
 )
@@ -77,7 +77,7 @@ def apply_layout(
                            schedule="1f1b", activation_checkpointing=p.activation_checkpointing,
                            **opts)  # fmt: skip
         if ema is not None:
-            stage = DiTStage(ema, stage=dims.coord("pp"), num_stages=dims.pp, grid=grid)
+            stage = make_stage(ema, stage=dims.coord("pp"), num_stages=dims.pp, grid=grid)
             ema = parallelize_stage(stage, dims, **opts)
         return AppliedLayout(model=pipe.module, ema=ema, pipe=pipe, dims=dims)
     opts |= dict(parallel_dims=dims, cp_mode=p.cp_mode)

@@ -37,10 +37,10 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"use a multiple of {dims.dp}"
         )
     if m.arch == "ar":
-        if dims.pp > 1:
+        if dims.pp > 1 and dims.tp > 1:
             raise ConfigError(
-                f"parallel.pp={dims.pp}: the autoregressive family (model.arch 'ar') is not "
-                "pipelined yet; use dp_shard, dp_replicate, tp and cp"
+                f"parallel.pp={dims.pp} with parallel.tp={dims.tp}: the autoregressive family "
+                "(model.arch 'ar') pipelines with dp_shard / dp_replicate only so far"
             )
         tokens = cfg.data.latent_frames * cfg.data.latent_height * cfg.data.latent_width
         sp = dims.tp if cfg.parallel.sequence_parallel else 1

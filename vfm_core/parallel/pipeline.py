@@ -1,4 +1,6 @@
-"""Pipeline parallelism for the DiT with ``torch.distributed.pipelining`` (GPipe or 1F1B).
+"""Pipeline parallelism for the DiT (and the causal video transformer, :class:`ARStage`: token
+ids in, logits out, the next-token loss on the last stage) with ``torch.distributed.pipelining``
+(GPipe or 1F1B).
 
 Stages own contiguous blocks (the ``nn.ModuleDict`` keeps the single-device parameter names).
 What crosses a stage boundary is the token stream ``h`` (B, N, D) plus the raw conditioning inputs
@@ -87,15 +89,47 @@ class DiTStage(nn.Module):
         return h, c_noise, text
 
 
+class ARStage(nn.Module):
+    """One pipeline stage of the causal video transformer: (ids | h, text) -> (h, text) | logits.
+    Stage 0 embeds the BOS-shifted ids (B, N); every stage computes the RoPE angles of the grid
+    and cross-attends to the text that travels along; the last stage ends with norm and head."""
+
+    def __init__(self, model: nn.Module, *, stage: int, num_stages: int, grid: Grid):
+        super().__init__()
+        self.cfg, self.grid = model.cfg, grid
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        keep = stage_blocks(model.cfg.depth, num_stages, stage)
+        self.embed = model.embed if self.first else None
+        self.blocks = nn.ModuleDict({k: model.blocks[k] for k in keep})
+        self.norm = model.norm if self.last else None
+        self.head = model.head if self.last else None
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor):
+        h = self.embed(x) if self.first else x  # (B, N, D)
+        rope = rope_3d(self.grid, self.cfg.head_dim, self.cfg.rope_theta, device=h.device)
+        txt = text.to(h.dtype)
+        for block in self.blocks.values():
+            h = block(h, txt, rope)  # (B, N, D)
+        if self.last:
+            return self.head(self.norm(h))  # (B, N, V)
+        return h, text
+
+
+def make_stage(model: nn.Module, *, stage: int, num_stages: int, grid: Grid) -> nn.Module:
+    """This rank's stage of a DiT or of the causal video transformer."""
+    cls = ARStage if model.cfg.arch == "ar" else DiTStage
+    return cls(model, stage=stage, num_stages=num_stages, grid=grid)
+
+
 def parallelize_stage(
-    stage: DiTStage,
+    stage: nn.Module,
     dims: ParallelDims,
     *,
     sequence_parallel: bool = True,
     activation_checkpointing: bool = False,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
-) -> DiTStage:
+) -> nn.Module:
     """Apply TP (+ SP), activation checkpointing and FSDP2 to one pipeline stage in place (see the
     module docstring); sets ``stage.vfm_grad_sync`` for
     :func:`vfm_core.parallel.parallelize.sync_grads`."""
@@ -141,6 +175,12 @@ def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output - target).square().flatten(1).mean(1).mean()  # microbatch mean
 
 
+def _next_token(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    from vfm_core.models.ar import next_token_loss
+
+    return next_token_loss(logits, target)  # microbatch mean over its tokens
+
+
 class DiTPipeline:
     """A stage of ``model`` on this rank and its schedule; :meth:`step` runs one EDM step."""
 
@@ -177,7 +217,7 @@ class DiTPipeline:
         self.dims = dims
         self.group = mesh["pp"].get_group()
         self.rank, self.size = dims.coord("pp"), dims.pp
-        self.module = DiTStage(model, stage=self.rank, num_stages=self.size, grid=grid)
+        self.module = make_stage(model, stage=self.rank, num_stages=self.size, grid=grid)
         parallelize_stage(
             self.module,
             dims,
@@ -189,7 +229,8 @@ class DiTPipeline:
         device = next(model.parameters()).device
         self.stage = PipelineStage(self.module, self.rank, self.size, device, group=self.group)
         self.microbatches = microbatches
-        self.schedule = kinds[schedule](self.stage, n_microbatches=microbatches, loss_fn=_mse)
+        loss_fn = _next_token if model.cfg.arch == "ar" else _mse
+        self.schedule = kinds[schedule](self.stage, n_microbatches=microbatches, loss_fn=loss_fn)
 
     def step(self, edm, x0, text, *, sigma, noise) -> torch.Tensor | None:
         """Forward + backward of the EDM loss over the microbatches of this data-parallel rank's
@@ -205,9 +246,25 @@ class DiTPipeline:
         x = x0 + sigma.reshape(shape) * noise  # (B, C, T, H, W) noisy
         x_in = (c_in.reshape(shape) * x).to(x0.dtype)
         target = ((x0 - c_skip.reshape(shape) * x) / c_out.reshape(shape)).to(x0.dtype)
+        return self._run((x_in, c_noise.to(x0.dtype), text.to(x0.dtype)), target)
+
+    def step_tokens(self, tokens: torch.Tensor, text: torch.Tensor) -> torch.Tensor | None:
+        """Forward + backward of the next-token loss of videos of ids (B, T, H, W) over the
+        microbatches (the causal video transformer); batch-mean loss on the last stage."""
+        ids = tokens.flatten(1)  # (B, N) targets
+        bos = ids.new_full((ids.shape[0], 1), self.module.cfg.vocab_size)
+        inputs = torch.cat([bos, ids[:, :-1]], dim=1)  # (B, N): BOS, then all but the last
+        return self._run((inputs, text), ids)
+
+    def _run(self, inputs: tuple, target: torch.Tensor) -> torch.Tensor | None:
+        if target.shape[0] % self.microbatches:
+            raise ValueError(
+                f"batch of {target.shape[0]} samples cannot be split into {self.microbatches} "
+                "microbatches"
+            )
         losses: list = []
         if self.rank == 0:
-            self.schedule.step(x_in, c_noise.to(x0.dtype), text.to(x0.dtype))
+            self.schedule.step(*inputs)
         elif self.rank == self.size - 1:
             self.schedule.step(target=target, losses=losses)
         else:

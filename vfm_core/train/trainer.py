@@ -281,10 +281,16 @@ class Trainer:
         loss.backward()
         return loss.detach()
 
-    def forward_backward_tokens(self, tokens: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def forward_backward_tokens(
+        self, tokens: torch.Tensor, text: torch.Tensor
+    ) -> torch.Tensor | None:
         """Mean next-token cross-entropy (nats per token) of this rank's videos of token ids
-        (n, T, H, W), after its backward (the autoregressive family)."""
+        (n, T, H, W), after its backward (the autoregressive family); under PP the schedule runs
+        the microbatches and only the last stage holds a loss (None elsewhere)."""
         cast, fp8 = self.autocast()
+        if self.layout.pipe is not None:
+            with cast:
+                return self.layout.pipe.step_tokens(tokens, text)
         # tensor parallel: the head's logits are sharded over the vocabulary (a DTensor); the
         # cross-entropy reduces across the TP ranks without gathering them
         vocab_parallel = loss_parallel() if self.dims.tp_enabled else contextlib.nullcontext()
