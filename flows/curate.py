@@ -1,8 +1,10 @@
 """Curation flow: discover -> per-video curation (probe, split, stitch, transcode, annotate,
 filter; retried, resumable) -> validated manifests.
 
-Thin by design: parameters are a pydantic model (a form in the Prefect UI); each video is one
-task run, so a crash loses at most the videos in flight and a rerun skips finished ones. Never
+Thin by design: parameters are a pydantic model (a form in the Prefect UI). With executor
+"local" each video is one task run, so a crash loses at most the videos in flight; with "ray"
+one task runs all videos through Ray Data (a local instance, or the cluster at `ray_address`),
+which balances workers across stages and nodes. Either way a rerun skips finished videos. Never
 imports torch.
 """
 
@@ -11,10 +13,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from prefect import flow, unmapped
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from tasks.curate import curate_video_task, discover_task, write_manifests_task
+from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
 from vfm_core.curate.config import CurateConfig
+from vfm_core.curate.executors import parse_ray_address
 
 
 class CurateParams(BaseModel):
@@ -32,6 +35,22 @@ class CurateParams(BaseModel):
     encoder: Literal["auto", "libx264", "h264_nvenc"] = Field(
         "auto", description="H.264 encoder (auto: NVENC where it opens, else libx264)"
     )
+    executor: Literal["local", "ray"] = Field(
+        "local", description="local: one task per video here; ray: all videos on Ray Data"
+    )
+    ray_address: str | None = Field(
+        None,
+        description="with ray: HOST:PORT of a running cluster's head, or auto "
+        "(None: start a local Ray instance in the task)",
+    )
+
+    @model_validator(mode="after")
+    def _ray_address(self) -> CurateParams:
+        if self.ray_address is not None:
+            if self.executor != "ray":
+                raise ValueError("ray_address needs executor 'ray'")
+            parse_ray_address(self.ray_address)  # ValueError naming the expected forms
+        return self
 
     def config(self) -> CurateConfig:
         return CurateConfig(
@@ -46,8 +65,11 @@ def curate_flow(params: CurateParams) -> dict[str, Any]:
     cfg = params.config().to_dict()
     dst = params.dst
     refs = discover_task(params.src)
-    futures = curate_video_task.map(refs, dst=unmapped(dst), config=unmapped(cfg))
-    results = [f.result() for f in futures]
+    if params.executor == "ray":
+        results = curate_ray_task(refs, dst, cfg, address=params.ray_address)
+    else:
+        futures = curate_video_task.map(refs, dst=unmapped(dst), config=unmapped(cfg))
+        results = [f.result() for f in futures]
     summary = write_manifests_task(refs, dst, cfg, results)
     print(
         f"curated {summary['n_inputs']} videos ({summary['n_skipped']} already done): "

@@ -1,4 +1,4 @@
-"""Prefect tasks around curation: discover, one video (retried), manifests.
+"""Prefect tasks around curation: discover, one video (retried) or all videos on Ray, manifests.
 
 Each task wraps one `vfm_core.curate` call, checks its contract at the boundary and returns
 small JSON-able results (URIs, counts, rows of one video only when they could not be persisted).
@@ -16,7 +16,7 @@ from prefect import task
 from tasks.logs import task_logger
 from vfm_core.contracts import AnnotatedClips, Rejects
 from vfm_core.curate.config import CurateConfig
-from vfm_core.curate.executors import LocalExecutor
+from vfm_core.curate.executors import LocalExecutor, RayClusterError, RayExecutor
 from vfm_core.curate.pipeline import (
     assemble,
     check_coverage,
@@ -43,20 +43,16 @@ def discover_task(src: str) -> list[dict[str, str]]:
     return refs
 
 
-@task(name="curate-video", retries=2, retry_delay_seconds=2)
-def curate_video_task(ref: dict[str, str], dst: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Curate one video into `dst` (skipped when already finished); returns its counts."""
-    r, cfg, dst = _ref(ref), CurateConfig.from_dict(config), resolve_dst(dst)
-    state = load_state(dst, r, cfg)
-    skipped = state is not None
-    if state is None:
-        work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
-        try:
-            states = process([r], dst, cfg=cfg, executor=LocalExecutor(), work_dir=work_dir)
-        finally:
-            shutil.rmtree(work_dir, ignore_errors=True)
-        state = states[r.source_uri]
-    # contract: what this task hands on is valid and covers its input
+def _process(refs: list[VideoRef], dst: str, cfg: CurateConfig, executor) -> dict[str, dict]:
+    work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
+    try:
+        return process(refs, dst, cfg=cfg, executor=executor, work_dir=work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _result(r: VideoRef, dst: str, cfg: CurateConfig, state: dict, skipped: bool) -> dict:
+    """Check the contract of one video's state; its counts (+ the state if not persisted)."""
     rows_valid(state["clips"], AnnotatedClips, what=f"clips of {r.source_uri}")
     rows_valid(state["rejects"], Rejects, what=f"rejects of {r.source_uri}")
     check_coverage([r], {r.source_uri: state})
@@ -70,6 +66,48 @@ def curate_video_task(ref: dict[str, str], dst: str, config: dict[str, Any]) -> 
         "%s: %d clips, %d rejects%s", r.source_uri, out["n_clips"], out["n_rejects"],
         " (already done)" if skipped else "",
     )  # fmt: skip
+    return out
+
+
+@task(name="curate-video", retries=2, retry_delay_seconds=2)
+def curate_video_task(ref: dict[str, str], dst: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Curate one video into `dst` (skipped when already finished); returns its counts."""
+    r, cfg, dst = _ref(ref), CurateConfig.from_dict(config), resolve_dst(dst)
+    state = load_state(dst, r, cfg)
+    skipped = state is not None
+    if state is None:
+        state = _process([r], dst, cfg, LocalExecutor())[r.source_uri]
+    return _result(r, dst, cfg, state, skipped)  # contract: valid rows covering its input
+
+
+def _retry_unless_no_cluster(task, task_run, state) -> bool:
+    """A wrong Ray address fails once, fast; anything else (a node lost mid-run) is retried."""
+    try:
+        state.result()
+    except RayClusterError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+@task(name="curate-ray", retries=1, retry_delay_seconds=5,
+      retry_condition_fn=_retry_unless_no_cluster)  # fmt: skip
+def curate_ray_task(
+    refs: list[dict[str, str]], dst: str, config: dict[str, Any], address: str | None = None
+) -> list[dict[str, Any]]:
+    """Curate all unfinished videos in one Ray Data run (address None: a local Ray instance);
+    returns per-video counts like `curate_video_task`. A retry skips the videos that finished."""
+    vrefs, cfg, dst = [_ref(d) for d in refs], CurateConfig.from_dict(config), resolve_dst(dst)
+    done = {r.source_uri: load_state(dst, r, cfg) for r in vrefs}
+    todo = [r for r in vrefs if done[r.source_uri] is None]
+    task_logger().info("%d of %d videos to curate on Ray (%s)", len(todo), len(vrefs),
+                       address or "local instance")  # fmt: skip
+    states = _process(todo, dst, cfg, RayExecutor(address=address)) if todo else {}
+    out = []
+    for r in vrefs:
+        skipped = done[r.source_uri] is not None
+        out.append(_result(r, dst, cfg, done[r.source_uri] or states[r.source_uri], skipped))
     return out
 
 

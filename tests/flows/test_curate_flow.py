@@ -34,6 +34,16 @@ def test_params_validate():
         CurateParams(src="a", dst="b", encoder="x265")
     assert CurateParams(src="a", dst="b", encoder="libx264").config().encoder == "libx264"
     assert {"src", "dst"} <= set(CurateParams.model_json_schema()["required"])
+    with pytest.raises(ValidationError, match="executor"):
+        CurateParams(src="a", dst="b", executor="spark")
+    with pytest.raises(ValidationError, match="ray_address needs executor 'ray'"):
+        CurateParams(src="a", dst="b", ray_address="10.0.0.1:6379")
+    with pytest.raises(ValidationError, match="expected 'auto', 'HOST:PORT' or 'ray://HOST:PORT'"):
+        CurateParams(src="a", dst="b", executor="ray", ray_address="10.0.0.1")
+    for addr in (None, "auto", "head.internal:6379", "ray://10.0.0.1:10001"):
+        assert CurateParams(src="a", dst="b", executor="ray", ray_address=addr).ray_address == addr
+    props = CurateParams.model_json_schema()["properties"]
+    assert not any("<" in str(v.get("description", "")) for v in props.values())  # UI-safe
 
 
 def test_tasks_directly(raw, tmp_path):

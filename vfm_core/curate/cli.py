@@ -1,4 +1,4 @@
-"""`vfm curate SRC DST [--executor local|ray] [...]`: the CLI front of `curate()`.
+"""`vfm curate SRC DST [--executor local|ray [--ray-address ADDR]] [...]`: front of `curate()`.
 
 SRC is a local folder, an s3:// prefix or one video file; DST a local folder or s3:// prefix.
 Writes DST/clips/*.mp4, DST/clips.parquet, DST/rejects.parquet, DST/videos.parquet; a rerun
@@ -30,6 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cu.add_argument("--vlm", default=None, help="local transformers image-to-text model dir")
     cu.add_argument("--image-model", default=None, help="local transformers image model dir")
     cu.add_argument("--ray-cpus", type=int, default=2, help="CPUs of a local Ray instance")
+    cu.add_argument(
+        "--ray-address", default=None, metavar="ADDR",
+        help="with --executor ray: auto or HOST:PORT of a running cluster (default: local)",
+    )  # fmt: skip
     cu.add_argument("--json", action="store_true", help="print the summary as JSON")
     cu.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return cu
@@ -43,7 +47,7 @@ def _positive(name: str, v: float | None, *, zero_ok: bool = False) -> None:
 def run(args: argparse.Namespace) -> int:
     from vfm_core.contracts import ContractError
     from vfm_core.curate.config import CurateConfig
-    from vfm_core.curate.executors import RayExecutor
+    from vfm_core.curate.executors import RayClusterError, RayExecutor
     from vfm_core.curate.pipeline import curate
     from vfm_core.storage import StorageError
     from vfm_core.video.transcode import EncoderError, select_encoder
@@ -59,9 +63,15 @@ def run(args: argparse.Namespace) -> int:
             image_model=args.image_model, encoder=args.encoder,
         )  # fmt: skip
         select_encoder(cfg.encoder, setting="--encoder")  # fail before any work
-        executor = RayExecutor(num_cpus=args.ray_cpus) if args.executor == "ray" else "local"
+        if args.ray_address and args.executor != "ray":
+            raise ValueError("--ray-address needs --executor ray")
+        executor = (
+            RayExecutor(num_cpus=args.ray_cpus, address=args.ray_address)
+            if args.executor == "ray" else "local"
+        )  # fmt: skip
         out = curate(args.src, args.dst, executor=executor, config=cfg, progress=args.progress)
-    except (StorageError, ContractError, ValueError, FileNotFoundError, EncoderError) as e:
+    except (StorageError, ContractError, ValueError, FileNotFoundError, EncoderError,
+            RayClusterError) as e:  # fmt: skip
         print(f"vfm curate: error: {e}", file=sys.stderr)
         return 2
     if args.json:
