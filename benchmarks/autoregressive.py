@@ -1,5 +1,6 @@
 """The autoregressive family on CPU: training MFU at width >= 512, generation tokens/s with and
-without the KV cache, held-out bits per token trained vs untrained.
+without the KV cache, held-out bits per token trained vs untrained, causal ring CP work and bytes
+per rank with and without load balancing.
 
     .venv/bin/python benchmarks/autoregressive.py [--steps 6] [--train-steps 150]
 
@@ -8,7 +9,9 @@ analytic model FLOPs, causal attention counted once, over the measured fp32 GEMM
 width). Generation: ar-tiny, one 3x8x8 video (192 tokens), greedy; the uncached sampler reruns the
 whole prefix every token (the peer). Bits per token: next-token cross-entropy / ln 2 on 32 held-
 out synthetic videos (same captions, positions never trained on) for the untrained init and after
-``--train-steps``.
+``--train-steps``. Causal ring CP (ar-4b's 12,800 tokens, bf16 K/V): attention (query, key)
+pairs each rank computes (contiguous chunks vs the balanced zigzag placement; the slowest rank
+sets the step time) and the K/V bytes it sends per layer (the same for both placements).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from vfm_core.config import apply_overrides
 from vfm_core.data.synthetic_tokens import SyntheticTokens
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.models.ar import next_token_loss
+from vfm_core.parallel.comm_stats import ring_bytes
+from vfm_core.parallel.context import causal_positions
 from vfm_core.perf.hardware import measure_cpu_peak
 from vfm_core.recipes import get_recipe
 from vfm_core.train.trainer import Trainer
@@ -62,6 +67,19 @@ def bits_per_token(model, cfg) -> float:
     return next_token_loss(logits, batch.latents.flatten(1)).item() / math.log(2)
 
 
+def cp_rows(tokens: int = 12800, kv_dim: int = 8 * 128) -> list[dict]:
+    rows = []
+    for cp in (2, 4, 8):
+        row = {"cp": cp, "mb_per_layer": ring_bytes(b=1, tokens=tokens, dim_kv=kv_dim, cp=cp) / 1e6}
+        for balanced in (False, True):
+            pos = causal_positions(tokens // cp, cp, balanced=balanced)
+            # (q, k) pairs with k <= q of each rank's queries: sum over its positions of (q + 1)
+            work = [int((pos[r] + 1).sum()) for r in range(cp)]
+            row["balanced" if balanced else "contiguous"] = max(work) / min(work)
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6, help="timed training steps per width")
@@ -93,6 +111,13 @@ def main() -> int:
     for cache, tps in rows:
         print(f"| {'KV cache' if cache else 'no cache (rerun prefix)'} | {tps:.0f} |")
     print(f"| speed-up | {rows[0][1] / rows[1][1]:.1f}x |")
+
+    print("\n| causal ring CP, 12,800 tokens | K/V MB sent per rank per layer | work max/min "
+          "rank, contiguous | work max/min rank, balanced |")  # fmt: skip
+    print("|---:|---:|---:|---:|")
+    for r in cp_rows():
+        print(f"| cp={r['cp']} | {r['mb_per_layer']:.1f} | {r['contiguous']:.2f}x | "
+              f"{r['balanced']:.2f}x |")  # fmt: skip
 
     model.train()
     for _ in range(args.train_steps):
