@@ -23,7 +23,9 @@ import numpy as np
 from vfm_core import storage
 from vfm_core.data.index import DatasetIndex
 
-EXTENSIONS = ("json", "mp4", "txt_emb.npy", "latent.npy")
+EXTENSIONS = ("json", "mp4", "txt_emb.npy", "latent.npy", "tokens.npy")
+"""tokens.npy: int32 (T, h, w) ids of a discrete tokenizer, written beside its codes in
+latent.npy (for other readers; vfm reads the codes)."""
 REQUIRED = ("json", "mp4", "txt_emb.npy")
 
 

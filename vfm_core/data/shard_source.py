@@ -51,17 +51,35 @@ class ShardLatentSource:
             raise ConfigError("data.shards: set the shard directory for data.source='shards'")
         self.data, self.model = data, model
         self.tokenizer = None
+        self.channels = model.in_channels  # of the latents read or encoded
         ct, cs = 4, 8
+        discrete = model.arch == "ar"  # token ids: the FSQ codes of a discrete tokenizer
+        if discrete and not data.tokenizer:
+            raise ConfigError(
+                "data.tokenizer: arch 'ar' reads shards through a discrete tokenizer (its FSQ "
+                "codes in latent.npy, or it encodes the clips); set data.tokenizer=DIR"
+            )
+        if discrete and data.max_tokens:
+            raise ConfigError("data.max_tokens: packed training is not available for arch 'ar'")
         if data.tokenizer:
             from vfm_core.tokenizer import load_tokenizer
 
             try:
                 self.tokenizer = load_tokenizer(
-                    data.tokenizer, expected_latent_channels=model.in_channels
+                    data.tokenizer, expected_latent_channels=None if discrete else model.in_channels
                 )
             except ValueError as e:
                 raise ConfigError(f"data.tokenizer: {e}") from None
             ct, cs = self.tokenizer.cfg.temporal_factor, self.tokenizer.cfg.spatial_factor
+            if discrete:
+                tok = self.tokenizer
+                if tok.fsq is None or tok.vocab_size != model.vocab_size:
+                    have = "continuous" if tok.fsq is None else f"{tok.vocab_size} ids"
+                    raise ConfigError(
+                        f"data.tokenizer {data.tokenizer}: a discrete tokenizer with "
+                        f"model.vocab_size={model.vocab_size} ids is needed, it is {have}"
+                    )
+                self.channels = tok.cfg.latent_channels
         self.ct, self.cs = ct, cs
         self.frames = 1 + ct * (data.latent_frames - 1)  # pixel frames of one training sample
         self.pixels = (data.latent_height * cs, data.latent_width * cs)
@@ -157,10 +175,10 @@ class ShardLatentSource:
         d = self.data
         if s.latent is not None:
             c, t, h, w = s.latent.shape
-            if c != self.model.in_channels or t < d.latent_frames:
+            if c != self.channels or t < d.latent_frames:
                 raise ConfigError(
-                    f"{s.key}: latent {s.latent.shape} does not fit model.in_channels="
-                    f"{self.model.in_channels}, data.latent_frames={d.latent_frames}"
+                    f"{s.key}: latent {s.latent.shape} does not fit {self.channels} latent "
+                    f"channels and data.latent_frames={d.latent_frames}"
                 )
             lat = _crop(s.latent[:, : d.latent_frames], (d.latent_height, d.latent_width), (2, 3))
             return torch.from_numpy(np.ascontiguousarray(lat))  # (C, T, H, W)
@@ -189,8 +207,12 @@ class ShardLatentSource:
             packed = self._packs(batch)
             self.data_wait_s += time.perf_counter() - t0
             return packed
+        latents = torch.stack([self._latent(s) for s in batch.samples])  # (B, C, T, H, W)
+        if self.model.arch == "ar":  # FSQ codes -> token ids (B, T, H, W)
+            assert self.tokenizer is not None and self.tokenizer.fsq is not None
+            latents = self.tokenizer.fsq.codes_to_indices(latents.movedim(1, -1))
         out = LatentBatch(
-            latents=torch.stack([self._latent(s) for s in batch.samples]),  # (B, C, T, H, W)
+            latents=latents,
             text=torch.stack([self._text(s) for s in batch.samples]),  # (B, L, Dt)
             keys=batch.keys,
         )
@@ -239,11 +261,6 @@ def make_source(data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5
     """The latent source for ``data.source``; ``shard_kw`` (``dp_rank``, ``dp_size``,
     ``mp_group``) place a shard source's reads within a parallel layout."""
     if data.source == "shards":
-        if model.arch == "ar":
-            raise ConfigError(
-                "data.source: shards of discrete tokens are not readable yet for arch 'ar'; "
-                "use data.source=synthetic"
-            )
         return ShardLatentSource(data, model, **shard_kw)
     if model.arch == "ar":
         from vfm_core.data.synthetic_tokens import SyntheticTokens

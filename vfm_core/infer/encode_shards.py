@@ -1,5 +1,7 @@
 """Encode shards: copy a shard dataset adding ``{key}.latent.npy`` (pre-encoded tokenizer latents)
-to every video sample, so training reads latents instead of decoding and encoding video.
+to every video sample, so training reads latents instead of decoding and encoding video. With a
+discrete (FSQ) tokenizer the latents are its codes and ``{key}.tokens.npy`` holds their int32 ids
+(T', h, w) as well; the index records the FSQ levels.
 
 Stage order of :func:`encode_shards`: read the source ``index.json`` → per sample, one byte-range
 read, parse (the data package's defensive reader) → decode the MP4 to RGB frames → keep the first
@@ -132,6 +134,10 @@ def encode_shards(
                     _add(tar, f"{key}.mp4", s.mp4)
                     _add(tar, f"{key}.txt_emb.npy", _npy(s.txt_emb))
                     _add(tar, f"{key}.latent.npy", _npy(latent))
+                    if tok.fsq is not None:  # discrete: the ids (T', h, w) int32 too
+                        codes = torch.from_numpy(np.ascontiguousarray(latent)).movedim(0, -1)
+                        ids = tok.fsq.codes_to_indices(codes).numpy().astype(np.int32)
+                        _add(tar, f"{key}.tokens.npy", _npy(ids))
                     rows.append(
                         {
                             **{k: row[k] for k in ("key", "frames", "height", "width")},
@@ -160,7 +166,8 @@ def encode_shards(
     samples["latent_shape"] = samples["latent_shape"].astype(object)
     meta = {**index.meta, "latents": {"tokenizer": str(tokenizer), "normalized": True,
             "compression": [tok.cfg.temporal_factor, tok.cfg.spatial_factor,
-                            tok.cfg.spatial_factor], "source": str(src)}}  # fmt: skip
+                            tok.cfg.spatial_factor], "source": str(src),
+                            "fsq_levels": list(tok.cfg.fsq_levels)}}  # fmt: skip
     out = DatasetIndex(root=str(dst), shards=pd.DataFrame(shard_rows), samples=samples,
                        embedding_dim=index.embedding_dim, meta=meta)  # fmt: skip
     url = write_index(out)
