@@ -174,6 +174,10 @@ class ParallelConfig:
     spatial/temporal, ring for full attention)."""
     activation_checkpointing: bool = False
     """Recompute each block in the backward pass instead of keeping its activations."""
+    activation_checkpointing_mode: Literal["full", "selective"] = "full"
+    """With activation_checkpointing: ``full`` keeps only each block's input; ``selective`` also
+    keeps its matmul and attention outputs and recomputes the element-wise work (the planner's
+    ``recompute``; vfm_core.parallel.recompute)."""
 
     def data_parallel(self, world_size: int) -> int:
         """Data-parallel ranks (distinct batch slices) of this layout on ``world_size`` ranks,
@@ -432,8 +436,6 @@ def validate(cfg: Config) -> Config:
                 f"model.patch: arch 'ar' predicts one token per latent cell, needs (1, 1, 1), "
                 f"got {tuple(m.patch)}"
             )
-        if d.max_tokens:
-            raise ConfigError("data.max_tokens: packed training is not available for arch 'ar'")
     if m.adaln == "lora" and m.adaln_lora_rank <= 0:
         raise ConfigError(f"model.adaln_lora_rank: must be positive, got {m.adaln_lora_rank}")
     for name, size, p in (

@@ -80,3 +80,15 @@ def test_tokenizers_that_do_not_fit_are_refused(token_shards, tmp_path):
     cfg = apply_overrides(get_recipe("ar-tiny"), [*base, f"data.tokenizer={cont}"])
     with pytest.raises(ConfigError, match="it is continuous"):
         make_source(cfg.data, cfg.model)
+
+
+def test_ar_tiny_trains_packed_from_token_shards(token_shards, tmp_path):
+    """Two 192-token videos per 400-token pack: causal document masks, real tokens only."""
+    root, tok = token_shards
+    sets = ["data.source=shards", f"data.shards={root / 'dst'}", f"data.tokenizer={tok}",
+            "data.batch_size=1", "data.max_tokens=400", "model.depth=2", "train.steps=3",
+            "tracking.mlflow=false"]  # fmt: skip
+    cfg = apply_overrides(get_recipe("ar-tiny"), sets)
+    summary = run_training(cfg, out_dir=tmp_path / "run", progress=False)
+    assert summary["step"] == 3 and np.isfinite(summary["metrics"]["loss"])
+    assert summary["metrics"]["tokens_per_s"] > 0

@@ -72,3 +72,27 @@ def test_loss_falls_and_bad_ids_are_named():
         m(torch.full((1, 1, 2, 2), 50), text[:1])
     with pytest.raises(ShapeError, match="integer"):
         m(torch.zeros(1, 1, 2, 2), text[:1])
+
+
+def test_packed_forward_equals_each_sample_alone(model):
+    from vfm_core.data.packing import PackLayout
+    from vfm_core.models.ar import packed_next_token_loss
+
+    grids = [(2, 3, 4), (1, 2, 2), (3, 2, 2)]
+    g = torch.Generator().manual_seed(5)
+    vids = [torch.randint(0, CFG.vocab_size, (1, *gr), generator=g) for gr in grids]
+    lens = torch.tensor([3, 1, 2])
+    text = torch.randn(3, CFG.text_len, CFG.text_dim, generator=g, dtype=torch.float64)
+    layout = PackLayout.from_grids(grids, length=48)  # 24 + 4 + 12 tokens, 8 padding
+    ids = torch.zeros(48, dtype=torch.long)
+    ids[:40] = torch.cat([v.flatten() for v in vids])
+    logits = model.forward_packed(ids, text, lens, layout)  # (48, V)
+    per_sample = packed_next_token_loss(logits, ids, layout)  # (3,)
+    a = 0
+    for i, v in enumerate(vids):
+        alone = model(v, text[i : i + 1, : lens[i]])  # (1, n, V)
+        n = v.numel()
+        assert torch.allclose(logits[a : a + n], alone[0], atol=1e-10)
+        assert torch.allclose(per_sample[i], next_token_loss(alone, v.flatten(1)), atol=1e-12)
+        a += n
+    assert torch.isfinite(logits[40:]).all()

@@ -59,8 +59,6 @@ class ShardLatentSource:
                 "data.tokenizer: arch 'ar' reads shards through a discrete tokenizer (its FSQ "
                 "codes in latent.npy, or it encodes the clips); set data.tokenizer=DIR"
             )
-        if discrete and data.max_tokens:
-            raise ConfigError("data.max_tokens: packed training is not available for arch 'ar'")
         if data.tokenizer:
             from vfm_core.tokenizer import load_tokenizer
 
@@ -150,6 +148,13 @@ class ShardLatentSource:
             )
         return z
 
+    def _as_ids(self, latent: torch.Tensor) -> torch.Tensor:
+        """Arch ar: FSQ codes (C, T, H, W) -> token ids (T, H, W); else the latent as it is."""
+        if self.model.arch != "ar":
+            return latent
+        assert self.tokenizer is not None and self.tokenizer.fsq is not None
+        return self.tokenizer.fsq.codes_to_indices(latent.movedim(0, -1))
+
     def _text_length(self, s: Sample) -> int:
         return max(1, min(int(s.txt_emb.shape[0]), self.model.text_len))
 
@@ -161,7 +166,7 @@ class ShardLatentSource:
             ss = [batch.samples[m] for m in members]
             packs.append(
                 LatentPack(
-                    latents=[self._packed_latent(s) for s in ss],  # [(C, T, H, W)]
+                    latents=[self._as_ids(self._packed_latent(s)) for s in ss],  # [(C,T,H,W)]
                     text=torch.stack([self._text(s) for s in ss]),  # (S, L, Dt)
                     text_lengths=torch.tensor([self._text_length(s) for s in ss]),  # (S,)
                     keys=[s.key for s in ss],
@@ -207,12 +212,8 @@ class ShardLatentSource:
             packed = self._packs(batch)
             self.data_wait_s += time.perf_counter() - t0
             return packed
-        latents = torch.stack([self._latent(s) for s in batch.samples])  # (B, C, T, H, W)
-        if self.model.arch == "ar":  # FSQ codes -> token ids (B, T, H, W)
-            assert self.tokenizer is not None and self.tokenizer.fsq is not None
-            latents = self.tokenizer.fsq.codes_to_indices(latents.movedim(1, -1))
-        out = LatentBatch(
-            latents=latents,
+        out = LatentBatch(  # latents (B, C, T, H, W), or token ids (B, T, H, W) for arch ar
+            latents=torch.stack([self._as_ids(self._latent(s)) for s in batch.samples]),
             text=torch.stack([self._text(s) for s in batch.samples]),  # (B, L, Dt)
             keys=batch.keys,
         )

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vfm_core.config import ModelConfig
+from vfm_core.data.packing import PackLayout, cross_attention_mask, per_sample_mean, rope_angles
 from vfm_core.models.attention import Attention, KVCache
 from vfm_core.models.layers import Grid, ShapeError, SwiGLU, rope_3d
 
@@ -126,8 +127,50 @@ class CausalVideoTransformer(nn.Module):
         ids = tokens.flatten(1)  # (B, N)
         return self.forward_ids(self.shift_right(ids), text, self.rope(grid, tokens.device))
 
+    def forward_packed(
+        self,
+        ids: torch.Tensor,  # (length,) target ids of the pack, padding any valid id
+        text: torch.Tensor,  # (S, L, Dt) captions
+        text_lengths: torch.Tensor,  # (S,) valid caption tokens
+        layout: PackLayout,
+    ) -> torch.Tensor:
+        """Logits (length, V) of one pack of S videos of different grids (THD): every sample
+        starts with BOS, attends causally within itself only (document mask) and to its own
+        caption; equals :meth:`forward` of every sample alone. Padding logits are finite and
+        ignored by :func:`packed_next_token_loss`."""
+        n, s = layout.length, layout.n_samples
+        if ids.shape != (n,):
+            raise ShapeError(f"packed ids: expected ({n},) for the layout, got {tuple(ids.shape)}")
+        if text.ndim != 3 or text.shape[0] != s or text_lengths.shape != (s,):
+            raise ShapeError(
+                f"pack of {s} samples: text must be ({s}, L, Dt) and text_lengths ({s},), got "
+                f"{tuple(text.shape)} and {tuple(text_lengths.shape)}"
+            )
+        self.check_tokens(ids)
+        dev = ids.device
+        sample = layout.sample_ids.to(dev)  # (length,) -1 = padding
+        starts = torch.zeros(n, dtype=torch.bool, device=dev)
+        starts[layout.cu_seqlens[:-1].long().to(dev)] = True
+        prev = torch.cat([ids.new_full((1,), self.bos), ids[:-1]])  # (length,)
+        inputs = torch.where(starts | (sample < 0), self.bos, prev)[None]  # (1, length)
+        rope = rope_angles(layout.positions, self.cfg.head_dim, self.cfg.rope_theta).to(dev)
+        mask = cross_attention_mask(layout.sample_ids, text_lengths.cpu()).to(dev)  # (N, S*L)
+        lmax = int(text_lengths.max())
+        flat = text[:, :lmax].reshape(1, s * lmax, -1)  # (1, S*L, Dt)
+        return self.forward_ids(inputs, flat, rope, sample_ids=sample, text_mask=mask)[0]
+
     def new_caches(self, max_len: int) -> list[KVCache]:
         return [KVCache(max_len) for _ in self.blocks]
+
+
+def packed_next_token_loss(
+    logits: torch.Tensor, ids: torch.Tensor, layout: PackLayout
+) -> torch.Tensor:
+    """Per-sample mean cross-entropy (S,) of a pack's logits (length, V) against its ids
+    (length,); only real tokens count."""
+    acc = torch.promote_types(logits.dtype, torch.float32)
+    per_token = F.cross_entropy(logits.to(acc), ids, reduction="none")  # (length,)
+    return per_sample_mean(per_token, layout.sample_ids.to(ids.device), layout.n_samples)
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

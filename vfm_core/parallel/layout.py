@@ -37,6 +37,11 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"use a multiple of {dims.dp}"
         )
     if m.arch == "ar":
+        if cfg.data.max_tokens and (dims.tp > 1 or dims.cp > 1):
+            raise ConfigError(
+                f"data.max_tokens={cfg.data.max_tokens}: packed training of the autoregressive "
+                f"family runs data-parallel so far (tp={dims.tp}, cp={dims.cp} given)"
+            )
         if dims.pp > 1 and dims.tp > 1:
             raise ConfigError(
                 f"parallel.pp={dims.pp} with parallel.tp={dims.tp}: the autoregressive family "

@@ -48,11 +48,12 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from vfm_core.config import Config, ConfigError, OptimConfig, to_dict
+from vfm_core.data.packing import PackLayout
 from vfm_core.data.samples import LatentBatch, LatentPack, LatentSource, PackedLatentBatch
 from vfm_core.data.shard_source import make_source
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
-from vfm_core.models.ar import next_token_loss
+from vfm_core.models.ar import next_token_loss, packed_next_token_loss
 from vfm_core.models.dit import build_model, count_params
 from vfm_core.models.fp8 import drop_fp8_state, fp8_autocast, resolve_fp8, to_te_linears
 from vfm_core.models.layers import set_attention_backend
@@ -358,8 +359,8 @@ class Trainer:
             u = torch.cat(
                 [torch.rand(1, generator=g, dtype=torch.float64) for g in gens["keep"]]
             )  # (S,) fmt: skip
-            noise = [
-                torch.randn(z.shape, generator=g).to(dev)  # (C, T, H, W)
+            noise = [  # (C, T, H, W) each; none for token ids (autoregressive)
+                torch.randn(z.shape, generator=g).to(dev) if not self.autoregressive else None
                 for z, g in zip(p.latents, gens["noise"], strict=True)
             ]
             sigma = (d.p_mean + d.p_std * n).exp()  # (S,)
@@ -382,7 +383,10 @@ class Trainer:
         tokens = flops = 0.0
         m, patch = self.cfg.model, self.cfg.model.patch
         for p in batch.packs:
-            grids = [tuple(s // q for s, q in zip(z.shape[1:], patch)) for z in p.latents]
+            if self.autoregressive:  # token ids (T, H, W): one token per cell
+                grids = [tuple(z.shape) for z in p.latents]
+            else:
+                grids = [tuple(s // q for s, q in zip(z.shape[1:], patch)) for z in p.latents]
             lens = [g[0] * g[1] * g[2] for g in grids]
             tokens += sum(lens)
             flops += train_flops(m, seq_lens=lens, grid=grids, text_len=m.text_len)["total"]
@@ -390,8 +394,19 @@ class Trainer:
 
     def pack_loss(self, pack: LatentPack, sigma: torch.Tensor, noise: list,
                   keep: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """Per-sample EDM loss (S,) of one pack through ``forward_packed``."""
+        """Per-sample loss (S,) of one pack through ``forward_packed``: EDM, or next-token
+        cross-entropy over the real tokens (autoregressive)."""
         patch, dev = self.cfg.model.patch, self.device
+        if self.autoregressive:
+            layout = PackLayout.from_grids([tuple(z.shape) for z in pack.latents], pack.length)
+            ids = torch.zeros(pack.length, dtype=torch.long)
+            ids[: layout.n_tokens] = torch.cat([z.flatten() for z in pack.latents])
+            ids = ids.to(dev)
+            text = pack.text.to(dev) * keep[:, None, None]  # (S, L, Dt); dropped -> null text
+            cast, fp8 = self.autocast()
+            with cast, fp8:
+                logits = self.model.forward_packed(ids, text, pack.text_lengths.to(dev), layout)
+                return packed_next_token_loss(logits, ids, layout)  # (S,)
         x0, layout = pack_latents(
             [z.to(dev, torch.float32) for z in pack.latents], patch, pack.length
         )  # (N, C*P) fmt: skip
