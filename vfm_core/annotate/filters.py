@@ -1,16 +1,23 @@
 """Clip filter scores and the reasons a clip is rejected.
 
 Scores are computed on a clip's analysis-size frames (T, H, W, 3) sampled at about
-`FilterConfig.sample_fps` frames per second:
+`FilterConfig.sample_fps` frames per second. Every score looks at colour, not luma alone, so an
+isoluminant pattern (red next to green of equal brightness) is neither blank nor motionless:
 
-- motion: mean |luma[t] - luma[t-1]| / 255 between consecutive samples (frame-difference energy);
-- static_frac: fraction of consecutive sample pairs whose difference is below `static_eps`;
+- motion: mean over pixels of the largest per-channel |frame[t] - frame[t-1]| / 255 between
+  consecutive samples (frame-difference energy);
+- pan_px: mean global shift between consecutive samples in analysis pixels, by phase
+  correlation (numpy FFT): a slow pan over a smooth scene changes few pixel values but moves
+  the whole frame, and counts as motion;
+- static_frac: fraction of consecutive sample pairs that neither differ (`static_eps`) nor shift
+  (`min_pan_px`);
 - black_frac: fraction of frames whose 98th-percentile luma is below `black_level`;
-- blank_frac: fraction of frames that are flat (luma standard deviation below `blank_std`),
-  e.g. a uniform grey or colour card.
+- blank_frac: fraction of frames that are flat: every colour channel's standard deviation below
+  `blank_std` *and* no structure (mean colour-gradient magnitude below `blank_edge`), e.g. a
+  uniform grey or colour card.
 
-`reject_reasons` turns scores plus the clip's size and duration into human-readable reasons; a
-clip with no reason is accepted.
+`reject_reasons` turns scores plus the clip's size and duration into human-readable reasons that
+name the threshold (a config field); a clip with no reason is accepted.
 """
 
 from __future__ import annotations
@@ -37,7 +44,14 @@ class FilterConfig:
     max_black_frac: float = 0.5
     """Reject clips with a larger fraction of black frames."""
     blank_std: float = 4.0
-    """A frame is blank (flat) when its luma standard deviation is below this (0..255)."""
+    """A frame is flat in colour when every RGB channel's standard deviation is below this
+    (0..255); blank needs no structure either (``blank_edge``)."""
+    blank_edge: float = 1.0
+    """...and its mean colour-gradient magnitude (largest channel, 0..255 per pixel) below this:
+    a frame with edges or texture is not blank whatever its spread."""
+    min_pan_px: float = 0.2
+    """Motion also counts as enough when consecutive samples shift by at least this many
+    analysis pixels on average (a slow pan of a smooth scene has little frame difference)."""
     max_blank_frac: float = 0.5
     """Reject clips with a larger fraction of blank frames."""
     min_width: int = 64
@@ -58,6 +72,7 @@ class FilterScores:
     static_frac: float
     black_frac: float
     blank_frac: float
+    pan_px: float = 0.0
 
 
 def _luma(frames: np.ndarray) -> np.ndarray:
@@ -71,23 +86,54 @@ def sample_indices(n_frames: int, fps: float, sample_fps: float) -> np.ndarray:
     return np.arange(0, n_frames, step)
 
 
+def global_shift(a: np.ndarray, b: np.ndarray) -> float:
+    """Length in pixels of the translation from grey image ``a`` to ``b`` (H, W) by phase
+    correlation, with a parabolic sub-pixel peak; 0 for flat images."""
+    fa, fb = np.fft.rfft2(a - a.mean()), np.fft.rfft2(b - b.mean())
+    cross = fb * np.conj(fa)
+    norm = np.abs(cross)
+    if norm.max() < 1e-9:
+        return 0.0
+    r = np.fft.irfft2(cross / np.maximum(norm, 1e-9), s=a.shape)  # (H, W)
+    iy, ix = np.unravel_index(int(np.argmax(r)), r.shape)
+    shift = []
+    for axis, i in ((0, iy), (1, ix)):
+        n = r.shape[axis]
+        line = r[:, ix] if axis == 0 else r[iy, :]
+        lo, mid, hi = line[(i - 1) % n], line[i], line[(i + 1) % n]
+        den = lo - 2 * mid + hi
+        frac = 0.5 * (lo - hi) / den if abs(den) > 1e-12 else 0.0
+        d = i + frac
+        shift.append(d - n if d > n / 2 else d)
+    return float(np.hypot(*shift))
+
+
 def score_frames(frames: np.ndarray, cfg: FilterConfig | None = None) -> FilterScores:
     """Scores of already-sampled RGB uint8 frames (T, H, W, 3), T >= 1."""
     cfg = cfg or FilterConfig()
     if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
         raise ValueError(f"score_frames: expected (T>=1, H, W, 3) frames, got {frames.shape}")
+    f = frames.astype(np.float32)  # (T, H, W, 3)
     y = _luma(frames)  # (T, H, W)
     flat = y.reshape(len(y), -1)  # (T, H*W)
     k = int(0.98 * (flat.shape[1] - 1))
     bright = np.partition(flat, k, axis=1)[:, k]  # (T,)
     black = float((bright < cfg.black_level).mean())
-    blank = float((flat.std(axis=1) < cfg.blank_std).mean())
+    spread = f.reshape(len(f), -1, 3).std(axis=1).max(axis=1)  # (T,) largest channel std
+    gy = np.abs(np.diff(f, axis=1)).max(axis=-1).mean(axis=(1, 2))  # (T,)
+    gx = np.abs(np.diff(f, axis=2)).max(axis=-1).mean(axis=(1, 2))  # (T,)
+    edges = (gy + gx) / 2 if f.shape[1] > 1 and f.shape[2] > 1 else np.zeros(len(f))
+    blank = float(((spread < cfg.blank_std) & (edges < cfg.blank_edge)).mean())
     if len(y) > 1:
-        d = np.abs(np.diff(y, axis=0)).mean(axis=(1, 2)) / 255.0  # (T-1,)
-        motion, static = float(d.mean()), float((d < cfg.static_eps).mean())
+        d = np.abs(np.diff(f, axis=0)).max(axis=-1).mean(axis=(1, 2)) / 255.0  # (T-1,)
+        grey = f.mean(axis=-1)  # (T, H, W): colour edges move too
+        shifts = np.array([global_shift(grey[t], grey[t + 1]) for t in range(len(grey) - 1)])
+        moving = (d >= cfg.static_eps) | (shifts >= cfg.min_pan_px)
+        motion, static, pan = float(d.mean()), float((~moving).mean()), float(shifts.mean())
     else:
-        motion, static = 0.0, 1.0  # one frame: no motion by definition
-    return FilterScores(motion=motion, static_frac=static, black_frac=black, blank_frac=blank)
+        motion, static, pan = 0.0, 1.0, 0.0  # one frame: no motion by definition
+    return FilterScores(motion=motion, static_frac=static, black_frac=black, blank_frac=blank,
+                        pan_px=pan)  # fmt: skip
 
 
 def reject_reasons(
@@ -102,14 +148,26 @@ def reject_reasons(
     if cfg.max_duration_s is not None and duration_s > cfg.max_duration_s:
         out.append(f"duration {duration_s:.2f} s above maximum {cfg.max_duration_s:g} s")
     if scores.black_frac > cfg.max_black_frac:
-        out.append(f"black: {scores.black_frac:.0%} of frames black (max {cfg.max_black_frac:.0%})")
+        out.append(
+            f"black: {scores.black_frac:.0%} of frames with 98th-percentile luma below "
+            f"black_level={cfg.black_level:g} (max_black_frac {cfg.max_black_frac:.0%})"
+        )
     if scores.blank_frac > cfg.max_blank_frac:
-        out.append(f"blank: {scores.blank_frac:.0%} of frames flat (max {cfg.max_blank_frac:.0%})")
+        out.append(
+            f"blank: {scores.blank_frac:.0%} of frames flat in every colour channel (std below "
+            f"blank_std={cfg.blank_std:g}, edges below blank_edge={cfg.blank_edge:g}; "
+            f"max_blank_frac {cfg.max_blank_frac:.0%})"
+        )
     if scores.static_frac > cfg.max_static_frac:
         out.append(
-            f"static: {scores.static_frac:.0%} of frame pairs unchanged "
-            f"(max {cfg.max_static_frac:.0%})"
+            f"static: {scores.static_frac:.0%} of frame pairs neither change (static_eps="
+            f"{cfg.static_eps:g}) nor shift (min_pan_px={cfg.min_pan_px:g}); max_static_frac "
+            f"{cfg.max_static_frac:.0%}"
         )
-    elif scores.motion < cfg.min_motion:
-        out.append(f"low motion: {scores.motion:.4f} below {cfg.min_motion:g}")
+    elif scores.motion < cfg.min_motion and scores.pan_px < cfg.min_pan_px:
+        out.append(
+            f"low motion: frame difference {scores.motion:.4f} below min_motion="
+            f"{cfg.min_motion:g} and pan {scores.pan_px:.2f} px below min_pan_px="
+            f"{cfg.min_pan_px:g}"
+        )
     return out
