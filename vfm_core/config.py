@@ -78,6 +78,9 @@ class ModelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DiffusionConfig:
+    objective: Literal["edm", "rectified_flow"] = "edm"
+    """Training objective: EDM (Karras et al. 2022) or rectified flow (velocity prediction on
+    x_t = (1 - t) x0 + t noise, logit-normal t; Open-Sora 2, Wan, SD3)."""
     sigma_data: float = 0.5
     """Standard deviation of the (scaled) data, EDM sigma_data."""
     p_mean: float = -1.2
@@ -98,6 +101,13 @@ class DiffusionConfig:
     """Classifier-free guidance scale (1 = no guidance)."""
     cond_dropout: float = 0.1
     """Probability of dropping the caption during training (enables CFG)."""
+    logit_mean: float = 0.0
+    """Rectified flow: mean of logit(t) of the training times (logit-normal)."""
+    logit_std: float = 1.0
+    """Rectified flow: std of logit(t) of the training times."""
+    shift: float = 1.0
+    """Rectified flow: resolution shift k, t -> k t / (1 + (k - 1) t), for training and
+    sampling (k > 1 spends more steps at high noise, for larger videos)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -459,6 +469,13 @@ def validate(cfg: Config) -> Config:
         )
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1), got {t.ema_decay}")
+    if cfg.diffusion.objective == "rectified_flow" and not (
+        cfg.diffusion.shift > 0 and cfg.diffusion.logit_std >= 0
+    ):
+        raise ConfigError(
+            f"diffusion.shift must be > 0 and diffusion.logit_std >= 0, got "
+            f"{cfg.diffusion.shift} and {cfg.diffusion.logit_std}"
+        )
     if not 0.0 <= cfg.diffusion.cond_dropout <= 1.0:
         raise ConfigError(
             f"diffusion.cond_dropout: must be in [0, 1], got {cfg.diffusion.cond_dropout}"

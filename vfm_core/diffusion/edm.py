@@ -162,6 +162,17 @@ class EDM:
         sd = self.sigma_data
         return (sigma**2 + sd**2) / (sigma * sd) ** 2
 
+    def log_sigma_normal(self) -> tuple[float, float]:
+        """(mean, std) of the normal that ln(sigma) of the training noise levels follows."""
+        return self.p_mean, self.p_std
+
+    def sampling_sigmas(self, num_steps: int) -> Tensor:
+        """Descending noise levels of the sampler, ending in 0: EDM's Karras schedule."""
+        from vfm_core.diffusion.sampler import karras_sigmas
+
+        c = self.cfg
+        return karras_sigmas(num_steps, sigma_min=c.sigma_min, sigma_max=c.sigma_max, rho=c.rho)
+
     def sample_sigma(
         self,
         batch: int,
@@ -176,7 +187,8 @@ class EDM:
         """
         gen_device = generator.device if generator is not None else device
         n = torch.randn(batch, generator=generator, device=gen_device)  # (B,)
-        return (self.p_mean + self.p_std * n).exp().to(device)
+        mean, std = self.log_sigma_normal()
+        return (mean + std * n).exp().to(device)
 
     def loss(self, net: Net, x0: Tensor, text: Any, *, sigma: Tensor, noise: Tensor) -> Tensor:
         """Per-sample EDM loss (EDM eq. 2 with the weighting of Table 1), shape (B,).
@@ -232,5 +244,12 @@ class EDM:
 
 
 def create_diffusion(cfg: DiffusionConfig | None = None) -> EDM:
-    """Single entry point (cf. DiT's ``create_diffusion``): the EDM for ``cfg`` (default config)."""
-    return EDM(cfg if cfg is not None else DiffusionConfig())
+    """Single entry point (cf. DiT's ``create_diffusion``): the objective of ``cfg`` (default
+    config): :class:`EDM`, or :class:`~vfm_core.diffusion.rectified_flow.RectifiedFlow` in the
+    same interface."""
+    cfg = cfg if cfg is not None else DiffusionConfig()
+    if cfg.objective == "rectified_flow":
+        from vfm_core.diffusion.rectified_flow import RectifiedFlow
+
+        return RectifiedFlow(cfg)
+    return EDM(cfg)

@@ -203,18 +203,13 @@ def sample_from_config(
     null_text: Any = None,
     progress: bool = False,
 ) -> Tensor:
-    """Sample with ``cfg``'s schedule (eq. 5), method, step count and guidance.
+    """Sample with the objective's schedule (EDM eq. 5, or rectified flow's shifted uniform t),
+    ``cfg``'s method, step count and guidance.
 
     ``net`` is the raw network ``net(x_in, c_noise, text) -> F``, wrapped with ``edm.denoise``.
     ``noise``: (B, ...) standard normal, e.g. (B, C, T, H, W); returns a sample of that shape.
     """
-    sigmas = karras_sigmas(
-        cfg.num_steps,
-        sigma_min=cfg.sigma_min,
-        sigma_max=cfg.sigma_max,
-        rho=cfg.rho,
-        device=noise.device,
-    )
+    sigmas = edm.sampling_sigmas(cfg.num_steps).to(noise.device)
 
     def denoise_fn(x: Tensor, sigma: Tensor, t: Any) -> Tensor:
         return edm.denoise(net, x, sigma, t)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from vfm_core.config import DiffusionConfig
 from vfm_core.data.synthetic_tokens import synthetic_levels
 from vfm_core.diffusion.edm import create_diffusion
-from vfm_core.diffusion.sampler import karras_sigmas, sample
+from vfm_core.diffusion.sampler import sample
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
@@ -205,11 +205,10 @@ def sample_latent(
     steps: int,
     guidance: float,
 ) -> torch.Tensor:
-    """EDM sampling (Karras schedule, the run's sampler) with CFG in one batch; (1, C, T', h, w)."""
-    edm = create_diffusion(diffusion)
-    sigmas = karras_sigmas(
-        steps, sigma_min=diffusion.sigma_min, sigma_max=diffusion.sigma_max, rho=diffusion.rho
-    )
+    """ODE sampling (the objective's schedule: Karras for EDM, shifted uniform t for rectified
+    flow; the run's Euler / Heun) with CFG in one batch; (1, C, T', h, w)."""
+    edm = create_diffusion(diffusion)  # EDM or rectified flow: its own schedule
+    sigmas = edm.sampling_sigmas(steps)
 
     def denoise_fn(x: torch.Tensor, sigma: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return edm.denoise(model, x, sigma, t)  # (B, C, T', h, w)

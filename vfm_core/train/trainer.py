@@ -246,7 +246,8 @@ class Trainer:
         if self.autoregressive:
             return self.finish_step(self.forward_backward_tokens(data.to(self.device), text))
         x0 = data.to(self.device, torch.float32)  # (n, C, T, H, W)
-        sigma = self.draws.sigma(self.step, b, p_mean=d.p_mean, p_std=d.p_std)[:n]  # (n,)
+        mean, std = self.edm.log_sigma_normal()  # EDM's log-normal, or rectified flow's
+        sigma = self.draws.sigma(self.step, b, p_mean=mean, p_std=std)[:n]  # (n,)
         sigma = sigma.to(self.device, torch.float32)
         # all frames: CP ranks split the tokens inside the model, the loss sees the full latent
         noise = self.draws.noise(self.step, (b, *x0.shape[1:]))[:n].to(self.device)  # (n,C,T,H,W)
@@ -363,7 +364,8 @@ class Trainer:
                 torch.randn(z.shape, generator=g).to(dev) if not self.autoregressive else None
                 for z, g in zip(p.latents, gens["noise"], strict=True)
             ]
-            sigma = (d.p_mean + d.p_std * n).exp()  # (S,)
+            mean, std = self.edm.log_sigma_normal()
+            sigma = (mean + std * n).exp()  # (S,)
             out.append((sigma.to(dev), noise, (u >= d.cond_dropout).to(dev)))
         return out
 
