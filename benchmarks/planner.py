@@ -137,6 +137,34 @@ def measured_table() -> None:
     )
 
 
+# The paper's measured rows (arXiv 2503.12964, H100, bf16): recipe, sequence, pinned degrees,
+# measured TFLOP/s per GPU, and the prediction of the planner *before* issue #13 part 6 (phase-aware
+# FSDP/DP overlap, contention of hidden collectives, ST-DiT hybrid CP), recorded once from that
+# code on 64 GPUs with micro_batch=1. NOTE: the measured figures below were reconstructed from the
+# errors stated in issue #13 (+17 % and +19 % over the paper); check the paper's table.
+PAPER_ROWS = [
+    ("dit-7b", 8192, "tp=1,cp=2,pp=1,micro_batch=1", 447.8, 523.9),
+    ("dit-7b", 73728, "tp=4,sp=true,cp=4,pp=1,micro_batch=1", 411.6, 489.8),
+]
+
+
+def paper_table(gpus: int = 64) -> None:
+    print("## Planner vs the paper's measured TFLOPS per GPU (H100; before / after #13 part 6)\n")
+    print(
+        f"{'model':8s} {'tokens':>6s} {'layout':38s} {'paper':>6s} {'before':>7s} {'err':>7s} "
+        f"{'after':>7s} {'err':>7s}"
+    )
+    for recipe, seq, fixed, measured, before in PAPER_ROWS:
+        p = next(q for q in plan(get_recipe(recipe).model, seq_len=seq, gpus=gpus,
+                                 fixed=fixed).plans if q.fits)  # fmt: skip
+        after = p.tflops_per_gpu
+        print(
+            f"{recipe:8s} {seq:>6d} {fixed:38s} {measured:>6.1f} {before:>7.1f} "
+            f"{before / measured - 1:>+7.1%} {after:>7.1f} {after / measured - 1:>+7.1%}"
+        )
+    print()
+
+
 def timed_plan(recipe: str, seq: int, gpus: int, **kw):
     cfg = get_recipe(recipe).model
     times, result = [], None
@@ -154,6 +182,7 @@ def main() -> int:
     if not args.skip_validation:
         validation_table()
     measured_table()
+    paper_table()
     timings: list[tuple[str, int, int, float, int]] = []
     print("## Top-3 layouts (H100 SXM, bf16; predicted)\n")
     for recipe in ("dit-7b", "dit-28b"):

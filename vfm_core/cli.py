@@ -98,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--top", type=_positive("--top"), default=10, help="layouts to show (0: all)")
     pl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     pl.add_argument("--json", action="store_true", help="print a JSON list, best first")
-    pl.add_argument("--explain", action="store_true", help="say why layouts were rejected")
+    pl.add_argument(
+        "--explain",
+        action="store_true",
+        help="column legend, step-time breakdown per shown layout, why layouts were rejected",
+    )
     pl.add_argument("--calibrate", metavar="RUNS", help="JSON/JSONL measured runs to fit")
 
     sub.add_parser("recipes", help="list presets")
@@ -231,7 +235,13 @@ def cmd_flops(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from vfm_core.perf.calibrate import calibrate
     from vfm_core.perf.hardware import DEFAULT_EFFICIENCY
-    from vfm_core.perf.planner import explain_rejections, format_table, plan
+    from vfm_core.perf.planner import (
+        LEGEND,
+        explain_plan,
+        explain_rejections,
+        format_table,
+        plan,
+    )
 
     cfg = apply_overrides(get_recipe(args.recipe), args.set)
     eff = DEFAULT_EFFICIENCY
@@ -266,6 +276,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(format_table(result, top=top))
     if args.explain:
         out = sys.stderr if args.json else sys.stdout
+        print(LEGEND, file=out)
+        print("step-time breakdown (busiest GPU, one optimiser step):", file=out)
+        for i, p in enumerate(result.plans[:top], 1):
+            print(f"#{i}", explain_plan(p).lstrip(), file=out)
         print("rejected layouts, by reason:", file=out)
         for line in explain_rejections(result) or ["  (none)"]:
             print(line, file=out)

@@ -14,9 +14,11 @@ Written from published guidance, not from any table of results:
   #1: tensor parallelism up to the GPUs of a node, then pipeline parallelism).
 * **TP hurts below ~10B** — its per-layer collectives cost more than they save when GEMMs are
   already small and states fit with FSDP (Megatron/NeMo performance-tuning guidance).
-* **All-to-all beats ring CP for ST-DiT** — spatial/temporal attention spans are short, so ring
-  steps cannot hide their K/V transfers; Ulysses moves each token once per pass (the video-DiT
-  papers use all-to-all for factorised attention).
+* **All-to-all for ST-DiT's factorised attention** — spatial/temporal attention spans are short, so
+  ring steps cannot hide their K/V transfers; Ulysses moves each token once per pass (the video-DiT
+  papers use all-to-all for factorised attention). The trainer therefore runs ST-DiT's
+  spatial/temporal passes all-to-all in both CP modes (``ring`` = the trainer's ``hybrid``: ring
+  only for the full-attention blocks), and the planner models exactly that.
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ def test_large_models_add_tp_inside_a_node_before_pp(recipe, seq):
     top = best(cfg, seq, 256)
     assert 1 < top.layout.tp <= 8 and top.layout.pp == 1
     tp_only = best(cfg, seq, 256, lambda x: x.tp > 1 and x.pp == 1)
-    pp_only = best(cfg, seq, 256, lambda x: x.tp == 1 and x.pp > 1)
-    assert tp_only.tokens_per_s_per_gpu > pp_only.tokens_per_s_per_gpu
+    pp_fit = [p for p in plan(cfg, seq_len=seq, gpus=256).plans
+              if p.fits and p.layout.tp == 1 and p.layout.pp > 1]  # fmt: skip
+    if pp_fit:  # at long context PP alone (no PP x CP in the trainer) may not fit at all
+        assert tp_only.tokens_per_s_per_gpu > pp_fit[0].tokens_per_s_per_gpu
 
 
 @pytest.mark.parametrize("recipe", ["dit-7b", "llama-dit-7b", "stdit-7b"])
@@ -84,16 +88,14 @@ def test_tp_hurts_below_10b(recipe, seq):
 
 @pytest.mark.parametrize("recipe", ["stdit-7b", "stdit-12b"])
 @pytest.mark.parametrize("gpus", [64, 256])
-def test_all_to_all_beats_ring_for_stdit(recipe, gpus):
+def test_all_to_all_for_stdit_factorised_attention(recipe, gpus):
+    """Both modes run spatial/temporal all-to-all; they differ only on full-attention blocks, so
+    degree for degree they are within a few percent (never the ring-for-everything gap)."""
     cfg = get_recipe(recipe).model
-    a2a = best(cfg, 73728, gpus, lambda x: x.cp > 1 and x.cp_mode == "a2a")
-    ring = best(cfg, 73728, gpus, lambda x: x.cp > 1 and x.cp_mode == "ring")
-    assert a2a.tokens_per_s_per_gpu > ring.tokens_per_s_per_gpu
-    # and degree for degree, everything else equal
     for cp in (4, 8):
         fixed = f"cp={cp},tp=1,pp=1,recompute=selective,micro_batch=1"
         res = plan(cfg, seq_len=73728, gpus=gpus, fixed=fixed + ",cp_mode=a2a").plans[0]
         rin = plan(cfg, seq_len=73728, gpus=gpus, fixed=fixed + ",cp_mode=ring").plans[0]
         assert res.layout.dp_shard == rin.layout.dp_shard
-        assert res.tokens_per_s_per_gpu > rin.tokens_per_s_per_gpu
-        assert res.time.parts["cp"] < rin.time.parts["cp"]  # exposed CP communication
+        ratio = res.tokens_per_s_per_gpu / rin.tokens_per_s_per_gpu
+        assert 0.95 < ratio < 1.05

@@ -65,6 +65,7 @@ def apply_layout(
     """Apply ``cfg.parallel`` (degrees in ``dims``, mesh built) to ``model`` and ``ema``, which
     every rank built from the same seed (shards of one full init)."""
     p = cfg.parallel
+    ac = p.activation_checkpointing and p.activation_checkpointing_mode  # False | full | selective
     device = next(model.parameters()).device
     bf16 = cfg.train.dtype == "bfloat16" and device.type == "cuda"
     opts = dict(
@@ -74,7 +75,7 @@ def apply_layout(
     )
     if dims.pp_enabled:
         pipe = DiTPipeline(model, parallel_dims=dims, grid=grid, microbatches=dims.pp,
-                           schedule="1f1b", activation_checkpointing=p.activation_checkpointing,
+                           schedule="1f1b", activation_checkpointing=ac,
                            **opts)  # fmt: skip
         if ema is not None:
             stage = make_stage(ema, stage=dims.coord("pp"), num_stages=dims.pp, grid=grid)
@@ -83,5 +84,5 @@ def apply_layout(
     opts |= dict(parallel_dims=dims, cp_mode=p.cp_mode)
     if ema is not None:
         ema = parallelize_dit(ema, **opts, activation_checkpointing=False)
-    model = parallelize_dit(model, **opts, activation_checkpointing=p.activation_checkpointing)
+    model = parallelize_dit(model, **opts, activation_checkpointing=ac)
     return AppliedLayout(model=model, ema=ema, pipe=None, dims=dims)

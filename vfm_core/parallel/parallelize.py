@@ -32,7 +32,6 @@ partial sum that must be summed:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -52,7 +51,6 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     parallelize_module,
 )
-from torch.utils.checkpoint import checkpoint
 
 from vfm_core.config import ConfigError
 from vfm_core.parallel.context import (
@@ -64,6 +62,7 @@ from vfm_core.parallel.context import (
     split_seq,
 )
 from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.recompute import checkpoint_blocks
 
 _MLP_IN = ("fc1", "w1", "w3")  # GELU fc1, SwiGLU gate w1 and up w3: column-parallel
 _MLP_OUT = ("fc2", "w2")  # row-parallel
@@ -234,7 +233,7 @@ def parallelize_dit(
     parallel_dims: ParallelDims,
     sequence_parallel: bool = True,
     cp_mode: CPMode = "hybrid",
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
@@ -276,9 +275,7 @@ def parallelize_dit(
         groups.append((dims.group("tp"), unsharded))
     model.vfm_grad_sync = GradSync(groups=groups)  # cp partial sums: FSDP's reduce-scatter
     # 3. activation checkpointing: recompute each block in backward (parameter names unchanged)
-    if activation_checkpointing:
-        for block in model.blocks.values():
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    checkpoint_blocks(model.blocks, activation_checkpointing)  # False | True/"full" | "selective"
     # 4. FSDP2 over the data-parallel x context-parallel ranks (HSDP when dp_replicate > 1).
     # Gradients are divided by dp only: averaged over the batch slices, summed over the CP ranks'
     # token chunks of the same samples.

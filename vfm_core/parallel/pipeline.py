@@ -26,8 +26,6 @@ sums of unsharded parameters), :func:`sync_pipeline_grads` over pp (conditioning
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -35,13 +33,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
-from torch.utils.checkpoint import checkpoint
 
 from vfm_core.config import ConfigError
 from vfm_core.models.layers import Grid, patchify, rope_3d, unpatchify
 from vfm_core.parallel.context import gather_seq, seq_chunk
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import GradSync, _tp_plan, sync_grads
+from vfm_core.parallel.recompute import checkpoint_blocks
 
 REPLICATED = ("t_embedder.", "adaln_global.")
 """Parameters every stage holds a copy of (conditioning recomputed per stage)."""
@@ -126,7 +124,7 @@ def parallelize_stage(
     dims: ParallelDims,
     *,
     sequence_parallel: bool = True,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: bool | str = False,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
@@ -159,9 +157,7 @@ def parallelize_stage(
             names = [n for n in names if ".q_norm." in n or ".k_norm." in n]
         groups.append((dims.group("tp"), names))
     stage.vfm_grad_sync = GradSync(groups=groups)
-    if activation_checkpointing:  # recompute each block in backward (parameter names unchanged)
-        for block in stage.blocks.values():
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    checkpoint_blocks(stage.blocks, activation_checkpointing)  # parameter names unchanged
     if dims.fsdp_enabled:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         fsdp_mesh = dims.fsdp_mesh()
@@ -193,7 +189,7 @@ class DiTPipeline:
         microbatches: int,
         schedule: str = "1f1b",
         sequence_parallel: bool = True,
-        activation_checkpointing: bool = False,
+        activation_checkpointing: bool | str = False,
         param_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
     ):

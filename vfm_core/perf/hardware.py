@@ -357,6 +357,12 @@ class Efficiency:
     fsdp_overlap: float = 0.9
     """Fraction of the compute time that can hide FSDP all-gathers / reduce-scatters and the DP
     all-reduce (FSDP2 prefetching: the next layer's all-gather runs under the current layer)."""
+    comm_contention: float = 0.24
+    """Fraction of compute throughput lost while a collective runs *behind* it: NCCL's ring
+    kernels occupy up to 32 of the 132 H100 SMs (``NCCL_MAX_NCHANNELS``, one CTA per channel on
+    NVLink/IB) and share HBM bandwidth, so "hidden" communication still costs 32/132 ≈ 0.24 of its
+    duration in slower GEMMs / attention (NCCL docs, env ``NCCL_MIN/MAX_NCHANNELS``; the SM
+    contention torchtitan's async-TP and TE userbuffers work around)."""
     ring_overlap: float = 0.9
     """Fraction of a ring-attention step's compute that hides the next K/V chunk's P2P transfer
     (Liu et al. 2023, Ring Attention, §3: fully hidden when block compute >= transfer time)."""

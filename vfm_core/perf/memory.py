@@ -172,7 +172,7 @@ def block_saved_elements(
         act = tok * d / dsplit  # block input
         act += passes * tok * ((2 * dq + 2 * dkv) / t + d / dsplit)  # q, k, v, attn out; o out
         act += tok * (2 * dq / t + d / dsplit) + b * L * 2 * dkv / t  # cross q, out, o; text k, v
-        act += tok * ((3 if cfg.mlp == "swiglu" else 1) * f / t + d / dsplit)  # fc1 (w1, w3, w2*)
+        act += tok * ((2 if cfg.mlp == "swiglu" else 1) * f / t + d / dsplit)  # fc1 (w1, w3); fc2
         stat = (passes + 1) * tok * h / t  # LSE
         return {"act": act, "stat": stat}
     # --- no recompute: everything the modules save

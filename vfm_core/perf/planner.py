@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vfm_core.config import ConfigError, ModelConfig
+from vfm_core.config import Config, ConfigError, ModelConfig
 from vfm_core.models.layers import Grid
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
 from vfm_core.perf.memory import (
@@ -178,15 +178,20 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
         return "sp=true needs tp > 1"
     if cfg.depth % lay.pp:
         return f"pp={lay.pp} does not divide depth={cfg.depth}"
-    if lay.vpp > 1 and (cfg.depth // lay.pp) % lay.vpp:
-        return f"vpp={lay.vpp} does not divide the {cfg.depth // lay.pp} layers per stage"
-    if lay.pp > 1 and lay.microbatches < lay.pp:
-        return f"microbatches={lay.microbatches} < pp={lay.pp} (1F1B needs >= pp)"
-    if lay.vpp > 1 and lay.microbatches % lay.pp:
-        return f"interleaved 1F1B needs microbatches % pp == 0 ({lay.microbatches} % {lay.pp})"
+    # what the trainer runs (vfm_core.parallel.layout.validate_layout / apply_layout): plain
+    # 1F1B over exactly pp microbatches, no interleaving, no PP x CP
+    if lay.vpp > 1:
+        return f"vpp={lay.vpp}: interleaved 1F1B (virtual stages) is not implemented by the trainer"
+    if lay.pp > 1 and lay.cp > 1:
+        return f"pp={lay.pp} with cp={lay.cp}: the trainer does not combine PP and CP"
+    if lay.microbatches != lay.pp:
+        return (
+            f"microbatches={lay.microbatches}: the trainer runs exactly pp={lay.pp} "
+            "microbatch(es) per step (1F1B over pp; no gradient accumulation)"
+        )
     if seq_len % lay.cp:
         return f"cp={lay.cp} does not divide the sequence of {seq_len} tokens"
-    if lay.cp > 1 and lay.cp_mode == "a2a":
+    if lay.cp > 1 and (lay.cp_mode == "a2a" or cfg.arch == "stdit"):  # ST-DiT: hybrid a2a
         hq, hkv = cfg.heads // lay.tp, cfg.n_kv_heads // lay.tp
         if hq % lay.cp or hkv % lay.cp:
             return (
@@ -197,6 +202,36 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
     if lay.cp_mode not in ("ring", "a2a"):
         return f"cp_mode={lay.cp_mode!r} (choose ring or a2a)"
     return None
+
+
+def trainer_config(base: Config, lay: Layout) -> Config:
+    """The run config that trains ``lay``: ``base`` with its parallel degrees, SP, CP mode and
+    activation checkpointing set, and ``data.batch_size`` the layout's global batch
+    (micro_batch · microbatches · dp_replicate · dp_shard). ST-DiT ``ring`` is the trainer's
+    ``hybrid`` (ring for full attention, all-to-all for spatial / temporal). What ``vfm plan``
+    prints as the command line of a layout; ``validate_layout(trainer_config(...), lay.world)``
+    accepts every layout :func:`plan` returns (tests/perf/test_planner_trainer.py)."""
+    stdit = base.model.arch == "stdit"
+    mode = "alltoall" if lay.cp_mode == "a2a" else ("hybrid" if stdit else "ring")
+    parallel = dataclasses.replace(
+        base.parallel,
+        dp_replicate=lay.dp_replicate,
+        dp_shard=lay.dp_shard,
+        tp=lay.tp,
+        cp=lay.cp,
+        pp=lay.pp,
+        sequence_parallel=lay.sp,
+        cp_mode=mode,
+        activation_checkpointing=lay.recompute != "none",
+        activation_checkpointing_mode="full" if lay.recompute == "none" else lay.recompute,
+    )
+    data = dataclasses.replace(base.data, batch_size=global_batch(lay))
+    return dataclasses.replace(base, parallel=parallel, data=data)
+
+
+def global_batch(lay: Layout) -> int:
+    """Samples per optimiser step over all data-parallel ranks."""
+    return lay.micro_batch * lay.microbatches * lay.dp_replicate * lay.dp_shard
 
 
 def parse_fixed(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -345,6 +380,12 @@ def plan(
             for pp in options("pp", _divisors(gpus // (tp * cp))):
                 if (gpus // (tp * cp)) % pp:
                     continue
+                if pp > 1 and cp > 1:
+                    reject(
+                        f"pp={pp} with cp={cp}: the trainer does not combine PP and CP",
+                        {"tp": tp, "cp": cp, "pp": pp},
+                    )
+                    continue
                 if cfg.depth % pp:
                     reject(
                         f"pp={pp} does not divide depth={cfg.depth}", {"tp": tp, "cp": cp, "pp": pp}
@@ -387,7 +428,7 @@ def _search_inner(cfg, work, gpu, eff, base, pins, options, keep_all, plans, rej
     tp, cp, pp = base["tp"], base["cp"], base["pp"]
     sps = options("sp", [True] if tp > 1 else [False])
     modes = options("cp_mode", ["ring", "a2a"] if cp > 1 else ["ring"])
-    ms = options("microbatches", [pp, 2 * pp, 4 * pp] if pp > 1 else [1])
+    ms = options("microbatches", [pp])  # the trainer's 1F1B runs pp microbatches
     vpps = options("vpp", [1])
     count = 0
     for sp in sps:
@@ -458,7 +499,7 @@ def format_table(result: PlanResult, *, top: int | None = None) -> str:
     """Readable table: layout, memory, step-time breakdown, TFLOPS/GPU, MFU, tokens/s/GPU."""
     head = (
         f"{'#':>3} {'dp_r':>4} {'dp_s':>4} {'tp':>2} {'sp':>2} {'cp':>3} {'mode':>4} {'pp':>2} "
-        f"{'mb':>2} {'m':>3} {'recomp':>9} {'mem GiB':>8} {'fits':>4} {'step s':>8} "
+        f"{'mb':>2} {'m':>3} {'gbs':>5} {'recomp':>9} {'mem GiB':>8} {'fits':>4} {'step s':>8} "
         f"{'compute':>8} {'comm':>7} {'bubble':>7} {'TFLOPS':>7} {'MFU':>6} {'tok/s/GPU':>10}"
     )
     lines = [head, "-" * len(head)]
@@ -468,9 +509,54 @@ def format_table(result: PlanResult, *, top: int | None = None) -> str:
             f"{i:>3} {lay.dp_replicate:>4} {lay.dp_shard:>4} {lay.tp:>2} "
             f"{'y' if lay.sp else 'n':>2} {lay.cp:>3} {lay.cp_mode if lay.cp > 1 else '-':>4} "
             f"{lay.pp:>2} "
-            f"{lay.micro_batch:>2} {lay.microbatches:>3} {lay.recompute:>9} "
+            f"{lay.micro_batch:>2} {lay.microbatches:>3} {global_batch(lay):>5} {lay.recompute:>9} "
             f"{p.memory.total_gib:>8.1f} {'yes' if p.fits else 'NO':>4} {t.step_s:>8.3f} "
             f"{t.compute_s:>8.3f} {t.exposed_comm_s:>7.3f} {t.bubble_s:>7.3f} "
             f"{p.tflops_per_gpu:>7.1f} {p.mfu:>6.1%} {p.tokens_per_s_per_gpu:>10.0f}"
         )
+    return "\n".join(lines)
+
+
+LEGEND = """\
+columns: dp_r = replicated data parallel (DDP / HSDP outer), dp_s = FSDP shards, tp = tensor
+parallel, sp = sequence parallel inside TP, cp = context parallel, mode = CP attention (ring P2P or
+a2a all-to-all; ST-DiT ring = the trainer's hybrid), pp = pipeline stages, mb = samples per
+micro-batch per replica, m = micro-batches per step (= pp: 1F1B), gbs = global batch (samples per
+optimiser step = mb x m x dp_r x dp_s), recomp = activation checkpointing (none | selective |
+full), mem GiB = predicted peak memory per GPU, fits = within usable HBM, step s = predicted step
+time, compute = GEMM + attention + element-wise + recompute seconds, comm = exposed communication
+(TP/SP, CP, PP sends, FSDP/DP not hidden, contention of hidden collectives), bubble = pipeline
+fill/drain, TFLOPS = model TFLOP/s per GPU, MFU = TFLOPS / dense bf16 peak, tok/s/GPU = video
+tokens per second per GPU."""
+
+
+def explain_plan(p: Plan) -> str:
+    """The step-time breakdown of one plan (``vfm plan --explain``): seconds per step and share."""
+    t, lay = p.time, p.layout
+    parts = t.parts
+    rows = [
+        ("GEMMs", parts["gemm"]),
+        ("attention", parts["attention"]),
+        ("element-wise (norms, modulation, RoPE, copies)", parts["pointwise"]),
+        (f"recompute ({lay.recompute})", parts["recompute"]),
+        ("TP/SP collectives (exposed)", parts["tp"]),
+        ("CP ring / all-to-all (exposed)", parts["cp"]),
+        ("PP stage sends", parts["pp_p2p"]),
+        ("FSDP/DP not hidden (phase overlap, last-layer tail)", parts["fsdp_dp_exposed"]),
+        ("contention of hidden collectives", parts["contention"]),
+        ("pipeline bubble", t.bubble_s),
+        ("optimizer step (AdamW, memory-bound)", t.optimizer_s),
+    ]
+    lines = [
+        f"  dp {lay.dp_replicate}x{lay.dp_shard} tp {lay.tp}{' sp' if lay.sp else ''} "
+        f"cp {lay.cp}{' ' + lay.cp_mode if lay.cp > 1 else ''} pp {lay.pp} mb {lay.micro_batch} "
+        f"gbs {global_batch(lay)} recompute {lay.recompute}"
+    ]
+    for name, sec in rows:
+        lines.append(f"    {name:52s} {sec:9.4f} s {sec / t.step_s:7.1%}")
+    lines.append(f"    {'total step':52s} {t.step_s:9.4f} s")
+    lines.append(
+        f"    -> {p.tokens_per_s_per_gpu:,.0f} tok/s/GPU, {p.tflops_per_gpu:.1f} TFLOP/s/GPU, "
+        f"MFU {p.mfu:.1%}"
+    )
     return "\n".join(lines)

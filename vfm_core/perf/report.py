@@ -121,8 +121,11 @@ def study_runs(study: str, *, tracking_uri: str | None = None, warmup: int = 2) 
                 model=model,
                 seq=_seq(p),
                 peak_flops=float(p.get("peak_flops_per_gpu", p.get("peak_flops", 0)) or 0),
-                batch=max(1, int(p.get("data.batch_size", 1)) // (degrees["dp_replicate"]
-                                                                 * degrees["dp_shard"])),
+                batch=max(
+                    1,
+                    int(p.get("data.batch_size", 1))
+                    // (degrees["dp_replicate"] * degrees["dp_shard"]),
+                ),
             )
         )
     if not rows:
@@ -221,13 +224,15 @@ def _calibrated(record: dict[str, Any], gpu: GpuSpec, calibrate):
 
 def format_table(rows: list[StudyRow]) -> str:
     head = ("layout", "recipe", "procs", "tokens/s", "per proc", "TFLOPS/proc", "MFU",
-            "scaling eff", "predicted tok/s", "pred/meas")  # fmt: skip
+            "MFU peak TFLOPS (measured GEMM)", "scaling eff", "predicted tok/s",
+            "pred/meas")  # fmt: skip
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         ratio = r.predicted / r.tokens_per_s if r.predicted and r.tokens_per_s else None
         cells = (
             r.layout, r.recipe, str(r.world), f"{r.tokens_per_s:,.0f}", f"{r.per_proc:,.0f}",
             f"{r.tflops:.4f}", f"{r.mfu:.1%}",
+            f"{r.peak_flops / 1e12:.4f}" if r.peak_flops else "-",
             "-" if r.scaling_eff is None else f"{r.scaling_eff:.2f}",
             "-" if r.predicted is None else f"{r.predicted:,.0f}",
             "-" if ratio is None else f"{ratio:.2f}",

@@ -199,8 +199,8 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
     ring = cp > 1 and lay.cp_mode == "ring"
     span = {
         "full": work.seq_len / (cp if ring else 1),
-        "spatial": hh * ww / (cp if ring and t % cp else 1),
-        "temporal": t / (cp if ring else 1),
+        "spatial": hh * ww,  # ST-DiT: all-to-all (whole frames / locations per head group)
+        "temporal": t,
     }
     per_pass = {  # seconds of one attention pass (fwd + bwd) of one micro-batch on one GPU
         lo: fl["attention"]
@@ -239,7 +239,8 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
         tp_s = per * n_fwd * (1 - eff.tp_overlap)
 
     # --- CP (one micro-batch)
-    cp_s = 0.0
+    cp_s = cp_hidden = 0.0
+    stdit = cfg.arch == "stdit"
     if cp > 1:
         bw = _link_bw(gpu, eff, size=cp, stride=tp)
         tok = mb * work.seq_len / cp
@@ -247,10 +248,15 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
         for lo, n_pass in passes.items():
             if lo == "spatial" and t % cp == 0:
                 continue  # frames are whole on each rank
-            if lay.cp_mode == "ring":
+            # ST-DiT trains its spatial / temporal passes with all-to-all in either mode (the
+            # trainer's "hybrid" = ring for full attention only)
+            ring_pass = lay.cp_mode == "ring" and not (stdit and lo != "full")
+            if ring_pass:
                 kv = tok * 2 * dkv * 2  # local K and V, bf16
                 comm = 3 * (cp - 1) * (kv / bw + eff.collective_latency_s)  # fwd kv, bwd kv + dkv
-                cp_s += n_pass * max(0.0, comm - eff.ring_overlap * per_pass[lo])
+                hidden = min(comm, eff.ring_overlap * per_pass[lo])
+                cp_s += n_pass * (comm - hidden)
+                cp_hidden += n_pass * hidden
             else:
                 qkvo = tok * (2 * dq + 2 * dkv) * 2
                 cp_s += n_pass * 2 * (qkvo * (cp - 1) / cp / bw + 4 * eff.collective_latency_s)
@@ -269,6 +275,7 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
         "tp": tp_s,
         "cp": cp_s,
         "pp_p2p": pp_s,
+        "cp_hidden": cp_hidden,
     }
     work.cache[mkey] = out
     return out
@@ -280,7 +287,8 @@ def step_time(
     """Predicted step time of ``layout`` (see the module docstring for the model)."""
     lay = layout
     tp, cp, pp, m = lay.tp, lay.cp, lay.pp, lay.microbatches
-    mbt = _micro_batch(work, lay, gpu, eff)
+    mbt = dict(_micro_batch(work, lay, gpu, eff))
+    cp_hidden = mbt.pop("cp_hidden")
     compute_mb = mbt["gemm"] + mbt["attention"] + mbt["pointwise"] + mbt["recompute"]
     comm_mb = mbt["tp"] + mbt["cp"] + mbt["pp_p2p"]
     t_mb = compute_mb + comm_mb
@@ -289,13 +297,14 @@ def step_time(
     # --- FSDP / DP (per step), overlapped with compute
     local = work.params / (tp * pp)
     shard = lay.dp_shard * cp
-    fsdp_s = first_ag = 0.0
+    layers = work.cfg.depth // pp
+    fsdp_s = first_ag = ag = rs = 0.0
     if shard > 1:
         bw = _link_bw(gpu, eff, size=shard, stride=tp)
         frac = (shard - 1) / shard
-        ag = local * 2 * frac / bw
-        layers = work.cfg.depth // pp
-        fsdp_s = 2 * ag * m + local * 4 * frac / bw + 3 * layers * eff.collective_latency_s
+        ag = local * 2 * frac / bw + layers * eff.collective_latency_s  # bf16 params, per pass
+        rs = local * 4 * frac / bw + layers * eff.collective_latency_s  # fp32 grads, once
+        fsdp_s = 2 * ag * m + rs
         first_ag = work.layer_params / tp * 2 * frac / bw
     dp_s = 0.0
     if lay.dp_replicate > 1:
@@ -303,15 +312,31 @@ def step_time(
         bw = _link_bw(gpu, eff, size=r, stride=tp * cp * lay.dp_shard)
         dp_s = 2 * (local / shard) * 4 * (r - 1) / r / bw + eff.collective_latency_s
     compute = compute_mb * m
-    overlapped = max(0.0, fsdp_s + dp_s - eff.fsdp_overlap * compute) + first_ag
+    # FSDP2 overlap by phase: forward all-gathers hide behind the forward (1/3 of the GEMM and
+    # attention work), backward all-gathers, the gradient reduce-scatter and the HSDP replica
+    # all-reduce behind the backward (2/3, plus recompute); the last layer's gradient
+    # reduce-scatter + all-reduce cannot hide (nothing left to compute), nor the first layer's
+    # all-gather.
+    fwd = (compute - mbt["recompute"] * m) / 3
+    bwd = compute - fwd
+    tail = (rs + dp_s) / max(layers, 1)
+    exposed_fwd = max(0.0, ag * m - eff.fsdp_overlap * fwd)
+    exposed_bwd = max(0.0, ag * m + rs + dp_s - tail - eff.fsdp_overlap * bwd)
+    overlapped = exposed_fwd + exposed_bwd + tail + first_ag
+    # hidden communication still slows the compute it runs under (SM + HBM contention)
+    hidden = (fsdp_s + dp_s - (overlapped - first_ag)) + cp_hidden * m
+    contention = eff.comm_contention * max(0.0, hidden)
     optimizer = (local / shard) * 28 / (gpu.hbm_tbps * 1e12 * eff.hbm)  # read 14 B, write 14 B
-    exposed = comm_mb * m + overlapped
+    exposed = comm_mb * m + overlapped + contention
     step = compute + exposed + bubble + optimizer
     parts = {k: v * m for k, v in mbt.items()}
     parts |= {
         "fsdp": fsdp_s,
         "dp": dp_s,
         "fsdp_dp_exposed": overlapped,
+        "contention": contention,
+        "optimizer": optimizer,
+        "bubble": bubble,
     }
     return StepTime(
         compute_s=compute,
