@@ -12,6 +12,7 @@ curation benchmark score against. Everything is deterministic given `VideoSpec.s
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import numpy as np
 
 from vfm_core.video.transcode import encode_h264
 
-SegmentKind = Literal["moving", "pan", "static", "black"]
+SegmentKind = Literal["moving", "pan", "static", "black", "object"]
 TransitionKind = Literal["cut", "dissolve"]
 BadKind = Literal[
     "zero_byte",
@@ -53,6 +54,11 @@ class Segment:
     """How the segment begins (ignored for the first segment)."""
     transition_frames: int = 12
     """Length of a dissolve, in frames (the first frames of this segment)."""
+    subject: tuple[str, str, str, str] | None = None
+    """kind "object": (colour, shape, direction, background) of the one object it shows, e.g.
+    ("red", "circle", "right", "plain"); see :mod:`vfm_core.video.captioned`."""
+    caption: str | None = None
+    """Caption of this segment (written to the JSON sidecar with its time range)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -125,8 +131,12 @@ def demo_spec(*, width: int = 128, height: int = 72, fps: float = 24.0, seed: in
 class _Scene:
     """A seeded scene: palette texture larger than the frame (for panning) plus moving shapes."""
 
-    def __init__(self, rng: np.random.Generator, kind: SegmentKind, w: int, h: int) -> None:
+    def __init__(
+        self, rng: np.random.Generator, kind: SegmentKind, w: int, h: int,
+        subject: tuple[str, str, str, str] | None = None, n_frames: int = 1,
+    ) -> None:  # fmt: skip
         self.kind, self.w, self.h = kind, w, h
+        self.subject, self.n_frames = subject, n_frames
         pad = max(8, w // 4)
         self.pad = pad
         tw, th = w + 2 * pad, h + 2 * pad
@@ -163,6 +173,8 @@ class _Scene:
         w, h, pad = self.w, self.h, self.pad
         if self.kind == "black":
             return np.zeros((h, w, 3), np.uint8)
+        if self.kind == "object":
+            return self._render_object(t)
         tt = 0 if self.kind == "static" else t
         # bounce the pan inside the padding
         off = self.pan * tt
@@ -187,6 +199,35 @@ class _Scene:
         return frame
 
 
+    def _render_object(self, t: int) -> np.ndarray:
+        """One object of the subject's colour and shape crossing the frame in its direction at
+        constant speed (from 20% to 80% of the way over the segment), on a plain dark colour or a
+        darkened texture of the scene's palette."""
+        from vfm_core.video.captioned import COLOURS, DIRECTIONS
+
+        colour, shape, direction, background = self.subject or ("white", "square", "right",
+                                                                 "plain")  # fmt: skip
+        w, h, pad = self.w, self.h, self.pad
+        if background == "plain":  # one dark colour per shot (so cuts show in colour)
+            frame = np.empty((h, w, 3), np.uint8)
+            frame[:] = (self.texture[pad, pad].astype(np.float32) * 0.3 + 10).astype(np.uint8)
+        else:
+            frame = (self.texture[pad : pad + h, pad : pad + w] * 0.45).astype(np.uint8)
+        size = 0.3 * min(w, h)
+        dx, dy = DIRECTIONS[direction]
+        a = 0.2 + 0.6 * t / max(1, self.n_frames - 1)  # progress along the path
+        cx = w / 2 + dx * (a - 0.5) * (w - size)
+        cy = h / 2 + dy * (a - 0.5) * (h - size)
+        r = size / 2
+        yy, xx = np.ogrid[0:h, 0:w]
+        if shape == "circle":
+            m = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+        else:
+            m = (np.abs(yy - cy) <= r) & (np.abs(xx - cx) <= r)
+        frame[m] = COLOURS[colour]
+        return frame
+
+
 def _bounce(x: float, n: int) -> float:
     """Reflect x into [0, n)."""
     p = x % (2 * n)
@@ -204,7 +245,7 @@ def render_frames(spec: VideoSpec) -> tuple[Iterator[np.ndarray], GroundTruth]:
         raise ValueError("VideoSpec.segments is empty")
     w, h = spec.width - spec.width % 2, spec.height - spec.height % 2
     rng = np.random.default_rng(spec.seed)
-    scenes = [_Scene(rng, seg.kind, w, h) for seg in spec.segments]
+    scenes = [_Scene(rng, seg.kind, w, h, seg.subject, seg.n_frames) for seg in spec.segments]
     bounds: list[tuple[int, int]] = []
     cuts: list[int] = []
     fades: list[tuple[int, int]] = []
@@ -249,7 +290,12 @@ def make_video(path: str | os.PathLike[str], spec: VideoSpec) -> GroundTruth:
     """Render `spec`, encode it to H.264 MP4 at `path` (+ sidecar caption) and return the truth."""
     frames, gt = render_frames(spec)
     encode_h264(frames, path, fps=spec.fps, crf=spec.crf, preset=spec.preset)
-    if spec.caption is not None:
+    if any(seg.caption for seg in spec.segments):  # per-segment captions: the JSON sidecar
+        rows = [{"start_s": a / spec.fps, "end_s": b / spec.fps, "caption": seg.caption}
+                for seg, (a, b) in zip(spec.segments, gt.segments) if seg.caption]  # fmt: skip
+        doc = {"caption": spec.caption or "", "segments": rows}
+        Path(path).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    elif spec.caption is not None:
         Path(path).with_suffix(".txt").write_text(spec.caption + "\n")
     return gt
 

@@ -1,0 +1,97 @@
+"""Captioned synthetic clips whose captions say what is in them: one object of a named colour and
+shape moving in a named direction, "a {colour} {shape} moving {direction}", on a plain or
+textured background. Some (colour, shape, direction) combinations are held out of training for
+evaluation (:func:`held_out`): a model that follows prompts generalises to them.
+
+:func:`captioned_spec` strings such shots into one video with hard cuts and dissolves (and a
+static and a black shot for the curation filters to reject), each shot's caption written to the
+JSON sidecar with its time range, so curation gives every clip its own caption.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from vfm_core.video.synthetic import Segment, VideoSpec
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 200, 60),
+    "blue": (40, 80, 235),
+    "yellow": (235, 220, 40),
+    "white": (245, 245, 245),
+}
+SHAPES = ("circle", "square")
+DIRECTIONS: dict[str, tuple[int, int]] = {  # (dx, dy) in image coordinates (y down)
+    "left": (-1, 0),
+    "right": (1, 0),
+    "up": (0, -1),
+    "down": (0, 1),
+}
+BACKGROUNDS = ("plain", "textured")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Subject:
+    """What one captioned shot shows."""
+
+    colour: str
+    shape: str
+    direction: str
+    background: str = "plain"
+
+    def caption(self) -> str:
+        return f"a {self.colour} {self.shape} moving {self.direction}"
+
+    def as_tuple(self) -> tuple[str, str, str, str]:
+        return (self.colour, self.shape, self.direction, self.background)
+
+
+def all_subjects() -> list[tuple[str, str, str]]:
+    """Every (colour, shape, direction) of the vocabulary (40)."""
+    return list(itertools.product(COLOURS, SHAPES, DIRECTIONS))
+
+
+def held_out(colour: str, shape: str, direction: str) -> bool:
+    """Combinations kept out of training (1 in 5, every colour, shape and direction still seen
+    in training): a fixed rule, so evaluation knows them without a list."""
+    c, s, d = list(COLOURS).index(colour), SHAPES.index(shape), list(DIRECTIONS).index(direction)
+    return (c + 2 * s + 3 * d) % 5 == 0
+
+
+def parse_caption(text: str) -> tuple[str, str, str] | None:
+    """(colour, shape, direction) of a caption of the vocabulary's form, else None."""
+    words = text.lower().replace(",", " ").split()
+    colour = next((w for w in words if w in COLOURS), None)
+    shape = next((w for w in words if w in SHAPES), None)
+    direction = next((w for w in words if w in DIRECTIONS), None)
+    if colour is None or shape is None or direction is None:
+        return None
+    return colour, shape, direction
+
+
+def captioned_spec(
+    *, width: int = 128, height: int = 72, fps: float = 24.0, seed: int = 0, shots: int = 8,
+    shot_frames: int = 60, train: bool = True,
+) -> VideoSpec:  # fmt: skip
+    """A video of ``shots`` captioned object shots (training combinations, or only held-out ones
+    with ``train=False``), cuts and dissolves between them, plus one static and one black shot
+    (no caption) for the filters. Deterministic in ``seed``."""
+    rng = np.random.default_rng(seed)
+    pool = [s for s in all_subjects() if held_out(*s) != train]
+    picks = rng.permutation(len(pool))[:shots]
+    segs: list[Segment] = []
+    for i, k in enumerate(picks):
+        subject = Subject(colour=pool[k][0], shape=pool[k][1], direction=pool[k][2],
+                          background=BACKGROUNDS[int(rng.integers(0, 2))])  # fmt: skip
+        segs.append(Segment(kind="object", n_frames=shot_frames, subject=subject.as_tuple(),
+                            caption=subject.caption(),
+                            transition="dissolve" if i % 3 == 2 else "cut",
+                            transition_frames=8))  # fmt: skip
+        if i == shots // 2:  # the curation filters' rejects: a frozen and a black shot
+            segs += [Segment(kind="static", n_frames=shot_frames),
+                     Segment(kind="black", n_frames=shot_frames)]
+    return VideoSpec(width=width, height=height, fps=fps, seed=seed, segments=tuple(segs))
