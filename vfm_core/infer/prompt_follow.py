@@ -1,0 +1,105 @@
+"""Prompt following without a learned model: read a generated video, find the moving object of a
+vocabulary colour (:mod:`vfm_core.video.captioned`) and measure its colour and direction, then
+compare with the prompt "a {colour} {shape} moving {direction}".
+
+Per frame, a pixel votes for the vocabulary colour it is nearest to when it is within
+``max_dist`` (RGB Euclidean) of it and bright/saturated enough to be an object, not the dark
+background; the video's colour is the one with most votes over all frames. Its direction is the
+sign of the larger component of the displacement of that colour's centroid from the first third
+of the frames to the last third (image y points down: "up" is negative dy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vfm_core.video.captioned import COLOURS, DIRECTIONS, held_out, parse_caption
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Reading:
+    """What a video shows, as measured."""
+
+    colour: str | None
+    """Vocabulary colour with most object pixels (None: no object found)."""
+    direction: str | None
+    """left | right | up | down of the object's centroid (None: it did not move)."""
+    pixels: int
+    """Object pixels counted for the colour (all frames)."""
+    shift: tuple[float, float]
+    """Centroid displacement (dx, dy) in pixels, first third -> last third of the frames."""
+
+
+def read_video(frames: np.ndarray, *, max_dist: float = 90.0, min_shift: float = 1.0) -> Reading:
+    """Measure the object of ``frames`` (T, H, W, 3) uint8."""
+    if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
+        raise ValueError(f"read_video: expected (T, H, W, 3) frames, got {frames.shape}")
+    names = list(COLOURS)
+    palette = np.array([COLOURS[n] for n in names], dtype=np.float32)  # (K, 3)
+    f = frames.astype(np.float32)  # (T, H, W, 3)
+    dist = np.linalg.norm(f[..., None, :] - palette, axis=-1)  # (T, H, W, K)
+    nearest = dist.argmin(-1)  # (T, H, W)
+    close = dist.min(-1) < max_dist
+    bright = f.max(-1) > 120  # objects are bright or saturated; backgrounds are dark
+    votes = [(close & bright & (nearest == k)) for k in range(len(names))]
+    counts = [int(v.sum()) for v in votes]
+    k = int(np.argmax(counts))
+    if counts[k] == 0:
+        return Reading(colour=None, direction=None, pixels=0, shift=(0.0, 0.0))
+    mask = votes[k]  # (T, H, W)
+    t = len(frames)
+    third = max(1, t // 3)
+
+    def centroid(m: np.ndarray) -> np.ndarray | None:
+        ys, xs = np.nonzero(m)  # (H, W) mask of one frame
+        if len(xs) == 0:
+            return None
+        return np.array([xs.mean(), ys.mean()])
+
+    first = [c for c in (centroid(m) for m in mask[:third]) if c is not None]
+    last = [c for c in (centroid(m) for m in mask[t - third :]) if c is not None]
+    if not first or not last:
+        return Reading(colour=names[k], direction=None, pixels=counts[k], shift=(0.0, 0.0))
+    dx, dy = np.mean(last, 0) - np.mean(first, 0)
+    direction = None
+    if max(abs(dx), abs(dy)) >= min_shift:
+        step = (int(np.sign(dx)), 0) if abs(dx) >= abs(dy) else (0, int(np.sign(dy)))
+        direction = next(d for d, v in DIRECTIONS.items() if v == step)
+    return Reading(colour=names[k], direction=direction, pixels=counts[k],
+                   shift=(float(dx), float(dy)))  # fmt: skip
+
+
+@dataclass(kw_only=True, slots=True)
+class PromptScore:
+    """Accuracy of a set of generated videos against their prompts."""
+
+    n: int = 0
+    colour_ok: int = 0
+    direction_ok: int = 0
+    n_held_out: int = 0
+    colour_ok_held_out: int = 0
+    direction_ok_held_out: int = 0
+
+    def add(self, prompt: str, reading: Reading) -> None:
+        want = parse_caption(prompt)
+        if want is None:
+            raise ValueError(f"prompt {prompt!r} is not of the form 'a COLOUR SHAPE moving DIR'")
+        c_ok, d_ok = reading.colour == want[0], reading.direction == want[2]
+        self.n += 1
+        self.colour_ok += c_ok
+        self.direction_ok += d_ok
+        if held_out(*want):
+            self.n_held_out += 1
+            self.colour_ok_held_out += c_ok
+            self.direction_ok_held_out += d_ok
+
+    def metrics(self) -> dict[str, float]:
+        """colour_acc, direction_acc (and the held-out ones when there were held-out prompts)."""
+        out = {"colour_acc": self.colour_ok / max(1, self.n),
+               "direction_acc": self.direction_ok / max(1, self.n)}  # fmt: skip
+        if self.n_held_out:
+            out["colour_acc_held_out"] = self.colour_ok_held_out / self.n_held_out
+            out["direction_acc_held_out"] = self.direction_ok_held_out / self.n_held_out
+        return out
