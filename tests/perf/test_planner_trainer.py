@@ -26,6 +26,8 @@ CASES = [
     ("stdit-12b", 73728, 256),
     ("llama-dit-28b", 8192, 256),
     ("dit-tiny", 256, 8),
+    ("ar-4b", 12800, 64),  # the autoregressive family: no PP x TP, balanced causal ring CP
+    ("ar-tiny", 192, 8),
 ]
 
 
@@ -88,3 +90,17 @@ def test_planner_refuses_what_the_trainer_refuses(fixed, match):
         bad = dataclasses.replace(base.parallel, pp=2, cp=2, dp_shard=1)
         with pytest.raises(ConfigError, match="pipeline x context"):
             validate_layout(dataclasses.replace(base, parallel=bad), 4)
+
+
+def test_ar_memory_counts_the_logits_and_its_parameters():
+    """The causal model's parameters are counted exactly, and its logits (N x V, fp32 in the
+    loss) are part of the activations, divided by the TP degree (vocabulary-parallel head)."""
+    from vfm_core.models.dit import build_model, count_params
+    from vfm_core.perf.memory import estimate_memory, param_count
+
+    m = get_recipe("ar-4b").model
+    assert param_count(m) == count_params(build_model(m, device="meta"))
+    one = estimate_memory(m, seq_len=12800, hbm_gb=80, tp=1).activations_gib
+    two = estimate_memory(m, seq_len=12800, hbm_gb=80, tp=2).activations_gib
+    logits_gib = 12800 * m.vocab_size * (2 + 4 + 4) / 2**30
+    assert one > logits_gib and one - two > logits_gib / 2 * 0.99

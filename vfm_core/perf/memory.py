@@ -86,6 +86,8 @@ def block_params(cfg: ModelConfig, index: int) -> int:
     total += d * dq + 2 * dt * dkv + dq * d + qk  # cross-attention
     f = mlp_width(cfg)
     total += 3 * d * f if cfg.mlp == "swiglu" else d * f + f + f * d + d
+    if cfg.arch == "ar":  # causal video transformer: 3 affine RMSNorms, no AdaLN
+        return total + 3 * d
     if cfg.adaln == "zero":
         total += d * n * 3 * d + n * 3 * d
     else:
@@ -94,7 +96,11 @@ def block_params(cfg: ModelConfig, index: int) -> int:
 
 
 def nonblock_params(cfg: ModelConfig) -> int:
-    """Patch embedding, timestep MLP, AdaLN-LoRA global term and the final layer."""
+    """Patch embedding, timestep MLP, AdaLN-LoRA global term and the final layer (the causal
+    video transformer: token embedding with BOS, final RMSNorm, output head)."""
+    if cfg.arch == "ar":
+        v, d = cfg.vocab_size, cfg.hidden
+        return (v + 1) * d + d + d * v
     d, cp = cfg.hidden, cfg.in_channels * math.prod(cfg.patch)
     total = cp * d + d + cfg.freq_dim * d + d + d * d + d
     if cfg.adaln == "lora":
@@ -377,6 +383,9 @@ def estimate_memory(
     # patch embedding / final layer / text: small, held once per in-flight micro-batch
     d = cfg.hidden
     act += in_flight * micro_batch * seq_len / cp * (4 * d / (tp if sp else 1)) * act_bytes
+    if cfg.arch == "ar":  # the logits: bf16 out of the head, fp32 in the cross-entropy and its
+        # gradient; sharded over the vocabulary by tp, gathered over cp (the loss sees them all)
+        act += in_flight * micro_batch * seq_len * cfg.vocab_size / tp * (act_bytes + 4 + 4)
     act_gib = act / GiB
     total = params_gib + grads_gib + optim_gib + fsdp + act_gib + overhead_gib
     return MemoryEstimate(

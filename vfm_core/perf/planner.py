@@ -184,6 +184,14 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
         return f"vpp={lay.vpp}: interleaved 1F1B (virtual stages) is not implemented by the trainer"
     if lay.pp > 1 and lay.cp > 1:
         return f"pp={lay.pp} with cp={lay.cp}: the trainer does not combine PP and CP"
+    if cfg.arch == "ar":  # the causal video transformer (vfm_core.parallel.layout)
+        if lay.pp > 1 and lay.tp > 1:
+            return f"pp={lay.pp} with tp={lay.tp}: the autoregressive family pipelines without TP"
+        if lay.cp > 1 and lay.cp_mode != "ring":
+            return "the autoregressive family's context parallelism is a balanced causal ring"
+        chunks = 2 * lay.cp * (lay.tp if lay.sp else 1)
+        if lay.cp > 1 and seq_len % chunks:
+            return f"balanced causal cp={lay.cp} needs the {seq_len} tokens in {chunks} chunks"
     if lay.microbatches != lay.pp:
         return (
             f"microbatches={lay.microbatches}: the trainer runs exactly pp={lay.pp} "
@@ -383,6 +391,12 @@ def plan(
                 if pp > 1 and cp > 1:
                     reject(
                         f"pp={pp} with cp={cp}: the trainer does not combine PP and CP",
+                        {"tp": tp, "cp": cp, "pp": pp},
+                    )
+                    continue
+                if pp > 1 and tp > 1 and cfg.arch == "ar":
+                    reject(
+                        f"pp={pp} with tp={tp}: the autoregressive family pipelines without TP",
                         {"tp": tp, "cp": cp, "pp": pp},
                     )
                     continue
