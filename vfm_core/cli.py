@@ -1,12 +1,14 @@
 """The ``vfm`` command. The forms below are a stable contract (acceptance checks use them):
 
-vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume] [--set section.field=value ...]
+vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume | --resume-from CKPT_DIR] [--debug]
+          [--set section.field=value ...]
           [--nproc N] [--tp --cp --pp --dp-shard --dp-replicate D] [--max-restarts K]
           [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT [--rdzv-timeout S]]
 vfm flops --recipe NAME --seq TOKENS [--json]
 vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,...] [--top K]
          [--json] [--explain] [--calibrate RUNS]
 vfm recipes
+vfm checkpoint verify RUN_DIR|CKPT_DIR [--json]
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH] [--json]
 vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
 vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
@@ -58,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=_positive("--steps"), required=True, help="total steps")
     tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
     tr.add_argument("--seed", type=_positive("--seed"), help="seed for init, sigma and noise")
-    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.add_argument("--resume", action="store_true",
+                    help="continue from the newest intact checkpoint")  # fmt: skip
+    tr.add_argument("--resume-from", metavar="CKPT_DIR",
+                    help="continue from this checkpoint folder (implies --resume)")  # fmt: skip
+    tr.add_argument("--debug", action="store_true", help="show the traceback behind an error")
     tr.add_argument(
         "--set",
         action="append",
@@ -106,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--calibrate", metavar="RUNS", help="JSON/JSONL measured runs to fit")
 
     sub.add_parser("recipes", help="list presets")
+
+    ck = sub.add_parser("checkpoint", help="training checkpoints")
+    cks = ck.add_subparsers(dest="ckpt_cmd", required=True, parser_class=_Parser)
+    cv = cks.add_parser("verify", help="check checkpoints against their manifests (sha256)")
+    cv.add_argument("path", help="a run directory (every checkpoint) or one step_* folder")
+    cv.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
 
     tk = sub.add_parser("tokenizer", help="causal video tokenizer")
     tks = tk.add_subparsers(dest="tok_cmd", required=True, parser_class=_Parser)
@@ -173,7 +185,9 @@ def _train_torchrun(args: argparse.Namespace, cfg, launch) -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = out / f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else out / "run.yaml"
     save_yaml(cfg, config)
-    proc = subprocess.run(torchrun_argv(launch, config=config, out=out, resume=args.resume))
+    argv = torchrun_argv(launch, config=config, out=out, resume=args.resume)
+    argv += ["--resume-from", args.resume_from] if args.resume_from else []
+    proc = subprocess.run(argv + (["--debug"] if args.debug else []))
     if proc.returncode != 0:
         print(f"vfm train: error: torchrun exited with code {proc.returncode}", file=sys.stderr)
         return proc.returncode if proc.returncode in (1, 2) else 1
@@ -197,7 +211,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_restartable(cfg, launch.max_restarts)
     if not launch.in_process:
         return _train_torchrun(args, cfg, launch)
-    summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=sys.stderr.isatty())
+    summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=sys.stderr.isatty(),
+                           resume_from=args.resume_from)  # fmt: skip
     m = summary["metrics"]
     print(
         f"trained {cfg.recipe} to step {summary['step']}: loss {m.get('loss', float('nan')):.4f}, "
@@ -207,6 +222,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     if summary["mlflow_run_id"]:
         print(f"MLflow run {summary['mlflow_run_id']}: {summary['mlflow_ui']}")
     return 0
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """``vfm checkpoint verify PATH``: one line per checkpoint, oldest first; exit 1 when any is
+    damaged or unfinished (``--resume`` would skip it), 2 when PATH holds no checkpoint."""
+    from vfm_core.train.checkpoint import CheckpointManager
+    from vfm_core.train.integrity import MANIFEST_FILE, verify
+
+    path = Path(args.path)
+    if (path / MANIFEST_FILE).exists() or (path / "state.json").exists():
+        folders = [path]
+    else:
+        root = path.parent if path.name == "checkpoints" else path
+        folders = CheckpointManager(root).candidates()
+    if not folders:
+        print(f"vfm checkpoint: error: no checkpoint under {path}", file=sys.stderr)
+        return 2
+    bad = 0
+    for folder in folders:
+        problems = verify(folder)
+        bad += bool(problems)
+        if args.json:
+            print(json.dumps({"checkpoint": str(folder), "ok": not problems,
+                              "problems": [{"file": p.file, "reason": p.reason}
+                                           for p in problems]}))  # fmt: skip
+        elif problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            print(f"BAD  {folder}: {problems[0].file}: {problems[0].reason}{more}")
+        else:
+            print(f"ok   {folder}")
+    if not args.json:
+        print(f"{len(folders) - bad} of {len(folders)} checkpoint(s) intact")
+    return 1 if bad else 0
 
 
 def cmd_flops(args: argparse.Namespace) -> int:
@@ -393,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             "shard": cmd_shard,
             "curate": cmd_curate,
             "generate": cmd_generate,
+            "checkpoint": cmd_checkpoint,
         }[args.cmd](args)
     except ConfigError as e:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
@@ -407,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         user_errors = (ShapeError, CheckpointError, TrainingDiverged, GenerateError,
                        DatasetIndexError, StorageError)  # fmt: skip
         if isinstance(e, user_errors):
+            if getattr(args, "debug", False):
+                import traceback
+
+                traceback.print_exception(e)
             print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
             return 2
         raise

@@ -208,7 +208,10 @@ class TrainConfig:
     ckpt_every: int = 50
     """Checkpoint every N steps (and always at the end)."""
     keep_ckpts: int = 2
-    """How many recent checkpoints to keep."""
+    """How many recent checkpoints to keep (an old one goes only after a newer one verified)."""
+    async_checkpoint: bool = False
+    """Write checkpoints in the background (DCP async_save): a step waits only for the copy of
+    the state to host memory, at the cost of that much extra host memory while a save runs."""
     ema_decay: float = 0.999
     """EMA decay of the weights (0 = no EMA)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -12,6 +12,11 @@ settings) and re-runs the rest; clip ids are deterministic, so a clip written be
 overwritten, never duplicated. Inputs that failed to be read (stage "read", e.g. a transient S3
 error) are not marked finished and are retried. The manifests are rebuilt from the state files of
 the current inputs, so accepted ∪ rejected = inputs, always.
+
+A damaged state file (truncated, corrupt bytes, not a state object) never stops a run: it is
+reported in one warning line and rebuilt from the manifests of the last finished run when
+``DST/_state/_manifests.json`` says they were made with the same settings from the same input
+bytes; otherwise the video is curated again.
 """
 
 from __future__ import annotations
@@ -89,15 +94,60 @@ def _size(url: str) -> int | None:
         return None
 
 
+_ASSEMBLED = "_manifests.json"
+"""Under DST/_state: the settings and input sizes the current manifests were assembled from."""
+
+
+def _state_from_manifests(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[str, Any] | None:
+    """`ref`'s state rebuilt from the manifests, when they were assembled with these settings
+    from these input bytes (None otherwise, or when they cannot be read)."""
+    from vfm_core.contracts import read_manifest
+
+    try:
+        rec = json.loads(storage.read_bytes(storage.join(dst, "_state", _ASSEMBLED)))
+        sizes = rec["sizes"]
+        if rec["settings"] != cfg.settings_hash() or ref.source_uri not in sizes \
+                or sizes[ref.source_uri] != _size(ref.url):  # fmt: skip
+            return None
+        rows = {}
+        for name, schema in (("clips", AnnotatedClips), ("rejects", Rejects),
+                             ("videos", VideoManifest)):  # fmt: skip
+            df = read_manifest(storage.join(dst, f"{name}.parquet"), schema)
+            rows[name] = df.filter(pl.col("source_uri") == ref.source_uri).to_dicts()
+    except Exception:  # noqa: BLE001 - no usable manifests: the caller curates the video again
+        return None
+    if not rows["clips"] and not rows["rejects"]:
+        return None
+    return {"source_uri": ref.source_uri, "settings": cfg.settings_hash(),
+            "size_bytes": _size(ref.url), "video": (rows["videos"] or [None])[0],
+            "clips": rows["clips"], "rejects": rows["rejects"]}  # fmt: skip
+
+
 def load_state(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[str, Any] | None:
-    """The finished state of `ref` under `dst`, if it matches the input and settings."""
+    """The finished state of `ref` under `dst`, if it matches the input and settings. A damaged
+    state file is reported (one warning line) and rebuilt from the manifests when they match."""
     url = _state_url(dst, ref.source_uri)
     if not storage.exists(url):
         return None
     try:
         state = json.loads(storage.read_bytes(url))
-    except (OSError, json.JSONDecodeError):
-        return None  # a damaged state file: redo the video
+        if not isinstance(state, dict) or not all(
+            isinstance(state.get(k), list) for k in ("clips", "rejects")
+        ):
+            raise ValueError("not a curation state object")
+    except (OSError, ValueError) as e:  # JSON and UTF-8 errors are ValueErrors
+        state = _state_from_manifests(dst, ref, cfg)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        log.warning(
+            "curation state %s of %s is damaged (%s); %s",
+            url,
+            ref.source_uri,
+            why,
+            "rebuilt from the manifests" if state else "curating the video again",
+        )
+        if state is None:
+            return None
+        storage.write_bytes(url, json.dumps(state).encode())
     same = (
         state.get("source_uri") == ref.source_uri
         and state.get("settings") == cfg.settings_hash()
@@ -263,6 +313,11 @@ def curate(
         shutil.rmtree(work_dir, ignore_errors=True)
     check_coverage(refs, states)
     out = assemble(dst, [states[r.source_uri] for r in refs])
+    record = {
+        "settings": cfg.settings_hash(),
+        "sizes": {r.source_uri: states[r.source_uri].get("size_bytes") for r in refs},
+    }
+    storage.write_bytes(storage.join(dst, "_state", _ASSEMBLED), json.dumps(record).encode())
     out.update(n_inputs=len(refs), n_skipped=skipped, wall_s=round(time.perf_counter() - t0, 3))
     return out
 

@@ -81,7 +81,33 @@ def save_tokenizer(
     return weights
 
 
+def safetensors_problem(path: Path) -> str | None:
+    """What is structurally wrong with the safetensors file ``path`` (None: nothing found): too
+    short, a header that is not JSON, or fewer bytes than the header's tensors need (truncated).
+    Reads the 8-byte length and the JSON header only."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes, too short for a safetensors file"
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > size - 8:
+            return f"truncated: {size} bytes, the header alone needs {n + 8}"
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            return f"the safetensors header is not valid JSON ({e})"
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]  # fmt: skip
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        return f"truncated: {size} bytes, its header describes {need}"
+    return None
+
+
 def _read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    problem = safetensors_problem(path)
+    if problem is not None:
+        raise TokenizerLoadError(f"cannot read safetensors file {path}: {problem}")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})

@@ -1,9 +1,9 @@
 """Checkpoints through torch.distributed.checkpoint (DCP): tensors in safetensors, the rest in
-JSON, loadable under any other parallel layout.
+JSON, loadable under any other parallel layout, each verified by a manifest written last.
 
 Layout of ``DIR/checkpoints/step_00000010/``:
 
-* ``model-*.safetensors`` + ``model.safetensors.index.json``: every tensor of the Stateful state
+* ``*.safetensors`` + ``model.safetensors.index.json``: every tensor of the Stateful state
   (model, EMA, optimizer moments), written by DCP's HuggingFace storage writer. Every rank writes
   its own shards at once (``save_distributed``; replicated tensors are de-duplicated), and
   loading reads them into the *current* layout's shards, so a checkpoint saved under TP2 loads
@@ -11,31 +11,52 @@ Layout of ``DIR/checkpoints/step_00000010/``:
 * ``state.json``: the non-tensor leaves (step, loader position, LR-schedule counters, MLflow run
   id), the model config (to refuse a resume of another model shape) and the union of every
   rank's state skeleton (:mod:`vfm_core.train.state_tree`; ranks may hold different tensors under
-  pipeline parallelism). Each rank loads the subset of the saved tensors its own state holds.
+  pipeline parallelism). Each rank loads the subset of the saved tensors its own state holds;
+* ``manifest.json``: size and sha256 of every file above (:mod:`vfm_core.train.integrity`).
 
-No pickle: DCP's default ``.metadata`` file is a pickle, so the safetensors storage is used instead,
-and ``state.json`` is plain JSON. A checkpoint is written to a temporary folder and renamed into
-place by rank 0 after every rank finished, so a crash mid-save never leaves a half checkpoint
-that :meth:`CheckpointManager.latest` would pick.
+A save, in order: every rank writes its tensors into ``step_N.tmp`` → rank 0 writes
+``state.json`` → rank 0 hashes the files and writes the manifest (fsynced) → renames the folder
+to ``step_N`` → checks the new checkpoint against its manifest → only then retires checkpoints
+beyond ``keep`` (renamed to ``.del`` first, so a half-deleted one is never listed). A crash at any
+point leaves the previous checkpoints intact and loadable.
 
-The same code runs with one rank or without any process group (tests, inference tools).
+Asynchronous saves (``train.async_checkpoint``, :meth:`CheckpointManager.save` with
+``async_save``): the training step waits only for the staging copy of the tensors to host memory
+(DCP ``async_save``); a background thread writes the files over a separate gloo process group
+(the trainer's collectives keep the default group to themselves, and async save needs a CPU
+backend even when training runs on NCCL), then rank 0 finishes the checkpoint as above. The
+manifest is the completion marker: no manifest, no checkpoint. The next save, and the end of the
+run, wait for an outstanding one (:meth:`CheckpointManager.wait`).
+
+Resuming (:meth:`CheckpointManager.choose`): rank 0 verifies checkpoints newest first, prints one
+warning line per damaged one (which checkpoint, which file, why) and every rank loads the newest
+intact one, or the one named by ``--resume-from``.
+
+No pickle: DCP's default ``.metadata`` file is a pickle, so the safetensors storage is used
+instead, and ``state.json`` / ``manifest.json`` are plain JSON. The same code runs with one rank
+or without any process group (tests, inference tools).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
 from vfm_core.data.loader import LoaderStateError
 from vfm_core.parallel.world import all_gather_bytes, barrier, is_rank0
 from vfm_core.train.errors import CheckpointError
+from vfm_core.train.integrity import MANIFEST_FILE, verify, write_manifest
 from vfm_core.train.state_tree import (
     join_state,
     merge_skeletons,
@@ -45,67 +66,217 @@ from vfm_core.train.state_tree import (
     split_state_paths,
 )
 
-__all__ = ["STATE_FILE", "CheckpointError", "CheckpointManager", "load_trainer", "save_trainer"]
+__all__ = [
+    "MANIFEST_FILE",
+    "STATE_FILE",
+    "CheckpointError",
+    "CheckpointManager",
+    "load_trainer",
+    "save_trainer",
+]
 
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+_LEFTOVER = re.compile(r"^step_\d{8}\.(tmp|del|old)$")
+
+
+def _from_rank0(obj: Any) -> Any:
+    """Rank 0's JSON-serialisable ``obj`` on every rank (itself without a process group)."""
+    return json.loads(all_gather_bytes(json.dumps(obj).encode() if is_rank0() else b"")[0])
 
 
 class CheckpointManager:
     """Saves and restores a Stateful state dict under ``root/checkpoints`` on every rank of the
-    default process group (or alone); keeps the last ``keep``."""
+    default process group (or alone); keeps the last ``keep``; ``async_save`` writes in the
+    background (module docstring)."""
 
-    def __init__(self, root: str | Path, *, keep: int = 2):
+    def __init__(self, root: str | Path, *, keep: int = 2, async_save: bool = False):
         self.dir = Path(root) / "checkpoints"
         self.keep = keep
+        self.async_save = async_save
+        self._pending: Future | None = None
+        self._pending_step = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._group: Any = None
 
     def path(self, step: int) -> Path:
         return self.dir / f"step_{step:08d}"
 
-    def list(self) -> list[Path]:
+    def candidates(self) -> list[Path]:
+        """Every ``step_N`` folder, oldest first, complete or not (no ``.tmp`` leftovers)."""
         if not self.dir.exists():
             return []
-        return sorted(p for p in self.dir.glob("step_*") if (p / STATE_FILE).exists())
+        return sorted(p for p in self.dir.iterdir() if _STEP_DIR.match(p.name) and p.is_dir())
+
+    def list(self) -> list[Path]:
+        """Finished checkpoints (a manifest written), oldest first; not verified."""
+        return [p for p in self.candidates() if (p / MANIFEST_FILE).is_file()]
 
     def latest(self) -> Path | None:
         done = self.list()
         return done[-1] if done else None
 
-    def save(self, step: int, state: dict[str, Any], *, meta: dict[str, Any]) -> Path:
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, state: dict[str, Any], *, meta: dict[str, Any],
+             async_save: bool | None = None) -> Path:  # fmt: skip
+        """Save ``state`` as step ``step`` on every rank; returns the final folder (which exists
+        once the save finished: now, or after :meth:`wait` for an asynchronous save)."""
+        self.wait()  # one save in flight at a time
+        use_async = self.async_save if async_save is None else async_save
         final = self.path(step)
         tmp = final.with_name(final.name + ".tmp")
-        rank0 = is_rank0()
-        if rank0:
+        if is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
         tensors, skeleton = split_state(state)
         tensors = {k: v.detach() for k, v in tensors.items()}
         skeletons = [json.loads(b) for b in all_gather_bytes(json.dumps(skeleton).encode())]
+        doc = {"format": FORMAT_VERSION, "step": step, "meta": meta,
+               "state": merge_skeletons(skeletons)} if is_rank0() else None  # fmt: skip
+        writer = HuggingFaceStorageWriter(str(tmp), save_distributed=True)
         with warnings.catch_warnings():  # one process: DCP notes it runs without a process group
             warnings.simplefilter("ignore", UserWarning)
-            writer = HuggingFaceStorageWriter(str(tmp), save_distributed=True)
+            if use_async:  # returns once the tensors are staged (copied) to host memory
+                future = dcp.async_save(tensors, storage_writer=writer,
+                                        process_group=self._checkpoint_group())  # fmt: skip
+                self._pending_step = step
+                self._pending = self._pool().submit(self._complete, future, tmp, final, doc)
+                return final
             dcp.save(tensors, storage_writer=writer)
         barrier()
-        if rank0:
-            doc = {"format": FORMAT_VERSION, "step": step, "meta": meta,
-                   "state": merge_skeletons(skeletons)}  # fmt: skip
-            (tmp / STATE_FILE).write_text(json.dumps(doc, indent=1))
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            for old in self.list()[: -self.keep] if self.keep > 0 else []:
-                shutil.rmtree(old, ignore_errors=True)
+        if doc is not None:
+            self._finish(tmp, final, doc)
         barrier()
         return final
+
+    def _checkpoint_group(self) -> Any:
+        """The gloo group of the background writes (created once, by every rank together)."""
+        if self._group is None and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="vfm-checkpoint")
+        return self._executor
+
+    def _complete(self, future: Any, tmp: Path, final: Path, doc: dict | None) -> None:
+        """Background thread: wait for DCP's writes (on rank 0 its future completes once every
+        rank's files are written), then rank 0 finishes the checkpoint."""
+        future.result()
+        if doc is not None:
+            self._finish(tmp, final, doc)
+
+    def _finish(self, tmp: Path, final: Path, doc: dict) -> None:
+        """Rank 0, every rank's tensors written: state.json, the manifest (last), the rename, a
+        check of the new checkpoint, then retention."""
+        (tmp / STATE_FILE).write_text(json.dumps(doc, indent=1))
+        write_manifest(tmp, step=doc["step"])
+        old = final.with_name(final.name + ".old")
+        if final.exists():  # the same step saved again (a resumed run): replace it
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        problems = verify(final, hashes=False)  # the hashes were just taken from these files
+        if problems:
+            raise CheckpointError(f"{problems[0]} right after saving; kept every older checkpoint")
+        self._retire(final)
+
+    def _retire(self, newest: Path) -> None:
+        """Keep ``newest`` and the ``keep - 1`` finished checkpoints before it; remove older
+        ones and leftovers of interrupted saves. Checkpoints after ``newest`` stay."""
+        if self.keep <= 0:
+            return
+        older = [p for p in self.candidates() if p.name < newest.name]
+        finished = [p for p in older if (p / MANIFEST_FILE).is_file()]
+        kept = set(finished[len(finished) - (self.keep - 1) :]) if self.keep > 1 else set()
+        for p in older:
+            if p not in kept:
+                gone = p.with_name(p.name + ".del")  # never listed, even if removal stops halfway
+                p.rename(gone)
+                shutil.rmtree(gone, ignore_errors=True)
+        for p in self.dir.iterdir():
+            if _LEFTOVER.match(p.name) and p.name.split(".")[0] < newest.name:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def wait(self) -> None:
+        """Wait for an outstanding asynchronous save to be finished on every rank; a failed one
+        raises :class:`CheckpointError` on every rank."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        err = ""
+        try:
+            pending.result()
+        except Exception as e:  # noqa: BLE001 - reported to the user in one line
+            err = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        errors = [b.decode() for b in all_gather_bytes(err.encode()) if b]
+        if errors:
+            raise CheckpointError(
+                f"asynchronous checkpoint of step {self._pending_step} failed ({errors[0]}); "
+                f"the previous checkpoints under {self.dir} are intact"
+            )
+
+    def close(self) -> None:
+        """Finish this rank's outstanding save (no collective: safe after an error)."""
+        if self._pending is not None:
+            try:
+                self._pending.result()
+            except Exception as e:  # noqa: BLE001
+                print(f"warning: asynchronous checkpoint of step {self._pending_step} failed: "
+                      f"{e}", file=sys.stderr)  # fmt: skip
+            self._pending = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # ------------------------------------------------------------------ resume
+    def choose(self, explicit: str | Path | None = None) -> Path:
+        """The checkpoint to resume from, the same on every rank: ``explicit`` when intact, else
+        the newest intact one. Rank 0 verifies (sha256 of every file) and prints one warning
+        line per damaged checkpoint it skips; no intact one raises :class:`CheckpointError`."""
+        result: dict[str, str] = {}
+        if is_rank0():
+            if explicit is not None:
+                problems = verify(Path(explicit))
+                if problems:
+                    result["error"] = f"--resume-from: {_summary(problems)}"
+                else:
+                    result["path"] = str(explicit)
+            else:
+                for p in reversed(self.candidates()):
+                    problems = verify(p)
+                    if not problems:
+                        result["path"] = str(p)
+                        break
+                    print(f"warning: skipping {_summary(problems)}", file=sys.stderr)
+                else:
+                    n = len(self.candidates())
+                    result["error"] = (
+                        f"--resume: no valid checkpoint under {self.dir} "
+                        + (
+                            f"(all {n} damaged or unfinished, see the warnings above)"
+                            if n
+                            else "(nothing to continue; drop --resume to start a new run)"
+                        )  # fmt: skip
+                    )
+        result = _from_rank0(result)
+        if "error" in result:
+            raise CheckpointError(result["error"])
+        return Path(result["path"])
 
     @staticmethod
     def read_meta(path: Path) -> dict[str, Any]:
         try:
             doc = json.loads((path / STATE_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"checkpoint {path}: cannot read {STATE_FILE} ({e})") from None
-        if doc.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"checkpoint {path}: unknown format {doc.get('format')!r}")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"checkpoint {path}: {STATE_FILE}: cannot read ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION:
+            fmt = doc.get("format") if isinstance(doc, dict) else None
+            raise CheckpointError(f"checkpoint {path}: {STATE_FILE}: unknown format {fmt!r}")
         return doc
 
     def load(self, path: Path, template: dict[str, Any]) -> dict[str, Any]:
@@ -121,25 +292,47 @@ class CheckpointManager:
             everyone.update(json.loads(raw))
         missing, extra = everyone - saved_paths, saved_paths - everyone
         if missing or extra:
-            raise CheckpointError(
-                f"checkpoint {path}: tensors do not match this trainer (missing "
-                f"{sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}; another model?)"
-            )
+            raise CheckpointError(_mismatch(path, missing, extra))
         buffers = {k: torch.empty_like(v) for k, v in tensors.items()}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             try:
                 dcp.load(buffers, storage_reader=HuggingFaceStorageReader(str(path)))
             except Exception as e:  # DCP wraps per-rank errors
-                raise CheckpointError(f"checkpoint {path}: cannot load tensors ({e})") from None
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise CheckpointError(
+                    f"checkpoint {path}: *.safetensors: cannot load the tensors ({first})"
+                ) from e
         mine = restrict_skeleton(skeleton, set(tensors))
         return restore_int_keys(join_state(mine, buffers), template)
 
 
+def _summary(problems: list) -> str:
+    more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}"
+
+
+def _mismatch(path: Path, missing: set[str], extra: set[str]) -> str:
+    """One line for tensors that do not match: the optimizer's, or the model's."""
+    paths = missing | extra
+    if all(p.startswith("optim.") for p in paths):
+
+        def kinds(ps):
+            return sorted({p.rsplit(".", 1)[-1] for p in ps})
+
+        return (
+            f"checkpoint {path}: {STATE_FILE}: optimizer state of another optimizer (saved "
+            f"{kinds(extra) or 'none'}, this trainer's optimizer holds {kinds(missing) or 'none'})"
+        )
+    return (
+        f"checkpoint {path}: {STATE_FILE}: tensors do not match this trainer (missing "
+        f"{sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}; another model?)"
+    )
+
+
 def init_optimizer_state(trainer) -> None:
     """Create the optimizer moments (zero, weights unchanged) so a fresh trainer has every tensor
-    a checkpoint holds and DCP can load them in place: one AdamW step with zero gradients and
-    lr = 0."""
+    a checkpoint holds and DCP can load them in place: one step with zero gradients and lr = 0."""
     opt = trainer.optimizer
     if opt.state:
         return
@@ -158,11 +351,13 @@ def save_trainer(ckpt: CheckpointManager, trainer, *, meta: dict[str, Any] | Non
     return ckpt.save(trainer.step, trainer.state_dict(), meta={**trainer.meta(), **(meta or {})})
 
 
-def load_trainer(ckpt: CheckpointManager, trainer, path: Path | None = None) -> Path:
-    """Restore ``trainer`` (any layout) from ``path`` or the latest checkpoint."""
-    path = path or ckpt.latest()
-    if path is None:
-        raise CheckpointError(f"--resume: no checkpoint under {ckpt.dir}")
+def load_trainer(ckpt: CheckpointManager, trainer, path: Path | None = None, *,
+                 verified: bool = False) -> Path:  # fmt: skip
+    """Restore ``trainer`` (any layout) from ``path`` or the newest intact checkpoint (damaged
+    ones skipped with a warning, :meth:`CheckpointManager.choose`). ``verified``: ``path`` was
+    already checked against its manifest."""
+    if path is None or not verified:
+        path = ckpt.choose(path)
     saved = ckpt.read_meta(path)["meta"].get("model", {})
     current = trainer.meta()["model"]
     diff = [k for k in current if saved.get(k) != current[k]]
@@ -170,10 +365,20 @@ def load_trainer(ckpt: CheckpointManager, trainer, path: Path | None = None) -> 
         shown = ", ".join(
             f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff[:4]
         )
-        raise CheckpointError(f"checkpoint {path} was trained with another model shape ({shown})")
+        raise CheckpointError(
+            f"checkpoint {path} ({STATE_FILE}) was trained with another model shape ({shown})"
+        )
     init_optimizer_state(trainer)
     try:
         trainer.load_state_dict(ckpt.load(path, trainer.state_dict()))
     except LoaderStateError as e:  # data position saved for another dataset / batch layout
-        raise CheckpointError(f"checkpoint {path}: {e}") from None
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE}: data position: {e}") from e
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path}: {STATE_FILE}: the saved state does not fit this trainer "
+            f"({type(e).__name__}: {first})"
+        ) from e
     return path

@@ -2,12 +2,16 @@
 rank), ``torchrun`` on one node or many (:mod:`vfm_core.train.launch`), the Prefect training task,
 the Slurm and Kubernetes templates::
 
-    python -m vfm_core.train.main --config run.yaml --out DIR [--resume] [--tp 2 --cp 2 ...]
+    python -m vfm_core.train.main --config run.yaml --out DIR [--resume | --resume-from CKPT]
+                                  [--tp 2 --cp 2 ...] [--debug]
     torchrun --nproc-per-node 4 -m vfm_core.train.main --config run.yaml --out DIR --tp 2 --cp 2
 
 Rank 0 writes ``DIR/config.yaml``, ``DIR/metrics.jsonl`` (the global-batch loss per step) and
 ``DIR/summary.json`` and logs to MLflow (attaching to ``$MLFLOW_RUN_ID`` when a flow created the
 run); every rank takes part in checkpoints. The last stdout line of rank 0 is the JSON summary.
+``--resume`` continues from the newest intact checkpoint (damaged ones are skipped with one
+warning line each); ``--resume-from`` names one. Errors a user can cause are one line (exit code
+2); ``--debug`` adds the traceback of the library error behind it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -47,40 +52,52 @@ def restart_count() -> int:
 
 
 def run_training(
-    cfg: Config, *, out_dir: str | Path, resume: bool = False, progress: bool = True
+    cfg: Config,
+    *,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    resume_from: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` on this process's rank (the torchrun world, or one process) writing
-    ``out_dir``; returns the summary dict (the same on every rank)."""
+    ``out_dir``; returns the summary dict (the same on every rank). ``resume``: from the newest
+    intact checkpoint; ``resume_from``: from that checkpoint folder."""
     out = Path(out_dir)
-    ckpt = CheckpointManager(out, keep=cfg.train.keep_ckpts)
+    ckpt = CheckpointManager(out, keep=cfg.train.keep_ckpts, async_save=cfg.train.async_checkpoint)
+    saved = ckpt.candidates()  # finished or not; verified after the process group exists
     if restart_count() > 0:  # torchrun restarted the job after a rank died: continue, if possible
-        resume = ckpt.latest() is not None
-        print(f"restart {restart_count()}: " + (f"resuming from {ckpt.latest()}" if resume else
+        resume = bool(saved)
+        print(f"restart {restart_count()}: " + (f"resuming from {ckpt.dir}" if resume else
               "no checkpoint yet, starting over"), file=sys.stderr)  # fmt: skip
-    if resume and ckpt.latest() is None:  # before any process group: one line, no hang
+    if resume_from is not None:
+        resume = True
+        if not Path(resume_from).is_dir():
+            raise CheckpointError(f"--resume-from {resume_from}: no such checkpoint directory")
+    elif resume and not saved:  # before any process group: one line, no hang
         raise CheckpointError(
             f"--resume: no checkpoint under {ckpt.dir} (nothing to continue; drop --resume to "
             "start a new run)"
         )
-    if not resume and ckpt.latest() is not None:
+    if not resume and saved:
         raise CheckpointError(
-            f"{out} already holds checkpoints (latest {ckpt.latest().name}): pass --resume to "
+            f"{out} already holds checkpoints (latest {saved[-1].name}): pass --resume to "
             "continue, or choose a new --out"
         )
     created = init_world(resolve_device(cfg.train.device))
     try:
-        return _train(cfg, out, ckpt, resume=resume, progress=progress)
+        return _train(cfg, out, ckpt, resume=resume, resume_from=resume_from, progress=progress)
     finally:
+        ckpt.close()  # this rank's outstanding save, also after an error (no collective)
         if created:
             dist.destroy_process_group()
 
 
 def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
-           progress: bool) -> dict[str, Any]:  # fmt: skip
+           resume_from: str | Path | None, progress: bool) -> dict[str, Any]:  # fmt: skip
     trainer = Trainer(cfg)
     run_id = None
     if resume:  # any layout: DCP reshards the saved tensors into this one
-        path = load_trainer(ckpt, trainer)
+        path = load_trainer(ckpt, trainer, ckpt.choose(resume_from), verified=True)
         run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
         if is_rank0():
             print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
@@ -115,6 +132,7 @@ def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
         save_trainer(ckpt, tr, meta={"mlflow_run_id": shared_run_id})
 
     last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
+    ckpt.wait()  # the last asynchronous save finished on every rank
     summary = {
         "step": trainer.step,
         "out_dir": str(out),
@@ -136,7 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m vfm_core.train.main")
     ap.add_argument("--config", required=True, help="run config YAML (from Config.to_dict)")
     ap.add_argument("--out", required=True, help="output directory (rank 0 writes)")
-    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the newest intact checkpoint")  # fmt: skip
+    ap.add_argument("--resume-from", metavar="CKPT_DIR",
+                    help="continue from this checkpoint folder (implies --resume)")  # fmt: skip
+    ap.add_argument("--debug", action="store_true", help="tracebacks behind one-line errors")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     for name in DEGREES:
         ap.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=f"parallel.{name}")
@@ -149,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = with_degrees(load_yaml(args.config), **{k: getattr(args, k) for k in DEGREES})
         check_restartable(cfg, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
         progress = not args.no_progress and sys.stderr.isatty()
-        summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=progress)
+        summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=progress,
+                               resume_from=args.resume_from)  # fmt: skip
     except (ConfigError, CheckpointError, TrainingDiverged) as e:
+        if args.debug:
+            traceback.print_exception(e)
         print(f"error: {e}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:  # the group is gone: torchrun's rank says
