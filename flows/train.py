@@ -6,10 +6,11 @@ one task that launches the trainer process. Never imports torch.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Literal
 
 from prefect import flow
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tasks.train import start_mlflow_run, train_model
 from vfm_core.config import DEGREES, ConfigError, apply_overrides, merge, validate
@@ -29,8 +30,13 @@ class TrainParams(BaseModel):
     )
     resume: bool = Field(False, description="continue from the latest checkpoint in out_dir")
     experiment: str = Field("vfm", description="MLflow experiment")
-    nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) on the node; > 1: torchrun")
-    nnodes: int = Field(1, ge=1, le=1, description="nodes (this work pool runs one node)")
+    nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) per node; > 1: torchrun")
+    nnodes: int = Field(1, ge=1, le=4096, description="nodes (more than 1 needs launcher slurm)")
+    launcher: Literal["local", "slurm"] = Field(
+        default_factory=lambda: os.environ.get("VFM_TRAIN_LAUNCHER", "local"),
+        description="local: torchrun on the worker's machine; slurm: sbatch the cluster template "
+        "(default: the work pool's VFM_TRAIN_LAUNCHER job variable, else local)",
+    )
     tp: int = Field(1, ge=1, description="tensor (+ sequence) parallel degree")
     cp: int = Field(1, ge=1, description="context parallel degree")
     pp: int = Field(1, ge=1, description="pipeline stages")
@@ -44,6 +50,12 @@ class TrainParams(BaseModel):
         if v == 0:
             raise ValueError("dp_shard: use -1 (inferred) or a degree >= 1")
         return v
+
+    @model_validator(mode="after")
+    def _nodes(self) -> TrainParams:
+        if self.nnodes > 1 and self.launcher != "slurm":
+            raise ValueError(f"nnodes={self.nnodes}: several nodes need launcher 'slurm'")
+        return self
 
     @field_validator("recipe")
     @classmethod
@@ -86,7 +98,8 @@ def train_flow(params: TrainParams | None = None) -> dict[str, Any]:
     if cfg.tracking.mlflow and not params.resume:
         run_id = start_mlflow_run(cfg.tracking, {"recipe": cfg.recipe, "source": "prefect"})
     summary = train_model(cfg, params.resolved_out(), resume=params.resume, mlflow_run_id=run_id,
-                          nproc=params.nproc, max_restarts=params.max_restarts)  # fmt: skip
+                          nproc=params.nproc, max_restarts=params.max_restarts,
+                          launcher=params.launcher, nnodes=params.nnodes)  # fmt: skip
     final = summary["final"]
     print(
         f"trained {cfg.recipe} to step {summary['step']}: loss {final.get('loss', 0):.4f}, "

@@ -35,22 +35,43 @@ def train_model(
     nproc: int = 1,
     degrees: dict[str, int] | None = None,
     max_restarts: int = 0,
+    launcher: str = "local",
+    nnodes: int = 1,
 ) -> dict[str, Any]:
     """Run the trainer in a subprocess (``nproc`` ranks under torchrun, ``degrees`` such as
-    ``{"tp": 2}`` overriding the config's parallel section); the layout is checked first (one
-    clear error before any process starts); raise with its last log lines if it fails."""
+    ``{"tp": 2}`` overriding the config's parallel section), or submit it to Slurm
+    (``launcher="slurm"``: ``nnodes`` nodes of ``nproc`` processes, the cluster template); the
+    layout is checked first (one clear error before any process starts); raise with its last
+    log lines if it fails."""
     from vfm_core.parallel.layout import validate_layout, with_degrees
     from vfm_core.train.launch import Launch, torchrun_argv
     from vfm_core.train.main import check_restartable
 
     logger = task_logger()
+    if launcher not in ("local", "slurm"):
+        raise ValueError(f"launcher: 'local' or 'slurm', got {launcher!r}")
+    if launcher == "local" and nnodes != 1:
+        raise ValueError(f"nnodes={nnodes}: several nodes need launcher 'slurm'")
     launch = Launch(nproc=nproc, max_restarts=max_restarts)
-    validate_layout(with_degrees(cfg, **(degrees or {})), launch.world_size)
+    cfg = with_degrees(cfg, **(degrees or {}))
+    validate_layout(cfg, nproc * nnodes)
     check_restartable(cfg, max_restarts)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "run.yaml"
-    save_yaml(cfg, cfg_path)
+    save_yaml(cfg, cfg_path)  # the layout's degrees included: Slurm's ranks read them from here
+    if launcher == "slurm":
+        from vfm_core.train.slurm import SlurmOptions, submit_training
+
+        env = {"MLFLOW_RUN_ID": mlflow_run_id} if mlflow_run_id else {}
+        opts = SlurmOptions.from_env(nodes=nnodes, nproc_per_node=nproc,
+                                     max_restarts=max_restarts, extra_env=env)  # fmt: skip
+        logger.info("submitting to Slurm: %d node(s) x %d process(es)", nnodes, nproc)
+        job = submit_training(cfg_path, out, options=opts, resume=resume)
+        logger.info("Slurm job %s %s, log %s", job.job_id, job.state, job.log)
+        if job.summary is None:
+            raise RuntimeError(f"Slurm job {job.job_id} wrote no summary line (log {job.log})")
+        return job.summary
     if not launch.in_process or degrees:
         cmd = torchrun_argv(launch, config=cfg_path, out=out, resume=resume, **(degrees or {}))
     else:

@@ -48,8 +48,9 @@ def _free_port() -> int:
 def test_sbatch_template_trains_two_ranks_like_one_process(slurm, tmp_path):
     cfg = apply_overrides(get_recipe("dit-tiny"), [*SMALL, "parallel.tp=2"])
     save_yaml(cfg, tmp_path / "run.yaml")
-    opts = SlurmOptions(nodes=1, nproc_per_node=2, cpus_per_task=os.cpu_count() or 2,
-                        rdzv_port=_free_port(), timeout_s=300)  # fmt: skip
+    opts = SlurmOptions(nodes=1, nproc_per_node=2, gpus_per_node=0,
+                        cpus_per_task=os.cpu_count() or 2, rdzv_port=_free_port(),
+                        timeout_s=300)  # fmt: skip
     job = submit_training(tmp_path / "run.yaml", tmp_path / "slurm-run", options=opts)
     assert job.state == "COMPLETED" and job.exit_code == "0:0"
     assert job.summary is not None and job.summary["world_size"] == 2
@@ -67,3 +68,40 @@ def test_no_slurm_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     with pytest.raises(SlurmError, match="no Slurm: sbatch not found on PATH"):
         submit_training(tmp_path / "run.yaml", tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_training_flow_submits_to_slurm_from_the_form(slurm, tmp_path, monkeypatch):
+    """launcher=slurm in the training form (a work pool sets it with VFM_TRAIN_LAUNCHER): the
+    flow's task submits the template and returns the job's summary."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.train import TrainParams, train_flow
+
+    params = TrainParams(recipe="dit-tiny", steps=2, out_dir=str(tmp_path / "run"), nproc=2,
+                         tp=2, launcher="slurm",
+                         overrides=[o for o in SMALL if not o.startswith("train.")])  # fmt: skip
+    # the CPU work pool's job variables: no GPUs, the node's CPUs
+    monkeypatch.setenv("VFM_SLURM_GPUS_PER_NODE", "0")
+    monkeypatch.setenv("VFM_SLURM_CPUS_PER_TASK", str(os.cpu_count() or 2))
+    with prefect_test_harness(server_startup_timeout=120):
+        summary = train_flow(params)
+    assert summary["world_size"] == 2 and summary["step"] == 2
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+    assert any(p.name.startswith("slurm-") for p in (tmp_path / "run").iterdir())
+
+
+@pytest.mark.slow
+def test_a_job_that_can_never_start_is_cancelled_in_one_line(slurm, tmp_path):
+    cfg = apply_overrides(get_recipe("dit-tiny"), SMALL)
+    save_yaml(cfg, tmp_path / "run.yaml")
+    opts = SlurmOptions(gpus_per_node=0, cpus_per_task=512, timeout_s=60)  # more than the node
+    with pytest.raises(SlurmError, match="can never start"):
+        submit_training(tmp_path / "run.yaml", tmp_path / "big", options=opts)
+
+
+def test_form_refuses_nodes_without_slurm():
+    from flows.train import TrainParams
+
+    with pytest.raises(ValueError, match="launcher 'slurm'"):
+        TrainParams(nnodes=2, launcher="local")

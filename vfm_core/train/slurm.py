@@ -38,8 +38,8 @@ class SlurmOptions:
     """Nodes of the job (one torchrun each)."""
     nproc_per_node: int = 1
     """Training processes per node (GPUs per node on a GPU cluster)."""
-    gpus_per_node: int = 0
-    """GPUs to request per node; 0 = CPU nodes (overrides the template's GPU request)."""
+    gpus_per_node: int | None = None
+    """GPUs to request per node (None: the template's; 0: CPU nodes)."""
     cpus_per_task: int | None = None
     """CPUs per node task (None: the template's)."""
     partition: str | None = None
@@ -58,6 +58,18 @@ class SlurmOptions:
     """Give up waiting (the job keeps running) after this long; None = wait until it ends."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """More environment for the job (e.g. MLFLOW_TRACKING_URI, MLFLOW_RUN_ID)."""
+
+    @classmethod
+    def from_env(cls, **kw: Any) -> SlurmOptions:
+        """Options with the cluster's settings from the environment (a Prefect work pool's job
+        variables): VFM_SLURM_PARTITION, VFM_SLURM_GPUS_PER_NODE, VFM_SLURM_CPUS_PER_TASK,
+        VFM_SLURM_TIME; ``kw`` for the rest."""
+        env = os.environ
+        num = lambda k: int(env[k]) if env.get(k, "").strip() else None  # noqa: E731
+        return cls(partition=env.get("VFM_SLURM_PARTITION") or None,
+                   gpus_per_node=num("VFM_SLURM_GPUS_PER_NODE"),
+                   cpus_per_task=num("VFM_SLURM_CPUS_PER_TASK"),
+                   time_limit=env.get("VFM_SLURM_TIME") or None, **kw)  # fmt: skip
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,8 +108,9 @@ def submit_training(
         raise SlurmError(f"sbatch template {o.script} not found")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sbatch, "--parsable", f"--nodes={o.nodes}", f"--output={out}/slurm-%j.log",
-            f"--gpus-per-node={o.gpus_per_node}"]  # fmt: skip
+    argv = [sbatch, "--parsable", f"--nodes={o.nodes}", f"--output={out}/slurm-%j.log"]
+    if o.gpus_per_node is not None:
+        argv.append(f"--gpus-per-node={o.gpus_per_node}")
     if o.cpus_per_task:
         argv.append(f"--cpus-per-task={o.cpus_per_task}")
     if o.partition:
@@ -125,15 +138,20 @@ def submit_training(
                         timeout_s=o.timeout_s)  # fmt: skip
 
 
-def job_state(job_id: str) -> tuple[str, str]:
-    """(JobState, ExitCode) of a job from ``scontrol show job``."""
+NEVER_RUNS = ("PartitionConfig", "BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit",
+              "InvalidQOS", "InvalidAccount", "QOSMaxCpuPerJobLimit")  # fmt: skip
+"""Pending reasons that no waiting resolves (the job asks for more than the partition has)."""
+
+
+def job_state(job_id: str) -> tuple[str, str, str]:
+    """(JobState, ExitCode, Reason) of a job from ``scontrol show job``."""
     r = subprocess.run([_need("scontrol"), "show", "job", "-o", job_id], capture_output=True,
                        text=True, timeout=30)  # fmt: skip
     if r.returncode != 0:
         raise SlurmError(f"scontrol show job {job_id}: {(r.stderr or r.stdout).strip()}")
-    state = re.search(r"JobState=(\S+)", r.stdout)
-    code = re.search(r"ExitCode=(\S+)", r.stdout)
-    return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "?")
+    found = {k: re.search(rf"\b{k}=(\S+)", r.stdout) for k in ("JobState", "ExitCode", "Reason")}
+    state, code, reason = (m.group(1) if m else "?" for m in found.values())
+    return state, code, reason
 
 
 def wait_for_job(job_id: str, log: Path, *, poll_s: float = 2.0,
@@ -141,9 +159,16 @@ def wait_for_job(job_id: str, log: Path, *, poll_s: float = 2.0,
     """Poll until the job ends; SlurmError with the log's tail unless it COMPLETED."""
     start = time.monotonic()
     while True:
-        state, code = job_state(job_id)
+        state, code, reason = job_state(job_id)
         if state in TERMINAL:
             break
+        if state == "PENDING" and reason in NEVER_RUNS:
+            subprocess.run([_need("scancel"), job_id], capture_output=True, timeout=30)
+            raise SlurmError(
+                f"job {job_id} can never start ({reason}: it asks for more than the partition "
+                "has, e.g. CPUs or GPUs per node; set VFM_SLURM_CPUS_PER_TASK / "
+                "VFM_SLURM_GPUS_PER_NODE); cancelled"
+            )
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             raise SlurmError(f"job {job_id} still {state} after {timeout_s:.0f} s (log: {log})")
         time.sleep(poll_s)
