@@ -33,7 +33,7 @@ class GenerateParams(BaseModel):
     guidance: float | None = Field(None, ge=0, le=30, description="classifier-free guidance")
     tokenizer: str | None = Field(None, description="tokenizer dir (None: the run's)")
     nproc: int = Field(1, ge=1, le=64, description="context-parallel ranks per video")
-    out_dir: str = Field("", description="where videos go ('' = data/generated/<run name>)")
+    out_dir: str = Field("", description="where videos go ('' = data/generated/RUN_NAME)")
     evaluate: bool = Field(True, description="held-out loss + Fréchet distance of the checkpoint")
     eval_samples: int = Field(16, ge=2, le=1024, description="held-out samples for evaluation")
     experiment: str = Field("vfm-generate", description="MLflow experiment")

@@ -47,7 +47,7 @@ class PipelineParams(BaseModel):
     name: str = Field("demo", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="run name")
     src: str = Field("", description="raw videos: folder or s3:// prefix ('' = built-in sample)")
     sample_videos: int = Field(3, ge=1, le=32, description="built-in sample size (src = '')")
-    work_dir: str = Field("", description="outputs ('' = data/pipeline/<name>)")
+    work_dir: str = Field("", description="outputs ('' = data/pipeline/NAME)")
     splitter: str = Field("color", pattern="^(color|stride|transnetv2)$", description="shots")
     min_len_s: float = Field(1.0, ge=0, description="shortest clip, seconds")
     max_len_s: float = Field(6.0, gt=0, description="longest clip, seconds")
@@ -58,8 +58,8 @@ class PipelineParams(BaseModel):
     latent_grid: tuple[int, int, int] = Field((3, 8, 8), description="latent (T, H, W) trained on")
     overrides: list[str] = Field(default_factory=list, description="extra section.field=value")
     prompts: list[str] = Field(
-        default_factory=lambda: ["moving shapes over coloured textures",
-                                 "bright shapes bouncing across a striped background"],
+        default_factory=lambda: ["a red circle moving right",  # trained combination
+                                 "a blue square moving up"],  # held out of the sample
         description="one generated video per prompt ([] = no generation)",
     )  # fmt: skip
     generate_steps: int = Field(24, ge=1, le=1000, description="sampler steps per video")

@@ -54,7 +54,7 @@ class ScalingParams(BaseModel):
     layouts: list[LayoutSpec] = Field(default_factory=_default_layouts, min_length=1)
     overrides: list[str] = Field(default_factory=list, description="section.field=value")
     experiment: str = Field("vfm-scaling", description="MLflow experiment")
-    out_dir: str = Field("", description="root of the runs ('' = data/scaling/<study>)")
+    out_dir: str = Field("", description="root of the runs ('' = data/scaling/STUDY)")
 
     @field_validator("recipe")
     @classmethod

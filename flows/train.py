@@ -24,7 +24,7 @@ class TrainParams(BaseModel):
     recipe: str = Field("dit-tiny", description=f"preset: {', '.join(RECIPES)}")
     steps: int = Field(200, ge=0, description="total optimiser steps")
     seed: int = Field(0, ge=0, description="seed for init, sigma and noise")
-    out_dir: str = Field("", description="output dir ('' = data/runs/<recipe>)")
+    out_dir: str = Field("", description="output dir ('' = data/runs/RECIPE)")
     overrides: list[str] = Field(
         default_factory=list, description="section.field=value config overrides"
     )
