@@ -12,7 +12,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tasks.train import start_mlflow_run, train_model
+from tasks.train import fail_mlflow_run, start_mlflow_run, train_model
 from vfm_core.config import DEGREES, ConfigError, apply_overrides, merge, validate
 from vfm_core.recipes import RECIPES, get_recipe
 from vfm_core.tracking import data_dir, ui_hint
@@ -24,11 +24,14 @@ class TrainParams(BaseModel):
     recipe: str = Field("dit-tiny", description=f"preset: {', '.join(RECIPES)}")
     steps: int = Field(200, ge=0, description="total optimiser steps")
     seed: int = Field(0, ge=0, description="seed for init, sigma and noise")
-    out_dir: str = Field("", description="output dir ('' = data/runs/RECIPE)")
+    out_dir: str = Field(
+        "", description="output dir ('' = data/runs/RECIPE/FLOW_RUN_NAME: a new one per run)"
+    )
     overrides: list[str] = Field(
         default_factory=list, description="section.field=value config overrides"
     )
-    resume: bool = Field(False, description="continue from the latest checkpoint in out_dir")
+    resume: bool = Field(False, description="continue from the latest checkpoint in out_dir "
+                         "(needs out_dir)")  # fmt: skip
     experiment: str = Field("vfm", description="MLflow experiment")
     nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) per node; > 1: torchrun")
     nnodes: int = Field(1, ge=1, le=4096, description="nodes (more than 1 needs launcher slurm)")
@@ -55,6 +58,8 @@ class TrainParams(BaseModel):
     def _nodes(self) -> TrainParams:
         if self.nnodes > 1 and self.launcher != "slurm":
             raise ValueError(f"nnodes={self.nnodes}: several nodes need launcher 'slurm'")
+        if self.resume and not self.out_dir:
+            raise ValueError("resume: name the run to continue in out_dir (each run has its own)")
         return self
 
     @field_validator("recipe")
@@ -84,7 +89,13 @@ class TrainParams(BaseModel):
         return {k: getattr(self, k) for k in DEGREES}
 
     def resolved_out(self) -> str:
-        return self.out_dir or str(data_dir() / "runs" / self.recipe)
+        """out_dir, or a new directory per flow run: data/runs/RECIPE/FLOW_RUN_NAME."""
+        if self.out_dir:
+            return self.out_dir
+        from prefect.runtime import flow_run
+
+        name = flow_run.get_name() or "run"
+        return str(data_dir() / "runs" / self.recipe / name)
 
 
 @flow(name="train", log_prints=True)
@@ -97,9 +108,14 @@ def train_flow(params: TrainParams | None = None) -> dict[str, Any]:
     run_id = None
     if cfg.tracking.mlflow and not params.resume:
         run_id = start_mlflow_run(cfg.tracking, {"recipe": cfg.recipe, "source": "prefect"})
-    summary = train_model(cfg, params.resolved_out(), resume=params.resume, mlflow_run_id=run_id,
-                          nproc=params.nproc, max_restarts=params.max_restarts,
-                          launcher=params.launcher, nnodes=params.nnodes)  # fmt: skip
+    try:
+        summary = train_model(cfg, cfg.train.out_dir, resume=params.resume, mlflow_run_id=run_id,
+                              nproc=params.nproc, max_restarts=params.max_restarts,
+                              launcher=params.launcher, nnodes=params.nnodes)  # fmt: skip
+    except Exception as e:  # every failure path ends the MLflow run, not RUNNING forever
+        if run_id is not None:
+            fail_mlflow_run(cfg.tracking, run_id, str(e))
+        raise
     final = summary["final"]
     print(
         f"trained {cfg.recipe} to step {summary['step']}: loss {final.get('loss', 0):.4f}, "

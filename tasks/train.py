@@ -25,6 +25,15 @@ def start_mlflow_run(tracking: TrackingConfig, tags: dict[str, str]) -> str:
     return create_run(tracking, tags=tags)
 
 
+@task(name="mlflow-run-failed", retries=2, retry_delay_seconds=2)
+def fail_mlflow_run(tracking: TrackingConfig, run_id: str, error: str) -> None:
+    """Mark the run FAILED with the error as the tag ``vfm.error``."""
+    from vfm_core.tracking import ensure_experiment, fail_run
+
+    ensure_experiment(tracking)  # points the client at the run's store
+    fail_run(run_id, error)
+
+
 @task(name="train")
 def train_model(
     cfg: Config,

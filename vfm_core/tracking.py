@@ -59,6 +59,17 @@ def create_run(cfg: TrackingConfig, *, tags: dict[str, str] | None = None) -> st
     return run.info.run_id
 
 
+def fail_run(run_id: str, error: BaseException | str) -> None:
+    """End a run as FAILED with the error (its first line, 500 characters) as the tag
+    ``vfm.error``, so a failed launch never leaves a run RUNNING forever."""
+    import mlflow
+
+    text = str(error).strip().splitlines()[0][:500] if str(error).strip() else type(error).__name__
+    client = mlflow.MlflowClient()
+    client.set_tag(run_id, "vfm.error", text)
+    client.set_terminated(run_id, status="FAILED")
+
+
 def ui_hint(cfg: TrackingConfig | None = None) -> str:
     """Where a person looks at the runs: the server's URL, or the command serving a local store."""
     uri = tracking_uri(cfg)
