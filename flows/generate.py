@@ -15,10 +15,10 @@ from typing import Any
 from prefect import flow
 from pydantic import BaseModel, Field, field_validator
 
-from tasks.generate import end_mlflow_run, evaluate_checkpoint, generate_video, log_generation
-from tasks.train import start_mlflow_run
+from tasks.generate import evaluate_checkpoint, generate_video, log_evaluation, log_generation
+from tasks.tracking import end_mlflow_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
-from vfm_core.tracking import data_dir, ui_hint
+from vfm_core.tracking import STAGE_TAG, data_dir, ui_hint
 
 
 class GenerateParams(BaseModel):
@@ -58,12 +58,18 @@ class GenerateParams(BaseModel):
 
 
 @flow(name="generate", log_prints=True)
-def generate_flow(params: GenerateParams) -> dict[str, Any]:
+def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> dict[str, Any]:
+    """Videos for the prompts (MLflow run ``generate …``) and, with ``evaluate``, the checkpoint's
+    evaluation (run ``evaluate …``); both nested under ``parent_run_id`` (the pipeline's run) when
+    given, else the evaluation under the generation."""
     tracking = TrackingConfig(experiment=params.experiment)
-    run_id = start_mlflow_run(
-        tracking, {"source": "prefect", "vfm.stage": "generate", "checkpoint": params.checkpoint}
-    )
+    ckpt = Path(params.checkpoint).name
+    tags = {"source": "prefect", "checkpoint": params.checkpoint}
+    run_id = start_mlflow_run(tracking, {**tags, STAGE_TAG: "generate"},
+                              parent_run_id=parent_run_id,
+                              name=f"generate {ckpt} ({len(params.prompts)} prompts)")  # fmt: skip
     out = params.resolved_out()
+    eval_run = done_eval = None
     try:
         videos = [
             generate_video(
@@ -80,24 +86,30 @@ def generate_flow(params: GenerateParams) -> dict[str, Any]:
             )  # fmt: skip
             for i, prompt in enumerate(params.prompts)
         ]
+        sheet = log_generation(
+            run_id, tracking, videos=videos, prompts=params.prompts,
+            params={**params.model_dump(exclude={"prompts"}), "n_prompts": len(params.prompts)},
+        )  # fmt: skip
         metrics = None
         if params.evaluate:
+            eval_run = start_mlflow_run(tracking, {**tags, STAGE_TAG: "evaluate"},
+                                        parent_run_id=parent_run_id or run_id,
+                                        name=f"evaluate {ckpt}")  # fmt: skip
             metrics = evaluate_checkpoint(
                 params.checkpoint, tokenizer=params.tokenizer, samples=params.eval_samples
             )
-        log_generation(
-            run_id,
-            tracking,
-            videos=videos,
-            metrics=metrics,
-            params={**params.model_dump(exclude={"prompts"}), "n_prompts": len(params.prompts)},
-        )
-    except BaseException:
-        end_mlflow_run(run_id, tracking, "FAILED")
+            log_evaluation(eval_run, tracking, metrics)
+            end_mlflow_run(tracking, eval_run)
+            eval_run, done_eval = None, eval_run
+    except BaseException as e:
+        for rid in (eval_run, run_id):
+            if rid is not None:
+                end_mlflow_run(tracking, rid, error=f"{type(e).__name__}: {e}")
         raise
-    end_mlflow_run(run_id, tracking, "FINISHED")
+    end_mlflow_run(tracking, run_id)
     print(f"{len(videos)} video(s) in {out}; MLflow run {run_id} -> {ui_hint(tracking)}")
     if metrics:
         print(f"held-out loss {metrics['heldout_loss']:.4f}, Fréchet distance "
               f"{metrics['frechet_distance']:.4f}")  # fmt: skip
-    return {"mlflow_run_id": run_id, "videos": videos, "metrics": metrics, "out_dir": str(out)}
+    return {"mlflow_run_id": run_id, "videos": videos, "metrics": metrics, "out_dir": str(out),
+            "contact_sheet": sheet, "eval_run_id": done_eval}

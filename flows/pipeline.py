@@ -33,8 +33,10 @@ from tasks.pipeline import (
     stage_key,
     tokenizer_task,
 )
+from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
+from vfm_core.config import TrackingConfig
 from vfm_core.recipes import RECIPES, get_recipe
-from vfm_core.tracking import data_dir, ui_hint
+from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, ui_hint
 
 
 class PipelineStageError(RuntimeError):
@@ -99,6 +101,25 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     p = params or PipelineParams()
     work = p.work()
     Path(work).mkdir(parents=True, exist_ok=True)
+    tracking = TrackingConfig(experiment=p.experiment)
+    tags = {STAGE_TAG: "pipeline", "vfm.pipeline": p.name, "vfm.work_dir": work}
+    parent = start_mlflow_run(tracking, tags, name=f"pipeline {p.name}")
+    try:
+        out = _run_stages(p, work, parent)
+    except BaseException as e:  # the parent run ends FAILED with the stage's error
+        end_mlflow_run(tracking, parent, error=str(e))
+        raise
+    out["mlflow_run_id"] = parent
+    files = [f"{work}/report.md"] + ([out["generate"]["contact_sheet"]]
+                                     if out.get("generate", {}).get("contact_sheet") else [])
+    tags = {"vfm.train_run_id": out["train"].get("mlflow_run_id") or "",
+            CHECKPOINT_TAG: Path(out["train"]["checkpoint"]).resolve().as_uri()}
+    log_to_run(tracking, parent, files, tags=tags, params=p.model_dump())
+    end_mlflow_run(tracking, parent)
+    return out
+
+
+def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
     out: dict[str, Any] = {"work_dir": work}
 
     src = p.src or f"{work}/raw"
@@ -143,7 +164,7 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     )  # fmt: skip
 
     def run_train() -> dict[str, Any]:
-        summary = train_flow(train_params)
+        summary = train_flow(train_params, parent_run_id=parent)
         if summary.get("mlflow_run_id"):
             lineage_task(summary["mlflow_run_id"], p.experiment, clips=curate["clips"],
                          shards=shard["index"], tokenizer=tok_dir)  # fmt: skip
@@ -163,16 +184,16 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
         )  # fmt: skip
         out["generate"] = _stage(work, "generate", {"train": train,
                                                     "params": gen_params.model_dump()},
-                                 lambda: generate_flow(gen_params),
+                                 lambda: generate_flow(gen_params, parent_run_id=parent),
                                  lambda s: [v["mp4"] for v in s["videos"]])  # fmt: skip
 
-    report = _report(p, out)
+    report = _report(p, out, parent)
     out["report"] = report
     print(report)
     return out
 
 
-def _report(p: PipelineParams, out: dict[str, Any]) -> str:
+def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
     tr = out["train"]
     final = tr.get("final", {})
     lines = [
@@ -200,7 +221,10 @@ def _report(p: PipelineParams, out: dict[str, Any]) -> str:
         evaluation = (f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
                       f"{m['frechet_distance']:.3f}" if m else "")  # fmt: skip
         lines.append(f"| generate | {len(g['videos'])} videos{evaluation}: {videos} |")
-    lines += ["", f"Runs: {ui_hint()} (experiment `{p.experiment}`)"]
+        if g.get("contact_sheet"):
+            lines.append(f"| contact sheet | one row per prompt: `{g['contact_sheet']}` |")
+    lines += ["", f"Runs: {ui_hint()} (experiment `{p.experiment}`, pipeline run `{parent}` with "
+              "the train / evaluate / generate runs nested under it)"]
     text = "\n".join(lines)
     Path(out["work_dir"], "report.md").write_text(text + "\n")
     create_markdown_artifact(text, key=f"pipeline-{p.name.lower().replace('_', '-')}".replace(

@@ -1,5 +1,6 @@
 """Scaling study: train the same preset under a grid of parallel layouts / process counts, one
-MLflow run each (tagged ``vfm.study``), then the report (table + plots) as an MLflow artifact.
+MLflow run each (tagged ``vfm.study``) nested under the study's parent run, which holds the report
+(table + plots) as artifacts: the comparison view of the study.
 
 Thin by design: parameters are pydantic models (the Prefect UI renders the layout list as a form);
 each layout is one training task (a torchrun subprocess); the report is one task. Never imports
@@ -15,10 +16,18 @@ from prefect import flow
 from pydantic import BaseModel, Field, field_validator
 
 from tasks.report import scaling_report_task
-from tasks.train import start_mlflow_run, train_model
+from tasks.tracking import end_mlflow_run, start_mlflow_run
+from tasks.train import train_model
 from vfm_core.config import apply_overrides, merge, validate
 from vfm_core.recipes import RECIPES, get_recipe
-from vfm_core.tracking import LAYOUT_TAG, STUDY_TAG, data_dir
+from vfm_core.tracking import (
+    LAYOUT_TAG,
+    STAGE_TAG,
+    STUDY_TAG,
+    data_dir,
+    layout_label,
+    train_run_name,
+)
 
 _DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
@@ -36,8 +45,7 @@ class LayoutSpec(BaseModel):
         return {k: v for k in _DEGREES if (v := getattr(self, k, None)) is not None}
 
     def label(self) -> str:
-        parts = [f"{k}{v}" for k, v in self.degrees().items()]
-        return "-".join(parts) or ("single" if self.nproc == 1 else f"fsdp{self.nproc}")
+        return layout_label(self.degrees(), self.nproc)
 
 
 def _default_layouts() -> list[LayoutSpec]:
@@ -69,6 +77,24 @@ class ScalingParams(BaseModel):
 @flow(name="scaling-study", log_prints=True)
 def scaling_flow(params: ScalingParams) -> dict[str, Any]:
     base = apply_overrides(get_recipe(params.recipe), params.overrides)
+    tracking = validate(merge(base, {"tracking": {"experiment": params.experiment}})).tracking
+    # the study is one parent run (the comparison table and plots) with a child run per layout
+    parent = start_mlflow_run(tracking, {STUDY_TAG: params.study, STAGE_TAG: "scaling-study",
+                                         "recipe": params.recipe},
+                              name=f"study {params.study}: {params.recipe} x "
+                                   f"{len(params.layouts)} layouts")  # fmt: skip
+    try:
+        runs = _train_layouts(params, base, parent)
+        report = scaling_report_task(params.study, f"{params.root()}/report", tracking, parent)
+    except BaseException as e:
+        end_mlflow_run(tracking, parent, error=str(e))
+        raise
+    end_mlflow_run(tracking, parent)
+    print(report["table"])
+    return {"study": params.study, "runs": runs, "report": report, "mlflow_run_id": parent}
+
+
+def _train_layouts(params: ScalingParams, base, parent: str) -> list[dict[str, Any]]:
     runs = []
     for i, lay in enumerate(params.layouts):
         name = f"{i:02d}-{lay.label()}"
@@ -79,19 +105,18 @@ def scaling_flow(params: ScalingParams) -> dict[str, Any]:
             "data": {"batch_size": batch},
             "train": {"steps": params.steps, "out_dir": f"{params.root()}/{name}",
                       "ckpt_every": 10**9},
-            "tracking": {"experiment": params.experiment, "run_name": f"{params.study}/{name}"},
+            "tracking": {"experiment": params.experiment},
         }))  # fmt: skip
         tags = {STUDY_TAG: params.study, LAYOUT_TAG: lay.label(), "recipe": params.recipe,
                 "nproc": str(lay.nproc)}  # fmt: skip
-        run_id = start_mlflow_run(cfg.tracking, tags)
+        run_id = start_mlflow_run(cfg.tracking, tags, parent_run_id=parent,
+                                  name=train_run_name(params.recipe, lay.degrees(), params.steps,
+                                                      lay.nproc))  # fmt: skip
         summary = train_model(cfg, cfg.train.out_dir, mlflow_run_id=run_id, nproc=lay.nproc,
                               degrees=lay.degrees())  # fmt: skip
         runs.append({"layout": lay.label(), "nproc": lay.nproc, "mlflow_run_id": run_id,
                      "final": summary["final"]})  # fmt: skip
-    tracking = validate(merge(base, {"tracking": {"experiment": params.experiment}})).tracking
-    report = scaling_report_task(params.study, f"{params.root()}/report", tracking)
-    print(report["table"])
-    return {"study": params.study, "runs": runs, "report": report}
+    return runs
 
 
 if __name__ == "__main__":

@@ -6,16 +6,25 @@ one task that launches the trainer process. Never imports torch.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Literal
 
 from prefect import flow
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tasks.train import fail_mlflow_run, start_mlflow_run, train_model
+from tasks.tracking import end_mlflow_run, start_mlflow_run
+from tasks.train import train_model
 from vfm_core.config import DEGREES, ConfigError, apply_overrides, merge, validate
 from vfm_core.recipes import RECIPES, get_recipe
-from vfm_core.tracking import data_dir, ui_hint
+from vfm_core.tracking import (
+    LAYOUT_TAG,
+    STAGE_TAG,
+    data_dir,
+    layout_label,
+    train_run_name,
+    ui_hint,
+)
 
 
 class TrainParams(BaseModel):
@@ -88,6 +97,14 @@ class TrainParams(BaseModel):
     def degrees(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in DEGREES}
 
+    def resolved_degrees(self) -> dict[str, int]:
+        """The degrees with dp_shard = -1 worked out from the rank count."""
+        d = self.degrees()
+        if d["dp_shard"] == -1:
+            rest = math.prod(v for k, v in d.items() if k != "dp_shard")
+            d["dp_shard"] = max(1, self.nproc * self.nnodes // rest)
+        return d
+
     def resolved_out(self) -> str:
         """out_dir, or a new directory per flow run: data/runs/RECIPE/FLOW_RUN_NAME."""
         if self.out_dir:
@@ -99,7 +116,11 @@ class TrainParams(BaseModel):
 
 
 @flow(name="train", log_prints=True)
-def train_flow(params: TrainParams | None = None) -> dict[str, Any]:
+def train_flow(
+    params: TrainParams | None = None, parent_run_id: str | None = None
+) -> dict[str, Any]:
+    """Train ``params.recipe`` in the layout of the form; the MLflow run (named after recipe,
+    layout and steps) is nested under ``parent_run_id`` (the pipeline's run) when given."""
     params = params or TrainParams()
     try:
         cfg = params.to_config()
@@ -107,14 +128,20 @@ def train_flow(params: TrainParams | None = None) -> dict[str, Any]:
         raise ValueError(f"train flow parameters: {e}") from None
     run_id = None
     if cfg.tracking.mlflow and not params.resume:
-        run_id = start_mlflow_run(cfg.tracking, {"recipe": cfg.recipe, "source": "prefect"})
+        world = params.nproc * params.nnodes
+        label = layout_label(params.resolved_degrees(), world)
+        run_id = start_mlflow_run(
+            cfg.tracking, {"recipe": cfg.recipe, "source": "prefect", STAGE_TAG: "train",
+                           LAYOUT_TAG: label}, parent_run_id=parent_run_id,
+            name=train_run_name(cfg.recipe, params.resolved_degrees(), params.steps, world),
+        )  # fmt: skip
     try:
         summary = train_model(cfg, cfg.train.out_dir, resume=params.resume, mlflow_run_id=run_id,
                               nproc=params.nproc, max_restarts=params.max_restarts,
                               launcher=params.launcher, nnodes=params.nnodes)  # fmt: skip
     except Exception as e:  # every failure path ends the MLflow run, not RUNNING forever
         if run_id is not None:
-            fail_mlflow_run(cfg.tracking, run_id, str(e))
+            end_mlflow_run(cfg.tracking, run_id, error=str(e))
         raise
     final = summary["final"]
     print(

@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import task
 
-from tasks.logs import task_logger
+from tasks.logs import log_lines, task_logger
 from vfm_core.config import TrackingConfig
 
 
@@ -40,7 +40,7 @@ def generate_video(
             cmd += [flag, str(value)]
     logger.info("launching: %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    for line in proc.stderr.splitlines()[-20:]:
+    for line in log_lines(proc.stderr)[-20:]:
         logger.info(line)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
@@ -66,45 +66,53 @@ def log_generation(
     tracking: TrackingConfig,
     *,
     videos: list[dict[str, Any]],
-    metrics: dict[str, float] | None,
+    prompts: list[str],
     params: dict[str, Any],
-) -> str:
-    """Log videos (MP4, GIF, latents under ``videos/``), evaluation metrics (``eval/…``) and the
-    parameters to the MLflow run; returns the run id."""
+) -> str | None:
+    """Log the videos (MP4, GIF, latents under ``videos/``), a contact sheet (one row of frames
+    per prompt, ``contact_sheet.png``) and the parameters to the generation's MLflow run; returns
+    the contact sheet's path (None without decodable videos)."""
     import mlflow
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Param
 
     from vfm_core.tracking import ensure_experiment
+    from vfm_core.video.contact_sheet import VideoError, contact_sheet
 
     ensure_experiment(tracking)
     client = mlflow.MlflowClient()
     client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-    if metrics:
-        ts = int(mlflow.utils.time.get_current_time_millis())
-        step = int(metrics.get("checkpoint_step", 0))
-        client.log_batch(
-            run_id, metrics=[Metric(f"eval/{k}", float(v), ts, step) for k, v in metrics.items()]
-        )
     for v in videos:
         for key in ("mp4", "gif", "latent"):
             if v.get(key) and Path(v[key]).is_file():
                 client.log_artifact(run_id, v[key], artifact_path="videos")
-    summary = Path(videos[0]["mp4"]).parent / "generation.json" if videos else None
-    if summary is not None:
-        summary.write_text(json.dumps({"videos": videos, "metrics": metrics}, indent=1))
-        client.log_artifact(run_id, str(summary))
-    return run_id
+    if not videos:
+        return None
+    folder = Path(videos[0]["mp4"]).parent
+    (folder / "generation.json").write_text(json.dumps({"videos": videos}, indent=1))
+    client.log_artifact(run_id, str(folder / "generation.json"))
+    try:
+        sheet = contact_sheet([v["mp4"] for v in videos], prompts, folder / "contact_sheet.png")
+    except VideoError as e:
+        task_logger().warning("no contact sheet: %s", e)
+        return None
+    client.log_artifact(run_id, str(sheet))
+    return str(sheet)
 
 
-@task(name="end-mlflow-run", retries=2, retry_delay_seconds=2)
-def end_mlflow_run(run_id: str, tracking: TrackingConfig, status: str = "FINISHED") -> None:
-    """Mark the flow's MLflow run FINISHED (or FAILED)."""
+@task(name="log-evaluation", retries=2, retry_delay_seconds=2)
+def log_evaluation(run_id: str, tracking: TrackingConfig, metrics: dict[str, float]) -> None:
+    """Log the evaluation metrics (``eval/…``, at the checkpoint's step) to the evaluation run."""
     import mlflow
+    from mlflow.entities import Metric
 
     from vfm_core.tracking import ensure_experiment
 
     ensure_experiment(tracking)
-    mlflow.MlflowClient().set_terminated(run_id, status=status)
+    ts = int(mlflow.utils.time.get_current_time_millis())
+    step = int(metrics.get("checkpoint_step", 0))
+    mlflow.MlflowClient().log_batch(
+        run_id, metrics=[Metric(f"eval/{k}", float(v), ts, step) for k, v in metrics.items()]
+    )
 
 
 @task(name="encode-shards", retries=1, retry_delay_seconds=5)

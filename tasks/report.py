@@ -3,28 +3,35 @@ its files logged as artifacts of a report run in MLflow; returns the small summa
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 
 from tasks.logs import task_logger
 from vfm_core.config import TrackingConfig
-from vfm_core.tracking import STUDY_TAG, create_run
+from vfm_core.tracking import ensure_experiment
 
 
 @task(name="scaling-report", retries=1, retry_delay_seconds=2)
-def scaling_report_task(study: str, out_dir: str, tracking: TrackingConfig) -> dict[str, Any]:
-    """Build the study's table and plots; log them to an MLflow run tagged with the study."""
+def scaling_report_task(study: str, out_dir: str, tracking: TrackingConfig,
+                        run_id: str) -> dict[str, Any]:  # fmt: skip
+    """Build the study's table and plots; log them as artifacts (``report/``) of the study's run
+    ``run_id`` and the table as MLflow table ``report/scaling.json`` (rows comparable in the UI)."""
     import mlflow
+    import pandas as pd
 
     from vfm_core.perf.report import build_report  # imports torch: only inside the task
 
     logger = task_logger()
     summary = build_report(study, out_dir)
-    run_id = create_run(tracking, tags={STUDY_TAG: study, "vfm.kind": "report"})
+    ensure_experiment(tracking)
     client = mlflow.MlflowClient()
     for path in summary["files"]:
         client.log_artifact(run_id, path, artifact_path="report")
-    client.set_terminated(run_id)
+    rows = json.loads(Path(summary["dir"], "rows.json").read_text())
+    if rows:  # the artifact view shows it as a sortable table
+        client.log_table(run_id, data=pd.DataFrame(rows), artifact_file="report/scaling.json")
     logger.info("scaling study %s:\n%s", study, summary["table"])
     return {**summary, "report_run_id": run_id}

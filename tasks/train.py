@@ -14,24 +14,8 @@ from typing import Any
 
 from prefect import task
 
-from tasks.logs import task_logger
-from vfm_core.config import Config, TrackingConfig, save_yaml
-from vfm_core.tracking import create_run
-
-
-@task(name="mlflow-run", retries=2, retry_delay_seconds=2)
-def start_mlflow_run(tracking: TrackingConfig, tags: dict[str, str]) -> str:
-    """Create the MLflow run the training ranks attach to (through MLFLOW_RUN_ID)."""
-    return create_run(tracking, tags=tags)
-
-
-@task(name="mlflow-run-failed", retries=2, retry_delay_seconds=2)
-def fail_mlflow_run(tracking: TrackingConfig, run_id: str, error: str) -> None:
-    """Mark the run FAILED with the error as the tag ``vfm.error``."""
-    from vfm_core.tracking import ensure_experiment, fail_run
-
-    ensure_experiment(tracking)  # points the client at the run's store
-    fail_run(run_id, error)
+from tasks.logs import log_lines, task_logger
+from vfm_core.config import Config, save_yaml
 
 
 @task(name="train")
@@ -96,8 +80,9 @@ def train_model(
     lines: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
-        lines.append(line.rstrip())
-        logger.info(line.rstrip())
+        for clean in log_lines(line):  # no progress-bar redraws in the flow run's log
+            lines.append(clean)
+            logger.info(clean)
     if proc.wait() != 0:
         tail = "\n".join(lines[-15:])
         raise RuntimeError(f"training exited with code {proc.returncode}:\n{tail}")

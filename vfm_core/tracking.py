@@ -6,7 +6,9 @@ it — the MLflow 3.17 file store is in maintenance mode and refuses by default.
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -16,6 +18,18 @@ STUDY_TAG = "vfm.study"
 """MLflow tag naming the scaling study a run belongs to."""
 LAYOUT_TAG = "vfm.layout"
 """MLflow tag with a run's parallel layout label (e.g. ``tp2``)."""
+STAGE_TAG = "vfm.stage"
+"""MLflow tag naming the pipeline stage a run records (pipeline, train, evaluate, generate)."""
+CHECKPOINT_TAG = "vfm.checkpoint"
+"""MLflow tag with the URI of a training run's latest checkpoint."""
+PARENT_TAG = "mlflow.parentRunId"
+"""MLflow's own tag nesting a run under a parent (the UI shows the children under it)."""
+COMMIT_TAG = "mlflow.source.git.commit"
+"""MLflow's own tag for the code version (shown on the run page)."""
+KIND_TAG = "mlflow.experimentKind"
+"""Experiment tag the MLflow 3 UI reads: ``custom_model_development`` files the runs as training
+runs (without it MLflow 3 may show them as GenAI "Evaluation runs")."""
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def data_dir() -> Path:
@@ -43,19 +57,57 @@ def ensure_experiment(cfg: TrackingConfig) -> str:
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(cfg.experiment)
     if exp is not None:
+        if KIND_TAG not in exp.tags:
+            mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, KIND_TAG, TRAINING_KIND)
         return exp.experiment_id
     location = None
     if uri.startswith("sqlite:///"):
         location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
-    return mlflow.create_experiment(cfg.experiment, artifact_location=location)
+    return mlflow.create_experiment(
+        cfg.experiment, artifact_location=location, tags={KIND_TAG: TRAINING_KIND}
+    )
 
 
-def create_run(cfg: TrackingConfig, *, tags: dict[str, str] | None = None) -> str:
-    """Create an MLflow run (status RUNNING) and return its id; workers attach via MLFLOW_RUN_ID."""
+TRAINING_KIND = "custom_model_development"
+
+
+@functools.cache
+def git_commit() -> str | None:
+    """The commit of the checked-out code (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and len(sha) == 40 else None
+
+
+def layout_label(degrees: dict[str, int], world: int = 1) -> str:
+    """A layout as a short readable label: ``tp2-cp2``, ``dp_shard2``, ``1proc``."""
+    parts = [f"{k}{v}" for k, v in degrees.items() if v is not None and v > 1]
+    return "-".join(parts) or ("1proc" if world <= 1 else f"dp{world}")
+
+
+def train_run_name(recipe: str, degrees: dict[str, int], steps: int, world: int = 1) -> str:
+    """A training run's readable name: recipe, layout, steps (``dit-tiny tp2 200 steps``)."""
+    return f"{recipe} {layout_label(degrees, world)} {steps} steps"
+
+
+def create_run(cfg: TrackingConfig, *, tags: dict[str, str] | None = None,
+               parent_run_id: str | None = None, name: str | None = None) -> str:  # fmt: skip
+    """Create an MLflow run (status RUNNING) and return its id; workers attach via MLFLOW_RUN_ID.
+    The run carries the code's commit, is nested under ``parent_run_id`` when given and is named
+    ``cfg.run_name``, else ``name``."""
     import mlflow
 
     exp_id = ensure_experiment(cfg)
-    run = mlflow.MlflowClient().create_run(exp_id, run_name=cfg.run_name or None, tags=tags or {})
+    all_tags = {COMMIT_TAG: commit} if (commit := git_commit()) else {}
+    all_tags.update(tags or {})
+    if parent_run_id:
+        all_tags[PARENT_TAG] = parent_run_id
+    run = mlflow.MlflowClient().create_run(exp_id, run_name=cfg.run_name or name or None,
+                                           tags=all_tags)  # fmt: skip
     return run.info.run_id
 
 

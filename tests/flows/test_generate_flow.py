@@ -65,15 +65,27 @@ def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path
     client = mlflow.MlflowClient()
     r = client.get_run(out["mlflow_run_id"])
     assert r.info.status == "FINISHED" and r.data.tags["vfm.stage"] == "generate"
-    assert r.data.metrics["eval/frechet_distance"] == pytest.approx(
-        out["metrics"]["frechet_distance"]
-    )
-    assert "eval/loss_sigma_1" in r.data.metrics and r.data.params["nproc"] == "1"
+    assert r.info.run_name == "generate run (2 prompts)" and r.data.params["nproc"] == "1"
     arts = {a.path for a in client.list_artifacts(r.info.run_id, "videos")}
     for i in range(2):
         for ext in ("mp4", "gif", "latent.npy"):
             assert f"videos/video_{i:03d}.{ext}" in arts
-    assert "generation.json" in {a.path for a in client.list_artifacts(r.info.run_id)}
+    assert {"generation.json", "contact_sheet.png"} <= {
+        a.path for a in client.list_artifacts(r.info.run_id)
+    }
+    # the contact sheet: one labelled row of frames per prompt
+    from PIL import Image
+
+    sheet = Image.open(out["contact_sheet"])
+    assert sheet.height > 2 * 64 * 2 and sheet.width >= 5 * 64 * 2
+    # the evaluation is its own run, nested under the generation (no pipeline parent here)
+    ev = client.get_run(out["eval_run_id"])
+    assert ev.info.status == "FINISHED" and ev.data.tags["vfm.stage"] == "evaluate"
+    assert ev.data.tags["mlflow.parentRunId"] == r.info.run_id
+    assert ev.data.metrics["eval/frechet_distance"] == pytest.approx(
+        out["metrics"]["frechet_distance"]
+    )
+    assert "eval/loss_sigma_1" in ev.data.metrics
 
 
 def test_failing_generation_marks_run_failed(prefect_api, trained, tmp_path):
@@ -91,6 +103,7 @@ def test_failing_generation_marks_run_failed(prefect_api, trained, tmp_path):
     exp = mlflow.get_experiment_by_name("test-generate-flow")
     runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.checkpoint LIKE '%missing'")
     assert list(runs["status"]) == ["FAILED"]
+    assert "no such directory" in runs["tags.vfm.error"].iloc[0]
 
 
 def test_generate_task_fn_names_tokenizer_mismatch(trained, tmp_path):

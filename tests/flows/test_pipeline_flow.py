@@ -47,6 +47,32 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     names = {d.dataset.name for d in run.inputs.dataset_inputs}
     assert names == {"clips", "shards"}
 
+    # MLflow: one parent run per pipeline, a child run per stage, linked to the Prefect flow run
+    client = mlflow.MlflowClient()
+    parent = client.get_run(out["mlflow_run_id"])
+    assert parent.info.run_name == "pipeline t-pipe" and parent.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    stages = {c.data.tags["vfm.stage"]: c for c in children}
+    assert set(stages) == {"train", "generate", "evaluate"}
+    assert stages["train"].info.run_name == "dit-tiny 1proc 2 steps"
+    assert stages["train"].info.run_id == out["train"]["mlflow_run_id"]
+    for r in (parent, *children):
+        assert r.data.tags["vfm.prefect_flow_run_id"]  # the flow run that made it
+        assert len(r.data.tags["mlflow.source.git.commit"]) == 40
+    assert stages["train"].data.tags["vfm.checkpoint"].startswith("file://")
+    assert parent.data.tags["vfm.checkpoint"] == stages["train"].data.tags["vfm.checkpoint"]
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"report.md", "contact_sheet.png"} <= arts
+    assert {"config.yaml", "metrics.jsonl"} <= {
+        a.path for a in client.list_artifacts(out["train"]["mlflow_run_id"])
+    }
+    # the failed first attempt: its parent ended FAILED with the stage's error
+    failed = client.search_runs([parent.info.experiment_id], "attributes.status = 'FAILED'")
+    assert any("pipeline stage 'train' failed" in r.data.tags.get("vfm.error", "")
+               for r in failed if r.data.tags.get("vfm.stage") == "pipeline")  # fmt: skip
+
     again = pipeline_flow(PipelineParams(**base, overrides=TINY))  # everything done: no work
     assert again["train"]["mlflow_run_id"] == out["train"]["mlflow_run_id"]
     marker = json.loads(stage_marker(str(tmp_path), "train").read_text())

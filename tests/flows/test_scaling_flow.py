@@ -24,9 +24,9 @@ def test_scaling_study_runs_and_reports(prefect_api, tmp_path, capsys):
         layouts=[LayoutSpec(), LayoutSpec(nproc=2, dp_shard=2)],
     )  # fmt: skip
     out = scaling_flow(params)
-    assert [r["layout"] for r in out["runs"]] == ["single", "dp_shard2"]
+    assert [r["layout"] for r in out["runs"]] == ["1proc", "dp_shard2"]
     rows = json.loads((tmp_path / "report" / "rows.json").read_text())
-    assert {r["layout"]: r["world"] for r in rows} == {"single": 1, "dp_shard2": 2}
+    assert {r["layout"]: r["world"] for r in rows} == {"1proc": 1, "dp_shard2": 2}
     single = next(r for r in rows if r["world"] == 1)
     assert single["scaling_eff"] == pytest.approx(1.0)
     for r in rows:
@@ -36,16 +36,26 @@ def test_scaling_study_runs_and_reports(prefect_api, tmp_path, capsys):
     assert single["predicted"] == pytest.approx(single["tokens_per_s"], rel=0.05)
     assert (tmp_path / "report" / "throughput.png").stat().st_size > 1000
 
+    # the study is one parent run holding the comparison (table + plots), a child per layout
     client = mlflow.MlflowClient()
-    report_run = client.get_run(out["report"]["report_run_id"])
-    assert report_run.data.tags["vfm.study"] == "t-study"
-    names = {a.path for a in client.list_artifacts(report_run.info.run_id, "report")}
-    assert {"report/report.md", "report/throughput.png", "report/efficiency.png"} <= names
+    study = client.get_run(out["mlflow_run_id"])
+    assert out["report"]["report_run_id"] == out["mlflow_run_id"]
+    assert study.data.tags["vfm.study"] == "t-study" and study.info.status == "FINISHED"
+    assert study.info.run_name == "study t-study: dit-tiny x 2 layouts"
+    names = {a.path for a in client.list_artifacts(study.info.run_id, "report")}
+    assert {"report/report.md", "report/throughput.png", "report/efficiency.png",
+            "report/scaling.json"} <= names  # fmt: skip
+    children = [client.get_run(r["mlflow_run_id"]) for r in out["runs"]]
+    assert [c.data.tags["mlflow.parentRunId"] for c in children] == [study.info.run_id] * 2
+    assert [c.info.run_name for c in children] == ["dit-tiny 1proc 4 steps",
+                                                   "dit-tiny dp_shard2 4 steps"]  # fmt: skip
+    exp = client.get_experiment(study.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # training runs
 
     capsys.readouterr()
     assert vfm(["report", "--study", "t-study", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert sorted(r["layout"] for r in printed) == ["dp_shard2", "single"]
+    assert sorted(r["layout"] for r in printed) == ["1proc", "dp_shard2"]
 
 
 def test_report_of_unknown_study_is_a_clear_error(capsys):

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
+from vfm_core.tracking import CHECKPOINT_TAG, LAYOUT_TAG, STAGE_TAG, layout_label, train_run_name
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, TrainingDiverged, resolve_device
@@ -111,7 +112,13 @@ def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
             ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=progress),
         ]
         if cfg.tracking.mlflow:
-            mlf = MLflowLogger(cfg.tracking, run_id=run_id, tags={"recipe": cfg.recipe})
+            degrees = trainer.dims.degrees
+            mlf = MLflowLogger(
+                cfg.tracking, run_id=run_id,
+                name=train_run_name(cfg.recipe, degrees, cfg.train.steps, trainer.world),
+                tags={"recipe": cfg.recipe, STAGE_TAG: "train",
+                      LAYOUT_TAG: layout_label(degrees, trainer.world)},
+            )  # fmt: skip
             mlf.log_params(
                 {
                     **cfg.flat(),
@@ -133,6 +140,8 @@ def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
 
     last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
     ckpt.wait()  # the last asynchronous save finished on every rank
+    if mlf is not None and ckpt.latest():  # where the weights of this run are
+        mlf.set_tag(CHECKPOINT_TAG, Path(ckpt.latest()).resolve().as_uri())
     summary = {
         "step": trainer.step,
         "out_dir": str(out),

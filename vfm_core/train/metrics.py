@@ -99,13 +99,19 @@ class MLflowLogger:
     run),
     the run id saved in a checkpoint on resume, or a new run."""
 
-    def __init__(self, cfg: TrackingConfig, *, run_id: str | None = None, tags: dict | None = None):
+    def __init__(self, cfg: TrackingConfig, *, run_id: str | None = None, tags: dict | None = None,
+                 name: str | None = None):  # fmt: skip
         import mlflow
 
         self._mlflow = mlflow
         ensure_experiment(cfg)
         self.client = mlflow.MlflowClient()
-        self.run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or create_run(cfg, tags=tags)
+        self.run_id = run_id or os.environ.get("MLFLOW_RUN_ID")
+        if self.run_id:  # a run created by the flow (or resumed): add what only the trainer knows
+            for k, v in (tags or {}).items():
+                self.client.set_tag(self.run_id, k, v)
+        else:
+            self.run_id = create_run(cfg, tags=tags, name=name)
         self.client.update_run(self.run_id, status="RUNNING")
         self.ui_hint = ui_hint(cfg)
 
@@ -127,6 +133,9 @@ class MLflowLogger:
 
     def log_artifact(self, path: str | Path) -> None:
         self.client.log_artifact(self.run_id, str(path))
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
