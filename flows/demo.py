@@ -3,6 +3,10 @@
 sample videos → curate → shard → tokenizer → encode latents → train dit-tiny → generate → report,
 as one Prefect flow (flows/pipeline.py) with every run in MLflow. A second ``make demo`` resumes:
 finished stages are skipped (``make clean`` starts over). ``VFM_DEMO_STEPS`` sets the DiT steps.
+
+When the servers of ``make up`` are running the demo uses them (its flow runs appear in that Prefect
+UI, its MLflow runs in that MLflow server); otherwise an embedded Prefect API and the sqlite store
+under ``data/``.
 """
 
 from __future__ import annotations
@@ -11,11 +15,14 @@ import os
 import sys
 import time
 
-from flows.pipeline import PipelineParams, pipeline_flow
-from vfm_core.tracking import ui_hint
+from vfm_core.infra_env import use_running_services
 
 
 def main() -> int:
+    used = use_running_services()  # before prefect is imported: it reads its settings then
+    from flows.pipeline import PipelineParams, pipeline_flow
+    from vfm_core.tracking import tool_command, ui_hint
+
     t0 = time.time()
     params = PipelineParams(
         name="demo",
@@ -33,10 +40,19 @@ def main() -> int:
     if out.get("generate"):
         for video in out["generate"]["videos"]:
             print(f"  generated:   {video['mp4']}  (+ .gif)")
+        if out["generate"].get("contact_sheet"):
+            print(f"  frames:      {out['generate']['contact_sheet']}")
     print(f"  checkpoint:  {tr['checkpoint']}")
     print(f"  report:      {out['work_dir']}/report.md")
-    print(f"  MLflow:      run {tr['mlflow_run_id']}, experiment vfm-demo")
-    print(f"  look at it:  {ui_hint()}   then open http://127.0.0.1:5000")
+    print(f"  MLflow:      experiment vfm-demo, run 'pipeline demo' ({out['mlflow_run_id']}) with "
+          "its train / evaluate / generate runs")
+    print(f"  MLflow UI:   {ui_hint()}")
+    if "PREFECT_API_URL" in used:
+        print(f"  Prefect UI:  open {used['PREFECT_API_URL'].removesuffix('/api')}/runs")
+    else:
+        home = os.environ.get("PREFECT_HOME", "~/.prefect")
+        print(f"  Prefect UI:  PREFECT_HOME={home} {tool_command('prefect')} server start, "
+              "then open http://127.0.0.1:4200/runs")
     print("=" * 78)
     return 0
 

@@ -14,7 +14,8 @@ Services (each binds ``$VFM_HOST``, default 127.0.0.1; ports overridable by envi
 | s3      | moto's S3-protocol server (local S3 testing)       | 9000 (``VFM_S3_PORT``)      |
 | ray     | ``ray start --head`` (optional, ``--with-ray``)    | 6379 (``VFM_RAY_PORT``)     |
 
-State lives in ``$VFM_INFRA_DIR`` (default ``data/infra``): one log per service, ``pids.json`` and
+State lives in ``$VFM_INFRA_DIR`` (default ``data/infra``): one log per service, ``services.json``
+(pids, ports, health URLs, client settings: ``vfm``, ``make demo`` and ``make status`` read it) and
 ``env.sh`` — ``source data/infra/env.sh`` points a shell (Prefect, MLflow, s3fs clients) at them.
 Production swaps the sqlite store for a Postgres URI (``VFM_MLFLOW_BACKEND``) and moto for real S3.
 """
@@ -30,10 +31,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from vfm_core.infra_env import healthy, pid_alive, read_services, services_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -55,7 +56,7 @@ class Settings:
     s3_port: int = 9000
     ray_port: int = 6379
     run_dir: Path = field(default_factory=lambda: ROOT / "data" / "infra")
-    """Logs, pids.json, env.sh, the server stores."""
+    """Logs, services.json, env.sh, the server stores."""
     mlflow_backend: str = ""
     """MLflow backend store URI ('' = sqlite under run_dir; a Postgres URI in production)."""
     pool: str = POOL
@@ -109,14 +110,6 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status < 500
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]]:
@@ -181,25 +174,19 @@ def _env(s: Settings) -> dict[str, str]:
     return env
 
 
-def _pids_path(s: Settings) -> Path:
-    return s.run_dir / "pids.json"
+def _record_path(s: Settings) -> Path:
+    return services_file(s.run_dir)
 
 
 def _read_pids(s: Settings) -> dict[str, int]:
-    p = _pids_path(s)
-    return json.loads(p.read_text()) if p.exists() else {}
+    return {k: int(v["pid"]) for k, v in read_services(s.run_dir).get("services", {}).items()}
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie, exited but not yet reaped by a parent in this process, is not)."""
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+def _write_record(s: Settings, services: dict[str, dict]) -> None:
+    """``services.json``: what runs (pid, port, health URL) and the client settings; clients
+    (``vfm``, ``make demo``, ``make status``) read it instead of assuming the default ports."""
+    record = {"host": s.host, "services": services, "env": s.client_env()}
+    _record_path(s).write_text(json.dumps(record, indent=1))
 
 
 def _wait(url: str | None, proc: subprocess.Popen, name: str, log: Path, timeout: float) -> None:
@@ -208,7 +195,7 @@ def _wait(url: str | None, proc: subprocess.Popen, name: str, log: Path, timeout
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-2000:]
             raise InfraError(f"{name} exited with code {proc.returncode}; log {log}:\n{tail}")
-        if url is None or _healthy(url):
+        if url is None or healthy(url):
             return
         time.sleep(0.5)
     raise InfraError(f"{name} not healthy after {timeout:.0f}s ({url}); log {log}")
@@ -219,7 +206,12 @@ def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str,
     ``env.sh``; returns service -> pid."""
     s.run_dir.mkdir(parents=True, exist_ok=True)
     (s.run_dir / "mlflow").mkdir(exist_ok=True)
-    pids = {k: v for k, v in _read_pids(s).items() if _alive(v)}
+    known = read_services(s.run_dir).get("services", {})
+    running = {k: v for k, v in known.items() if pid_alive(int(v["pid"]))}
+    pids = {k: int(v["pid"]) for k, v in running.items()}
+    for name, info in running.items():  # a running server keeps its port: clients follow it
+        if info.get("port") and hasattr(s, f"{name}_port"):
+            setattr(s, f"{name}_port", int(info["port"]))
     cmds, env = _commands(s), _env(s)
     for name in services:
         if name in pids:
@@ -236,10 +228,13 @@ def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str,
             proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                     start_new_session=True)
         pids[name] = proc.pid
-        _pids_path(s).write_text(json.dumps(pids))
+        running[name] = {"pid": proc.pid, "port": port, "health": health}
+        _write_record(s, running)
         _wait(health, proc, name, log, timeout)
         print(f"{name}: up (pid {proc.pid}){f' at {health}' if health else ''}, log {log}")
-    lines = [f"export {k}={shlex.quote(v)}" for k, v in s.client_env().items()]
+    _write_record(s, running)
+    env = read_services(s.run_dir)["env"]  # the settings of the servers already up win
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     (s.run_dir / "env.sh").write_text("\n".join(lines) + "\n")
     return pids
 
@@ -253,31 +248,30 @@ def down(s: Settings, *, timeout: float = 20.0) -> list[str]:
         except OSError:
             continue
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in pids.values():
-        if _alive(pid):
+        if pid_alive(pid):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
-    _pids_path(s).unlink(missing_ok=True)
+    _record_path(s).unlink(missing_ok=True)
     return list(pids)
 
 
 def status(s: Settings) -> dict[str, bool]:
-    pids = _read_pids(s)
-    cmds = _commands(s)
+    """Each recorded service: alive and healthy, at the port ``up`` chose (not today's env)."""
     out = {}
-    for name, pid in pids.items():
-        health = cmds[name][1]
-        out[name] = _alive(pid) and (health is None or _healthy(health))
+    for name, info in read_services(s.run_dir).get("services", {}).items():
+        health = info.get("health")
+        out[name] = pid_alive(int(info["pid"])) and (not health or healthy(health))
     return out
 
 
 def require(url: str, what: str) -> None:
     """Raise a clear error naming ``make up`` when the server at ``url`` does not answer."""
-    if not _healthy(url):
+    if not healthy(url):
         raise InfraError(f"{what} is not running at {url}: start the servers with `make up`")
 
 
@@ -307,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
         else:
             st = status(s)
+            recorded = read_services(s.run_dir).get("services", {})
             for name, ok in st.items():
-                print(f"{name:8s} {'up' if ok else 'DOWN'}")
+                where = (recorded[name].get("health") or "").removesuffix("/health")
+                print(f"{name:8s} {'up' if ok else 'DOWN':4s} {where.removesuffix('/api')}")
             if not st:
                 print("nothing running: `make up` starts the servers")
             return 0 if st and all(st.values()) else 1

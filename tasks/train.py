@@ -85,7 +85,9 @@ def train_model(
             logger.info(clean)
     if proc.wait() != 0:
         tail = "\n".join(lines[-15:])
-        raise RuntimeError(f"training exited with code {proc.returncode}:\n{tail}")
+        # the trainer's one-line error first (what the MLflow run's vfm.error tag shows)
+        reason = next((ln.strip() for ln in reversed(lines) if "error:" in ln), "")
+        raise RuntimeError(f"training exited with code {proc.returncode}: {reason}\n{tail}")
     for line in reversed(lines):  # the trainer's last stdout line is its JSON summary
         if line.startswith("{"):
             return json.loads(line)

@@ -16,6 +16,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("MLFLOW_RUN_ID", None)
+os.environ.pop("VFM_INFRA_DIR", None)  # servers a developer started with `make up` stay out
 
 REPO = Path(__file__).resolve().parents[1]
 

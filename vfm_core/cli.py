@@ -430,6 +430,9 @@ def cmd_curate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
+    from vfm_core.infra_env import use_running_services
+
+    use_running_services()  # the servers of `make up`, when they run: one MLflow store
     try:
         return {
             "train": cmd_train,
@@ -447,15 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # user-facing errors from deeper layers carry a clear message
-        from vfm_core.data.index import DatasetIndexError
-        from vfm_core.infer.shapes import GenerateError
-        from vfm_core.models.layers import ShapeError
-        from vfm_core.storage import StorageError
-        from vfm_core.train.errors import CheckpointError, TrainingDiverged
+        from vfm_core.user_errors import user_error_types
 
-        user_errors = (ShapeError, CheckpointError, TrainingDiverged, GenerateError,
-                       DatasetIndexError, StorageError)  # fmt: skip
-        if isinstance(e, user_errors):
+        if isinstance(e, user_error_types()):
             if getattr(args, "debug", False):
                 import traceback
 

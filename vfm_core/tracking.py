@@ -127,7 +127,23 @@ def ui_hint(cfg: TrackingConfig | None = None) -> str:
     uri = tracking_uri(cfg)
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
+    return (f"{tool_command('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+            ", then open http://127.0.0.1:5000")  # fmt: skip
+
+
+def tool_command(name: str) -> str:
+    """How to call a console script of this environment as printed: its bare name when it is on
+    the PATH, else its path in the venv (relative to the working directory when inside it)."""
+    import shutil
+    import sys
+
+    if shutil.which(name):
+        return name
+    path = Path(sys.executable).parent / name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def log_lineage(

@@ -92,17 +92,8 @@ def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
     out = tmp_path / "run"
     params = {"params": {"recipe": "dit-tiny", "steps": 3, "out_dir": str(out), "nproc": 2,
                          "tp": 2, "experiment": "vfm-e2e", "overrides": ["data.batch_size=2"]}}
-    code, run = _api("POST", f"{api}/deployments/{dep['id']}/create_flow_run",
-                     {"parameters": params})
-    assert code == 201, run
-    deadline = time.monotonic() + 600
-    state = run["state"]["type"]
-    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-    while state not in final and time.monotonic() < deadline:
-        time.sleep(2)
-        state = _api("GET", f"{api}/flow_runs/{run['id']}")[1]["state"]["type"]
-    worker_log = Path(env["VFM_INFRA_DIR"]) / "worker.log"
-    assert state == "COMPLETED", (state, worker_log.read_text()[-4000:])
+    state, _ = _run_deployment(env, dep["id"], params)
+    assert state == "COMPLETED", (state, _worker_log(env))
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").open()] == [1, 2, 3]
 
     import mlflow
@@ -115,6 +106,91 @@ def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
     assert mlrun.data.metrics["mfu"] > 0
     assert mlrun.data.params["world_size"] == "2"
     assert len(client.get_metric_history(mlrun.info.run_id, "tokens_per_s")) == 3
+
+
+def _worker_log(env: dict) -> str:
+    return (Path(env["VFM_INFRA_DIR"]) / "worker.log").read_text()[-4000:]
+
+
+def _run_deployment(env: dict, dep_id: str, params: dict | None) -> tuple[str, dict]:
+    """What the UI's Run button does; waits for the flow run to end: (state type, flow run)."""
+    api = env["PREFECT_API_URL"]
+    body = {} if params is None else {"parameters": params}
+    code, run = _api("POST", f"{api}/deployments/{dep_id}/create_flow_run", body)
+    assert code == 201, run
+    deadline = time.monotonic() + 600
+    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+    while run["state"]["type"] not in final and time.monotonic() < deadline:
+        time.sleep(2)
+        run = _api("GET", f"{api}/flow_runs/{run['id']}")[1]
+    return run["state"]["type"], run
+
+
+@pytest.mark.slow
+def test_train_deployment_twice_with_defaults_and_a_failing_run(servers):
+    """Repeatable: the deployment's defaults twice (each flow run its own directory, both MLflow
+    runs FINISHED); a run failing after its MLflow run was created: Prefect FAILED, MLflow FAILED
+    with the error as tag vfm.error."""
+    import mlflow
+
+    env = servers
+    code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
+    if code == 404:  # this module's first test deploys; run alone, deploy here
+        deploy = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all",
+                                 "--prefect-file", "deployments/prefect.yaml"], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
+    assert code == 200, dep
+    runs = [_run_deployment(env, dep["id"], None) for _ in range(2)]
+    assert [state for state, _ in runs] == ["COMPLETED", "COMPLETED"], _worker_log(env)
+    dirs = [Path(env["VFM_DATA_DIR"]) / "runs" / "dit-tiny" / r["name"] for _, r in runs]
+    for d in dirs:
+        assert len((d / "metrics.jsonl").read_text().splitlines()) == 20
+
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("vfm")
+    for _, r in runs:
+        (ml,) = client.search_runs([exp.experiment_id],
+                                   f"tags.`vfm.prefect_flow_run_id` = '{r['id']}'")  # fmt: skip
+        assert ml.info.status == "FINISHED" and ml.info.run_name == "dit-tiny 1proc 20 steps"
+        assert ml.data.tags["vfm.prefect_flow_run_url"].endswith(f"/flow-runs/flow-run/{r['id']}")
+
+    bad = {"params": {"steps": 2, "overrides": ["data.source=shards",
+                                                "data.shards=/nonexistent/shards"]}}  # fmt: skip
+    state, run = _run_deployment(env, dep["id"], bad)
+    assert state == "FAILED", _worker_log(env)
+    (ml,) = client.search_runs([exp.experiment_id],
+                               f"tags.`vfm.prefect_flow_run_id` = '{run['id']}'")  # fmt: skip
+    assert ml.info.status == "FAILED"
+    assert "/nonexistent/shards" in ml.data.tags["vfm.error"]
+
+
+@pytest.mark.slow
+def test_one_store_when_servers_run(servers, tmp_path):
+    """With the servers of `make up` running, `vfm train` in a plain shell (no env.sh sourced)
+    logs to the MLflow server, and `make status` finds the ports `make up` chose."""
+    import mlflow
+
+    plain = {k: v for k, v in servers.items()
+             if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "AWS_ENDPOINT_URL")
+             and not (k.startswith("VFM_") and k.endswith("_PORT"))}  # fmt: skip
+    st = subprocess.run(SERVICES + ["status"], env=plain, capture_output=True, text=True,
+                        timeout=60)  # fmt: skip
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert servers["MLFLOW_TRACKING_URI"] in st.stdout  # the chosen port, not 5000
+
+    r = subprocess.run([str(BIN / "vfm"), "train", "--recipe", "dit-tiny", "--steps", "2",
+                        "--out", str(tmp_path / "cli"), "--set", "data.batch_size=2",
+                        "--set", "tracking.experiment=vfm-one-store"],
+                       env=plain, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=servers["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("vfm-one-store")
+    assert exp is not None, "the CLI's run did not reach the MLflow server of `make up`"
+    (ml,) = client.search_runs([exp.experiment_id])
+    assert ml.info.status == "FINISHED" and ml.data.metrics["loss"] > 0
+    assert not (Path(plain["VFM_DATA_DIR"]) / "mlflow" / "mlflow.db").exists()
 
 
 def test_status_without_servers_names_make_up(tmp_path):

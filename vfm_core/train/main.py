@@ -32,7 +32,8 @@ from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
 from vfm_core.tracking import CHECKPOINT_TAG, LAYOUT_TAG, STAGE_TAG, layout_label, train_run_name
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
-from vfm_core.train.trainer import Trainer, TrainingDiverged, resolve_device
+from vfm_core.train.trainer import Trainer, resolve_device
+from vfm_core.user_errors import user_error_types
 
 
 def check_restartable(cfg: Config, max_restarts: int) -> None:
@@ -182,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         progress = not args.no_progress and sys.stderr.isatty()
         summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=progress,
                                resume_from=args.resume_from)  # fmt: skip
-    except (ConfigError, CheckpointError, TrainingDiverged) as e:
+    except Exception as e:  # a bad input: one line (the flow's MLflow run shows it), exit 2
+        if not isinstance(e, user_error_types()):
+            raise
         if args.debug:
             traceback.print_exception(e)
         print(f"error: {e}", file=sys.stderr)
