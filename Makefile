@@ -25,9 +25,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch, prefect, mlflow; print('torch', torch.__version__)"
 	touch $(STAMP)
 
-demo: venv
+FAMILY  ?= diffusion
+demo: venv   # make demo FAMILY=autoregressive: discrete tokenizer + ar-tiny instead of the DiT
 	@mkdir -p $(VFM_DATA_DIR) $(PREFECT_HOME)
-	$(BIN)/python -m flows.demo
+	VFM_DEMO_FAMILY=$(FAMILY) $(BIN)/python -m flows.demo
 
 test: venv
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks

@@ -2,7 +2,9 @@
 
 sample videos → curate → shard → tokenizer → encode latents → train dit-tiny → generate → report,
 as one Prefect flow (flows/pipeline.py) with every run in MLflow. A second ``make demo`` resumes:
-finished stages are skipped (``make clean`` starts over). ``VFM_DEMO_STEPS`` sets the DiT steps.
+finished stages are skipped (``make clean`` starts over). ``VFM_DEMO_STEPS`` sets the training
+steps; ``make demo FAMILY=autoregressive`` (``VFM_DEMO_FAMILY``) runs the autoregressive family
+instead: a discrete (FSQ) tokenizer and ar-tiny, the causal transformer over its tokens.
 
 When the servers of ``make up`` are running the demo uses them (its flow runs appear in that Prefect
 UI, its MLflow runs in that MLflow server); otherwise an embedded Prefect API and the sqlite store
@@ -16,6 +18,7 @@ import sys
 import time
 
 from vfm_core.infra_env import use_running_services
+from vfm_core.recipes import FAMILIES
 
 
 def main() -> int:
@@ -24,8 +27,13 @@ def main() -> int:
     from vfm_core.tracking import tool_command, ui_hint
 
     t0 = time.time()
+    family = os.environ.get("VFM_DEMO_FAMILY", "diffusion")
+    if family not in FAMILIES:
+        print(f"VFM_DEMO_FAMILY={family!r}: expected one of {', '.join(FAMILIES)}", file=sys.stderr)
+        return 2
     params = PipelineParams(
-        name="demo",
+        name="demo" if family == "diffusion" else "demo-ar",
+        family=family,
         train_steps=int(os.environ.get("VFM_DEMO_STEPS", "1000")),
         tokenizer_steps=int(os.environ.get("VFM_DEMO_TOKENIZER_STEPS", "800")),
         overrides=["optim.lr=0.001"],
@@ -44,8 +52,8 @@ def main() -> int:
             print(f"  frames:      {out['generate']['contact_sheet']}")
     print(f"  checkpoint:  {tr['checkpoint']}")
     print(f"  report:      {out['work_dir']}/report.md")
-    print(f"  MLflow:      experiment vfm-demo, run 'pipeline demo' ({out['mlflow_run_id']}) with "
-          "its train / evaluate / generate runs")
+    print(f"  MLflow:      experiment vfm-demo, run 'pipeline {params.name}' "
+          f"({out['mlflow_run_id']}) with its train / evaluate / generate runs")
     print(f"  MLflow UI:   {ui_hint()}")
     if "PREFECT_API_URL" in used:
         print(f"  Prefect UI:  open {used['PREFECT_API_URL'].removesuffix('/api')}/runs")

@@ -86,7 +86,7 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
             )  # fmt: skip
             for i, prompt in enumerate(params.prompts)
         ]
-        sheet = log_generation(
+        logged = log_generation(
             run_id, tracking, videos=videos, prompts=params.prompts,
             params={**params.model_dump(exclude={"prompts"}), "n_prompts": len(params.prompts)},
         )  # fmt: skip
@@ -109,7 +109,7 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
     end_mlflow_run(tracking, run_id)
     print(f"{len(videos)} video(s) in {out}; MLflow run {run_id} -> {ui_hint(tracking)}")
     if metrics:
-        print(f"held-out loss {metrics['heldout_loss']:.4f}, Fréchet distance "
-              f"{metrics['frechet_distance']:.4f}")  # fmt: skip
+        print("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
+                                         if k != "checkpoint_step"))  # fmt: skip
     return {"mlflow_run_id": run_id, "videos": videos, "metrics": metrics, "out_dir": str(out),
-            "contact_sheet": sheet, "eval_run_id": done_eval}
+            "eval_run_id": done_eval, **logged}

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from flows.curate import CurateParams, curate_flow
 from flows.generate import GenerateParams, generate_flow
@@ -35,7 +35,7 @@ from tasks.pipeline import (
 )
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
-from vfm_core.recipes import RECIPES, get_recipe
+from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, ui_hint
 
 
@@ -55,7 +55,12 @@ class PipelineParams(BaseModel):
     max_len_s: float = Field(6.0, gt=0, description="longest clip, seconds")
     tokenizer: str = Field("", description="tokenizer dir ('' = train tok-tiny on the shards)")
     tokenizer_steps: int = Field(150, ge=1, description="tokenizer training steps")
-    recipe: str = Field("dit-tiny", description=f"DiT preset: {', '.join(RECIPES)}")
+    family: Literal["diffusion", "autoregressive"] = Field(
+        "diffusion", description="diffusion: continuous tokenizer + DiT; autoregressive: discrete "
+        "(FSQ) tokenizer + causal transformer over its tokens",
+    )  # fmt: skip
+    recipe: str = Field("dit-tiny", description=f"preset of the family: {', '.join(RECIPES)} "
+                        "(default: dit-tiny, ar-tiny for autoregressive)")  # fmt: skip
     train_steps: int = Field(200, ge=1, description="DiT training steps")
     latent_grid: tuple[int, int, int] = Field((3, 8, 8), description="latent (T, H, W) trained on")
     overrides: list[str] = Field(default_factory=list, description="extra section.field=value")
@@ -72,6 +77,17 @@ class PipelineParams(BaseModel):
     def _known_recipe(cls, v: str) -> str:
         get_recipe(v)
         return v
+
+    @model_validator(mode="after")
+    def _family(self) -> PipelineParams:
+        if "recipe" not in self.model_fields_set:
+            self.recipe = DEFAULT_RECIPE[self.family]
+        check_family(self.recipe, self.family)
+        return self
+
+    def tokenizer_preset(self) -> str:
+        """The tokenizer trained when none is given: continuous, or discrete for the AR family."""
+        return "tok-tiny-discrete" if self.family == "autoregressive" else "tok-tiny"
 
     def work(self) -> str:
         return self.work_dir or str(data_dir() / "pipeline" / self.name)
@@ -142,10 +158,10 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
     if not tok_dir:
         # the tokenizer is fully convolutional and causal: it trains on small crops (5 frames of
         # 32 x 32) and encodes clips of any 1 + 4k frames and multiple-of-8 size
-        tok_in = {"shard": shard, "steps": p.tokenizer_steps}
+        tok_in = {"shard": shard, "steps": p.tokenizer_steps, "preset": p.tokenizer_preset()}
         tok = _stage(work, "tokenizer", tok_in, lambda: tokenizer_task(
-            f"{work}/shards", f"{work}/tokenizer", preset="tok-tiny", steps=p.tokenizer_steps,
-            frames=5, size=32), lambda s: [s["dir"]])  # fmt: skip
+            f"{work}/shards", f"{work}/tokenizer", preset=p.tokenizer_preset(),
+            steps=p.tokenizer_steps, frames=5, size=32), lambda s: [s["dir"]])  # fmt: skip
         out["tokenizer"] = tok
         tok_dir = tok["dir"]
 
@@ -159,7 +175,8 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
     data = ["data.source=shards", f"data.shards={enc['dir']}", f"data.tokenizer={tok_dir}",
             f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={w}"]
     train_params = TrainParams(
-        recipe=p.recipe, steps=p.train_steps, out_dir=f"{work}/train", experiment=p.experiment,
+        family=p.family, recipe=p.recipe, steps=p.train_steps, out_dir=f"{work}/train",
+        experiment=p.experiment,
         overrides=data + ["train.ckpt_every=100"] + p.overrides,
     )  # fmt: skip
 
@@ -218,9 +235,22 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
         g = out["generate"]
         m = g.get("metrics") or {}
         videos = ", ".join(f"`{v['mp4']}`" for v in g["videos"])
-        evaluation = (f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
-                      f"{m['frechet_distance']:.3f}" if m else "")  # fmt: skip
+        if "heldout_bits_per_token" in m:  # autoregressive
+            evaluation = (f"; held-out {m['heldout_bits_per_token']:.2f} bits/token (uniform "
+                          f"{m['uniform_bits_per_token']:.2f})")  # fmt: skip
+        elif m:
+            evaluation = (f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
+                          f"{m['frechet_distance']:.3f}")  # fmt: skip
+        else:
+            evaluation = ""
         lines.append(f"| generate | {len(g['videos'])} videos{evaluation}: {videos} |")
+        if g.get("prompt_following"):
+            pf = g["prompt_following"]
+            held = (f"; held-out combinations: colour {pf['colour_acc_held_out']:.0%}, direction "
+                    f"{pf['direction_acc_held_out']:.0%}" if "colour_acc_held_out" in pf else "")
+            lines.append(f"| prompt following | {int(pf['n_scored'])} prompts read back from the "
+                         f"pixels: colour {pf['colour_acc']:.0%}, direction "
+                         f"{pf['direction_acc']:.0%}{held} |")  # fmt: skip
         if g.get("contact_sheet"):
             lines.append(f"| contact sheet | one row per prompt: `{g['contact_sheet']}` |")
     lines += ["", f"Runs: {ui_hint()} (experiment `{p.experiment}`, pipeline run `{parent}` with "

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
 from vfm_core.config import DEGREES, ConfigError, apply_overrides, merge, validate
-from vfm_core.recipes import RECIPES, get_recipe
+from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import (
     LAYOUT_TAG,
     STAGE_TAG,
@@ -30,7 +30,12 @@ from vfm_core.tracking import (
 class TrainParams(BaseModel):
     """Form of the training flow."""
 
-    recipe: str = Field("dit-tiny", description=f"preset: {', '.join(RECIPES)}")
+    family: Literal["diffusion", "autoregressive"] = Field(
+        "diffusion", description="diffusion (DiT over latents) or autoregressive (causal "
+        "transformer over discrete tokens); sets the default recipe",
+    )  # fmt: skip
+    recipe: str = Field("dit-tiny", description=f"preset of the family: {', '.join(RECIPES)} "
+                        "(default: dit-tiny, ar-tiny for autoregressive)")  # fmt: skip
     steps: int = Field(200, ge=0, description="total optimiser steps")
     seed: int = Field(0, ge=0, description="seed for init, sigma and noise")
     out_dir: str = Field(
@@ -62,6 +67,13 @@ class TrainParams(BaseModel):
         if v == 0:
             raise ValueError("dp_shard: use -1 (inferred) or a degree >= 1")
         return v
+
+    @model_validator(mode="after")
+    def _family(self) -> TrainParams:
+        if "recipe" not in self.model_fields_set:
+            self.recipe = DEFAULT_RECIPE[self.family]
+        check_family(self.recipe, self.family)
+        return self
 
     @model_validator(mode="after")
     def _nodes(self) -> TrainParams:

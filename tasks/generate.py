@@ -68,13 +68,16 @@ def log_generation(
     videos: list[dict[str, Any]],
     prompts: list[str],
     params: dict[str, Any],
-) -> str | None:
-    """Log the videos (MP4, GIF, latents under ``videos/``), a contact sheet (one row of frames
-    per prompt, ``contact_sheet.png``) and the parameters to the generation's MLflow run; returns
-    the contact sheet's path (None without decodable videos)."""
+) -> dict[str, Any]:
+    """Log the videos (MP4, GIF, latents / tokens under ``videos/``), a contact sheet (one row of
+    frames per prompt, ``contact_sheet.png``), the prompt following of vocabulary prompts
+    (``prompt/colour_acc``, ``prompt/direction_acc``, their held-out variants) and the parameters
+    to the generation's MLflow run; returns ``{"contact_sheet": path | None, "prompt_following":
+    metrics | None}``."""
     import mlflow
-    from mlflow.entities import Param
+    from mlflow.entities import Metric, Param
 
+    from vfm_core.infer.prompt_follow import score_videos
     from vfm_core.tracking import ensure_experiment
     from vfm_core.video.contact_sheet import VideoError, contact_sheet
 
@@ -82,21 +85,29 @@ def log_generation(
     client = mlflow.MlflowClient()
     client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     for v in videos:
-        for key in ("mp4", "gif", "latent"):
+        for key in ("mp4", "gif", "latent", "tokens"):
             if v.get(key) and Path(v[key]).is_file():
                 client.log_artifact(run_id, v[key], artifact_path="videos")
+    out: dict[str, Any] = {"contact_sheet": None, "prompt_following": None}
     if not videos:
-        return None
+        return out
     folder = Path(videos[0]["mp4"]).parent
-    (folder / "generation.json").write_text(json.dumps({"videos": videos}, indent=1))
-    client.log_artifact(run_id, str(folder / "generation.json"))
+    mp4s = [v["mp4"] for v in videos]
     try:
-        sheet = contact_sheet([v["mp4"] for v in videos], prompts, folder / "contact_sheet.png")
+        out["prompt_following"] = follow = score_videos(mp4s, prompts)
+        sheet = contact_sheet(mp4s, prompts, folder / "contact_sheet.png")
     except VideoError as e:
-        task_logger().warning("no contact sheet: %s", e)
-        return None
+        task_logger().warning("no contact sheet / prompt following: %s", e)
+        return out
+    out["contact_sheet"] = str(sheet)
     client.log_artifact(run_id, str(sheet))
-    return str(sheet)
+    if follow:
+        ts = int(mlflow.utils.time.get_current_time_millis())
+        client.log_batch(run_id, metrics=[Metric(f"prompt/{k}", float(v), ts, 0)
+                                          for k, v in follow.items()])  # fmt: skip
+    (folder / "generation.json").write_text(json.dumps({"videos": videos, **out}, indent=1))
+    client.log_artifact(run_id, str(folder / "generation.json"))
+    return out
 
 
 @task(name="log-evaluation", retries=2, retry_delay_seconds=2)

@@ -129,3 +129,25 @@ def get_recipe(name: str) -> Config:
         raise ConfigError(
             f"unknown recipe {name!r} (known: {', '.join(sorted(RECIPES))})"
         ) from None
+
+
+FAMILIES = ("diffusion", "autoregressive")
+"""Model families: a DiT over continuous latents, a causal transformer over discrete tokens."""
+DEFAULT_RECIPE = {"diffusion": "dit-tiny", "autoregressive": "ar-tiny"}
+"""The CPU recipe of each family (the forms' default)."""
+
+
+def recipe_family(name: str) -> str:
+    """``diffusion`` or ``autoregressive``: the family of preset ``name``."""
+    return "autoregressive" if get_recipe(name).model.arch == "ar" else "diffusion"
+
+
+def check_family(recipe: str, family: str) -> None:
+    """Raise ConfigError when ``recipe`` is not of ``family`` (a form asking for both)."""
+    if family not in FAMILIES:
+        raise ConfigError(f"family {family!r}: expected one of {', '.join(FAMILIES)}")
+    if (actual := recipe_family(recipe)) != family:
+        raise ConfigError(
+            f"recipe {recipe!r} is a {actual} model, but family is {family!r} (choose a "
+            f"{family} recipe such as {DEFAULT_RECIPE[family]!r}, or family {actual!r})"
+        )

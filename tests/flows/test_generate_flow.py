@@ -55,7 +55,8 @@ def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path
 
     run, tok = trained
     params = GenerateParams(
-        checkpoint=run, prompts=["a red disc", "a blue square"], frames=5, size="64x64",
+        checkpoint=run, prompts=["a red circle moving right", "a blue square"], frames=5,
+        size="64x64",
         steps=2, guidance=2.0, tokenizer=tok, out_dir=str(tmp_path / "gen"), eval_samples=4,
         experiment="test-generate-flow",
     )  # fmt: skip
@@ -73,6 +74,9 @@ def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path
     assert {"generation.json", "contact_sheet.png"} <= {
         a.path for a in client.list_artifacts(r.info.run_id)
     }
+    # prompt following: only the vocabulary prompt can be read back from the pixels
+    assert out["prompt_following"]["n_scored"] == 1
+    assert r.data.metrics["prompt/colour_acc"] == out["prompt_following"]["colour_acc"]
     # the contact sheet: one labelled row of frames per prompt
     from PIL import Image
 

@@ -86,3 +86,36 @@ def test_pipeline_form_rejects_bad_values():
         PipelineParams(train_steps=0)
     with pytest.raises(ValidationError, match="name"):
         PipelineParams(name="../escape")
+    # the family picks the default recipe; a recipe of the other family is one clear error
+    assert PipelineParams(family="autoregressive").recipe == "ar-tiny"
+    assert PipelineParams().recipe == "dit-tiny"
+    with pytest.raises(ValidationError, match="recipe 'dit-tiny' is a diffusion model, but family"):
+        PipelineParams(family="autoregressive", recipe="dit-tiny")
+
+
+@pytest.mark.slow
+def test_pipeline_autoregressive_family(prefect_api, tmp_path):
+    """family=autoregressive: a discrete (FSQ) tokenizer, token shards, ar-tiny trained on them,
+    a generated video decoded from sampled tokens, held-out bits per token in the report."""
+    import mlflow
+    import numpy as np
+
+    params = PipelineParams(name="t-ar", family="autoregressive", work_dir=str(tmp_path),
+                            sample_videos=1, tokenizer_steps=3, train_steps=3,
+                            latent_grid=(2, 4, 4), experiment="t-pipeline-ar",
+                            overrides=["data.batch_size=2", "model.depth=2"],
+                            prompts=["a red circle moving right"])  # fmt: skip
+    out = pipeline_flow(params)
+    assert out["tokenizer"]["preset"] == "tok-tiny-discrete"
+    assert out["train"]["step"] == 3
+    (video,) = out["generate"]["videos"]
+    tokens = np.load(video["tokens"], allow_pickle=False)
+    assert tokens.shape == (2, 4, 4) and 0 <= tokens.min() and tokens.max() < 1000
+    m = out["generate"]["metrics"]
+    assert 0 < m["heldout_bits_per_token"] and m["uniform_bits_per_token"] == pytest.approx(
+        np.log2(1000)
+    )
+    report = (tmp_path / "report.md").read_text()
+    assert "| train | ar-tiny 3 steps" in report and "bits/token" in report
+    run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])
+    assert run.info.run_name == "ar-tiny 1proc 3 steps" and run.data.metrics["loss"] > 0

@@ -1,5 +1,6 @@
 """Does a run learn? Held-out EDM loss at fixed noise levels and a Fréchet distance between
-generated and held-out clips in the built-in clip embedder's feature space, logged to MLflow.
+generated and held-out clips in the built-in clip embedder's feature space, logged to MLflow; for
+the autoregressive family the held-out bits per token (:func:`heldout_bits`).
 
 * **Held-out loss** (:func:`heldout_loss`): the EDM loss (Karras et al. 2022, eq. 2 with the
   weighting of Table 1, :meth:`vfm_core.diffusion.edm.EDM.loss`) of held-out latents at each of
@@ -36,7 +37,8 @@ from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.generate import PREVIEW_FACTORS, load_decoder, sample_latent
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
 
-__all__ = ["EvalConfig", "evaluate", "frechet_distance", "heldout_loss", "log_evaluation"]
+__all__ = ["EvalConfig", "evaluate", "frechet_distance", "heldout_bits", "heldout_loss",
+           "log_evaluation"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -121,6 +123,28 @@ def heldout_loss(
     return out
 
 
+@torch.no_grad()
+def heldout_bits(model: torch.nn.Module, cfg: Config, ec: EvalConfig) -> dict[str, float]:
+    """Autoregressive family: next-token cross-entropy of ``ec.loss_samples`` held-out token
+    grids (the run's source re-seeded, as for the DiT loss) in nats (``heldout_loss``) and in bits
+    per token (``heldout_bits_per_token``; log2 of the vocabulary for a uniform guess)."""
+    from vfm_core.models.ar import next_token_loss
+
+    data = dataclasses.replace(cfg.data, seed=ec.heldout_seed, batch_size=ec.batch)
+    if ec.heldout_shards:
+        data = dataclasses.replace(data, shards=ec.heldout_shards)
+    source = make_source(data, cfg.model)
+    total, count = 0.0, 0
+    while count < ec.loss_samples:
+        b = source.next_batch()  # latents: token ids (B, T, H, W)
+        logits = model(b.latents, b.text.float())  # (B, N, V)
+        total += next_token_loss(logits, b.latents.flatten(1)).item() * len(b.latents)
+        count += len(b.latents)
+    nats = total / count
+    return {"heldout_loss": nats, "heldout_bits_per_token": nats / math.log(2),
+            "uniform_bits_per_token": math.log2(cfg.model.vocab_size)}  # fmt: skip
+
+
 def _clip_features(videos: torch.Tensor, frames_per_clip: int) -> np.ndarray:
     """(N, 3, F, H, W) in [-1, 1] -> (N, 448) clip embeddings of the built-in embedder."""
     from vfm_core.annotate.embed import ColorThumbEmbedder, clip_embedding
@@ -139,6 +163,8 @@ def evaluate(
     ec = config or EvalConfig()
     loaded = checkpoint if isinstance(checkpoint, LoadedDiT) else load_dit(checkpoint)
     cfg, model = loaded.cfg, loaded.model
+    if cfg.model.arch == "ar":  # the autoregressive family: held-out bits per token
+        return {**heldout_bits(model, cfg, ec), "checkpoint_step": float(loaded.step)}
     n = max(ec.loss_samples, ec.fd_samples)
     latents, text = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W), (n, L, Dt)
     metrics = heldout_loss(model, cfg, latents[: ec.loss_samples], text[: ec.loss_samples], ec)

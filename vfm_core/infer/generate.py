@@ -135,6 +135,8 @@ class GenerateResult:
     """Seconds spent denoising."""
     decode_s: float
     """Seconds spent decoding and writing."""
+    tokens: str | None = None
+    """Autoregressive family: path of ``OUT.tokens.npy``, the sampled ids (T', h, w) int32."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -373,4 +375,5 @@ def generate(
         step=loaded.step,
         sample_s=sample_s,
         decode_s=time.perf_counter() - t1,
+        tokens=str(out.with_suffix(".tokens.npy")) if tokens is not None else None,
     )

@@ -103,3 +103,20 @@ class PromptScore:
             out["colour_acc_held_out"] = self.colour_ok_held_out / self.n_held_out
             out["direction_acc_held_out"] = self.direction_ok_held_out / self.n_held_out
         return out
+
+
+def score_videos(videos: list[str], prompts: list[str]) -> dict[str, float] | None:
+    """Prompt following of generated videos (MP4 paths) against their prompts: the
+    :meth:`PromptScore.metrics` over the prompts of the vocabulary form, plus ``n_scored``; None
+    when no prompt is of that form (free text cannot be read back from pixels)."""
+    from vfm_core.video.io import decode_frames
+
+    if len(videos) != len(prompts):
+        raise ValueError(f"score_videos: {len(videos)} videos but {len(prompts)} prompts")
+    score = PromptScore()
+    for video, prompt in zip(videos, prompts, strict=True):
+        if parse_caption(prompt) is not None:
+            score.add(prompt, read_video(decode_frames(video)))
+    if score.n == 0:
+        return None
+    return {**score.metrics(), "n_scored": float(score.n)}
