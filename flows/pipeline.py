@@ -225,8 +225,10 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
     ]
     if "tokenizer" in out:
         tk = out["tokenizer"]
+        ssim = (f", SSIM {tk['ssim']:.3f} (baseline {tk['baseline_ssim']:.3f})"
+                if "ssim" in tk else "")  # fmt: skip
         lines.append(f"| tokenizer | {tk['preset']}, PSNR {tk['psnr']:.1f} dB "
-                     f"(mean-colour baseline {tk['baseline_psnr']:.1f}): `{tk['dir']}` |")
+                     f"(mean-colour baseline {tk['baseline_psnr']:.1f}){ssim}: `{tk['dir']}` |")
     lines.append(
         f"| train | {p.recipe} {tr['step']} steps, loss {final.get('loss', float('nan')):.4f}, "
         f"MFU {final.get('mfu', 0):.1%}, MLflow run `{tr.get('mlflow_run_id')}` |"
@@ -241,6 +243,9 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
         elif m:
             evaluation = (f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
                           f"{m['frechet_distance']:.3f}")  # fmt: skip
+            if "fd_ratio_untrained" in m:
+                evaluation += (f" ({m['fd_ratio_untrained']:.1f}x lower than untrained; held-out "
+                               f"loss {m['loss_reduction']:.0%} lower)")  # fmt: skip
         else:
             evaluation = ""
         lines.append(f"| generate | {len(g['videos'])} videos{evaluation}: {videos} |")

@@ -66,6 +66,12 @@ def test_evaluate_end_to_end_logs_to_mlflow(tiny_run, tiny_tokenizer, data_root)
     assert m["frechet_distance"] > 0 and m["heldout_loss"] > 0 and m["fd_samples"] == 4
     m_tok = evaluate(tiny_run, tokenizer=tiny_tokenizer, config=ec)
     assert m_tok["heldout_loss"] == m["heldout_loss"]  # the loss does not involve the decoder
+    # the untrained baseline: the run's initialisation on the same data, noise and decoder
+    assert m["untrained_frechet_distance"] > 0 and m["untrained_heldout_loss"] > 0
+    assert m["fd_ratio_untrained"] == pytest.approx(
+        m["untrained_frechet_distance"] / m["frechet_distance"]
+    )
+    assert m["loss_reduction"] == pytest.approx(1 - m["heldout_loss"] / m["untrained_heldout_loss"])
     tracking = TrackingConfig(experiment="test-infer-eval")
     run_id = log_evaluation(m, tracking=tracking, params={"checkpoint": str(tiny_run)})
     import mlflow

@@ -65,6 +65,9 @@ class EvalConfig:
     """Held-out shard directory for shard-trained runs ('' = the run's shards, re-seeded)."""
     frames_per_clip: int = 4
     """Frames per clip averaged by the clip embedder."""
+    untrained_baseline: bool = True
+    """Also measure the run's initialisation (same seed, data and noise): ``fd_ratio_untrained``
+    (untrained FD / trained FD) and ``loss_reduction`` (1 - trained / untrained held-out loss)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the metrics."""
 
@@ -173,22 +176,6 @@ def evaluate(
     decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels) if tok_path else None
     ref = latents[: ec.fd_samples]  # (m, C, T, H, W)
     scale = float(ref.std()) * 2  # one fixed preview scale for both sides
-    guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
-    g = torch.Generator().manual_seed(ec.seed + 1)
-    noise = torch.randn(ref.shape, generator=g)  # (m, C, T, H, W)
-    gen = []
-    for i in range(0, len(ref), ec.batch):
-        gen.append(
-            sample_latent(
-                model,
-                cfg.diffusion,
-                noise[i : i + ec.batch],
-                text[i : i + ec.batch],
-                steps=ec.steps,
-                guidance=guidance,
-            )  # fmt: skip
-        )
-    fake = torch.cat(gen)  # (m, C, T, H, W)
 
     def decode(z: torch.Tensor) -> torch.Tensor:
         if decoder is not None:
@@ -197,16 +184,50 @@ def evaluate(
         t_c, s = PREVIEW_FACTORS
         return latent_preview(z, temporal_factor=t_c, spatial_factor=s, scale=scale)
 
-    fd = frechet_distance(
-        _clip_features(decode(fake), ec.frames_per_clip),
-        _clip_features(decode(ref), ec.frames_per_clip),
-    )
-    metrics["frechet_distance"] = fd
+    ref_features = _clip_features(decode(ref), ec.frames_per_clip)
+
+    def fd_of(m: torch.nn.Module) -> float:
+        fake = _generate(m, cfg, ec, text[: ec.fd_samples], ref.shape)  # (m, C, T, H, W)
+        return frechet_distance(_clip_features(decode(fake), ec.frames_per_clip), ref_features)
+
+    metrics["frechet_distance"] = fd_of(model)
     metrics["fd_samples"] = float(len(ref))
     metrics["checkpoint_step"] = float(loaded.step)
+    if ec.untrained_baseline:  # the same measures of the run's initialisation: what training won
+        init = _untrained(cfg)
+        base = heldout_loss(init, cfg, latents[: ec.loss_samples], text[: ec.loss_samples], ec)
+        metrics["untrained_heldout_loss"] = base["heldout_loss"]
+        metrics["untrained_frechet_distance"] = fd_of(init)
+        metrics["fd_ratio_untrained"] = metrics["untrained_frechet_distance"] / max(
+            metrics["frechet_distance"], 1e-12
+        )
+        metrics["loss_reduction"] = 1 - metrics["heldout_loss"] / base["heldout_loss"]
     if not all(math.isfinite(v) for v in metrics.values()):
         raise FloatingPointError(f"evaluation produced non-finite metrics: {metrics}")
     return metrics
+
+
+def _untrained(cfg: Config) -> torch.nn.Module:
+    """The run's model at initialisation (its seed), for the untrained baseline."""
+    from vfm_core.models.dit import build_model
+
+    torch.manual_seed(cfg.train.seed)
+    return build_model(cfg.model, device="cpu").eval()
+
+
+@torch.no_grad()
+def _generate(model: torch.nn.Module, cfg: Config, ec: EvalConfig, text: torch.Tensor,
+              shape: torch.Size) -> torch.Tensor:  # fmt: skip
+    """Latents sampled from fixed noise (seed ``ec.seed + 1``) for ``text``: (m, C, T, H, W)."""
+    guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
+    g = torch.Generator().manual_seed(ec.seed + 1)
+    noise = torch.randn(shape, generator=g)  # (m, C, T, H, W)
+    out = []
+    for i in range(0, shape[0], ec.batch):
+        out.append(sample_latent(model, cfg.diffusion, noise[i : i + ec.batch],
+                                 text[i : i + ec.batch], steps=ec.steps,
+                                 guidance=guidance))  # fmt: skip
+    return torch.cat(out)
 
 
 def log_evaluation(

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vfm_core.tokenizer.causal_conv import (
@@ -53,6 +54,7 @@ __all__ = [
     "TokenizerShapeError",
     "compute_latent_stats",
     "psnr",
+    "ssim_sum",
 ]
 
 
@@ -374,6 +376,32 @@ def compute_latent_stats(
     mean = s1 / n
     std = (s2 / n - mean.square()).clamp_min(0.0).sqrt().clamp_min(1e-6)
     return mean.float(), std.float()
+
+
+def ssim_sum(x: Tensor, y: Tensor) -> tuple[float, int]:
+    """(sum over frames, frame count) of the SSIM (Wang et al. 2004: 11 x 11 Gaussian window,
+    sigma 1.5, K1 0.01, K2 0.03, channel mean) between videos (B, 3, T, H, W) in [-1, 1] (data
+    range 2); frames smaller than the window use the whole frame as one window."""
+    b, c, t, h, w = x.shape
+    a = x.clamp(-1, 1).double().movedim(2, 1).reshape(b * t, c, h, w)  # (B*T, 3, H, W)
+    r = y.clamp(-1, 1).double().movedim(2, 1).reshape(b * t, c, h, w)
+    size = min(11, h, w)
+    coords = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    g = torch.exp(-(coords**2) / (2 * 1.5**2))
+    g = g / g.sum()
+    kernel = (g[:, None] * g[None, :]).expand(c, 1, size, size)  # depth-wise (3, 1, k, k)
+
+    def blur(z: Tensor) -> Tensor:
+        return F.conv2d(z, kernel, groups=c)
+
+    c1, c2 = (0.01 * 2) ** 2, (0.03 * 2) ** 2
+    mu_a, mu_r = blur(a), blur(r)
+    var_a = blur(a * a) - mu_a**2
+    var_r = blur(r * r) - mu_r**2
+    cov = blur(a * r) - mu_a * mu_r
+    num = (2 * mu_a * mu_r + c1) * (2 * cov + c2)
+    s = num / ((mu_a**2 + mu_r**2 + c1) * (var_a + var_r + c2))  # (B*T, 3, H', W')
+    return s.mean(dim=(1, 2, 3)).sum().item(), b * t
 
 
 def psnr(x: Tensor, y: Tensor) -> float:

@@ -25,11 +25,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder, compute_latent_stats
+from vfm_core.tokenizer.autoencoder import (
+    CausalVideoAutoencoder,
+    compute_latent_stats,
+    ssim_sum,
+)
 from vfm_core.tokenizer.config import TokenizerConfig
 from vfm_core.tokenizer.io import save_tokenizer
 
-__all__ = ["TokenizerTrainMetrics", "evaluate_psnr", "synthetic_clips", "train_tokenizer"]
+__all__ = ["TokenizerTrainMetrics", "evaluate_psnr", "evaluate_reconstruction", "synthetic_clips",
+           "train_tokenizer"]
 
 
 def synthetic_clips(
@@ -88,6 +93,10 @@ class TokenizerTrainMetrics:
     """Reconstruction PSNR (dB, [-1, 1] range) on the held-out clips."""
     baseline_psnr: float = math.nan
     """PSNR of the trivial baseline on the same clips: every pixel = the clip's mean colour."""
+    ssim: float = math.nan
+    """Mean per-frame SSIM of the reconstructions on the held-out clips."""
+    baseline_ssim: float = math.nan
+    """SSIM of the mean-colour baseline on the same clips."""
     seconds: float = 0.0
     """Wall time of the training loop."""
     train_frames_per_s: float = 0.0
@@ -135,23 +144,36 @@ def codebook_usage(model: CausalVideoAutoencoder, clips: Iterable[Tensor]) -> fl
 
 
 @torch.no_grad()
-def evaluate_psnr(model: CausalVideoAutoencoder, clips: Iterable[Tensor]) -> tuple[float, float]:
-    """(model PSNR, mean-colour baseline PSNR) over ``clips``, from the summed squared error."""
+def evaluate_reconstruction(model: CausalVideoAutoencoder,
+                            clips: Iterable[Tensor]) -> dict[str, float]:  # fmt: skip
+    """Reconstruction quality over ``clips``: PSNR (from the summed squared error) and mean
+    per-frame SSIM, each with the mean-colour baseline (every pixel = the clip's mean colour)."""
     was = model.training
     model.eval()
-    se = se_base = 0.0
-    count = 0
+    se = se_base = ssim_total = ssim_base = 0.0
+    count = frames = 0
     for x in clips:
         y = model.decode(model.encode(x)).clamp(-1, 1)  # (B, 3, T, H, W)
         base = x.mean(dim=(2, 3, 4), keepdim=True).expand_as(x)  # (B, 3, T, H, W)
         se += (y - x).double().square().sum().item()
         se_base += (base - x).double().square().sum().item()
         count += x.numel()
+        s, n = ssim_sum(y, x)
+        ssim_total += s
+        ssim_base += ssim_sum(base, x)[0]
+        frames += n
     model.train(was)
     if count == 0:
-        raise ValueError("evaluate_psnr: no clips")
+        raise ValueError("evaluate_reconstruction: no clips")
     to_db = lambda s: math.inf if s == 0 else 10 * math.log10(4.0 / (s / count))  # noqa: E731
-    return to_db(se), to_db(se_base)
+    return {"psnr": to_db(se), "baseline_psnr": to_db(se_base), "ssim": ssim_total / frames,
+            "baseline_ssim": ssim_base / frames}  # fmt: skip
+
+
+def evaluate_psnr(model: CausalVideoAutoencoder, clips: Iterable[Tensor]) -> tuple[float, float]:
+    """(model PSNR, mean-colour baseline PSNR) over ``clips`` (see evaluate_reconstruction)."""
+    r = evaluate_reconstruction(model, clips)
+    return r["psnr"], r["baseline_psnr"]
 
 
 def train_tokenizer(
@@ -223,7 +245,9 @@ def train_tokenizer(
     if model.fsq is None:  # discrete codes are used as they are: no latent statistics
         model.set_latent_stats(*compute_latent_stats(model, clips, max_batches=stats_batches))
     if held_out is not None:
-        metrics.psnr, metrics.baseline_psnr = evaluate_psnr(model, held_out)
+        r = evaluate_reconstruction(model, held_out)
+        metrics.psnr, metrics.baseline_psnr = r["psnr"], r["baseline_psnr"]
+        metrics.ssim, metrics.baseline_ssim = r["ssim"], r["baseline_ssim"]
         if model.fsq is not None:
             metrics.codebook_usage = codebook_usage(model, held_out)
     if out_dir is not None:
