@@ -24,7 +24,9 @@ def prefect_tags() -> dict[str, str]:
         return {}
     tags = {"vfm.prefect_flow_run_id": str(run_id), "vfm.prefect_flow_run": flow_run.get_name()
             or "", "vfm.prefect_flow": flow_run.get_flow_name() or ""}  # fmt: skip
-    url = flow_run.get_flow_run_ui_url()
+    from prefect.utilities.urls import url_for
+
+    url = url_for("flow-run", obj_id=str(run_id))  # the UI's route (runs/flow-run/ID)
     if url and url.startswith("http"):  # an ephemeral API has no UI to link to
         tags["vfm.prefect_flow_run_url"] = url
     return tags

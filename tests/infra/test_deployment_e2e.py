@@ -154,7 +154,7 @@ def test_train_deployment_twice_with_defaults_and_a_failing_run(servers):
         (ml,) = client.search_runs([exp.experiment_id],
                                    f"tags.`vfm.prefect_flow_run_id` = '{r['id']}'")  # fmt: skip
         assert ml.info.status == "FINISHED" and ml.info.run_name == "dit-tiny 1proc 20 steps"
-        assert ml.data.tags["vfm.prefect_flow_run_url"].endswith(f"/flow-runs/flow-run/{r['id']}")
+        assert ml.data.tags["vfm.prefect_flow_run_url"].endswith(f"/runs/flow-run/{r['id']}")
 
     bad = {"params": {"steps": 2, "overrides": ["data.source=shards",
                                                 "data.shards=/nonexistent/shards"]}}  # fmt: skip
