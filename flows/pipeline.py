@@ -12,6 +12,7 @@ lineage (clips manifest and shard index as MLflow dataset inputs). Never imports
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -227,6 +228,9 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
         tk = out["tokenizer"]
         ssim = (f", SSIM {tk['ssim']:.3f} (baseline {tk['baseline_ssim']:.3f})"
                 if "ssim" in tk else "")  # fmt: skip
+        usage = tk.get("codebook_usage")
+        if usage is not None and not math.isnan(usage):  # a discrete tokenizer
+            ssim += f", {usage:.1%} of the codebook used"
         lines.append(f"| tokenizer | {tk['preset']}, PSNR {tk['psnr']:.1f} dB "
                      f"(mean-colour baseline {tk['baseline_psnr']:.1f}){ssim}: `{tk['dir']}` |")
     lines.append(

@@ -74,8 +74,8 @@ def tokenizer_task(shards: str, out_dir: str, *, preset: str, steps: int, frames
         preset, m.steps, m.loss_first, m.loss_last, m.psnr, m.baseline_psnr,
     )  # fmt: skip
     return {"dir": out_dir, "preset": preset, "steps": m.steps, "psnr": m.psnr,
-            "baseline_psnr": m.baseline_psnr, "ssim": m.ssim,
-            "baseline_ssim": m.baseline_ssim}  # fmt: skip
+            "baseline_psnr": m.baseline_psnr, "ssim": m.ssim, "baseline_ssim": m.baseline_ssim,
+            "codebook_usage": m.codebook_usage}  # fmt: skip
 
 
 @task(name="lineage", retries=2, retry_delay_seconds=2)

@@ -117,5 +117,6 @@ def test_pipeline_autoregressive_family(prefect_api, tmp_path):
     )
     report = (tmp_path / "report.md").read_text()
     assert "| train | ar-tiny 3 steps" in report and "bits/token" in report
+    assert "of the codebook used" in report and 0 < out["tokenizer"]["codebook_usage"] <= 1
     run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])
     assert run.info.run_name == "ar-tiny 1proc 3 steps" and run.data.metrics["loss"] > 0
