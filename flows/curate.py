@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, model_validator
 from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
+from vfm_core.curate.semdedup import SemDedupConfig
 
 
 class CurateParams(BaseModel):
@@ -35,6 +36,10 @@ class CurateParams(BaseModel):
     encoder: Literal["auto", "libx264", "h264_nvenc"] = Field(
         "auto", description="H.264 encoder (auto: NVENC where it opens, else libx264)"
     )
+    semdedup: float | None = Field(
+        None, gt=0, le=1, description="remove near-duplicate clips at this cosine similarity of "
+        "their embeddings (SemDeDup; e.g. 0.95; None: off)",
+    )  # fmt: skip
     executor: Literal["local", "ray"] = Field(
         "local", description="local: one task per video here; ray: all videos on Ray Data"
     )
@@ -56,7 +61,7 @@ class CurateParams(BaseModel):
         return CurateConfig(
             splitter=self.splitter, min_len_s=self.min_len_s, max_len_s=self.max_len_s,
             out_width=self.out_width, out_fps=self.out_fps, stitch=self.stitch, vlm=self.vlm,
-            encoder=self.encoder,
+            encoder=self.encoder, semdedup=SemDedupConfig(threshold=self.semdedup),
         )  # fmt: skip
 
 

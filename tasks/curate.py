@@ -124,6 +124,6 @@ def write_manifests_task(
         states[r.source_uri] = load_state(dst, r, cfg) or pending.get(r.source_uri) or {}
     vrefs = [_ref(d) for d in refs]
     check_coverage(vrefs, states)  # accepted ∪ rejected = inputs
-    out = assemble(dst, [states[r.source_uri] for r in vrefs])
+    out = assemble(dst, [states[r.source_uri] for r in vrefs], cfg.semdedup)
     out.update(n_inputs=len(refs), n_skipped=sum(bool(x.get("skipped")) for x in results))
     return out

@@ -24,7 +24,7 @@ import pandera.errors
 import pandera.polars as pa
 import polars as pl
 
-STAGES = ("read", "probe", "split", "transcode", "annotate", "filter")
+STAGES = ("read", "probe", "split", "transcode", "annotate", "filter", "semdedup")
 """Stages that can reject an input (the `stage` column of `Rejects`)."""
 
 

@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--ray-address", default=None, metavar="ADDR",
         help="with --executor ray: auto or HOST:PORT of a running cluster (default: local)",
     )  # fmt: skip
+    cu.add_argument("--semdedup", type=float, default=None, metavar="COSINE",
+                    help="remove near-duplicate clips at this embedding cosine similarity "
+                         "(SemDeDup, e.g. 0.95; default: off)")  # fmt: skip
     cu.add_argument("--json", action="store_true", help="print the summary as JSON")
     cu.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return cu
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from vfm_core.curate.config import CurateConfig
     from vfm_core.curate.executors import RayClusterError, RayExecutor
     from vfm_core.curate.pipeline import curate
+    from vfm_core.curate.semdedup import SemDedupConfig
     from vfm_core.storage import StorageError
     from vfm_core.video.transcode import EncoderError, select_encoder
 
@@ -61,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             splitter=args.splitter, min_len_s=args.min_len, max_len_s=args.max_len or None,
             out_width=args.width, out_fps=args.fps, stitch=not args.no_stitch, vlm=args.vlm,
             image_model=args.image_model, encoder=args.encoder,
+            semdedup=SemDedupConfig(threshold=args.semdedup),
         )  # fmt: skip
         select_encoder(cfg.encoder, setting="--encoder")  # fail before any work
         if args.ray_address and args.executor != "ray":

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vfm_core.annotate.filters import FilterConfig
+from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.video.io import MAX_PIXELS
 from vfm_core.video.shots import (
     ColorChangeSplitter,
@@ -59,17 +60,23 @@ class CurateConfig:
     """Local directory of a transformers image-to-text model for captions (after sidecars)."""
     require_caption: bool = False
     """Reject clips without a caption."""
+    semdedup: SemDedupConfig = field(default_factory=SemDedupConfig)
+    """Near-duplicate removal over the clip embeddings when the manifests are assembled (off by
+    default); changing it re-assembles, it never re-curates a video."""
 
     def clip_settings(self) -> str:
         """Everything that changes which clips are written and what they contain (for clip ids)."""
         d = dataclasses.asdict(self)
-        for k in ("filters", "embed_frames", "image_model", "vlm", "require_caption"):
+        for k in ("filters", "embed_frames", "image_model", "vlm", "require_caption", "semdedup"):
             d.pop(k)
         return json.dumps(d, sort_keys=True)
 
     def settings_hash(self) -> str:
-        """Hash of all settings (a finished video is redone when this changes)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Hash of the per-video settings (a finished video is redone when this changes; the
+        assembly-time ``semdedup`` is not one of them)."""
+        d = dataclasses.asdict(self)
+        d.pop("semdedup")
+        text = json.dumps(d, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +97,12 @@ class CurateConfig:
             if bad:
                 raise ValueError(f"CurateConfig.filters: unknown setting(s) {bad}")
             d["filters"] = FilterConfig(**d["filters"])
+        if isinstance(d.get("semdedup"), dict):
+            snames = {f.name for f in dataclasses.fields(SemDedupConfig)}
+            bad = sorted(set(d["semdedup"]) - snames)
+            if bad:
+                raise ValueError(f"CurateConfig.semdedup: unknown setting(s) {bad}")
+            d["semdedup"] = SemDedupConfig(**d["semdedup"])
         return cls(**d)
 
     def splitter_obj(self) -> Splitter:

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from vfm_core import storage
@@ -47,6 +48,7 @@ from vfm_core.contracts import (
 )
 from vfm_core.curate.executors import Executor, get_executor
 from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
+from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
 from vfm_core.curate.stages import CurateConfig, build_stages
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,8 @@ def _state_from_manifests(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[st
         return None
     if not rows["clips"] and not rows["rejects"]:
         return None
+    if any(r["stage"] == "semdedup" for r in rows["rejects"]):
+        return None  # its removed clips are in no manifest: curate the video again
     return {"source_uri": ref.source_uri, "settings": cfg.settings_hash(),
             "size_bytes": _size(ref.url), "video": (rows["videos"] or [None])[0],
             "clips": rows["clips"], "rejects": rows["rejects"]}  # fmt: skip
@@ -220,8 +224,10 @@ def _frame(rows: list[dict], schema) -> pl.DataFrame:
     return df
 
 
-def assemble(dst: str, states: Iterable[dict]) -> dict[str, Any]:
-    """Write clips / rejects / videos manifests (sorted, validated) from per-video states."""
+def assemble(dst: str, states: Iterable[dict],
+             semdedup: SemDedupConfig | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write clips / rejects / videos manifests (sorted, validated) from per-video states; with
+    ``semdedup`` on, near-duplicate clips move to the rejects naming the clip they duplicate."""
     clips, rejects, videos = [], [], []
     first_of: dict[str, str] = {}  # video_id -> first source_uri with that content
     for st in states:
@@ -239,6 +245,9 @@ def assemble(dst: str, states: Iterable[dict]) -> dict[str, Any]:
         rejects += st["rejects"]
         if st.get("video"):
             videos.append(st["video"])
+    if semdedup is not None and semdedup.threshold is not None:
+        clips, dup_rejects = _semdedup(clips, semdedup)
+        rejects += dup_rejects
     cdf = _frame(clips, AnnotatedClips)
     if cdf.height:
         cdf = cdf.sort("source_uri", "start_s")
@@ -259,6 +268,27 @@ def assemble(dst: str, states: Iterable[dict]) -> dict[str, Any]:
         "n_videos": vdf.height,
     }
     return out
+
+
+def _semdedup(clips: list[dict], cfg: SemDedupConfig) -> tuple[list[dict], list[dict]]:
+    """(kept clips, reject rows of the near-duplicates) — see vfm_core.curate.semdedup."""
+    with_emb = [i for i, c in enumerate(clips) if c.get("embedding")]
+    if len(with_emb) < 2:
+        return clips, []
+    emb = np.array([clips[i]["embedding"] for i in with_emb], dtype=np.float32)  # (N, D)
+    dups = find_duplicates(emb, [clips[i]["clip_id"] for i in with_emb], cfg)
+    gone = {with_emb[d.index]: d for d in dups}
+    rejects = []
+    for i, d in gone.items():
+        c, kept = clips[i], clips[with_emb[d.kept]]
+        rejects.append({
+            "source_uri": c["source_uri"], "video_id": c.get("video_id"), "stage": "semdedup",
+            "reason": f"near-duplicate of clip {kept['clip_id']} ({kept['source_uri']} "
+                      f"{kept['start_s']:.2f}-{kept['end_s']:.2f} s): cosine {d.cosine:.3f} >= "
+                      f"{cfg.threshold:g}",
+            "start_s": c.get("start_s"), "end_s": c.get("end_s"),
+        })  # fmt: skip
+    return [c for i, c in enumerate(clips) if i not in gone], rejects
 
 
 def check_coverage(refs: list[VideoRef], states: dict[str, dict]) -> None:
@@ -312,7 +342,7 @@ def curate(
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     check_coverage(refs, states)
-    out = assemble(dst, [states[r.source_uri] for r in refs])
+    out = assemble(dst, [states[r.source_uri] for r in refs], cfg.semdedup)
     record = {
         "settings": cfg.settings_hash(),
         "sizes": {r.source_uri: states[r.source_uri].get("size_bytes") for r in refs},
