@@ -31,7 +31,7 @@ def test_restore_in_new_process_is_bit_identical(shard_dir, tmp_path, mode):
         loader.next_batch()
     state = loader.state_dict()
     text = json.dumps(state)  # small, JSON, versioned
-    assert len(text) < 2000 and state["version"] == 1
+    assert len(text) < 2000 and state["version"] == 2
     expected = [batch_digest(loader.next_batch()) for _ in range(5)]
     (tmp_path / "state.json").write_text(text)
     # the new process also uses 2 reader threads: workers never change the batches
@@ -197,3 +197,10 @@ def test_prefetch_changes_neither_batches_nor_state(shard_dir, mode):
     ahead.load_state_dict(state)
     assert [batch_digest(ahead.next_batch()) for _ in range(3)] == want
     ahead.close()
+
+
+def test_state_of_the_old_global_order_is_refused_in_one_line(shard_dir):
+    loader = build_loader(shards=str(shard_dir), seed=5, batch_size=2)
+    old = {**loader.state_dict(), "version": 1}  # a materialised-permutation era state
+    with pytest.raises(LoaderStateError, match="v1: written by an older vfm whose global order"):
+        build_loader(shards=str(shard_dir), seed=5, batch_size=2).load_state_dict(old)

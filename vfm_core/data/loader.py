@@ -37,7 +37,9 @@ from vfm_core.data.shard_reader import (
 )
 from vfm_core.models.layers import Grid
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: the global order is a Feistel permutation (v1 states, a materialised permutation, are
+refused in one line)."""
 log = logging.getLogger(__name__)
 
 
@@ -326,7 +328,8 @@ class ShardLoader:
         if state.get("version") != STATE_VERSION or state.get("kind") != "shard_loader":
             raise LoaderStateError(
                 f"loader state kind={state.get('kind')!r} version={state.get('version')!r} is "
-                f"not a shard loader state v{STATE_VERSION}"
+                f"not a shard loader state v{STATE_VERSION} (v1: written by an older vfm whose "
+                "global order differs; resume it with that version or start the data afresh)"
             )
         ours = self._fingerprint()
         diff = [

@@ -3,8 +3,9 @@
 Rule (documented contract of the loader):
 
 1. **Global order.** Global position ``g`` (0, 1, 2, ...) is sample ``perm_e[g % N]`` of epoch
-   ``e = g // N``, with ``perm_e`` the permutation drawn from ``(seed, e)``. It depends on
-   nothing else — not on ranks, workers or batch size.
+   ``e = g // N``, with ``perm_e`` the Feistel permutation keyed by ``(seed, e)`` (O(1) memory
+   and work per position at any N). It depends on nothing else — not on ranks, workers or batch
+   size.
 2. **Unpacked** (``max_tokens=None``): step ``s`` consumes global positions ``[c, c + dp*B)``
    where ``c`` is the cursor; DP rank ``r`` takes ``[c + r*B, c + (r+1)*B)``. The state is the
    cursor, so a restore with another ``dp_size`` continues the same global order (the next
@@ -31,31 +32,47 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vfm_core.data.packing import first_fit_decreasing
+from vfm_core.data.permutation import FeistelPermutation
 
 
 class GlobalOrder:
-    """Position -> (epoch, sample index); a pure function of (seed, position)."""
+    """Position -> (epoch, sample index); a pure function of (seed, position).
+
+    Each epoch's order is a Feistel permutation keyed by (seed, epoch)
+    (:class:`~vfm_core.data.permutation.FeistelPermutation`): O(1) memory and O(1) work per
+    position whatever the dataset size, nothing materialised per epoch."""
 
     def __init__(self, n: int, seed: int) -> None:
         if n <= 0:
             raise ValueError("dataset is empty")
         self.n, self.seed = n, seed
-        self._cache: dict[int, np.ndarray] = {}
+        self._epochs: dict[int, FeistelPermutation] = {}
+        self._recent: dict[int, int] = {}  # position -> sample (the planner asks again)
         self._lock = threading.Lock()
 
-    def perm(self, epoch: int) -> np.ndarray:
-        """Permutation of epoch ``epoch`` (the last few are cached; thread-safe)."""
+    def epoch_order(self, epoch: int) -> FeistelPermutation:
         with self._lock:
-            p = self._cache.get(epoch)
+            p = self._epochs.get(epoch)
             if p is None:
-                rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-                p = self._cache[epoch] = rng.permutation(self.n)
-                while len(self._cache) > 3:
-                    self._cache.pop(min(self._cache))
+                p = self._epochs[epoch] = FeistelPermutation(self.n, seed=self.seed, epoch=epoch)
+                while len(self._epochs) > 3:
+                    self._epochs.pop(min(self._epochs))
             return p
 
+    def perm(self, epoch: int) -> np.ndarray:
+        """The whole order of epoch ``epoch`` (N,): for small datasets and tests only."""
+        return self.epoch_order(epoch).map(np.arange(self.n))
+
     def sample(self, position: int) -> int:
-        return int(self.perm(position // self.n)[position % self.n])
+        hit = self._recent.get(position)
+        if hit is not None:
+            return hit
+        out = self.epoch_order(position // self.n)(position % self.n)
+        with self._lock:
+            if len(self._recent) >= 1 << 16:
+                self._recent.clear()
+            self._recent[position] = out
+        return out
 
 
 @dataclass(kw_only=True, slots=True)
