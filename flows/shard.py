@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from tasks.search import search_subset_task
 from tasks.shard import write_shards_task
 
 
@@ -21,12 +22,24 @@ class ShardParams(BaseModel):
     shards_dir: str = Field(..., description="destination of shards + index.json (local/s3://)")
     target_shard_mb: float = Field(64.0, gt=0, description="target shard size in MB")
     text_model: str | None = Field(None, description="caption encoder path (None = MiniLM-L6)")
+    query: str | None = Field(
+        None,
+        description="shard only the clips whose captions best match this text (clip search); "
+        "the subset manifest and scores land in SHARDS_DIR/_query/",
+    )
+    query_top: int = Field(100, ge=1, description="with query: how many clips to keep")
 
 
 @flow(name="shard", log_prints=True)
 def shard_flow(params: ShardParams) -> dict[str, Any]:
+    clips_dir = params.clips_dir
+    if params.query:
+        sub_dir = params.shards_dir.rstrip("/") + "/_query"
+        subset = search_subset_task(clips_dir, params.query, params.query_top, sub_dir)
+        print(f"{subset['n_clips']} clips match {params.query!r} -> {subset['clips']}")
+        clips_dir = sub_dir
     summary = write_shards_task(
-        params.clips_dir,
+        clips_dir,
         params.shards_dir,
         target_shard_mb=params.target_shard_mb,
         text_model=params.text_model,

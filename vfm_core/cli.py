@@ -15,11 +15,13 @@ vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --ou
              [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
 vfm tokenizer train --shards DIR --out DIR [--preset tok-tiny] [--steps N] [--frames F] [--size S]
 vfm report --study NAME [--out DIR] [--json]
+vfm search CLIPS_DIR "QUERY" [--top K] [--json] [--like CLIP_ID] [--sheet OUT.png] [--exact]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -45,6 +47,16 @@ def _positive(name: str):
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
         if value < 0:
             raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
+        return value
+
+    return parse
+
+
+def _at_least_one(name: str):
+    def parse(text: str) -> int:
+        value = _positive(name)(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
         return value
 
     return parse
@@ -144,6 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
     sh.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
     sh.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    se = sub.add_parser("search", help="clips of a curated dir by caption text or like a clip")
+    se.add_argument("clips_dir", help="curated clips dir with clips.parquet (local or s3://)")
+    se.add_argument("query", nargs="?", help="text matched against the clip captions")
+    se.add_argument("--top", type=_at_least_one("--top"), default=10, help="hits to show")
+    se.add_argument("--like", metavar="CLIP_ID", help="clips nearest this clip's embedding")
+    se.add_argument("--sheet", metavar="OUT.png", help="also write a contact sheet of the hits")
+    se.add_argument("--exact", action="store_true",
+                    help="exact numpy search instead of the faiss IVF index")  # fmt: skip
+    se.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
+    se.add_argument("--json", action="store_true", help="print the hits as a JSON list")
 
     from vfm_core.curate.cli import add_parser as add_curate_parser
 
@@ -415,6 +438,30 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    """``vfm search CLIPS_DIR "QUERY" | --like CLIP_ID``: a table (or JSON list) of the hits, best
+    first; bad input (SearchError) is one line, exit 2."""
+    from vfm_core.search import ClipSearchConfig, IndexConfig, contact_sheet_of, search_clips
+
+    index = IndexConfig(backend="exact" if args.exact else "faiss")
+    cfg = ClipSearchConfig(top_k=args.top, text_model=args.text_model, index=index)
+    search, hits = search_clips(args.clips_dir, args.query, like=args.like, config=cfg)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(h) for h in hits]))
+    else:
+        print(f"{'rank':>4}  {'score':>6}  {'clip_id':<24}  {'caption':<48}  uri")
+        for h in hits:
+            cap = h.caption if len(h.caption) <= 48 else h.caption[:45] + "..."
+            print(f"{h.rank:>4}  {h.score:>6.3f}  {h.clip_id:<24}  {cap:<48}  {h.uri}")
+    used = search.index("caption" if args.like is None else "embedding")
+    how = "built" if used.built else "cached"
+    print(f"{len(hits)} of {len(used.index)} clips, {used.index.config.backend} index ({how}: "
+          f"{used.url})", file=sys.stderr)  # fmt: skip
+    if args.sheet:
+        print(f"contact sheet: {contact_sheet_of(hits, args.sheet)}", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from vfm_core.infer.cli import run
 
@@ -445,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             "curate": cmd_curate,
             "generate": cmd_generate,
             "checkpoint": cmd_checkpoint,
+            "search": cmd_search,
         }[args.cmd](args)
     except ConfigError as e:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)

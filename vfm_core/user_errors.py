@@ -10,8 +10,9 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from vfm_core.data.index import DatasetIndexError
     from vfm_core.infer.shapes import GenerateError
     from vfm_core.models.layers import ShapeError
+    from vfm_core.search.errors import SearchError
     from vfm_core.storage import StorageError
     from vfm_core.train.errors import CheckpointError, TrainingDiverged
 
     return (ConfigError, ShapeError, CheckpointError, TrainingDiverged, GenerateError,
-            DatasetIndexError, StorageError)  # fmt: skip
+            DatasetIndexError, StorageError, SearchError)  # fmt: skip

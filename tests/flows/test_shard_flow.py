@@ -14,7 +14,7 @@ from vfm_core.data.index import read_index
 from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 
 
-def curation_output(root: Path, n: int = 4) -> Path:
+def curation_output(root: Path, n: int = 4, captions: list[str] | None = None) -> Path:
     """A curation-style output dir: clips/*.mp4 + clips.parquet (an image among the clips)."""
     (root / "clips").mkdir(parents=True)
     rows = []
@@ -30,7 +30,7 @@ def curation_output(root: Path, n: int = 4) -> Path:
                 "start_s": 0.0,
                 "end_s": frames / 8,
                 "uri": f"clips/c{i}.mp4",
-                "caption": f"a red disc moving {i}",
+                "caption": captions[i] if captions else f"a red disc moving {i}",
                 "width": 32,
                 "height": 32,
                 "fps": 8.0,
@@ -62,3 +62,18 @@ def test_shard_task_fn_reports_bad_manifest(tmp_path):
     (tmp_path / "cur").mkdir()
     with pytest.raises(ValueError, match=r"clips.parquet: cannot read the clips manifest"):
         write_shards_task.fn(str(tmp_path / "cur"), str(tmp_path / "out"))
+
+
+@pytest.mark.slow
+def test_shard_flow_with_a_query_shards_only_the_matching_clips(prefect_api, tmp_path):
+    caps = ["a red disc moving left", "a white car at night", "green leaves in the wind",
+            "a black car on a wet road at night"]  # fmt: skip
+    src = curation_output(tmp_path / "cur", captions=caps)
+    out = tmp_path / "shards"
+    params = ShardParams(clips_dir=str(src), shards_dir=str(out), query="cars driving at night",
+                         query_top=2)  # fmt: skip
+    summary = shard_flow(params)
+    index = read_index(str(out))
+    assert summary["n_samples"] == len(index) == 2
+    assert sorted(index.samples["key"]) == ["c1", "c3"]
+    assert (out / "_query" / "clips.parquet").exists() and (out / "_query" / "search.json").exists()
