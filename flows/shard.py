@@ -6,7 +6,7 @@ is one task. Never imports torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow
 from pydantic import BaseModel, Field
@@ -22,6 +22,9 @@ class ShardParams(BaseModel):
     shards_dir: str = Field(..., description="destination of shards + index.json (local/s3://)")
     target_shard_mb: float = Field(64.0, gt=0, description="target shard size in MB")
     text_model: str | None = Field(None, description="caption encoder path (None = MiniLM-L6)")
+    text_mode: Literal["tokens", "pooled"] = Field(
+        "tokens", description="per-token caption embeddings (cross-attention) or one pooled vector"
+    )
     query: str | None = Field(
         None,
         description="shard only the clips whose captions best match this text (clip search); "
@@ -43,6 +46,7 @@ def shard_flow(params: ShardParams) -> dict[str, Any]:
         params.shards_dir,
         target_shard_mb=params.target_shard_mb,
         text_model=params.text_model,
+        text_mode=params.text_mode,
     )
     print(f"{summary['n_samples']} samples in {summary['n_shards']} shards -> {summary['index']}")
     return summary

@@ -14,13 +14,19 @@ from vfm_core.data.make_shards import shard_clips_dir
 
 @task(name="shard", retries=1, retry_delay_seconds=2)
 def write_shards_task(
-    clips_dir: str, shards_dir: str, *, target_shard_mb: float = 64.0, text_model: str | None = None
+    clips_dir: str,
+    shards_dir: str,
+    *,
+    target_shard_mb: float = 64.0,
+    text_model: str | None = None,
+    text_mode: str = "tokens",
 ) -> dict[str, Any]:
     """Shard a curation output directory; the returned summary names the validated index."""
     logger = task_logger()
     summary = shard_clips_dir(
-        clips_dir, shards_dir, target_shard_mb=target_shard_mb, text_model=text_model
-    )
+        clips_dir, shards_dir, target_shard_mb=target_shard_mb, text_model=text_model,
+        text_mode=text_mode,
+    )  # fmt: skip
     index = read_index(shards_dir)  # contract: a pandera-valid index with every sample
     if len(index) != summary["n_samples"]:
         raise RuntimeError(

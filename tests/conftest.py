@@ -58,11 +58,12 @@ class MixedShards:
         return rng.standard_normal((1, len(captions[0].split()), 16)).astype(np.float32) / 4
 
     @classmethod
-    def write(cls, root: Path, *, latents: bool = True, seed: int = 0) -> Path:
+    def write(cls, root: Path, *, latents: bool = True, seed: int = 0, embed=None,
+              meta: dict | None = None) -> Path:  # fmt: skip
         """Real one-frame / multi-frame H.264 clips under ``root`` with stored latents of the
         ``LATENTS`` sizes (pixels = latent * 8, frames = 1 + 4 (T - 1); latent values drawn from
         ``seed``) and captions of 2-11 words, in 3+ shards; ``latents=False``: the clips alone
-        (for the tokenizer)."""
+        (for the tokenizer). ``embed`` / ``meta``: another caption encoder and index meta."""
         import numpy as np
         import pandas as pd
 
@@ -87,8 +88,9 @@ class MixedShards:
             lat[cid] = z.astype(np.float32)
         out = root / ("shards" if latents else "clip-shards")
         cfg = ShardWriterConfig(target_shard_bytes=8_000, embed_batch=1)
-        write_shards(pd.DataFrame(rows), str(out), embed=cls.caption_embed, base_url=str(root),
-                     latents=lat if latents else None, config=cfg)  # fmt: skip
+        write_shards(pd.DataFrame(rows), str(out), embed=embed or cls.caption_embed,
+                     base_url=str(root), latents=lat if latents else None, config=cfg,
+                     meta=meta)  # fmt: skip
         return out
 
 

@@ -9,7 +9,8 @@ vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,
          [--json] [--explain] [--calibrate RUNS]
 vfm recipes
 vfm checkpoint verify RUN_DIR|CKPT_DIR [--json]
-vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH] [--json]
+vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH]
+          [--text-mode tokens|pooled] [--json]
 vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
 vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
              [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
@@ -154,7 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("clips_dir", help="curation output dir (clips.parquet, clips/)")
     sh.add_argument("shards_dir", help="where shards and index.json go (local or s3://)")
     sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
-    sh.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
+    sh.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2; "
+                    "a T5 encoder dir works too)")  # fmt: skip
+    sh.add_argument("--text-mode", choices=("tokens", "pooled"), default="tokens",
+                    help="per-token caption embeddings (default) or one pooled vector")  # fmt: skip
     sh.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     se = sub.add_parser("search", help="clips of a curated dir by caption text or like a clip")
@@ -424,6 +428,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
             args.shards_dir,
             target_shard_mb=args.target_shard_mb,
             text_model=args.text_model,
+            text_mode=args.text_mode,
         )
     except (ShardError, DatasetIndexError, TextEmbedderError) as e:
         print(f"vfm shard: error: {e}", file=sys.stderr)
@@ -435,6 +440,9 @@ def cmd_shard(args: argparse.Namespace) -> int:
             f"{summary['n_samples']} samples ({summary['images']} images) in "
             f"{summary['n_shards']} shards, {summary['bytes'] / 1e6:.1f} MB -> {summary['index']}"
         )
+        if summary["captions_truncated"]:
+            print(f"{summary['captions_truncated']} captions cut to the text encoder's limit",
+                  file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from vfm_core.cli import main
@@ -17,8 +18,23 @@ def test_vfm_shard_then_load(clips_dir, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n_samples"] == 24 and summary["n_shards"] >= 3
     assert summary["embedding_dim"] == 384 and summary["images"] == 8
-    b = build_loader(shards=str(out), seed=0, batch_size=3).next_batch()
-    assert len(b.keys) == 3 and b.samples[0].txt_emb.shape == (1, 384)
+    loader = build_loader(shards=str(out), seed=0, batch_size=3)
+    b = loader.next_batch()
+    assert len(b.keys) == 3
+    # per-token caption embeddings ([CLS] words [SEP]), each token unit norm, length-trimmed
+    lengths = {s.txt_emb.shape[0] for s in b.samples}
+    assert all(s.txt_emb.shape[1] == 384 for s in b.samples) and min(lengths) >= 3
+    for s in b.samples:
+        assert s.txt_emb.shape[0] == len(s.meta["caption"].split()) + 2 or "-" in s.meta["caption"]
+        np.testing.assert_allclose(np.linalg.norm(s.txt_emb, axis=1), 1.0, atol=2e-3)
+    record = loader.index.meta["text"]
+    assert record["mode"] == "tokens" and record["dim"] == 384 and record["kind"] != "t5"
+    assert np.asarray(record["null"]).shape == (2, 384)  # the empty caption: [CLS] [SEP]
+
+    pooled = tmp_path / "pooled"
+    assert main(["shard", str(clips_dir), str(pooled), "--text-mode", "pooled", "--json"]) == 0
+    b = build_loader(shards=str(pooled), seed=0, batch_size=3).next_batch()
+    assert {s.txt_emb.shape for s in b.samples} == {(1, 384)}
 
 
 def test_vfm_shard_errors(tmp_path, capsys):

@@ -48,13 +48,13 @@ def test_frechet_distance_rejects_bad_shapes():
 def test_heldout_loss_fixed_sigmas_and_deterministic(tiny_run):
     loaded = load_dit(tiny_run)
     ec = EvalConfig(sigmas=(0.1, 1.0), loss_samples=4, batch=2)
-    lat, txt = _heldout_batches(loaded.cfg, ec, 4)
+    lat, txt, _ = _heldout_batches(loaded.cfg, ec, 4)
     a = heldout_loss(loaded.model, loaded.cfg, lat, txt, ec)
     b = heldout_loss(loaded.model, loaded.cfg, lat, txt, ec)
     assert a == b and set(a) == {"loss_sigma_0.1", "loss_sigma_1", "heldout_loss"}
     assert a["heldout_loss"] == pytest.approx((a["loss_sigma_0.1"] + a["loss_sigma_1"]) / 2)
     # held-out data is not the training stream (other data seed)
-    train_lat, _ = _heldout_batches(
+    train_lat, _, _ = _heldout_batches(
         loaded.cfg, EvalConfig(heldout_seed=loaded.cfg.data.seed, batch=2), 4
     )
     assert not np.allclose(lat.numpy(), train_lat.numpy())

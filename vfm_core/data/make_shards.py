@@ -41,11 +41,14 @@ def shard_clips_dir(
     *,
     target_shard_mb: float = 64.0,
     text_model: str | None = None,
+    text_mode: str = "tokens",
 ) -> dict[str, Any]:
-    """Write shards + ``index.json`` for a curation output; verify them; return a summary."""
+    """Write shards + ``index.json`` for a curation output; verify them; return a summary.
+    ``text_mode``: ``tokens`` stores per-token caption embeddings (L, D), ``pooled`` one vector;
+    the index meta ``text`` records the encoder and its null (empty-caption) embedding."""
     t0 = time.perf_counter()
     clips = read_clips_manifest(clips_dir)
-    embedder = load_text_embedder(text_model)
+    embedder = load_text_embedder(text_model, mode=text_mode)
     cfg = ShardWriterConfig(target_shard_bytes=int(target_shard_mb * (1 << 20)))
     write_shards(
         clips,
@@ -53,7 +56,8 @@ def shard_clips_dir(
         embed=embedder.encode,
         config=cfg,
         base_url=clips_dir,
-        meta={"clips_dir": str(clips_dir), "text_model": text_model or "all-MiniLM-L6-v2"},
+        meta={"clips_dir": str(clips_dir), "text_model": text_model or "all-MiniLM-L6-v2",
+              "text": embedder.record()},  # fmt: skip
     )
     index = read_index(shards_dir)  # read back what a loader will see
     verify_shards(index, checksum=True)
@@ -65,5 +69,7 @@ def shard_clips_dir(
         "bytes": int(index.shards["bytes"].sum()),
         "images": int((index.samples["frames"] == 1).sum()),
         "embedding_dim": index.embedding_dim,
+        "text_mode": text_mode,
+        "captions_truncated": embedder.truncated,
         "seconds": round(time.perf_counter() - t0, 2),
     }

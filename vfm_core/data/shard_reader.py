@@ -122,6 +122,8 @@ def load_npy(data: bytes, where: str, what: str) -> np.ndarray:
         raise SampleError(where, f"{what} is not a plain numeric .npy ({e})") from None
     except (OSError, EOFError) as e:
         raise SampleError(where, f"{what} is not a readable .npy ({e})") from None
+    if a.dtype == np.float16 and what.endswith("txt_emb.npy"):
+        a = a.astype(np.float32)  # caption embeddings are stored in half precision
     if a.dtype != np.float32:
         raise SampleError(where, f"{what} has dtype {a.dtype}, expected float32")
     if not np.isfinite(a).all():

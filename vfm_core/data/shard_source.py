@@ -17,6 +17,7 @@ loader position).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ from vfm_core.config import ConfigError, DataConfig, ModelConfig
 from vfm_core.data.blend import BucketSpec
 from vfm_core.data.loader import LoaderStateError, Sample, build_loader
 from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
+
+log = logging.getLogger(__name__)
 
 
 def _crop(a: np.ndarray, size: tuple[int, int], axes: tuple[int, int]) -> np.ndarray:
@@ -106,6 +109,25 @@ class ShardLatentSource:
         if self.packed:
             self._check_fits()
         self.data_wait_s = 0.0
+        self.text_record, self.null_text, self.null_length = self._null_caption()
+        self.captions_cut = 0  # captions longer than model.text_len tokens (cut, counted)
+
+    def _null_caption(self) -> tuple[dict[str, Any] | None, torch.Tensor | None, int]:
+        """The shards' text record (index meta ``text``), its null caption padded to
+        ``(model.text_len, Dt)`` and its length; (None, None, 1) for shards without a record
+        (dropped captions are zeros then)."""
+        from vfm_core.annotate.text_encoder import TextEncoderError, null_from_record
+
+        record = self.loader.index.meta.get("text")
+        try:
+            null = null_from_record(record, self.model.text_dim, where=str(self.data.shards))
+        except TextEncoderError as e:
+            raise ConfigError(str(e)) from None
+        if null is None:
+            return None, None, 1
+        n = min(len(null), self.model.text_len)
+        pad = np.zeros((self.model.text_len - n, null.shape[1]), np.float32)
+        return record, torch.from_numpy(np.concatenate([null[:n], pad])), n
 
     def _check_fits(self) -> None:
         """Every sample of the index fits one pack (else the planner would skip it silently)."""
@@ -200,7 +222,12 @@ class ShardLatentSource:
 
     def _text(self, s: Sample) -> torch.Tensor:
         L = self.model.text_len
-        e = torch.from_numpy(s.txt_emb[:L])  # (l, Dt)
+        if s.txt_emb.shape[0] > L:
+            self.captions_cut += 1
+            if self.captions_cut == 1:
+                log.warning("%s: caption of %d tokens cut to model.text_len=%d (further cuts are "
+                            "counted in captions_cut)", s.key, s.txt_emb.shape[0], L)  # fmt: skip
+        e = torch.from_numpy(np.asarray(s.txt_emb[:L], dtype=np.float32))  # (l, Dt)
         return torch.cat([e, e.new_zeros(L - e.shape[0], e.shape[1])])  # (L, Dt) zero padded
 
     def next_batch(self) -> LatentBatch | PackedLatentBatch:

@@ -2,11 +2,12 @@
 
 A shard is a plain POSIX tar (``shard-000000.tar``) whose members are grouped by sample key, in
 WebDataset naming: ``{key}.json`` (caption, source, span, sizes, scores), ``{key}.mp4`` (the clip;
-an image is a one-frame clip), ``{key}.txt_emb.npy`` (caption embedding, float32 (L, D)) and
-optionally ``{key}.latent.npy`` (pre-encoded latents, float32 (C, T, H, W)). Any WebDataset
-reader can stream these tars. The writer also records each sample's byte range in the dataset
-index (:mod:`vfm_core.data.index`), so the loader reads exactly the samples it needs (one range
-request on S3) instead of streaming whole shards: the global sample order is then a free choice.
+an image is a one-frame clip), ``{key}.txt_emb.npy`` (caption embedding, float16 (L, D): L
+per-token vectors, or L = 1 pooled) and optionally ``{key}.latent.npy`` (pre-encoded latents,
+float32 (C, T, H, W)). Any WebDataset reader can stream these tars. The writer also records
+each sample's byte range in the dataset index (:mod:`vfm_core.data.index`), so the loader reads
+exactly the samples it needs (one range request on S3) instead of streaming whole shards: the
+global sample order is then a free choice.
 
 Reading lives in :mod:`vfm_core.data.shard_reader` (re-exported here): member names checked,
 ``.npy`` without pickle, dtype / shape / NaN checks, retried range reads.
@@ -50,8 +51,8 @@ MANIFEST_COLUMNS = ("clip_id", "uri", "caption")
 _BLOCK = 512
 
 
-Embedder = Callable[[list[str]], np.ndarray]
-"""Captions -> (N, D) float32 (or (N, L, D)) text embeddings."""
+Embedder = Callable[[list[str]], "np.ndarray | list[np.ndarray]"]
+"""Captions -> (N, D) pooled or N x (L_i, D) per-token text embeddings (stored float16)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -105,14 +106,23 @@ def _sample_meta(row: dict[str, Any], frames: int, height: int, width: int) -> d
 
 
 def _embed_all(captions: list[str], embed: Embedder, batch: int) -> list[np.ndarray]:
+    """One (L, D) float32 array per caption: pooled embedders give (N, D) -> L = 1, per-token
+    encoders a list of (L_i, D) (ragged) or (N, L, D)."""
     out: list[np.ndarray] = []
     for i in range(0, len(captions), batch):
-        e = np.asarray(embed(captions[i : i + batch]), dtype=np.float32)
-        if e.ndim == 2:
-            e = e[:, None, :]  # (N, 1, D): one pooled vector per caption
-        if e.ndim != 3 or e.shape[0] != len(captions[i : i + batch]):
-            raise ShardError("embedder", f"returned shape {e.shape}, expected (N, D) or (N, L, D)")
-        out.extend(e)
+        part = captions[i : i + batch]
+        got = embed(part)
+        arrays = [np.asarray(e, dtype=np.float32) for e in got]
+        if arrays and all(a.ndim == 1 for a in arrays):
+            arrays = [a[None] for a in arrays]  # (1, D): one pooled vector per caption
+        dims = {a.shape[-1] for a in arrays if a.ndim == 2}
+        if len(arrays) != len(part) or any(a.ndim != 2 or a.shape[0] < 1 for a in arrays) or (
+            len(dims | {out[0].shape[-1]} if out else dims) != 1
+        ):
+            shapes = sorted({a.shape for a in arrays})[:3]
+            raise ShardError("embedder", f"returned {len(arrays)} arrays of shapes {shapes} for "
+                             f"{len(part)} captions, expected (N, D) or N x (L, D)")  # fmt: skip
+        out.extend(arrays)
     return out
 
 
@@ -193,7 +203,7 @@ def write_shards(
             members = [
                 (f"{key}.json", json.dumps(doc, sort_keys=True).encode()),
                 (f"{key}.mp4", mp4),
-                (f"{key}.txt_emb.npy", _npy_bytes(emb)),
+                (f"{key}.txt_emb.npy", _npy_bytes(emb.astype(np.float16))),
             ]
             lat = None if latents is None else latents.get(str(row["clip_id"]))
             if lat is not None:

@@ -17,9 +17,18 @@ class TextEmbedderError(RuntimeError):
     """The caption embedder cannot be loaded (package missing, bad model path)."""
 
 
-def load_text_embedder(model_path: str | None = None):
-    """An object with ``encode(list[str]) -> (N, D) float32``."""
+def load_text_embedder(model_path: str | None = None, *, mode: str | None = None):
+    """The shards' caption encoder. ``mode`` ``tokens`` / ``pooled``: a
+    :class:`~vfm_core.annotate.text_encoder.TextEncoder` (``encode(list[str]) -> [(L_i, D)]``,
+    ``record()`` for the index); None: an object with ``encode(list[str]) -> (N, D) float32``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if mode is not None:
+        from vfm_core.annotate.text_encoder import TextEncoder, TextEncoderError, TextSpec
+
+        try:
+            return TextEncoder(TextSpec(model=model_path, mode=mode))
+        except (ImportError, TextEncoderError) as e:
+            raise TextEmbedderError(f"cannot load the caption encoder {model_path!r}: {e}") from e
     try:
         from vfm_core.annotate.embed import CaptionTextEmbedder  # curation's embedder (#3)
     except ImportError:

@@ -62,7 +62,7 @@ def _report(result: dict, as_json: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vfm generate``; user errors raise GenerateError / CheckpointError (exit 2 upstream)."""
-    from vfm_core.infer.dit_checkpoint import resolve_checkpoint
+    from vfm_core.infer.dit_checkpoint import read_text_record, resolve_checkpoint
     from vfm_core.infer.generate import check_guidance, check_prompt, embed_prompt, generate
     from vfm_core.infer.shapes import GenerateError
 
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--nproc {args.nproc}: the autoregressive family samples on one rank so far "
                 "(use --nproc 1)"
             )
-    emb = embed_prompt(args.prompt)  # (1, Dt); empty prompt -> GenerateError
+    # (l, Dt) as the run's captions were embedded (RUN/text.json); empty prompt -> GenerateError
+    emb = embed_prompt(args.prompt, record=read_text_record(run_dir))
     if args.nproc == 1:
         result = generate(
             args.checkpoint, request, args.out, tokenizer=args.tokenizer, text_emb=emb

@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 
+from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.config import Config, ConfigError, load_yaml, to_dict, validate
 from vfm_core.models.dit import DiT, build_model
 from vfm_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
@@ -44,6 +45,9 @@ class LoadedDiT:
     """Training step of that checkpoint."""
     weights: str
     """Which weights were loaded: ``"ema"`` or ``"model"``."""
+    text: dict[str, Any] | None = None
+    """How the training captions were encoded (``RUN/text.json``: encoder, mode, null caption);
+    None for runs without one (synthetic data, older runs: pooled MiniLM, zero null)."""
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
@@ -159,4 +163,20 @@ def load_dit(
     state = {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
     model.load_state_dict(state, strict=True)
     model = model.to(device).eval().requires_grad_(False)
-    return LoadedDiT(model=model, cfg=cfg, checkpoint=ckpt, step=step, weights=prefix)
+    return LoadedDiT(model=model, cfg=cfg, checkpoint=ckpt, step=step, weights=prefix,
+                     text=read_text_record(run))  # fmt: skip
+
+
+
+def read_text_record(run: Path) -> dict[str, Any] | None:
+    """``RUN/text.json`` (written by ``vfm train`` from the shards' index), or None."""
+    path = Path(run) / TEXT_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable text encoder record ({e})") from None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return record

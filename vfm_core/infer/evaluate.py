@@ -92,8 +92,10 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a) + np.trace(s_b) - 2 * cross)
 
 
-def _heldout_batches(cfg: Config, ec: EvalConfig, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n held-out (latents (n, C, T, H, W), text (n, L, Dt)) from the run's data source."""
+def _heldout_batches(cfg: Config, ec: EvalConfig,
+                     n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """n held-out (latents (n, C, T, H, W), text (n, L, Dt)) from the run's data source, and its
+    null caption (1, L, Dt) (zeros for sources without a text record)."""
     data = dataclasses.replace(cfg.data, seed=ec.heldout_seed, batch_size=ec.batch)
     if ec.heldout_shards:
         data = dataclasses.replace(data, shards=ec.heldout_shards)
@@ -103,7 +105,10 @@ def _heldout_batches(cfg: Config, ec: EvalConfig, n: int) -> tuple[torch.Tensor,
         b = source.next_batch()
         lat.append(b.latents)
         txt.append(b.text)
-    return torch.cat(lat)[:n].float(), torch.cat(txt)[:n].float()
+    null = getattr(source, "null_text", None)  # (L, Dt) or None
+    m = cfg.model
+    null = torch.zeros(1, m.text_len, m.text_dim) if null is None else null[None].float()
+    return torch.cat(lat)[:n].float(), torch.cat(txt)[:n].float(), null
 
 
 @torch.no_grad()
@@ -169,7 +174,7 @@ def evaluate(
     if cfg.model.arch == "ar":  # the autoregressive family: held-out bits per token
         return {**heldout_bits(model, cfg, ec), "checkpoint_step": float(loaded.step)}
     n = max(ec.loss_samples, ec.fd_samples)
-    latents, text = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W), (n, L, Dt)
+    latents, text, null = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W), (n, L, Dt), (1, L, Dt)
     metrics = heldout_loss(model, cfg, latents[: ec.loss_samples], text[: ec.loss_samples], ec)
 
     tok_path = tokenizer or cfg.data.tokenizer or None
@@ -187,7 +192,7 @@ def evaluate(
     ref_features = _clip_features(decode(ref), ec.frames_per_clip)
 
     def fd_of(m: torch.nn.Module) -> float:
-        fake = _generate(m, cfg, ec, text[: ec.fd_samples], ref.shape)  # (m, C, T, H, W)
+        fake = _generate(m, cfg, ec, text[: ec.fd_samples], null, ref.shape)  # (m, C, T, H, W)
         return frechet_distance(_clip_features(decode(fake), ec.frames_per_clip), ref_features)
 
     metrics["frechet_distance"] = fd_of(model)
@@ -217,7 +222,7 @@ def _untrained(cfg: Config) -> torch.nn.Module:
 
 @torch.no_grad()
 def _generate(model: torch.nn.Module, cfg: Config, ec: EvalConfig, text: torch.Tensor,
-              shape: torch.Size) -> torch.Tensor:  # fmt: skip
+              null: torch.Tensor, shape: torch.Size) -> torch.Tensor:  # fmt: skip
     """Latents sampled from fixed noise (seed ``ec.seed + 1``) for ``text``: (m, C, T, H, W)."""
     guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
     g = torch.Generator().manual_seed(ec.seed + 1)
@@ -226,7 +231,7 @@ def _generate(model: torch.nn.Module, cfg: Config, ec: EvalConfig, text: torch.T
     for i in range(0, shape[0], ec.batch):
         out.append(sample_latent(model, cfg.diffusion, noise[i : i + ec.batch],
                                  text[i : i + ec.batch], steps=ec.steps,
-                                 guidance=guidance))  # fmt: skip
+                                 guidance=guidance, null_text=null))  # fmt: skip
     return torch.cat(out)
 
 

@@ -7,9 +7,11 @@ Stage order of :func:`generate` (top to bottom):
    ``data.tokenizer``; latent channels must equal ``model.in_channels``);
 2. **plan** the latent for ``frames`` x H x W (:mod:`vfm_core.infer.shapes`: frame counts rounded
    up with a warning, sizes checked);
-3. **embed** the prompt with the caption text embedder (all-MiniLM-L6-v2, the one the shards use),
-   zero-padded to ``model.text_len`` tokens; the unconditional branch is the all-zero text the
-   trainer substitutes for dropped captions;
+3. **embed** the prompt as the run's captions were embedded (``RUN/text.json``: per-token or
+   pooled, MiniLM or T5; runs without one: pooled all-MiniLM-L6-v2), zero-padded to
+   ``model.text_len`` tokens (the padding is masked in cross-attention); the unconditional branch
+   is the null caption the trainer substitutes for dropped captions (the empty caption's
+   embedding; zeros for runs without a text record);
 4. **noise** for the *global* latent (1, C, T', h, w) from one CPU generator seeded with ``seed``:
    identical on every rank whatever their number;
 5. **denoise** with the EDM Heun sampler and classifier-free guidance, conditional and
@@ -29,6 +31,7 @@ online-softmax merge (tested: max abs difference of the decoded [-1, 1] video be
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -60,6 +63,8 @@ __all__ = [
     "generate",
     "initial_noise",
     "load_decoder",
+    "null_condition",
+    "prompt_encoder",
     "sample_latent",
     "text_condition",
 ]
@@ -165,14 +170,51 @@ def check_prompt(prompt: str) -> str:
     return prompt.strip()
 
 
-def embed_prompt(prompt: str, *, embedder: Any = None) -> np.ndarray:
-    """Prompt -> (1, Dt) float32 with the caption text embedder (loaded if not given)."""
-    prompt = check_prompt(prompt)
-    if embedder is None:
-        from vfm_core.annotate.embed import CaptionTextEmbedder
+_ENCODERS: dict[str, Any] = {}
 
-        embedder = CaptionTextEmbedder()
-    return np.asarray(embedder.encode([prompt]), dtype=np.float32)  # (1, Dt)
+
+def prompt_encoder(record: dict[str, Any] | None) -> Any:
+    """The encoder a run's captions went through (loaded once per process): a
+    :class:`~vfm_core.annotate.text_encoder.TextEncoder` from the record, or pooled MiniLM."""
+    key = json.dumps({k: v for k, v in (record or {}).items() if k != "null"}, sort_keys=True)
+    if key not in _ENCODERS:
+        from vfm_core.annotate.text_encoder import TextEncoder, TextEncoderError, spec_from_record
+
+        try:
+            if record:
+                _ENCODERS[key] = TextEncoder(spec_from_record(record, "the run's text.json"))
+            else:
+                from vfm_core.annotate.embed import CaptionTextEmbedder
+
+                _ENCODERS[key] = CaptionTextEmbedder()
+        except (ImportError, TextEncoderError) as e:
+            raise GenerateError(f"cannot load the run's text encoder: {e}") from None
+    return _ENCODERS[key]
+
+
+def embed_prompt(prompt: str, *, embedder: Any = None,
+                 record: dict[str, Any] | None = None) -> np.ndarray:  # fmt: skip
+    """Prompt -> (l, Dt) float32: ``embedder``, else the encoder of the run's text ``record``
+    (l per-token vectors, or l = 1 pooled)."""
+    prompt = check_prompt(prompt)
+    embedder = embedder or prompt_encoder(record)
+    out = embedder.encode([prompt])
+    e = out[0] if isinstance(out, list) else np.asarray(out)[0]
+    return np.atleast_2d(np.asarray(e, dtype=np.float32))  # (l, Dt)
+
+
+def null_condition(record: dict[str, Any] | None, *, text_len: int, text_dim: int) -> torch.Tensor:
+    """(1, L, Dt) unconditional text: the run's null caption padded like a prompt; zeros for runs
+    without a text record (what their trainer fed for dropped captions)."""
+    from vfm_core.annotate.text_encoder import TextEncoderError, null_from_record
+
+    try:
+        null = null_from_record(record, text_dim, "the run's text.json")
+    except TextEncoderError as e:
+        raise GenerateError(str(e)) from None
+    if null is None:
+        return torch.zeros(1, text_len, text_dim)
+    return text_condition(null, text_len=text_len, text_dim=text_dim)
 
 
 def text_condition(emb: np.ndarray | torch.Tensor, *, text_len: int, text_dim: int) -> torch.Tensor:
@@ -206,9 +248,11 @@ def sample_latent(
     *,
     steps: int,
     guidance: float,
+    null_text: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ODE sampling (the objective's schedule: Karras for EDM, shifted uniform t for rectified
-    flow; the run's Euler / Heun) with CFG in one batch; (1, C, T', h, w)."""
+    flow; the run's Euler / Heun) with CFG in one batch; (1, C, T', h, w). ``null_text``
+    (B | 1, L, Dt): the unconditional branch (default zeros)."""
     edm = create_diffusion(diffusion)  # EDM or rectified flow: its own schedule
     sigmas = edm.sampling_sigmas(steps)
 
@@ -221,7 +265,8 @@ def sample_latent(
         sigmas=sigmas,
         method=diffusion.sampler,
         text=text,  # (1, L, Dt)
-        null_text=torch.zeros_like(text),  # (1, L, Dt): what the trainer feeds for dropped captions
+        # (B, L, Dt): what the trainer feeds for dropped captions
+        null_text=torch.zeros_like(text) if null_text is None else null_text.expand_as(text),
         guidance=guidance,
     )
 
@@ -312,8 +357,9 @@ def generate(
         cp=world,
     )
     if text_emb is None:
-        text_emb = embed_prompt(request.prompt, embedder=embedder)
+        text_emb = embed_prompt(request.prompt, embedder=embedder, record=loaded.text)
     text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
+    null = null_condition(loaded.text, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
     tokens = None
     t0 = time.perf_counter()
     if ar:
@@ -332,7 +378,7 @@ def generate(
         ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
         noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
         latent = sample_latent(loaded.model, cfg.diffusion, noise, text, steps=steps,
-                               guidance=guidance)  # fmt: skip
+                               guidance=guidance, null_text=null)  # fmt: skip
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank = dist.get_rank() if ranks > 1 else 0

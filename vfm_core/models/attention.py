@@ -88,6 +88,17 @@ class KVCache:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
 
+def padding_mask(context: torch.Tensor) -> torch.Tensor | None:
+    """Keys to attend in cross-attention to a zero-padded text condition (B, S, Dt): a row that
+    is exactly zero is padding (real token embeddings never are). None when nothing is padded.
+    An all-zero condition (the null caption of runs without a text record) keeps every key, as
+    unmasked attention would."""
+    real = context.detach().abs().amax(-1) > 0  # (B, S)
+    if bool(real.all()):
+        return None
+    return real | ~real.any(-1, keepdim=True)  # (B, S)
+
+
 class Attention(nn.Module):
     """Multi-head (or grouped-query) attention. Self-attention when ``context`` is None, else
     cross-attention from x (queries) to context (keys/values, width ``context_dim``)."""
@@ -137,6 +148,8 @@ class Attention(nn.Module):
         attention under ``ids[:, None] == ids[None, :]``, full layout; the ids encode spatial /
         temporal groups) — handed to ``attn_fn`` as they are, so context parallelism sees the
         whole pack; ``mask`` (N, S) bool, True = attend, for cross-attention to packed captions.
+        Unpacked cross-attention masks the zero rows of ``context`` (:func:`padding_mask`): a
+        caption of l tokens padded to L attends to its l tokens only.
 
         Causal self-attention (``causal``; the autoregressive family): token i attends to tokens
         <= i (and, packed, only within its sample). With ``cache`` the new keys/values are
@@ -171,6 +184,11 @@ class Attention(nn.Module):
                 same = sample_ids[:, None] == sample_ids[None, :]  # (N, N)
                 out = attention(q, k, v, same[None, None])  # (B, Hq, N, d)
             return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
+        if context is not None and mask is None:
+            pad = padding_mask(context)  # (B, S) or None
+            if pad is not None:
+                out = attention(q, k, v, pad[:, None, None, :])  # (B, Hq, N, d)
+                return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
         if mask is not None:
             if mask.shape != (n, src.shape[1]):
                 raise ValueError(

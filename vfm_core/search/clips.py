@@ -11,17 +11,17 @@ are cosine similarities. A hit's ``uri`` is made usable from anywhere (absolute 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from vfm_core import storage
+from vfm_core.annotate.text_encoder import quiet_loading
 from vfm_core.search.cache import CachedIndex, cached_index
 from vfm_core.search.errors import SearchError
 from vfm_core.search.index import IndexConfig
@@ -69,29 +69,12 @@ class SearchHit:
 _EMBEDDERS: dict[str | None, object] = {}
 
 
-@contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
-    """No "Loading weights" progress bar on stderr while the text model loads."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        yield
-        return
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
 def text_embedder(model_path: str | None = None) -> Embed:
     """``SentenceEmbedder(model_path).encode``, loaded once per process (loading takes seconds)."""
     from vfm_core.data.text_embed import SentenceEmbedder, TextEmbedderError
 
     if model_path not in _EMBEDDERS:
-        with _quiet_loading():
+        with quiet_loading():
             try:
                 _EMBEDDERS[model_path] = SentenceEmbedder(model_path)
             except TextEmbedderError as e:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
@@ -108,6 +109,9 @@ def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
     if is_rank0():
         out.mkdir(parents=True, exist_ok=True)
         save_yaml(cfg, out / "config.yaml")
+        text = getattr(trainer.source, "text_record", None)  # how the captions were encoded
+        if text:
+            (out / TEXT_RECORD).write_text(json.dumps(text))
         loggers = [
             JsonlLogger(out / "metrics.jsonl", resume_step=trainer.step if resume else None),
             ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=progress),

@@ -164,6 +164,11 @@ class Trainer:
             self.source, self.local_batches = source, False
         else:
             self.source, self.local_batches = training_source(cfg, dims)
+        null = getattr(self.source, "null_text", None)  # (L, Dt) empty caption, None: zeros
+        self.null_text = (torch.zeros(m.text_len, m.text_dim) if null is None else null).to(
+            self.device
+        )
+        self.null_length = int(getattr(self.source, "null_length", 1))
         self.layout = apply_layout(model, ema, cfg=cfg, dims=dims, grid=self.grid)
         self.model, self.ema = self.layout.model, self.layout.ema
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.train.steps)
@@ -242,7 +247,7 @@ class Trainer:
                         self.dims.dp_rank())  # fmt: skip
         d = self.cfg.diffusion
         keep = self.draws.keep_caption(self.step, b, d.cond_dropout)[:n].to(self.device)  # (n,)
-        text = text.to(self.device) * keep[:, None, None]  # (n, L, Dt); dropped -> null text
+        text = self.drop_captions(text.to(self.device), keep)  # (n, L, Dt)
         if self.autoregressive:
             return self.finish_step(self.forward_backward_tokens(data.to(self.device), text))
         x0 = data.to(self.device, torch.float32)  # (n, C, T, H, W)
@@ -253,6 +258,19 @@ class Trainer:
         noise = self.draws.noise(self.step, (b, *x0.shape[1:]))[:n].to(self.device)  # (n,C,T,H,W)
         loss = self.forward_backward(x0, text, sigma, noise)
         return self.finish_step(loss)
+
+    def drop_captions(self, text: torch.Tensor, keep: torch.Tensor,
+                      lengths: torch.Tensor | None = None):  # fmt: skip
+        """Caption dropout: a dropped caption becomes the null caption (the empty caption's
+        embedding from the shards' text record; zeros without one), the condition classifier-free
+        guidance uses for its unconditional branch. text (n, L, Dt), keep (n,) in {0, 1},
+        lengths (n,) valid tokens (packs) -> text, or (text, lengths)."""
+        k = keep.to(text.dtype)[:, None, None]  # (n, 1, 1)
+        text = text * k + self.null_text.to(text.dtype) * (1 - k)  # (n, L, Dt)
+        if lengths is None:
+            return text
+        null_len = torch.full_like(lengths, self.null_length)
+        return text, torch.where(keep > 0, lengths, null_len)  # (n,)
 
     def local_slice(self, batch: LatentBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (latents, text): its slice of a global batch, or the batch itself when the
@@ -404,17 +422,16 @@ class Trainer:
             ids = torch.zeros(pack.length, dtype=torch.long)
             ids[: layout.n_tokens] = torch.cat([z.flatten() for z in pack.latents])
             ids = ids.to(dev)
-            text = pack.text.to(dev) * keep[:, None, None]  # (S, L, Dt); dropped -> null text
+            text, lengths = self.drop_captions(pack.text.to(dev), keep, pack.text_lengths.to(dev))
             cast, fp8 = self.autocast()
             with cast, fp8:
-                logits = self.model.forward_packed(ids, text, pack.text_lengths.to(dev), layout)
+                logits = self.model.forward_packed(ids, text, lengths, layout)
                 return packed_next_token_loss(logits, ids, layout)  # (S,)
         x0, layout = pack_latents(
             [z.to(dev, torch.float32) for z in pack.latents], patch, pack.length
         )  # (N, C*P) fmt: skip
         noise_tok, _ = pack_latents(noise, patch, pack.length)  # (N, C*P)
-        text = pack.text.to(dev) * keep[:, None, None]  # (S, L, Dt); dropped -> null text
-        lengths = pack.text_lengths.to(dev)  # (S,)
+        text, lengths = self.drop_captions(pack.text.to(dev), keep, pack.text_lengths.to(dev))
 
         def net(x, c_noise, txt):
             return self.model.forward_packed(x, c_noise, txt, lengths, layout)  # (N, C*P)
