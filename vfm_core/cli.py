@@ -11,6 +11,8 @@ vfm recipes
 vfm checkpoint verify RUN_DIR|CKPT_DIR [--json]
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH]
           [--text-mode tokens|pooled] [--json]
+vfm index SHARDS_DIR [--caption-key txt|json:FIELD] [--video-key mp4|webm|jpg|png|...]
+          [--skip-uncaptioned] [--text-model PATH] [--text-mode tokens|pooled] [--json]
 vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
 vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
              [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
@@ -160,6 +162,40 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--text-mode", choices=("tokens", "pooled"), default="tokens",
                     help="per-token caption embeddings (default) or one pooled vector")  # fmt: skip
     sh.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    ix = sub.add_parser(
+        "index", help="index foreign WebDataset tars in place (+ caption embedding sidecars)"
+    )
+    ix.add_argument("shards_dir", help="directory of WebDataset .tar shards (local or s3://)")
+    ix.add_argument(
+        "--caption-key",
+        default="txt",
+        help="caption member extension (txt) or json:FIELD of the json member",
+    )
+    ix.add_argument(
+        "--video-key",
+        help="media member extension(s), ';'-separated alternatives (mp4, webm, jpg;png, ...); "
+        "default: the first video or image member a sample has",
+    )
+    ix.add_argument(
+        "--skip-uncaptioned",
+        action="store_true",
+        help="skip samples without a caption (default: count them, use the empty caption)",
+    )
+    ix.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
+    ix.add_argument(
+        "--text-mode",
+        choices=("tokens", "pooled"),
+        default="tokens",
+        help="per-token caption embeddings (default) or one pooled vector",
+    )
+    ix.add_argument(
+        "--sidecar-shard-mb",
+        type=float,
+        default=64.0,
+        help="size target of the caption-embedding sidecar tars",
+    )
+    ix.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     se = sub.add_parser("search", help="clips of a curated dir by caption text or like a clip")
     se.add_argument("clips_dir", help="curated clips dir with clips.parquet (local or s3://)")
@@ -446,6 +482,43 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    """``vfm index SHARDS_DIR``: a summary line (or JSON); bad input is one line, exit 2."""
+    from vfm_core.data.foreign_index import index_shards_dir
+    from vfm_core.data.index import DatasetIndexError
+    from vfm_core.data.shards import ShardError
+    from vfm_core.data.text_embed import TextEmbedderError
+
+    if args.sidecar_shard_mb <= 0:
+        raise ConfigError(f"--sidecar-shard-mb must be positive, got {args.sidecar_shard_mb}")
+    try:
+        summary = index_shards_dir(
+            args.shards_dir,
+            caption_key=args.caption_key,
+            video_key=args.video_key,
+            skip_uncaptioned=args.skip_uncaptioned,
+            text_model=args.text_model,
+            text_mode=args.text_mode,
+            sidecar_shard_mb=args.sidecar_shard_mb,
+        )
+    except (ShardError, DatasetIndexError, TextEmbedderError) as e:
+        print(f"vfm index: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(
+        f"{summary['n_samples']} samples ({summary['n_videos']} videos, {summary['n_images']} "
+        f"images) in {summary['n_shards']} shards; {summary['n_uncaptioned']} uncaptioned, "
+        f"{summary['n_skipped']} skipped -> {summary['index']}"
+    )
+    for reason, n in summary["skipped"].items():
+        print(f"  skipped {n}: {reason}", file=sys.stderr)
+    for example in summary["skipped_examples"][:5]:
+        print(f"    e.g. {example}", file=sys.stderr)
+    return 0
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     """``vfm search CLIPS_DIR "QUERY" | --like CLIP_ID``: a table (or JSON list) of the hits, best
     first; bad input (SearchError) is one line, exit 2."""
@@ -497,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
             "report": cmd_report,
             "tokenizer": cmd_tokenizer,
             "shard": cmd_shard,
+            "index": cmd_index,
             "curate": cmd_curate,
             "generate": cmd_generate,
             "checkpoint": cmd_checkpoint,

@@ -7,6 +7,13 @@ packing by token count) therefore never touches the data; only the chosen byte r
 
 The two tables are validated with pandera on write and on read; ``schema_version`` guards the
 format (a reader refuses any other version with a clear message).
+
+Foreign WebDatasets (``vfm index``, :mod:`vfm_core.data.foreign_index`) add optional columns,
+all or none: ``member_key`` (the sample's key inside the foreign tar, which may hold ``/``),
+``media`` (the member extension holding the clip or image: mp4, webm, jpg, png, ...) and a second
+byte range ``emb_shard`` / ``emb_offset`` / ``emb_length`` into a *sidecar* tar (table
+``sidecars``, names like ``_vfm/emb-000000.tar``) holding the caption embedding. An index without
+them is exactly the schema-1 index of our own shards, so existing datasets keep loading.
 """
 
 from __future__ import annotations
@@ -33,16 +40,37 @@ def _is_latent_shape(v: object) -> bool:
     return isinstance(v, list) and len(v) == 4 and all(type(x) is int and x > 0 for x in v)
 
 
-ShardTable = pa.DataFrameSchema(
-    {
-        "name": pa.Column(str, pa.Check.str_matches(r"^[A-Za-z0-9_.-]+\.tar$"), unique=True),
-        "n_samples": pa.Column(int, pa.Check.gt(0)),
-        "bytes": pa.Column(int, pa.Check.gt(0)),
-        "sha256": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
-    },
-    strict=True,
-    coerce=False,
-)
+def _shard_table(name_re: str) -> pa.DataFrameSchema:
+    return pa.DataFrameSchema(
+        {
+            "name": pa.Column(str, pa.Check.str_matches(name_re), unique=True),
+            "n_samples": pa.Column(int, pa.Check.gt(0)),
+            "bytes": pa.Column(int, pa.Check.gt(0)),
+            "sha256": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
+        },
+        strict=True,
+        coerce=False,
+    )
+
+
+ShardTable = _shard_table(r"^[A-Za-z0-9_.-]+\.tar$")
+SidecarTable = _shard_table(r"^(?:[A-Za-z0-9_-][A-Za-z0-9_.-]*/)?[A-Za-z0-9_.-]+\.tar$")
+"""Sidecar tars of a foreign dataset (relative to the root, e.g. ``_vfm/emb-000000.tar``)."""
+
+
+def is_member_key(v: object) -> bool:
+    return (
+        isinstance(v, str)
+        and bool(v)
+        and not v.startswith("/")
+        and "." not in v.rsplit("/", 1)[-1]
+        and ".." not in v.split("/")
+        and "" not in v.split("/")
+    )
+
+
+FOREIGN_COLUMNS = ("member_key", "media", "emb_shard", "emb_offset", "emb_length")
+"""Optional sample columns of a foreign dataset (all or none; see the module docstring)."""
 
 SampleTable = pa.DataFrameSchema(
     {
@@ -58,6 +86,15 @@ SampleTable = pa.DataFrameSchema(
             pa.Check(_is_latent_shape, element_wise=True, error="[C, T, H, W] positive ints"),
             nullable=True,
         ),
+        "member_key": pa.Column(
+            str,
+            pa.Check(is_member_key, element_wise=True, error="relative tar key, no '.' or '..'"),
+            required=False,
+        ),
+        "media": pa.Column(str, pa.Check.str_matches(r"^[a-z0-9]+$"), required=False),
+        "emb_shard": pa.Column(int, pa.Check.ge(0), required=False),
+        "emb_offset": pa.Column(int, pa.Check.ge(0), required=False),
+        "emb_length": pa.Column(int, pa.Check.gt(0), required=False),
     },
     strict=True,
     coerce=False,
@@ -79,47 +116,96 @@ class DatasetIndex:
     """Width of every ``txt_emb.npy`` row."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (writer, embedder, source manifest)."""
+    sidecars: pd.DataFrame | None = None
+    """Foreign datasets only: one row per sidecar tar (name, n_samples, bytes, sha256) holding
+    the caption embeddings the samples' ``emb_*`` columns point into; None otherwise."""
 
     def __len__(self) -> int:
         return len(self.samples)
 
+    @property
+    def foreign(self) -> bool:
+        """True for a foreign WebDataset indexed by ``vfm index`` (two byte ranges per sample)."""
+        return "emb_shard" in self.samples.columns
+
     def shard_url(self, shard: int) -> str:
         return storage.join(self.root, str(self.shards.at[shard, "name"]))
 
+    def sidecar_url(self, sidecar: int) -> str:
+        assert self.sidecars is not None
+        return storage.join(self.root, str(self.sidecars.at[sidecar, "name"]))
+
     def fingerprint(self) -> str:
-        """Short hash of the shard checksums: a loader state is only valid for this dataset."""
-        return storage.bytes_hash("".join(self.shards["sha256"]).encode())
+        """Short hash of the shard (and sidecar) checksums: a loader state is only valid for this
+        dataset (re-indexing with another caption encoder changes it)."""
+        shas = "".join(self.shards["sha256"])
+        if self.sidecars is not None:
+            shas += "+" + "".join(self.sidecars["sha256"])
+        return storage.bytes_hash(shas.encode())
 
     def to_json(self) -> str:
         samples = self.samples.to_dict(orient="records")
-        return json.dumps(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "embedding_dim": self.embedding_dim,
-                "n_samples": len(self.samples),
-                "shards": self.shards.to_dict(orient="records"),
-                "samples": samples,
-                "meta": self.meta,
-            },
-            indent=1,
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "embedding_dim": self.embedding_dim,
+            "n_samples": len(self.samples),
+            "shards": self.shards.to_dict(orient="records"),
+            "samples": samples,
+            "meta": self.meta,
+        }
+        if self.sidecars is not None:
+            doc["sidecars"] = self.sidecars.to_dict(orient="records")
+        return json.dumps(doc, indent=1)
+
+
+def _check_ranges(
+    table: pd.DataFrame,
+    shard: pd.Series,
+    offset: pd.Series,
+    length: pd.Series,
+    *,
+    what: str,
+    where: str,
+) -> None:
+    """Per-table sample counts agree with the samples' ``shard`` column; ranges fit the files."""
+    counts = shard.groupby(shard).size().reindex(range(len(table)), fill_value=0)
+    bad = [i for i, n in enumerate(counts) if n != table.at[i, "n_samples"]]
+    if bad or shard.max() >= len(table):
+        raise DatasetIndexError(f"{where}: per-{what} sample counts disagree with the sample table")
+    ends = offset + length
+    sizes = table["bytes"].to_numpy()[shard.to_numpy()]
+    if (ends.to_numpy() > sizes).any():
+        raise DatasetIndexError(f"{where}: a sample's byte range runs past the end of its {what}")
+
+
+def validate_tables(
+    shards: pd.DataFrame,
+    samples: pd.DataFrame,
+    *,
+    where: str,
+    sidecars: pd.DataFrame | None = None,
+) -> None:
+    """pandera checks of the tables plus cross-checks (sample counts per shard, ranges); for a
+    foreign dataset also the sidecar table and the samples' second byte range."""
+    present = [c for c in FOREIGN_COLUMNS if c in samples.columns]
+    partial = bool(present) and len(present) != len(FOREIGN_COLUMNS)
+    if partial or bool(present) != (sidecars is not None):
+        raise DatasetIndexError(
+            f"{where}: a foreign dataset needs all of the sample columns {list(FOREIGN_COLUMNS)} "
+            f"and a sidecars table (has columns {present}, sidecars: {sidecars is not None})"
         )
-
-
-def validate_tables(shards: pd.DataFrame, samples: pd.DataFrame, *, where: str) -> None:
-    """pandera checks of both tables plus cross-checks (sample counts per shard, ranges)."""
     try:
         ShardTable.validate(shards, lazy=True)
         SampleTable.validate(samples, lazy=True)
+        if sidecars is not None:
+            SidecarTable.validate(sidecars, lazy=True)
     except (pa.errors.SchemaErrors, pa.errors.SchemaError) as e:
         raise DatasetIndexError(f"{where}: index fails its schema:\n{_short(e)}") from None
-    counts = samples.groupby("shard").size().reindex(range(len(shards)), fill_value=0)
-    bad = [i for i, n in enumerate(counts) if n != shards.at[i, "n_samples"]]
-    if bad or samples["shard"].max() >= len(shards):
-        raise DatasetIndexError(f"{where}: per-shard sample counts disagree with the sample table")
-    ends = samples["offset"] + samples["length"]
-    sizes = shards["bytes"].to_numpy()[samples["shard"].to_numpy()]
-    if (ends.to_numpy() > sizes).any():
-        raise DatasetIndexError(f"{where}: a sample's byte range runs past the end of its shard")
+    s = samples
+    _check_ranges(shards, s["shard"], s["offset"], s["length"], what="shard", where=where)
+    if sidecars is not None:
+        _check_ranges(sidecars, s["emb_shard"], s["emb_offset"], s["emb_length"],
+                      what="sidecar", where=where)  # fmt: skip
 
 
 def _short(e: Exception) -> str:
@@ -146,19 +232,25 @@ def read_index(root: str) -> DatasetIndex:
         )
     try:
         shards = pd.DataFrame(doc["shards"], columns=list(ShardTable.columns))
-        samples = pd.DataFrame(doc["samples"], columns=list(SampleTable.columns))
+        rows = doc["samples"]
+        # optional (foreign) columns: those the first sample carries (validation wants all rows)
+        first = rows[0] if isinstance(rows, list) and rows and isinstance(rows[0], dict) else {}
+        cols = [c for c, col in SampleTable.columns.items() if col.required or c in first]
+        samples = pd.DataFrame(rows, columns=cols)
         dim = int(doc["embedding_dim"])
+        sidecars = None
+        if doc.get("sidecars") is not None:
+            sidecars = pd.DataFrame(doc["sidecars"], columns=list(SidecarTable.columns))
     except (KeyError, TypeError, ValueError) as e:
         raise DatasetIndexError(f"{url}: missing or malformed field ({e})") from None
     samples["latent_shape"] = samples["latent_shape"].astype(object)
-    validate_tables(shards, samples, where=url)
-    return DatasetIndex(
-        root=str(root), shards=shards, samples=samples, embedding_dim=dim, meta=doc.get("meta", {})
-    )
+    validate_tables(shards, samples, where=url, sidecars=sidecars)
+    return DatasetIndex(root=str(root), shards=shards, samples=samples, embedding_dim=dim,
+                        meta=doc.get("meta", {}), sidecars=sidecars)  # fmt: skip
 
 
 def write_index(index: DatasetIndex) -> str:
     """Validate and atomically write ``index.json``; returns its URL."""
     url = storage.join(index.root, INDEX_NAME)
-    validate_tables(index.shards, index.samples, where=url)
+    validate_tables(index.shards, index.samples, where=url, sidecars=index.sidecars)
     return storage.write_bytes(url, index.to_json().encode())

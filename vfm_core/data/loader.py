@@ -31,7 +31,7 @@ from vfm_core.data.shard_batch import Batch, Sample
 from vfm_core.data.shard_reader import (
     SampleError,
     ShardError,
-    parse_sample,
+    parse_indexed,
     read_raw,
     verify_shards,
 )
@@ -198,7 +198,7 @@ class ShardLoader:
         if isinstance(raw, Exception):
             raise raw
         where = self.index.shard_url(int(self.index.samples.at[i, "shard"]))
-        s = parse_sample(raw, key, embedding_dim=self.index.embedding_dim, where=where)
+        s = parse_indexed(self.index, i, raw, where=where)  # foreign: + its sidecar range
         frames = mp4 = None
         if self.decode == "frames" and s.latent is None:
             from vfm_core.video.io import VideoError, decode_frames

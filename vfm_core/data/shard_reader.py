@@ -4,6 +4,14 @@ Member names are checked (no ``..``, no absolute paths, no links, only the known
 expected key); ``.npy`` is loaded with ``allow_pickle=False`` and checked for dtype, shape and
 NaN/inf; byte-range reads are retried with backoff on transient I/O errors (S3 outages) and a short
 read (truncated shard) is an error. Every problem names the shard, the key and the reason.
+
+A foreign WebDataset indexed by ``vfm index`` (:mod:`vfm_core.data.foreign_index`) has two byte
+ranges per sample: the foreign tar's members of the sample (``{member_key}.mp4|webm|jpg|png``,
+``.txt``, ``.json``, ... as written by ``webdataset.TarWriter``) and, in a sidecar tar, the
+caption embedding ``{key}.txt_emb.npy`` with ``{key}.vfm.json`` (caption, geometry, origin).
+:func:`read_raw` reads both ranges and concatenates them (still a valid run of tar records);
+:func:`parse_indexed` parses them with the sample's ``member_key`` and ``media`` extension (the
+clip or image, handed out as ``RawSample.mp4``: PyAV decodes images as one-frame clips).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +35,8 @@ EXTENSIONS = ("json", "mp4", "txt_emb.npy", "latent.npy", "tokens.npy")
 """tokens.npy: int32 (T, h, w) ids of a discrete tokenizer, written beside its codes in
 latent.npy (for other readers; vfm reads the codes)."""
 REQUIRED = ("json", "mp4", "txt_emb.npy")
+SIDECAR_EXTENSIONS = ("txt_emb.npy", "vfm.json")
+"""Members of a foreign sample's sidecar range (named with the index key)."""
 
 
 class ShardError(ValueError):
@@ -56,6 +66,7 @@ class RawSample:
     nbytes: int = 0
     """Bytes of the sample's tar records."""
     extra: dict[str, bytes] = field(default_factory=dict)
+    """Foreign samples: their other members by extension (``txt``, ``cls``, ...)."""
 
 
 def read_range(
@@ -114,6 +125,21 @@ def _check_member(where: str, key: str, m: tarfile.TarInfo) -> str:
     return ext
 
 
+def _check_foreign_member(where: str, key: str, member_key: str, m: tarfile.TarInfo) -> str:
+    """Extension of a foreign sample's member (``member_key.EXT``, lower case, as webdataset
+    reads it) or of its sidecar member (``key.txt_emb.npy`` / ``key.vfm.json``)."""
+    name = m.name
+    if name.startswith("/") or os.path.isabs(name) or ".." in name.split("/"):
+        raise SampleError(where, f"unsafe member name {name!r} (absolute or '..')")
+    if not m.isreg():
+        raise SampleError(where, f"member {name!r} is not a regular file (link or device)")
+    for prefix in (member_key, key):
+        rest = name[len(prefix) + 1 :] if name.startswith(prefix + ".") else ""
+        if rest and "/" not in rest and (prefix == member_key or rest in SIDECAR_EXTENSIONS):
+            return rest.lower()
+    raise SampleError(where, f"member {name!r} does not belong to sample {member_key!r}")
+
+
 def load_npy(data: bytes, where: str, what: str) -> np.ndarray:
     """Parse ``.npy`` bytes without pickle; float32, finite."""
     try:
@@ -131,33 +157,28 @@ def load_npy(data: bytes, where: str, what: str) -> np.ndarray:
     return a
 
 
-def parse_sample(raw: bytes, key: str, *, embedding_dim: int, where: str = "") -> RawSample:
-    """Parse one sample's tar records (as read by byte range) into a :class:`RawSample`."""
+def parse_sample(
+    raw: bytes,
+    key: str,
+    *,
+    embedding_dim: int,
+    where: str = "",
+    member_key: str | None = None,
+    media: str | None = None,
+) -> RawSample:
+    """Parse one sample's tar records (as read by byte range) into a :class:`RawSample`.
+
+    ``media`` (foreign samples, see the module docstring): the extension of the member holding
+    the clip or image; ``member_key``: the sample's key in the foreign tar (default ``key``)."""
     where = f"{where} sample {key}".strip()
-    members: dict[str, bytes] = {}
-    try:
-        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
-            for m in tar:
-                ext = _check_member(where, key, m)
-                f = tar.extractfile(m)
-                assert f is not None
-                members[ext] = f.read()
-                if len(members[ext]) != m.size:
-                    raise SampleError(where, f"member {m.name!r} is truncated")
-    except tarfile.TarError as e:
-        raise SampleError(where, f"corrupt tar records ({e})") from None
+    if media is not None:
+        return _parse_foreign(raw, key, member_key or key, media, embedding_dim, where)
+    members = _read_members(raw, where, lambda m: _check_member(where, key, m))
     lost = [e for e in REQUIRED if e not in members]
     if lost:
         raise SampleError(where, f"missing member(s) {', '.join(f'{key}.{e}' for e in lost)}")
-    try:
-        meta = json.loads(members["json"])
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SampleError(where, f"{key}.json is not valid JSON ({e})") from None
-    emb = load_npy(members["txt_emb.npy"], where, f"{key}.txt_emb.npy")
-    if emb.ndim != 2 or emb.shape[1] != embedding_dim or emb.shape[0] < 1:
-        raise SampleError(
-            where, f"{key}.txt_emb.npy has shape {emb.shape}, expected (L, {embedding_dim})"
-        )
+    meta = _json_member(members["json"], f"{key}.json", where)
+    emb = _caption_embedding(members["txt_emb.npy"], key, embedding_dim, where)
     latent = None
     if "latent.npy" in members:
         latent = load_npy(members["latent.npy"], where, f"{key}.latent.npy")
@@ -168,30 +189,113 @@ def parse_sample(raw: bytes, key: str, *, embedding_dim: int, where: str = "") -
     )
 
 
-def read_raw(index: DatasetIndex, i: int) -> bytes:
-    """The tar records of sample ``i`` of ``index`` (one range read)."""
+def _read_members(
+    raw: bytes, where: str, check: Callable[[tarfile.TarInfo], str]
+) -> dict[str, bytes]:
+    """Members of a run of tar records by extension (``check(TarInfo) -> ext`` vets each)."""
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            for m in tar:
+                ext = check(m)
+                f = tar.extractfile(m)
+                assert f is not None
+                members[ext] = f.read()
+                if len(members[ext]) != m.size:
+                    raise SampleError(where, f"member {m.name!r} is truncated")
+    except tarfile.TarError as e:
+        raise SampleError(where, f"corrupt tar records ({e})") from None
+    return members
+
+
+def _caption_embedding(data: bytes, key: str, embedding_dim: int, where: str) -> np.ndarray:
+    emb = load_npy(data, where, f"{key}.txt_emb.npy")
+    if emb.ndim != 2 or emb.shape[1] != embedding_dim or emb.shape[0] < 1:
+        raise SampleError(
+            where, f"{key}.txt_emb.npy has shape {emb.shape}, expected (L, {embedding_dim})"
+        )
+    return emb
+
+
+def _json_member(data: bytes, name: str, where: str) -> Any:
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SampleError(where, f"{name} is not valid JSON ({e})") from None
+
+
+def _parse_foreign(
+    raw: bytes, key: str, member_key: str, media: str, embedding_dim: int, where: str
+) -> RawSample:
+    """A foreign sample: its own members + the sidecar's ``txt_emb.npy`` / ``vfm.json``. Meta is
+    the foreign ``json`` member (an object; anything else lands under ``"json"``) updated with
+    ``vfm.json``; the other members go to ``extra``."""
+    members = _read_members(raw, where, lambda m: _check_foreign_member(where, key, member_key, m))
+    need = {media: member_key, "txt_emb.npy": key}
+    lost = [f"{k}.{e}" for e, k in need.items() if e not in members]
+    if lost:
+        raise SampleError(where, f"missing member(s) {', '.join(lost)}")
+    meta: dict[str, Any] = {}
+    if "json" in members:
+        doc = _json_member(members["json"], f"{member_key}.json", where)
+        meta.update(doc if isinstance(doc, dict) else {"json": doc})
+    if "vfm.json" in members:
+        meta.update(_json_member(members["vfm.json"], f"{key}.vfm.json", where))
+    emb = _caption_embedding(members["txt_emb.npy"], key, embedding_dim, where)
+    skip = {media, "json", *SIDECAR_EXTENSIONS}
+    extra = {e: v for e, v in members.items() if e not in skip}
+    return RawSample(
+        key=key, meta=meta, mp4=members[media], txt_emb=emb, nbytes=len(raw), extra=extra
+    )
+
+
+def parse_indexed(index: DatasetIndex, i: int, raw: bytes, *, where: str = "") -> RawSample:
+    """:func:`parse_sample` for sample ``i`` of ``index`` (foreign samples: with its
+    ``member_key`` and ``media``)."""
     row = index.samples.iloc[i]
-    return read_range(index.shard_url(int(row["shard"])), int(row["offset"]), int(row["length"]))
+    key, dim = str(row["key"]), index.embedding_dim
+    if not index.foreign:
+        return parse_sample(raw, key, embedding_dim=dim, where=where)
+    return parse_sample(raw, key, embedding_dim=dim, where=where,
+                        member_key=str(row["member_key"]), media=str(row["media"]))  # fmt: skip
+
+
+def read_raw(index: DatasetIndex, i: int) -> bytes:
+    """The tar records of sample ``i`` of ``index`` (one range read; a foreign sample's sidecar
+    range, its caption embedding, is a second read appended to the first)."""
+    row = index.samples.iloc[i]
+    raw = read_range(index.shard_url(int(row["shard"])), int(row["offset"]), int(row["length"]))
+    if not index.foreign:
+        return raw
+    side = index.sidecar_url(int(row["emb_shard"]))
+    return raw + read_range(side, int(row["emb_offset"]), int(row["emb_length"]))
 
 
 def verify_shards(index: DatasetIndex, *, checksum: bool = True) -> None:
-    """Check every shard's size (and sha256 when ``checksum``) against the index."""
-    for i in range(len(index.shards)):
-        url = index.shard_url(i)
-        fs, path = storage.filesystem(url)
-        try:
-            size = fs.size(path)
-        except FileNotFoundError:
-            raise ShardError(url, "shard listed in the index is missing") from None
-        want = int(index.shards.at[i, "bytes"])
-        if size != want:
-            raise ShardError(url, f"size {size} bytes, index says {want} (truncated or replaced)")
-        if checksum:
-            h = hashlib.sha256()
-            for chunk in storage.iter_chunks(url):
-                h.update(chunk)
-            if h.hexdigest() != index.shards.at[i, "sha256"]:
-                raise ShardError(url, "sha256 checksum does not match the index")
+    """Check every shard's (and sidecar's) size, and sha256 when ``checksum``, against the
+    index."""
+    tables = [(index.shards, index.shard_url, "shard")]
+    if index.sidecars is not None:
+        tables.append((index.sidecars, index.sidecar_url, "sidecar"))
+    for table, url_of, what in tables:
+        for i in range(len(table)):
+            url = url_of(i)
+            fs, path = storage.filesystem(url)
+            try:
+                size = fs.size(path)
+            except FileNotFoundError:
+                raise ShardError(url, f"{what} listed in the index is missing") from None
+            want = int(table.at[i, "bytes"])
+            if size != want:
+                raise ShardError(
+                    url, f"size {size} bytes, index says {want} (truncated or replaced)"
+                )
+            if checksum:
+                h = hashlib.sha256()
+                for chunk in storage.iter_chunks(url):
+                    h.update(chunk)
+                if h.hexdigest() != table.at[i, "sha256"]:
+                    raise ShardError(url, "sha256 checksum does not match the index")
 
 
 def iter_tar_keys(data: bytes) -> Iterable[str]:

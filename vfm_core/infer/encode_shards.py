@@ -33,7 +33,7 @@ import torch
 
 from vfm_core import storage
 from vfm_core.data.index import DatasetIndex, read_index, write_index
-from vfm_core.data.shard_reader import ShardError, parse_sample, read_raw
+from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
 from vfm_core.video.io import VideoError, decode_frames
 
 __all__ = ["EncodeShardsResult", "encode_shards"]
@@ -117,10 +117,8 @@ def encode_shards(
                     row = index.samples.iloc[int(i)]
                     key = str(row["key"])
                     where = f"{index.shard_url(int(shard_id))} sample {key}"
-                    s = parse_sample(
-                        read_raw(index, int(i)), key, embedding_dim=index.embedding_dim,
-                        where=index.shard_url(int(shard_id)),
-                    )  # fmt: skip
+                    s = parse_indexed(index, int(i), read_raw(index, int(i)),
+                                      where=index.shard_url(int(shard_id)))  # fmt: skip
                     latent = s.latent
                     if latent is None or overwrite:
                         try:
