@@ -72,3 +72,13 @@ def test_bad_parameters_are_named(model, kw, msg):
 def test_prompt_longer_than_the_video_is_named(model):
     with pytest.raises(SamplingError, match="longer than the video's 12 tokens"):
         sample_tokens(model, _text(), GRID, SamplingConfig(), prompt=torch.zeros(2, 13).long())
+
+
+def test_guidance_uses_the_given_null_caption(model):
+    """CFG's unconditional branch is the run's null caption (what caption dropout trains)."""
+    text = _text()
+    cfg = SamplingConfig(temperature=0.0, guidance=3.0)
+    zeros = sample_tokens(model, text, GRID, cfg, null_text=torch.zeros_like(text[:1]))
+    assert torch.equal(zeros, sample_tokens(model, text, GRID, cfg))  # default: zeros
+    null = torch.randn(1, *text.shape[1:], generator=torch.Generator().manual_seed(9))
+    assert not torch.equal(zeros, sample_tokens(model, text, GRID, cfg, null_text=null))

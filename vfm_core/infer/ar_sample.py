@@ -2,9 +2,10 @@
 
 Each step draws the next token of every video in raster order from
 ``softmax(guided logits / temperature)`` cut to the top-k and the top-p nucleus; ``temperature 0``
-is greedy. Classifier-free guidance mixes logits: ``u + g * (c - u)`` with ``u`` from the null
-caption (zeros, what caption dropout trains). With the KV cache each step runs one position;
-without it every step reruns the whole prefix (the reference the cache is tested against).
+is greedy. Classifier-free guidance mixes logits: ``u + g * (c - u)`` with ``u`` from the run's
+null caption (zeros by default: what caption dropout trains). With the KV cache each step runs
+one position; without it every step reruns the whole prefix (the reference the cache is tested
+against).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def sample_tokens(
     cfg: SamplingConfig,
     *,
     prompt: torch.Tensor | None = None,  # (B, P) first tokens in raster order, kept as given
+    null_text: torch.Tensor | None = None,  # (1 | B, L, Dt) unconditional caption (default zeros)
 ) -> torch.Tensor:
     """Tokens (B, T, H, W) of ``grid``: the prompt, then sampled continuations."""
     cfg.check()
@@ -93,7 +95,8 @@ def sample_tokens(
         )
     model.check_tokens(prompt)
     guided = cfg.guidance != 1.0
-    texts = torch.cat([text, torch.zeros_like(text)]) if guided else text  # (B | 2B, L, Dt)
+    null = torch.zeros_like(text) if null_text is None else null_text.to(text).expand_as(text)
+    texts = torch.cat([text, null]) if guided else text  # (B | 2B, L, Dt)
     rope = model.rope(grid, device)  # (N, d/2)
     gen = torch.Generator().manual_seed(cfg.seed)
     ids = torch.full((b, n), -1, dtype=torch.long, device=device)

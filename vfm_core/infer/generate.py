@@ -368,7 +368,8 @@ def generate(
                                   top_p=request.top_p, guidance=guidance,
                                   seed=request.seed)  # fmt: skip
         try:
-            tokens = sample_tokens(loaded.model, text, tuple(plan.latent[1:]), sampling)
+            tokens = sample_tokens(loaded.model, text, tuple(plan.latent[1:]), sampling,
+                                   null_text=null)  # fmt: skip
         except SamplingError as e:
             raise GenerateError(str(e)) from None
         fsq = decoder.fsq if decoder is not None else FSQ(synthetic_levels(cfg.model))
