@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides
 from vfm_core.infer.generate import GenerateRequest, generate
 from vfm_core.infer.shapes import GenerateError
@@ -53,10 +52,3 @@ def test_tokenizers_that_do_not_fit_are_refused(ar_run, tmp_path):
     with pytest.raises(GenerateError, match="top_p"):
         generate(ar_run, GenerateRequest(prompt="x", frames=9, top_p=0.0), tmp_path / "p.mp4",
                  text_emb=EMB)  # fmt: skip
-
-
-def test_cli_refuses_nproc_for_ar(ar_run, tmp_path, capsys):
-    code = vfm_main(["generate", "--checkpoint", str(ar_run), "--prompt", "x", "--nproc", "2",
-                     "--out", str(tmp_path / "n.mp4")])  # fmt: skip
-    assert code != 0
-    assert "one rank" in capsys.readouterr().err

@@ -5,17 +5,27 @@ Each step draws the next token of every video in raster order from
 is greedy. Classifier-free guidance mixes logits: ``u + g * (c - u)`` with ``u`` from the run's
 null caption (zeros by default: what caption dropout trains). With the KV cache each step runs
 one position; without it every step reruns the whole prefix (the reference the cache is tested
-against).
+against). The first cached forward — the prompt's prefill — goes through ``prefill``
+(:func:`local_prefill`, or :class:`vfm_core.infer.ar_prefill.SplitPrefill` over context-parallel
+ranks); every later step feeds one position.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from vfm_core.models.ar import CausalVideoTransformer
+from vfm_core.models.attention import KVCache
 from vfm_core.models.layers import Grid
+
+Prefill = Callable[
+    [CausalVideoTransformer, torch.Tensor, torch.Tensor, torch.Tensor, list[KVCache]], torch.Tensor
+]
+"""(model, inputs (B', m), text (B', L, Dt), rope (m, d/2), empty caches) -> logits (B', V) of
+the last input; fills the caches with the m positions' keys and values."""
 
 
 class SamplingError(ValueError):
@@ -70,6 +80,17 @@ def draw(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator) -> tor
     return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
 
 
+def local_prefill(
+    model: CausalVideoTransformer,
+    inputs: torch.Tensor,  # (B', m) input ids
+    text: torch.Tensor,  # (B', L, Dt)
+    rope: torch.Tensor,  # (m, d/2)
+    caches: list[KVCache],
+) -> torch.Tensor:
+    """One-device prefill: one forward over the m inputs; logits (B', V) of the last."""
+    return model.forward_ids(inputs, text, rope, caches=caches)[:, -1]
+
+
 @torch.no_grad()
 def sample_tokens(
     model: CausalVideoTransformer,
@@ -79,8 +100,10 @@ def sample_tokens(
     *,
     prompt: torch.Tensor | None = None,  # (B, P) first tokens in raster order, kept as given
     null_text: torch.Tensor | None = None,  # (1 | B, L, Dt) unconditional caption (default zeros)
+    prefill: Prefill = local_prefill,
 ) -> torch.Tensor:
-    """Tokens (B, T, H, W) of ``grid``: the prompt, then sampled continuations."""
+    """Tokens (B, T, H, W) of ``grid``: the prompt, then sampled continuations. ``prefill`` runs
+    the first cached forward (BOS and the prompt: P + 1 inputs)."""
     cfg.check()
     n = grid[0] * grid[1] * grid[2]
     b = text.shape[0]
@@ -113,8 +136,8 @@ def sample_tokens(
         if caches is None:
             out = model.forward_ids(inputs[:, : i + 1], texts, rope[: i + 1])[:, -1]
         else:  # feed every position not yet seen (the prompt's in one prefill)
-            out = model.forward_ids(inputs[:, done : i + 1], texts, rope[done : i + 1],
-                                    caches=caches)[:, -1]  # fmt: skip
+            run = prefill if done == 0 else local_prefill
+            out = run(model, inputs[:, done : i + 1], texts, rope[done : i + 1], caches)
             done = i + 1
         if guided:
             cond, uncond = out.chunk(2)

@@ -25,10 +25,23 @@ def add_generate_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokenizer", help="tokenizer dir (default: the run's data.tokenizer)")
     ap.add_argument("--fps", type=int, default=8, help="frame rate of the MP4/GIF")
     ap.add_argument("--no-gif", action="store_true", help="do not write FILE.gif")
-    ap.add_argument("--temperature", type=float, default=1.0,
-                    help="autoregressive runs: token temperature (0 = greedy)")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="autoregressive runs: token temperature (0 = greedy)",
+    )
     ap.add_argument("--top-k", type=int, default=0, help="autoregressive runs: top-k (0 = all)")
     ap.add_argument("--top-p", type=float, default=1.0, help="autoregressive runs: nucleus p")
+    prompt = ap.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt-video", metavar="PATH",
+                        help="autoregressive runs: continue this video (mp4/gif at --size; its "
+                        "first frames, encoded with the run's discrete tokenizer)")  # fmt: skip
+    prompt.add_argument("--prompt-tokens", metavar="FILE",
+                        help="autoregressive runs: continue these ids (T, h, w) int .npy, as "
+                        "written to OUT.tokens.npy")  # fmt: skip
+    ap.add_argument("--prompt-frames", type=int, default=1, metavar="K",
+                    help="latent frames of the prompt to keep (default 1)")  # fmt: skip
 
 
 def request_from_args(args: argparse.Namespace) -> GenerateRequest:
@@ -48,4 +61,7 @@ def request_from_args(args: argparse.Namespace) -> GenerateRequest:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        prompt_tokens=args.prompt_tokens,
+        prompt_video=args.prompt_video,
+        prompt_frames=args.prompt_frames,
     )

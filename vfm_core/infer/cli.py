@@ -2,10 +2,15 @@
 
     vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
                  [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
+                 [--temperature T --top-k K --top-p P]                       (autoregressive runs)
+                 [--prompt-video PATH | --prompt-tokens FILE] [--prompt-frames K]
 
 ``--nproc 1`` (default) runs in this process. ``--nproc N`` embeds the prompt here (the text model
 loads once), then launches ``torchrun --standalone --nproc-per-node N -m vfm_core.infer.main`` so N
-context-parallel ranks denoise one video together (same noise, same video as one process).
+context-parallel ranks denoise one video together (same noise, same video as one process). An
+autoregressive run's token prompt (``--prompt-tokens`` / ``--prompt-video``) is read and checked
+here, before the text model loads, and goes on as ids; N ranks split its prefill and sample the
+same tokens as one process.
 """
 
 from __future__ import annotations
@@ -32,13 +37,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return g
 
 
-def torchrun_argv(nproc: int, args: argparse.Namespace, text_emb: str) -> list[str]:
-    """``python -m torch.distributed.run`` command for ``nproc`` generation ranks."""
+def torchrun_argv(
+    nproc: int, args: argparse.Namespace, text_emb: str, prompt_ids: str | None = None
+) -> list[str]:
+    """``python -m torch.distributed.run`` command for ``nproc`` generation ranks;
+    ``prompt_ids``: the checked token prompt (K, h, w) .npy of an autoregressive run."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     argv += [f"--nproc-per-node={nproc}", "-m", "vfm_core.infer.main"]
     argv += ["--checkpoint", str(args.checkpoint), "--prompt", args.prompt]
     argv += ["--frames", str(args.frames), "--size", args.size, "--seed", str(args.seed)]
     argv += ["--out", str(args.out), "--fps", str(args.fps), "--text-emb", text_emb]
+    argv += ["--temperature", repr(args.temperature), "--top-k", str(args.top_k)]
+    argv += ["--top-p", repr(args.top_p)]
+    if prompt_ids is not None:
+        argv += ["--prompt-tokens", prompt_ids, "--prompt-frames", str(args.prompt_frames)]
     for flag in ("steps", "guidance", "tokenizer"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag}", str(getattr(args, flag))]
@@ -63,7 +75,13 @@ def _report(result: dict, as_json: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``vfm generate``; user errors raise GenerateError / CheckpointError (exit 2 upstream)."""
     from vfm_core.infer.dit_checkpoint import read_text_record, resolve_checkpoint
-    from vfm_core.infer.generate import check_guidance, check_prompt, embed_prompt, generate
+    from vfm_core.infer.generate import (
+        ar_prompt_ids,
+        check_guidance,
+        check_prompt,
+        embed_prompt,
+        generate,
+    )
     from vfm_core.infer.shapes import GenerateError
 
     # cheap checks first, before the text model and the ranks are started
@@ -74,28 +92,27 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise GenerateError(f"--nproc: must be >= 1, got {args.nproc}")
     run_dir, _ = resolve_checkpoint(args.checkpoint)
-    if args.nproc > 1:
+    ids = None  # an autoregressive run's token prompt (K, h, w), read and checked here
+    if args.prompt_tokens or args.prompt_video:
         from vfm_core.config import load_yaml
 
-        if load_yaml(run_dir / "config.yaml").model.arch == "ar":
-            raise GenerateError(
-                f"--nproc {args.nproc}: the autoregressive family samples on one rank so far "
-                "(use --nproc 1)"
-            )
+        ids = ar_prompt_ids(load_yaml(run_dir / "config.yaml"), request, tokenizer=args.tokenizer)
     # (l, Dt) as the run's captions were embedded (RUN/text.json); empty prompt -> GenerateError
     emb = embed_prompt(args.prompt, record=read_text_record(run_dir))
-    if args.nproc == 1:
-        result = generate(
-            args.checkpoint, request, args.out, tokenizer=args.tokenizer, text_emb=emb
-        )
-        _report(result.to_dict(), args.json)
-        return 0
     with tempfile.TemporaryDirectory(prefix="vfm-generate-") as tmp:
-        path = str(Path(tmp) / "prompt.npy")
+        path, ids_path = str(Path(tmp) / "prompt.npy"), str(Path(tmp) / "prompt.tokens.npy")
+        if ids is not None:  # the checked ids go on as the prompt (a video is encoded once)
+            np.save(ids_path, ids, allow_pickle=False)
+            request.prompt_tokens, request.prompt_video = ids_path, None
+        if args.nproc == 1:
+            result = generate(
+                args.checkpoint, request, args.out, tokenizer=args.tokenizer, text_emb=emb
+            )
+            _report(result.to_dict(), args.json)
+            return 0
         np.save(path, emb, allow_pickle=False)
-        proc = subprocess.run(
-            torchrun_argv(args.nproc, args, path), stdout=subprocess.PIPE, text=True
-        )
+        argv = torchrun_argv(args.nproc, args, path, ids_path if ids is not None else None)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         print(f"vfm generate: error: {args.nproc} ranks failed (exit {proc.returncode})",

@@ -27,6 +27,12 @@ Stage order of :func:`generate` (top to bottom):
 
 Equivalence: 1, 2 and 4 ranks give the same video up to float rounding of the ring attention's
 online-softmax merge (tested: max abs difference of the decoded [-1, 1] video below 1e-3).
+
+Autoregressive runs (``model.arch == "ar"``) sample token ids instead of steps 4-5
+(:mod:`vfm_core.infer.ar_sample`), optionally continuing a token prompt (``prompt_tokens`` /
+``prompt_video``, ``prompt_frames`` latent frames); under torchrun the prompt's prefill is split
+over the ranks and decoding runs identically on each (:mod:`vfm_core.infer.ar_prefill`): the same
+tokens as one rank.
 """
 
 from __future__ import annotations
@@ -43,11 +49,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from vfm_core.config import DiffusionConfig
+from vfm_core.config import Config, DiffusionConfig
 from vfm_core.data.synthetic_tokens import synthetic_levels
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.sampler import sample
-from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, sample_tokens
+from vfm_core.infer.ar_prefill import SplitPrefill, load_prompt, sync_tokens
+from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent
@@ -58,6 +65,7 @@ __all__ = [
     "GUIDANCE_RANGE",
     "GenerateRequest",
     "GenerateResult",
+    "ar_prompt_ids",
     "check_guidance",
     "embed_prompt",
     "generate",
@@ -104,6 +112,12 @@ class GenerateRequest:
     """Autoregressive family: keep the k most likely tokens (0 = all)."""
     top_p: float = 1.0
     """Autoregressive family: nucleus, in (0, 1]."""
+    prompt_tokens: str | None = None
+    """Autoregressive family: ``.tokens.npy`` ids (T, h, w) whose first frames are the prompt."""
+    prompt_video: str | None = None
+    """Autoregressive family: a video whose first frames, tokenized, are the prompt."""
+    prompt_frames: int = 1
+    """Autoregressive family: latent frames of the prompt kept (with a prompt file)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -306,6 +320,61 @@ def load_token_decoder(path: str | Path, *, vocab_size: int):
     return tok
 
 
+def _decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, world: int):
+    """(decoder or None, LatentPlan, spatial factor) of a request on ``world`` ranks."""
+    ar = cfg.model.arch == "ar"
+    decoder = None
+    if ar:  # discrete tokens: the tokenizer's FSQ grid must be the model's vocabulary
+        if tok_path:
+            decoder = load_token_decoder(tok_path, vocab_size=cfg.model.vocab_size)
+        channels = decoder.cfg.latent_channels if decoder else len(synthetic_levels(cfg.model))
+    else:
+        if tok_path:
+            decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels)
+        channels = cfg.model.in_channels
+        if request.prompt_tokens is not None or request.prompt_video is not None:
+            raise GenerateError(
+                "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
+                f"prompt; this run's model.arch is {cfg.model.arch!r}"
+            )
+    t_c, s = (
+        (decoder.cfg.temporal_factor, decoder.cfg.spatial_factor) if decoder else PREVIEW_FACTORS
+    )
+    plan = plan_latent(
+        request.frames,
+        request.height,
+        request.width,
+        temporal_factor=t_c,
+        spatial_factor=s,
+        channels=channels,
+        patch=tuple(cfg.model.patch),
+        cp=1 if ar else world,  # the AR split pads the prompt: any token count works
+    )
+    return decoder, plan, s
+
+
+def _prompt(cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int):
+    """(1, K*h*w) checked prompt ids of an autoregressive request, or None."""
+    return load_prompt(tokens=request.prompt_tokens, video=request.prompt_video,
+                       frames=request.prompt_frames, grid=tuple(plan.latent[1:]),
+                       vocab_size=cfg.model.vocab_size, tokenizer=decoder,
+                       spatial_factor=s)  # fmt: skip
+
+
+def ar_prompt_ids(
+    cfg: Config, request: GenerateRequest, *, tokenizer: str | Path | None = None
+) -> np.ndarray | None:
+    """The checked prompt ids (K, h, w) int32 of an autoregressive request (None without a
+    prompt), from the run's config alone: ``vfm generate`` reads the prompt with this before the
+    text model loads and hands the ids on (to :func:`generate` or the ranks) as a tokens file."""
+    with warnings.catch_warnings():  # the ranks warn about rounded frame counts
+        warnings.simplefilter("ignore")
+        tok_path = tokenizer or cfg.data.tokenizer or None
+        decoder, plan, s = _decoder_and_plan(cfg, request, tok_path, 1)
+    ids = _prompt(cfg, request, decoder, plan, s)
+    return None if ids is None else ids.view(-1, *plan.latent[2:]).numpy().astype(np.int32)
+
+
 def generate(
     checkpoint: str | Path | LoadedDiT,
     request: GenerateRequest,
@@ -329,33 +398,10 @@ def generate(
         raise GenerateError(f"--out {out}: must end in .mp4")
     tok_path = tokenizer or cfg.data.tokenizer or None
     ar = cfg.model.arch == "ar"
-    decoder = None
-    if ar:  # discrete tokens: the tokenizer's FSQ grid must be the model's vocabulary
-        if tok_path:
-            decoder = load_token_decoder(tok_path, vocab_size=cfg.model.vocab_size)
-        channels = decoder.cfg.latent_channels if decoder else len(synthetic_levels(cfg.model))
-    else:
-        if tok_path:
-            decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels)
-        channels = cfg.model.in_channels
-    t_c, s = (
-        (decoder.cfg.temporal_factor, decoder.cfg.spatial_factor) if decoder else PREVIEW_FACTORS
-    )
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if ar and world > 1:
-        raise GenerateError(
-            f"--nproc {world}: the autoregressive family samples on one rank so far (use --nproc 1)"
-        )
-    plan: LatentPlan = plan_latent(
-        request.frames,
-        request.height,
-        request.width,
-        temporal_factor=t_c,
-        spatial_factor=s,
-        channels=channels,
-        patch=tuple(cfg.model.patch),
-        cp=world,
-    )
+    decoder, plan, s = _decoder_and_plan(cfg, request, tok_path, world)
+    t_c = decoder.cfg.temporal_factor if decoder else PREVIEW_FACTORS[0]
+    prompt = _prompt(cfg, request, decoder, plan, s) if ar else None  # (1, P) or None
     if text_emb is None:
         text_emb = embed_prompt(request.prompt, embedder=embedder, record=loaded.text)
     text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
@@ -363,15 +409,19 @@ def generate(
     tokens = None
     t0 = time.perf_counter()
     if ar:
-        ranks = 1
+        ranks = world
         sampling = SamplingConfig(temperature=request.temperature, top_k=request.top_k,
                                   top_p=request.top_p, guidance=guidance,
                                   seed=request.seed)  # fmt: skip
+        device = next(loaded.model.parameters()).device
+        # ranks > 1: the prompt's prefill split over them (no prompt: nothing to split)
+        prefill = SplitPrefill(device.type) if world > 1 and prompt is not None else local_prefill
         try:
             tokens = sample_tokens(loaded.model, text, tuple(plan.latent[1:]), sampling,
-                                   null_text=null)  # fmt: skip
+                                   null_text=null, prompt=prompt, prefill=prefill)  # fmt: skip
         except SamplingError as e:
             raise GenerateError(str(e)) from None
+        tokens = sync_tokens(tokens)  # (1, T', h, w), rank 0's on every rank
         fsq = decoder.fsq if decoder is not None else FSQ(synthetic_levels(cfg.model))
         latent = fsq.indices_to_codes(tokens).movedim(-1, 1)  # (1, C, T', h, w) codes
         steps = math.prod(plan.latent[1:])  # one model call per token

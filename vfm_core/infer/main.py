@@ -4,9 +4,11 @@
         --checkpoint RUN --text-emb PROMPT.npy --frames 13 --size 64x64 --seed 0 --out a.mp4
 
 Each rank joins a gloo (CPU) or nccl (CUDA) group, builds the same DiT, and denoises its token slice
-(:mod:`vfm_core.infer.generate`); rank 0 decodes, writes the files and prints the result as one JSON
-line. ``--text-emb`` is the prompt's embedding written by the launcher (``vfm generate --nproc``),
-so the ranks do not each load the text model; ``--prompt`` alone embeds it here.
+(:mod:`vfm_core.infer.generate`), or, for an autoregressive run, prefills its share of the token
+prompt (``--prompt-tokens``) and samples the same tokens as the others; rank 0 decodes, writes
+the files and prints the result as one JSON line. ``--text-emb`` is the prompt's embedding written
+by the launcher (``vfm generate --nproc``), so the ranks do not each load the text model;
+``--prompt`` alone embeds it here.
 """
 
 from __future__ import annotations
