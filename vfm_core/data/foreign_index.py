@@ -520,20 +520,18 @@ def index_shards_dir(
 ) -> dict[str, Any]:
     """``vfm index``: :func:`index_foreign_shards` with the caption encoder of ``vfm shard``,
     then the index read back and the shard sizes checked as a loader will."""
+    from vfm_core.annotate.text_encoder import TextEncoder, TextSpec
     from vfm_core.data.index import read_index
     from vfm_core.data.shard_reader import verify_shards
-    from vfm_core.data.text_embed import load_text_embedder
 
     cfg = ForeignIndexConfig(caption_key=caption_key, video_key=video_key,
                              skip_uncaptioned=skip_uncaptioned,
                              sidecar_shard_bytes=int(sidecar_shard_mb * (1 << 20)))  # fmt: skip
     cfg.media_exts()  # a bad --video-key fails before the encoder loads
-    embedder = load_text_embedder(text_model, mode=text_mode)
-    meta = {"text_model": text_model or "all-MiniLM-L6-v2", "text_mode": text_mode}
-    if hasattr(embedder, "record"):
-        meta["text"] = embedder.record()
-    summary = index_foreign_shards(shards_dir, embed=embedder.encode, config=cfg, meta=meta)
+    encoder = TextEncoder(TextSpec(model=text_model, mode=text_mode))
+    meta = {"text_model": text_model or "all-MiniLM-L6-v2", "text": encoder.record()}
+    summary = index_foreign_shards(shards_dir, embed=encoder.encode, config=cfg, meta=meta)
     verify_shards(read_index(shards_dir), checksum=False)
-    summary["captions_truncated"] = int(getattr(embedder, "truncated", 0) or 0)
+    summary["captions_truncated"] = encoder.truncated
     summary["text_mode"] = text_mode
     return summary

@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 
 from vfm_core import storage
+from vfm_core.annotate.text_encoder import TextEncoder, TextSpec
 from vfm_core.data.index import read_index
 from vfm_core.data.shards import ShardError, ShardWriterConfig, verify_shards, write_shards
-from vfm_core.data.text_embed import load_text_embedder
 
 MANIFEST = "clips.parquet"
 
@@ -48,16 +48,16 @@ def shard_clips_dir(
     the index meta ``text`` records the encoder and its null (empty-caption) embedding."""
     t0 = time.perf_counter()
     clips = read_clips_manifest(clips_dir)
-    embedder = load_text_embedder(text_model, mode=text_mode)
+    encoder = TextEncoder(TextSpec(model=text_model, mode=text_mode))
     cfg = ShardWriterConfig(target_shard_bytes=int(target_shard_mb * (1 << 20)))
     write_shards(
         clips,
         shards_dir,
-        embed=embedder.encode,
+        embed=encoder.encode,
         config=cfg,
         base_url=clips_dir,
         meta={"clips_dir": str(clips_dir), "text_model": text_model or "all-MiniLM-L6-v2",
-              "text": embedder.record()},  # fmt: skip
+              "text": encoder.record()},  # fmt: skip
     )
     index = read_index(shards_dir)  # read back what a loader will see
     verify_shards(index, checksum=True)
@@ -70,6 +70,6 @@ def shard_clips_dir(
         "images": int((index.samples["frames"] == 1).sum()),
         "embedding_dim": index.embedding_dim,
         "text_mode": text_mode,
-        "captions_truncated": embedder.truncated,
+        "captions_truncated": encoder.truncated,
         "seconds": round(time.perf_counter() - t0, 2),
     }

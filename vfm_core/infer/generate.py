@@ -189,32 +189,31 @@ _ENCODERS: dict[str, Any] = {}
 
 def prompt_encoder(record: dict[str, Any] | None) -> Any:
     """The encoder a run's captions went through (loaded once per process): a
-    :class:`~vfm_core.annotate.text_encoder.TextEncoder` from the record, or pooled MiniLM."""
+    :class:`~vfm_core.annotate.text_encoder.TextEncoder` from the record; pooled MiniLM for runs
+    without one."""
+    from vfm_core.annotate.text_encoder import (
+        TextEncoder,
+        TextEncoderError,
+        TextSpec,
+        spec_from_record,
+    )
+
     key = json.dumps({k: v for k, v in (record or {}).items() if k != "null"}, sort_keys=True)
     if key not in _ENCODERS:
-        from vfm_core.annotate.text_encoder import TextEncoder, TextEncoderError, spec_from_record
-
         try:
-            if record:
-                _ENCODERS[key] = TextEncoder(spec_from_record(record, "the run's text.json"))
-            else:
-                from vfm_core.annotate.embed import CaptionTextEmbedder
-
-                _ENCODERS[key] = CaptionTextEmbedder()
-        except (ImportError, TextEncoderError) as e:
+            spec = spec_from_record(record, "the run's text.json") if record else TextSpec(
+                mode="pooled"
+            )
+            _ENCODERS[key] = TextEncoder(spec)
+        except TextEncoderError as e:
             raise GenerateError(f"cannot load the run's text encoder: {e}") from None
     return _ENCODERS[key]
 
 
-def embed_prompt(prompt: str, *, embedder: Any = None,
-                 record: dict[str, Any] | None = None) -> np.ndarray:  # fmt: skip
-    """Prompt -> (l, Dt) float32: ``embedder``, else the encoder of the run's text ``record``
-    (l per-token vectors, or l = 1 pooled)."""
-    prompt = check_prompt(prompt)
-    embedder = embedder or prompt_encoder(record)
-    out = embedder.encode([prompt])
-    e = out[0] if isinstance(out, list) else np.asarray(out)[0]
-    return np.atleast_2d(np.asarray(e, dtype=np.float32))  # (l, Dt)
+def embed_prompt(prompt: str, *, record: dict[str, Any] | None = None) -> np.ndarray:
+    """Prompt -> (l, Dt) float32 with the encoder of the run's text ``record`` (l per-token
+    vectors, or l = 1 pooled)."""
+    return prompt_encoder(record).encode([check_prompt(prompt)])[0]
 
 
 def null_condition(record: dict[str, Any] | None, *, text_len: int, text_dim: int) -> torch.Tensor:
@@ -382,7 +381,6 @@ def generate(
     *,
     tokenizer: str | Path | None = None,
     text_emb: np.ndarray | None = None,
-    embedder: Any = None,
 ) -> GenerateResult:
     """Generate one video (see the module docstring). Under torchrun every rank calls this with
     the same arguments; rank 0 writes ``out`` (``.mp4``), ``out.gif`` and ``out.latent.npy``."""
@@ -403,7 +401,7 @@ def generate(
     t_c = decoder.cfg.temporal_factor if decoder else PREVIEW_FACTORS[0]
     prompt = _prompt(cfg, request, decoder, plan, s) if ar else None  # (1, P) or None
     if text_emb is None:
-        text_emb = embed_prompt(request.prompt, embedder=embedder, record=loaded.text)
+        text_emb = embed_prompt(request.prompt, record=loaded.text)
     text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
     null = null_condition(loaded.text, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
     tokens = None

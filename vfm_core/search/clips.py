@@ -1,6 +1,6 @@
 """Clip search over a curated clips dir (the folder holding ``clips.parquet``, local or s3://).
 
-    text query  --SentenceEmbedder-->  (1, 384)  --caption index-->    top-k clips
+    text query  --TextEncoder, pooled-->  (1, 384)  --caption index-->    top-k clips
     like CLIP   --its embedding row-->  (1, D)   --embedding index-->  top-k clips (itself first)
 
 The caption index embeds every distinct non-empty caption once (all-MiniLM-L6-v2 from the
@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from vfm_core import storage
-from vfm_core.annotate.text_encoder import quiet_loading
 from vfm_core.search.cache import CachedIndex, cached_index
 from vfm_core.search.errors import SearchError
 from vfm_core.search.index import IndexConfig
@@ -66,20 +65,21 @@ class SearchHit:
     """The clip file: absolute path or URL."""
 
 
-_EMBEDDERS: dict[str | None, object] = {}
+_ENCODERS: dict[str | None, object] = {}
 
 
 def text_embedder(model_path: str | None = None) -> Embed:
-    """``SentenceEmbedder(model_path).encode``, loaded once per process (loading takes seconds)."""
-    from vfm_core.data.text_embed import SentenceEmbedder, TextEmbedderError
+    """Captions -> (N, D) pooled sentence vectors of the caption encoder (``model_path``, default
+    all-MiniLM-L6-v2), loaded once per process (loading takes seconds)."""
+    from vfm_core.annotate.text_encoder import TextEncoder, TextEncoderError, TextSpec
 
-    if model_path not in _EMBEDDERS:
-        with quiet_loading():
-            try:
-                _EMBEDDERS[model_path] = SentenceEmbedder(model_path)
-            except TextEmbedderError as e:
-                raise SearchError(f"cannot load the text model: {e}") from None
-    return _EMBEDDERS[model_path].encode  # type: ignore[attr-defined]
+    if model_path not in _ENCODERS:
+        try:
+            _ENCODERS[model_path] = TextEncoder(TextSpec(model=model_path, mode="pooled"))
+        except TextEncoderError as e:
+            raise SearchError(f"cannot load the text model: {e}") from None
+    encoder = _ENCODERS[model_path]
+    return lambda texts: np.concatenate(encoder.encode(texts))  # type: ignore[attr-defined]
 
 
 class ClipSearch:
