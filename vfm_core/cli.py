@@ -24,12 +24,12 @@ vfm search CLIPS_DIR "QUERY" [--top K] [--json] [--like CLIP_ID] [--sheet OUT.pn
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
+from vfm_core.cli_types import int_at_least
 from vfm_core.config import ConfigError, apply_overrides, load_yaml, merge, validate
 from vfm_core.recipes import RECIPES, get_recipe
 
@@ -42,29 +42,6 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _positive(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
-        return value
-
-    return parse
-
-
-def _at_least_one(name: str):
-    def parse(text: str) -> int:
-        value = _positive(name)(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="vfm", description="vfm: raw videos to a trained video DiT")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -72,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train a DiT (one process, or --nproc N under torchrun)")
     tr.add_argument("--recipe", default="dit-tiny", help=f"preset ({', '.join(RECIPES)})")
     tr.add_argument("--config", help="YAML config applied on top of the recipe")
-    tr.add_argument("--steps", type=_positive("--steps"), required=True, help="total steps")
+    tr.add_argument("--steps", type=int_at_least("--steps"), required=True, help="total steps")
     tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
-    tr.add_argument("--seed", type=_positive("--seed"), help="seed for init, sigma and noise")
+    tr.add_argument("--seed", type=int_at_least("--seed"), help="seed for init, sigma and noise")
     tr.add_argument("--resume", action="store_true",
                     help="continue from the newest intact checkpoint")  # fmt: skip
     tr.add_argument("--resume-from", metavar="CKPT_DIR",
@@ -88,35 +65,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config field (repeatable)",
     )
     tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    tr.add_argument("--nproc", type=_positive("--nproc"), default=1,
+    tr.add_argument("--nproc", type=int_at_least("--nproc"), default=1,
                     help="processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)")
     for degree in ("dp-replicate", "dp-shard", "tp", "cp", "pp"):
-        tr.add_argument(f"--{degree}", type=_positive(f"--{degree}"),
+        tr.add_argument(f"--{degree}", type=int_at_least(f"--{degree}"),
                         help=f"parallel.{degree.replace('-', '_')} degree")  # fmt: skip
-    tr.add_argument("--nnodes", type=_positive("--nnodes"), default=1,
+    tr.add_argument("--nnodes", type=int_at_least("--nnodes"), default=1,
                     help="nodes of a multi-node run (torchrun c10d rendezvous)")  # fmt: skip
-    tr.add_argument("--node-rank", type=_positive("--node-rank"), default=0,
+    tr.add_argument("--node-rank", type=int_at_least("--node-rank"), default=0,
                     help="this node's index (0 hosts the rendezvous)")  # fmt: skip
     tr.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT",
                     help="rendezvous endpoint of a multi-node run")  # fmt: skip
-    tr.add_argument("--rdzv-timeout", type=_positive("--rdzv-timeout"), default=300,
+    tr.add_argument("--rdzv-timeout", type=int_at_least("--rdzv-timeout"), default=300,
                     help="seconds to wait for the other nodes before giving up")  # fmt: skip
-    tr.add_argument("--max-restarts", type=_positive("--max-restarts"), default=0,
+    tr.add_argument("--max-restarts", type=int_at_least("--max-restarts"), default=0,
                     help="restart all ranks after one dies, from the last checkpoint")  # fmt: skip
 
     fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
     fl.add_argument("--recipe", required=True)
-    fl.add_argument("--seq", type=_positive("--seq"), required=True, help="video tokens/sample")
+    fl.add_argument("--seq", type=int_at_least("--seq"), required=True, help="video tokens/sample")
     fl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     fl.add_argument("--json", action="store_true", help="print one JSON object")
 
     pl = sub.add_parser("plan", help="predict memory/TFLOPS/MFU and rank 4D-parallel layouts")
     pl.add_argument("--recipe", required=True)
-    pl.add_argument("--seq", type=_positive("--seq"), required=True, help="video tokens/sample")
-    pl.add_argument("--gpus", type=_positive("--gpus"), required=True, help="GPU count")
+    pl.add_argument("--seq", type=int_at_least("--seq"), required=True, help="video tokens/sample")
+    pl.add_argument("--gpus", type=int_at_least("--gpus"), required=True, help="GPU count")
     pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
     pl.add_argument("--fixed", default="", metavar="KEY=VALUE,...", help="pin layout keys")
-    pl.add_argument("--top", type=_positive("--top"), default=10, help="layouts to show (0: all)")
+    pl.add_argument("--top", type=int_at_least("--top"), default=10,
+                    help="layouts to show (0: all)")  # fmt: skip
     pl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     pl.add_argument("--json", action="store_true", help="print a JSON list, best first")
     pl.add_argument(
@@ -140,10 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--shards", required=True, help="shard directory with index.json")
     tt.add_argument("--out", required=True, help="where tokenizer.safetensors + config go")
     tt.add_argument("--preset", default="tok-tiny", help="tokenizer preset")
-    tt.add_argument("--steps", type=_positive("--steps"), default=200)
-    tt.add_argument("--frames", type=_positive("--frames"), default=5, help="1 + 4k frames")
-    tt.add_argument("--size", type=_positive("--size"), default=32, help="square crop, pixels")
-    tt.add_argument("--seed", type=_positive("--seed"), default=0)
+    tt.add_argument("--steps", type=int_at_least("--steps"), default=200)
+    tt.add_argument("--frames", type=int_at_least("--frames"), default=5, help="1 + 4k frames")
+    tt.add_argument("--size", type=int_at_least("--size"), default=32, help="square crop, pixels")
+    tt.add_argument("--seed", type=int_at_least("--seed"), default=0)
     tt.add_argument("--discrete", nargs="?", const="8,5,5,5", metavar="LEVELS",
                     help="discrete tokens: FSQ levels per channel (default 8,5,5,5 = 1000 ids)")
 
@@ -153,60 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--tracking-uri", help="MLflow tracking URI (default: the project store)")
     rp.add_argument("--json", action="store_true", help="print the rows as JSON")
 
-    sh = sub.add_parser("shard", help="curation output -> WebDataset shards + index (local/s3)")
-    sh.add_argument("clips_dir", help="curation output dir (clips.parquet, clips/)")
-    sh.add_argument("shards_dir", help="where shards and index.json go (local or s3://)")
-    sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
-    sh.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2; "
-                    "a T5 encoder dir works too)")  # fmt: skip
-    sh.add_argument("--text-mode", choices=("tokens", "pooled"), default="tokens",
-                    help="per-token caption embeddings (default) or one pooled vector")  # fmt: skip
-    sh.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from vfm_core.data.cli import add_parsers as add_data_parsers
+    from vfm_core.search.cli import add_parser as add_search_parser
 
-    ix = sub.add_parser(
-        "index", help="index foreign WebDataset tars in place (+ caption embedding sidecars)"
-    )
-    ix.add_argument("shards_dir", help="directory of WebDataset .tar shards (local or s3://)")
-    ix.add_argument(
-        "--caption-key",
-        default="txt",
-        help="caption member extension (txt) or json:FIELD of the json member",
-    )
-    ix.add_argument(
-        "--video-key",
-        help="media member extension(s), ';'-separated alternatives (mp4, webm, jpg;png, ...); "
-        "default: the first video or image member a sample has",
-    )
-    ix.add_argument(
-        "--skip-uncaptioned",
-        action="store_true",
-        help="skip samples without a caption (default: count them, use the empty caption)",
-    )
-    ix.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
-    ix.add_argument(
-        "--text-mode",
-        choices=("tokens", "pooled"),
-        default="tokens",
-        help="per-token caption embeddings (default) or one pooled vector",
-    )
-    ix.add_argument(
-        "--sidecar-shard-mb",
-        type=float,
-        default=64.0,
-        help="size target of the caption-embedding sidecar tars",
-    )
-    ix.add_argument("--json", action="store_true", help="print the summary as JSON")
-
-    se = sub.add_parser("search", help="clips of a curated dir by caption text or like a clip")
-    se.add_argument("clips_dir", help="curated clips dir with clips.parquet (local or s3://)")
-    se.add_argument("query", nargs="?", help="text matched against the clip captions")
-    se.add_argument("--top", type=_at_least_one("--top"), default=10, help="hits to show")
-    se.add_argument("--like", metavar="CLIP_ID", help="clips nearest this clip's embedding")
-    se.add_argument("--sheet", metavar="OUT.png", help="also write a contact sheet of the hits")
-    se.add_argument("--exact", action="store_true",
-                    help="exact numpy search instead of the faiss IVF index")  # fmt: skip
-    se.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2)")
-    se.add_argument("--json", action="store_true", help="print the hits as a JSON list")
+    add_data_parsers(sub)
+    add_search_parser(sub)
 
     from vfm_core.curate.cli import add_parser as add_curate_parser
 
@@ -451,96 +380,21 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    from vfm_core.data.index import DatasetIndexError
-    from vfm_core.data.make_shards import shard_clips_dir
-    from vfm_core.data.shards import ShardError
-    from vfm_core.data.text_embed import TextEmbedderError
+    from vfm_core.data.cli import run_shard
 
-    if args.target_shard_mb <= 0:
-        raise ConfigError(f"--target-shard-mb must be positive, got {args.target_shard_mb}")
-    try:
-        summary = shard_clips_dir(
-            args.clips_dir,
-            args.shards_dir,
-            target_shard_mb=args.target_shard_mb,
-            text_model=args.text_model,
-            text_mode=args.text_mode,
-        )
-    except (ShardError, DatasetIndexError, TextEmbedderError) as e:
-        print(f"vfm shard: error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(
-            f"{summary['n_samples']} samples ({summary['images']} images) in "
-            f"{summary['n_shards']} shards, {summary['bytes'] / 1e6:.1f} MB -> {summary['index']}"
-        )
-        if summary["captions_truncated"]:
-            print(f"{summary['captions_truncated']} captions cut to the text encoder's limit",
-                  file=sys.stderr)  # fmt: skip
-    return 0
+    return run_shard(args)
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    """``vfm index SHARDS_DIR``: a summary line (or JSON); bad input is one line, exit 2."""
-    from vfm_core.data.foreign_index import index_shards_dir
-    from vfm_core.data.index import DatasetIndexError
-    from vfm_core.data.shards import ShardError
-    from vfm_core.data.text_embed import TextEmbedderError
+    from vfm_core.data.cli import run_index
 
-    if args.sidecar_shard_mb <= 0:
-        raise ConfigError(f"--sidecar-shard-mb must be positive, got {args.sidecar_shard_mb}")
-    try:
-        summary = index_shards_dir(
-            args.shards_dir,
-            caption_key=args.caption_key,
-            video_key=args.video_key,
-            skip_uncaptioned=args.skip_uncaptioned,
-            text_model=args.text_model,
-            text_mode=args.text_mode,
-            sidecar_shard_mb=args.sidecar_shard_mb,
-        )
-    except (ShardError, DatasetIndexError, TextEmbedderError) as e:
-        print(f"vfm index: error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print(
-        f"{summary['n_samples']} samples ({summary['n_videos']} videos, {summary['n_images']} "
-        f"images) in {summary['n_shards']} shards; {summary['n_uncaptioned']} uncaptioned, "
-        f"{summary['n_skipped']} skipped -> {summary['index']}"
-    )
-    for reason, n in summary["skipped"].items():
-        print(f"  skipped {n}: {reason}", file=sys.stderr)
-    for example in summary["skipped_examples"][:5]:
-        print(f"    e.g. {example}", file=sys.stderr)
-    return 0
+    return run_index(args)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    """``vfm search CLIPS_DIR "QUERY" | --like CLIP_ID``: a table (or JSON list) of the hits, best
-    first; bad input (SearchError) is one line, exit 2."""
-    from vfm_core.search import ClipSearchConfig, IndexConfig, contact_sheet_of, search_clips
+    from vfm_core.search.cli import run
 
-    index = IndexConfig(backend="exact" if args.exact else "faiss")
-    cfg = ClipSearchConfig(top_k=args.top, text_model=args.text_model, index=index)
-    search, hits = search_clips(args.clips_dir, args.query, like=args.like, config=cfg)
-    if args.json:
-        print(json.dumps([dataclasses.asdict(h) for h in hits]))
-    else:
-        print(f"{'rank':>4}  {'score':>6}  {'clip_id':<24}  {'caption':<48}  uri")
-        for h in hits:
-            cap = h.caption if len(h.caption) <= 48 else h.caption[:45] + "..."
-            print(f"{h.rank:>4}  {h.score:>6.3f}  {h.clip_id:<24}  {cap:<48}  {h.uri}")
-    used = search.index("caption" if args.like is None else "embedding")
-    how = "built" if used.built else "cached"
-    print(f"{len(hits)} of {len(used.index)} clips, {used.index.config.backend} index ({how}: "
-          f"{used.url})", file=sys.stderr)  # fmt: skip
-    if args.sheet:
-        print(f"contact sheet: {contact_sheet_of(hits, args.sheet)}", file=sys.stderr)
-    return 0
+    return run(args)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
+    from vfm_core.annotate.text_encoder import TextEncoderError
     from vfm_core.config import ConfigError
     from vfm_core.data.index import DatasetIndexError
+    from vfm_core.data.shard_reader import ShardError
     from vfm_core.infer.shapes import GenerateError
     from vfm_core.models.layers import ShapeError
     from vfm_core.search.errors import SearchError
@@ -15,4 +17,4 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from vfm_core.train.errors import CheckpointError, TrainingDiverged
 
     return (ConfigError, ShapeError, CheckpointError, TrainingDiverged, GenerateError,
-            DatasetIndexError, StorageError, SearchError)  # fmt: skip
+            DatasetIndexError, StorageError, SearchError, ShardError, TextEncoderError)  # fmt: skip

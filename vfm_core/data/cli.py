@@ -1,0 +1,92 @@
+"""``vfm shard`` (a curation output -> our shards) and ``vfm index`` (foreign WebDataset tars
+indexed in place): their flags and their runs. Bad input raises the data layer's errors, which
+``vfm`` prints as one line (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vfm_core.config import ConfigError
+
+
+def add_text_args(p: argparse.ArgumentParser, *, mode: bool = True) -> None:
+    """``--text-model`` (and ``--text-mode``): the caption encoder, as ``vfm shard`` uses it."""
+    p.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2; "
+                   "a T5 encoder dir works too)")  # fmt: skip
+    if mode:
+        p.add_argument("--text-mode", choices=("tokens", "pooled"), default="tokens",
+                       help="per-token caption embeddings (default) or one pooled "
+                       "vector")  # fmt: skip
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    sh = sub.add_parser("shard", help="curation output -> WebDataset shards + index (local/s3)")
+    sh.add_argument("clips_dir", help="curation output dir (clips.parquet, clips/)")
+    sh.add_argument("shards_dir", help="where shards and index.json go (local or s3://)")
+    sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
+    add_text_args(sh)
+    sh.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    ix = sub.add_parser(
+        "index", help="index foreign WebDataset tars in place (+ caption embedding sidecars)"
+    )
+    ix.add_argument("shards_dir", help="directory of WebDataset .tar shards (local or s3://)")
+    ix.add_argument("--caption-key", default="txt",
+                    help="caption member extension (txt) or json:FIELD of the json member")
+    ix.add_argument("--video-key",
+                    help="media member extension(s), ';'-separated alternatives (mp4, webm, "
+                    "jpg;png, ...); default: the first video or image member a sample has")
+    ix.add_argument("--skip-uncaptioned", action="store_true",
+                    help="skip samples without a caption (default: count them, use the empty "
+                    "caption)")
+    add_text_args(ix)
+    ix.add_argument("--sidecar-shard-mb", type=float, default=64.0,
+                    help="size target of the caption-embedding sidecar tars")
+    ix.add_argument("--json", action="store_true", help="print the summary as JSON")  # fmt: skip
+
+
+def _positive_mb(flag: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{flag} must be positive, got {value}")
+
+
+def run_shard(args: argparse.Namespace) -> int:
+    from vfm_core.data.make_shards import shard_clips_dir
+
+    _positive_mb("--target-shard-mb", args.target_shard_mb)
+    summary = shard_clips_dir(args.clips_dir, args.shards_dir,
+                              target_shard_mb=args.target_shard_mb, text_model=args.text_model,
+                              text_mode=args.text_mode)  # fmt: skip
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{summary['n_samples']} samples ({summary['images']} images) in "
+          f"{summary['n_shards']} shards, {summary['bytes'] / 1e6:.1f} MB -> {summary['index']}")
+    if summary["captions_truncated"]:
+        print(f"{summary['captions_truncated']} captions cut to the text encoder's limit",
+              file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def run_index(args: argparse.Namespace) -> int:
+    """``vfm index SHARDS_DIR``: a summary line (or JSON)."""
+    from vfm_core.data.foreign_index import index_shards_dir
+
+    _positive_mb("--sidecar-shard-mb", args.sidecar_shard_mb)
+    summary = index_shards_dir(args.shards_dir, caption_key=args.caption_key,
+                               video_key=args.video_key, skip_uncaptioned=args.skip_uncaptioned,
+                               text_model=args.text_model, text_mode=args.text_mode,
+                               sidecar_shard_mb=args.sidecar_shard_mb)  # fmt: skip
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{summary['n_samples']} samples ({summary['n_videos']} videos, {summary['n_images']} "
+          f"images) in {summary['n_shards']} shards; {summary['n_uncaptioned']} uncaptioned, "
+          f"{summary['n_skipped']} skipped -> {summary['index']}")  # fmt: skip
+    for reason, n in summary["skipped"].items():
+        print(f"  skipped {n}: {reason}", file=sys.stderr)
+    for example in summary["skipped_examples"][:5]:
+        print(f"    e.g. {example}", file=sys.stderr)
+    return 0
