@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -24,7 +24,15 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from flows.curate import CurateParams, curate_flow
 from flows.generate import GenerateParams, generate_flow
 from flows.shard import ShardParams, shard_flow
-from flows.train import TrainParams, train_flow
+from flows.train import (
+    Family,
+    TrainParams,
+    family_field,
+    known_recipe,
+    recipe_field,
+    settle_family,
+    train_flow,
+)
 from tasks.generate import encode_latents
 from tasks.pipeline import (
     finished_stage,
@@ -36,7 +44,6 @@ from tasks.pipeline import (
 )
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
-from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, ui_hint
 
 
@@ -56,12 +63,8 @@ class PipelineParams(BaseModel):
     max_len_s: float = Field(6.0, gt=0, description="longest clip, seconds")
     tokenizer: str = Field("", description="tokenizer dir ('' = train tok-tiny on the shards)")
     tokenizer_steps: int = Field(150, ge=1, description="tokenizer training steps")
-    family: Literal["diffusion", "autoregressive"] = Field(
-        "diffusion", description="diffusion: continuous tokenizer + DiT; autoregressive: discrete "
-        "(FSQ) tokenizer + causal transformer over its tokens",
-    )  # fmt: skip
-    recipe: str = Field("dit-tiny", description=f"preset of the family: {', '.join(RECIPES)} "
-                        "(default: dit-tiny, ar-tiny for autoregressive)")  # fmt: skip
+    family: Family = family_field()
+    recipe: str = recipe_field()
     train_steps: int = Field(200, ge=1, description="DiT training steps")
     latent_grid: tuple[int, int, int] = Field((3, 8, 8), description="latent (T, H, W) trained on")
     overrides: list[str] = Field(default_factory=list, description="extra section.field=value")
@@ -73,18 +76,8 @@ class PipelineParams(BaseModel):
     generate_steps: int = Field(24, ge=1, le=1000, description="sampler steps per video")
     experiment: str = Field("vfm-pipeline", description="MLflow experiment")
 
-    @field_validator("recipe")
-    @classmethod
-    def _known_recipe(cls, v: str) -> str:
-        get_recipe(v)
-        return v
-
-    @model_validator(mode="after")
-    def _family(self) -> PipelineParams:
-        if "recipe" not in self.model_fields_set:
-            self.recipe = DEFAULT_RECIPE[self.family]
-        check_family(self.recipe, self.family)
-        return self
+    _known_recipe = field_validator("recipe")(known_recipe)
+    _family = model_validator(mode="after")(settle_family)
 
     def tokenizer_preset(self) -> str:
         """The tokenizer trained when none is given: continuous, or discrete for the AR family."""

@@ -26,16 +26,40 @@ from vfm_core.tracking import (
     ui_hint,
 )
 
+Family = Literal["diffusion", "autoregressive"]
+
+
+def family_field() -> Any:
+    return Field("diffusion", description="diffusion (DiT over continuous latents) or "
+                 "autoregressive (causal transformer over discrete tokens); sets the default "
+                 "recipe")  # fmt: skip
+
+
+def recipe_field() -> Any:
+    return Field("dit-tiny", description=f"preset of the family: {', '.join(RECIPES)} "
+                 "(default: dit-tiny, ar-tiny for autoregressive)")  # fmt: skip
+
+
+def known_recipe(v: str) -> str:
+    """Field validator of ``recipe``: ConfigError (a ValueError) naming the known recipes."""
+    get_recipe(v)
+    return v
+
+
+def settle_family(params: Any) -> Any:
+    """Model validator of a form with ``family`` and ``recipe``: the family's default recipe
+    when none was given, and a recipe of another family refused."""
+    if "recipe" not in params.model_fields_set:
+        params.recipe = DEFAULT_RECIPE[params.family]
+    check_family(params.recipe, params.family)
+    return params
+
 
 class TrainParams(BaseModel):
     """Form of the training flow."""
 
-    family: Literal["diffusion", "autoregressive"] = Field(
-        "diffusion", description="diffusion (DiT over latents) or autoregressive (causal "
-        "transformer over discrete tokens); sets the default recipe",
-    )  # fmt: skip
-    recipe: str = Field("dit-tiny", description=f"preset of the family: {', '.join(RECIPES)} "
-                        "(default: dit-tiny, ar-tiny for autoregressive)")  # fmt: skip
+    family: Family = family_field()
+    recipe: str = recipe_field()
     steps: int = Field(200, ge=0, description="total optimiser steps")
     seed: int = Field(0, ge=0, description="seed for init, sigma and noise")
     out_dir: str = Field(
@@ -68,12 +92,7 @@ class TrainParams(BaseModel):
             raise ValueError("dp_shard: use -1 (inferred) or a degree >= 1")
         return v
 
-    @model_validator(mode="after")
-    def _family(self) -> TrainParams:
-        if "recipe" not in self.model_fields_set:
-            self.recipe = DEFAULT_RECIPE[self.family]
-        check_family(self.recipe, self.family)
-        return self
+    _family = model_validator(mode="after")(settle_family)
 
     @model_validator(mode="after")
     def _nodes(self) -> TrainParams:
@@ -83,11 +102,7 @@ class TrainParams(BaseModel):
             raise ValueError("resume: name the run to continue in out_dir (each run has its own)")
         return self
 
-    @field_validator("recipe")
-    @classmethod
-    def _known_recipe(cls, v: str) -> str:
-        get_recipe(v)  # raises ConfigError (a ValueError) naming the known recipes
-        return v
+    _known_recipe = field_validator("recipe")(known_recipe)
 
     def to_config(self):
         cfg = apply_overrides(get_recipe(self.recipe), self.overrides)

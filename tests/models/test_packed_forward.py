@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_init import random_model
 
 from vfm_core.config import DiffusionConfig, ModelConfig
 from vfm_core.data.packing import PackLayout, attention_groups
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
-from vfm_core.models.dit import build_model
 from vfm_core.models.layers import ShapeError
 from vfm_core.models.packed import pack_latents, unpack_latents
 
@@ -33,13 +33,7 @@ def _model(arch: str) -> torch.nn.Module:
         in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=4, adaln_lora_rank=8,
         **ARCHS[arch],
     )
-    torch.manual_seed(0)
-    model = build_model(cfg).double()
-    g = torch.Generator().manual_seed(123)
-    with torch.no_grad():  # non-zero AdaLN / output layers (the zero init hides mistakes)
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.15)
-    return model
+    return random_model(cfg, seed=123)
 
 
 def _samples(seed: int = 5):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_init import random_model
 
 from vfm_core.config import ModelConfig
 from vfm_core.models.attention import padding_mask
-from vfm_core.models.dit import build_model
 
 ARCHS = {
     "dit": dict(arch="dit"),
@@ -23,13 +23,7 @@ ARCHS = {
 def _model(arch: str) -> torch.nn.Module:
     cfg = ModelConfig(in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=8,
                       adaln_lora_rank=8, **ARCHS[arch])  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg).double()
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():  # non-zero AdaLN / output layers (the zero init hides mistakes)
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.15)
-    return model
+    return random_model(cfg, seed=7)
 
 
 def _run(model, arch: str, text: torch.Tensor) -> torch.Tensor:
