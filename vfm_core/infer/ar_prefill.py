@@ -38,12 +38,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from vfm_core.infer.context_parallel import sampling_cp_group
 from vfm_core.infer.shapes import GenerateError
 from vfm_core.models.ar import CausalVideoTransformer
 from vfm_core.models.attention import KVCache
 from vfm_core.models.layers import Grid
 from vfm_core.parallel.context import causal_positions, cp_attention
-from vfm_core.parallel.dims import ParallelDims
 
 __all__ = ["PrefillLayout", "SplitPrefill", "load_prompt", "prefill_layout", "sync_tokens"]
 
@@ -207,10 +207,7 @@ class SplitPrefill:
     and gets the same caches and logits."""
 
     def __init__(self, device_type: str = "cpu"):
-        world = dist.get_world_size()
-        dims = ParallelDims(cp=world, dp_shard=1, world_size=world)
-        dims.build_mesh(device_type)
-        self.group, self.rank, self.world = dims.group("cp"), dims.coord("cp"), world
+        self.group, self.rank, self.world = sampling_cp_group(device_type)
 
     @torch.no_grad()
     def __call__(

@@ -18,7 +18,16 @@ from torch import nn
 from vfm_core.parallel.context import cp_attention, gather_seq, seq_chunk
 from vfm_core.parallel.dims import ParallelDims
 
-__all__ = ["context_parallel_for_sampling"]
+__all__ = ["context_parallel_for_sampling", "sampling_cp_group"]
+
+
+def sampling_cp_group(device_type: str) -> tuple[dist.ProcessGroup, int, int]:
+    """(group, rank, world): every rank of the default process group as one context-parallel
+    group, the only layout sampling uses."""
+    world = dist.get_world_size()
+    dims = ParallelDims(cp=world, dp_shard=1, world_size=world)
+    dims.build_mesh(device_type)
+    return dims.group("cp"), dims.coord("cp"), world
 
 
 def context_parallel_for_sampling(model: nn.Module, *, arch: str) -> int:
@@ -26,10 +35,7 @@ def context_parallel_for_sampling(model: nn.Module, *, arch: str) -> int:
     returns the CP degree (1 = nothing to do: single process)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 1
-    world = dist.get_world_size()
-    dims = ParallelDims(cp=world, dp_shard=1, world_size=world)
-    dims.build_mesh(next(model.parameters()).device.type)
-    group, rank = dims.group("cp"), dims.coord("cp")
+    group, rank, world = sampling_cp_group(next(model.parameters()).device.type)
     # full 3D attention: ring (exact online softmax); ST-DiT spatial/temporal: all-to-all
     attn = cp_attention(group, "hybrid" if arch == "stdit" else "ring")
     for block in model.blocks.values():
