@@ -48,7 +48,6 @@ from vfm_core.data.shard_reader import (  # noqa: F401  (re-exported: the readin
 
 KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 MANIFEST_COLUMNS = ("clip_id", "uri", "caption")
-_BLOCK = 512
 
 
 Embedder = Callable[[list[str]], "np.ndarray | list[np.ndarray]"]
@@ -75,7 +74,7 @@ def _key(clip_id: Any) -> str:
     return key
 
 
-def _npy_bytes(a: np.ndarray) -> bytes:
+def npy_bytes(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
     return buf.getvalue()
@@ -105,7 +104,7 @@ def _sample_meta(row: dict[str, Any], frames: int, height: int, width: int) -> d
     return meta
 
 
-def _embed_all(captions: list[str], embed: Embedder, batch: int) -> list[np.ndarray]:
+def embed_captions(captions: list[str], embed: Embedder, batch: int) -> list[np.ndarray]:
     """One (L, D) float32 array per caption: pooled embedders give (N, D) -> L = 1, per-token
     encoders a list of (L_i, D) (ragged) or (N, L, D)."""
     out: list[np.ndarray] = []
@@ -157,7 +156,7 @@ def write_shards(
     if dup:
         raise ShardError("manifest", f"duplicate sample keys {dup[:5]}")
     captions = ["" if pd.isna(r["caption"]) else str(r["caption"]) for r in rows]
-    embs = _embed_all(captions, embed, cfg.embed_batch)
+    embs = embed_captions(captions, embed, cfg.embed_batch)
     dim = int(embs[0].shape[-1])
 
     shard_rows: list[dict[str, Any]] = []
@@ -203,7 +202,7 @@ def write_shards(
             members = [
                 (f"{key}.json", json.dumps(doc, sort_keys=True).encode()),
                 (f"{key}.mp4", mp4),
-                (f"{key}.txt_emb.npy", _npy_bytes(emb.astype(np.float16))),
+                (f"{key}.txt_emb.npy", npy_bytes(emb.astype(np.float16))),
             ]
             lat = None if latents is None else latents.get(str(row["clip_id"]))
             if lat is not None:
@@ -212,7 +211,7 @@ def write_shards(
                     raise ShardError(
                         f"clip {key}", f"latent must be finite (C, T, H, W), got shape {lat.shape}"
                     )
-                members.append((f"{key}.latent.npy", _npy_bytes(lat)))
+                members.append((f"{key}.latent.npy", npy_bytes(lat)))
             for name, data in members:
                 _add(tar, name, data)
             sample_rows.append(

@@ -34,6 +34,7 @@ import torch
 from vfm_core import storage
 from vfm_core.data.index import DatasetIndex, read_index, write_index
 from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
+from vfm_core.data.shards import npy_bytes
 from vfm_core.video.io import VideoError, decode_frames
 
 __all__ = ["EncodeShardsResult", "encode_shards"]
@@ -53,12 +54,6 @@ class EncodeShardsResult:
     """Shards written."""
     seconds: float
     """Wall time."""
-
-
-def _npy(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -130,12 +125,12 @@ def encode_shards(
                     start = tar.offset
                     _add(tar, f"{key}.json", json.dumps(s.meta, sort_keys=True).encode())
                     _add(tar, f"{key}.mp4", s.mp4)
-                    _add(tar, f"{key}.txt_emb.npy", _npy(s.txt_emb))
-                    _add(tar, f"{key}.latent.npy", _npy(latent))
+                    _add(tar, f"{key}.txt_emb.npy", npy_bytes(s.txt_emb))
+                    _add(tar, f"{key}.latent.npy", npy_bytes(latent))
                     if tok.fsq is not None:  # discrete: the ids (T', h, w) int32 too
                         codes = torch.from_numpy(np.ascontiguousarray(latent)).movedim(0, -1)
                         ids = tok.fsq.codes_to_indices(codes).numpy().astype(np.int32)
-                        _add(tar, f"{key}.tokens.npy", _npy(ids))
+                        _add(tar, f"{key}.tokens.npy", npy_bytes(ids))
                     rows.append(
                         {
                             **{k: row[k] for k in ("key", "frames", "height", "width")},
