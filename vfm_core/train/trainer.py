@@ -65,7 +65,7 @@ from vfm_core.parallel.layout import validate_layout
 from vfm_core.parallel.rng import StepRNG, counter_generator
 from vfm_core.parallel.world import init_world
 from vfm_core.perf.flops import train_flops, train_flops_per_token
-from vfm_core.perf.hardware import peak_flops
+from vfm_core.perf.hardware import peak_flops, recheck_cpu_peak
 from vfm_core.train.errors import TrainingDiverged
 
 __all__ = ["Trainer", "TrainingDiverged", "build_optimizer", "lr_lambda", "resolve_device"]
@@ -156,6 +156,7 @@ class Trainer:
         self.flops_per_token = train_flops_per_token(
             m, seq_len=self.tokens_per_sample, grid=self.grid, text_len=m.text_len
         )
+        self.peak_rechecked = False
         self.peak_flops, self.peak_source = peak_flops(
             self.device.type, dtype=cfg.train.dtype, width=m.hidden
         )
@@ -466,7 +467,12 @@ class Trainer:
             tokens_per_s = samples * self.tokens_per_sample / step_time
             achieved = tokens_per_s * self.flops_per_token  # FLOP/s
         if achieved / self.world > self.peak_flops and self.device.type == "cpu":
-            self._recheck_cpu_peak(achieved / self.world)
+            if not self.peak_rechecked:  # once: the start-up measurement met a busy machine
+                self.peak_rechecked = True
+                self.peak_flops, self.peak_source = recheck_cpu_peak(
+                    self.peak_flops, self.peak_source, achieved=achieved / self.world,
+                    width=self.cfg.model.hidden, dtype=self.cfg.train.dtype,
+                )  # fmt: skip
         return {
             **step_out,
             "tokens_per_s": tokens_per_s,
@@ -476,24 +482,6 @@ class Trainer:
             "step_time": step_time,
             "peak_mem_gb": peak_memory_gb(self.device),
         }
-
-    def _recheck_cpu_peak(self, achieved: float) -> None:
-        """The model ran faster than the CPU GEMM peak measured at start-up: that measurement
-        met a busy machine. Measure again (once) and keep the better figure, saying so."""
-        if getattr(self, "_peak_rechecked", False):
-            return
-        self._peak_rechecked = True
-        from vfm_core.perf.hardware import measure_cpu_peak
-
-        old = self.peak_flops
-        self.peak_flops = max(old, measure_cpu_peak(self.cfg.model.hidden, seconds=2.0))
-        self.peak_source += (f"; re-measured during training ({old / 1e9:.1f} -> "
-                             f"{self.peak_flops / 1e9:.1f} GFLOP/s)")  # fmt: skip
-        log.warning(
-            "CPU MFU above 100%%: the model reached %.1f GFLOP/s but the GEMM peak measured at "
-            "start-up was %.1f (the machine was busy then); re-measured: %.1f GFLOP/s",
-            achieved / 1e9, old / 1e9, self.peak_flops / 1e9,
-        )  # fmt: skip
 
     def fit(self, *, loggers: list, checkpoint=None) -> dict[str, float]:
         """Train until ``train.steps``; log every ``log_every``; checkpoint every ``ckpt_every``
