@@ -3,7 +3,6 @@ a training subset ("clips of red cars") and shard it like any curated clips dir.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from prefect import task
@@ -16,22 +15,16 @@ def search_subset_task(clips_dir: str, query: str, top: int, out_dir: str) -> di
     """Write ``out_dir/clips.parquet``: the ``top`` clips of ``clips_dir`` whose captions best
     match ``query`` (same schema, best first, uris absolute) and ``out_dir/search.json`` (the
     query, source manifest digest and scores); returns their URLs, the count and the clip ids."""
-    from vfm_core import storage
     from vfm_core.search import ClipSearchConfig, search_clips, write_subset
     from vfm_core.search.manifest import read_manifest
 
     search, hits = search_clips(clips_dir, query, config=ClipSearchConfig(top_k=top))
-    url = write_subset(search, hits, out_dir)
+    url, meta = write_subset(search, hits, out_dir, query)
     written = read_manifest(out_dir)  # contract: the subset as a reader sees it
     if not written.table.schema.equals(search.manifest.table.schema, check_metadata=False):
         raise RuntimeError(f"{url}: schema differs from {search.manifest.url}")
     if written.column("clip_id") != [h.clip_id for h in hits]:
         raise RuntimeError(f"{url}: rows differ from the {len(hits)} hits")
-    record = {"query": query, "top": top, "source": search.manifest.url,
-              "source_digest": search.manifest.digest,
-              "hits": [{"clip_id": h.clip_id, "score": h.score} for h in hits]}  # fmt: skip
-    meta = storage.write_bytes(storage.join(out_dir, "search.json"),
-                               json.dumps(record, indent=1).encode())  # fmt: skip
     task_logger().info("%d clips for %r from %s (best %.3f) -> %s", len(hits), query, clips_dir,
                        hits[0].score if hits else float("nan"), url)  # fmt: skip
     return {"clips": url, "search": meta, "n_clips": len(hits),

@@ -11,7 +11,7 @@ are cosine similarities. A hit's ``uri`` is made usable from anywhere (absolute 
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -230,11 +230,15 @@ def contact_sheet_of(hits: list[SearchHit], out: str | Path, *, columns: int = 6
             raise SearchError(f"contact sheet: clip file not found ({e.filename})") from None
 
 
-def write_subset(search: ClipSearch, hits: list[SearchHit], out_dir: str) -> str:
-    """``out_dir/clips.parquet``: the hits' manifest rows, best first, same schema, absolute
-    uris; returns its URL."""
-    return write_table(subset(search.manifest, search.rows_of(hits)), out_dir)
-
-
-def hit_dicts(hits: list[SearchHit]) -> list[dict]:
-    return [dataclasses.asdict(h) for h in hits]
+def write_subset(search: ClipSearch, hits: list[SearchHit], out_dir: str,
+                 query: str) -> tuple[str, str]:  # fmt: skip
+    """``out_dir/clips.parquet``: the hits' manifest rows, best first, same schema, absolute uris;
+    ``out_dir/search.json``: the query, the source manifest and its digest, the hits' scores.
+    Returns both URLs."""
+    url = write_table(subset(search.manifest, search.rows_of(hits)), out_dir)
+    record = {"query": query, "top": search.config.top_k, "source": search.manifest.url,
+              "source_digest": search.manifest.digest,
+              "hits": [{"clip_id": h.clip_id, "score": h.score} for h in hits]}  # fmt: skip
+    meta = storage.write_bytes(storage.join(out_dir, "search.json"),
+                               json.dumps(record, indent=1).encode())  # fmt: skip
+    return url, meta
