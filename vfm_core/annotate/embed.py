@@ -40,8 +40,14 @@ class ColorThumbEmbedder:
         return color_thumb_embed(frames).astype(np.float32)  # (N, 448)
 
 
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Vectors along the last axis scaled to unit L2 norm (zero vectors stay zero); the dtype
+    is kept."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
 def _l2(x: np.ndarray) -> np.ndarray:
-    return (x / (np.linalg.norm(x, axis=-1, keepdims=True) + 1e-8)).astype(np.float32)
+    return l2_normalize(x).astype(np.float32)
 
 
 def _require_dir(model_path: str | os.PathLike[str], what: str) -> Path:

@@ -177,8 +177,9 @@ class TextEncoder:
         if self.spec.mode == "pooled":
             tokens = [t.mean(axis=0, keepdims=True) for t in tokens]  # (1, D) mean pooling
         if self.spec.normalize:
-            tokens = [t / np.maximum(np.linalg.norm(t, axis=-1, keepdims=True), 1e-12)
-                      for t in tokens]  # fmt: skip
+            from vfm_core.annotate.embed import l2_normalize
+
+            tokens = [l2_normalize(t) for t in tokens]
         return [np.ascontiguousarray(t, dtype=np.float32) for t in tokens]
 
     __call__ = encode

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vfm_core.annotate.embed import l2_normalize
+
 
 @dataclass(kw_only=True, slots=True)
 class SemDedupConfig:
@@ -69,7 +71,7 @@ def kmeans(x: np.ndarray, k: int, *, iterations: int, seed: int) -> tuple[np.nda
             members = x[labels_new == j]
             if len(members):
                 m = members.sum(0)
-                c[j] = m / max(np.linalg.norm(m), 1e-12)
+                c[j] = l2_normalize(m)
         if np.array_equal(labels_new, labels):
             break
         labels = labels_new
@@ -85,8 +87,7 @@ def find_duplicates(embeddings: np.ndarray, ids: list[str], cfg: SemDedupConfig)
     if x.ndim != 2 or len(ids) != len(x):
         raise ValueError(f"semdedup: embeddings must be (N, D) with N ids, got {x.shape}, "
                          f"{len(ids)} ids")  # fmt: skip
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    x = x / np.maximum(norms, 1e-12)  # (N, D) unit rows
+    x = l2_normalize(x)  # (N, D) unit rows
     k = cfg.clusters or max(1, round(np.sqrt(len(x) / 2)))
     labels, centres = kmeans(x, k, iterations=cfg.iterations, seed=cfg.seed)
     out: list[Duplicate] = []

@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from vfm_core import storage
+from vfm_core.annotate.embed import l2_normalize
 from vfm_core.search.errors import SearchError
 
 FORMAT = "vfm.search.index"
@@ -65,8 +66,7 @@ def unit(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise SearchError(f"vectors must be a 2-D array (N, D), got shape {x.shape}")
-    norm = np.linalg.norm(x, axis=1, keepdims=True)  # (N, 1)
-    return x / np.maximum(norm, 1e-12)
+    return l2_normalize(x)
 
 
 class VectorIndex(Protocol):
