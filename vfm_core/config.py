@@ -8,6 +8,7 @@ typo in a YAML file or on the command line never silently falls back to a defaul
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -151,6 +152,10 @@ class DataConfig:
     """Seed of the data stream (independent of the model seed)."""
     shards: str = ""
     """Shard directory (local or s3://) with index.json, for ``source='shards'``."""
+    blend: str = ""
+    """Several shard directories with weights instead of ``shards``: ``DIR:WEIGHT,DIR:WEIGHT``
+    (local or s3://; the weight follows the last ':'). Each step comes from one dataset, drawn
+    with probability weight / sum from (seed, step) ('' = ``shards`` alone)."""
     tokenizer: str = ""
     """Tokenizer directory for shards without ``latent.npy`` ('' = the shards must hold latents)."""
     num_workers: int = 0
@@ -159,6 +164,42 @@ class DataConfig:
     """Packed training (``source='shards'``): tokens per pack, each pack holding samples of their
     own native latent sizes (images and videos); ``batch_size`` then counts packs per step (over all
     data-parallel ranks). 0 = no packing (every sample cropped to ``latent_*``)."""
+
+    def datasets(self) -> list[tuple[str, float]]:
+        """(directory, weight) of every dataset trained on: ``blend`` parsed, else ``shards``
+        with weight 1 ([] when neither is set); a ConfigError names the key."""
+        if self.blend and self.shards:
+            raise ConfigError(
+                "data.blend and data.shards are both set: use one (a blend of one dataset is "
+                "data.blend=DIR:1)"
+            )
+        if not self.blend:
+            return [(self.shards, 1.0)] if self.shards else []
+        return parse_blend(self.blend)
+
+
+def parse_blend(text: str) -> list[tuple[str, float]]:
+    """``"DIR_A:0.7,s3://b/x:0.3"`` -> [("DIR_A", 0.7), ("s3://b/x", 0.3)]: the weight after each
+    entry's last ':', a finite number > 0; every directory once."""
+    out: list[tuple[str, float]] = []
+    for entry in (e.strip() for e in text.split(",")):
+        url, _, raw = entry.rpartition(":")
+        url = url.strip()
+        try:
+            weight = float(raw)
+        except ValueError:
+            weight = None
+        if not url or weight is None:
+            raise ConfigError(
+                f"data.blend: entry {entry!r} is not DIR:WEIGHT with a numeric weight after its "
+                "last ':' (e.g. data.blend=DIR_A:0.7,DIR_B:0.3)"
+            )
+        if not math.isfinite(weight) or weight <= 0:
+            raise ConfigError(f"data.blend: weight of {url} must be a finite number > 0, got {raw}")
+        if url in (u for u, _ in out):
+            raise ConfigError(f"data.blend: {url} is listed twice")
+        out.append((url, weight))
+    return out
 
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
@@ -427,6 +468,17 @@ def _validate_packing(cfg: Config) -> None:
         )
 
 
+def _validate_blend(d: DataConfig) -> None:
+    """``data.blend``: entries ``DIR:WEIGHT`` with weights > 0, not with ``data.shards``, only
+    from shards. The datasets themselves (index.json, caption width, latent channels) are checked
+    against the model by the shard source when it opens them."""
+    if not d.blend:
+        return
+    d.datasets()
+    if d.source != "shards":
+        raise ConfigError(f"data.blend: needs data.source='shards' (got {d.source!r})")
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a single type cannot express; raises ConfigError naming the key."""
     m, d, t = cfg.model, cfg.data, cfg.train
@@ -460,6 +512,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"data.{name}: {size} is not a positive multiple of the patch {p}")
     if d.batch_size <= 0:
         raise ConfigError(f"data.batch_size: must be positive, got {d.batch_size}")
+    _validate_blend(d)
     _validate_packing(cfg)
     if t.steps < 0:
         raise ConfigError(f"train.steps: must be >= 0, got {t.steps}")

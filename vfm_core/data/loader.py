@@ -226,8 +226,9 @@ class ShardLoader:
         )
 
     # ------------------------------------------------------------------ iteration
-    def _build(self, plan: list[list[int]], step: int) -> Batch:
-        """Read, check and decode the samples of one planned step (this rank's groups)."""
+    def _build(self, plan: list[list[int]], step: int, global_samples: int) -> Batch:
+        """Read, check and decode the samples of one planned step (this rank's groups);
+        ``global_samples``: those of the step over all ranks."""
         positions = [p for g in plan for p in g]
         before = self.bytes_read
         raws = self._read_all([self.order.sample(p) for p in positions])
@@ -270,21 +271,23 @@ class ShardLoader:
             step=step,
             skipped=skipped,
             bytes_read=self.bytes_read - before,
+            global_samples=global_samples,
         )
 
-    def _plan(self) -> tuple[dict[str, Any], list[list[int]], int]:
+    def _plan(self) -> tuple[dict[str, Any], tuple[list[list[int]], int, int]]:
+        """(planner state before, (this rank's groups, step, samples of the step on all ranks))."""
         before = self.planner.state_dict()
-        plan = self.planner.next_step(self.dp_size)[self.dp_rank]  # this rank's groups
-        return before, plan, self.planner.state.steps
+        plans = self.planner.next_step(self.dp_size)  # plans[r]: rank r's groups of positions
+        n = sum(len(g) for groups in plans for g in groups)
+        return before, (plans[self.dp_rank], self.planner.state.steps, n)
 
     def next_batch(self) -> Batch:
         if self._ahead_pool is None:
-            _, plan, step = self._plan()
-            batch = self._build(plan, step)
+            batch = self._build(*self._plan()[1])
         else:  # keep `prefetch` steps in flight; the state stays at the last delivered step
             while len(self._ahead) <= self.prefetch:
-                before, plan, step = self._plan()
-                self._ahead.append((before, self._ahead_pool.submit(self._build, plan, step)))
+                before, planned = self._plan()
+                self._ahead.append((before, self._ahead_pool.submit(self._build, *planned)))
             batch = self._ahead.popleft()[1].result()
         self.skipped_total += len(batch.skipped)
         return batch
@@ -325,6 +328,11 @@ class ShardLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") == "blend":
+            raise LoaderStateError(
+                f"loader state is a blend of {len(state.get('loaders', []))} datasets "
+                "(data.blend); this run reads one (data.shards): resume with that data.blend"
+            )
         if state.get("version") != STATE_VERSION or state.get("kind") != "shard_loader":
             raise LoaderStateError(
                 f"loader state kind={state.get('kind')!r} version={state.get('version')!r} is "

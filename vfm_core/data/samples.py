@@ -38,7 +38,8 @@ class LatentPack:
     keys: list[str]
     """Sample keys, in pack order."""
     positions: list[int]
-    """Global loader positions of the samples (unique per run: keys of counter-based draws)."""
+    """Global loader positions of the samples (unique per run: keys of counter-based draws; in a
+    blend offset by dataset, :data:`~vfm_core.data.blend.POSITION_STRIDE`)."""
     length: int
     """Padded token length of the pack (``data.max_tokens``)."""
 

@@ -55,6 +55,8 @@ class Batch:
     """Bytes this rank read from storage for this batch."""
     source: int = 0
     """Dataset of the batch when blending (:class:`~vfm_core.data.blend.BlendedLoader`)."""
+    global_samples: int = 0
+    """Samples planned for this step over all data-parallel ranks (the same on every rank)."""
 
     def __getitem__(self, name: str) -> Any:
         return getattr(self, name)

@@ -13,6 +13,13 @@ latent frame, videos of several sizes) into ``data.batch_size`` packs of at most
 tokens; every latent is cropped to its token grid times the patch (first frames, centre of H and
 W), and a step is a :class:`PackedLatentBatch` (per sample: latent, caption with its length,
 loader position).
+
+Blend (``data.blend``): one loader per dataset and a :class:`~vfm_core.data.blend.BlendedLoader`
+that draws each step's dataset from (seed, step), the same on every rank; every dataset is checked
+against the model when opened (caption width, latent channels, packs, one text encoder), packed
+draw keys are offset by dataset (``POSITION_STRIDE``) and ``dataset_samples`` counts the samples
+drawn from each (the trainer logs them as ``data/samples/<name>``). ``data.shards`` is the one
+dataset case without the blend: same batches and state as a loader of its own.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ import numpy as np
 import torch
 
 from vfm_core.config import ConfigError, DataConfig, ModelConfig
-from vfm_core.data.blend import BucketSpec
-from vfm_core.data.loader import LoaderStateError, Sample, build_loader
+from vfm_core.data.blend import POSITION_STRIDE, BlendedLoader, BucketSpec, dataset_names
+from vfm_core.data.index import DatasetIndexError
+from vfm_core.data.loader import LoaderStateError, Sample, ShardLoader, build_loader
 from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
 
 log = logging.getLogger(__name__)
@@ -42,7 +50,8 @@ def _crop(a: np.ndarray, size: tuple[int, int], axes: tuple[int, int]) -> np.nda
 
 
 class ShardLatentSource:
-    """Latent batches of the configured shape from a shard directory (see module docstring)."""
+    """Latent batches of the configured shape from a shard directory or a weighted blend of
+    them (see module docstring)."""
 
     def __init__(self, data: DataConfig, model: ModelConfig, *, dp_rank: int = 0,
                  dp_size: int = 1, mp_group: Any = None) -> None:  # fmt: skip
@@ -50,8 +59,11 @@ class ShardLatentSource:
         samples of ``dp_size * data.batch_size``). ``mp_group``: the model-parallel ranks that
         share this data-parallel rank; each reads 1/k of the samples and the group all-gathers the
         bytes, so every rank of the group ends with the same batch."""
-        if not data.shards:
-            raise ConfigError("data.shards: set the shard directory for data.source='shards'")
+        datasets = data.datasets()  # [(directory, weight)]: data.blend, or data.shards alone
+        if not datasets:
+            raise ConfigError(
+                "data.shards: set the shard directory (or data.blend) for data.source='shards'"
+            )
         self.data, self.model = data, model
         self.tokenizer = None
         self.channels = model.in_channels  # of the latents read or encoded
@@ -86,8 +98,7 @@ class ShardLatentSource:
         self.pixels = (data.latent_height * cs, data.latent_width * cs)
         self.packed = data.max_tokens > 0
         shape = BucketSpec(resolutions=(self.pixels,), durations=(self.frames,))
-        self.loader = build_loader(
-            shards=data.shards,
+        loader_kw = dict(
             seed=data.seed,
             dp_rank=dp_rank,
             dp_size=dp_size,
@@ -101,16 +112,68 @@ class ShardLatentSource:
             prefetch=1,  # read + decode the next step while this one trains (not with mp_group)
             mp_group=mp_group,
         )
-        if self.loader.index.embedding_dim != model.text_dim:
-            raise ConfigError(
-                f"model.text_dim={model.text_dim} but the shards' caption embeddings are "
-                f"{self.loader.index.embedding_dim}-d ({data.shards})"
-            )
-        if self.packed:
-            self._check_fits()
+        self.urls = [url for url, _ in datasets]
+        self.names = dataset_names(self.urls)
+        """One unique name per dataset (its directory's basename), for metrics."""
+        self.loaders = [self._open(url, loader_kw) for url in self.urls]
+        self.loader = self.loaders[0]
+        """The first dataset's loader (with ``data.shards`` the only one)."""
+        for ld, url in zip(self.loaders, self.urls):
+            self._check_dataset(ld, self._where(url))
+        self.blend: BlendedLoader | None = None
+        if data.blend:
+            weights = [w for _, w in datasets]
+            self.blend = BlendedLoader(self.loaders, weights, seed=data.seed, names=self.names)
+        self.stream: ShardLoader | BlendedLoader = self.blend if self.blend else self.loader
+        """Where steps come from: the blend, or the one loader."""
         self.data_wait_s = 0.0
         self.text_record, self.null_text, self.null_length = self._null_caption()
         self.captions_cut = 0  # captions longer than model.text_len tokens (cut, counted)
+
+    def _where(self, url: str) -> str:
+        """A dataset as error messages name it."""
+        return f"data.blend dataset {url}" if self.data.blend else url
+
+    def _open(self, url: str, loader_kw: dict[str, Any]) -> ShardLoader:
+        try:
+            return build_loader(shards=url, **loader_kw)
+        except DatasetIndexError as e:
+            if not self.data.blend:
+                raise
+            raise ConfigError(f"data.blend: {e}") from None
+
+    def _check_dataset(self, ld: ShardLoader, where: str) -> None:
+        """The dataset's samples fit the model: caption width, stored latent channels, and (packed)
+        every sample fits one pack. From the index alone."""
+        dim = ld.index.embedding_dim
+        if dim != self.model.text_dim:
+            raise ConfigError(
+                f"model.text_dim={self.model.text_dim} but the shards' caption embeddings are "
+                f"{dim}-d ({where})"
+            )
+        channels = {s[0] for s in ld.index.samples["latent_shape"] if isinstance(s, list)}
+        if channels - {self.channels}:
+            raise ConfigError(
+                f"{where}: stored latents have {sorted(channels)} channels, the model takes "
+                f"{self.channels}"
+            )
+        if self.packed:
+            self._check_fits(ld, where)
+
+    def _text_record(self) -> dict[str, Any] | None:
+        """The datasets' one text record (index meta ``text``): a blend must share its encoder."""
+        records = [ld.index.meta.get("text") for ld in self.loaders]
+
+        def encoder(r: dict[str, Any] | None) -> Any:
+            return None if not r else {k: v for k, v in r.items() if k != "null"}
+
+        for url, r in zip(self.urls[1:], records[1:]):
+            if encoder(r) != encoder(records[0]):
+                raise ConfigError(
+                    f"data.blend: {url} holds captions of text encoder {encoder(r)}, "
+                    f"{self.urls[0]} of {encoder(records[0])}: a blend needs one encoder"
+                )
+        return records[0]
 
     def _null_caption(self) -> tuple[dict[str, Any] | None, torch.Tensor | None, int]:
         """The shards' text record (index meta ``text``), its null caption padded to
@@ -118,9 +181,9 @@ class ShardLatentSource:
         (dropped captions are zeros then)."""
         from vfm_core.annotate.text_encoder import TextEncoderError, null_from_record
 
-        record = self.loader.index.meta.get("text")
+        record = self._text_record()
         try:
-            null = null_from_record(record, self.model.text_dim, where=str(self.data.shards))
+            null = null_from_record(record, self.model.text_dim, where=self._where(self.urls[0]))
         except TextEncoderError as e:
             raise ConfigError(str(e)) from None
         if null is None:
@@ -129,17 +192,17 @@ class ShardLatentSource:
         pad = np.zeros((self.model.text_len - n, null.shape[1]), np.float32)
         return record, torch.from_numpy(np.concatenate([null[:n], pad])), n
 
-    def _check_fits(self) -> None:
+    def _check_fits(self, ld: ShardLoader, where: str) -> None:
         """Every sample of the index fits one pack (else the planner would skip it silently)."""
-        n = len(self.loader.index)
-        tokens = [self.loader.tokens(i) for i in range(n)]
+        n = len(ld.index)
+        tokens = [ld.tokens(i) for i in range(n)]
         worst = max(range(n), key=tokens.__getitem__)
         if tokens[worst] > self.data.max_tokens:
-            key = self.loader.index.samples.at[worst, "key"]
+            key = ld.index.samples.at[worst, "key"]
             raise ConfigError(
                 f"data.max_tokens={self.data.max_tokens} is smaller than the largest sample "
-                f"({key}: {tokens[worst]} tokens, grid {self.loader._grids[worst]}) of "
-                f"{self.data.shards}; set data.max_tokens >= {tokens[worst]}"
+                f"({key}: {tokens[worst]} tokens, grid {ld._grids[worst]}) of "
+                f"{where}; set data.max_tokens >= {tokens[worst]}"
             )
 
     def _packed_latent(self, s: Sample) -> torch.Tensor:
@@ -181,6 +244,7 @@ class ShardLatentSource:
         return max(1, min(int(s.txt_emb.shape[0]), self.model.text_len))
 
     def _packs(self, batch) -> PackedLatentBatch:
+        offset = batch.source * POSITION_STRIDE  # unique draw keys over a blend's datasets
         packs = []
         for members in batch.pack_members:
             if not members:  # every sample of this pack was bad (skipped, logged)
@@ -192,7 +256,7 @@ class ShardLatentSource:
                     text=torch.stack([self._text(s) for s in ss]),  # (S, L, Dt)
                     text_lengths=torch.tensor([self._text_length(s) for s in ss]),  # (S,)
                     keys=[s.key for s in ss],
-                    positions=[s.position for s in ss],
+                    positions=[s.position + offset for s in ss],
                     length=self.data.max_tokens,
                 )
             )
@@ -232,7 +296,7 @@ class ShardLatentSource:
 
     def next_batch(self) -> LatentBatch | PackedLatentBatch:
         t0 = time.perf_counter()
-        batch = self.loader.next_batch()
+        batch = self.stream.next_batch()
         if not batch.samples:
             raise RuntimeError(f"step {batch.step}: every sample was bad ({batch.skipped[:3]})")
         if self.packed:
@@ -247,18 +311,27 @@ class ShardLatentSource:
         self.data_wait_s += time.perf_counter() - t0
         return out
 
+    @property
+    def dataset_samples(self) -> dict[str, int]:
+        """Samples drawn from each dataset of a blend so far, over all data-parallel ranks (part
+        of the state); {} without a blend."""
+        if self.blend is None:
+            return {}
+        return dict(zip(self.names, self.blend.samples))
+
     def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
+        return self.stream.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the data position; a state saved with another per-rank ``batch_size`` (another
         data-parallel degree at the same global batch) is re-batched when it holds no partial
-        batch (see :func:`rebatch_state`)."""
-        self.loader.load_state_dict(rebatch_state(state, self.data.batch_size))
+        batch (see :func:`rebatch_state`); a state of another blend is refused."""
+        self.stream.load_state_dict(rebatch_state(state, self.data.batch_size))
 
 
 def rebatch_state(state: dict[str, Any], batch_size: int) -> dict[str, Any]:
-    """``state`` (a shard loader state) for a loader whose per-rank ``batch_size`` differs.
+    """``state`` (a shard loader or blend state) for loaders whose per-rank ``batch_size``
+    differs.
 
     The planner's position is global (the same on every rank and valid for any ``dp_size``);
     packed plans queue whole packs, which any batch size hands out in the same order. A
@@ -267,6 +340,9 @@ def rebatch_state(state: dict[str, Any], batch_size: int) -> dict[str, Any]:
     recorded size changes; otherwise the batches cannot be re-cut the same way and
     :class:`LoaderStateError` says what is pending.
     """
+    if state.get("kind") == "blend":  # one shard loader state per dataset
+        loaders = [rebatch_state(s, batch_size) for s in state.get("loaders", [])]
+        return {**state, "loaders": loaders}
     old = state.get("batch_size")
     if old == batch_size or state.get("kind") != "shard_loader":
         return state  # nothing to convert; the loader checks the rest

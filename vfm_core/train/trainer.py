@@ -457,8 +457,10 @@ class Trainer:
     def metrics(
         self, step_out: dict[str, float], *, step_time: float, data_time: float, batch: int
     ) -> dict[str, float]:
-        """Throughput of the global step; TFLOPS and MFU per process (GPU). ``batch``: samples
-        of the batch the source gave (this rank's slice with shards)."""
+        """Throughput of the global step; TFLOPS and MFU per process (GPU); with a blend of
+        datasets, the samples drawn from each so far (``data/samples/<name>``). ``batch``:
+        samples of the batch the source gave (this rank's slice with shards)."""
+        drawn = getattr(self.source, "dataset_samples", {})  # blend: over all dp ranks
         if self.packed_work is not None:  # packs: real tokens, every sample's own FLOPs
             tokens_per_s = self.packed_work[0] / step_time
             achieved = self.packed_work[1] / step_time  # FLOP/s
@@ -481,6 +483,7 @@ class Trainer:
             "data_wait": data_time / step_time,
             "step_time": step_time,
             "peak_mem_gb": peak_memory_gb(self.device),
+            **{f"data/samples/{name}": float(n) for name, n in drawn.items()},
         }
 
     def fit(self, *, loggers: list, checkpoint=None) -> dict[str, float]:
