@@ -151,6 +151,26 @@ def test_not_a_run_dir_is_refused(tiny_tokenizer, tmp_path):
         load_dit(tmp_path / "empty")
 
 
+def test_damaged_checkpoints_are_never_sampled_from(tiny_run, tmp_path, capsys):
+    """A run dir: the newest intact checkpoint, the damaged newer one skipped with one warning
+    line (as --resume does); a damaged step folder named explicitly: one clear error."""
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    older = run / "checkpoints" / "step_00000001"
+    newest = shutil.copytree(older, run / "checkpoints" / "step_00000002")
+    (shard,) = sorted(newest.glob("*.safetensors"))
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte inside the weights: loads, but wrong
+    shard.write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert load_dit(run).checkpoint == older
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning == (f"warning: skipping checkpoint {newest}: {shard.name}: sha256 differs "
+                       "from the manifest (the file was modified or corrupted)")  # fmt: skip
+    with pytest.raises(CheckpointError, match=rf"^--checkpoint: checkpoint {newest}: "
+                       rf"{shard.name}: sha256 differs"):  # fmt: skip
+        load_dit(newest)
+
+
 def test_tokenizer_channel_mismatch(tiny_run, prompt_emb, tmp_path):
     tok = CausalVideoAutoencoder(TokenizerConfig(base_channels=16, latent_channels=8))
     save_tokenizer(tok, tmp_path / "tok8")

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         check_guidance(args.guidance)
     if args.nproc < 1:
         raise GenerateError(f"--nproc: must be >= 1, got {args.nproc}")
-    run_dir, _ = resolve_checkpoint(args.checkpoint)
+    run_dir, _ = resolve_checkpoint(args.checkpoint, check=False)  # verified when loaded
     ids = None  # an autoregressive run's token prompt (K, h, w), read and checked here
     if args.prompt_tokens or args.prompt_video:
         from vfm_core.config import load_yaml

@@ -50,8 +50,10 @@ class LoadedDiT:
     None for runs without one (synthetic data, older runs: pooled MiniLM, zero null)."""
 
 
-def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
-    """(run directory, checkpoint folder) for a run directory or a ``step_*`` folder."""
+def resolve_checkpoint(path: str | Path, *, check: bool = True) -> tuple[Path, Path]:
+    """(run directory, checkpoint folder) for a run directory or a ``step_*`` folder.
+    ``check=False``: only the layout (cheap, for early argument checks); the folder returned
+    is then the newest finished one, not yet verified."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"--checkpoint {p}: no such directory")
@@ -62,16 +64,23 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
                 f"--checkpoint {p}: no config.yaml in the run directory {run} "
                 "(expected the layout written by `vfm train`)"
             )
-        return run, p
+        if not check:
+            return run, p
+        # verified like --resume-from: damaged weights are refused, never sampled from
+        return run, CheckpointManager(run).choose(p, explicit_flag="--checkpoint")
     if not (p / "config.yaml").is_file():
         raise CheckpointError(
             f"--checkpoint {p}: not a `vfm train` run directory (no config.yaml and no "
             f"{STATE_FILE}); a tokenizer directory goes to --tokenizer"
         )
-    latest = CheckpointManager(p).latest()
-    if latest is None:
-        raise CheckpointError(f"--checkpoint {p}: the run has no finished checkpoint yet")
-    return p, latest
+    ckpt = CheckpointManager(p)
+    if not check:
+        latest = ckpt.latest()
+        if latest is None:
+            raise CheckpointError(f"--checkpoint {p}: the run has no finished checkpoint yet")
+        return p, latest
+    # the newest intact checkpoint, like --resume: a damaged one is skipped with a warning line
+    return p, ckpt.choose(flag="--checkpoint")
 
 
 def _saved_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:

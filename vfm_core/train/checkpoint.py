@@ -234,16 +234,19 @@ class CheckpointManager:
             self._executor = None
 
     # ------------------------------------------------------------------ resume
-    def choose(self, explicit: str | Path | None = None) -> Path:
-        """The checkpoint to resume from, the same on every rank: ``explicit`` when intact, else
-        the newest intact one. Rank 0 verifies (sha256 of every file) and prints one warning
-        line per damaged checkpoint it skips; no intact one raises :class:`CheckpointError`."""
+    def choose(self, explicit: str | Path | None = None, *, flag: str = "--resume",
+               explicit_flag: str = "--resume-from") -> Path:  # fmt: skip
+        """The checkpoint to resume (or generate) from, the same on every rank: ``explicit`` when
+        intact, else the newest intact one. Rank 0 verifies (sha256 of every file) and prints one
+        warning line per damaged checkpoint it skips; no intact one raises
+        :class:`CheckpointError`, its message led by ``flag`` / ``explicit_flag`` (the option
+        the user gave)."""
         result: dict[str, str] = {}
         if is_rank0():
             if explicit is not None:
                 problems = verify(Path(explicit))
                 if problems:
-                    result["error"] = f"--resume-from: {_summary(problems)}"
+                    result["error"] = f"{explicit_flag}: {_summary(problems)}"
                 else:
                     result["path"] = str(explicit)
             else:
@@ -256,11 +259,13 @@ class CheckpointManager:
                 else:
                     n = len(self.candidates())
                     result["error"] = (
-                        f"--resume: no valid checkpoint under {self.dir} "
+                        f"{flag}: no valid checkpoint under {self.dir} "
                         + (
                             f"(all {n} damaged or unfinished, see the warnings above)"
                             if n
                             else "(nothing to continue; drop --resume to start a new run)"
+                            if flag == "--resume"
+                            else "(the run has no finished checkpoint yet)"
                         )  # fmt: skip
                     )
         result = _from_rank0(result)
