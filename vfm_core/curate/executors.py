@@ -3,16 +3,21 @@
 - `LocalExecutor` (default): in-process, depth-first per input item (a video is finished before
   the next one starts, so the resumable pipeline checkpoints early and memory stays flat).
 - `RayExecutor`: Ray Data streaming execution of the same stage objects, one autoscaled actor
-  pool per stage (`ActorPoolStrategy(min_size=1, max_size=...)`): Ray grows the pool of a stage
-  whose input queue backs up, so slow stages (transcode) get more workers than fast ones (probe)
-  -- the paper's auto-balancing. Each actor calls `stage.setup()` once. Items cross process
-  boundaries as JSON (`records.to_json`), never pickle. `ray.init(num_cpus=..., include_dashboard=
-  False)` starts a local instance unless one is running; with `address` ("auto", "HOST:PORT" or
-  "ray://HOST:PORT") it joins an existing cluster, after probing its port and GCS so that a wrong
-  address fails in seconds with `RayClusterError` (ray.init itself retries for minutes). Every
-  node of such a cluster needs this project importable (the same image / venv with `vfm`
-  installed, as `ray start` runs from it) and DST on storage all nodes reach (s3:// or a shared
-  filesystem).
+  pool per stage (`ActorPoolStrategy(min_size=1, max_size=max_workers)`): Ray grows the pool of
+  a stage whose actors have queued tasks, so slow stages (transcode) get more workers than fast
+  ones (probe) -- the paper's auto-balancing. Each actor reserves `cpus_per_worker`, by default
+  sized so that one pool can reach `max_workers` while the others hold one actor. With
+  `pool_size=n` every stage gets a fixed pool of n actors instead (the equal-pools peer of
+  `benchmarks/autobalance.py`). With `record_events` every actor reports its setup and batches
+  (`vfm_core.curate.balance`) and `events` holds them after the run. Each actor calls
+  `stage.setup()` once. Every item is its own block, so the clips of one video fan out over the
+  whole transcode / annotate pool. Items cross process boundaries as JSON (`records.to_json`),
+  never pickle. `ray.init(num_cpus=..., include_dashboard=False)` starts a local instance unless
+  one is running; with `address` ("auto", "HOST:PORT" or "ray://HOST:PORT") it joins an existing
+  cluster, after probing its port and GCS so that a wrong address fails in seconds with
+  `RayClusterError` (ray.init itself retries for minutes). Every node of such a cluster needs
+  this project importable (the same image / venv with `vfm` installed, as `ray start` runs from
+  it) and DST on storage all nodes reach (s3:// or a shared filesystem).
 
 Both yield final items in completion order; the pipeline sorts manifests, so both give the same
 manifests.
@@ -22,10 +27,12 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from vfm_core.curate.balance import BatchEvent, EventLog, ray_actor_events
 from vfm_core.curate.records import Item, from_json, to_json
 from vfm_core.curate.stages import Stage
 
@@ -118,23 +125,42 @@ class LocalExecutor:
 
 
 class _StageActor:
-    """A Ray actor holding one stage: setup once, then JSON rows in, JSON rows out."""
+    """A Ray actor holding one stage: setup once, then JSON rows in, JSON rows out. With an
+    event sink (an `EventLog` actor), it reports its setup and every batch there."""
 
-    def __init__(self, stage: Stage) -> None:
-        self.stage = stage
+    def __init__(self, stage: Stage, sink: Any = None) -> None:
+        t, c = time.time(), time.process_time()
+        self.stage, self.sink = stage, sink
         stage.setup()
+        self._record("setup", t, c, 0, 0)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
+        t, c = time.time(), time.process_time()
         items = [from_json(str(x)) for x in batch["row"]]
         out = self.stage.process(items)
-        return {"row": np.asarray([to_json(o) for o in out], dtype=object)}
+        rows = np.asarray([to_json(o) for o in out], dtype=object)
+        self._record("batch", t, c, len(items), len(out))
+        return {"row": rows}
+
+    def _record(self, kind: str, start: float, cpu: float, n_in: int, n_out: int) -> None:
+        if self.sink is None:
+            return
+        import ray
+
+        ev = BatchEvent(
+            stage=self.stage.name, actor=ray.get_runtime_context().get_actor_id(), kind=kind,
+            start=start, end=time.time(), n_in=n_in, n_out=n_out,
+            cpu_s=time.process_time() - cpu,
+        )  # type: ignore[arg-type]  # fmt: skip
+        ray.get(self.sink.record.remote(ev.to_json()))  # acknowledged: none lost when Ray
+        # removes the actor right after its last batch
 
 
 @dataclass(kw_only=True, slots=True)
 class RayExecutor:
-    """Ray Data streaming executor with an autoscaled actor pool per stage."""
+    """Ray Data streaming executor with an autoscaled (or fixed) actor pool per stage."""
 
     num_cpus: int = 2
     """CPUs of the local Ray instance started by `run` (ignored when connecting)."""
@@ -144,9 +170,16 @@ class RayExecutor:
     connect_timeout_s: float = 5.0
     """Seconds the cluster's port (then its GCS) has to answer before `RayClusterError`."""
     max_workers: int = 2
-    """Largest actor pool of one stage."""
+    """Largest actor pool of one stage (autoscaled pools)."""
+    pool_size: int | None = None
+    """None: autoscaled pools (1..max_workers actors); n: a fixed pool of n actors per stage."""
     cpus_per_worker: float | None = None
-    """CPUs reserved per actor (None: num_cpus / number of stages, so every pool can start)."""
+    """CPUs reserved per actor (None: 0.9 x the cluster's CPUs / the actor slots the pools need:
+    stages - 1 + max_workers when autoscaled, stages x pool_size when fixed)."""
+    record_events: bool = False
+    """Stage actors report their setup and batches; `events` holds them after `run`."""
+    events: list[BatchEvent] = field(default_factory=list, init=False, repr=False)
+    """The `BatchEvent`s of the last run (with `record_events`)."""
     object_store_mb: int = 256
     """Object store size of a local instance."""
     progress: bool = False
@@ -155,6 +188,10 @@ class RayExecutor:
     def __post_init__(self) -> None:
         if self.address is not None:
             parse_ray_address(self.address)  # a malformed address fails before any work
+        if self.pool_size is not None and self.pool_size < 1:
+            raise ValueError(f"RayExecutor.pool_size: expected >= 1 or None, got {self.pool_size}")
+        if self.max_workers < 1:
+            raise ValueError(f"RayExecutor.max_workers: expected >= 1, got {self.max_workers}")
 
     def run(self, stages: Sequence[Stage], items: Iterable[Item]) -> Iterator[Item]:
         import ray
@@ -179,8 +216,9 @@ class RayExecutor:
 
     def _run(self, stages: Sequence[Stage], items: list[Item]) -> Iterator[Item]:
         import ray
-        from ray.data import ActorPoolStrategy, DataContext
+        from ray.data import DataContext
 
+        self.events = []
         if not items:
             return
         ctx = DataContext.get_current()
@@ -188,26 +226,53 @@ class RayExecutor:
         ctx.execution_options.preserve_order = False
         total = float(ray.available_resources().get("CPU", self.num_cpus))
         nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU"))
-        # one actor per stage must fit node by node: each of n nodes wastes < 1 share x to bin
-        # packing, so x <= total / (stages + n - 1) places every pool (n = 1: total / stages)
-        share = total / (len(stages) + max(nodes - 1, 0)) if stages else total
-        cpus = self.cpus_per_worker or max(0.05, round(share * 0.9, 2))
+        fixed = self.pool_size is not None
+        # actor slots: every fixed pool full, or one autoscaled pool at max_workers and the
+        # others at 1. They must fit node by node: each of n nodes wastes < 1 share x to bin
+        # packing, so x <= total / (slots + n - 1) places them all
+        slots = len(stages) * self.pool_size if fixed else len(stages) - 1 + self.max_workers
+        share = total / (max(slots, 1) + max(nodes - 1, 0))
+        cpus = self.cpus_per_worker or max(0.01, round(share * 0.9, 3))
+        sink = ray.remote(num_cpus=0)(EventLog).remote() if self.record_events else None
+        t_start = time.time()
+        # one item per block (a Dataset keeps the context it was built with): a stage's outputs
+        # are separate tasks downstream, so the spans of one video are transcoded and annotated
+        # by the whole pool, not one after another inside one 1-block task
+        block_size, ctx.target_max_block_size = ctx.target_max_block_size, 1
+        try:
+            ds = self._dataset(stages, items, cpus=cpus, sink=sink)
+        finally:
+            ctx.target_max_block_size = block_size
+        for row in ds.iter_rows():
+            yield from_json(str(row["row"]))
+        if sink is not None:
+            self.events = [BatchEvent.from_json(r) for r in ray.get(sink.rows.remote())]
+            self.events += ray_actor_events({s.name.title(): s.name for s in stages},
+                                            since=t_start)  # fmt: skip
+            ray.kill(sink)
+
+    def _dataset(self, stages: Sequence[Stage], items: list[Item], *, cpus: float, sink: Any):
+        """One actor-pool map per stage over the items (JSON rows), batches of one item."""
+        import ray
+        from ray.data import ActorPoolStrategy
+
         ds = ray.data.from_items(
             [{"row": to_json(x)} for x in items], override_num_blocks=len(items)
         )
+        fixed = self.pool_size is not None
         for s in stages:
             # a subclass per stage so Ray's plan and logs name the pools (MapBatches(Transcode))
             actor = type(s.name.title(), (_StageActor,), {"__module__": __name__})
             ds = ds.map_batches(
                 actor,
-                fn_constructor_kwargs={"stage": s},
+                fn_constructor_kwargs={"stage": s, "sink": sink},
                 batch_size=1,
                 batch_format="numpy",
-                compute=ActorPoolStrategy(min_size=1, max_size=self.max_workers),
+                compute=ActorPoolStrategy(size=self.pool_size) if fixed else ActorPoolStrategy(
+                    min_size=1, max_size=self.max_workers),
                 num_cpus=cpus,
-            )
-        for row in ds.iter_rows():
-            yield from_json(str(row["row"]))
+            )  # fmt: skip
+        return ds
 
 
 def get_executor(name: str | Executor, **kw: Any) -> Executor:
