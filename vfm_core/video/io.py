@@ -12,7 +12,7 @@ Timestamps are seconds relative to the stream's first timestamp (`stream.start_t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
@@ -217,6 +217,16 @@ def _is_vfr(pts: list[int]) -> bool:
     return bool(np.max(np.abs(d - med)) > _VFR_TOLERANCE * med)
 
 
+SKIP_LOOP_FILTER: dict[str, str] = {"skip_loop_filter": "all"}
+"""Decoder options of the fast analysis decode (the shot splitter's default): no in-loop
+deblocking (H.264 / HEVC; codecs without the option ignore it). Deblocking smooths 4x4 / 8x8
+block edges, which a 64 px colour histogram cannot see, but it is ~15-30% of decoding a deblocked
+720p H.264 stream (x264 presets other than ultrafast, camera and web video). Reference frames
+then stay unfiltered, so the error drifts until the next keyframe: a few grey levels at block
+edges, not a colour change (benchmarks/curation.py measures the split's F1 with and without it).
+Never for pictures that are kept (transcode, captions, filter scores)."""
+
+
 def analysis_size(width: int, height: int, target_width: int | None) -> tuple[int, int]:
     """(w, h) scaled to `target_width` keeping aspect, both even and >= 2; identity for None."""
     if target_width is None or target_width >= width:
@@ -235,6 +245,7 @@ def iter_frames(
     threads: str = "AUTO",
     interpolation: str = "FAST_BILINEAR",
     resize: Literal["swscale", "sample"] = "swscale",
+    decoder_options: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[float, np.ndarray]]:
     """Yield (time_s, RGB uint8 (H, W, 3)) for the frames with start_s <= t < end_s.
 
@@ -244,14 +255,18 @@ def iter_frames(
     decoded YUV planes in place and point-samples them on the output grid (2x2 luma average), then
     converts the small picture to RGB through per-code tables: ~0.25 ms CPU per 720p frame on top
     of decoding vs ~0.7 ms for swscale to 64 px, measured in the decode loop (8-bit 4:2:0 /
-    4:4:4 only; other formats fall back to swscale). With
+    4:4:4 only; other formats fall back to swscale). `decoder_options` are FFmpeg decoder
+    options (AVOptions) set before the decoder opens, e.g. `SKIP_LOOP_FILTER` for analysis. With
     `start_s`, the demuxer seeks to the previous keyframe and the frames before `start_s` are
     decoded and skipped.
     """
     name = _name(src)
     size: tuple[int, int] | None = None
     sampler: _PlaneSampler | None = None
-    for t, frame in _iter_av_frames(src, start_s=start_s, end_s=end_s, threads=threads, name=name):
+    frames = _iter_av_frames(
+        src, start_s=start_s, end_s=end_s, threads=threads, name=name, options=decoder_options
+    )
+    for t, frame in frames:
         if size is None:  # the output size from the first frame's coded size (no second open)
             if height is None:
                 size = analysis_size(frame.width, frame.height, width)
@@ -360,8 +375,11 @@ def _iter_av_frames(
     end_s: float | None,
     threads: str,
     name: str | None = None,
+    options: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[float, av.VideoFrame]]:
     """(time_s, av.VideoFrame) with start_s <= t < end_s (by frame centre), after a keyframe seek.
+
+    `options`: FFmpeg decoder options, applied before the decoder opens (at the first packet).
 
     A decode error after the first frame ends the iteration quietly (damaged tail: the caller
     sees fewer frames than probed); before it, it raises `VideoError`.
@@ -370,6 +388,8 @@ def _iter_av_frames(
     with open_container(src) as c:
         s = _video_stream(c, name)
         s.codec_context.thread_type = threads
+        if options:
+            s.codec_context.options = dict(options)
         tb, t0 = s.time_base, _t0(s)
         rate = s.average_rate or s.guessed_rate
         half = 0.5 / float(rate) if rate else 0.0  # a frame belongs to [start, end) by its centre
