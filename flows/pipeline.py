@@ -44,7 +44,7 @@ from tasks.pipeline import (
 )
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
-from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, ui_hint
+from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri, ui_hint
 
 
 class PipelineStageError(RuntimeError):
@@ -88,12 +88,15 @@ class PipelineParams(BaseModel):
 
 
 def _stage(work: str, name: str, inputs: dict[str, Any], run: Callable[[], dict[str, Any]],
-           outputs: Callable[[dict[str, Any]], list[str]]) -> dict[str, Any]:  # fmt: skip
-    """Run one stage unless a finished run with the same ``inputs`` left its outputs."""
+           outputs: Callable[[dict[str, Any]], list[str]], *,
+           reused: list[str]) -> dict[str, Any]:  # fmt: skip
+    """Run one stage unless a finished run with the same ``inputs`` left its outputs (its name
+    then goes to ``reused``). A stage that made an MLflow run records the store it is in."""
     key = stage_key(inputs)
     done = finished_stage(work, name, key)
     if done is not None:
         print(f"stage {name}: done in an earlier run, skipped")
+        reused.append(name)
         return done
     try:
         summary = run()
@@ -102,6 +105,8 @@ def _stage(work: str, name: str, inputs: dict[str, Any], run: Callable[[], dict[
             f"pipeline stage '{name}' failed: {type(e).__name__}: {e} (outputs of the earlier "
             f"stages are kept under {work}; rerun to resume at '{name}')"
         ) from e
+    if summary.get("mlflow_run_id"):  # where its run is, for a later pipeline run that reuses it
+        summary = {**summary, "tracking_uri": tracking_uri()}
     mark_stage(work, name, key, summary, outputs(summary))
     return summary
 
@@ -123,6 +128,7 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     files = [f"{work}/report.md"] + ([out["generate"]["contact_sheet"]]
                                      if out.get("generate", {}).get("contact_sheet") else [])
     tags = {"vfm.train_run_id": out["train"].get("mlflow_run_id") or "",
+            "vfm.reused_stages": ",".join(out["reused"]),
             CHECKPOINT_TAG: Path(out["train"]["checkpoint"]).resolve().as_uri()}
     log_to_run(tracking, parent, files, tags=tags, params=p.model_dump())
     end_mlflow_run(tracking, parent)
@@ -130,22 +136,23 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
 
 
 def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"work_dir": work}
+    out: dict[str, Any] = {"work_dir": work, "reused": []}
+    reused = out["reused"]  # stages finished by an earlier run of this pipeline, skipped now
 
     src = p.src or f"{work}/raw"
     if not p.src:
         _stage(work, "sample", {"n": p.sample_videos},
                lambda: {"dir": sample_videos_task(src, p.sample_videos)},
-               lambda s: [s["dir"]])  # fmt: skip
+               lambda s: [s["dir"]], reused=reused)  # fmt: skip
 
     curate_in = {"src": src, "splitter": p.splitter, "min": p.min_len_s, "max": p.max_len_s}
     curate = _stage(work, "curate", curate_in, lambda: curate_flow(CurateParams(
         src=src, dst=f"{work}/curated", splitter=p.splitter, min_len_s=p.min_len_s,
-        max_len_s=p.max_len_s)), lambda s: [s["clips"]])  # fmt: skip
+        max_len_s=p.max_len_s)), lambda s: [s["clips"]], reused=reused)  # fmt: skip
     out["curate"] = curate
     shard = _stage(work, "shard", {"curate": curate}, lambda: shard_flow(ShardParams(
         clips_dir=f"{work}/curated", shards_dir=f"{work}/shards")),
-        lambda s: [s["index"]])  # fmt: skip
+        lambda s: [s["index"]], reused=reused)  # fmt: skip
     out["shard"] = shard
 
     tok_dir = p.tokenizer
@@ -155,14 +162,15 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
         tok_in = {"shard": shard, "steps": p.tokenizer_steps, "preset": p.tokenizer_preset()}
         tok = _stage(work, "tokenizer", tok_in, lambda: tokenizer_task(
             f"{work}/shards", f"{work}/tokenizer", preset=p.tokenizer_preset(),
-            steps=p.tokenizer_steps, frames=5, size=32), lambda s: [s["dir"]])  # fmt: skip
+            steps=p.tokenizer_steps, frames=5, size=32), lambda s: [s["dir"]],
+            reused=reused)  # fmt: skip
         out["tokenizer"] = tok
         tok_dir = tok["dir"]
 
     enc = _stage(work, "encode", {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir)},
                  lambda: {**encode_latents(f"{work}/shards", f"{work}/latents", tokenizer=tok_dir),
                           "dir": f"{work}/latents"},
-                 lambda s: [s["index"]])  # fmt: skip
+                 lambda s: [s["index"]], reused=reused)  # fmt: skip
     out["encode"] = enc
 
     t, h, w = p.latent_grid
@@ -183,7 +191,8 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
 
     train_in = {"shard": enc, "tokenizer": out.get("tokenizer", tok_dir),
                 "params": train_params.model_dump()}  # fmt: skip
-    train = _stage(work, "train", train_in, run_train, lambda s: [s["checkpoint"]])
+    train = _stage(work, "train", train_in, run_train, lambda s: [s["checkpoint"]],
+                   reused=reused)
     out["train"] = train
 
     if p.prompts:
@@ -196,7 +205,8 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
         out["generate"] = _stage(work, "generate", {"train": train,
                                                     "params": gen_params.model_dump()},
                                  lambda: generate_flow(gen_params, parent_run_id=parent),
-                                 lambda s: [v["mp4"] for v in s["videos"]])  # fmt: skip
+                                 lambda s: [v["mp4"] for v in s["videos"]],
+                                 reused=reused)  # fmt: skip
 
     report = _report(p, out, parent)
     out["report"] = report
@@ -255,13 +265,33 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
                          f"{pf['direction_acc']:.0%}{held} |")  # fmt: skip
         if g.get("contact_sheet"):
             lines.append(f"| contact sheet | one row per prompt: `{g['contact_sheet']}` |")
-    lines += ["", f"Runs: {ui_hint()} (experiment `{p.experiment}`, pipeline run `{parent}` with "
-              "the train / evaluate / generate runs nested under it)"]
+    lines += ["", _runs_line(p, out, parent)]
     text = "\n".join(lines)
     Path(out["work_dir"], "report.md").write_text(text + "\n")
     create_markdown_artifact(text, key=f"pipeline-{p.name.lower().replace('_', '-')}".replace(
         ".", "-"), description="vfm pipeline summary")  # fmt: skip
     return text
+
+
+def _runs_line(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
+    """Where the runs are: the stages' MLflow runs are nested under this pipeline run when this
+    run made them; a stage reused from an earlier run keeps its run where that run logged it."""
+    made = [s for s in ("train", "generate") if s in out and s not in out["reused"]]
+    head = f"Runs: {ui_hint()} (experiment `{p.experiment}`, pipeline run `{parent}`"
+    nested = {"train": "train", "generate": "evaluate / generate"}
+    if made:
+        head += " with the " + " and ".join(nested[s] for s in made) + " runs nested under it"
+    earlier = []
+    for s in ("train", "generate"):
+        summary = out.get(s, {})
+        if s in out["reused"] and summary.get("mlflow_run_id"):
+            uri = summary.get("tracking_uri")
+            where = "" if uri in (None, tracking_uri()) else f" in the store {uri}"
+            earlier.append(f"{s} run `{summary['mlflow_run_id']}`{where}")
+    if earlier:
+        head += ("; reused from an earlier run of this pipeline, not nested here: "
+                 + ", ".join(earlier) + "; `make clean` starts over")  # fmt: skip
+    return head + ")"
 
 
 if __name__ == "__main__":

@@ -75,6 +75,17 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
 
     again = pipeline_flow(PipelineParams(**base, overrides=TINY))  # everything done: no work
     assert again["train"]["mlflow_run_id"] == out["train"]["mlflow_run_id"]
+    # the new pipeline run has no children: its report and tag say where the reused runs are
+    assert again["reused"] == ["sample", "curate", "shard", "tokenizer", "encode", "train",
+                               "generate"]  # fmt: skip
+    runs_line = again["report"].splitlines()[-1]
+    assert "nested under it" not in runs_line
+    assert (f"reused from an earlier run of this pipeline, not nested here: train run "
+            f"`{out['train']['mlflow_run_id']}`, generate run "
+            f"`{out['generate']['mlflow_run_id']}`") in runs_line  # fmt: skip
+    assert "nested under it" in out["report"].splitlines()[-1]
+    tags = client.get_run(again["mlflow_run_id"]).data.tags
+    assert tags["vfm.reused_stages"] == ",".join(again["reused"])
     marker = json.loads(stage_marker(str(tmp_path), "train").read_text())
     assert marker["outputs"] == [out["train"]["checkpoint"]]
 
