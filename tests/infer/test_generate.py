@@ -26,6 +26,7 @@ from vfm_core.infer.generate import (
 from vfm_core.infer.shapes import FramesRoundedWarning, GenerateError, parse_size, plan_latent
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
 from vfm_core.train.checkpoint import CheckpointError
+from vfm_core.train.integrity import write_manifest
 from vfm_core.video.io import decode_frames, probe
 
 
@@ -94,8 +95,10 @@ def test_ema_or_raw_weights(tiny_run, tmp_path):
     ckpt = next((run / "checkpoints").iterdir())
     state = (ckpt / "state.json").read_text()
     (ckpt / "state.json").write_text(state.replace('"step": 1', '"step": 5', 1))
+    write_manifest(ckpt, step=5)  # edited on purpose: sealed again, as a save would
     assert load_dit(run).weights == "model"  # 0.5**5 = 3% init: still one step short
     (ckpt / "state.json").write_text(state.replace('"step": 1', '"step": 6', 1))
+    write_manifest(ckpt, step=6)
     assert load_dit(run).weights == "ema"
 
 
@@ -136,6 +139,7 @@ def test_other_architecture_is_refused(tiny_run, tmp_path):
         f.unlink()
     for f in next((tiny_run / "checkpoints").iterdir()).glob("*.safetensors"):
         shutil.copy(f, ckpt / f.name)
+    write_manifest(ckpt, step=1)  # a complete checkpoint, of the wrong tensors
     with pytest.raises(CheckpointError, match=r"does not fit the 'dit' architecture.*blocks\.2"):
         load_dit(other)
 
@@ -169,6 +173,21 @@ def test_damaged_checkpoints_are_never_sampled_from(tiny_run, tmp_path, capsys):
     with pytest.raises(CheckpointError, match=rf"^--checkpoint: checkpoint {newest}: "
                        rf"{shard.name}: sha256 differs"):  # fmt: skip
         load_dit(newest)
+
+
+def test_longer_than_trained_is_warned(tiny_run, prompt_emb, tmp_path):
+    """tiny_run trained 4 latent frames (13 pixel frames) of 8x8 latents (64x64): 17 frames or
+    128x128 is extrapolation, said in one warning naming what it trained on."""
+    from vfm_core.infer.shapes import BeyondTrainingWarning
+
+    with pytest.warns(BeyondTrainingWarning, match=r"--frames 17 --size 64x64: the run trained "
+                      r"on 13 frames at 64x64 \(latent 4x8x8\)"):  # fmt: skip
+        generate(tiny_run, _req(frames=17, steps=1), tmp_path / "a.mp4", text_emb=prompt_emb)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BeyondTrainingWarning)  # the trained shape: no warning
+        generate(tiny_run, _req(frames=13, steps=1), tmp_path / "b.mp4", text_emb=prompt_emb)
 
 
 def test_tokenizer_channel_mismatch(tiny_run, prompt_emb, tmp_path):

@@ -57,7 +57,7 @@ from vfm_core.infer.ar_prefill import SplitPrefill, load_prompt, sync_tokens
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
-from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent
+from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent, warn_beyond_training
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames, write_outputs
 from vfm_core.tokenizer.fsq import FSQ
 
@@ -349,6 +349,10 @@ def _decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, worl
         patch=tuple(cfg.model.patch),
         cp=1 if ar else world,  # the AR split pads the prompt: any token count works
     )
+    if cfg.data.max_tokens == 0:  # unpacked: every training latent had the configured shape
+        d = cfg.data
+        warn_beyond_training(plan, (d.latent_frames, d.latent_height, d.latent_width),
+                             temporal_factor=t_c, spatial_factor=s)  # fmt: skip
     return decoder, plan, s
 
 

@@ -14,7 +14,8 @@ import math
 import warnings
 from dataclasses import dataclass
 
-__all__ = ["FramesRoundedWarning", "GenerateError", "LatentPlan", "plan_latent", "parse_size"]
+__all__ = ["BeyondTrainingWarning", "FramesRoundedWarning", "GenerateError", "LatentPlan",
+           "parse_size", "plan_latent", "warn_beyond_training"]
 
 
 class GenerateError(ValueError):
@@ -23,6 +24,28 @@ class GenerateError(ValueError):
 
 class FramesRoundedWarning(UserWarning):
     """The requested frame count was rounded up to one the tokenizer and DiT can take."""
+
+
+class BeyondTrainingWarning(UserWarning):
+    """The requested video is longer or larger than every latent the run trained on."""
+
+
+def warn_beyond_training(plan: LatentPlan, trained: tuple[int, int, int], *,
+                         temporal_factor: int, spatial_factor: int) -> None:  # fmt: skip
+    """Warn when ``plan``'s latent (T', h, w) exceeds the run's training latent ``trained``
+    (unpacked runs train on one shape): the model never saw such a video, so its motion and
+    layout there are extrapolation."""
+    t, h, w = plan.latent[1:]
+    tt, th, tw = trained
+    if t > tt or h > th or w > tw:
+        frames = 1 + temporal_factor * (tt - 1)
+        warnings.warn(
+            f"--frames {plan.frames} --size {plan.height}x{plan.width}: the run trained on "
+            f"{frames} frames at {th * spatial_factor}x{tw * spatial_factor} (latent {tt}x{th}x"
+            f"{tw}); a longer or larger video is outside what it learned",
+            BeyondTrainingWarning,
+            stacklevel=3,
+        )
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
