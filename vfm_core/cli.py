@@ -10,9 +10,11 @@ vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,
 vfm recipes
 vfm checkpoint verify RUN_DIR|CKPT_DIR [--json]
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH]
-          [--text-mode tokens|pooled] [--json]
+          [--text-mode tokens|pooled] [--index-format json|parquet] [--json]
 vfm index SHARDS_DIR [--caption-key txt|json:FIELD] [--video-key mp4|webm|jpg|png|...]
-          [--skip-uncaptioned] [--text-model PATH] [--text-mode tokens|pooled] [--json]
+          [--skip-uncaptioned] [--text-model PATH] [--text-mode tokens|pooled]
+          [--index-format json|parquet] [--json]
+vfm index --migrate SHARDS_DIR   (index.json -> columnar samples.parquet, in place)
 vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
 vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
              [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]

@@ -27,6 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sh.add_argument("shards_dir", help="where shards and index.json go (local or s3://)")
     sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
     add_text_args(sh)
+    add_format_arg(sh)
     sh.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     ix = sub.add_parser(
@@ -44,7 +45,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_text_args(ix)
     ix.add_argument("--sidecar-shard-mb", type=float, default=64.0,
                     help="size target of the caption-embedding sidecar tars")
+    add_format_arg(ix)
+    ix.add_argument("--migrate", action="store_true",
+                    help="convert SHARDS_DIR's index.json (any vfm dataset) to the columnar "
+                    "form in place (samples.parquet; the old index kept as index.v1.json), "
+                    "nothing re-indexed")
     ix.add_argument("--json", action="store_true", help="print the summary as JSON")  # fmt: skip
+
+
+def add_format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index-format", choices=("json", "parquet"), default="json",
+                   help="json: every sample row in index.json; parquet: the rows in "
+                   "samples.parquet, read a row group at a time (datasets of 10^7+ samples)")
 
 
 def _positive_mb(flag: str, value: float) -> None:
@@ -58,7 +70,8 @@ def run_shard(args: argparse.Namespace) -> int:
     _positive_mb("--target-shard-mb", args.target_shard_mb)
     summary = shard_clips_dir(args.clips_dir, args.shards_dir,
                               target_shard_mb=args.target_shard_mb, text_model=args.text_model,
-                              text_mode=args.text_mode)  # fmt: skip
+                              text_mode=args.text_mode,
+                              index_format=args.index_format)  # fmt: skip
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -71,14 +84,25 @@ def run_shard(args: argparse.Namespace) -> int:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    """``vfm index SHARDS_DIR``: a summary line (or JSON)."""
+    """``vfm index SHARDS_DIR``: a summary line (or JSON); ``--migrate``: convert the index."""
+    if args.migrate:
+        from vfm_core.data.index import migrate_index
+
+        done = migrate_index(args.shards_dir)
+        if args.json:
+            print(json.dumps(done))
+        else:
+            what = "migrated to" if done["migrated"] else "already columnar:"
+            print(f"{done['n_samples']} samples, {what} {done['index']} + samples.parquet")
+        return 0
     from vfm_core.data.foreign_index import index_shards_dir
 
     _positive_mb("--sidecar-shard-mb", args.sidecar_shard_mb)
     summary = index_shards_dir(args.shards_dir, caption_key=args.caption_key,
                                video_key=args.video_key, skip_uncaptioned=args.skip_uncaptioned,
                                text_model=args.text_model, text_mode=args.text_mode,
-                               sidecar_shard_mb=args.sidecar_shard_mb)  # fmt: skip
+                               sidecar_shard_mb=args.sidecar_shard_mb,
+                               index_format=args.index_format)  # fmt: skip
     if args.json:
         print(json.dumps(summary))
         return 0

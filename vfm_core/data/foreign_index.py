@@ -129,6 +129,7 @@ def index_foreign_shards(
     embed: Any,
     config: ForeignIndexConfig | None = None,
     meta: dict[str, Any] | None = None,
+    index_format: str = "json",
 ) -> dict[str, Any]:
     """Index the foreign WebDataset tars of ``shards_dir`` in place (see the module docstring);
     ``embed``: captions -> (N, D) or N x (L, D). Returns the summary (counts, skip reasons)."""
@@ -225,7 +226,8 @@ def index_foreign_shards(
         },  # fmt: skip
         sidecars=sidecars,
     )
-    write_index(index)
+    write_index(index, format=index_format)
+    summary["index_format"] = index_format
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     return summary
 
@@ -239,6 +241,7 @@ def index_shards_dir(
     text_model: str | None = None,
     text_mode: str = "tokens",
     sidecar_shard_mb: float = 64.0,
+    index_format: str = "json",
 ) -> dict[str, Any]:
     """``vfm index``: :func:`index_foreign_shards` with the caption encoder of ``vfm shard``,
     then the index read back and the shard sizes checked as a loader will."""
@@ -252,7 +255,8 @@ def index_shards_dir(
     cfg.media_exts()  # a bad --video-key fails before the encoder loads
     encoder = TextEncoder(TextSpec(model=text_model, mode=text_mode))
     meta = {"text_model": text_model or "all-MiniLM-L6-v2", "text": encoder.record()}
-    summary = index_foreign_shards(shards_dir, embed=encoder.encode, config=cfg, meta=meta)
+    summary = index_foreign_shards(shards_dir, embed=encoder.encode, config=cfg, meta=meta,
+                                   index_format=index_format)
     verify_shards(read_index(shards_dir), checksum=False)
     summary["captions_truncated"] = encoder.truncated
     summary["text_mode"] = text_mode

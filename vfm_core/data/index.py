@@ -19,16 +19,21 @@ them is exactly the schema-1 index of our own shards, so existing datasets keep 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
 from vfm_core import storage
 
 SCHEMA_VERSION = 1
+COLUMNAR_VERSION = 2
+"""``schema_version`` of the columnar form (``format: "parquet"``)."""
 INDEX_NAME = "index.json"
+INDEX_FORMATS = ("json", "parquet")
 
 
 class DatasetIndexError(ValueError):
@@ -128,6 +133,40 @@ class DatasetIndex:
         """True for a foreign WebDataset indexed by ``vfm index`` (two byte ranges per sample)."""
         return "emb_shard" in self.samples.columns
 
+    @property
+    def stats(self) -> dict[str, Any] | None:
+        """Summary stats written with a columnar index (distinct geometries, latent channels;
+        see :mod:`vfm_core.data.columnar`); None for a JSON index (callers scan the rows)."""
+        return None
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Sample ``i`` as a dict of its columns (``latent_shape``: [C, T, H, W] or None)."""
+        return self.samples.iloc[i].to_dict()
+
+    def geometry(self, i: int) -> np.ndarray:
+        """(7,) frames, height, width, latent C, T, H, W (0 without a stored latent)."""
+        r = self.samples.iloc[i]
+        lat = r["latent_shape"] if isinstance(r["latent_shape"], list) else [0, 0, 0, 0]
+        return np.array([r["frames"], r["height"], r["width"], *lat], np.int64)
+
+    def iter_geometries(self) -> Iterator[np.ndarray]:
+        """(n, 7) geometry chunks over all samples in order (a whole-table scan: fallback only)."""
+        rows = self.samples
+        lat = np.zeros((len(rows), 4), np.int64)
+        for j, shape in enumerate(rows["latent_shape"]):
+            if isinstance(shape, list):
+                lat[j] = shape
+        base = rows[["frames", "height", "width"]].to_numpy(np.int64)
+        yield np.concatenate([base, lat], 1)
+
+    def latent_channels(self) -> set[int]:
+        """Channel counts of the stored latents (empty: no sample has one); from the stats when
+        the index has them, else a scan."""
+        channels = (self.stats or {}).get("latent_channels")
+        if channels is not None:
+            return {int(c) for c in channels}
+        return {int(c) for g in self.iter_geometries() for c in np.unique(g[:, 3]) if c > 0}
+
     def shard_url(self, shard: int) -> str:
         return storage.join(self.root, str(self.shards.at[shard, "name"]))
 
@@ -225,10 +264,15 @@ def read_index(root: str) -> DatasetIndex:
     if not isinstance(doc, dict):
         raise DatasetIndexError(f"{url}: expected a JSON object")
     version = doc.get("schema_version")
+    if version == COLUMNAR_VERSION and doc.get("format") == "parquet":
+        from vfm_core.data.columnar import open_parquet_index
+
+        return open_parquet_index(url, doc, str(root))
     if version != SCHEMA_VERSION:
         raise DatasetIndexError(
             f"{url}: schema_version {version!r}, this reader understands {SCHEMA_VERSION} "
-            "(re-shard the data with this version of vfm)"
+            f"(json) and {COLUMNAR_VERSION} with format 'parquet' (this one has format "
+            f"{doc.get('format')!r}; re-shard the data with this version of vfm)"
         )
     try:
         shards = pd.DataFrame(doc["shards"], columns=list(ShardTable.columns))
@@ -249,8 +293,66 @@ def read_index(root: str) -> DatasetIndex:
                         meta=doc.get("meta", {}), sidecars=sidecars)  # fmt: skip
 
 
-def write_index(index: DatasetIndex) -> str:
-    """Validate and atomically write ``index.json``; returns its URL."""
+def write_index(
+    index: DatasetIndex, *, format: str = "json", row_group_size: int = 1 << 14
+) -> str:
+    """Validate and atomically write ``index.json`` (``format="parquet"``: the columnar form,
+    ``samples.parquet`` in row groups of ``row_group_size`` first, then the small ``index.json``
+    naming it); returns its URL."""
+    if format not in INDEX_FORMATS:
+        raise ValueError(f"index format {format!r}: one of {INDEX_FORMATS}")
     url = storage.join(index.root, INDEX_NAME)
     validate_tables(index.shards, index.samples, where=url, sidecars=index.sidecars)
-    return storage.write_bytes(url, index.to_json().encode())
+    if format == "json":
+        return storage.write_bytes(url, index.to_json().encode())
+    from vfm_core.data.columnar import SAMPLES_NAME, frame_to_arrow, write_samples
+
+    foreign = index.sidecars is not None
+    stats = write_samples(storage.join(index.root, SAMPLES_NAME),
+                          [frame_to_arrow(index.samples, foreign)], foreign=foreign,
+                          row_group_size=row_group_size)  # fmt: skip
+    doc = columnar_doc(index.shards, index.sidecars, embedding_dim=index.embedding_dim,
+                       meta=index.meta, stats=stats)  # fmt: skip
+    return storage.write_bytes(url, json.dumps(doc, indent=1).encode())
+
+
+def columnar_doc(
+    shards: pd.DataFrame,
+    sidecars: pd.DataFrame | None,
+    *,
+    embedding_dim: int,
+    meta: dict[str, Any],
+    stats: dict[str, Any],
+) -> dict[str, Any]:
+    """The small ``index.json`` of the columnar form."""
+    from vfm_core.data.columnar import SAMPLES_NAME
+
+    doc = {
+        "schema_version": COLUMNAR_VERSION,
+        "format": "parquet",
+        "samples_file": SAMPLES_NAME,
+        "embedding_dim": embedding_dim,
+        "n_samples": stats["n_samples"],
+        "row_group_size": stats["row_group_size"],
+        "shards": shards.to_dict(orient="records"),
+        "meta": meta,
+        "stats": {k: v for k, v in stats.items() if k not in ("n_samples", "row_group_size")},
+    }
+    if sidecars is not None:
+        doc["sidecars"] = sidecars.to_dict(orient="records")
+    return doc
+
+
+def migrate_index(root: str, *, row_group_size: int = 1 << 14) -> dict[str, Any]:
+    """Convert the JSON index of ``root`` to the columnar form in place (the old ``index.json``
+    is kept as ``index.v1.json``); the result is read back. Returns a summary."""
+    index = read_index(root)
+    if index.stats is not None:
+        return {"index": storage.join(root, INDEX_NAME), "n_samples": len(index),
+                "migrated": False}  # fmt: skip
+    storage.write_bytes(storage.join(root, "index.v1.json"), index.to_json().encode())
+    url = write_index(index, format="parquet", row_group_size=row_group_size)
+    again = read_index(root)
+    if len(again) != len(index):
+        raise DatasetIndexError(f"{url}: migrated index reads back {len(again)} samples")
+    return {"index": url, "n_samples": len(again), "migrated": True}

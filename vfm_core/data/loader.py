@@ -96,8 +96,12 @@ class ShardLoader:
         self.mp_group = mp_group
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.buffer_size, self.slack = buffer_size, slack
-        self._grids = self._all_grids()
-        if max_tokens is not None and min(g[0] * g[1] * g[2] for g in self._grids) > max_tokens:
+        # JSON index: every grid precomputed (vectorised); columnar index: computed per sample
+        # from its row group's geometry, and start-up checks read the index's summary stats
+        self._grids = self._all_grids() if index.stats is None else None
+        self._grid_cache: dict[int, Grid] = {}
+        self._walked = 0  # positions the packer walked last step (what to prefetch next)
+        if max_tokens is not None and self.token_extremes()[0] > max_tokens:
             raise ValueError(f"max_tokens={max_tokens}: no sample of the dataset fits")
         self.order = GlobalOrder(len(index), seed)
         self.buckets = buckets
@@ -106,23 +110,29 @@ class ShardLoader:
             if max_tokens is not None:
                 raise ValueError("buckets are for unpacked training: pass max_tokens=None")
             self._bucket_list = buckets.buckets()
-            rows = index.samples
-            self._bucket_of = [
-                assign_bucket(int(f), int(h), int(w), buckets)
-                for f, h, w in zip(rows["frames"], rows["height"], rows["width"])
-            ]
-            if all(b is None for b in self._bucket_of):
+            self._bucket_of: list[int | None] | None = None
+            geoms = (index.stats or {}).get("geometries")
+            if geoms is not None:  # columnar: any sample with a bucket, from the stats
+                fits = any(assign_bucket(g[0], g[1], g[2], buckets) is not None for g in geoms)
+            else:
+                rows = index.samples
+                self._bucket_of = [
+                    assign_bucket(int(f), int(h), int(w), buckets)
+                    for f, h, w in zip(rows["frames"], rows["height"], rows["width"])
+                ]
+                fits = any(b is not None for b in self._bucket_of)
+            if not fits:
                 raise ValueError("buckets: every sample is smaller than every bucket shape")
             self.planner = BucketPlanner(
                 self.order,
-                self._bucket_of.__getitem__,
+                self.bucket_of,
                 batch_size=batch_size,
                 n_buckets=len(self._bucket_list),
             )
         else:
             self.planner = Planner(
                 self.order,
-                lambda i: self._grids[i][0] * self._grids[i][1] * self._grids[i][2],
+                self.tokens,
                 batch_size=batch_size,
                 max_tokens=max_tokens,
                 buffer_size=buffer_size,
@@ -141,23 +151,60 @@ class ShardLoader:
 
     # ------------------------------------------------------------------ geometry
     def _all_grids(self) -> list[Grid]:
-        """Token grid (t, h, w) of every sample, from stored latent shapes or from the clip's
-        geometry through the tokenizer compression and the patch (vectorised over the index)."""
-        rows = self.index.samples
+        """Token grid (t, h, w) of every sample of an in-memory (JSON) index, vectorised."""
+        grids = np.concatenate([self._grids_of(g) for g in self.index.iter_geometries()])
+        return [(int(a), int(b), int(c)) for a, b, c in grids]
+
+    def _grids_of(self, geom: np.ndarray) -> np.ndarray:
+        """Token grids (n, 3) of geometry rows (n, 7) (frames, height, width, latent C, T, H, W;
+        C = 0 without a stored latent): the same formula as :meth:`_all_grids`."""
+        geom = np.asarray(geom, np.int64).reshape(-1, 7)
         ct, ch, cw = self.compression
-        t = 1 + (rows["frames"].to_numpy(np.int64) - 1) // ct
-        h = rows["height"].to_numpy(np.int64) // ch
-        w = rows["width"].to_numpy(np.int64) // cw
-        for i, shape in enumerate(rows["latent_shape"]):
-            if isinstance(shape, list):
-                t[i], h[i], w[i] = shape[1:]
-        pt, ph, pw = self.patch
-        g = np.maximum(1, np.stack([t // pt, h // ph, w // pw], 1))  # (N, 3)
-        return [(int(a), int(b), int(c)) for a, b, c in g]
+        thw = np.stack([1 + (geom[:, 0] - 1) // ct, geom[:, 1] // ch, geom[:, 2] // cw], 1)
+        lat = geom[:, 3] > 0
+        thw[lat] = geom[lat, 4:7]
+        return np.maximum(1, thw // np.array(self.patch, np.int64))  # (n, 3)
+
+    def grid(self, i: int) -> Grid:
+        """Token grid (t, h, w) of sample ``i``."""
+        if self._grids is not None:
+            return self._grids[i]
+        hit = self._grid_cache.get(i)  # the packer asks again for every sample in its buffer
+        if hit is not None:
+            return hit
+        a, b, c = self._grids_of(self.index.geometry(i))[0].tolist()
+        g = (a, b, c)
+        if len(self._grid_cache) >= 1 << 16:
+            self._grid_cache.clear()
+        self._grid_cache[i] = g
+        return g
 
     def tokens(self, i: int) -> int:
-        g = self._grids[i]
+        g = self.grid(i)
         return g[0] * g[1] * g[2]
+
+    def bucket_of(self, i: int) -> int | None:
+        """Bucket of sample ``i`` (``buckets`` only)."""
+        assert self.buckets is not None
+        if self._bucket_of is not None:
+            return self._bucket_of[i]
+        f, h, w = (int(x) for x in self.index.geometry(i)[:3])
+        return assign_bucket(f, h, w, self.buckets)
+
+    def token_extremes(self) -> tuple[int, int, int]:
+        """(fewest tokens of any sample, most tokens, the first sample with the most): from the
+        index's summary stats when it has them, else a scan of every sample."""
+        geoms = (self.index.stats or {}).get("geometries")
+        if geoms is not None:
+            a = np.array(geoms, np.int64).reshape(-1, 9)  # geometry, count, first row
+            tok = self._grids_of(a[:, :7]).prod(1)
+            top = tok == tok.max()
+            return int(tok.min()), int(tok.max()), int(a[top, 8].min())
+        if self._grids is not None:
+            tok = np.array([g[0] * g[1] * g[2] for g in self._grids], np.int64)
+        else:
+            tok = np.concatenate([self._grids_of(c).prod(1) for c in self.index.iter_geometries()])
+        return int(tok.min()), int(tok.max()), int(tok.argmax())
 
     def sigma(self, position: int) -> float:
         """log-normal sigma (EDM) drawn from (seed, position): resumable, layout independent."""
@@ -194,10 +241,11 @@ class ShardLoader:
 
     def _load(self, position: int, raw: bytes | Exception) -> Sample:
         i = self.order.sample(position)
-        key = str(self.index.samples.at[i, "key"])
+        row = self.index.row(i)
+        key = str(row["key"])
         if isinstance(raw, Exception):
             raise raw
-        where = self.index.shard_url(int(self.index.samples.at[i, "shard"]))
+        where = self.index.shard_url(int(row["shard"]))
         s = parse_indexed(self.index, i, raw, where=where)  # foreign: + its sidecar range
         frames = mp4 = None
         if self.decode == "frames" and s.latent is None:
@@ -217,12 +265,12 @@ class ShardLoader:
             index=i,
             meta=s.meta,
             txt_emb=s.txt_emb,
-            grid=self._grids[i],
+            grid=self.grid(i),
             sigma=self.sigma(position),
             frames=frames,
             mp4=mp4,
             latent=s.latent,
-            bucket=None if self.buckets is None else self._bucket_list[self._bucket_of[i]],
+            bucket=None if self.buckets is None else self._bucket_list[self.bucket_of(i)],
         )
 
     # ------------------------------------------------------------------ iteration
@@ -274,10 +322,35 @@ class ShardLoader:
             global_samples=global_samples,
         )
 
+    def _prefetch_grids(self) -> None:
+        """Columnar index, packed: the grids of the positions the packer will likely walk this
+        step (as many as last step, plus a margin), their row groups read in one call rather
+        than one read per sample as the packer asks."""
+        if self._grids is not None or not isinstance(self.planner, Planner):
+            return
+        if self.max_tokens is None or not hasattr(self.index, "geometries"):
+            return
+        start = self.planner.state.position
+        k = self._walked or self.dp_size * self.batch_size * 4 + self.buffer_size
+        pos = np.arange(start, start + k + k // 4 + 8, dtype=np.int64)
+        n = self.order.n
+        ids = np.concatenate([self.order.epoch_order(int(e)).map(pos[pos // n == e] % n)
+                              for e in np.unique(pos // n)])  # fmt: skip
+        fresh = np.array([i for i in ids.tolist() if i not in self._grid_cache], np.int64)
+        if len(fresh):
+            grids = self._grids_of(self.index.geometries(fresh))  # (n, 3)
+            if len(self._grid_cache) + len(fresh) >= 1 << 16:
+                self._grid_cache.clear()
+            for i, g in zip(fresh.tolist(), grids.tolist()):
+                self._grid_cache[i] = (g[0], g[1], g[2])
+
     def _plan(self) -> tuple[dict[str, Any], tuple[list[list[int]], int, int]]:
         """(planner state before, (this rank's groups, step, samples of the step on all ranks))."""
         before = self.planner.state_dict()
+        self._prefetch_grids()
         plans = self.planner.next_step(self.dp_size)  # plans[r]: rank r's groups of positions
+        if isinstance(self.planner, Planner):
+            self._walked = self.planner.state.position - before["position"]
         n = sum(len(g) for groups in plans for g in groups)
         return before, (plans[self.dp_rank], self.planner.state.steps, n)
 

@@ -42,6 +42,7 @@ def shard_clips_dir(
     target_shard_mb: float = 64.0,
     text_model: str | None = None,
     text_mode: str = "tokens",
+    index_format: str = "json",
 ) -> dict[str, Any]:
     """Write shards + ``index.json`` for a curation output; verify them; return a summary.
     ``text_mode``: ``tokens`` stores per-token caption embeddings (L, D), ``pooled`` one vector;
@@ -55,6 +56,7 @@ def shard_clips_dir(
         shards_dir,
         embed=encoder.encode,
         config=cfg,
+        index_format=index_format,
         base_url=clips_dir,
         meta={"clips_dir": str(clips_dir), "text_model": text_model or "all-MiniLM-L6-v2",
               "text": encoder.record()},  # fmt: skip
@@ -67,9 +69,10 @@ def shard_clips_dir(
         "n_samples": len(index),
         "n_shards": len(index.shards),
         "bytes": int(index.shards["bytes"].sum()),
-        "images": int((index.samples["frames"] == 1).sum()),
+        "images": int(sum((g[:, 0] == 1).sum() for g in index.iter_geometries())),
         "embedding_dim": index.embedding_dim,
         "text_mode": text_mode,
+        "index_format": index_format,
         "captions_truncated": encoder.truncated,
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -252,7 +252,7 @@ def _parse_foreign(
 def parse_indexed(index: DatasetIndex, i: int, raw: bytes, *, where: str = "") -> RawSample:
     """:func:`parse_sample` for sample ``i`` of ``index`` (foreign samples: with its
     ``member_key`` and ``media``)."""
-    row = index.samples.iloc[i]
+    row = index.row(i)
     key, dim = str(row["key"]), index.embedding_dim
     if not index.foreign:
         return parse_sample(raw, key, embedding_dim=dim, where=where)
@@ -263,7 +263,7 @@ def parse_indexed(index: DatasetIndex, i: int, raw: bytes, *, where: str = "") -
 def read_raw(index: DatasetIndex, i: int) -> bytes:
     """The tar records of sample ``i`` of ``index`` (one range read; a foreign sample's sidecar
     range, its caption embedding, is a second read appended to the first)."""
-    row = index.samples.iloc[i]
+    row = index.row(i)
     raw = read_range(index.shard_url(int(row["shard"])), int(row["offset"]), int(row["length"]))
     if not index.foreign:
         return raw

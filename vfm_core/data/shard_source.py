@@ -151,7 +151,7 @@ class ShardLatentSource:
                 f"model.text_dim={self.model.text_dim} but the shards' caption embeddings are "
                 f"{dim}-d ({where})"
             )
-        channels = {s[0] for s in ld.index.samples["latent_shape"] if isinstance(s, list)}
+        channels = ld.index.latent_channels()
         if channels - {self.channels}:
             raise ConfigError(
                 f"{where}: stored latents have {sorted(channels)} channels, the model takes "
@@ -194,15 +194,13 @@ class ShardLatentSource:
 
     def _check_fits(self, ld: ShardLoader, where: str) -> None:
         """Every sample of the index fits one pack (else the planner would skip it silently)."""
-        n = len(ld.index)
-        tokens = [ld.tokens(i) for i in range(n)]
-        worst = max(range(n), key=tokens.__getitem__)
-        if tokens[worst] > self.data.max_tokens:
-            key = ld.index.samples.at[worst, "key"]
+        _, most, worst = ld.token_extremes()  # from the index's stats when it has them
+        if most > self.data.max_tokens:
+            key = ld.index.row(worst)["key"]
             raise ConfigError(
                 f"data.max_tokens={self.data.max_tokens} is smaller than the largest sample "
-                f"({key}: {tokens[worst]} tokens, grid {ld._grids[worst]}) of "
-                f"{where}; set data.max_tokens >= {tokens[worst]}"
+                f"({key}: {most} tokens, grid {ld.grid(worst)}) of "
+                f"{where}; set data.max_tokens >= {most}"
             )
 
     def _packed_latent(self, s: Sample) -> torch.Tensor:

@@ -134,13 +134,15 @@ def write_shards(
     latents: dict[str, np.ndarray] | None = None,
     base_url: str | None = None,
     meta: dict[str, Any] | None = None,
+    index_format: str = "json",
 ) -> DatasetIndex:
     """Write ``clips`` (a clips manifest: ``clip_id, uri, caption`` + any metadata columns) as
     shards under ``out_url`` (local or ``s3://``) and the validated ``index.json``.
 
     ``uri`` may be relative to ``base_url``. ``latents`` maps clip_id -> (C, T, H, W) arrays to
     store as ``latent.npy``. Frame count and size come from the manifest (``n_frames``,
-    ``height``, ``width``) or, when absent, from probing the clip.
+    ``height``, ``width``) or, when absent, from probing the clip. ``index_format``: ``json``
+    (schema 1) or ``parquet`` (columnar, see :mod:`vfm_core.data.columnar`).
     """
     from vfm_core.video.io import VideoError, probe
 
@@ -247,7 +249,7 @@ def write_shards(
         embedding_dim=dim,
         meta={"writer": "vfm_core.data.shards", **(meta or {})},
     )
-    write_index(index)
+    write_index(index, format=index_format)
     return index
 
 
