@@ -258,16 +258,13 @@ class CheckpointManager:
                     print(f"warning: skipping {_summary(problems)}", file=sys.stderr)
                 else:
                     n = len(self.candidates())
-                    result["error"] = (
-                        f"{flag}: no valid checkpoint under {self.dir} "
-                        + (
-                            f"(all {n} damaged or unfinished, see the warnings above)"
-                            if n
-                            else "(nothing to continue; drop --resume to start a new run)"
-                            if flag == "--resume"
-                            else "(the run has no finished checkpoint yet)"
-                        )  # fmt: skip
-                    )
+                    if n:
+                        why = f"all {n} damaged or unfinished, see the warnings above"
+                    elif flag == "--resume":
+                        why = "nothing to continue; drop --resume to start a new run"
+                    else:
+                        why = "the run has no finished checkpoint yet"
+                    result["error"] = f"{flag}: no valid checkpoint under {self.dir} ({why})"
         result = _from_rank0(result)
         if "error" in result:
             raise CheckpointError(result["error"])
