@@ -116,7 +116,11 @@ def _run_deployment(env: dict, dep_id: str, params: dict | None) -> tuple[str, d
     """What the UI's Run button does; waits for the flow run to end: (state type, flow run)."""
     api = env["PREFECT_API_URL"]
     body = {} if params is None else {"parameters": params}
-    code, run = _api("POST", f"{api}/deployments/{dep_id}/create_flow_run", body)
+    for _ in range(10):  # a busy server's SQLite timeout answers 503: the UI's button retries too
+        code, run = _api("POST", f"{api}/deployments/{dep_id}/create_flow_run", body)
+        if code != 503:
+            break
+        time.sleep(3)
     assert code == 201, run
     deadline = time.monotonic() + 600
     final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
