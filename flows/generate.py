@@ -36,6 +36,8 @@ class GenerateParams(BaseModel):
     out_dir: str = Field("", description="where videos go ('' = data/generated/RUN_NAME)")
     evaluate: bool = Field(True, description="held-out loss + Fréchet distance of the checkpoint")
     eval_samples: int = Field(16, ge=2, le=1024, description="held-out samples for evaluation")
+    eval_prompts: int = Field(40, ge=0, le=40, description="vocabulary prompts ('a red circle "
+                              "moving right', ...) generated and read back in the evaluation")
     experiment: str = Field("vfm-generate", description="MLflow experiment")
 
     @field_validator("prompts")
@@ -69,7 +71,7 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
                               parent_run_id=parent_run_id,
                               name=f"generate {ckpt} ({len(params.prompts)} prompts)")  # fmt: skip
     out = params.resolved_out()
-    eval_run = done_eval = None
+    eval_run = done_eval = prompt_sheet = None
     try:
         videos = [
             generate_video(
@@ -95,10 +97,15 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
             eval_run = start_mlflow_run(tracking, {**tags, STAGE_TAG: "evaluate"},
                                         parent_run_id=parent_run_id or run_id,
                                         name=f"evaluate {ckpt}")  # fmt: skip
-            metrics = evaluate_checkpoint(
-                params.checkpoint, tokenizer=params.tokenizer, samples=params.eval_samples
-            )
-            log_evaluation(eval_run, tracking, metrics)
+            prompt_sheet = str(out / "prompt_following.png")
+            Path(prompt_sheet).unlink(missing_ok=True)  # an earlier run's
+            metrics = evaluate_checkpoint(params.checkpoint, tokenizer=params.tokenizer,
+                                          samples=params.eval_samples,
+                                          contact_sheet=prompt_sheet,
+                                          prompts=params.eval_prompts)  # fmt: skip
+            if not Path(prompt_sheet).is_file():  # no vocabulary clips (no tokenizer or captions)
+                prompt_sheet = None
+            log_evaluation(eval_run, tracking, metrics, [prompt_sheet] if prompt_sheet else [])
             end_mlflow_run(tracking, eval_run)
             eval_run, done_eval = None, eval_run
     except BaseException as e:
@@ -112,4 +119,4 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
         print("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
                                          if k != "checkpoint_step"))  # fmt: skip
     return {"mlflow_run_id": run_id, "videos": videos, "metrics": metrics, "out_dir": str(out),
-            "eval_run_id": done_eval, **logged}
+            "eval_run_id": done_eval, "prompt_sheet": prompt_sheet, **logged}

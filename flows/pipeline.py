@@ -66,7 +66,7 @@ class PipelineParams(BaseModel):
     family: Family = family_field()
     recipe: str = recipe_field()
     train_steps: int = Field(200, ge=1, description="DiT training steps")
-    latent_grid: tuple[int, int, int] = Field((3, 8, 8), description="latent (T, H, W) trained on")
+    latent_grid: tuple[int, int, int] = Field((5, 8, 8), description="latent (T, H, W) trained on")
     overrides: list[str] = Field(default_factory=list, description="extra section.field=value")
     prompts: list[str] = Field(
         default_factory=lambda: ["a red circle moving right",  # trained combination
@@ -74,6 +74,10 @@ class PipelineParams(BaseModel):
         description="one generated video per prompt ([] = no generation)",
     )  # fmt: skip
     generate_steps: int = Field(24, ge=1, le=1000, description="sampler steps per video")
+    eval_prompts: int = Field(40, ge=0, le=40, description="vocabulary prompts generated and read "
+                              "back in the evaluation (prompt following)")
+    eval_samples: int = Field(48, ge=2, le=1024, description="held-out latents for the loss and "
+                              "generated / reference clips for the Fréchet distance")
     experiment: str = Field("vfm-pipeline", description="MLflow experiment")
 
     _known_recipe = field_validator("recipe")(known_recipe)
@@ -125,14 +129,36 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
         end_mlflow_run(tracking, parent, error=str(e))
         raise
     out["mlflow_run_id"] = parent
-    files = [f"{work}/report.md"] + ([out["generate"]["contact_sheet"]]
-                                     if out.get("generate", {}).get("contact_sheet") else [])
+    gen = out.get("generate", {})
+    files = [f"{work}/report.md"] + [gen[k] for k in ("contact_sheet", "prompt_sheet")
+                                     if gen.get(k)]  # fmt: skip
     tags = {"vfm.train_run_id": out["train"].get("mlflow_run_id") or "",
             "vfm.reused_stages": ",".join(out["reused"]),
             CHECKPOINT_TAG: Path(out["train"]["checkpoint"]).resolve().as_uri()}
-    log_to_run(tracking, parent, files, tags=tags, params=p.model_dump())
+    log_to_run(tracking, parent, files, tags=tags, params=p.model_dump(),
+               metrics=headline_metrics(out))  # fmt: skip
     end_mlflow_run(tracking, parent)
     return out
+
+
+HEADLINE = ("prompt_colour_acc", "prompt_direction_acc", "prompt_colour_acc_held_out",
+            "prompt_direction_acc_held_out", "untrained_prompt_colour_acc",
+            "untrained_prompt_direction_acc", "fd_ratio_untrained", "loss_reduction",
+            "frechet_distance", "heldout_loss", "heldout_bits_per_token")  # fmt: skip
+"""Evaluation metrics repeated on the pipeline's own MLflow run (compare pipelines at a glance)."""
+
+
+def headline_metrics(out: dict[str, Any]) -> dict[str, float]:
+    """The pipeline run's metrics: :data:`HEADLINE` of the evaluation and the tokenizer's PSNR /
+    SSIM next to their mean-colour baselines."""
+    m = out.get("generate", {}).get("metrics") or {}
+    got = {k: float(m[k]) for k in HEADLINE if k in m}
+    tok = out.get("tokenizer", {})
+    for k in ("psnr", "baseline_psnr", "ssim", "baseline_ssim"):
+        v = tok.get(k)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            got[f"tokenizer_{k}"] = float(v)
+    return got
 
 
 def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
@@ -175,7 +201,8 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
 
     t, h, w = p.latent_grid
     data = ["data.source=shards", f"data.shards={enc['dir']}", f"data.tokenizer={tok_dir}",
-            f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={w}"]
+            f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={w}",
+            "diffusion.sigma_data=1.0"]  # encode-shards writes unit-variance latents
     train_params = TrainParams(
         family=p.family, recipe=p.recipe, steps=p.train_steps, out_dir=f"{work}/train",
         experiment=p.experiment,
@@ -200,7 +227,7 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
             checkpoint=f"{work}/train", prompts=p.prompts, frames=1 + 4 * (t - 1),
             size=f"{8 * h}x{8 * w}", steps=p.generate_steps, tokenizer=tok_dir,
             out_dir=f"{work}/generated", experiment=p.experiment,
-            eval_samples=8,
+            eval_samples=p.eval_samples, eval_prompts=p.eval_prompts,
         )  # fmt: skip
         out["generate"] = _stage(work, "generate", {"train": train,
                                                     "params": gen_params.model_dump()},
@@ -256,12 +283,14 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
         else:
             evaluation = ""
         lines.append(f"| generate | {len(g['videos'])} videos{evaluation}: {videos} |")
+        if "prompt_colour_acc" in m:
+            lines.append(_following_row(m, g.get("prompt_sheet")))
         if g.get("prompt_following"):
             pf = g["prompt_following"]
             held = (f"; held-out combinations: colour {pf['colour_acc_held_out']:.0%}, direction "
                     f"{pf['direction_acc_held_out']:.0%}" if "colour_acc_held_out" in pf else "")
-            lines.append(f"| prompt following | {int(pf['n_scored'])} prompts read back from the "
-                         f"pixels: colour {pf['colour_acc']:.0%}, direction "
+            lines.append(f"| your prompts | {int(pf['n_scored'])} generated videos read back from "
+                         f"the pixels: colour {pf['colour_acc']:.0%}, direction "
                          f"{pf['direction_acc']:.0%}{held} |")  # fmt: skip
         if g.get("contact_sheet"):
             lines.append(f"| contact sheet | one row per prompt: `{g['contact_sheet']}` |")
@@ -271,6 +300,22 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
     create_markdown_artifact(text, key=f"pipeline-{p.name.lower().replace('_', '-')}".replace(
         ".", "-"), description="vfm pipeline summary")  # fmt: skip
     return text
+
+
+def _following_row(m: dict[str, float], sheet: str | None) -> str:
+    """Report row of the evaluation's vocabulary prompts: accuracies, trained vs untrained."""
+
+    def pair(key: str) -> str:
+        base = m.get(f"untrained_{key}")
+        return f"{m[key]:.0%}" + (f" (untrained {base:.0%})" if base is not None else "")
+
+    text = (f"| prompt following | {int(m.get('prompt_n_scored', 0))} vocabulary prompts, "
+            f"colour and direction read back from the pixels: colour {pair('prompt_colour_acc')},"
+            f" direction {pair('prompt_direction_acc')}")  # fmt: skip
+    if "prompt_colour_acc_held_out" in m:
+        text += (f"; held-out combinations: colour {m['prompt_colour_acc_held_out']:.0%}, "
+                 f"direction {m['prompt_direction_acc_held_out']:.0%}")  # fmt: skip
+    return text + (f"; one row per prompt: `{sheet}` |" if sheet else " |")
 
 
 def _runs_line(p: PipelineParams, out: dict[str, Any], parent: str) -> str:

@@ -51,12 +51,15 @@ def generate_video(
 
 @task(name="evaluate-checkpoint")
 def evaluate_checkpoint(
-    checkpoint: str, *, tokenizer: str | None = None, samples: int = 16, steps: int = 12
-) -> dict[str, float]:
-    """Held-out EDM loss at fixed sigmas + Fréchet distance (vfm_core.infer.evaluate)."""
+    checkpoint: str, *, tokenizer: str | None = None, samples: int = 16, steps: int = 12,
+    contact_sheet: str = "", prompts: int = 40,
+) -> dict[str, float]:  # fmt: skip
+    """Held-out EDM loss at fixed sigmas, Fréchet distance and prompt following of the vocabulary
+    prompts (vfm_core.infer.evaluate), with a contact sheet of those clips at ``contact_sheet``."""
     from vfm_core.infer.evaluate import EvalConfig, evaluate
 
-    ec = EvalConfig(loss_samples=samples, fd_samples=samples, steps=steps, batch=min(8, samples))
+    ec = EvalConfig(loss_samples=samples, fd_samples=samples, steps=steps, batch=min(8, samples),
+                    contact_sheet=contact_sheet, prompt_following=prompts)  # fmt: skip
     return evaluate(checkpoint, tokenizer=tokenizer, config=ec)
 
 
@@ -111,8 +114,10 @@ def log_generation(
 
 
 @task(name="log-evaluation", retries=2, retry_delay_seconds=2)
-def log_evaluation(run_id: str, tracking: TrackingConfig, metrics: dict[str, float]) -> None:
-    """Log the evaluation metrics (``eval/…``, at the checkpoint's step) to the evaluation run."""
+def log_evaluation(run_id: str, tracking: TrackingConfig, metrics: dict[str, float],
+                   artifacts: list[str] | None = None) -> None:  # fmt: skip
+    """Log the evaluation metrics (``eval/…``, at the checkpoint's step) and ``artifacts`` (files
+    that exist) to the evaluation run."""
     import mlflow
     from mlflow.entities import Metric
 
@@ -121,9 +126,13 @@ def log_evaluation(run_id: str, tracking: TrackingConfig, metrics: dict[str, flo
     ensure_experiment(tracking)
     ts = int(mlflow.utils.time.get_current_time_millis())
     step = int(metrics.get("checkpoint_step", 0))
-    mlflow.MlflowClient().log_batch(
+    client = mlflow.MlflowClient()
+    client.log_batch(
         run_id, metrics=[Metric(f"eval/{k}", float(v), ts, step) for k, v in metrics.items()]
     )
+    for path in artifacts or []:
+        if Path(path).is_file():
+            client.log_artifact(run_id, path)
 
 
 @task(name="encode-shards", retries=1, retry_delay_seconds=5)

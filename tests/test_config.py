@@ -61,6 +61,7 @@ def test_bad_overrides_name_the_key(override, needle):
         ),
         ("train.steps=-1", "train.steps"),
         ("model.kv_heads=3", "model.kv_heads"),
+        ("model.abs_pos=8", "model.abs_pos: must be a multiple of 6"),
     ],
 )
 def test_validate_names_the_key(override, needle):

@@ -59,6 +59,12 @@ class ModelConfig:
     """Per-head RMSNorm on queries and keys."""
     rope_theta: float = 10000.0
     """Base of the factorised 3D rotary embedding."""
+    abs_pos: int = 0
+    """Width (a multiple of 6) of fixed sin-cos features of each token's absolute (t, h, w) index
+    fed to the patch embedding beside the latent values, so it learns an absolute position
+    embedding on top of the relative RoPE, as Cosmos' DiT adds one (0 = RoPE only). RoPE alone is
+    translation equivariant: a small model then cannot tell which frame is first or where in the
+    frame an object starts (diffusion models only)."""
     stdit_full_every: int = 0
     """ST-DiT only: every k-th block uses full 3D attention not spatial+temporal (0 = never)."""
     attn_backend: Literal["auto", "sdpa", "math", "te"] = "auto"
@@ -484,6 +490,9 @@ def validate(cfg: Config) -> Config:
     m, d, t = cfg.model, cfg.data, cfg.train
     if m.hidden % m.heads:
         raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
+    if m.abs_pos < 0 or m.abs_pos % 6:
+        raise ConfigError(f"model.abs_pos: must be a multiple of 6 (sin and cos per axis), got "
+                          f"{m.abs_pos}")  # fmt: skip
     if m.head_dim % 2:
         raise ConfigError(f"model.heads: head_dim {m.head_dim} must be even for RoPE")
     if m.heads % m.n_kv_heads:

@@ -20,7 +20,8 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
 
     base = dict(name="t-pipe", work_dir=str(tmp_path), sample_videos=1, tokenizer_steps=3,
                 train_steps=2, latent_grid=(2, 4, 4), experiment="t-pipeline",
-                prompts=["moving shapes"], generate_steps=2)  # fmt: skip
+                prompts=["moving shapes"], generate_steps=2, eval_prompts=3,
+                eval_samples=4)  # fmt: skip
     bad = PipelineParams(**base, overrides=TINY + ["model.in_channels=7"])  # != tokenizer latents
     with pytest.raises(PipelineStageError, match="pipeline stage 'train' failed"):
         pipeline_flow(bad)
@@ -40,6 +41,12 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     assert out["generate"]["metrics"]["frechet_distance"] >= 0
     report = (tmp_path / "report.md").read_text()
     assert "| train | dit-tiny 2 steps" in report and "| generate | 1 videos" in report
+    # prompt following: 3 vocabulary prompts generated, read back, shown on a contact sheet
+    m = out["generate"]["metrics"]
+    assert m["prompt_n_scored"] == 3 and 0 <= m["prompt_colour_acc"] <= 1
+    assert 0 <= m["untrained_prompt_direction_acc"] <= 1
+    assert "| prompt following | 3 vocabulary prompts" in report
+    assert out["generate"]["prompt_sheet"] in report
 
     run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])
     assert run.data.tags["vfm.clips_manifest"] == out["curate"]["clips"]
@@ -64,7 +71,9 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     assert stages["train"].data.tags["vfm.checkpoint"].startswith("file://")
     assert parent.data.tags["vfm.checkpoint"] == stages["train"].data.tags["vfm.checkpoint"]
     arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"report.md", "contact_sheet.png"} <= arts
+    assert {"report.md", "contact_sheet.png", "prompt_following.png"} <= arts
+    assert 0 <= parent.data.metrics["prompt_direction_acc"] <= 1  # headline metrics
+    assert parent.data.metrics["tokenizer_psnr"] > 0
     assert {"config.yaml", "metrics.jsonl"} <= {
         a.path for a in client.list_artifacts(out["train"]["mlflow_run_id"])
     }

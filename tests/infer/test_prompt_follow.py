@@ -7,7 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vfm_core.infer.prompt_follow import PromptScore, Reading, read_video
+from vfm_core.infer.prompt_follow import (
+    PromptScore,
+    Reading,
+    read_video,
+    score_frames,
+    vocabulary_prompts,
+)
 from vfm_core.video.captioned import all_subjects, held_out
 from vfm_core.video.synthetic import Segment, VideoSpec, render_frames
 
@@ -45,3 +51,19 @@ def test_wrong_reading_counts_and_bad_prompt():
     assert score.metrics() == {"colour_acc": 1.0, "direction_acc": 0.0}
     with pytest.raises(ValueError, match="form"):
         score.add("moving shapes", Reading(colour=None, direction=None, pixels=0, shift=(0, 0)))
+
+
+def test_vocabulary_prompts_cover_the_vocabulary_and_score_rendered_clips():
+    every = vocabulary_prompts()
+    assert len(every) == len(set(every)) == 40
+    some = vocabulary_prompts(8)
+    assert len(some) == 8 and set(some) <= set(every)
+    assert {p.split()[1] for p in some} == {"red", "green", "blue", "yellow", "white"}
+    with pytest.raises(ValueError, match="n must be"):
+        vocabulary_prompts(0)
+    clips = [_shot(*p.split()[1:3], p.split()[-1], "textured", seed=i) for i, p in enumerate(some)]
+    m = score_frames(clips, some)
+    assert m["colour_acc"] == m["direction_acc"] == 1.0 and m["n_scored"] == 8
+    clips[0] = clips[0][::-1]  # played backwards: the direction is wrong, the colour still right
+    m = score_frames(clips, some)
+    assert m["colour_acc"] == 1.0 and m["direction_acc"] == 7 / 8

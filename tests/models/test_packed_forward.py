@@ -22,6 +22,7 @@ ARCHS = {
     "stdit": dict(arch="stdit", stdit_full_every=2),  # block 0 spatial+temporal, block 1 full
     "llama_dit": dict(arch="llama_dit", norm="rms", mlp="swiglu", kv_heads=2),
     "dit_zero": dict(arch="dit", adaln="zero"),
+    "dit_abs_pos": dict(arch="dit", abs_pos=12),  # absolute position features too
 }
 # latent (C, T, H, W) per sample -> grids (2,2,3), (1,3,2), (3,1,2) with patch (1, 2, 2)
 SHAPES = [(4, 2, 4, 6), (4, 1, 6, 4), (4, 3, 2, 4)]
@@ -49,7 +50,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-@pytest.mark.parametrize("arch", ["dit", "stdit", "llama_dit", "dit_zero"])
+@pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("length", [None, 40])  # exact (24 tokens), and padded by 16 tokens
 def test_packed_forward_equals_each_sample_alone(arch, length):
     model = _model(arch)

@@ -37,6 +37,7 @@ ARCHS = {
     "stdit": {},
     "stdit-full2": {"arch": "stdit", "stdit_full_every": 2},  # block 1 uses full attention
     "llama_dit-gqa": {"arch": "llama_dit", "mlp": "swiglu", "norm": "rms", "kv_heads": 2},
+    "dit-abs_pos": {"arch": "dit", "abs_pos": 12},  # position features into the patch embedding
 }
 # (batch, latent (T, H, W), patch)
 SHAPES = [

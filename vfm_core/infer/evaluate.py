@@ -68,6 +68,15 @@ class EvalConfig:
     untrained_baseline: bool = True
     """Also measure the run's initialisation (same seed, data and noise): ``fd_ratio_untrained``
     (untrained FD / trained FD) and ``loss_reduction`` (1 - trained / untrained held-out loss)."""
+    prompt_following: int = 40
+    """Also generate one clip for each of this many vocabulary prompts (:func:`~vfm_core.infer.
+    prompt_follow.vocabulary_prompts`: 40 = all, the held-out combinations included; 0 = none)
+    at the run's latent grid and read
+    colour and direction back from the pixels: ``prompt_colour_acc``, ``prompt_direction_acc``
+    (``..._held_out`` for the held-out combinations), for the trained model and its
+    initialisation (``untrained_prompt_...``). Needs a tokenizer and the run's text record."""
+    contact_sheet: str = ""
+    """PNG path for the clips of the vocabulary prompts (one row each; '' = none)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the metrics."""
 
@@ -198,11 +207,19 @@ def evaluate(
     metrics["frechet_distance"] = fd_of(model)
     metrics["fd_samples"] = float(len(ref))
     metrics["checkpoint_step"] = float(loaded.step)
+    follow = ec.prompt_following > 0 and decoder is not None and loaded.text is not None
+    if follow:
+        metrics.update(_prompt_following(model, cfg, ec, loaded.text, null, decode, ref.shape[1:],
+                                         sheet=ec.contact_sheet))  # fmt: skip
     if ec.untrained_baseline:  # the same measures of the run's initialisation: what training won
         init = _untrained(cfg)
         base = heldout_loss(init, cfg, latents[: ec.loss_samples], text[: ec.loss_samples], ec)
         metrics["untrained_heldout_loss"] = base["heldout_loss"]
         metrics["untrained_frechet_distance"] = fd_of(init)
+        if follow:
+            untrained = _prompt_following(init, cfg, ec, loaded.text, null, decode, ref.shape[1:])
+            metrics.update({f"untrained_{k}": v for k, v in untrained.items()
+                            if k != "prompt_n_scored"})  # fmt: skip
         metrics["fd_ratio_untrained"] = metrics["untrained_frechet_distance"] / max(
             metrics["frechet_distance"], 1e-12
         )
@@ -210,6 +227,28 @@ def evaluate(
     if not all(math.isfinite(v) for v in metrics.values()):
         raise FloatingPointError(f"evaluation produced non-finite metrics: {metrics}")
     return metrics
+
+
+def _prompt_following(model: torch.nn.Module, cfg: Config, ec: EvalConfig,
+                      record: dict[str, Any], null: torch.Tensor, decode: Any,
+                      grid: tuple[int, ...], *, sheet: str = "") -> dict[str, float]:  # fmt: skip
+    """Clips of every vocabulary prompt (fixed noise, the run's latent ``grid`` (C, T, H, W)),
+    decoded and read back: ``prompt_*`` accuracies (see :class:`EvalConfig`); a contact sheet
+    of them at ``sheet`` when given."""
+    from vfm_core.infer.generate import prompt_encoder, text_condition
+    from vfm_core.infer.prompt_follow import score_frames, vocabulary_prompts
+
+    prompts = vocabulary_prompts(ec.prompt_following)
+    m = cfg.model
+    text = torch.cat([text_condition(e, text_len=m.text_len, text_dim=m.text_dim)
+                      for e in prompt_encoder(record).encode(prompts)])  # (n, L, Dt)
+    latents = _generate(model, cfg, ec, text, null, torch.Size((len(prompts), *grid)))
+    clips = [to_uint8_frames(v) for v in decode(latents)]  # [(F, H, W, 3)]
+    if sheet:
+        from vfm_core.video.contact_sheet import contact_sheet
+
+        contact_sheet(clips, prompts, sheet)
+    return {f"prompt_{k}": v for k, v in score_frames(clips, prompts).items()}
 
 
 def _untrained(cfg: Config) -> torch.nn.Module:

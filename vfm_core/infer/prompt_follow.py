@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vfm_core.video.captioned import COLOURS, DIRECTIONS, held_out, parse_caption
+from vfm_core.video.captioned import COLOURS, DIRECTIONS, all_subjects, held_out, parse_caption
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -119,4 +119,26 @@ def score_videos(videos: list[str], prompts: list[str]) -> dict[str, float] | No
             score.add(prompt, read_video(decode_frames(video)))
     if score.n == 0:
         return None
+    return {**score.metrics(), "n_scored": float(score.n)}
+
+
+def vocabulary_prompts(n: int | None = None) -> list[str]:
+    """Captions of the vocabulary, "a {colour} {shape} moving {direction}": all 40 (the held-out
+    combinations included) in a fixed order, or ``n`` of them spread evenly over that order."""
+    every = [f"a {c} {s} moving {d}" for c, s, d in all_subjects()]
+    if n is None or n >= len(every):
+        return every
+    if n < 1:
+        raise ValueError(f"vocabulary_prompts: n must be >= 1, got {n}")
+    return [every[i * len(every) // n] for i in range(n)]
+
+
+def score_frames(clips: list[np.ndarray], prompts: list[str]) -> dict[str, float]:
+    """:meth:`PromptScore.metrics` (+ ``n_scored``) of decoded clips, each (T, H, W, 3) uint8,
+    against their vocabulary prompts."""
+    if len(clips) != len(prompts):
+        raise ValueError(f"score_frames: {len(clips)} clips but {len(prompts)} prompts")
+    score = PromptScore()
+    for frames, prompt in zip(clips, prompts, strict=True):
+        score.add(prompt, read_video(frames))
     return {**score.metrics(), "n_scored": float(score.n)}

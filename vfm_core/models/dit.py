@@ -26,11 +26,13 @@ from vfm_core.models.layers import (
     Grid,
     ShapeError,
     TimestepEmbedder,
+    grid_positions,
     make_mlp,
     make_norm,
     patchify,
     rope_3d,
     unpatchify,
+    with_positions,
 )
 from vfm_core.models.packed import TokenPack, token_pack
 
@@ -122,7 +124,7 @@ class DiT(nn.Module):
         self.cfg = cfg
         d = cfg.hidden
         pt, ph, pw = cfg.patch
-        self.x_embedder = nn.Linear(cfg.in_channels * pt * ph * pw, d)
+        self.x_embedder = nn.Linear(cfg.in_channels * pt * ph * pw + cfg.abs_pos, d)
         self.t_embedder = TimestepEmbedder(d, cfg.freq_dim)
         self.adaln_global = AdaLNGlobal(d) if cfg.adaln == "lora" else None
         self.blocks = nn.ModuleDict(
@@ -153,6 +155,7 @@ class DiT(nn.Module):
     def forward(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         tokens, grid = patchify(x, cfg.patch)  # (B, N, C*P)
+        tokens = with_positions(tokens, grid_positions(grid), cfg.abs_pos)  # (B, N, C*P + A)
         h = self.x_embedder(tokens)  # (B, N, D)
         emb = self.t_embedder(c_noise)  # (B, D)
         shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (B, 3D)
@@ -198,7 +201,8 @@ class DiT(nn.Module):
                 f"text_lengths: expected ({s},) values in [1, {text.shape[1]}], "
                 f"got {text_lengths.tolist()}"
             )
-        h = self.x_embedder(tokens[None])  # (1, N, D)
+        tokens = with_positions(tokens[None], layout.positions, cfg.abs_pos)  # (1, N, C*P + A)
+        h = self.x_embedder(tokens)  # (1, N, D)
         emb = self.t_embedder(c_noise)  # (S, D)
         shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (S, 3D)
         rope = rope_angles(layout.positions, cfg.head_dim, cfg.rope_theta).to(h.device)  # (N, d/2)

@@ -48,6 +48,27 @@ def unpatchify(tokens: torch.Tensor, grid: Grid, patch: Grid, channels: int) -> 
     return x.reshape(b, channels, gt * pt, gh * ph, gw * pw)
 
 
+def grid_positions(grid: Grid, device=None) -> torch.Tensor:
+    """(t, h, w) index of every token of a raster-ordered grid: (N, 3) int64."""
+    axes = [torch.arange(n, device=device) for n in grid]
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)  # (N, 3)
+
+
+def with_positions(tokens: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
+    """Patch tokens (B, N, F) -> (B, N, F + width): ``width`` fixed sin-cos features of each
+    token's absolute (t, h, w) index appended (``width`` // 3 per axis, as in ViT / MAE's
+    factorised embeddings), which the patch embedding's linear maps to a learned absolute
+    position embedding; ``width`` = 0 returns ``tokens`` (relative RoPE only)."""
+    if width == 0:
+        return tokens
+    per_axis = width // 3
+    half = per_axis // 2
+    freqs = 10000.0 ** (-torch.arange(half, dtype=torch.float32, device=tokens.device) / half)
+    ang = positions.to(tokens.device).float()[:, :, None] * freqs  # (N, 3, half)
+    feats = torch.cat([ang.sin(), ang.cos()], -1).reshape(len(positions), 3 * per_axis)  # (N, W)
+    return torch.cat([tokens, feats.to(tokens.dtype).expand(tokens.shape[0], -1, -1)], -1)
+
+
 # ----------------------------------------------------------------------------------------- timestep
 def timestep_features(c_noise: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """Sinusoidal features of the (continuous) noise conditioning, (B,) -> (B, dim) (DiT eq. as in

@@ -35,7 +35,14 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from vfm_core.config import ConfigError
-from vfm_core.models.layers import Grid, patchify, rope_3d, unpatchify
+from vfm_core.models.layers import (
+    Grid,
+    grid_positions,
+    patchify,
+    rope_3d,
+    unpatchify,
+    with_positions,
+)
 from vfm_core.parallel.context import gather_seq, seq_chunk
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import GradSync, _tp_plan, sync_grads
@@ -72,6 +79,7 @@ class DiTStage(nn.Module):
         cfg, grid = self.cfg, self.grid
         if self.first:
             tokens, grid = patchify(x, cfg.patch)  # (B, N, C*P)
+            tokens = with_positions(tokens, grid_positions(grid), cfg.abs_pos)  # (B, N, C*P + A)
             h = self.x_embedder(tokens)  # (B, N, D)
         else:
             h = x  # (B, N, D) from the previous stage

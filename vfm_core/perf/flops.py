@@ -154,7 +154,7 @@ def _terms(
         return sum(4.0 * (h * w) * t * t * inner for t, h, w in grids)  # temporal
 
     terms = [
-        _Term("patch_embed", matmul_flops(n, patch_dim, d), False),
+        _Term("patch_embed", matmul_flops(n, patch_dim + cfg.abs_pos, d), False),  # + positions
         _Term("timestep_embed", matmul_flops(b, cfg.freq_dim, d), False),  # input: sinusoids
         _Term("timestep_embed", matmul_flops(b, d, d), True),
     ]

@@ -102,7 +102,7 @@ def nonblock_params(cfg: ModelConfig) -> int:
         v, d = cfg.vocab_size, cfg.hidden
         return (v + 1) * d + d + d * v
     d, cp = cfg.hidden, cfg.in_channels * math.prod(cfg.patch)
-    total = cp * d + d + cfg.freq_dim * d + d + d * d + d
+    total = (cp + cfg.abs_pos) * d + d + cfg.freq_dim * d + d + d * d + d  # patch embed (+ pos)
     if cfg.adaln == "lora":
         total += d * 3 * d + 3 * d
     return total + d * 2 * d + 2 * d + d * cp + cp
@@ -229,7 +229,8 @@ def model_saved_bytes(
         )
         blocks += e["act"] * act_bytes + e["stat"] * stat_bytes
     patch_dim = cfg.in_channels * math.prod(cfg.patch)
-    out = n * patch_dim + n * 3 * d  # patch-embed input; final norm input, output, linear input
+    # patch-embed input (with the position features); final norm input, output, linear input
+    out = n * (patch_dim + cfg.abs_pos) + n * 3 * d
     # timestep features, MLP hidden + its SiLU, emb, final SiLU(emb), final (1 + scale)
     out += b * (cfg.freq_dim + 5 * d + (d if cfg.adaln == "lora" else 0))  # + global SiLU(emb)
     out += b * L * cfg.text_dim  # the text embeddings (saved by every cross-attention k, v)

@@ -25,12 +25,13 @@ def pick_frames(frames: np.ndarray, columns: int) -> np.ndarray:
 
 
 def contact_sheet(
-    videos: list[str | Path], labels: list[str], out: str | Path, *, columns: int = 6,
-    scale: int = 2,
+    videos: list[str | Path | np.ndarray], labels: list[str], out: str | Path, *,
+    columns: int = 6, scale: int = 2,
 ) -> Path:  # fmt: skip
-    """Write a PNG with one labelled row of ``columns`` frames per video (each frame up-scaled
-    ``scale`` x, nearest neighbour, so 64 x 64 generations stay visible); returns its path.
-    Raises :class:`VideoError` naming a video that cannot be decoded."""
+    """Write a PNG with one labelled row of ``columns`` frames per video (a path, or decoded
+    frames (T, H, W, 3) uint8; each frame up-scaled ``scale`` x, nearest neighbour, so 64 x 64
+    generations stay visible); returns its path. Raises :class:`VideoError` naming a video that
+    cannot be decoded."""
     from PIL import Image, ImageDraw
 
     if len(videos) != len(labels):
@@ -39,7 +40,8 @@ def contact_sheet(
         raise ValueError("contact_sheet: no videos")
     rows = []
     for v in videos:
-        frames = pick_frames(decode_frames(str(v)), columns)  # (C, H, W, 3)
+        frames = v if isinstance(v, np.ndarray) else decode_frames(str(v))  # (T, H, W, 3)
+        frames = pick_frames(frames, columns)  # (C, H, W, 3)
         frames = frames.repeat(scale, axis=1).repeat(scale, axis=2)
         rows.append(frames)
     h = max(r.shape[1] for r in rows)

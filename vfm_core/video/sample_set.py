@@ -12,9 +12,9 @@ from vfm_core.video.synthetic import make_video
 
 
 def write_sample_videos(
-    dst: str | Path, *, n: int = 3, width: int = 128, height: int = 72, seed: int = 0
+    dst: str | Path, *, n: int = 3, width: int = 64, height: int = 64, seed: int = 0
 ) -> list[Path]:
-    """Write ``n`` ~25 s synthetic videos ``sample_XX.mp4`` (+ ``.json`` per-shot captions) under
+    """Write ``n`` ~13 s synthetic videos ``sample_XX.mp4`` (+ ``.json`` per-shot captions) under
     ``dst``; videos already there are kept (so a rerun does not change the input)."""
     if n < 1:
         raise ValueError(f"sample: n must be >= 1, got {n}")

@@ -200,9 +200,10 @@ class _Scene:
 
 
     def _render_object(self, t: int) -> np.ndarray:
-        """One object of the subject's colour and shape crossing the frame in its direction at
-        constant speed (from 20% to 80% of the way over the segment), on a plain dark colour or a
-        darkened texture of the scene's palette."""
+        """One object of the subject's colour and shape crossing the whole frame in its
+        direction at constant speed (from 5% to 95% of the free path over the segment: short
+        shots make fast, plainly visible motion), on a plain dark colour or a darkened texture of
+        the scene's palette. Its size is a quarter of the frame's shorter side."""
         from vfm_core.video.captioned import COLOURS, DIRECTIONS
 
         colour, shape, direction, background = self.subject or ("white", "square", "right",
@@ -213,9 +214,9 @@ class _Scene:
             frame[:] = (self.texture[pad, pad].astype(np.float32) * 0.3 + 10).astype(np.uint8)
         else:
             frame = (self.texture[pad : pad + h, pad : pad + w] * 0.45).astype(np.uint8)
-        size = 0.3 * min(w, h)
+        size = 0.25 * min(w, h)
         dx, dy = DIRECTIONS[direction]
-        a = 0.2 + 0.6 * t / max(1, self.n_frames - 1)  # progress along the path
+        a = 0.05 + 0.9 * t / max(1, self.n_frames - 1)  # progress along the path
         cx = w / 2 + dx * (a - 0.5) * (w - size)
         cy = h / 2 + dy * (a - 0.5) * (h - size)
         r = size / 2
