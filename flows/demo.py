@@ -20,7 +20,6 @@ import time
 from vfm_core.infra_env import use_running_services
 from vfm_core.recipes import FAMILIES
 
-
 DEMO_OVERRIDES = [
     "optim.lr=0.001", "optim.schedule=cosine", "data.batch_size=8",
     # EDM noise levels for unit-variance latents, weighted towards high noise, where the layout
