@@ -144,7 +144,8 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
 HEADLINE = ("prompt_colour_acc", "prompt_direction_acc", "prompt_colour_acc_held_out",
             "prompt_direction_acc_held_out", "untrained_prompt_colour_acc",
             "untrained_prompt_direction_acc", "fd_ratio_untrained", "loss_reduction",
-            "frechet_distance", "heldout_loss", "heldout_bits_per_token")  # fmt: skip
+            "frechet_distance", "untrained_frechet_distance", "fd_data_halves", "heldout_loss",
+            "heldout_bits_per_token")  # fmt: skip
 """Evaluation metrics repeated on the pipeline's own MLflow run (compare pipelines at a glance)."""
 
 
@@ -278,8 +279,12 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
             evaluation = (f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
                           f"{m['frechet_distance']:.3f}")  # fmt: skip
             if "fd_ratio_untrained" in m:
-                evaluation += (f" ({m['fd_ratio_untrained']:.1f}x lower than untrained; held-out "
-                               f"loss {m['loss_reduction']:.0%} lower)")  # fmt: skip
+                evaluation += (f" ({m['fd_ratio_untrained']:.1f}x lower than untrained "
+                               f"{m['untrained_frechet_distance']:.3f}")  # fmt: skip
+                if "fd_data_halves" in m:  # the floor of this sample size
+                    evaluation += (f"; two halves of the data: {m['fd_data_halves']:.3f} at "
+                                   f"{int(m['fd_samples']) // 2} clips each")  # fmt: skip
+                evaluation += f"; held-out loss {m['loss_reduction']:.0%} lower)"
         else:
             evaluation = ""
         lines.append(f"| generate | {len(g['videos'])} videos{evaluation}: {videos} |")

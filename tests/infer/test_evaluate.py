@@ -72,6 +72,8 @@ def test_evaluate_end_to_end_logs_to_mlflow(tiny_run, tiny_tokenizer, data_root)
         m["untrained_frechet_distance"] / m["frechet_distance"]
     )
     assert m["loss_reduction"] == pytest.approx(1 - m["heldout_loss"] / m["untrained_heldout_loss"])
+    assert m["fd_data_halves"] >= 0  # the data against itself, 2 clips vs 2: the sampling floor
+    assert "prompt_colour_acc" not in m  # synthetic latents: no captions to read back
     tracking = TrackingConfig(experiment="test-infer-eval")
     run_id = log_evaluation(m, tracking=tracking, params={"checkpoint": str(tiny_run)})
     import mlflow
