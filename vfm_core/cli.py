@@ -21,6 +21,7 @@ vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --ou
 vfm tokenizer train --shards DIR --out DIR [--preset tok-tiny] [--steps N] [--frames F] [--size S]
 vfm report --study NAME [--out DIR] [--json]
 vfm search CLIPS_DIR "QUERY" [--top K] [--json] [--like CLIP_ID] [--sheet OUT.png] [--exact]
+vfm sample DST [--videos N] [--seed S] [--held-out] [--json]
 """
 
 from __future__ import annotations
@@ -126,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--seed", type=int_at_least("--seed"), default=0)
     tt.add_argument("--discrete", nargs="?", const="8,5,5,5", metavar="LEVELS",
                     help="discrete tokens: FSQ levels per channel (default 8,5,5,5 = 1000 ids)")
+
+    sp = sub.add_parser("sample", help="write the built-in captioned sample videos")
+    sp.add_argument("dst", help="folder for sample_XX.mp4 and their per-shot caption sidecars")
+    sp.add_argument("--videos", type=int_at_least("--videos", 1), default=3, help="how many videos")
+    sp.add_argument("--seed", type=int_at_least("--seed"), default=0, help="first video's seed")
+    sp.add_argument("--held-out", action="store_true",
+                    help="only the combinations held out of training (an evaluation set)")
+    sp.add_argument("--json", action="store_true", help="print the written paths as JSON")
 
     rp = sub.add_parser("report", help="scaling-study table from MLflow runs (+ plots with --out)")
     rp.add_argument("--study", required=True, help="study name (MLflow tag vfm.study)")
@@ -411,6 +420,24 @@ def cmd_curate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_sample(args: argparse.Namespace) -> int:
+    from vfm_core.video.sample_set import write_sample_videos
+
+    try:
+        paths = write_sample_videos(args.dst, n=args.videos, seed=args.seed,
+                                    train=not args.held_out)  # fmt: skip
+    except (ValueError, OSError) as e:
+        print(f"vfm sample: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"videos": [str(p) for p in paths]}))
+    else:
+        kind = "held-out" if args.held_out else "training"
+        print(f"{len(paths)} sample videos of {kind} combinations in {args.dst} (captions per "
+              f"shot in the .json beside each; `vfm curate {args.dst} OUT` cuts them into clips)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
@@ -431,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             "generate": cmd_generate,
             "checkpoint": cmd_checkpoint,
             "search": cmd_search,
+            "sample": cmd_sample,
         }[args.cmd](args)
     except ConfigError as e:
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)

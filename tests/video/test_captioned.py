@@ -6,6 +6,7 @@ colour and moves the caption's way."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -64,3 +65,16 @@ def test_sample_curates_to_one_captioned_clip_per_shot(tmp_path):
     assert sorted(clips["caption"].to_list()) == sorted(captions)
     rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
     assert any("static" in r for r in rejects["reason"].to_list())
+
+
+def test_vfm_sample_writes_training_or_held_out_sets(tmp_path, capsys):
+    from vfm_core.cli import main
+
+    assert main(["sample", str(tmp_path / "ev"), "--videos", "1", "--held-out", "--json"]) == 0
+    (video,) = json.loads(capsys.readouterr().out)["videos"]
+    doc = json.loads(Path(video).with_suffix(".json").read_text())
+    captions = [s["caption"] for s in doc["segments"] if s.get("caption")]
+    assert len(captions) == 8 and all(held_out(*parse_caption(c)) for c in captions)
+    (tmp_path / "file").write_text("x")
+    assert main(["sample", str(tmp_path / "file")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

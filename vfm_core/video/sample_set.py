@@ -12,18 +12,23 @@ from vfm_core.video.synthetic import make_video
 
 
 def write_sample_videos(
-    dst: str | Path, *, n: int = 3, width: int = 64, height: int = 64, seed: int = 0
-) -> list[Path]:
-    """Write ``n`` ~13 s synthetic videos ``sample_XX.mp4`` (+ ``.json`` per-shot captions) under
-    ``dst``; videos already there are kept (so a rerun does not change the input)."""
+    dst: str | Path, *, n: int = 3, width: int = 64, height: int = 64, seed: int = 0,
+    train: bool = True,
+) -> list[Path]:  # fmt: skip
+    """Write ``n`` ~27 s synthetic videos ``sample_XX.mp4`` (+ ``.json`` per-shot captions) under
+    ``dst`` of training combinations (``train=False``: only the held-out ones); videos already
+    there are kept (so a rerun does not change the input)."""
     if n < 1:
         raise ValueError(f"sample: n must be >= 1, got {n}")
     out = Path(dst)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"sample: {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(n):
         path = out / f"sample_{i:02d}.mp4"
         if not (path.exists() and path.with_suffix(".json").exists()):
-            make_video(path, captioned_spec(width=width, height=height, seed=seed + i))
+            make_video(path, captioned_spec(width=width, height=height, seed=seed + i,
+                                            train=train))  # fmt: skip
         paths.append(path)
     return paths
