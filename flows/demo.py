@@ -47,7 +47,7 @@ def main() -> int:
         sample_videos=12 if family == "diffusion" else 3,
         eval_samples=96 if family == "diffusion" else 16,
         train_steps=int(os.environ.get("VFM_DEMO_STEPS", "1000")),
-        tokenizer_steps=int(os.environ.get("VFM_DEMO_TOKENIZER_STEPS", "800")),
+        tokenizer_steps=int(os.environ.get("VFM_DEMO_TOKENIZER_STEPS", "1500")),
         # the autoregressive demo as before: 9 frames (3 x 8 x 8 tokens), batch 4
         overrides=DEMO_OVERRIDES if family == "diffusion" else ["optim.lr=0.001"],
         latent_grid=(5, 8, 8) if family == "diffusion" else (3, 8, 8),
