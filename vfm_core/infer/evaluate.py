@@ -73,10 +73,10 @@ class EvalConfig:
     prompt_following: int = 40
     """Also generate one clip for each of this many vocabulary prompts (:func:`~vfm_core.infer.
     prompt_follow.vocabulary_prompts`: 40 = all, the held-out combinations included; 0 = none)
-    at the run's latent grid and read
-    colour and direction back from the pixels: ``prompt_colour_acc``, ``prompt_direction_acc``
-    (``..._held_out`` for the held-out combinations), for the trained model and its
-    initialisation (``untrained_prompt_...``). Needs a tokenizer and the run's text record."""
+    at the run's latent grid and read colour and direction back from the pixels:
+    ``prompt_colour_acc``, ``prompt_direction_acc`` (``..._held_out`` for the held-out
+    combinations), for the trained model and its initialisation (``untrained_prompt_...``).
+    Needs a tokenizer and the run's text record."""
     contact_sheet: str = ""
     """PNG path for the clips of the vocabulary prompts (one row each; '' = none)."""
     extra: dict[str, Any] = field(default_factory=dict)
