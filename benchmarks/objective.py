@@ -10,7 +10,8 @@ loss ratio to the untrained model (each objective's own loss), Fréchet distance
 clips and its ratio to the untrained model, and prompt following (colour / direction read back
 from the pixels) over the 40 vocabulary prompts, held-out combinations separately. Also the
 demo's setting without the absolute position features (``model.abs_pos=0``: 3D RoPE only), the
-ablation behind the tiny recipes' ``abs_pos``. Wall time of training is reported too.
+ablation behind the tiny recipes' ``abs_pos``, and without the demo's weight average
+(``train.ema_decay=0``: the last raw weights are sampled). Wall time of training is reported too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ VARIANTS = {
     "edm (demo)": ["diffusion.objective=edm"],
     "rectified_flow": ["diffusion.objective=rectified_flow"],
     "edm, RoPE only (abs_pos=0)": ["diffusion.objective=edm", "model.abs_pos=0"],
+    "edm, last weights (no EMA)": ["diffusion.objective=edm", "train.ema_decay=0"],
 }
 
 
@@ -37,7 +39,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipeline", required=True, help="work dir of a `make demo` run")
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--samples", type=int, default=48, help="clips for the Fréchet distance")
+    ap.add_argument("--samples", type=int, default=384,
+                    help="clips for the Fréchet distance (the demo's 384)")
     ap.add_argument("--only", choices=list(VARIANTS), action="append", help="variants to run")
     args = ap.parse_args()
     work = Path(args.pipeline)

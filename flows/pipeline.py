@@ -56,7 +56,7 @@ class PipelineParams(BaseModel):
 
     name: str = Field("demo", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="run name")
     src: str = Field("", description="raw videos: folder or s3:// prefix ('' = built-in sample)")
-    sample_videos: int = Field(3, ge=1, le=32, description="built-in sample size (src = '')")
+    sample_videos: int = Field(3, ge=1, le=256, description="built-in sample size (src = '')")
     work_dir: str = Field("", description="outputs ('' = data/pipeline/NAME)")
     splitter: str = Field("color", pattern="^(color|stride|transnetv2)$", description="shots")
     min_len_s: float = Field(1.0, ge=0, description="shortest clip, seconds")

@@ -196,7 +196,8 @@ def evaluate(
     def decode(z: torch.Tensor) -> torch.Tensor:
         if decoder is not None:
             with torch.no_grad():
-                return torch.cat([decoder.decode(z[i : i + 1]) for i in range(len(z))])
+                return torch.cat([decoder.decode(z[i : i + ec.batch])
+                                  for i in range(0, len(z), ec.batch)])  # fmt: skip
         t_c, s = PREVIEW_FACTORS
         return latent_preview(z, temporal_factor=t_c, spatial_factor=s, scale=scale)
 
