@@ -118,21 +118,11 @@ def log_evaluation(run_id: str, tracking: TrackingConfig, metrics: dict[str, flo
                    artifacts: list[str] | None = None) -> None:  # fmt: skip
     """Log the evaluation metrics (``eval/…``, at the checkpoint's step) and ``artifacts`` (files
     that exist) to the evaluation run."""
-    import mlflow
-    from mlflow.entities import Metric
+    from tasks.tracking import log_to_run
 
-    from vfm_core.tracking import ensure_experiment
-
-    ensure_experiment(tracking)
-    ts = int(mlflow.utils.time.get_current_time_millis())
-    step = int(metrics.get("checkpoint_step", 0))
-    client = mlflow.MlflowClient()
-    client.log_batch(
-        run_id, metrics=[Metric(f"eval/{k}", float(v), ts, step) for k, v in metrics.items()]
-    )
-    for path in artifacts or []:
-        if Path(path).is_file():
-            client.log_artifact(run_id, path)
+    log_to_run.fn(tracking, run_id, list(artifacts or []),
+                  metrics={f"eval/{k}": v for k, v in metrics.items()},
+                  step=int(metrics.get("checkpoint_step", 0)))  # fmt: skip
 
 
 @task(name="encode-shards", retries=1, retry_delay_seconds=5)

@@ -46,10 +46,10 @@ def start_mlflow_run(
 def log_to_run(
     tracking: TrackingConfig, run_id: str, files: list[str], *, artifact_path: str | None = None,
     tags: dict[str, str] | None = None, params: dict[str, object] | None = None,
-    metrics: dict[str, float] | None = None,
+    metrics: dict[str, float] | None = None, step: int = 0,
 ) -> None:  # fmt: skip
     """Attach existing ``files`` (missing ones are skipped), ``tags``, ``params`` and ``metrics``
-    to the run."""
+    (at ``step``) to the run."""
     import mlflow
     from mlflow.entities import Metric, Param
 
@@ -59,7 +59,8 @@ def log_to_run(
         client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     if metrics:
         ts = int(mlflow.utils.time.get_current_time_millis())
-        client.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])
+        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
+        client.log_batch(run_id, metrics=batch)
     for f in files:
         if Path(f).is_file():
             client.log_artifact(run_id, f, artifact_path=artifact_path)
