@@ -107,8 +107,16 @@ def test_scheduler_creates_runs_and_worker_completes_one(server_and_worker, tmp_
     worker_log = s.run_dir / "worker.log"
 
     def server_errors() -> list[str]:
-        text = server_log.read_text(errors="replace")
-        return [x for x in text.splitlines() if "Error" in x or "Traceback" in x]
+        """Error lines of the server log, and one "Traceback" per traceback they do not explain.
+        sqlite lock contention is left out: on a loaded machine a request that upgrades a read
+        to a write fails at once with "database is locked" (Prefect's sqlite store, WAL mode; a
+        worker heartbeat, retried by the worker), which is not the scheduler failing."""
+        lines = server_log.read_text(errors="replace").splitlines()
+        locked = sum("database is locked" in x and "Error" in x for x in lines)
+        tracebacks = sum("Traceback" in x for x in lines)
+        other = [x for x in lines if "Error" in x and "Traceback" not in x
+                 and "database is locked" not in x]  # fmt: skip
+        return other + ["Traceback"] * max(0, tracebacks - locked)
 
     def logs() -> str:
         errors = "\n".join(server_errors()[-12:])
