@@ -90,6 +90,8 @@ def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path
         out["metrics"]["frechet_distance"]
     )
     assert "eval/loss_sigma_1" in ev.data.metrics
+    (fd,) = client.get_metric_history(ev.info.run_id, "eval/frechet_distance")
+    assert fd.step == out["metrics"]["checkpoint_step"] == 2  # at the checkpoint's step
 
 
 def test_failing_generation_marks_run_failed(prefect_api, trained, tmp_path):
