@@ -235,6 +235,15 @@ class ParallelConfig:
     """With activation_checkpointing: ``full`` keeps only each block's input; ``selective`` also
     keeps its matmul and attention outputs and recomputes the element-wise work (the planner's
     ``recompute``; vfm_core.parallel.recompute)."""
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    """Pipeline schedule (pp > 1): GPipe, 1F1B, or interleaved 1F1B over virtual stages
+    (Narayanan et al. 2021; smaller bubble, more stage-to-stage sends)."""
+    pp_virtual_stages: int = 1
+    """Pipeline stages per rank (interleaved_1f1b): the depth is cut into pp x this many
+    contiguous stages, rank r holding stages r, r + pp, ..."""
+    pp_microbatches: int = 0
+    """Microbatches per pipeline schedule run (0 = pp, one per stage); each data-parallel rank's
+    share of the batch (divided by train.grad_accum) is split into this many."""
 
     def data_parallel(self, world_size: int) -> int:
         """Data-parallel ranks (distinct batch slices) of this layout on ``world_size`` ranks,
@@ -261,6 +270,10 @@ class TrainConfig:
     the state to host memory, at the cost of that much extra host memory while a save runs."""
     ema_decay: float = 0.999
     """EMA decay of the weights (0 = no EMA)."""
+    grad_accum: int = 1
+    """Gradient accumulation: each data-parallel rank's share of ``data.batch_size`` runs as this
+    many sequential forward/backward passes before one optimizer step (same update as one pass
+    over the whole batch, a fraction of the activation memory)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -450,7 +463,7 @@ def save_yaml(cfg: Config, path: str | Path) -> None:
 
 def _validate_packing(cfg: Config) -> None:
     """``data.max_tokens``: a non-negative pack length, only from shards, divisible by the
-    ranks that split a pack's tokens (cp * tp), not under pipeline parallelism. Whether the
+    ranks that split a pack's tokens (cp * tp; twice that for causal CP). Whether the
     largest sample fits is checked against the shard index by the shard source."""
     d, p = cfg.data, cfg.parallel
     if d.max_tokens < 0:
@@ -462,15 +475,13 @@ def _validate_packing(cfg: Config) -> None:
             f"data.max_tokens={d.max_tokens}: packing needs data.source='shards' (got {d.source!r})"
         )
     split = p.cp * p.tp
+    if cfg.model.arch == "ar" and p.cp > 1:  # balanced causal chunks: 2 per CP rank
+        split *= 2
     if d.max_tokens % split:
         raise ConfigError(
-            f"data.max_tokens={d.max_tokens} is not a multiple of parallel.cp * parallel.tp = "
-            f"{split} (every pack is cut into equal token chunks over those ranks)"
-        )
-    if p.pp > 1:
-        raise ConfigError(
-            f"data.max_tokens={d.max_tokens}: packed training is not available with "
-            f"parallel.pp={p.pp} (pipeline stages take same-shape batches); use data.max_tokens=0"
+            f"data.max_tokens={d.max_tokens} is not a multiple of {split} (every pack is cut into "
+            f"equal token chunks over parallel.cp={p.cp} x parallel.tp={p.tp} ranks"
+            f"{', two per CP rank for causal attention' if split != p.cp * p.tp else ''})"
         )
 
 
@@ -532,6 +543,8 @@ def validate(cfg: Config) -> Config:
             f"train.fp8: 'on' cannot combine with parallel.tp={cfg.parallel.tp} (DTensor tensor "
             "parallelism shards torch linears, not transformer-engine ones); use 'auto' or tp=1"
         )
+    if t.grad_accum < 1:
+        raise ConfigError(f"train.grad_accum: must be >= 1, got {t.grad_accum}")
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1), got {t.ema_decay}")
     if cfg.diffusion.objective == "rectified_flow" and not (

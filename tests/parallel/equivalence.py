@@ -31,17 +31,10 @@ ARCHS = {
 }
 
 
-def tiny_model_cfg(arch: str) -> ModelConfig:
-    return ModelConfig(
-        in_channels=4,
-        hidden=64,
-        depth=2,
-        heads=4,
-        text_dim=32,
-        text_len=4,
-        adaln_lora_rank=8,
-        **ARCHS[arch],
-    )
+def tiny_model_cfg(arch: str, **over) -> ModelConfig:
+    base = dict(in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=4,
+                adaln_lora_rank=8)  # fmt: skip
+    return ModelConfig(**{**base, **ARCHS[arch], **over})
 
 
 def _randomize(model: torch.nn.Module) -> None:
@@ -91,11 +84,11 @@ def grad_report(named_params, ref: torch.nn.Module) -> dict:
     return {"grad_err": worst, "worst": worst_name, "names": names, "nonfinite": nonfinite}
 
 
-def reference_step(arch: str) -> tuple:
+def reference_step(arch: str, **over) -> tuple:
     """The EDM, the fp64 reference after its backward on the global batch, the copy to split,
     the batch ``(x0, text, sigma, noise)`` and the reference loss."""
     edm = create_diffusion(DiffusionConfig())
-    ref, model = seeded_pair(tiny_model_cfg(arch))
+    ref, model = seeded_pair(tiny_model_cfg(arch, **over))
     batch = _batch()
     x0, text, sigma, noise = batch
     ref_loss = edm.loss(ref, x0, text, sigma=sigma, noise=noise).mean()
@@ -165,29 +158,59 @@ def mesh_coords(world: int) -> dict:
     }
 
 
+def pipeline_step(world: int, arch: str, degrees: dict, *, schedule: str = "1f1b",
+                  micro: int = 2, virtual: int = 1, depth: int | None = None,
+                  options: dict | None = None) -> dict:  # fmt: skip
+    """One EDM step of this rank's pipeline stages (``degrees`` with pp > 1, ``virtual`` stages
+    per rank, each parallelised with ``options``) on its data-parallel slice vs the fp64
+    one-process reference: {"loss_err", "grad_err", "worst", "names" of the parameters held,
+    "has_loss", "pp", "sharded"}."""
+    from vfm_core.parallel.pipeline import Pipeline, rank_stages, split_stage
+    from vfm_core.train.objectives import Microbatch, diffusion_loss
+
+    cfg_over = {} if depth is None else {"depth": depth}
+    edm, ref, model, (x0, text, sigma, noise), ref_loss = reference_step(arch, **cfg_over)
+    dims = ParallelDims(**degrees, world_size=world)
+    dims.build_mesh("cpu")
+    stages = dims.pp * virtual
+    parts = [split_stage(model, stage=s, stages=stages) for s in rank_stages(dims, virtual)]
+    for part in parts:
+        parallelize_dit(part, parallel_dims=dims, **(options or {}))
+    pipe = Pipeline(parts, dims=dims, schedule=schedule, microbatches=micro,
+                    loss_fn=diffusion_loss, device=torch.device("cpu"))  # fmt: skip
+    b = GLOBAL_BATCH // dims.dp
+    sl = slice(dims.dp_rank() * b, (dims.dp_rank() + 1) * b)
+    x_in, target = edm.training_pair(x0[sl], sigma[sl], noise[sl])
+    c_noise = edm.precondition(sigma[sl])[3]
+    grid = (LATENT[1], LATENT[2] // 2, LATENT[3] // 2)
+    size = b // micro
+    mbs = [
+        Microbatch(inputs=x_in[i * size : (i + 1) * size], target=target[i * size : (i + 1) * size],
+                   kwargs={"c_noise": c_noise[i * size : (i + 1) * size],
+                           "text": text[sl][i * size : (i + 1) * size], "grid": grid},
+                   weight=torch.full((size,), dims.dp / GLOBAL_BATCH, dtype=torch.float64))
+        for i in range(micro)
+    ]  # fmt: skip
+    loss = pipe.run(mbs)
+    for part in parts:
+        sync_grads(part)
+    pipe.sync_replicas()
+    total = (loss if loss is not None else torch.zeros((), dtype=torch.float64)).clone()
+    dist.all_reduce(total)  # each (dp, cp, tp) rank of the last stage: dp x its slice's share
+    loss_err = abs(total.item() / (world // dims.pp) / ref_loss.item() - 1)
+    named = [item for part in parts for item in part.named_parameters()]
+    report = grad_report(named, ref)
+    return {
+        "loss_err": loss_err,
+        "has_loss": loss is not None,
+        "grad_err": report["grad_err"],
+        "worst": report["worst"],
+        "names": sorted(set(report["names"])),
+        "pp": dims.coord("pp"),
+        "sharded": sum(isinstance(p, DTensor) for _, p in named),
+    }
+
+
 def pipeline_worker(rank: int, world: int, cases: list) -> list[dict]:
-    """Pipeline-parallel step (``world`` stages) vs 1 process: loss on the last stage and the
-    gradients of every parameter each stage holds."""
-    from vfm_core.parallel.pipeline import DiTPipeline, sync_pipeline_grads
-
-    def case(arch: str, schedule: str, microbatches: int) -> dict:
-        edm, ref, model, (x0, text, sigma, noise), ref_loss = reference_step(arch)
-        grid = (LATENT[1], LATENT[2] // 2, LATENT[3] // 2)
-        pipe = DiTPipeline(
-            model,
-            parallel_dims=ParallelDims(pp=world, world_size=world),
-            grid=grid,
-            microbatches=microbatches,
-            schedule=schedule,
-        )
-        loss = pipe.step(edm, x0, text, sigma=sigma, noise=noise)
-        sync_pipeline_grads(pipe)
-        report = grad_report(pipe.module.named_parameters(), ref)
-        return {
-            "loss_err": None if loss is None else abs(loss.item() / ref_loss.item() - 1),
-            "grad_err": report["grad_err"],
-            "worst": report["worst"],
-            "names": report["names"],
-        }
-
-    return [case(*c) for c in cases]  # no per-case capture: a failure ends the spawn
+    """:func:`pipeline_step` for several (arch, degrees, kwargs) cases in one spawn."""
+    return run_cases(lambda arch, deg, kw: pipeline_step(world, arch, deg, **kw), cases)

@@ -17,6 +17,7 @@ from vfm_core.perf.planner import (
     Layout,
     check_layout,
     evaluate,
+    explain_plan,
     explain_rejections,
     format_table,
     parse_fixed,
@@ -108,6 +109,14 @@ def test_check_layout_reasons():
     assert "all-to-all" in check_layout(cfg, a2a, seq_len=8192, gpu=h100)
     gqa = get_recipe("llama-dit-tiny").model  # 4 heads, 2 kv heads
     assert "kv_heads=2" in check_layout(gqa, Layout(tp=4), seq_len=256, gpu=h100)
+    # PP x CP x TP x SP and interleaving are layouts the trainer runs
+    four_d = Layout(tp=4, sp=True, cp=2, pp=2, vpp=2, microbatches=4)
+    assert check_layout(cfg, four_d, seq_len=8192, gpu=h100) is None
+    uneven, short = Layout(pp=2, vpp=3, microbatches=2), Layout(pp=4, microbatches=3)
+    assert "pp_virtual_stages" in check_layout(cfg, uneven, seq_len=8192, gpu=h100)
+    assert "pp_microbatches" in check_layout(cfg, short, seq_len=8192, gpu=h100)
+    ar = get_recipe("ar-4b").model  # the causal family pipelines with TP too
+    assert check_layout(ar, Layout(tp=2, pp=2, microbatches=2), seq_len=12800, gpu=h100) is None
 
 
 def test_parse_fixed():
@@ -144,6 +153,10 @@ def test_fixed_plain_dp_lists_layouts_that_do_not_fit():
         (dict(seq_len=8192, gpus=64, fixed="pp=16"), "depth"),
         (dict(seq_len=8191, gpus=64, fixed="cp=2"), "sequence"),
         (dict(seq_len=8192, gpus=3, fixed="dp_shard=1,dp_replicate=1"), "does not divide"),
+        # pipeline schedule: 28 blocks are not 2 x 4 virtual stages; 1F1B needs m >= pp
+        (dict(seq_len=8192, gpus=64, fixed="pp=2,vpp=4"), "vpp=4.*pp_virtual_stages.*depth"),
+        (dict(seq_len=8192, gpus=64, fixed="pp=4,microbatches=2"), "microbatches=2.*pp=4"),
+        (dict(seq_len=8192, gpus=64, fixed="pp=1,vpp=2"), "vpp=2.*needs pp > 1"),
     ],
 )
 def test_bad_input_raises_config_error(kwargs, message):
@@ -283,3 +296,91 @@ def test_cli_calibrate(tmp_path, capsys):
     bad.write_text(json.dumps([{"seq": 8192}]))
     assert main(argv + ["--calibrate", str(bad)]) == 2
     assert main(argv + ["--calibrate", str(tmp_path / "missing.json")]) == 2
+
+
+# ------------------------------------------------------------------- pipelines and the paper
+def test_interleaving_lowers_the_bubble_and_sends_more():
+    """Interleaved 1F1B over v virtual stages: bubble (p−1)/v micro-batch slots instead of p−1
+    (Narayanan et al. 2021 §2.2), v times the stage-to-stage sends, more activations in flight."""
+    work = workload(get_recipe("dit-28b").model, seq_len=73728)
+    h100 = gpu_spec("h100")
+    base = Layout(dp_shard=2, tp=8, sp=True, cp=4, pp=4, microbatches=16, recompute="selective")
+    plain, inter = (evaluate(work, dataclasses.replace(base, vpp=v), h100) for v in (1, 2))
+    assert inter.time.bubble_s == pytest.approx(plain.time.bubble_s / 2, rel=0.01)
+    assert inter.time.bubble_s < plain.time.bubble_s
+    assert inter.time.parts["pp_p2p"] == pytest.approx(2 * plain.time.parts["pp_p2p"])
+    assert inter.memory.activations_gib > plain.memory.activations_gib
+    assert inter.tokens_per_s_per_gpu > plain.tokens_per_s_per_gpu
+    for p, v in ((plain, 1), (inter, 2)):  # the bubble is its share of the pipelined time
+        t = p.time
+        pipelined = t.compute_s + sum(t.parts[k] for k in ("tp", "cp", "pp_p2p")) + t.bubble_s
+        assert t.bubble_s / pipelined == pytest.approx(bubble_fraction(4, 16, v))
+
+
+def test_pp_x_cp_layouts_are_priced():
+    """PP x CP: the CP ring inside every stage, the bubble and the stage sends of the chunk
+    (B, N/(cp·tp), D) are all in the step time, and the search ranks such layouts."""
+    cfg = get_recipe("dit-28b").model
+    result = plan(cfg, seq_len=73728, gpus=256, fixed="tp=8,sp=true,cp=4,pp=4,vpp=1")
+    p = next(q for q in result.plans if q.fits)
+    t = p.time
+    assert t.bubble_s > 0 and t.parts["pp_p2p"] > 0 and t.parts["tp"] > 0
+    assert t.parts["attention"] > 0 and t.parts["contention"] > 0  # ring hidden, not free
+    lay = p.layout
+    chunk = lay.micro_batch * 73728 / (lay.cp * lay.tp) * cfg.hidden * 2  # bf16 bytes
+    per_send = t.parts["pp_p2p"] / lay.microbatches / 2 - DEFAULT_EFFICIENCY.collective_latency_s
+    ib = PEAKS["H100 SXM"].ib_gbps / 8 * 1e9 * DEFAULT_EFFICIENCY.ib  # stages are nodes apart
+    assert per_send == pytest.approx(chunk / ib)
+    free = plan(cfg, seq_len=73728, gpus=256).plans
+    assert any(q.layout.pp > 1 and q.layout.cp > 1 for q in free)
+
+
+# The paper's Table 1 (arXiv 2503.12964, H100 SXM, bf16): recipe, tokens, GPUs, its stated
+# degrees (pipelines pinned to plain 1F1B: the table names no virtual stages, Megatron-core's
+# default), measured TFLOP/s per GPU. Row 3 is an ESTIMATE (the planner before PP x CP /
+# interleaving predicted 331.3, stated to be ~24% below the paper: 331.3 / 0.76 = 436); row 4's
+# figure is not known here (checked elsewhere).
+PAPER = [
+    ("dit-7b", 8192, 64, "tp=1,cp=2,pp=1", 457.0),
+    ("dit-7b", 73728, 64, "tp=4,sp=true,cp=4,pp=1", 414.0),
+    ("dit-28b", 8192, 64, "tp=2,sp=true,cp=1,pp=2,vpp=1", 436.0),
+    ("dit-28b", 73728, 256, "tp=8,sp=true,cp=4,pp=4,vpp=1", None),
+]
+
+
+def _paper_plan(recipe: str, seq: int, gpus: int, fixed: str):
+    """The paper's layout as the planner runs it: the stated degrees pinned, the rest (data-
+    parallel split, micro-batch size and count, recompute, CP mode) the planner's best fit."""
+    result = plan(get_recipe(recipe).model, seq_len=seq, gpus=gpus, fixed=fixed)
+    return next(p for p in result.plans if p.fits)
+
+
+@pytest.mark.parametrize(("recipe", "seq", "gpus", "fixed", "measured"), PAPER)
+def test_paper_rows(recipe, seq, gpus, fixed, measured):
+    p = _paper_plan(recipe, seq, gpus, fixed)
+    assert p.memory.total_gib <= p.memory.capacity_gib < 80
+    if measured is None:  # representable (TP8 x SP x CP4 x PP4), fits, reported
+        lay = p.layout
+        assert (lay.tp, lay.sp, lay.cp, lay.pp) == (8, True, 4, 4) and lay.world == gpus
+        assert p.time.bubble_s > 0 and p.time.parts["pp_p2p"] > 0
+        assert 0.2 < p.mfu < 0.6
+        print(f"{recipe} {seq} {fixed}: {p.tflops_per_gpu:.1f} TFLOP/s/GPU")
+        return
+    assert p.tflops_per_gpu == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.parametrize(("recipe", "seq", "gpus", "fixed", "measured"), PAPER)
+def test_top_pick_is_not_slower_than_the_paper_layout(recipe, seq, gpus, fixed, measured):
+    top = plan(get_recipe(recipe).model, seq_len=seq, gpus=gpus).plans[0]
+    paper = _paper_plan(recipe, seq, gpus, fixed)
+    assert top.fits
+    assert top.tokens_per_s_per_gpu >= paper.tokens_per_s_per_gpu * (1 - 1e-9)
+
+
+def test_explain_shows_the_pipeline_terms():
+    cfg = get_recipe("dit-28b").model
+    p = plan(cfg, seq_len=73728, gpus=256, fixed="tp=8,sp=true,cp=4,pp=4,vpp=2").plans[0]
+    text = explain_plan(p)
+    for word in ("interleaved 1F1B, v=2", "pipeline bubble", "PP stage sends (4 per", "CP ring"):
+        assert word in text
+    assert "conditioning" in text and "FSDP/DP not hidden" in text

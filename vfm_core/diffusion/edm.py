@@ -190,10 +190,28 @@ class EDM:
         mean, std = self.log_sigma_normal()
         return (mean + std * n).exp().to(device)
 
-    def loss(self, net: Net, x0: Tensor, text: Any, *, sigma: Tensor, noise: Tensor) -> Tensor:
-        """Per-sample EDM loss (EDM eq. 2 with the weighting of Table 1), shape (B,).
+    def training_pair(self, x0: Tensor, sigma: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """(x_in, target) of training examples: the network input ``c_in x`` of the noisy
+        ``x = x0 + sigma noise`` and the raw output F that makes the denoiser exact,
+        ``(x0 - c_skip x) / c_out``.
 
-        ``lambda(sigma) * mean_{non-batch dims} (D(x0 + sigma * noise; sigma) - x0)^2``.
+        Since ``lambda(sigma) c_out(sigma)^2 = 1`` (Table 1; rectified flow's weight likewise),
+        EDM's weighted loss ``lambda |D(x; sigma) - x0|^2`` equals ``|F - target|^2``: the one
+        formula :meth:`loss`, packed training and every pipeline stage use. ``sigma`` holds one
+        level per index of x0's first dimension (a sample, or a packed token); computed in
+        float32 (float64 for float64 inputs).
+        """
+        dtype = _compute_dtype(x0.dtype)
+        sigma = torch.as_tensor(sigma, dtype=dtype, device=x0.device)  # (B,)
+        c_skip, c_out, c_in, _ = self.precondition(sigma)  # each (B,)
+        x0 = x0.to(dtype)
+        x = x0 + _bcast(sigma, x0) * noise.to(dtype)  # (B, ...) noisy
+        return _bcast(c_in, x0) * x, (x0 - _bcast(c_skip, x0) * x) / _bcast(c_out, x0)
+
+    def loss(self, net: Net, x0: Tensor, text: Any, *, sigma: Tensor, noise: Tensor) -> Tensor:
+        """Per-sample EDM loss (EDM eq. 2 with the weighting of Table 1), shape (B,):
+        ``lambda(sigma) * mean_{non-batch dims} (D(x0 + sigma * noise; sigma) - x0)^2``,
+        computed as ``mean (F - target)^2`` (:meth:`training_pair`).
 
         Deterministic given its inputs: the caller owns the RNG and passes ``sigma`` (B,) and
         ``noise`` (same shape as ``x0``, standard normal). See :meth:`training_losses` for a
@@ -212,11 +230,11 @@ class EDM:
             )
         dtype = _compute_dtype(x0.dtype)
         sigma = _batch_sigma(sigma, x0, dtype)  # (B,)
-        x0 = x0.to(dtype)  # (B, C, T, H, W)
-        x_noisy = x0 + _bcast(sigma, x0) * noise.to(dtype)  # (B, C, T, H, W)
-        d = self.denoise(net, x_noisy, sigma, text)  # (B, C, T, H, W)
-        err = (d - x0).square().flatten(1).mean(dim=1)  # (B,)
-        return self.loss_weight(sigma) * err  # (B,)
+        x_in, target = self.training_pair(x0, sigma, noise)  # (B, C, T, H, W) each
+        f = net(x_in, self.precondition(sigma)[3], text)  # (B, C, T, H, W)
+        if f.shape != x0.shape:
+            raise ValueError(f"net output: expected shape {tuple(x0.shape)}, got {tuple(f.shape)}")
+        return (f.to(dtype) - target).square().flatten(1).mean(dim=1)  # (B,)
 
     def training_losses(
         self, net: Net, x0: Tensor, text: Any, *, generator: torch.Generator | None = None

@@ -1,5 +1,6 @@
 """EDM training loss on a packed sequence: several samples in one token sequence, each with its
-own noise level (Karras et al. 2022, eq. 2 with the Table 1 weighting, per sample).
+own noise level (Karras et al. 2022, eq. 2 with the Table 1 weighting, per sample), in the form
+``|F - target|^2`` of :meth:`~vfm_core.diffusion.edm.EDM.training_pair`.
 
 Model-agnostic like :mod:`vfm_core.diffusion.edm`: the network is a callable on packed tokens::
 
@@ -10,8 +11,8 @@ Model-agnostic like :mod:`vfm_core.diffusion.edm`: the network is a callable on 
         F:       (N, F)  raw network output
 
 e.g. ``lambda x, c, t: model.forward_packed(x, c, t, lengths, layout)``. The preconditioning
-coefficients are expanded per token from the sample's sigma; the per-token squared error (mean over
-the F features) is averaged per sample first, then weighted by lambda(sigma_s): a sample's value
+coefficients are expanded per token from the sample's sigma; the per-token squared error of F
+(mean over the F features) is averaged per sample: a sample's value
 equals the batched :meth:`EDM.loss` of that sample alone (a token's features are a permutation
 of its latent patch, so the mean over a sample's tokens is the mean over its latent). Reduce the
 (S,) result with ``.mean()`` so a long video does not outweigh an image by its token count.
@@ -26,12 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vfm_core.data.packing import per_sample_mean
 from vfm_core.diffusion.edm import EDM, _compute_dtype
 
 PackedNet = Callable[[Tensor, Tensor, Any], Tensor]
 """Raw network on a pack ``net(x_in (N, F), c_noise (S,), text) -> F (N, F)``."""
 
-__all__ = ["PackedNet", "packed_loss"]
+__all__ = ["PackedNet", "packed_loss", "packed_training_pair"]
 
 
 def _check_ids(sample_ids: Tensor, n_tokens: int, n_samples: int) -> Tensor:
@@ -83,18 +85,23 @@ def packed_loss(
     sigma = torch.as_tensor(sigma, dtype=dtype, device=x0.device)
     if sigma.ndim != 1:
         raise ValueError(f"sigma: expected one level per sample (S,), got {tuple(sigma.shape)}")
-    counts = _check_ids(sample_ids, x0.shape[0], sigma.shape[0]).to(dtype)  # (S,)
-    pad = sample_ids < 0  # (N,)
-    sig_tok = sigma[sample_ids.clamp(min=0)].masked_fill(pad, edm.sigma_data)  # (N,)
-    c_skip, c_out, c_in, _ = edm.precondition(sig_tok)  # each (N,)
-    c_noise = edm.precondition(sigma)[3]  # (S,)
-    x0 = x0.to(dtype)  # (N, F)
-    x_noisy = x0 + sig_tok[:, None] * noise.to(dtype)  # (N, F)
-    f = net(c_in[:, None] * x_noisy, c_noise, text)  # (N, F)
+    _check_ids(sample_ids, x0.shape[0], sigma.shape[0])
+    x_in, target = packed_training_pair(edm, x0, sigma, noise, sample_ids)  # (N, F) each
+    f = net(x_in, edm.precondition(sigma)[3], text)  # (N, F)
     if f.shape != x0.shape:
         raise ValueError(f"net output: expected shape {tuple(x0.shape)}, got {tuple(f.shape)}")
-    d = c_skip[:, None] * x_noisy + c_out[:, None] * f.to(dtype)  # (N, F)
-    token_err = (d - x0).square().mean(dim=1)  # (N,)
-    keep = ~pad
-    sums = torch.zeros_like(sigma).index_add(0, sample_ids[keep], token_err[keep])  # (S,)
-    return edm.loss_weight(sigma) * (sums / counts)  # (S,)
+    token_err = (f.to(dtype) - target).square().mean(dim=1)  # (N,)
+    return per_sample_mean(token_err, sample_ids, sigma.shape[0])  # (S,)
+
+
+def packed_training_pair(
+    edm: EDM, x0: Tensor, sigma: Tensor, noise: Tensor, sample_ids: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(x_in, target) of a pack's tokens (N, F) (:meth:`EDM.training_pair` with every token at
+    its sample's sigma (S,); padding tokens (id -1) at sigma_data, finite and ignored)."""
+    dtype = _compute_dtype(x0.dtype)
+    sigma = torch.as_tensor(sigma, dtype=dtype, device=x0.device)  # (S,)
+    pad = sample_ids < 0  # (N,)
+    sig_tok = sigma[sample_ids.clamp(min=0)].masked_fill(pad, edm.sigma_data)  # (N,)
+    return edm.training_pair(x0, sig_tok, noise)
+

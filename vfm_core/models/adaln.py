@@ -67,11 +67,3 @@ class Modulation(nn.Module):
                 raise ValueError("AdaLN-LoRA needs the shared global term")
             chunks = [up(down(e)) + shared for down, up in zip(self.down, self.up)]  # n × (B, 3D)
         return [tuple(c.chunk(3, dim=-1)) for c in chunks]  # n × (shift, scale, gate)
-
-    def zero_init(self) -> None:
-        if self.mode == "zero":
-            nn.init.zeros_(self.proj.weight)
-            nn.init.zeros_(self.proj.bias)
-        else:
-            for up in self.up:
-                nn.init.zeros_(up.weight)

@@ -19,9 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vfm_core.config import ModelConfig
-from vfm_core.data.packing import PackLayout, cross_attention_mask, per_sample_mean, rope_angles
+from vfm_core.data.packing import PackLayout, per_sample_mean, rope_angles
 from vfm_core.models.attention import Attention, KVCache
+from vfm_core.models.init import Init, linear_rule
 from vfm_core.models.layers import Grid, ShapeError, SwiGLU, rope_3d
+from vfm_core.models.packed import TokenPack, token_pack
 
 
 class ARBlock(nn.Module):
@@ -43,17 +45,25 @@ class ARBlock(nn.Module):
         rope: torch.Tensor,  # (N, d/2)
         *,
         cache: KVCache | None = None,
-        sample_ids: torch.Tensor | None = None,  # (N,) packed samples (B = 1)
-        text_mask: torch.Tensor | None = None,  # (N, L) packed captions
+        pack: TokenPack | None = None,  # packed samples (B = 1)
     ) -> torch.Tensor:
+        ids = pack.groups["causal"] if pack is not None else None  # (N_pack,) document ids
+        mask = pack.cross_mask if pack is not None else None  # (N, S*L) own caption only
         h = self.norms[0](x)
-        x = x + self.self_attn[0](h, rope=rope, causal=True, cache=cache, sample_ids=sample_ids)
-        x = x + self.cross_attn(self.norms[1](x), context=text, mask=text_mask)
+        x = x + self.self_attn[0](h, rope=rope, causal=True, cache=cache, sample_ids=ids)
+        x = x + self.cross_attn(self.norms[1](x), context=text, mask=mask)
         return x + self.mlp(self.norms[2](x))  # (B, N, D)
 
 
 class CausalVideoTransformer(nn.Module):
-    """Next-token model p(x_i | x_<i, text) over ``cfg.vocab_size`` video token ids."""
+    """Next-token model p(x_i | x_<i, text) over ``cfg.vocab_size`` video token ids. A pipeline
+    stage is this module without the parts other stages own (as :class:`~vfm_core.models.dit.
+    DiT`)."""
+
+    STAGE_FIRST = ("embed",)
+    """Modules only the first pipeline stage keeps."""
+    STAGE_LAST = ("norm", "head")
+    """Modules only the last pipeline stage keeps."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -65,20 +75,18 @@ class CausalVideoTransformer(nn.Module):
         self.blocks = nn.ModuleDict({str(i): ARBlock(cfg) for i in range(cfg.depth)})
         self.norm = nn.RMSNorm(cfg.hidden, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
-        self.init_weights()
 
-    def init_weights(self) -> None:
-        """Small normal embeddings and projections (std 0.02), output projections of each
-        residual branch scaled by 1/sqrt(2 * depth) (GPT-2 / Llama practice)."""
+    @staticmethod
+    def init_rule_for(depth: int):
+        """Embeddings and projections N(0, 0.02^2), the output projection of each residual
+        branch scaled by 1/sqrt(2 * depth) (GPT-2 / Llama practice), RMSNorm weights one."""
         std = 0.02
-        nn.init.normal_(self.embed.weight, std=std)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=std)
-        scale = (2 * self.cfg.depth) ** -0.5
-        for block in self.blocks.values():
-            for lin in (block.self_attn[0].o, block.cross_attn.o, block.mlp.w2):
-                lin.weight.data.mul_(scale)
+        scaled = std * (2 * depth) ** -0.5
+        branch_out = (".self_attn.0.o.weight", ".cross_attn.o.weight", ".mlp.w2.weight")
+        return linear_rule(lambda _n: False, lambda n: scaled if n.endswith(branch_out) else std)
+
+    def init_rule(self, name: str, shape: tuple[int, ...]) -> Init:
+        return self.init_rule_for(self.cfg.depth)(name, shape)
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
         if tokens.dtype.is_floating_point:
@@ -105,27 +113,91 @@ class CausalVideoTransformer(nn.Module):
         rope: torch.Tensor,  # (n, d/2) angles of the cells these inputs predict
         *,
         caches: list[KVCache] | None = None,
-        sample_ids: torch.Tensor | None = None,
-        text_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, n, V) of the next token at each input position; with ``caches`` (one per
-        block) the inputs continue the cached prefix."""
+        block) the inputs continue the cached prefix (generation)."""
         h = self.embed(inputs)  # (B, n, D)
         text = text.to(h.dtype)
         for i, block in enumerate(self.blocks.values()):
             cache = caches[i] if caches is not None else None
-            h = block(h, text, rope, cache=cache, sample_ids=sample_ids, text_mask=text_mask)
+            h = block(h, text, rope, cache=cache)  # (B, n, D)
         return self.head(self.norm(h))  # (B, n, V)
 
-    def forward(self, tokens: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T, H, W) ids, text (B, L, Dt) -> logits (B, T*H*W, V); logits[:, i]
-        predicts the i-th token in raster order from the tokens before it."""
-        if tokens.ndim != 4:
-            raise ShapeError(f"video tokens: expected (B, T, H, W), got {tuple(tokens.shape)}")
-        self.check_tokens(tokens)
-        grid = tuple(tokens.shape[1:])
-        ids = tokens.flatten(1)  # (B, N)
-        return self.forward_ids(self.shift_right(ids), text, self.rope(grid, tokens.device))
+    def forward(
+        self,
+        x: torch.Tensor,
+        text: torch.Tensor,
+        *,
+        text_lengths: torch.Tensor | None = None,
+        layout: PackLayout | None = None,
+        grid: Grid | None = None,
+    ) -> torch.Tensor:
+        """Batched: x (B, T, H, W) token ids, text (B, L, Dt) -> logits (B, T*H*W, V);
+        logits[:, i] predicts the i-th token in raster order from the tokens before it.
+
+        Packed (``layout`` of S videos of different grids, THD): x (1, length) target ids
+        (padding any valid id), text (S, L, Dt) with ``text_lengths`` (S,) -> logits
+        (1, length, V): every sample starts with BOS, attends causally within itself only
+        (document mask) and to its own caption; equals the batched forward of every sample
+        alone. Padding logits are finite and ignored by :func:`packed_next_token_loss`.
+
+        A stage without ``embed`` takes the hidden stream (B, n, D) (``grid``: the batch's token
+        grid; packs: ``layout``); one without ``head`` returns it.
+        """
+        pack = None
+        if layout is None:
+            if self.embed is not None:
+                if x.ndim != 4:
+                    raise ShapeError(f"video tokens: expected (B, T, H, W), got {tuple(x.shape)}")
+                self.check_tokens(x)
+                grid = tuple(x.shape[1:])
+                x = self.shift_right(x.flatten(1))  # (B, N) inputs
+            if grid is None:
+                raise ShapeError("a stage without the embedding needs the token grid")
+            rope = self.rope(grid, x.device)  # (N, d/2)
+        else:
+            s = layout.n_samples
+            if (
+                text.ndim != 3
+                or text.shape[0] != s
+                or text_lengths is None
+                or (text_lengths.shape != (s,))
+            ):
+                raise ShapeError(
+                    f"pack of {s} samples: text must be ({s}, L, Dt) and text_lengths ({s},), "
+                    f"got {tuple(text.shape)} and "
+                    f"{None if text_lengths is None else tuple(text_lengths.shape)}"
+                )
+            if self.embed is not None:
+                if tuple(x.shape) != (1, layout.length):
+                    raise ShapeError(
+                        f"packed ids: expected (1, {layout.length}) for the layout, got "
+                        f"{tuple(x.shape)}"
+                    )
+                self.check_tokens(x)
+                x = self.packed_inputs(x[0], layout)[None]  # (1, length)
+            rope = rope_angles(layout.positions, self.cfg.head_dim, self.cfg.rope_theta)
+            rope = rope.to(x.device)  # (length, d/2)
+            pack = token_pack(layout, text_lengths, ["causal"], device=x.device)
+            lmax = int(text_lengths.max())
+            text = text[:, :lmax].reshape(1, s * lmax, -1)  # (1, S*L, Dt)
+        h = self.embed(x) if self.embed is not None else x  # (B, N, D)
+        text = text.to(h.dtype)
+        for block in self.blocks.values():
+            h = block(h, text, rope, pack=pack)  # (B, N, D)
+        if self.head is None:
+            return h
+        return self.head(self.norm(h))  # (B, N, V)
+
+    def packed_inputs(self, ids: torch.Tensor, layout: PackLayout) -> torch.Tensor:
+        """(length,) target ids of a pack -> (length,) inputs: BOS at every sample's start (and
+        on padding), else the previous token."""
+        dev = ids.device
+        sample = layout.sample_ids.to(dev)  # (length,) -1 = padding
+        starts = torch.zeros(layout.length, dtype=torch.bool, device=dev)
+        starts[layout.cu_seqlens[:-1].long().to(dev)] = True
+        prev = torch.cat([ids.new_full((1,), self.bos), ids[:-1]])  # (length,)
+        return torch.where(starts | (sample < 0), self.bos, prev)
 
     def forward_packed(
         self,
@@ -134,30 +206,8 @@ class CausalVideoTransformer(nn.Module):
         text_lengths: torch.Tensor,  # (S,) valid caption tokens
         layout: PackLayout,
     ) -> torch.Tensor:
-        """Logits (length, V) of one pack of S videos of different grids (THD): every sample
-        starts with BOS, attends causally within itself only (document mask) and to its own
-        caption; equals :meth:`forward` of every sample alone. Padding logits are finite and
-        ignored by :func:`packed_next_token_loss`."""
-        n, s = layout.length, layout.n_samples
-        if ids.shape != (n,):
-            raise ShapeError(f"packed ids: expected ({n},) for the layout, got {tuple(ids.shape)}")
-        if text.ndim != 3 or text.shape[0] != s or text_lengths.shape != (s,):
-            raise ShapeError(
-                f"pack of {s} samples: text must be ({s}, L, Dt) and text_lengths ({s},), got "
-                f"{tuple(text.shape)} and {tuple(text_lengths.shape)}"
-            )
-        self.check_tokens(ids)
-        dev = ids.device
-        sample = layout.sample_ids.to(dev)  # (length,) -1 = padding
-        starts = torch.zeros(n, dtype=torch.bool, device=dev)
-        starts[layout.cu_seqlens[:-1].long().to(dev)] = True
-        prev = torch.cat([ids.new_full((1,), self.bos), ids[:-1]])  # (length,)
-        inputs = torch.where(starts | (sample < 0), self.bos, prev)[None]  # (1, length)
-        rope = rope_angles(layout.positions, self.cfg.head_dim, self.cfg.rope_theta).to(dev)
-        mask = cross_attention_mask(layout.sample_ids, text_lengths.cpu()).to(dev)  # (N, S*L)
-        lmax = int(text_lengths.max())
-        flat = text[:, :lmax].reshape(1, s * lmax, -1)  # (1, S*L, Dt)
-        return self.forward_ids(inputs, flat, rope, sample_ids=sample, text_mask=mask)[0]
+        """:meth:`forward` of one pack given as ids (length,) -> logits (length, V)."""
+        return self(ids[None], text, text_lengths=text_lengths, layout=layout)[0]
 
     def new_caches(self, max_len: int) -> list[KVCache]:
         return [KVCache(max_len) for _ in self.blocks]

@@ -9,8 +9,9 @@ Block anatomy (pre-norm, AdaLN-modulated, gated residuals; DiT / Cosmos):
     x = x + g2 · CrossAttn(mod(norm(x), s2, c2), text)   # queries: video tokens, keys/values: text
     x = x + g3 · MLP(mod(norm(x), s3, c3))
 
-Single-device code: ``parallelize_dit`` applies TP/SP, CP, PP and FSDP2 from outside. Blocks live in
-an ``nn.ModuleDict`` keyed by index so pipeline stages can drop blocks and keep parameter names.
+Single-device code: ``parallelize_dit`` applies TP/SP, CP and FSDP2 from outside, and a pipeline
+stage is this model with the other stages' parts removed. Blocks live in an ``nn.ModuleDict``
+keyed by index so stages drop blocks and keep parameter names.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vfm_core.config import ModelConfig
 from vfm_core.data.packing import PackLayout, rope_angles
 from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
 from vfm_core.models.attention import Attention, Layout
+from vfm_core.models.init import Init, init_parameters, linear_rule
 from vfm_core.models.layers import (
     Grid,
     ShapeError,
@@ -116,8 +118,17 @@ def block_layouts(cfg: ModelConfig, index: int) -> tuple[Layout, ...]:
 
 
 class DiT(nn.Module):
-    """Denoiser network F(x_in, c_noise, text) on latents (B, C, T, H, W) -> (B, C, T, H, W);
-    :meth:`forward_packed` runs one pack of samples of different grids (THD tokens)."""
+    """Denoiser network F(x_in, c_noise, text) on latents (B, C, T, H, W) -> (B, C, T, H, W), or
+    on one pack of samples of different grids (THD tokens; :meth:`forward` with ``layout``).
+
+    A pipeline stage is this module with the parts other stages own removed
+    (:data:`STAGE_FIRST` on the first stage only, :data:`STAGE_LAST` on the last, a contiguous
+    range of ``blocks``): the same forward then takes / returns the hidden stream."""
+
+    STAGE_FIRST = ("x_embedder",)
+    """Modules only the first pipeline stage keeps."""
+    STAGE_LAST = ("final",)
+    """Modules only the last pipeline stage keeps."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -131,40 +142,102 @@ class DiT(nn.Module):
             {str(i): DiTBlock(cfg, block_layouts(cfg, i)) for i in range(cfg.depth)}
         )
         self.final = FinalLayer(cfg)
-        self.init_weights()
 
-    def init_weights(self) -> None:
-        """Xavier linears, zero biases; AdaLN and the output layer zero so blocks start as
-        identity."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
-        for block in self.blocks.values():
-            block.modulation.zero_init()
-        if self.adaln_global is not None:
-            nn.init.zeros_(self.adaln_global.proj.weight)
-            nn.init.zeros_(self.adaln_global.proj.bias)
-        for lin in (self.final.modulation, self.final.linear):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
+    @staticmethod
+    def init_rule(name: str, shape: tuple[int, ...]) -> Init:
+        """Xavier linears, zero biases; timestep MLP N(0, 0.02^2) (DiT); AdaLN and the output
+        layer zero, so every block starts as the identity (AdaLN-Zero; LoRA: the up factors)."""
+        zero = (
+            ".modulation.proj." in name
+            or ".modulation.up." in name
+            or name.startswith(("adaln_global.", "final.modulation.", "final.linear."))
+        )
+        return linear_rule(
+            lambda _n: zero,
+            lambda n: 0.02 if n.startswith("t_embedder.mlp.") else None,
+        )(name, shape)
 
-    def forward(self, x: torch.Tensor, c_noise: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        c_noise: torch.Tensor,
+        text: torch.Tensor,
+        *,
+        text_lengths: torch.Tensor | None = None,
+        layout: PackLayout | None = None,
+        grid: Grid | None = None,
+    ) -> torch.Tensor:
+        """Batched: x (B, C, T, H, W) latents, c_noise (B,), text (B, L, Dt) -> (B, C, T, H, W).
+
+        Packed (``layout`` of S samples): x (1, length, C*P) patch tokens
+        (:func:`vfm_core.models.packed.pack_latents`), c_noise (S,), text (S, L, Dt) with
+        ``text_lengths`` (S,) valid tokens each -> (1, length, C*P); equals the batched forward of
+        every sample alone (its caption cut to its length); padding stays finite and touches
+        nothing else.
+
+        A stage without ``x_embedder`` takes the hidden stream (B, n, D) instead of x (``grid``:
+        the token grid of the batch, packs: ``layout``); one without ``final`` returns it.
+        """
         cfg = self.cfg
-        tokens, grid = patchify(x, cfg.patch)  # (B, N, C*P)
-        tokens = with_positions(tokens, grid_positions(grid), cfg.abs_pos)  # (B, N, C*P + A)
-        h = self.x_embedder(tokens)  # (B, N, D)
-        emb = self.t_embedder(c_noise)  # (B, D)
-        shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (B, 3D)
-        rope = rope_3d(grid, cfg.head_dim, cfg.rope_theta, device=x.device)  # (N, d/2)
-        text = text.to(h.dtype)
+        pack = None
+        if layout is None:
+            if self.x_embedder is not None:
+                x, grid = patchify(x, cfg.patch)  # (B, N, C*P)
+                positions = grid_positions(grid)
+            if grid is None:
+                raise ShapeError("a DiT stage without x_embedder needs the token grid")
+            rope = rope_3d(grid, cfg.head_dim, cfg.rope_theta, device=x.device)  # (N, d/2)
+            txt = text
+        else:
+            text_lengths = self._check_pack(x, c_noise, text, text_lengths, layout)
+            positions = layout.positions
+            rope = rope_angles(positions, cfg.head_dim, cfg.rope_theta).to(x.device)  # (N, d/2)
+            used = {name for block in self.blocks.values() for name in block.layouts}
+            pack = token_pack(layout, text_lengths, sorted(used), device=x.device)
+            lmax = int(text_lengths.max())
+            txt = text[:, :lmax].reshape(1, -1, text.shape[-1])  # (1, S*L, Dt)
+            grid = None
+        if self.x_embedder is not None:
+            h = self.x_embedder(with_positions(x, positions, cfg.abs_pos))  # (B, N, D)
+        else:
+            h = x  # (B, n, D) from the previous stage
+        emb = self.t_embedder(c_noise)  # (B | S, D)
+        shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (B|S, 3D)
+        txt = txt.to(h.dtype)
         for block in self.blocks.values():
-            h = block(h, emb, shared, text, rope, grid)  # (B, N, D)
-        out = self.final(h, emb)  # (B, N, C*P)
+            h = block(h, emb, shared, txt, rope, grid, pack=pack)  # (B, n, D)
+        if self.final is None:
+            return h
+        out = self.final(h, emb, pack=pack)  # (B, N, C*P)
+        if layout is not None:
+            # a fresh tensor, not a view (FSDP2's pre-backward hook sits on the returned tensor)
+            return out.clone()  # (1, length, C*P)
         return unpatchify(out, grid, cfg.patch, cfg.in_channels)  # (B, C, T, H, W)
+
+    def _check_pack(self, x, c_noise, text, text_lengths, layout: PackLayout) -> torch.Tensor:
+        cfg = self.cfg
+        s = layout.n_samples
+        feat = cfg.in_channels * cfg.patch[0] * cfg.patch[1] * cfg.patch[2]
+        if self.x_embedder is not None and tuple(x.shape) != (1, layout.length, feat):
+            raise ShapeError(
+                f"packed tokens: expected (1, {layout.length}, {feat}) for the layout, "
+                f"got {tuple(x.shape)}"
+            )
+        if c_noise.shape != (s,) or text.ndim != 3 or text.shape[0] != s:
+            raise ShapeError(
+                f"pack of {s} samples: c_noise must be ({s},) and text ({s}, L, Dt), got "
+                f"{tuple(c_noise.shape)} and {tuple(text.shape)}"
+            )
+        if (
+            text_lengths is None
+            or text_lengths.shape != (s,)
+            or not bool(((text_lengths >= 1) & (text_lengths <= text.shape[1])).all())
+        ):
+            got = None if text_lengths is None else text_lengths.tolist()
+            raise ShapeError(
+                f"text_lengths: expected ({s},) values in [1, {text.shape[1]}], got {got}"
+            )
+        return text_lengths
 
     def forward_packed(
         self,
@@ -174,58 +247,27 @@ class DiT(nn.Module):
         text_lengths: torch.Tensor,
         layout: PackLayout,
     ) -> torch.Tensor:
-        """Denoiser on one pack of S samples of different grids -> (length, C*P).
-
-        tokens (length, C*P) packed patch tokens (:func:`vfm_core.models.packed.pack_latents`),
-        c_noise (S,) per sample, text (S, L, Dt) captions with ``text_lengths`` (S,) valid tokens
-        each. Equals :meth:`forward` of every sample alone (its caption cut to its length);
-        padding tokens stay finite and touch nothing else.
-        """
-        cfg = self.cfg
-        s = layout.n_samples
-        feat = cfg.in_channels * cfg.patch[0] * cfg.patch[1] * cfg.patch[2]
-        if tokens.shape != (layout.length, feat):
-            raise ShapeError(
-                f"packed tokens: expected ({layout.length}, {feat}) for the layout, "
-                f"got {tuple(tokens.shape)}"
-            )
-        if c_noise.shape != (s,) or text.ndim != 3 or text.shape[0] != s:
-            raise ShapeError(
-                f"pack of {s} samples: c_noise must be ({s},) and text ({s}, L, Dt), got "
-                f"{tuple(c_noise.shape)} and {tuple(text.shape)}"
-            )
-        if text_lengths.shape != (s,) or not bool(
-            ((text_lengths >= 1) & (text_lengths <= text.shape[1])).all()
-        ):
-            raise ShapeError(
-                f"text_lengths: expected ({s},) values in [1, {text.shape[1]}], "
-                f"got {text_lengths.tolist()}"
-            )
-        tokens = with_positions(tokens[None], layout.positions, cfg.abs_pos)  # (1, N, C*P + A)
-        h = self.x_embedder(tokens)  # (1, N, D)
-        emb = self.t_embedder(c_noise)  # (S, D)
-        shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (S, 3D)
-        rope = rope_angles(layout.positions, cfg.head_dim, cfg.rope_theta).to(h.device)  # (N, d/2)
-        used = {name for block in self.blocks.values() for name in block.layouts}
-        pack = token_pack(layout, text_lengths, sorted(used), device=h.device)
-        lmax = int(text_lengths.max())
-        txt = text[:, :lmax].to(h.dtype).reshape(1, s * lmax, -1)  # (1, S*L, Dt)
-        for block in self.blocks.values():
-            h = block(h, emb, shared, txt, rope, None, pack=pack)  # (1, N, D)
-        # a fresh tensor, not a view of the (1, N, C*P) output (FSDP2's pre-backward hook sits on
-        # the returned tensor; an in-place op on a view would drop it)
-        return self.final(h, emb, pack=pack)[0].clone()  # (N, C*P)
+        """:meth:`forward` of one pack given as tokens (length, C*P) -> (length, C*P)."""
+        return self(tokens[None], c_noise, text, text_lengths=text_lengths, layout=layout)[0]
 
 
-def build_model(cfg: ModelConfig, *, device: str | torch.device | None = None) -> nn.Module:
+def build_model(
+    cfg: ModelConfig, *, device: str | torch.device | None = None, seed: int = 0
+) -> nn.Module:
     """Construct the network of any arch (the DiT denoiser, or the causal video transformer for
-    ``arch='ar'``); ``device="meta"`` builds a 28B model without memory."""
+    ``arch='ar'``), initialised from ``seed`` (:func:`vfm_core.models.init.init_parameters`);
+    ``device="meta"`` builds a 28B model without memory and leaves it uninitialised (parallelise,
+    ``to_empty``, then ``init_parameters(model, model.init_rule, seed=...)``)."""
     with torch.device(device or "cpu"):
         if cfg.arch == "ar":
             from vfm_core.models.ar import CausalVideoTransformer
 
-            return CausalVideoTransformer(cfg)
-        return DiT(cfg)
+            model = CausalVideoTransformer(cfg)
+        else:
+            model = DiT(cfg)
+    if torch.device(device or "cpu").type != "meta":
+        init_parameters(model, model.init_rule, seed=seed)
+    return model
 
 
 def count_params(model: nn.Module) -> int:

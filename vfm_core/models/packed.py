@@ -44,8 +44,9 @@ class TokenPack:
     """(n,) int64 sample index of every token the block holds (padding -> 0; its output is
     ignored by the loss)."""
     groups: dict[str, torch.Tensor]
-    """Self-attention layout ("full" | "spatial" | "temporal") -> (N,) int64 group ids of the
-    whole pack (see :func:`vfm_core.data.packing.attention_groups`)."""
+    """Self-attention layout ("full" | "spatial" | "temporal" | "causal") -> (N,) int64 group
+    ids of the whole pack (see :func:`vfm_core.data.packing.attention_groups`; causal: the
+    sample, under the causal mask)."""
     cross_mask: torch.Tensor
     """(n_attn, S*L) bool: query token -> text tokens of its own sample, rows for the tokens the
     cross-attention sees."""
@@ -64,9 +65,14 @@ def token_pack(
 ) -> TokenPack:
     """The :class:`TokenPack` of ``layout`` for the self-attention ``layouts`` a model uses."""
     ids = layout.sample_ids
+    # causal (autoregressive) attention inside a pack: the document mask of full attention
+    kind = {"causal": "full"}
     return TokenPack(
         token_sample=ids.clamp(min=0).to(device),
-        groups={name: attention_groups(layout, name).to(device) for name in set(layouts)},
+        groups={
+            name: attention_groups(layout, kind.get(name, name)).to(device)
+            for name in set(layouts)
+        },
         cross_mask=cross_attention_mask(ids.cpu(), text_lengths.cpu()).to(device),
     )
 

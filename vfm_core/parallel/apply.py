@@ -1,88 +1,119 @@
-"""The layout a trainer runs, applied from outside to a single-device DiT and its EMA copy.
+"""The layout a trainer runs: the model built on the ``meta`` device, cut into this rank's pipeline
+stages, parallelised, then materialised sharded (torchtitan's order).
 
-pp = 1: :func:`parallelize_dit` (TP/SP -> CP -> activation checkpointing -> FSDP2; with every
-degree 1 it only records that no gradient needs syncing). pp > 1: this rank's pipeline stage
-(:class:`DiTPipeline`: TP/SP, FSDP2 per stage, the 1F1B schedule over ``pp`` microbatches) and the
-same stage of the EMA copy, sharded the same way. Either way the trainer gets the module its
-optimizer updates and one call for the gradients' final sums.
+1. :func:`~vfm_core.models.dit.build_model` on ``meta`` (no memory at any size);
+2. pp > 1: this rank's stages (:func:`~vfm_core.parallel.pipeline.split_stage`, ``v`` of them
+   with interleaving); else the whole model is the one part;
+3. every part through :func:`~vfm_core.parallel.parallelize.parallelize_dit` (TP/SP -> CP ->
+   activation checkpointing -> FSDP2);
+4. ``to_empty`` on the device, then :func:`~vfm_core.models.init.init_parameters`: each rank
+   draws exactly its shards of the seed's one initialisation, equal to the one-process model's.
+
+No rank ever holds more than its shards (plus one parameter's rows while initialising). The
+trainer gets the parts its optimizer updates, the pipeline schedule (pp > 1) and one call each
+for the gradients' final sums and the global norm.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from vfm_core.config import Config
-from vfm_core.models.layers import Grid
+from vfm_core.models.dit import build_model
+from vfm_core.models.init import init_parameters
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.grads import clip_grad_norm
+from vfm_core.parallel.layout import pipeline_microbatches
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
-from vfm_core.parallel.pipeline import (
-    REPLICATED,
-    DiTPipeline,
-    make_stage,
-    parallelize_stage,
-    sync_pipeline_grads,
-)
+from vfm_core.parallel.pipeline import REPLICATED, Pipeline, rank_stages, split_stage
 
 
 @dataclass(kw_only=True, slots=True)
 class AppliedLayout:
     """What the trainer works with after the layout was applied."""
 
-    model: nn.Module
-    """The module the optimizer updates: the whole parallelized DiT, or this rank's stage."""
-    ema: nn.Module | None
-    """The EMA copy, parallelized like ``model`` (None without EMA)."""
-    pipe: DiTPipeline | None
-    """The pipeline schedule (pp > 1), else None."""
+    parts: list[nn.Module]
+    """The modules the optimizer updates: ``[the parallelised model]``, or this rank's pipeline
+    stages (one, or ``pp_virtual_stages`` with interleaving)."""
+    pipe: Pipeline | None
+    """The pipeline schedule over ``parts`` (pp > 1), else None."""
     dims: ParallelDims
     """The degrees it was applied with."""
 
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """Every part's parameters under the one-process model's names (conditioning replicas of
+        several local stages repeat a name)."""
+        for part in self.parts:
+            yield from part.named_parameters()
+
     def sync_grads(self) -> None:
-        """Make the gradients final after the backward: TP/SP partial sums (CP is summed inside
-        FSDP's reduce-scatter) and, under PP, the conditioning replicas over the stages."""
+        """Make the gradients final after the backward: TP/SP partial sums (CP and DP are summed
+        inside FSDP's reduce-scatter) and, under PP, the conditioning replicas over the stages."""
+        for part in self.parts:
+            sync_grads(part)
         if self.pipe is not None:
-            sync_pipeline_grads(self.pipe)
-        else:
-            sync_grads(self.model)
+            self.pipe.sync_replicas()
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Global gradient norm over every rank's pieces (each element counted once), clipped.
-        A stage's own parameters are one of ``pp`` disjoint parts; the conditioning replicas
-        every stage holds are whole on each."""
-        pp = self.dims.pp
+        A stage's own parameters are one of ``pp`` disjoint parts; the conditioning replicas are
+        whole on every stage, ``len(parts)`` times on this rank."""
+        pp, local = self.dims.pp, len(self.parts)
         return clip_grad_norm(
-            self.model, max_norm, holders=lambda name: 1 if name.startswith(REPLICATED) else pp
+            self.parts,
+            max_norm,
+            holders=lambda name: 1 / local if name.startswith(REPLICATED) else pp,
         )
 
 
 def apply_layout(
-    model: nn.Module, ema: nn.Module | None, *, cfg: Config, dims: ParallelDims, grid: Grid
+    cfg: Config,
+    dims: ParallelDims,
+    *,
+    device: torch.device,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    prepare: Callable[[nn.Module], None] | None = None,
 ) -> AppliedLayout:
-    """Apply ``cfg.parallel`` (degrees in ``dims``, mesh built) to ``model`` and ``ema``, which
-    every rank built from the same seed (shards of one full init)."""
+    """Build ``cfg.model`` for this rank under ``cfg.parallel`` (degrees in ``dims``, mesh built)
+    in the order of the module docstring. ``loss_fn(output, microbatch)``: the objective's loss,
+    needed by the pipeline's last stage (pp > 1). ``prepare``: a conversion that needs real
+    weights before parallelising (FP8's transformer-engine linears): the model is then built and
+    initialised on the device first (one full copy per rank)."""
     p = cfg.parallel
     ac = p.activation_checkpointing and p.activation_checkpointing_mode  # False | full | selective
-    device = next(model.parameters()).device
     bf16 = cfg.train.dtype == "bfloat16" and device.type == "cuda"
-    opts = dict(
-        sequence_parallel=p.sequence_parallel,
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-    )
+    seed = cfg.train.seed
+    model = build_model(cfg.model, device=device if prepare else "meta", seed=seed)
+    if prepare is not None:
+        prepare(model)
     if dims.pp_enabled:
-        pipe = DiTPipeline(model, parallel_dims=dims, grid=grid, microbatches=dims.pp,
-                           schedule="1f1b", activation_checkpointing=ac,
-                           **opts)  # fmt: skip
-        if ema is not None:
-            stage = make_stage(ema, stage=dims.coord("pp"), num_stages=dims.pp, grid=grid)
-            ema = parallelize_stage(stage, dims, **opts)
-        return AppliedLayout(model=pipe.module, ema=ema, pipe=pipe, dims=dims)
-    opts |= dict(parallel_dims=dims, cp_mode=p.cp_mode)
-    if ema is not None:
-        ema = parallelize_dit(ema, **opts, activation_checkpointing=False)
-    model = parallelize_dit(model, **opts, activation_checkpointing=ac)
-    return AppliedLayout(model=model, ema=ema, pipe=None, dims=dims)
+        virtual = p.pp_virtual_stages
+        stages = [split_stage(model, stage=s, stages=dims.pp * virtual)
+                  for s in rank_stages(dims, virtual)]  # fmt: skip
+    else:
+        stages = [model]
+    for part in stages:
+        parallelize_dit(
+            part,
+            parallel_dims=dims,
+            sequence_parallel=p.sequence_parallel,
+            cp_mode=p.cp_mode,
+            activation_checkpointing=ac,
+            param_dtype=torch.bfloat16 if bf16 else None,
+            reduce_dtype=torch.float32 if bf16 else None,
+        )
+        if prepare is None:
+            part.to_empty(device=device)
+            init_parameters(part, part.init_rule, seed=seed)
+    pipe = None
+    if dims.pp_enabled:
+        if loss_fn is None:
+            raise ValueError("apply_layout: a pipeline (pp > 1) needs the objective's loss_fn")
+        pipe = Pipeline(stages, dims=dims, schedule=p.pp_schedule, loss_fn=loss_fn,
+                        microbatches=pipeline_microbatches(cfg, dims), device=device)  # fmt: skip
+    return AppliedLayout(parts=stages, pipe=pipe, dims=dims)

@@ -356,7 +356,9 @@ def cp_attention(
     ) -> torch.Tensor:
         if layout == "causal":  # autoregressive family: causal ring over balanced chunks
             p = dist.get_world_size(group)
-            pos = causal_positions(q.shape[2], p, balanced=balanced)
+            pos = causal_positions(q.shape[2], p, balanced=balanced)  # (P, n)
+            if sample_ids is not None:  # packed documents: ids of every rank's chunk, in order
+                sample_ids = sample_ids[pos.flatten().to(sample_ids.device)]
             return ring_attention(q, k, v, group, sample_ids=sample_ids, positions=pos)
         if mode == "hybrid" and layout == "spatial" and grid is not None and sample_ids is None:
             p = dist.get_world_size(group)

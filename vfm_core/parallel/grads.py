@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -12,21 +12,27 @@ from torch.distributed.tensor import DTensor, Shard
 
 @torch.no_grad()
 def clip_grad_norm(
-    model: nn.Module, max_norm: float, *, holders: Callable[[str], int] | None = None
+    model: nn.Module | Sequence[nn.Module],
+    max_norm: float,
+    *,
+    holders: Callable[[str], float] | None = None,
 ) -> torch.Tensor:
-    """Global L2 norm of all gradients of a parallelized model, then scale them to ``max_norm``.
+    """Global L2 norm of all gradients of a parallelized model (or of this rank's pipeline
+    stages, a list), then scale them to ``max_norm``.
 
     Gradients may be plain (replicated on every rank) or DTensors on different meshes (FSDP, TP,
     both). Each rank sums the squares of its local pieces weighted by 1 / (number of ranks holding
     that same piece) and one all-reduce over the world adds them up, so every element counts once.
     A piece is held by ``world / shards`` ranks, divided further by ``holders(name)`` where the
     model is itself one of several disjoint parts (pipeline stages: ``pp`` for a stage's own
-    parameters, 1 for conditioning replicas present on every stage).
+    parameters; for conditioning replicas present on every stage, 1 / their copies on this rank).
     """
     world = dist.get_world_size()
     total = torch.zeros((), dtype=torch.float64)
     grads = []
-    for name, p in model.named_parameters():
+    modules = [model] if isinstance(model, nn.Module) else list(model)
+    named = [item for m in modules for item in m.named_parameters()]
+    for name, p in named:
         g = p.grad
         if g is None:
             continue

@@ -36,20 +36,17 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"data-parallel ranks (dp_replicate={dims.dp_replicate} x dp_shard={dims.dp_shard}); "
             f"use a multiple of {dims.dp}"
         )
-    if m.arch == "ar":
-        if cfg.data.max_tokens and (dims.tp > 1 or dims.cp > 1):
-            raise ConfigError(
-                f"data.max_tokens={cfg.data.max_tokens}: packed training of the autoregressive "
-                f"family runs data-parallel so far (tp={dims.tp}, cp={dims.cp} given)"
-            )
-        if dims.pp > 1 and dims.tp > 1:
-            raise ConfigError(
-                f"parallel.pp={dims.pp} with parallel.tp={dims.tp}: the autoregressive family "
-                "(model.arch 'ar') pipelines with dp_shard / dp_replicate only so far"
-            )
+    t = cfg.train
+    if (b // dims.dp) % t.grad_accum:
+        raise ConfigError(
+            f"train.grad_accum={t.grad_accum}: each of the dp={dims.dp} data-parallel ranks gets "
+            f"{b // dims.dp} of data.batch_size={b}, which cannot be split into {t.grad_accum} "
+            f"accumulation steps (use a batch size that is a multiple of {dims.dp * t.grad_accum})"
+        )
+    if m.arch == "ar" and dims.cp > 1 and not cfg.data.max_tokens:
         tokens = cfg.data.latent_frames * cfg.data.latent_height * cfg.data.latent_width
         sp = dims.tp if cfg.parallel.sequence_parallel else 1
-        if dims.cp > 1 and tokens % (2 * dims.cp * sp):
+        if tokens % (2 * dims.cp * sp):
             raise ConfigError(
                 f"parallel.cp={dims.cp}: balanced causal context parallelism cuts the {tokens} "
                 f"tokens of a video into 2 x cp{' x tp' if sp > 1 else ''} = {2 * dims.cp * sp} "
@@ -60,21 +57,62 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"parallel.tp: {dims.tp} must divide model.heads={m.heads} and the key/value heads "
             f"{m.n_kv_heads}"
         )
-    if dims.pp > 1:
-        if m.depth < dims.pp:
-            raise ConfigError(
-                f"parallel.pp: {dims.pp} stages need at least {dims.pp} blocks, model.depth is "
-                f"{m.depth}"
-            )
-        if dims.cp > 1:
-            raise ConfigError(
-                f"parallel.pp={dims.pp} with parallel.cp={dims.cp}: pipeline x context parallel "
-                "is not available (PP combines with dp_shard, dp_replicate and tp)"
-            )
-        if (b // dims.dp) % dims.pp:
-            raise ConfigError(
-                f"data.batch_size={b}: each of the dp={dims.dp} data-parallel ranks gets "
-                f"{b // dims.dp} samples, which cannot be split into parallel.pp={dims.pp} "
-                f"microbatches (use a multiple of {dims.dp * dims.pp})"
-            )
+    pipeline_microbatches(cfg, dims)
     return dims
+
+
+def pipeline_microbatches(cfg: Config, dims: ParallelDims) -> int:
+    """Microbatches of one pipeline schedule run (0 without PP), after checking the schedule,
+    the virtual stages and the split of each rank's batch; a ConfigError names the key."""
+    p, m = cfg.parallel, cfg.model
+    if p.pp_virtual_stages < 1:
+        raise ConfigError(f"parallel.pp_virtual_stages: must be >= 1, got {p.pp_virtual_stages}")
+    if p.pp_microbatches < 0:
+        raise ConfigError(
+            f"parallel.pp_microbatches: must be >= 0 (0 = one per stage), got {p.pp_microbatches}"
+        )
+    if dims.pp == 1:
+        if p.pp_virtual_stages > 1:
+            raise ConfigError(
+                f"parallel.pp_virtual_stages={p.pp_virtual_stages} needs pipeline parallelism "
+                "(parallel.pp > 1)"
+            )
+        return 0
+    v, stages = p.pp_virtual_stages, dims.pp * p.pp_virtual_stages
+    if v > 1 and p.pp_schedule != "interleaved_1f1b":
+        raise ConfigError(
+            f"parallel.pp_virtual_stages={v} needs parallel.pp_schedule=interleaved_1f1b "
+            f"(got {p.pp_schedule!r}, one stage per rank)"
+        )
+    if m.depth < stages:
+        raise ConfigError(
+            f"parallel.pp: {dims.pp} ranks x {v} virtual stages need at least {stages} blocks, "
+            f"model.depth is {m.depth}"
+        )
+    if v > 1 and m.depth % stages:
+        raise ConfigError(
+            f"parallel.pp_virtual_stages={v}: the {m.depth} blocks (model.depth) cannot be cut "
+            f"into pp x virtual stages = {stages} equal stages"
+        )
+    micro = p.pp_microbatches or dims.pp
+    if p.pp_schedule != "gpipe" and micro < dims.pp:
+        raise ConfigError(
+            f"parallel.pp_microbatches={micro} is below the {dims.pp} pipeline stages: the "
+            f"{p.pp_schedule} schedule needs at least one microbatch per stage"
+        )
+    rounds = max(1, micro // dims.pp)
+    if p.pp_schedule == "interleaved_1f1b" and micro % rounds:
+        raise ConfigError(
+            f"parallel.pp_microbatches={micro}: interleaved 1F1B runs them in rounds of about "
+            f"pp={dims.pp}; use a multiple of {rounds} (e.g. {rounds * dims.pp})"
+        )
+    per_pass = cfg.data.batch_size // dims.dp // cfg.train.grad_accum
+    if per_pass % micro:
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size}: each data-parallel rank's pass holds "
+            f"{per_pass} {'packs' if cfg.data.max_tokens else 'samples'} (batch / dp={dims.dp} / "
+            f"train.grad_accum={cfg.train.grad_accum}), which cannot be split into "
+            f"parallel.pp_microbatches={micro} microbatches (use a multiple of "
+            f"{dims.dp * cfg.train.grad_accum * micro})"
+        )
+    return micro

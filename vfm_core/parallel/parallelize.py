@@ -1,8 +1,9 @@
 """parallelize_dit: apply parallelism to a single-device DiT from outside, in a fixed order.
 
 Order (torchtitan ``parallelize.py``; paper §4): **TP/SP -> CP -> activation checkpointing ->
-FSDP2** (PP and compile come later). The model code in ``vfm_core/models`` never sees a mesh; this
-module only uses ``parallelize_module`` plans, forward hooks and the ``Attention.attn_fn`` hook.
+FSDP2**, applied to the whole model or to each pipeline stage (:mod:`vfm_core.parallel.pipeline`
+cuts the stages first). The model code in ``vfm_core/models`` never sees a mesh; this module only
+uses ``parallelize_module`` plans, forward hooks and the ``Attention.attn_fn`` hook.
 
 How the sequence is split. Tokens stay in (t, h, w) raster order. With CP (degree C) and/or SP
 (sequence parallel over the TP group, degree T) the ``x_embedder`` output is cut into C*T contiguous
@@ -38,12 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import (
-    FSDPModule,
-    MixedPrecisionPolicy,
-    fully_shard,
-    register_fsdp_forward_method,
-)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -94,12 +90,6 @@ def _check(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
         raise ConfigError(
             "parallel.cp_mode: 'ring' cannot run ST-DiT spatial/temporal attention; use 'hybrid'"
         )
-    if dims.pp_enabled:
-        raise ConfigError(
-            "parallel.pp: parallelize_dit does not pipeline; pp > 1 runs through "
-            "vfm_core.parallel.pipeline.DiTPipeline (parallelize_stage applies TP / FSDP2 per "
-            "stage; vfm_core.parallel.apply.apply_layout picks it)"
-        )
 
 
 def _tp_plan(block: nn.Module, sp: bool) -> dict:
@@ -127,23 +117,25 @@ def _tp_plan(block: nn.Module, sp: bool) -> dict:
     return plan
 
 
-def _vocab_plan(sp: bool) -> dict:
+def _vocab_plan(model: nn.Module, sp: bool) -> dict:
     """Vocabulary-parallel embedding (each TP rank holds a slice of the rows; the lookups are
     summed over the group, so the full sequence is on every TP rank before the split hook cuts
     it) and output head (column-parallel: each rank's logits cover its slice of the vocabulary,
     a DTensor sharded on the last dim that :func:`vocab_parallel_loss` reduces without
     gathering; under SP the head first all-gathers the sequence chunks)."""
-    return {
+    plan = {
         "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         "head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
                                 output_layouts=Shard(-1), use_local_output=False),
     }  # fmt: skip
+    return {k: v for k, v in plan.items() if getattr(model, k) is not None}  # a stage's own
 
 
-def _sequence_ends(model: nn.Module) -> tuple[nn.Module, nn.Module, int, bool]:
+def _sequence_ends(model: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int, bool]:
     """(module whose output is the token sequence, module whose output is gathered back, index
     of the RoPE angles among a block's positional arguments, causal) of a DiT or of the causal
-    video transformer (whose CP chunks are balanced zigzag sets of positions)."""
+    video transformer (whose CP chunks are balanced zigzag sets of positions). A pipeline stage
+    has the first only on the first stage, the second only on the last (None elsewhere)."""
     if getattr(model.cfg, "arch", "") == "ar":
         return model.embed, model.head, 2, True  # block(x, text, rope (N, d/2))
     return model.x_embedder, model.final, 4, False  # block(h, emb, shared, text, rope, grid)
@@ -199,18 +191,21 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
         # modulation rows follow the block's tokens (CP chunk, then SP chunk); cross-attention
         # rows follow what the attention sees (the CP chunk: SP all-gathers its input); the
         # group ids stay whole (ring / all-to-all take the whole pack's ids)
-        local = seq_chunk(seq_chunk(pack.token_sample, cp_rank, cp, 0), tp_rank, tp, 0)  # (n,)
-        cross = seq_chunk(pack.cross_mask, cp_rank, cp, 0)  # (N/C, S*L)
+        local = seq_chunk(cp_part(pack.token_sample, 0), tp_rank, tp, 0)  # (n,)
+        cross = cp_part(pack.cross_mask, 0)  # (N/C, S*L)
         kwargs = {**kwargs, "pack": replace(pack, token_sample=local, cross_mask=cross)}
         return args, kwargs
 
-    seq_in.register_forward_hook(split)
+    if seq_in is not None:  # the first pipeline stage (or the whole model)
+        seq_in.register_forward_hook(split)
     if cp > 1:
         for block in model.blocks.values():
             block.register_forward_pre_hook(rope_chunk)
-    for module in (*model.blocks.values(), seq_out):
+    ends = (seq_out,) if seq_out is not None else ()
+    for module in (*model.blocks.values(), *ends):
         module.register_forward_pre_hook(pack_chunk, with_kwargs=True)
-    seq_out.register_forward_hook(gather)
+    if seq_out is not None:  # the last pipeline stage (or the whole model)
+        seq_out.register_forward_hook(gather)
 
 
 def _packs_to(batched: Callable, packed: Callable) -> Callable:
@@ -237,14 +232,20 @@ def parallelize_dit(
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Parallelize ``model`` (a :class:`vfm_core.models.dit.DiT`) in place and return it.
+    """Parallelize ``model`` (a DiT or the causal video transformer, whole or one pipeline stage
+    of it) in place and return it.
 
-    Every rank must build the model with the same seed first: TP shards slice the same full
-    weights, so gathered weights equal the single-process init. After ``loss.backward()`` call
+    The model may live on the ``meta`` device (then ``to_empty`` and
+    :func:`vfm_core.models.init.init_parameters` materialise each rank's shards of the seed's
+    one initialisation), or be materialised already on every rank from the same seed (TP and
+    FSDP keep their slice of the same full weights). After ``loss.backward()`` call
     :func:`sync_grads` (then clip and step as usual).
     """
     dims = parallel_dims
-    mesh = dims.build_mesh(next(model.parameters()).device.type)
+    device = next(model.parameters()).device
+    if device.type == "meta":  # the mesh is normally built already (by the trainer)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mesh = dims.build_mesh(device.type)
     _check(model, dims, cp_mode)
     sp = sequence_parallel and dims.tp_enabled
     plain_before_tp = {n for n, p in model.named_parameters() if not isinstance(p, DTensor)}
@@ -254,7 +255,7 @@ def parallelize_dit(
         for block in model.blocks.values():
             parallelize_module(block, mesh["tp"], _tp_plan(block, sp), src_data_rank=None)
         if _sequence_ends(model)[3]:  # causal model: vocabulary-parallel embedding and head
-            parallelize_module(model, mesh["tp"], _vocab_plan(sp), src_data_rank=None)
+            parallelize_module(model, mesh["tp"], _vocab_plan(model, sp), src_data_rank=None)
     # 2. context parallel: self-attention cores become ring / all-to-all over the cp group
     if dims.cp_enabled:
         fn = cp_attention(dims.group("cp"), cp_mode)
@@ -285,8 +286,6 @@ def parallelize_dit(
         for block in model.blocks.values():
             fully_shard(block, mesh=fsdp_mesh, mp_policy=mp)
         fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
-        if hasattr(model, "forward_packed"):  # root unshard / reshard around packed forwards
-            register_fsdp_forward_method(model, "forward_packed")
         for module in model.modules():
             if isinstance(module, FSDPModule) and dims.cp_enabled:
                 module.set_gradient_divide_factor(float(dims.dp))

@@ -1,27 +1,35 @@
 """The performance planner: rank 4D-parallel layouts of a DiT × sequence length × GPU count.
 
 ``plan(cfg, seq_len=, gpus=, hardware=)`` enumerates every valid :class:`Layout` — degrees whose
-product is the GPU count, heads (and kv heads) divisible by TP, depth by PP, the sequence by CP, TP
-inside one node, all-to-all CP only when the heads per TP rank divide by CP — predicts its per-GPU
-memory (:mod:`vfm_core.perf.memory`) and step time (:mod:`vfm_core.perf.timing`), drops layouts
-that do not fit, and ranks the rest by predicted tokens/s per GPU. Pinned keys (``fixed``) restrict
-the search and keep layouts that do not fit, flagged.
+product is the GPU count, heads (and kv heads) divisible by TP, depth by PP (and by PP × virtual
+stages), the sequence by CP, TP inside one node, all-to-all CP only when the heads per TP rank
+divide by CP, the pipeline schedule rules of the trainer — predicts its per-GPU memory
+(:mod:`vfm_core.perf.memory`) and step time (:mod:`vfm_core.perf.timing`), drops layouts that do
+not fit, and ranks the rest by predicted tokens/s per GPU. Pinned keys (``fixed``) restrict the
+search and keep layouts that do not fit, flagged. All four degrees combine: TP (+ SP) × CP (ring
+or all-to-all inside every pipeline stage) × PP (1F1B or interleaved 1F1B) × FSDP/HSDP.
 
 Throughput and FLOPs are tied by construction: ``tflops_per_gpu = tokens_per_s_per_gpu ×
 train_flops_per_token / 1e12`` with the spine's FLOPs model (:mod:`vfm_core.perf.flops`), and
 ``mfu = tflops_per_gpu / dense bf16 peak`` (:mod:`vfm_core.perf.hardware`).
 
 Search choices (the public guidance this follows: torchtitan's 4D recipes, Megatron-LM's
-"Efficient Large-Scale Language Model Training", Narayanan et al. 2021 §3): TP with SP always on
-(SP only saves memory in this model, so ``sp=False`` is searched only when pinned); micro-batches
-per step ``pp, 2·pp, 4·pp`` with PP and 1 without; micro-batch size 1, 2, 4, 8; plain 1F1B
-(``vpp`` only when pinned). When no recomputation fits, slower recompute modes are not listed.
-FSDP groups that cross nodes but are smaller than the whole data-parallel dimension are not
-searched (unless pinned): in this model they move the same InfiniBand bytes per GPU as full
-sharding with more memory and a larger replica all-reduce, so they never rank higher.
+"Efficient Large-Scale Language Model Training", Narayanan et al. 2021 §2.2 and §3): TP with SP
+always on (SP only saves memory in this model, so ``sp=False`` is searched only when pinned);
+with PP, micro-batches per step ``pp, 2·pp, 4·pp`` (the trainer's ``parallel.pp_microbatches``)
+and ``vpp`` 1, 2 or 4 virtual stages where pp·vpp divides the depth (interleaved 1F1B); without PP
+one micro-batch (``train.grad_accum`` > 1 only when pinned: it adds global batch, not
+throughput); micro-batch size 1, 2, 4, 8. When no recomputation fits, slower recompute modes are
+not listed. FSDP groups that cross nodes but are smaller than the whole data-parallel dimension
+are not searched (unless pinned): in this model they move the same InfiniBand bytes per GPU as
+full sharding with more memory and a larger replica all-reduce, so they never rank higher.
+Throughput is ranked at whatever global batch a layout implies (micro_batch · microbatches · dp):
+more micro-batches always shrink the pipeline bubble, so pipelined layouts rank at 4·pp.
 
-:func:`explain_rejections` summarises why layouts were rejected; fitting the efficiency constants
-to measured runs lives in :mod:`vfm_core.perf.calibrate`.
+:func:`check_layout` mirrors the trainer's ``vfm_core.parallel.layout.validate_layout`` (tested
+both ways in tests/perf/test_planner_trainer.py) and :func:`trainer_config` writes the run config
+of a layout; :func:`explain_rejections` summarises why layouts were rejected; fitting the
+efficiency constants to measured runs lives in :mod:`vfm_core.perf.calibrate`.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from vfm_core.models.layers import Grid
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
 from vfm_core.perf.memory import (
     RECOMPUTE_MODES,
+    GiB,
     MemoryEstimate,
     Split,
     estimate_memory,
@@ -48,6 +57,7 @@ from vfm_core.perf.timing import (
     Layout,
     StepTime,
     Workload,
+    bubble_fraction,
     step_time,
     tokens_per_step_per_gpu,
     workload,
@@ -55,6 +65,11 @@ from vfm_core.perf.timing import (
 
 LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(Layout))
 MICRO_BATCHES = (1, 2, 4, 8)
+PP_MICROBATCHES = (1, 2, 4)
+"""Searched pipeline micro-batches per step, in multiples of pp (pp > 1; pp == 1 searches no
+gradient accumulation: it adds no throughput in this model, only global batch)."""
+VIRTUAL_STAGES = (1, 2, 4)
+"""Searched virtual stages per GPU (interleaved 1F1B) where pp·v divides the depth."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,6 +102,7 @@ class Plan:
             compute_s=t.compute_s,
             exposed_comm_s=t.exposed_comm_s,
             bubble_s=t.bubble_s,
+            pp_sends_s=t.parts["pp_p2p"],
             tflops_per_gpu=self.tflops_per_gpu,
             mfu=self.mfu,
             tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
@@ -103,9 +119,10 @@ def evaluate(
 
 
 def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
-    """:func:`estimate_memory` of a layout, memoised on the keys memory depends on."""
+    """:func:`estimate_memory` of a layout, memoised on the keys memory depends on; interleaved
+    1F1B adds the stage activations of :func:`interleaved_in_flight` beyond plain 1F1B's."""
     key = ("mem", gpu.name, lay.tp, lay.sp, lay.cp, lay.pp, lay.dp_shard, lay.micro_batch)
-    key += (lay.microbatches, lay.recompute)
+    key += (lay.microbatches, lay.recompute, lay.vpp)
     if key not in work.cache:
         skey = ("mem-saved", lay.tp, lay.sp, lay.cp, lay.pp, lay.recompute)
         if skey not in work.cache:  # affine in the micro-batch size: a + b·mb
@@ -122,7 +139,7 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
             work.cache[skey] = (2 * s1 - s2, s2 - s1, 2 * b1 - b2, b2 - b1)
         s0, s_mb, b0, b_mb = work.cache[skey]
         mb = lay.micro_batch
-        work.cache[key] = estimate_memory(
+        mem = estimate_memory(
             work.cfg,
             seq_len=work.seq_len,
             hbm_gb=gpu.hbm_gb,
@@ -140,7 +157,30 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
             kinds=work.kinds,
             saved=(s0 + s_mb * mb, b0 + b_mb * mb),
         )
+        if lay.vpp > 1:  # estimate_memory prices plain 1F1B: add interleaving's extra in flight
+            extra = interleaved_in_flight(lay) - min(lay.pp, lay.microbatches)
+            gib = max(0.0, extra) * (s0 + s_mb * mb) / GiB
+            mem = dataclasses.replace(
+                mem, activations_gib=mem.activations_gib + gib, total_gib=mem.total_gib + gib
+            )
+        work.cache[key] = mem
     return work.cache[key]
+
+
+def interleaved_in_flight(lay: Layout) -> float:
+    """Micro-batches of stage activations the first GPU holds at its peak under interleaved 1F1B
+    (vpp > 1): (v−1)·r + 2·(p−1) warm-up chunk forwards and the first steady-state one, each 1/v
+    of the GPU's blocks, with r = m / rounds micro-batches per round — p + (p−1)/v for r = p
+    (Korthikanti et al. 2022 §4.2.3; torch ``ScheduleInterleaved1F1B``, ``_get_warmup_ops``);
+    at most all m. Plain 1F1B holds min(p, m) (``estimate_memory``). Belongs in
+    :mod:`vfm_core.perf.memory` once ``estimate_memory`` takes the schedule."""
+    p, v, m = lay.pp, lay.vpp, lay.microbatches
+    if p == 1:
+        return 1.0
+    if v == 1:
+        return float(min(p, m))
+    per_round = m // max(1, m // p)
+    return min(m * v, (v - 1) * per_round + 2 * (p - 1) + 1) / v
 
 
 def _with_time(
@@ -176,27 +216,17 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
         return f"tp={lay.tp} does not divide kv_heads={cfg.n_kv_heads}"
     if lay.sp and lay.tp == 1:
         return "sp=true needs tp > 1"
-    if cfg.depth % lay.pp:
+    if cfg.depth % lay.pp:  # stricter than the trainer (uneven stages): the model prices equal ones
         return f"pp={lay.pp} does not divide depth={cfg.depth}"
-    # what the trainer runs (vfm_core.parallel.layout.validate_layout / apply_layout): plain
-    # 1F1B over exactly pp microbatches, no interleaving, no PP x CP
-    if lay.vpp > 1:
-        return f"vpp={lay.vpp}: interleaved 1F1B (virtual stages) is not implemented by the trainer"
-    if lay.pp > 1 and lay.cp > 1:
-        return f"pp={lay.pp} with cp={lay.cp}: the trainer does not combine PP and CP"
-    if cfg.arch == "ar":  # the causal video transformer (vfm_core.parallel.layout)
-        if lay.pp > 1 and lay.tp > 1:
-            return f"pp={lay.pp} with tp={lay.tp}: the autoregressive family pipelines without TP"
-        if lay.cp > 1 and lay.cp_mode != "ring":
+    why = _pipeline_reason(cfg, lay)
+    if why:
+        return why
+    if cfg.arch == "ar" and lay.cp > 1:  # the causal video transformer (vfm_core.parallel.layout)
+        if lay.cp_mode != "ring":
             return "the autoregressive family's context parallelism is a balanced causal ring"
         chunks = 2 * lay.cp * (lay.tp if lay.sp else 1)
-        if lay.cp > 1 and seq_len % chunks:
+        if seq_len % chunks:
             return f"balanced causal cp={lay.cp} needs the {seq_len} tokens in {chunks} chunks"
-    if lay.microbatches != lay.pp:
-        return (
-            f"microbatches={lay.microbatches}: the trainer runs exactly pp={lay.pp} "
-            "microbatch(es) per step (1F1B over pp; no gradient accumulation)"
-        )
     if seq_len % lay.cp:
         return f"cp={lay.cp} does not divide the sequence of {seq_len} tokens"
     if lay.cp > 1 and (lay.cp_mode == "a2a" or cfg.arch == "stdit"):  # ST-DiT: hybrid a2a
@@ -212,13 +242,43 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
     return None
 
 
+def _pipeline_reason(cfg: ModelConfig, lay: Layout) -> str | None:
+    """The schedule rules of ``vfm_core.parallel.layout.pipeline_microbatches`` for a layout:
+    ``microbatches`` is ``parallel.pp_microbatches`` with pp > 1 (``train.grad_accum`` with
+    pp == 1, any count), ``vpp`` is ``parallel.pp_virtual_stages`` (interleaved 1F1B)."""
+    pp, v, m = lay.pp, lay.vpp, lay.microbatches
+    if pp == 1:
+        if v > 1:  # the trainer ignores virtual stages without a pipeline; say so instead
+            return f"vpp={v} (parallel.pp_virtual_stages) needs pp > 1"
+        return None
+    if cfg.depth % (pp * v):
+        return (
+            f"vpp={v} (parallel.pp_virtual_stages): the {cfg.depth} blocks (depth) cannot be cut "
+            f"into pp x vpp = {pp * v} equal stages"
+        )
+    if m < pp:
+        return (
+            f"microbatches={m} (parallel.pp_microbatches) is below pp={pp}: 1F1B needs at least "
+            "one microbatch per stage"
+        )
+    rounds = max(1, m // pp)
+    if v > 1 and m % rounds:
+        return (
+            f"microbatches={m} (parallel.pp_microbatches): interleaved 1F1B runs them in "
+            f"{rounds} rounds of about pp={pp}; use a multiple of {rounds}"
+        )
+    return None
+
+
 def trainer_config(base: Config, lay: Layout) -> Config:
-    """The run config that trains ``lay``: ``base`` with its parallel degrees, SP, CP mode and
-    activation checkpointing set, and ``data.batch_size`` the layout's global batch
-    (micro_batch · microbatches · dp_replicate · dp_shard). ST-DiT ``ring`` is the trainer's
-    ``hybrid`` (ring for full attention, all-to-all for spatial / temporal). What ``vfm plan``
-    prints as the command line of a layout; ``validate_layout(trainer_config(...), lay.world)``
-    accepts every layout :func:`plan` returns (tests/perf/test_planner_trainer.py)."""
+    """The run config that trains ``lay``: ``base`` with its parallel degrees, SP, CP mode,
+    activation checkpointing and pipeline schedule set, and ``data.batch_size`` the layout's
+    global batch (micro_batch · microbatches · dp_replicate · dp_shard). With pp > 1 the
+    layout's micro-batches are ``parallel.pp_microbatches`` of a 1F1B schedule (interleaved 1F1B
+    over ``pp_virtual_stages = vpp`` when vpp > 1) and ``train.grad_accum`` is 1; with pp == 1
+    they are ``train.grad_accum``. ST-DiT ``ring`` is the trainer's ``hybrid`` (ring for full
+    attention, all-to-all for spatial / temporal). ``validate_layout(trainer_config(...),
+    lay.world)`` accepts every layout :func:`plan` returns (tests/perf/test_planner_trainer.py)."""
     stdit = base.model.arch == "stdit"
     mode = "alltoall" if lay.cp_mode == "a2a" else ("hybrid" if stdit else "ring")
     parallel = dataclasses.replace(
@@ -232,9 +292,13 @@ def trainer_config(base: Config, lay: Layout) -> Config:
         cp_mode=mode,
         activation_checkpointing=lay.recompute != "none",
         activation_checkpointing_mode="full" if lay.recompute == "none" else lay.recompute,
+        pp_schedule="interleaved_1f1b" if lay.vpp > 1 else "1f1b",
+        pp_virtual_stages=lay.vpp,
+        pp_microbatches=lay.microbatches if lay.pp > 1 else 0,
     )
     data = dataclasses.replace(base.data, batch_size=global_batch(lay))
-    return dataclasses.replace(base, parallel=parallel, data=data)
+    train = dataclasses.replace(base.train, grad_accum=1 if lay.pp > 1 else lay.microbatches)
+    return dataclasses.replace(base, parallel=parallel, data=data, train=train)
 
 
 def global_batch(lay: Layout) -> int:
@@ -315,13 +379,12 @@ def _check_fixed(
     if gpus % prod:
         pinned = ", ".join(f"{k}={fixed[k]}" for k in fixed if k in LAYOUT_KEYS[:5])
         raise ConfigError(f"--fixed {pinned}: product {prod} does not divide --gpus {gpus}")
-    probe = Layout(
-        **{
-            **fixed,
-            "microbatches": fixed.get("microbatches", max(fixed.get("pp", 1), 1)),
-            "sp": fixed.get("sp", fixed.get("tp", 1) > 1),
-        }
-    )
+    probe = {**fixed, "sp": fixed.get("sp", fixed.get("tp", 1) > 1)}
+    if "pp" in fixed:  # the schedule rules need the pipeline; else each searched pp is checked
+        probe.setdefault("microbatches", fixed["pp"])
+    else:
+        probe.update(microbatches=1, vpp=1)
+    probe = Layout(**probe)
     why = check_layout(cfg, probe, seq_len=seq_len, gpu=gpu)
     if why:
         raise ConfigError(f"--fixed: {why}")
@@ -388,18 +451,6 @@ def plan(
             for pp in options("pp", _divisors(gpus // (tp * cp))):
                 if (gpus // (tp * cp)) % pp:
                     continue
-                if pp > 1 and cp > 1:
-                    reject(
-                        f"pp={pp} with cp={cp}: the trainer does not combine PP and CP",
-                        {"tp": tp, "cp": cp, "pp": pp},
-                    )
-                    continue
-                if pp > 1 and tp > 1 and cfg.arch == "ar":
-                    reject(
-                        f"pp={pp} with tp={tp}: the autoregressive family pipelines without TP",
-                        {"tp": tp, "cp": cp, "pp": pp},
-                    )
-                    continue
                 if cfg.depth % pp:
                     reject(
                         f"pp={pp} does not divide depth={cfg.depth}", {"tp": tp, "cp": cp, "pp": pp}
@@ -442,8 +493,9 @@ def _search_inner(cfg, work, gpu, eff, base, pins, options, keep_all, plans, rej
     tp, cp, pp = base["tp"], base["cp"], base["pp"]
     sps = options("sp", [True] if tp > 1 else [False])
     modes = options("cp_mode", ["ring", "a2a"] if cp > 1 else ["ring"])
-    ms = options("microbatches", [pp])  # the trainer's 1F1B runs pp microbatches
-    vpps = options("vpp", [1])
+    ms = options("microbatches", [k * pp for k in PP_MICROBATCHES] if pp > 1 else [1])
+    interleave = [v for v in VIRTUAL_STAGES if cfg.depth % (pp * v) == 0] if pp > 1 else [1]
+    vpps = options("vpp", interleave)
     count = 0
     for sp in sps:
         for mode in modes:
@@ -513,8 +565,9 @@ def format_table(result: PlanResult, *, top: int | None = None) -> str:
     """Readable table: layout, memory, step-time breakdown, TFLOPS/GPU, MFU, tokens/s/GPU."""
     head = (
         f"{'#':>3} {'dp_r':>4} {'dp_s':>4} {'tp':>2} {'sp':>2} {'cp':>3} {'mode':>4} {'pp':>2} "
-        f"{'mb':>2} {'m':>3} {'gbs':>5} {'recomp':>9} {'mem GiB':>8} {'fits':>4} {'step s':>8} "
-        f"{'compute':>8} {'comm':>7} {'bubble':>7} {'TFLOPS':>7} {'MFU':>6} {'tok/s/GPU':>10}"
+        f"{'v':>1} {'mb':>2} {'m':>3} {'gbs':>5} {'recomp':>9} {'mem GiB':>8} {'fits':>4} "
+        f"{'step s':>8} {'compute':>8} {'comm':>7} {'bubble':>7} {'TFLOPS':>7} {'MFU':>6} "
+        f"{'tok/s/GPU':>10}"
     )
     lines = [head, "-" * len(head)]
     for i, p in enumerate(result.plans[:top] if top else result.plans, 1):
@@ -522,7 +575,7 @@ def format_table(result: PlanResult, *, top: int | None = None) -> str:
         lines.append(
             f"{i:>3} {lay.dp_replicate:>4} {lay.dp_shard:>4} {lay.tp:>2} "
             f"{'y' if lay.sp else 'n':>2} {lay.cp:>3} {lay.cp_mode if lay.cp > 1 else '-':>4} "
-            f"{lay.pp:>2} "
+            f"{lay.pp:>2} {lay.vpp:>1} "
             f"{lay.micro_batch:>2} {lay.microbatches:>3} {global_batch(lay):>5} {lay.recompute:>9} "
             f"{p.memory.total_gib:>8.1f} {'yes' if p.fits else 'NO':>4} {t.step_s:>8.3f} "
             f"{t.compute_s:>8.3f} {t.exposed_comm_s:>7.3f} {t.bubble_s:>7.3f} "
@@ -534,36 +587,48 @@ def format_table(result: PlanResult, *, top: int | None = None) -> str:
 LEGEND = """\
 columns: dp_r = replicated data parallel (DDP / HSDP outer), dp_s = FSDP shards, tp = tensor
 parallel, sp = sequence parallel inside TP, cp = context parallel, mode = CP attention (ring P2P or
-a2a all-to-all; ST-DiT ring = the trainer's hybrid), pp = pipeline stages, mb = samples per
-micro-batch per replica, m = micro-batches per step (= pp: 1F1B), gbs = global batch (samples per
-optimiser step = mb x m x dp_r x dp_s), recomp = activation checkpointing (none | selective |
+a2a all-to-all; ST-DiT ring = the trainer's hybrid), pp = pipeline stages, v = virtual stages per
+GPU (v > 1: interleaved 1F1B), mb = samples per micro-batch per replica, m = micro-batches per step
+(pp > 1: the 1F1B schedule's, >= pp; pp = 1: gradient accumulation), gbs = global batch (samples
+per optimiser step = mb x m x dp_r x dp_s), recomp = activation checkpointing (none | selective |
 full), mem GiB = predicted peak memory per GPU, fits = within usable HBM, step s = predicted step
 time, compute = GEMM + attention + element-wise + recompute seconds, comm = exposed communication
 (TP/SP, CP, PP sends, FSDP/DP not hidden, contention of hidden collectives), bubble = pipeline
-fill/drain, TFLOPS = model TFLOP/s per GPU, MFU = TFLOPS / dense bf16 peak, tok/s/GPU = video
-tokens per second per GPU."""
+fill/drain ((pp-1)/(v*m+pp-1) of the pipelined time), TFLOPS = model TFLOP/s per GPU, MFU =
+TFLOPS / dense bf16 peak, tok/s/GPU = video tokens per second per GPU."""
 
 
 def explain_plan(p: Plan) -> str:
     """The step-time breakdown of one plan (``vfm plan --explain``): seconds per step and share."""
     t, lay = p.time, p.layout
     parts = t.parts
+    if lay.pp > 1:
+        sched = f"interleaved 1F1B, v={lay.vpp}" if lay.vpp > 1 else "1F1B"
+        frac = bubble_fraction(lay.pp, lay.microbatches, lay.vpp)
+        bubble = f"pipeline bubble ({sched}, m={lay.microbatches}, {frac:.1%})"
+        sends = f"PP stage sends ({2 * lay.vpp} per micro-batch)"
+        tail = "overlap, end-of-step reduction"
+    else:
+        bubble, sends = "pipeline bubble (no pipeline)", "PP stage sends"
+        tail = "phase overlap, last-layer tail"
     rows = [
         ("GEMMs", parts["gemm"]),
         ("attention", parts["attention"]),
         ("element-wise (norms, modulation, RoPE, copies)", parts["pointwise"]),
         (f"recompute ({lay.recompute})", parts["recompute"]),
+        ("conditioning (every rank / stage recomputes it)", parts["conditioning"]),
         ("TP/SP collectives (exposed)", parts["tp"]),
         ("CP ring / all-to-all (exposed)", parts["cp"]),
-        ("PP stage sends", parts["pp_p2p"]),
-        ("FSDP/DP not hidden (phase overlap, last-layer tail)", parts["fsdp_dp_exposed"]),
+        (sends, parts["pp_p2p"]),
+        (f"FSDP/DP not hidden ({tail})", parts["fsdp_dp_exposed"]),
         ("contention of hidden collectives", parts["contention"]),
-        ("pipeline bubble", t.bubble_s),
+        (bubble, t.bubble_s),
         ("optimizer step (AdamW, memory-bound)", t.optimizer_s),
     ]
     lines = [
         f"  dp {lay.dp_replicate}x{lay.dp_shard} tp {lay.tp}{' sp' if lay.sp else ''} "
-        f"cp {lay.cp}{' ' + lay.cp_mode if lay.cp > 1 else ''} pp {lay.pp} mb {lay.micro_batch} "
+        f"cp {lay.cp}{' ' + lay.cp_mode if lay.cp > 1 else ''} pp {lay.pp}"
+        f"{f' vpp {lay.vpp}' if lay.vpp > 1 else ''} mb {lay.micro_batch} m {lay.microbatches} "
         f"gbs {global_batch(lay)} recompute {lay.recompute}"
     ]
     for name, sec in rows:

@@ -5,7 +5,12 @@ Per micro-batch and pipeline stage a GPU spends (the constants are
 
 * **GEMMs**: FLOPs from :func:`vfm_core.perf.flops.train_flops` (every component but attention) /
   (efficiency · dense peak) plus a fixed cost per GEMM call — a size-dependent efficiency
-  f / (f + eff·peak·launch): tensor parallelism shrinks GEMMs and pays for it.
+  f / (f + eff·peak·launch): tensor parallelism shrinks GEMMs and pays for it. The blocks' work is
+  split evenly over the stages; the patch embedding runs on the first stage, the final layer (and
+  the causal model's vocabulary head) on the last, and the pipeline runs at the pace of the busier
+  end. The conditioning (timestep MLP, AdaLN-LoRA global term) is replicated: every TP / CP rank
+  computes it for its samples and every pipeline stage recomputes it from the raw ``c_noise``
+  (``vfm_core.parallel.pipeline``: cheaper than sending the embeddings and their gradients).
 * **attention**: the ``attention`` and ``cross_attention`` FLOPs at FlashAttention-class throughput
   that ramps with the attended length S as S / (S + S½) and is lower at head dim 64 (FA2, Dao 2023;
   FA3, Shah et al. 2024). ST-DiT spatial attention attends over h·w tokens, temporal over t.
@@ -16,19 +21,29 @@ Per micro-batch and pipeline stage a GPU spends (the constants are
 * **TP/SP** (Megatron-LM, Shoeybi et al. 2019; SP: Korthikanti et al. 2022 §4.2.2): per sub-layer an
   all-gather + reduce-scatter (or one all-reduce without SP) of the (tokens × D) activation forward
   and again backward, over NVLink (TP stays inside a node), on the critical path.
-* **CP**: ring attention (Liu et al. 2023) passes K/V around the ring — cp−1 steps forward, K/V and
-  their gradients backward — hidden behind the attention compute of each step when it is long
-  enough, but each ring step runs the kernel on (S/cp)-long blocks; all-to-all (Ulysses, Jacobs
-  et al. 2023) re-shards q, k, v and the output from sequence to
+* **CP** (inside each pipeline stage): ring attention (Liu et al. 2023) passes K/V around the ring
+  — cp−1 steps forward, K/V and their gradients backward — hidden behind the attention compute of
+  each step when it is long enough, but each ring step runs the kernel on (S/cp)-long blocks;
+  all-to-all (Ulysses, Jacobs et al. 2023) re-shards q, k, v and the output from sequence to
   heads and back, 4 all-to-alls forward and 4 backward, exposed. With the sequence cut along t in
   raster order, ST-DiT spatial attention (within a frame) is local when t % cp == 0.
-* **PP** 1F1B: a step is (m + p − 1) micro-batch times, bubble fraction (p−1)/(m+p−1); interleaved
-  with v virtual stages (p−1)/(v·m + p − 1) (Narayanan et al. 2021, §2.2). Stage-to-stage sends of
-  the activation are charged.
+* **PP**: 1F1B over m micro-batches is m + p − 1 micro-batch slots, the bubble (p−1) of them;
+  interleaved 1F1B with v virtual stages per GPU shrinks the bubble to (p−1)/v slots, a fraction
+  (p−1)/(v·m + p − 1) of the step (Narayanan et al. 2021, §2.2, eq. for t_pb^int), and sends v
+  times as often. Each micro-batch crosses every stage boundary forward with the activation chunk
+  (B, N/(cp·tp_sp), D) and backward with its gradient — point-to-point between the ranks of the
+  same (dp, cp, tp) coordinate of adjacent stages (``vfm_core.parallel.pipeline``; the
+  conditioning is looked up per stage, not sent), exposed.
 * **FSDP** (ZeRO-3, FSDP2): parameters all-gathered for forward and again for backward (reshard
-  after forward), gradients reduce-scattered in fp32 once per step; **HSDP/DDP** outer replicas
-  all-reduce the gradient shards over InfiniBand. Both overlap with compute up to a fraction of it;
-  the first layer's all-gather is always exposed.
+  after forward) per micro-batch, gradients reduce-scattered in fp32 once per step. Under a pipeline
+  schedule ``torch.distributed.pipelining`` keeps the backward's gathered parameters and unsharded
+  gradients until the last micro-batch (``PipelineStage.backward_maybe_with_nosync``:
+  ``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``), so after the
+  warm-up forwards a micro-batch costs one all-gather (its backward's): m + min(m, p) passes per
+  step, and the gradient reduction waits for the step's last backward (``perform_reduce_grad``),
+  exposed but for the virtual stages that finish earlier. **HSDP/DDP** outer replicas all-reduce
+  the gradient shards over InfiniBand. The rest overlaps with compute up to a fraction of it; the
+  first layer's all-gather is always exposed.
 
 Collectives use ring-algorithm bus bandwidth: all-gather / reduce-scatter of S bytes over n ranks
 move S·(n−1)/n, all-reduce twice that, all-to-all S·(n−1)/n (NCCL ``PERFORMANCE.md``). A group
@@ -73,11 +88,14 @@ class Layout:
     micro_batch: int = 1
     """Samples per micro-batch per model replica."""
     microbatches: int = 1
-    """Micro-batches per optimiser step (pipeline schedule length / gradient accumulation)."""
+    """Micro-batches per optimiser step: with pp > 1 the pipeline schedule's micro-batches (the
+    trainer's ``parallel.pp_microbatches``, >= pp), with pp == 1 gradient accumulation
+    (``train.grad_accum``)."""
     cp_mode: CpMode = "ring"
     """Context-parallel attention: ring P2P or all-to-all (Ulysses)."""
     vpp: int = 1
-    """Virtual pipeline stages per GPU (interleaved 1F1B)."""
+    """Virtual pipeline stages per GPU (interleaved 1F1B, ``parallel.pp_virtual_stages``): the
+    depth is cut into pp·vpp stages, GPU r holding stages r, r + pp, ..."""
 
     @property
     def world(self) -> int:
@@ -96,6 +114,9 @@ class Workload:
     """Training FLOPs of one sample by component (:func:`vfm_core.perf.flops.train_flops`)."""
     flops_per_token: float
     """:func:`vfm_core.perf.flops.train_flops_per_token` — the TFLOPS numerator."""
+    conditioning_flops: float
+    """Training FLOPs of one sample's conditioning (timestep MLP, AdaLN-LoRA global D -> 3D term),
+    which every TP / CP rank and every pipeline stage computes for itself."""
     params: int
     layer_params: int
     """Parameters of the largest block."""
@@ -121,6 +142,9 @@ def workload(
     weights = {"full": float(seq_len) ** 2, "spatial": t * float(h * w) ** 2}
     weights["temporal"] = h * w * float(t) ** 2  # 4·S²·D per group, as in flops.py
     total_w = sum(weights[lo] for x in kinds for lo in x)
+    cond = fl["timestep_embed"]
+    if cfg.arch != "ar" and cfg.adaln == "lora":  # global term: 2·D·3D forward, 3x trained
+        cond += 3 * 2.0 * cfg.hidden * 3 * cfg.hidden
     return Workload(
         cfg=cfg,
         seq_len=seq_len,
@@ -128,6 +152,7 @@ def workload(
         text_len=L,
         flops=fl,
         flops_per_token=fl["total"] / seq_len,
+        conditioning_flops=cond,
         params=param_count(cfg),
         layer_params=max(block_params(cfg, i) for i in range(cfg.depth)),
         kinds=kinds,
@@ -165,10 +190,11 @@ def _attn_eff(eff: Efficiency, span: float, head_dim: int) -> float:
 
 
 def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> dict[str, float]:
-    """Seconds of one micro-batch on one GPU of the first stage: compute parts, TP, CP, PP sends.
-    Independent of the data-parallel split, so memoised per query on the other degrees."""
+    """Seconds of one micro-batch on one GPU of the busiest stage: compute parts, TP, CP, PP sends
+    (all ``vpp`` virtual stages of the GPU). Independent of the data-parallel split and of the
+    number of micro-batches, so memoised per query on the other degrees."""
     mkey = ("mb", gpu.name, eff, lay.tp, lay.cp, lay.pp, lay.sp, lay.micro_batch, lay.recompute)
-    mkey += (lay.cp_mode, lay.world // lay.pp)
+    mkey += (lay.cp_mode, lay.world // lay.pp, lay.vpp)
     if mkey in work.cache:
         return work.cache[mkey]
     cfg = work.cfg
@@ -191,9 +217,16 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
         work.cache[key] = (passes, n_sub, calls)
     passes, n_sub, gemm_calls = work.cache[key]
 
-    # --- compute (one micro-batch)
-    gemm_flops = (fl["total"] - fl["attention"] - fl["cross_attention"]) * share
+    # --- compute (one micro-batch): the blocks' GEMMs split over the stages, the ends on the
+    # first (patch embedding) and last stage (final layer, vocabulary head), the conditioning on
+    # every rank
+    first, last = fl["patch_embed"], fl["final"] + fl.get("head", 0.0)
+    cond = work.conditioning_flops
+    blocks = fl["total"] - fl["attention"] - fl["cross_attention"] - first - last - cond
+    ends = max(first, last) if pp > 1 else first + last
+    gemm_flops = (blocks / pp + ends) * mb / (tp * cp)
     gemm = gemm_flops / (eff.gemm * peak) + gemm_calls * eff.gemm_launch_s
+    conditioning = cond * mb / (eff.gemm * peak)
     # attended length per kernel call: ring attention computes (S/cp)-long blocks per step of any
     # pass it distributes (spatial is local when frames are whole on each rank); Ulysses keeps S
     ring = cp > 1 and lay.cp_mode == "ring"
@@ -261,17 +294,21 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
                 qkvo = tok * (2 * dq + 2 * dkv) * 2
                 cp_s += n_pass * 2 * (qkvo * (cp - 1) / cp / bw + 4 * eff.collective_latency_s)
 
-    # --- PP sends (one micro-batch): activation forward, its gradient backward
+    # --- PP sends (one micro-batch, each of the vpp virtual stages of this GPU): the activation
+    # chunk (B, N/(cp·tp_sp), D) forward, its gradient backward (the conditioning is not sent:
+    # every stage looks up its micro-batch's own, vfm_core.parallel.pipeline)
     pp_s = 0.0
     if pp > 1:
         bw = _link_bw(gpu, eff, size=2, stride=lay.world // pp)
-        pp_s = 2 * (act_bytes / (tp if lay.sp else 1) / bw + eff.collective_latency_s)
+        chunk = act_bytes / (tp if lay.sp else 1)  # (B, N/(cp·tp_sp), D) bf16
+        pp_s = lay.vpp * 2 * (chunk / bw + eff.collective_latency_s)
 
     out = {
         "gemm": gemm,
         "attention": attn,
         "pointwise": pointwise,
         "recompute": recompute,
+        "conditioning": conditioning,
         "tp": tp_s,
         "cp": cp_s,
         "pp_p2p": pp_s,
@@ -289,9 +326,12 @@ def step_time(
     tp, cp, pp, m = lay.tp, lay.cp, lay.pp, lay.microbatches
     mbt = dict(_micro_batch(work, lay, gpu, eff))
     cp_hidden = mbt.pop("cp_hidden")
-    compute_mb = mbt["gemm"] + mbt["attention"] + mbt["pointwise"] + mbt["recompute"]
+    compute_mb = sum(mbt[k] for k in ("gemm", "attention", "pointwise", "recompute"))
+    compute_mb += mbt["conditioning"]
     comm_mb = mbt["tp"] + mbt["cp"] + mbt["pp_p2p"]
     t_mb = compute_mb + comm_mb
+    # (p−1)/v micro-batch slots of fill and drain: a fraction bubble_fraction(p, m, v) of the
+    # pipelined time (Narayanan et al. 2021 §2.2)
     bubble = (pp - 1) / lay.vpp * t_mb if pp > 1 else 0.0
 
     # --- FSDP / DP (per step), overlapped with compute
@@ -299,12 +339,16 @@ def step_time(
     shard = lay.dp_shard * cp
     layers = work.cfg.depth // pp
     fsdp_s = first_ag = ag = rs = 0.0
+    # all-gather passes per step: forward and backward of every micro-batch; under a pipeline
+    # schedule the backward's gathered parameters stay for the next forward after the warm-up
+    ag_passes = m + min(m, pp) if pp > 1 else 2 * m
+    ag_fwd = min(m, pp) if pp > 1 else m
     if shard > 1:
         bw = _link_bw(gpu, eff, size=shard, stride=tp)
         frac = (shard - 1) / shard
         ag = local * 2 * frac / bw + layers * eff.collective_latency_s  # bf16 params, per pass
         rs = local * 4 * frac / bw + layers * eff.collective_latency_s  # fp32 grads, once
-        fsdp_s = 2 * ag * m + rs
+        fsdp_s = ag * ag_passes + rs
         first_ag = work.layer_params / tp * 2 * frac / bw
     dp_s = 0.0
     if lay.dp_replicate > 1:
@@ -317,10 +361,13 @@ def step_time(
     # all-reduce behind the backward (2/3, plus recompute); the last layer's gradient
     # reduce-scatter + all-reduce cannot hide (nothing left to compute), nor the first layer's
     # all-gather.
+    # Under a pipeline schedule the gradient reduce-scatter and replica all-reduce wait for the
+    # step's last backward (torch.distributed.pipelining ``perform_reduce_grad``): exposed, but
+    # for the virtual stages whose last backward comes earlier (all but 1/v of it hides).
     fwd = (compute - mbt["recompute"] * m) / 3
     bwd = compute - fwd
-    tail = (rs + dp_s) / max(layers, 1)
-    exposed_fwd = max(0.0, ag * m - eff.fsdp_overlap * fwd)
+    tail = (rs + dp_s) / (lay.vpp if pp > 1 else max(layers, 1))
+    exposed_fwd = max(0.0, ag * ag_fwd - eff.fsdp_overlap * fwd)
     exposed_bwd = max(0.0, ag * m + rs + dp_s - tail - eff.fsdp_overlap * bwd)
     overlapped = exposed_fwd + exposed_bwd + tail + first_ag
     # hidden communication still slows the compute it runs under (SM + HBM contention)

@@ -1,37 +1,36 @@
-"""The one trainer: every parallel layout and one process alike, one loop, one RNG scheme.
+"""The one trainer: every parallel layout, both model families and one process alike, one loop.
 
 A run is a config; the layout (``parallel.*``) is data. One process is the world-size-1 case of
 the same code: :func:`~vfm_core.parallel.world.init_world` gives it a one-rank process group, the
-layout is applied from outside (:func:`~vfm_core.parallel.apply.apply_layout`), and every
+layout is applied from outside (:func:`~vfm_core.parallel.apply.apply_layout`: the model built on
+the meta device, cut into pipeline stages, parallelised, then materialised sharded), and every
 collective below is an identity over one rank. ``data.batch_size`` is the global batch, so
 ``vfm train`` and ``vfm train --nproc N --tp/--cp/--pp/--dp-shard ...`` train on the same samples
 with the same draws and give the same loss at every step.
 
-One step, in order (:meth:`Trainer.train_step`):
+The family lives in the objective (:mod:`vfm_core.train.objectives`). One step, in order
+(:meth:`Trainer.train_step`):
 
-1. this rank's data-parallel slice of the global batch (``batch_size / dp`` samples; the shard
-   loader hands it out directly, read 1/k per model-parallel rank and all-gathered);
-2. sigma, noise and caption drop: counter-based draws keyed by (seed, step, global sample
-   position) (:mod:`vfm_core.parallel.rng`, paper Table 3): the same numbers in every layout;
-3. forward + backward of the EDM loss: the whole model (TP/SP, CP, FSDP2 inside), or the 1F1B
-   pipeline schedule over ``pp`` microbatches;
+1. this rank's data-parallel slice of the global batch (``batch_size / dp`` samples, or packs;
+   the shard loader hands it out directly, read 1/k per model-parallel rank and all-gathered);
+2. the objective's counter-based draws (keyed by step and global sample position, paper
+   Table 3) and model inputs, cut into microbatches (``train.grad_accum`` passes, each split into
+   the pipeline's microbatches; one per pack), each weighted as its share of the global mean
+   (one all-reduce of the step's sample count);
+3. forward + backward of every microbatch: the whole model (TP/SP, CP, FSDP2 inside), or the
+   pipeline schedule over this rank's stages;
 4. gradients made final (TP/SP partial sums, pipeline conditioning replicas);
 5. the logged loss is the global-batch mean; a non-finite one stops before any update;
-6. global gradient-norm clip over all meshes → AdamW → LR schedule → EMA.
+6. global gradient-norm clip over all meshes -> AdamW -> LR schedule -> EMA (sharded like the
+   parameters).
 
-Packed steps (``data.max_tokens > 0``): each data-parallel rank trains its own packs; per sample,
-sigma / noise / caption drop are keyed by (step, its loader position); one all-reduce of the
-step's sample count weighs every per-sample loss by dp / (samples of the global step), so the
-data-parallel gradient average is the mean over all samples. Tokens/s and MFU count real tokens.
-
-Everything that changes during training (model, EMA, optimizer, schedule, step, data position)
-is in :meth:`Trainer.state_dict`; the draws need no state (they are functions of the step).
+Everything that changes during training (weights, EMA, optimizer, schedule, step, data position)
+is in :meth:`Trainer.state_dict`, keyed by the one-process model's parameter names; the draws
+need no state (they are functions of the step).
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 import hashlib
 import json
@@ -43,32 +42,28 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 
-from vfm_core.config import Config, ConfigError, OptimConfig, to_dict
-from vfm_core.data.packing import PackLayout
-from vfm_core.data.samples import LatentBatch, LatentPack, LatentSource, PackedLatentBatch
+from vfm_core.config import Config, ConfigError, to_dict
+from vfm_core.data.samples import LatentBatch, LatentSource, PackedLatentBatch
 from vfm_core.data.shard_source import make_source
-from vfm_core.diffusion.edm import create_diffusion
-from vfm_core.diffusion.packed import packed_loss
-from vfm_core.models.ar import next_token_loss, packed_next_token_loss
 from vfm_core.models.dit import build_model, count_params
-from vfm_core.models.fp8 import drop_fp8_state, fp8_autocast, resolve_fp8, to_te_linears
+from vfm_core.models.fp8 import fp8_autocast, resolve_fp8, to_te_linears
 from vfm_core.models.layers import set_attention_backend
-from vfm_core.models.packed import pack_latents
 from vfm_core.models.te_adapter import resolve_attention_backend
 from vfm_core.parallel.apply import apply_layout
 from vfm_core.parallel.dims import ParallelDims
-from vfm_core.parallel.layout import validate_layout
-from vfm_core.parallel.rng import StepRNG, counter_generator
+from vfm_core.parallel.layout import pipeline_microbatches, validate_layout
+from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.world import init_world
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 from vfm_core.perf.hardware import peak_flops, recheck_cpu_peak
+from vfm_core.train.ema import EMA
 from vfm_core.train.errors import TrainingDiverged
+from vfm_core.train.objectives import make_objective
+from vfm_core.train.optim import build_optimizer, load_optimizer_state, optimizer_state
 
-__all__ = ["Trainer", "TrainingDiverged", "build_optimizer", "lr_lambda", "resolve_device"]
+__all__ = ["Trainer", "TrainingDiverged", "resolve_device"]
 
 log = logging.getLogger(__name__)
 
@@ -79,33 +74,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device: 'cuda' requested but no CUDA device is available")
     return torch.device(name)
-
-
-def lr_lambda(optim: OptimConfig, total_steps: int):
-    """Linear warm-up to the peak, then constant or cosine to ``min_lr_ratio`` at the horizon."""
-    horizon = optim.decay_steps or total_steps
-
-    def fn(step: int) -> float:
-        if step < optim.warmup_steps:
-            return (step + 1) / optim.warmup_steps
-        if optim.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - optim.warmup_steps) / max(1, horizon - optim.warmup_steps))
-        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (
-            1 + math.cos(math.pi * progress)
-        )
-
-    return fn
-
-
-def build_optimizer(
-    model: torch.nn.Module, o: OptimConfig, total_steps: int
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``model``'s parameters and its warm-up / decay schedule (not ``foreach``: the
-    parameters may live on different meshes, FSDP and TP, or none; same math either way)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
-                            weight_decay=o.weight_decay, foreach=False)  # fmt: skip
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, total_steps))
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -138,17 +106,10 @@ class Trainer:
         self.dims = dims = validate_layout(cfg, self.world)
         dims.build_mesh(self.device.type)
         self.cfg = cfg
-        self.autoregressive = cfg.model.arch == "ar"
-        """The autoregressive family: token ids, next-token loss (no sigma / noise draws)."""
         backend, self.attn_backend_reason = resolve_attention_backend(cfg.model.attn_backend)
         set_attention_backend(backend)
-        torch.manual_seed(cfg.train.seed)  # weight init: a function of the seed, same every rank
-        model = build_model(cfg.model, device=self.device)
         self.fp8, self.fp8_reason = resolve_fp8(cfg.train.fp8, tp=dims.tp)
-        if self.fp8:  # before the EMA copy and the optimizer: both see the TE linears
-            to_te_linears(model)
-        ema = copy.deepcopy(model).requires_grad_(False) if cfg.train.ema_decay else None
-        self.params = count_params(model)
+        self.params = count_params(build_model(cfg.model, device="meta"))
         d, m = cfg.data, cfg.model
         self.grid = (d.latent_frames // m.patch[0], d.latent_height // m.patch[1],
                      d.latent_width // m.patch[2])  # fmt: skip
@@ -166,26 +127,32 @@ class Trainer:
         else:
             self.source, self.local_batches = training_source(cfg, dims)
         null = getattr(self.source, "null_text", None)  # (L, Dt) empty caption, None: zeros
-        self.null_text = (torch.zeros(m.text_len, m.text_dim) if null is None else null).to(
-            self.device
-        )
-        self.null_length = int(getattr(self.source, "null_length", 1))
-        self.layout = apply_layout(model, ema, cfg=cfg, dims=dims, grid=self.grid)
-        self.model, self.ema = self.layout.model, self.layout.ema
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.train.steps)
-        self.edm = create_diffusion(cfg.diffusion)
+        null = torch.zeros(m.text_len, m.text_dim) if null is None else null
         self.draws = StepRNG.from_dims(cfg.train.seed + 1, dims)
+        self.objective = make_objective(
+            cfg, draws=self.draws, device=self.device, local_batch=self.local_batch_size,
+            null_text=null, null_length=int(getattr(self.source, "null_length", 1)),
+            tensor_parallel=dims.tp_enabled,
+        )  # fmt: skip
+        self.layout = apply_layout(cfg, dims, device=self.device, loss_fn=self.objective.loss,
+                                   prepare=to_te_linears if self.fp8 else None)  # fmt: skip
+        self.model = self.layout.parts[0]
+        """The whole parallelised model (pp = 1), or this rank's first pipeline stage."""
+        self.micro = pipeline_microbatches(cfg, dims)
+        self.param_names = [name for name, _ in self.layout.named_parameters()]
+        params = [p for _, p in self.layout.named_parameters()]
+        self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, cfg.train.steps)
+        self.ema = EMA(self.layout.parts, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.step = 0
-        self.packed_work: tuple[float, float] | None = None
-        """Packed runs: (real tokens, training FLOPs) of the global step, for its metrics."""
+        self.step_work: tuple[float, float] = (0.0, 0.0)
+        """(real tokens, training FLOPs) of the global step, for its metrics."""
 
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {
-            "model": drop_fp8_state(model_sd),
-            "optim": optim_sd,
-            "ema": drop_fp8_state(self.ema.state_dict()) if self.ema is not None else {},
+            "model": {name: p.detach() for name, p in self.layout.named_parameters()},
+            "optim": optimizer_state(self.optimizer, self.param_names),
+            "ema": self.ema.state_dict() if self.ema is not None else {},
             "sched": self.scheduler.state_dict(),
             "step": self.step,
             "data": self.source.state_dict(),
@@ -210,16 +177,15 @@ class Trainer:
                 "one copy could not restore them all"
             )
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=StateDictOptions(strict=not self.fp8),  # FP8: no TE scaling state saved
-        )
+        weights = state["model"]
+        for name, p in self.layout.named_parameters():
+            if weights[name] is not p:
+                _local(p).copy_(_local(weights[name]))
+        load_optimizer_state(self.optimizer, self.param_names, state["optim"])
         if self.ema is not None:
-            self.ema.load_state_dict(state["ema"] or state["model"], strict=not self.fp8)
+            self.ema.load_state_dict(state["ema"] or weights)
         self.scheduler.load_state_dict(state["sched"])
         self.step = int(state["step"])
         self.source.load_state_dict(state["data"])
@@ -232,54 +198,87 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch: LatentBatch | PackedLatentBatch) -> dict[str, float]:
-        if isinstance(batch, PackedLatentBatch):
-            return self.train_packed(batch)
-        b = self.local_batch_size
-        data, text = self.local_slice(batch)  # latents (n, C, T, H, W) | token ids (n, T, H, W)
-        n = data.shape[0]
-        if n != b:  # the loader skipped bad samples: draws of the first n of this rank's b
+        """One optimizer step on the global batch (this rank's part of it; module docstring)."""
+        batch = self.local_part(batch)
+        weight = self.step_weight(batch)
+        mbs = self.objective.microbatches(
+            batch, step=self.step, weight=weight, splits=self.splits(batch)
+        )
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        cast, fp8 = self.autocast()
+        with self.objective.context(), cast, fp8:
             if self.layout.pipe is not None:
-                raise ValueError(
-                    f"step {self.step + 1}: the loader gave {n} of {b} samples on data-parallel "
-                    f"rank {self.dims.dp_rank()}; the pipeline schedule needs full batches "
-                    "(remove the bad samples from the shards)"
-                )
-            log.warning("step %d: %d of %d samples on dp rank %d", self.step + 1, n, b,
-                        self.dims.dp_rank())  # fmt: skip
-        d = self.cfg.diffusion
-        keep = self.draws.keep_caption(self.step, b, d.cond_dropout)[:n].to(self.device)  # (n,)
-        text = self.drop_captions(text.to(self.device), keep)  # (n, L, Dt)
-        if self.autoregressive:
-            return self.finish_step(self.forward_backward_tokens(data.to(self.device), text))
-        x0 = data.to(self.device, torch.float32)  # (n, C, T, H, W)
-        mean, std = self.edm.log_sigma_normal()  # EDM's log-normal, or rectified flow's
-        sigma = self.draws.sigma(self.step, b, p_mean=mean, p_std=std)[:n]  # (n,)
-        sigma = sigma.to(self.device, torch.float32)
-        # all frames: CP ranks split the tokens inside the model, the loss sees the full latent
-        noise = self.draws.noise(self.step, (b, *x0.shape[1:]))[:n].to(self.device)  # (n,C,T,H,W)
-        loss = self.forward_backward(x0, text, sigma, noise)
-        return self.finish_step(loss)
+                for i in range(0, len(mbs), self.micro):
+                    loss = self.layout.pipe.run(mbs[i : i + self.micro])
+                    if loss is not None:  # the rank holding the last stage
+                        total += loss.double()
+            else:
+                for mb in mbs:
+                    loss = self.objective.loss(self.model(mb.inputs, **mb.kwargs), mb)
+                    loss.backward()
+                    if isinstance(loss, DTensor):
+                        loss = loss.full_tensor()
+                    total += loss.detach().double()
+        return self.finish_step(total)
 
-    def drop_captions(self, text: torch.Tensor, keep: torch.Tensor,
-                      lengths: torch.Tensor | None = None):  # fmt: skip
-        """Caption dropout: a dropped caption becomes the null caption (the empty caption's
-        embedding from the shards' text record; zeros without one), the condition classifier-free
-        guidance uses for its unconditional branch. text (n, L, Dt), keep (n,) in {0, 1},
-        lengths (n,) valid tokens (packs) -> text, or (text, lengths)."""
-        k = keep.to(text.dtype)[:, None, None]  # (n, 1, 1)
-        text = text * k + self.null_text.to(text.dtype) * (1 - k)  # (n, L, Dt)
-        if lengths is None:
-            return text
-        null_len = torch.full_like(lengths, self.null_length)
-        return text, torch.where(keep > 0, lengths, null_len)  # (n,)
+    def splits(self, batch: LatentBatch | PackedLatentBatch) -> int:
+        """Microbatches of an unpacked batch: ``grad_accum`` passes x the pipeline's
+        microbatches (a short batch, the loader having skipped bad samples, runs as one pass)."""
+        if isinstance(batch, PackedLatentBatch):
+            return 1
+        n, full = len(batch.latents), self.local_batch_size
+        parts = self.cfg.train.grad_accum * max(1, self.micro)
+        if n == full:
+            return parts
+        if self.layout.pipe is not None:
+            raise ValueError(
+                f"step {self.step + 1}: the loader gave {n} of {full} samples on data-parallel "
+                f"rank {self.dims.dp_rank()}; the pipeline schedule needs full batches "
+                "(remove the bad samples from the shards)"
+            )
+        log.warning("step %d: %d of %d samples on dp rank %d", self.step + 1, n, full,
+                    self.dims.dp_rank())  # fmt: skip
+        return 1
 
-    def local_slice(self, batch: LatentBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's (latents, text): its slice of a global batch, or the batch itself when the
+    def local_part(self, batch: LatentBatch | PackedLatentBatch):
+        """This rank's data-parallel slice of a global batch, or the batch itself when the
         source already gives per-rank batches (shards)."""
-        if self.local_batches:
-            return batch.latents, batch.text
+        if self.local_batches or isinstance(batch, PackedLatentBatch):
+            return batch
         b, r = self.local_batch_size, self.dims.dp_rank()
-        return batch.latents[r * b : (r + 1) * b], batch.text[r * b : (r + 1) * b]
+        return LatentBatch(latents=batch.latents[r * b : (r + 1) * b],
+                           text=batch.text[r * b : (r + 1) * b],
+                           keys=batch.keys[r * b : (r + 1) * b])  # fmt: skip
+
+    def step_weight(self, batch: LatentBatch | PackedLatentBatch) -> float:
+        """dp / (samples of the global step): each sample's loss weight, so that the
+        data-parallel gradient average is the mean over all samples. Sets :attr:`step_work` to
+        the global step's (real tokens, FLOPs)."""
+        n, tokens, flops = self.batch_work(batch)
+        counts = torch.tensor([n, tokens, flops], dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts)  # every dp slice counted once per rank of its model-parallel group
+        counts = (counts / (self.world // self.dims.dp)).tolist()
+        self.step_work = (counts[1], counts[2])
+        return self.dims.dp / counts[0]
+
+    def batch_work(self, batch: LatentBatch | PackedLatentBatch) -> tuple[int, float, float]:
+        """(samples, unpadded tokens, training FLOPs) of this rank's batch: packed samples each
+        at its own length."""
+        m = self.cfg.model
+        if not isinstance(batch, PackedLatentBatch):
+            n = len(batch.latents)
+            tokens = n * self.tokens_per_sample
+            return n, tokens, tokens * self.flops_per_token
+        tokens = flops = 0.0
+        for p in batch.packs:
+            if m.arch == "ar":  # token ids (T, H, W): one token per cell
+                grids = [tuple(z.shape) for z in p.latents]
+            else:
+                grids = [tuple(s // q for s, q in zip(z.shape[1:], m.patch)) for z in p.latents]
+            lens = [g[0] * g[1] * g[2] for g in grids]
+            tokens += sum(lens)
+            flops += train_flops(m, seq_lens=lens, grid=grids, text_len=m.text_len)["total"]
+        return batch.n_samples, tokens, flops
 
     def autocast(self):
         """The configured forward precision (bf16 autocast, FP8 GEMMs)."""
@@ -289,46 +288,9 @@ class Trainer:
             fp8_autocast(self.fp8),
         )
 
-    def forward_backward(self, x0: torch.Tensor, text: torch.Tensor, sigma: torch.Tensor,
-                         noise: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
-        """Mean EDM loss of this rank's batch, after its backward; under PP the schedule runs the
-        microbatches and only the last stage holds a loss (None elsewhere)."""
-        cast, fp8 = self.autocast()
-        if self.layout.pipe is not None:
-            with cast:
-                return self.layout.pipe.step(self.edm, x0, text, sigma=sigma, noise=noise)
-        with cast, fp8:
-            loss = self.edm.loss(self.model, x0, text, sigma=sigma, noise=noise).mean()
-        loss.backward()
-        return loss.detach()
-
-    def forward_backward_tokens(
-        self, tokens: torch.Tensor, text: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Mean next-token cross-entropy (nats per token) of this rank's videos of token ids
-        (n, T, H, W), after its backward (the autoregressive family); under PP the schedule runs
-        the microbatches and only the last stage holds a loss (None elsewhere)."""
-        cast, fp8 = self.autocast()
-        if self.layout.pipe is not None:
-            with cast:
-                return self.layout.pipe.step_tokens(tokens, text)
-        # tensor parallel: the head's logits are sharded over the vocabulary (a DTensor); the
-        # cross-entropy reduces across the TP ranks without gathering them
-        vocab_parallel = loss_parallel() if self.dims.tp_enabled else contextlib.nullcontext()
-        with vocab_parallel:
-            with cast, fp8:
-                loss = next_token_loss(self.model(tokens, text), tokens.flatten(1))
-            loss.backward()
-        if isinstance(loss, DTensor):
-            loss = loss.full_tensor()
-        return loss.detach()
-
-    def finish_step(self, loss: torch.Tensor | None) -> dict[str, float]:
-        """Gradients final → global loss (non-finite: stop before the update) → clip → update.
-        ``loss``: this rank's share of the global mean (None on pipeline stages without it)."""
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        if loss is not None:
-            total += loss.double()
+    def finish_step(self, total: torch.Tensor) -> dict[str, float]:
+        """Gradients final -> global loss (non-finite: stop before the update) -> clip -> update.
+        ``total``: this rank's weighted loss sum (zero on pipeline stages without the loss)."""
         dist.all_reduce(total)  # equal within a model-parallel group: divide by its copies
         mean = total.item() / (self.world // self.dims.pp)
         if not math.isfinite(mean):
@@ -356,118 +318,20 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            with torch.no_grad():
-                for pe, pm in zip(self.ema.parameters(), self.model.parameters(), strict=True):
-                    pe.lerp_(pm, 1 - self.cfg.train.ema_decay)
+            self.ema.update()
         self.step += 1
         return lr
 
-    # ------------------------------------------------------------------ packed step
-    def pack_draws(self, batch: PackedLatentBatch) -> list[tuple[torch.Tensor, list, torch.Tensor]]:
-        """Per pack: sigma (S,), noise [(C, T_s, H_s, W_s)], caption keep (S,), each a function of
-        (train seed, step, the sample's loader position) only: the same in every layout."""
-        d, seed, dev = self.cfg.diffusion, self.draws.seed, self.device
-        out = []
-        for p in batch.packs:
-            gens = {
-                what: [counter_generator(seed, what, self.step, pos) for pos in p.positions]
-                for what in ("sigma", "noise", "keep")
-            }
-            n = torch.cat(
-                [torch.randn(1, generator=g, dtype=torch.float64) for g in gens["sigma"]]
-            )  # (S,) fmt: skip
-            u = torch.cat(
-                [torch.rand(1, generator=g, dtype=torch.float64) for g in gens["keep"]]
-            )  # (S,) fmt: skip
-            noise = [  # (C, T, H, W) each; none for token ids (autoregressive)
-                torch.randn(z.shape, generator=g).to(dev) if not self.autoregressive else None
-                for z, g in zip(p.latents, gens["noise"], strict=True)
-            ]
-            mean, std = self.edm.log_sigma_normal()
-            sigma = (mean + std * n).exp()  # (S,)
-            out.append((sigma.to(dev), noise, (u >= d.cond_dropout).to(dev)))
-        return out
-
-    def pack_weight(self, batch: PackedLatentBatch) -> float:
-        """dp / (samples of the global step): the data-parallel gradient average then is the
-        mean over all its samples. Sets :attr:`packed_work` to the global step's (tokens, FLOPs)."""
-        tokens, flops = self.pack_work(batch)
-        counts = torch.tensor([batch.n_samples, tokens, flops], dtype=torch.float64)
-        counts = counts.to(self.device)
-        dist.all_reduce(counts)  # every dp slice counted once per rank of its model-parallel group
-        counts = (counts / (self.world // self.dims.dp)).tolist()
-        self.packed_work = (counts[1], counts[2])
-        return self.dims.dp / counts[0]
-
-    def pack_work(self, batch: PackedLatentBatch) -> tuple[float, float]:
-        """(unpadded tokens, training FLOPs) of this rank's packs: every sample at its length."""
-        tokens = flops = 0.0
-        m, patch = self.cfg.model, self.cfg.model.patch
-        for p in batch.packs:
-            if self.autoregressive:  # token ids (T, H, W): one token per cell
-                grids = [tuple(z.shape) for z in p.latents]
-            else:
-                grids = [tuple(s // q for s, q in zip(z.shape[1:], patch)) for z in p.latents]
-            lens = [g[0] * g[1] * g[2] for g in grids]
-            tokens += sum(lens)
-            flops += train_flops(m, seq_lens=lens, grid=grids, text_len=m.text_len)["total"]
-        return tokens, flops
-
-    def pack_loss(self, pack: LatentPack, sigma: torch.Tensor, noise: list,
-                  keep: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """Per-sample loss (S,) of one pack through ``forward_packed``: EDM, or next-token
-        cross-entropy over the real tokens (autoregressive)."""
-        patch, dev = self.cfg.model.patch, self.device
-        if self.autoregressive:
-            layout = PackLayout.from_grids([tuple(z.shape) for z in pack.latents], pack.length)
-            ids = torch.zeros(pack.length, dtype=torch.long)
-            ids[: layout.n_tokens] = torch.cat([z.flatten() for z in pack.latents])
-            ids = ids.to(dev)
-            text, lengths = self.drop_captions(pack.text.to(dev), keep, pack.text_lengths.to(dev))
-            cast, fp8 = self.autocast()
-            with cast, fp8:
-                logits = self.model.forward_packed(ids, text, lengths, layout)
-                return packed_next_token_loss(logits, ids, layout)  # (S,)
-        x0, layout = pack_latents(
-            [z.to(dev, torch.float32) for z in pack.latents], patch, pack.length
-        )  # (N, C*P) fmt: skip
-        noise_tok, _ = pack_latents(noise, patch, pack.length)  # (N, C*P)
-        text, lengths = self.drop_captions(pack.text.to(dev), keep, pack.text_lengths.to(dev))
-
-        def net(x, c_noise, txt):
-            return self.model.forward_packed(x, c_noise, txt, lengths, layout)  # (N, C*P)
-
-        cast, fp8 = self.autocast()
-        with cast, fp8:
-            return packed_loss(self.edm, net, x0, text, sigma=sigma.to(dev, torch.float32),
-                               noise=noise_tok, sample_ids=layout.sample_ids.to(dev))  # fmt: skip
-
-    def train_packed(self, batch: PackedLatentBatch) -> dict[str, float]:
-        """One step on packs (module docstring): forward + backward of every pack, then as an
-        unpacked step."""
-        weight = self.pack_weight(batch)
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for pack, (sigma, noise, keep) in zip(batch.packs, self.pack_draws(batch), strict=True):
-            loss = self.pack_loss(pack, sigma, noise, keep).sum() * weight
-            loss.backward()
-            total += loss.detach().double()
-        return self.finish_step(total)
-
     # ------------------------------------------------------------------ metrics and loop
     def metrics(
-        self, step_out: dict[str, float], *, step_time: float, data_time: float, batch: int
+        self, step_out: dict[str, float], *, step_time: float, data_time: float
     ) -> dict[str, float]:
-        """Throughput of the global step; TFLOPS and MFU per process (GPU); with a blend of
-        datasets, the samples drawn from each so far (``data/samples/<name>``). ``batch``:
-        samples of the batch the source gave (this rank's slice with shards)."""
+        """Throughput of the global step (real tokens, every sample's own FLOPs); TFLOPS and MFU
+        per process; with a blend of datasets, the samples drawn from each so far
+        (``data/samples/<name>``)."""
         drawn = getattr(self.source, "dataset_samples", {})  # blend: over all dp ranks
-        if self.packed_work is not None:  # packs: real tokens, every sample's own FLOPs
-            tokens_per_s = self.packed_work[0] / step_time
-            achieved = self.packed_work[1] / step_time  # FLOP/s
-        else:
-            samples = batch * self.dims.dp if self.local_batches else batch
-            tokens_per_s = samples * self.tokens_per_sample / step_time
-            achieved = tokens_per_s * self.flops_per_token  # FLOP/s
+        tokens_per_s = self.step_work[0] / step_time
+        achieved = self.step_work[1] / step_time  # FLOP/s
         if achieved / self.world > self.peak_flops and self.device.type == "cpu":
             if not self.peak_rechecked:  # once: the start-up measurement met a busy machine
                 self.peak_rechecked = True
@@ -498,10 +362,13 @@ class Trainer:
             out = self.train_step(batch)
             dt = time.perf_counter() - t0
             if self.step % t.log_every == 0 or self.step == t.steps:
-                n = batch.n_samples if isinstance(batch, PackedLatentBatch) else len(batch.latents)
-                last = self.metrics(out, step_time=dt, data_time=t_data, batch=n)
+                last = self.metrics(out, step_time=dt, data_time=t_data)
                 for lg in loggers:
                     lg.log(self.step, last)
             if checkpoint is not None and (self.step % t.ckpt_every == 0 or self.step == t.steps):
                 checkpoint(self)
         return last
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t

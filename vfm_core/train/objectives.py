@@ -1,0 +1,278 @@
+"""Training objectives as components: what a step draws, what the model is fed, what it is scored
+on. The trainer knows no family; a new family is one new objective here.
+
+An objective turns this rank's share of a step's batch into :class:`Microbatch` es
+(:meth:`Objective.microbatches`) and scores the model's output on one of them
+(:meth:`Objective.loss`). Every draw is counter-based (:mod:`vfm_core.parallel.rng`: keyed by
+step and global sample position, the same numbers in every layout), and a microbatch's loss is
+the sum over its samples of ``weight x per-sample loss`` with ``weight = dp / (samples of the
+global step)``: the microbatches of all data-parallel ranks (each averaged over dp by the
+gradient reduction) add up to the mean over the global batch, however the batch is cut into
+gradient-accumulation passes and pipeline microbatches.
+
+* :class:`DiffusionObjective` (EDM, or rectified flow in the same interface): sigma, noise and
+  caption dropout drawn per sample; the model sees ``x_in = c_in (x0 + sigma noise)`` and
+  ``c_noise``; the per-sample loss is ``mean |F - target|^2``
+  (:meth:`~vfm_core.diffusion.edm.EDM.training_pair`), the same formula on the whole model and on
+  a pipeline's last stage.
+* :class:`NextTokenObjective` (the autoregressive family): caption dropout only; the model sees
+  the token ids; the per-sample loss is the mean next-token cross-entropy in nats per token
+  (vocabulary-parallel logits under tensor parallelism: :meth:`Objective.context`).
+
+Unpacked batches are cut into equal microbatches of samples; packed batches (``data.max_tokens``)
+give one microbatch per pack, each with its :class:`~vfm_core.data.packing.PackLayout`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from vfm_core.config import Config
+from vfm_core.data.packing import PackLayout, per_sample_mean
+from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
+from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.packed import packed_training_pair
+from vfm_core.models.packed import pack_latents
+from vfm_core.parallel.rng import StepRNG, counter_generator
+
+
+@dataclass(kw_only=True, slots=True)
+class Microbatch:
+    """One forward/backward's worth of this rank's step: the model call and what scores it."""
+
+    inputs: torch.Tensor
+    """The model's data input (the first pipeline stage's): latents x_in (b, C, T, H, W) or
+    packed tokens (1, length, C*P); token ids (b, T, H, W) or packed ids (1, length)."""
+    kwargs: dict[str, Any]
+    """Conditioning every stage needs, passed as keywords to the model's forward (c_noise, text,
+    and for packs text_lengths and layout; grid for the stages after the first)."""
+    target: torch.Tensor
+    """What the output is scored against: F's target (like the output; packed (length, C*P)) or
+    the next-token ids (b, N) / (length,)."""
+    weight: torch.Tensor
+    """(S,) each sample's share of the global step's mean loss (dp / global samples)."""
+    layout: PackLayout | None = None
+    """The pack's token layout (packed), else None."""
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.weight.shape[0])
+
+
+class Objective:
+    """What every objective shares: caption dropout to the null caption, and the cut of a batch
+    into microbatches. Subclasses draw and score (:meth:`batched`, :meth:`packed`, :meth:`loss`)."""
+
+    def __init__(self, cfg: Config, *, draws: StepRNG, device: torch.device, local_batch: int,
+                 null_text: torch.Tensor, null_length: int, tensor_parallel: bool):  # fmt: skip
+        self.cfg, self.draws, self.device = cfg, draws, device
+        self.local_batch = local_batch  # samples of this rank's share of a step (unpacked)
+        self.null_text = null_text.to(device)  # (L, Dt) the empty caption's embedding
+        self.null_length = null_length
+        self.tensor_parallel = tensor_parallel
+        self.grid = tuple(
+            s // p
+            for s, p in zip(
+                (cfg.data.latent_frames, cfg.data.latent_height, cfg.data.latent_width),
+                cfg.model.patch,
+                strict=True,
+            )
+        )
+
+    def context(self):
+        """What the forward and backward run under (nothing here; see subclasses)."""
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ batches
+    def microbatches(self, batch: LatentBatch | PackedLatentBatch, *, step: int, weight: float,
+                     splits: int) -> list[Microbatch]:  # fmt: skip
+        """This rank's part of the step as microbatches: ``splits`` equal cuts of its samples,
+        or one per pack. ``batch``: this rank's samples (unpacked) or packs; ``weight``: dp /
+        samples of the global step."""
+        if isinstance(batch, PackedLatentBatch):
+            return [self.packed(p, step=step, weight=weight) for p in batch.packs]
+        whole = self.batched(batch, step=step, weight=weight)
+        n = whole.n_samples
+        if n % splits:
+            raise ValueError(f"{n} samples cannot be cut into {splits} equal microbatches")
+        size = n // splits
+        return [_slice(whole, i * size, size) for i in range(splits)]
+
+    def drop_captions(self, text: torch.Tensor, keep: torch.Tensor,
+                      lengths: torch.Tensor | None = None):  # fmt: skip
+        """Caption dropout: a dropped caption becomes the null caption (the empty caption's
+        embedding from the shards' text record; zeros without one), the condition classifier-free
+        guidance uses for its unconditional branch. text (n, L, Dt), keep (n,) in {0, 1},
+        lengths (n,) valid tokens (packs) -> text, or (text, lengths)."""
+        k = keep.to(text.dtype)[:, None, None]  # (n, 1, 1)
+        text = text * k + self.null_text.to(text.dtype) * (1 - k)  # (n, L, Dt)
+        if lengths is None:
+            return text
+        null_len = torch.full_like(lengths, self.null_length)
+        return text, torch.where(keep > 0, lengths, null_len)  # (n,)
+
+    def pack_draws(self, pack: LatentPack, step: int, *, noise: bool) -> tuple:
+        """(sigma (S,) float64, noise [per-sample like its latents] | None, keep (S,) bool) of a
+        pack, keyed by (train seed, step, each sample's loader position)."""
+        seed = self.draws.seed
+        gens = {what: [counter_generator(seed, what, step, pos) for pos in pack.positions]
+                for what in ("sigma", "noise", "keep")}  # fmt: skip
+        n = torch.cat([torch.randn(1, generator=g, dtype=torch.float64) for g in gens["sigma"]])
+        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens["keep"]])
+        eps = None
+        if noise:
+            eps = [torch.randn(z.shape, generator=g)
+                   for z, g in zip(pack.latents, gens["noise"], strict=True)]  # fmt: skip
+        return n, eps, u >= self.cfg.diffusion.cond_dropout
+
+    def batched(self, batch: LatentBatch, *, step: int, weight: float) -> Microbatch:
+        raise NotImplementedError
+
+    def packed(self, pack: LatentPack, *, step: int, weight: float) -> Microbatch:
+        raise NotImplementedError
+
+    def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _slice(mb: Microbatch, start: int, size: int) -> Microbatch:
+    """Samples [start, start + size) of an unpacked microbatch."""
+    if start == 0 and size == mb.n_samples:
+        return mb
+    cut = slice(start, start + size)
+    kwargs = {k: (v[cut] if torch.is_tensor(v) else v) for k, v in mb.kwargs.items()}
+    return Microbatch(inputs=mb.inputs[cut], kwargs=kwargs, target=mb.target[cut],
+                      weight=mb.weight[cut])  # fmt: skip
+
+
+class DiffusionObjective(Objective):
+    """EDM (Karras et al. 2022) or rectified flow (``diffusion.objective``), module docstring."""
+
+    def __init__(self, cfg: Config, **kw: Any):
+        super().__init__(cfg, **kw)
+        self.edm = create_diffusion(cfg.diffusion)
+
+    def batched(self, batch: LatentBatch, *, step: int, weight: float) -> Microbatch:
+        b = self.local_batch
+        x0 = batch.latents.to(self.device, torch.float32)  # (n, C, T, H, W)
+        n = x0.shape[0]  # below b when the loader skipped bad samples: the first n draws
+        d = self.cfg.diffusion
+        keep = self.draws.keep_caption(step, b, d.cond_dropout)[:n].to(self.device)  # (n,)
+        text = self.drop_captions(batch.text.to(self.device), keep)  # (n, L, Dt)
+        mean, std = self.edm.log_sigma_normal()  # EDM's log-normal, or rectified flow's
+        sigma = self.draws.sigma(step, b, p_mean=mean, p_std=std)[:n]  # (n,) float64
+        sigma = sigma.to(self.device, torch.float32)
+        noise = self.draws.noise(step, (b, *x0.shape[1:]))[:n].to(self.device)  # like x0
+        x_in, target = self.edm.training_pair(x0, sigma, noise)  # (n, C, T, H, W) each
+        c_noise = self.edm.precondition(sigma)[3]  # (n,)
+        return Microbatch(
+            inputs=x_in,
+            kwargs={"c_noise": c_noise, "text": text, "grid": self.grid},
+            target=target,
+            weight=torch.full((n,), weight, device=self.device),
+        )
+
+    def packed(self, pack: LatentPack, *, step: int, weight: float) -> Microbatch:
+        dev, patch = self.device, self.cfg.model.patch
+        z, eps, keep = self.pack_draws(pack, step, noise=True)
+        mean, std = self.edm.log_sigma_normal()
+        sigma = (mean + std * z).exp().to(dev, torch.float32)  # (S,)
+        x0, layout = pack_latents(
+            [x.to(dev, torch.float32) for x in pack.latents], patch, pack.length
+        )  # fmt: skip  (length, C*P)
+        noise, _ = pack_latents([e.to(dev) for e in eps], patch, pack.length)  # (length, C*P)
+        ids = layout.sample_ids.to(dev)
+        x_in, target = packed_training_pair(self.edm, x0, sigma, noise, ids)  # (length, C*P)
+        text, lengths = self.drop_captions(pack.text.to(dev), keep.to(dev),
+                                           pack.text_lengths.to(dev))  # fmt: skip
+        kwargs = {"c_noise": self.edm.precondition(sigma)[3], "text": text,
+                  "text_lengths": lengths, "layout": layout}  # fmt: skip
+        return Microbatch(inputs=x_in[None], kwargs=kwargs, target=target, layout=layout,
+                          weight=torch.full((len(pack.keys),), weight, device=dev))  # fmt: skip
+
+    def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
+        return diffusion_loss(output, mb)
+
+
+class NextTokenObjective(Objective):
+    """Next-token cross-entropy over discrete video tokens (module docstring)."""
+
+    def context(self):
+        """Under tensor parallelism the head's logits are sharded over the vocabulary (a
+        DTensor): the cross-entropy reduces across the TP ranks without gathering them."""
+        return loss_parallel() if self.tensor_parallel else contextlib.nullcontext()
+
+    def batched(self, batch: LatentBatch, *, step: int, weight: float) -> Microbatch:
+        b = self.local_batch
+        ids = batch.latents.to(self.device)  # (n, T, H, W) token ids
+        n = ids.shape[0]
+        keep = self.draws.keep_caption(step, b, self.cfg.diffusion.cond_dropout)[:n]
+        text = self.drop_captions(batch.text.to(self.device), keep.to(self.device))
+        return Microbatch(
+            inputs=ids,
+            kwargs={"text": text, "grid": tuple(ids.shape[1:])},
+            target=ids.flatten(1),  # (n, N)
+            weight=torch.full((n,), weight, device=self.device),
+        )
+
+    def packed(self, pack: LatentPack, *, step: int, weight: float) -> Microbatch:
+        dev = self.device
+        _, _, keep = self.pack_draws(pack, step, noise=False)
+        layout = PackLayout.from_grids([tuple(z.shape) for z in pack.latents], pack.length)
+        ids = torch.zeros(pack.length, dtype=torch.long)
+        ids[: layout.n_tokens] = torch.cat([z.flatten() for z in pack.latents])
+        ids = ids.to(dev)  # (length,) padding id 0 (ignored)
+        text, lengths = self.drop_captions(pack.text.to(dev), keep.to(dev),
+                                           pack.text_lengths.to(dev))  # fmt: skip
+        return Microbatch(
+            inputs=ids[None],
+            kwargs={"text": text, "text_lengths": lengths, "layout": layout},
+            target=ids,
+            weight=torch.full((len(pack.keys),), weight, device=dev),
+            layout=layout,
+        )
+
+    def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
+        return next_token_loss(output, mb)
+
+
+def make_objective(cfg: Config, **kw: Any) -> Objective:
+    """The objective of the model family: next-token for ``model.arch='ar'``, else diffusion."""
+    cls = NextTokenObjective if cfg.model.arch == "ar" else DiffusionObjective
+    return cls(cfg, **kw)
+
+
+def diffusion_loss(output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
+    """sum_s weight_s * mean over the sample's elements of (F - target)^2 (one microbatch)."""
+    f = output.to(mb.target.dtype)
+    if mb.layout is None:
+        per_sample = (f - mb.target).square().flatten(1).mean(1)  # (b,)
+    else:
+        token = (f[0] - mb.target).square().mean(1)  # (length,)
+        ids = mb.layout.sample_ids.to(token.device)
+        per_sample = per_sample_mean(token, ids, mb.layout.n_samples)  # (S,)
+    return (per_sample * mb.weight).sum()
+
+
+def next_token_loss(output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
+    """sum_s weight_s * mean next-token cross-entropy over the sample's tokens (nats per token);
+    ``output``: logits (b, N, V) | (1, length, V), vocabulary-sharded DTensor under TP."""
+    logits = output.flatten(0, -2)  # (tokens, V)
+    if not isinstance(logits, DTensor):
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    ce = F.cross_entropy(logits, mb.target.flatten(), reduction="none")  # (tokens,)
+    if isinstance(ce, DTensor):  # replicated over the TP ranks
+        ce = ce.full_tensor()
+    if mb.layout is None:
+        per_sample = ce.view(mb.target.shape).mean(1)  # (b,)
+    else:
+        ids = mb.layout.sample_ids.to(ce.device)
+        per_sample = per_sample_mean(ce, ids, mb.layout.n_samples)  # (S,)
+    return (per_sample * mb.weight).sum()

@@ -1,0 +1,78 @@
+"""AdamW, its learning-rate schedule, and its state under parameter names (layout independent).
+
+One optimizer updates every parameter this rank holds (the whole model, or its pipeline stages;
+shards under FSDP / TP). Its state is saved keyed by the one-process model's parameter names, in
+the structure ``torch.distributed.checkpoint.state_dict.get_state_dict`` uses (``state`` per
+name, ``param_groups`` with name lists), so a checkpoint of any layout restores into any other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from vfm_core.config import OptimConfig
+
+
+def lr_lambda(optim: OptimConfig, total_steps: int):
+    """Linear warm-up to the peak, then constant or cosine to ``min_lr_ratio`` at the horizon."""
+    horizon = optim.decay_steps or total_steps
+
+    def fn(step: int) -> float:
+        if step < optim.warmup_steps:
+            return (step + 1) / optim.warmup_steps
+        if optim.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - optim.warmup_steps) / max(1, horizon - optim.warmup_steps))
+        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (
+            1 + math.cos(math.pi * progress)
+        )
+
+    return fn
+
+
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], o: OptimConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``params`` and its warm-up / decay schedule (not ``foreach``: the parameters
+    may live on different meshes, FSDP and TP, or none; same math either way)."""
+    opt = torch.optim.AdamW(list(params), lr=o.lr, betas=o.betas, eps=o.eps,
+                            weight_decay=o.weight_decay, foreach=False)  # fmt: skip
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, total_steps))
+
+
+def optimizer_state(opt: torch.optim.Optimizer, names: Sequence[str]) -> dict[str, Any]:
+    """``opt``'s state keyed by parameter name (``names[i]`` is its i-th parameter; a name that
+    repeats, a conditioning replica of several local pipeline stages, keeps one entry: the
+    replicas are updated alike)."""
+    raw = opt.state_dict()
+    groups = []
+    for g in raw["param_groups"]:
+        listed = list(dict.fromkeys(names[i] for i in g["params"]))
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": listed})
+    return {"state": {names[i]: s for i, s in raw["state"].items()}, "param_groups": groups}
+
+
+def load_optimizer_state(
+    opt: torch.optim.Optimizer, names: Sequence[str], state: dict[str, Any]
+) -> None:
+    """Restore :func:`optimizer_state` (saved under any layout) into ``opt``: every parameter's
+    moments by name, the hyper-parameters of the saved (single) parameter group."""
+    saved = state["state"]
+    missing = [n for n in names if n not in saved]
+    if missing:
+        raise KeyError(f"optimizer state lacks {missing[0]} (and {len(missing) - 1} more)")
+    hyper = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
+    if "betas" in hyper:
+        hyper["betas"] = tuple(hyper["betas"])
+    seen: set[str] = set()
+    per_param = {}
+    for i, n in enumerate(names):  # a replica's second copy gets tensors of its own
+        per_param[i] = saved[n] if n not in seen else {k: v.clone() for k, v in saved[n].items()}
+        seen.add(n)
+    opt.load_state_dict(
+        {"state": per_param, "param_groups": [{**hyper, "params": list(range(len(names)))}]}
+    )
