@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="column legend, step-time breakdown per shown layout, why layouts were rejected",
     )
     pl.add_argument("--calibrate", metavar="RUNS", help="JSON/JSONL measured runs to fit")
+    pl.add_argument(
+        "--check",
+        action="store_true",
+        help="build the real model under the best (--fixed) layout at --gpus ranks in this "
+        "process (fake process group, meta tensors) and print its per-rank bytes of "
+        "parameters, gradients, optimizer state and EMA beside the planner's memory model",
+    )
 
     sub.add_parser("recipes", help="list presets")
 
@@ -313,6 +320,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         fixed=args.fixed,
         efficiency=eff,
     )
+    if args.check:
+        return plan_check(cfg, result, args)
     top = args.top or None
     if args.json:
         print(json.dumps([p.to_dict() for p in result.plans[:top]]))
@@ -334,6 +343,43 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("rejected layouts, by reason:", file=out)
         for line in explain_rejections(result) or ["  (none)"]:
             print(line, file=out)
+    return 0
+
+
+def plan_check(cfg, result, args: argparse.Namespace) -> int:
+    """``vfm plan --check``: the planner's best layout (with the --fixed pins) built for real at
+    ``--gpus`` ranks; measured vs planned model-state bytes of the busiest rank."""
+    import dataclasses
+
+    from vfm_core.perf.memory_check import (
+        busiest,
+        check_report,
+        format_check,
+        measure_states,
+        planned_states,
+    )
+    from vfm_core.perf.planner import trainer_config
+
+    if not result.plans:
+        raise ConfigError("vfm plan --check: no layout to build (see vfm plan --explain)")
+    best = result.plans[0]
+    run = trainer_config(cfg, best.layout)
+    measured = measure_states(run, args.gpus)
+    rank, mine = busiest(measured)
+    planned = planned_states(best.memory)
+    if not run.train.ema_decay:
+        planned = dataclasses.replace(planned, ema=0.0)
+    report = check_report(mine, planned)
+    lay = {k: v for k, v in dataclasses.asdict(best.layout).items()}
+    if args.json:
+        print(json.dumps({"recipe": cfg.recipe, "seq": args.seq, "gpus": args.gpus,
+                          "layout": lay, "pp_rank": rank, "components": report,
+                          "per_pp_rank": [m.as_dict() for m in measured]}))  # fmt: skip
+        return 0
+    shown = " ".join(f"{k}={v}" for k, v in lay.items())
+    print(f"{cfg.recipe} at {args.seq} tokens on {args.gpus} GPUs, layout {shown}")
+    print(f"model states of the busiest rank (pipeline rank {rank}), built for real vs planned:")
+    print(format_check(report))
     return 0
 
 

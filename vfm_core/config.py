@@ -474,14 +474,13 @@ def _validate_packing(cfg: Config) -> None:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens}: packing needs data.source='shards' (got {d.source!r})"
         )
-    split = p.cp * p.tp
+    split, what = p.cp * p.tp, "parallel.cp * parallel.tp"
     if cfg.model.arch == "ar" and p.cp > 1:  # balanced causal chunks: 2 per CP rank
-        split *= 2
+        split, what = 2 * split, "2 x parallel.cp * parallel.tp (two causal chunks per CP rank)"
     if d.max_tokens % split:
         raise ConfigError(
-            f"data.max_tokens={d.max_tokens} is not a multiple of {split} (every pack is cut into "
-            f"equal token chunks over parallel.cp={p.cp} x parallel.tp={p.tp} ranks"
-            f"{', two per CP rank for causal attention' if split != p.cp * p.tp else ''})"
+            f"data.max_tokens={d.max_tokens} is not a multiple of {what} = {split} (every pack is "
+            "cut into equal token chunks over those ranks)"
         )
 
 

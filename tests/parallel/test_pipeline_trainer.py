@@ -130,13 +130,32 @@ def test_pipeline_layouts_are_named_before_training(tmp_path, capsys):
     from vfm_core.train.main import main
 
     cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, "train.steps=1", "data.batch_size=3"])
-    with pytest.raises(ConfigError, match="each of the dp=1 data-parallel ranks gets 3 samples, "
-                       "which cannot be split into parallel.pp=2 microbatches"):  # fmt: skip
-        validate_layout(with_degrees(cfg, pp=2), 2)
-    with pytest.raises(ConfigError, match="pipeline x context parallel is not available"):
-        validate_layout(with_degrees(cfg, pp=2, cp=2, dp_shard=1), 4)
-    with pytest.raises(ConfigError, match="parallel.pp: 4 stages need at least 4 blocks"):
-        validate_layout(with_degrees(cfg, pp=4, dp_shard=1), 4)
+    bad = [
+        (dict(pp=2), 2, [], "pass holds 3 samples .* cannot be split into "
+         "parallel.pp_microbatches=2 microbatches"),
+        (dict(pp=4, dp_shard=1), 4, [], "4 ranks x 1 virtual stages need at least 4 blocks"),
+        (dict(pp=2, tp=2, cp=2), 4, [], "product|world size"),
+        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_microbatches=1"],
+         "pp_microbatches=1 is below the 2 pipeline stages"),
+        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_virtual_stages=2"],
+         "pp_virtual_stages=2 needs parallel.pp_schedule=interleaved_1f1b"),
+        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_virtual_stages=2",
+                         "parallel.pp_schedule=interleaved_1f1b"],
+         "2 ranks x 2 virtual stages need at least 4 blocks, model.depth is 3"),
+        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_virtual_stages=2", "model.depth=5",
+                         "parallel.pp_schedule=interleaved_1f1b"],
+         "the 5 blocks .* cannot be cut into pp x virtual stages = 4"),
+        (dict(pp=1), 1, ["parallel.pp_virtual_stages=2"], "needs pipeline parallelism"),
+        (dict(pp=2), 2, ["data.batch_size=4", "train.grad_accum=3"], "train.grad_accum=3"),
+    ]  # fmt: skip
+    for degrees, world, sets, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            validate_layout(with_degrees(apply_overrides(cfg, sets), **degrees), world)
+    # the 4D layout and interleaving are trainable
+    four_d = apply_overrides(cfg, ["data.batch_size=4", "model.depth=4",
+                                   "parallel.pp_schedule=interleaved_1f1b",
+                                   "parallel.pp_virtual_stages=2"])  # fmt: skip
+    validate_layout(with_degrees(four_d, pp=2, tp=2, cp=2, dp_shard=1), 8)
 
     config = tmp_path / "run.yaml"
     save_yaml(cfg, config)

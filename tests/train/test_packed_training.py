@@ -59,9 +59,11 @@ def test_max_tokens_is_validated_with_the_key_named(shards):
     cp3 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, cp=3))
     with pytest.raises(ConfigError, match=r"data.max_tokens=32 is not a multiple of .*cp \* "):
         validate(cp3)
-    pp2 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pp=2))
-    with pytest.raises(ConfigError, match=r"data.max_tokens=32: packed training .*pp=2"):
-        validate(pp2)
+    ar = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, arch="ar", patch=(1, 1, 1)),
+                             parallel=dataclasses.replace(cfg.parallel, cp=3))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"data.max_tokens=32 is not a multiple of 2 x "
+                                          r"parallel.cp \* parallel.tp .* = 6"):  # fmt: skip
+        validate(ar)
     small = apply_overrides(cfg, ["data.max_tokens=18"])  # the 3x4x6 video has 18 tokens: fits
     ShardLatentSource(small.data, small.model)
     small = apply_overrides(cfg, ["data.max_tokens=17"])
@@ -108,16 +110,19 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
         if sum(p.length for p in batch.packs) > sum(z[0].numel() // 4 for p in batch.packs
                                                     for z in p.latents):  # fmt: skip
             break
-    draws = tr.pack_draws(batch)  # counter-based: the draws train_step will make at this step
+    obj = tr.objective  # counter-based: the draws train_step will make at this step
     want = []
     with torch.no_grad():
-        for p, (sigma, noise, keep) in zip(batch.packs, draws, strict=True):
+        for p in batch.packs:
+            z_sigma, noise, keep = obj.pack_draws(p, tr.step, noise=True)
+            mean, std = obj.edm.log_sigma_normal()
+            sigma = (mean + std * z_sigma).exp().float()
             assert sigma.shape == keep.shape == (len(p.keys),)
             for i, z in enumerate(p.latents):
                 n = int(p.text_lengths[i])
                 text = p.text[i : i + 1, :n] * keep[i]  # (1, n, Dt)
-                loss = tr.edm.loss(tr.model, z[None], text, sigma=sigma[i : i + 1],
-                                   noise=noise[i][None])  # fmt: skip
+                loss = obj.edm.loss(tr.model, z[None], text, sigma=sigma[i : i + 1],
+                                    noise=noise[i][None])  # fmt: skip
                 want.append(loss.item())
     assert len(want) == batch.n_samples > 2
     out = tr.train_step(batch)
@@ -130,7 +135,7 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
     assert real < sum(p.length for p in batch.packs)  # padding is not counted
     flops = sum(train_flops(tr.cfg.model, seq_lens=g[0] * g[1] * g[2], grid=g,
                             text_len=8)["total"] for g in grids)  # fmt: skip
-    m = tr.metrics(out, step_time=2.0, data_time=0.5, batch=batch.n_samples)
+    m = tr.metrics(out, step_time=2.0, data_time=0.5)
     assert m["tokens_per_s"] == pytest.approx(real / 2.0)
     assert m["mfu"] == pytest.approx(flops / 2.0 / tr.peak_flops, rel=1e-9)
     assert m["data_wait"] == 0.25

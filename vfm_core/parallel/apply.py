@@ -71,33 +71,31 @@ class AppliedLayout:
         )
 
 
-def apply_layout(
+def build_parts(
     cfg: Config,
     dims: ParallelDims,
     *,
-    device: torch.device,
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-    prepare: Callable[[nn.Module], None] | None = None,
-) -> AppliedLayout:
-    """Build ``cfg.model`` for this rank under ``cfg.parallel`` (degrees in ``dims``, mesh built)
-    in the order of the module docstring. ``loss_fn(output, microbatch)``: the objective's loss,
-    needed by the pipeline's last stage (pp > 1). ``prepare``: a conversion that needs real
-    weights before parallelising (FP8's transformer-engine linears): the model is then built and
-    initialised on the device first (one full copy per rank)."""
+    device: torch.device | str = "meta",
+    seed: int = 0,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> list[nn.Module]:
+    """Steps 1-3 of the module docstring: this rank's parts of ``cfg.model`` (the whole model,
+    or its pipeline stages), parallelised under ``cfg.parallel``, on ``device`` (``meta``: no
+    memory; the local shard shapes are already final, which ``vfm plan --check`` reads).
+    ``prepare``: a conversion of the whole model before it is cut and parallelised."""
     p = cfg.parallel
     ac = p.activation_checkpointing and p.activation_checkpointing_mode  # False | full | selective
-    bf16 = cfg.train.dtype == "bfloat16" and device.type == "cuda"
-    seed = cfg.train.seed
-    model = build_model(cfg.model, device=device if prepare else "meta", seed=seed)
-    if prepare is not None:
+    bf16 = cfg.train.dtype == "bfloat16" and dims.mesh.device_type == "cuda"
+    model = build_model(cfg.model, device=device, seed=seed)
+    if prepare is not None:  # a conversion that needs the whole model first (FP8)
         prepare(model)
     if dims.pp_enabled:
         virtual = p.pp_virtual_stages
-        stages = [split_stage(model, stage=s, stages=dims.pp * virtual)
-                  for s in rank_stages(dims, virtual)]  # fmt: skip
+        parts = [split_stage(model, stage=s, stages=dims.pp * virtual)
+                 for s in rank_stages(dims, virtual)]  # fmt: skip
     else:
-        stages = [model]
-    for part in stages:
+        parts = [model]
+    for part in parts:
         parallelize_dit(
             part,
             parallel_dims=dims,
@@ -107,13 +105,36 @@ def apply_layout(
             param_dtype=torch.bfloat16 if bf16 else None,
             reduce_dtype=torch.float32 if bf16 else None,
         )
-        if prepare is None:
+    return parts
+
+
+def apply_layout(
+    cfg: Config,
+    dims: ParallelDims,
+    *,
+    device: torch.device,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    fp8: bool = False,
+) -> AppliedLayout:
+    """Build ``cfg.model`` for this rank under ``cfg.parallel`` (degrees in ``dims``, mesh built)
+    in the order of the module docstring. ``loss_fn(output, microbatch)``: the objective's loss,
+    needed by the pipeline's last stage (pp > 1). ``fp8``: transformer-engine linears replace the
+    block GEMMs, a conversion that needs real weights: the model is then built and initialised on
+    the device first (one full copy per rank) and converted before it is parallelised."""
+    seed = cfg.train.seed
+    if fp8:
+        from vfm_core.models.fp8 import to_te_linears
+
+        parts = build_parts(cfg, dims, device=device, seed=seed, prepare=to_te_linears)
+    else:
+        parts = build_parts(cfg, dims, device="meta")
+        for part in parts:
             part.to_empty(device=device)
             init_parameters(part, part.init_rule, seed=seed)
     pipe = None
     if dims.pp_enabled:
         if loss_fn is None:
             raise ValueError("apply_layout: a pipeline (pp > 1) needs the objective's loss_fn")
-        pipe = Pipeline(stages, dims=dims, schedule=p.pp_schedule, loss_fn=loss_fn,
+        pipe = Pipeline(parts, dims=dims, schedule=cfg.parallel.pp_schedule, loss_fn=loss_fn,
                         microbatches=pipeline_microbatches(cfg, dims), device=device)  # fmt: skip
-    return AppliedLayout(parts=stages, pipe=pipe, dims=dims)
+    return AppliedLayout(parts=parts, pipe=pipe, dims=dims)

@@ -1,11 +1,19 @@
 """Per-GPU memory model of DiT training: parameters, gradients, optimiser states and activations.
 
-**Model states** (Rajbhandari et al. 2020, "ZeRO", §3.1; mixed-precision Adam): bf16 parameters
-(2 B) and gradients (2 B) on the GPU plus fp32 master weights and the two AdamW moments
-(4 + 4 + 4 B) — 16 bytes per parameter. TP and PP divide the parameters a GPU owns; FSDP (ZeRO-3,
-torch FSDP2) shards all 16 bytes over ``dp_shard × cp`` (torchtitan folds CP into the FSDP mesh,
-``parallel_dims.py``: ``dp_shard_cp``). While a layer runs, FSDP keeps its all-gathered bf16
-parameters (current + prefetched layer) and its unsharded gradient.
+**Model states**, as the trainer holds them (FSDP2 with a bf16 ``MixedPrecisionPolicy``, AdamW, an
+EMA of the weights): fp32 parameters (4 B), fp32 gradients (4 B, reduced in fp32), the two AdamW
+moments (4 + 4 B) and the fp32 EMA (4 B) — 20 bytes per parameter this GPU owns, all sharded over
+``dp_shard × cp`` (ZeRO-3, Rajbhandari et al. 2020; torchtitan folds CP into the FSDP mesh,
+``parallel_dims.py``: ``dp_shard_cp``). Which parameters a GPU owns is counted exactly
+(:func:`rank_params`): tensor parallelism splits the attention projections and MLP weights but
+not the norms, the AdaLN modulation or the embedding / final layers; a pipeline stage holds its
+blocks, the first stage the patch embedding, the last the final layer, and every stage a replica of
+the conditioning modules. ``vfm plan --check`` compares this count with the local shard shapes of
+the real model built under the layout. While a layer runs, FSDP keeps its all-gathered bf16
+parameters (current + prefetched layer) and its unsharded gradient; under a pipeline schedule a
+stage keeps all of its parameters gathered (bf16) and its gradients unsharded (fp32) from the first
+microbatch to the last backward (torch ``PipelineStage``: no resharding or reduce-scatter until the
+last microbatch).
 
 **Activations** are the tensors autograd saves for backward. :func:`block_saved_elements` lists them
 op by op for the blocks of ``vfm_core.models.dit`` (what the modules actually save, read off the
@@ -56,8 +64,9 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 GiB = float(2**30)
 
-STATE_BYTES_PER_PARAM = 16.0
-"""bf16 param (2) + bf16 grad (2) + fp32 master (4) + AdamW m, v (4 + 4): ZeRO §3.1."""
+PARAM_BYTES, GRAD_BYTES, OPTIM_BYTES, EMA_BYTES = 4.0, 4.0, 8.0, 4.0
+"""Sharded fp32 parameter, fp32 gradient, AdamW moments m and v, fp32 EMA (per parameter)."""
+STATE_BYTES_PER_PARAM = PARAM_BYTES + GRAD_BYTES + OPTIM_BYTES + EMA_BYTES
 FSDP_LIVE_LAYERS = 2
 """All-gathered layers resident at once under FSDP: the running one and the prefetched next."""
 FRAMEWORK_OVERHEAD_GIB = 4.0
@@ -112,6 +121,59 @@ def param_count(cfg: ModelConfig) -> int:
     """All parameters, analytically (equals ``count_params(build_model(cfg))``, tested); ~µs where
     building even a meta-device 28B model takes seconds."""
     return nonblock_params(cfg) + sum(block_params(cfg, i) for i in range(cfg.depth))
+
+
+def block_param_split(cfg: ModelConfig, index: int) -> tuple[int, int]:
+    """(split over tensor-parallel ranks, whole on each) parameters of block ``index``: the
+    attention projections and the MLP weights (and column-parallel biases) are split; the
+    per-head QK norms, the AdaLN modulation, RMSNorm weights and row-parallel biases are not
+    (``vfm_core.parallel.parallelize._tp_plan``)."""
+    d, hd, dt = cfg.hidden, cfg.head_dim, cfg.text_dim
+    dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
+    passes = len(block_layouts(cfg, index))
+    qk = 2 * hd if cfg.qk_norm else 0
+    split = passes * (2 * d * dq + 2 * d * dkv) + (2 * d * dq + 2 * dt * dkv)
+    whole = (passes + 1) * qk
+    f = mlp_width(cfg)
+    if cfg.mlp == "swiglu":
+        split += 3 * d * f
+    else:
+        split, whole = split + 2 * d * f + f, whole + d  # fc2's bias stays whole
+    return split, block_params(cfg, index) - split
+
+
+def rank_params(
+    cfg: ModelConfig, *, tp: int = 1, pp: int = 1, vpp: int = 1, rank: int = 0
+) -> float:
+    """Parameters one GPU of pipeline rank ``rank`` owns before FSDP sharding: its stages'
+    blocks (tensor-parallel parts / tp), every stage's conditioning replica (timestep MLP,
+    AdaLN-LoRA global term), the first stage's input embedding and the last stage's output layer
+    (the causal video transformer: token embedding and head split over the vocabulary)."""
+    from vfm_core.parallel.pipeline import stage_blocks
+
+    d, stages = cfg.hidden, pp * vpp
+    total = 0.0
+    for stage in range(rank, stages, pp):
+        for i in map(int, stage_blocks(cfg.depth, stages, stage)):
+            split, whole = block_param_split(cfg, i)
+            total += split / tp + whole
+        if cfg.arch == "ar":
+            v = cfg.vocab_size
+            total += (v + 1) * d / tp if stage == 0 else 0
+            total += d * v / tp + d if stage == stages - 1 else 0
+            continue
+        patch = cfg.in_channels * math.prod(cfg.patch)
+        total += cfg.freq_dim * d + d + d * d + d  # timestep MLP: on every stage
+        if cfg.adaln == "lora":
+            total += d * 3 * d + 3 * d
+        total += (patch + cfg.abs_pos) * d + d if stage == 0 else 0
+        total += d * 2 * d + 2 * d + d * patch + patch if stage == stages - 1 else 0
+    return total
+
+
+def busiest_rank_params(cfg: ModelConfig, *, tp: int = 1, pp: int = 1, vpp: int = 1) -> float:
+    """:func:`rank_params` of the pipeline rank that owns the most."""
+    return max(rank_params(cfg, tp=tp, pp=pp, vpp=vpp, rank=r) for r in range(pp))
 
 
 # ---------------------------------------------------------------------------------- activations
@@ -303,10 +365,16 @@ class MemoryEstimate:
     """Per-GPU memory of one layout, GiB (the busiest rank: the first pipeline stage)."""
 
     params_gib: float
+    """fp32 parameter shards (FSDP2's sharded parameters; the optimizer updates these)."""
     grads_gib: float
+    """fp32 gradient shards."""
     optimizer_gib: float
+    """AdamW moments m and v."""
+    ema_gib: float
+    """The EMA of the weights (sharded like the parameters; 0 without EMA)."""
     fsdp_buffers_gib: float
-    """All-gathered parameters and unsharded gradients of the live layers."""
+    """All-gathered bf16 parameters and unsharded gradients of the live layers (under a
+    pipeline: of the whole stage, held through the schedule)."""
     activations_gib: float
     overhead_gib: float
     total_gib: float
@@ -323,6 +391,21 @@ class MemoryEstimate:
         return self.capacity_gib - self.total_gib
 
 
+def in_flight_microbatches(pp: int, vpp: int, microbatches: int) -> float:
+    """Micro-batches of stage activations the first GPU holds at its peak. 1F1B: min(p, m)
+    (Narayanan et al. 2021 §2.2); interleaved (vpp = v > 1): (v-1)·r + 2·(p-1) warm-up chunk
+    forwards and the first steady-state one, each 1/v of the GPU's blocks, with r = m / rounds
+    micro-batches per round — p + (p-1)/v for r = p (Korthikanti et al. 2022 §4.2.3; torch
+    ``ScheduleInterleaved1F1B``, ``_get_warmup_ops``); at most all m."""
+    p, v, m = pp, vpp, microbatches
+    if p == 1:
+        return 1.0
+    if v == 1:
+        return float(min(p, m))
+    per_round = m // max(1, m // p)
+    return min(m * v, (v - 1) * per_round + 2 * (p - 1) + 1) / v
+
+
 def estimate_memory(
     cfg: ModelConfig,
     *,
@@ -335,38 +418,46 @@ def estimate_memory(
     pp: int = 1,
     dp_shard: int = 1,
     microbatches: int = 1,
+    vpp: int = 1,
     recompute: Recompute = "none",
+    ema: bool = True,
     text_len: int | None = None,
     act_bytes: int = 2,
     overhead_gib: float = FRAMEWORK_OVERHEAD_GIB,
-    params: int | None = None,
+    owned: float | None = None,
     layer_params: int | None = None,
     kinds: Sequence[tuple[str, ...]] | None = None,
     saved: tuple[float, float] | None = None,
 ) -> MemoryEstimate:
-    """Memory of the first pipeline stage's GPUs for the given layout.
+    """Memory of the busiest GPU (the first pipeline stage's activations) for the given layout.
 
-    States: ``param_count / (tp·pp)`` parameters per GPU, each 2 B param + 2 B grad + 12 B fp32
-    master/moments, sharded over ``dp_shard·cp`` (replicated when that is 1: plain DDP).
-    Activations: the stage's ``depth/pp`` blocks × in-flight micro-batches (1F1B: the first stage
-    holds ``min(pp, microbatches)`` — Narayanan et al. 2021 §2.2), plus for ``full`` recompute one
-    block's complete activations (re-run during backward). ``hbm_gb`` is read as GiB (an "80 GB"
-    H100 shows 79.6 GiB). ``params``, ``layer_params`` (largest block) and ``kinds`` (block
-    layouts) may be passed precomputed — the planner evaluates thousands of layouts per query —
-    and so may ``saved``: (the stage's saved bytes per micro-batch under ``recompute``, one block's
-    saved bytes without recompute).
+    States: the parameters the busiest pipeline rank owns (:func:`busiest_rank_params`; or
+    ``owned``), 20 B each with EMA (module docstring), sharded over ``dp_shard·cp`` (replicated
+    when that is 1: plain DDP). Activations: the stage's ``depth/pp`` blocks × in-flight
+    micro-batches (:func:`in_flight_microbatches`: 1F1B or interleaved over ``vpp`` virtual
+    stages), plus for ``full`` recompute one block's complete activations (re-run during
+    backward). ``hbm_gb`` is read as GiB (an "80 GB" H100 shows 79.6 GiB). ``owned``,
+    ``layer_params`` (largest block) and ``kinds`` (block layouts) may be passed precomputed —
+    the planner evaluates thousands of layouts per query — and so may ``saved``: (the stage's
+    saved bytes per micro-batch under ``recompute``, one block's saved bytes without recompute).
     """
     shard = dp_shard * cp
-    params = param_count(cfg) if params is None else params
-    local_params = params / (tp * pp)
-    state = local_params / shard
-    params_gib = state * 2 / GiB
-    grads_gib = state * 2 / GiB
-    optim_gib = state * 12 / GiB
+    if owned is None:
+        owned = busiest_rank_params(cfg, tp=tp, pp=pp, vpp=vpp)
+    state = owned / shard
+    params_gib = state * PARAM_BYTES / GiB
+    grads_gib = state * GRAD_BYTES / GiB
+    optim_gib = state * OPTIM_BYTES / GiB
+    ema_gib = state * EMA_BYTES / GiB if ema else 0.0
     if layer_params is None:
         layer_params = max(block_params(cfg, i) for i in range(cfg.depth))
     layer = layer_params / tp
-    fsdp = layer * (2 * FSDP_LIVE_LAYERS + 2) / GiB if shard > 1 else 0.0
+    if shard == 1:
+        fsdp = 0.0
+    elif pp > 1:  # the stage stays gathered (bf16) with unsharded fp32 gradients all step
+        fsdp = owned * (2 + 4) / GiB
+    else:
+        fsdp = layer * (2 * FSDP_LIVE_LAYERS + 2) / GiB
     layers = cfg.depth // pp
     split = Split(tp=tp, sp=sp, cp=cp)
     kw = dict(micro_batch=micro_batch, seq_len=seq_len, text_len=text_len, split=split, kinds=kinds)
@@ -377,7 +468,7 @@ def estimate_memory(
         block = stage_saved_bytes(cfg, range(1), act_bytes=act_bytes, **kw)
     else:
         stage, block = saved
-    in_flight = min(pp, microbatches) if pp > 1 else 1
+    in_flight = in_flight_microbatches(pp, vpp, microbatches)
     act = stage * in_flight
     if recompute == "full":  # one block's activations live again during its backward
         act += block
@@ -388,11 +479,12 @@ def estimate_memory(
         # gradient; sharded over the vocabulary by tp, gathered over cp (the loss sees them all)
         act += in_flight * micro_batch * seq_len * cfg.vocab_size / tp * (act_bytes + 4 + 4)
     act_gib = act / GiB
-    total = params_gib + grads_gib + optim_gib + fsdp + act_gib + overhead_gib
+    total = params_gib + grads_gib + optim_gib + ema_gib + fsdp + act_gib + overhead_gib
     return MemoryEstimate(
         params_gib=params_gib,
         grads_gib=grads_gib,
         optimizer_gib=optim_gib,
+        ema_gib=ema_gib,
         fsdp_buffers_gib=fsdp,
         activations_gib=act_gib,
         overhead_gib=overhead_gib,

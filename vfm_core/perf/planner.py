@@ -47,9 +47,9 @@ from vfm_core.models.layers import Grid
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
 from vfm_core.perf.memory import (
     RECOMPUTE_MODES,
-    GiB,
     MemoryEstimate,
     Split,
+    busiest_rank_params,
     estimate_memory,
     stage_saved_bytes,
 )
@@ -119,8 +119,7 @@ def evaluate(
 
 
 def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
-    """:func:`estimate_memory` of a layout, memoised on the keys memory depends on; interleaved
-    1F1B adds the stage activations of :func:`interleaved_in_flight` beyond plain 1F1B's."""
+    """:func:`estimate_memory` of a layout, memoised on the keys memory depends on."""
     key = ("mem", gpu.name, lay.tp, lay.sp, lay.cp, lay.pp, lay.dp_shard, lay.micro_batch)
     key += (lay.microbatches, lay.recompute, lay.vpp)
     if key not in work.cache:
@@ -137,9 +136,12 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
             )
             b1, b2 = (stage_saved_bytes(work.cfg, range(1), micro_batch=k, **kw) for k in (1, 2))
             work.cache[skey] = (2 * s1 - s2, s2 - s1, 2 * b1 - b2, b2 - b1)
+        okey = ("owned", lay.tp, lay.pp, lay.vpp)
+        if okey not in work.cache:
+            work.cache[okey] = busiest_rank_params(work.cfg, tp=lay.tp, pp=lay.pp, vpp=lay.vpp)
         s0, s_mb, b0, b_mb = work.cache[skey]
         mb = lay.micro_batch
-        mem = estimate_memory(
+        work.cache[key] = estimate_memory(
             work.cfg,
             seq_len=work.seq_len,
             hbm_gb=gpu.hbm_gb,
@@ -150,37 +152,15 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
             pp=lay.pp,
             dp_shard=lay.dp_shard,
             microbatches=lay.microbatches,
+            vpp=lay.vpp,
             recompute=lay.recompute,
             text_len=work.text_len,
-            params=work.params,
+            owned=work.cache[okey],
             layer_params=work.layer_params,
             kinds=work.kinds,
             saved=(s0 + s_mb * mb, b0 + b_mb * mb),
         )
-        if lay.vpp > 1:  # estimate_memory prices plain 1F1B: add interleaving's extra in flight
-            extra = interleaved_in_flight(lay) - min(lay.pp, lay.microbatches)
-            gib = max(0.0, extra) * (s0 + s_mb * mb) / GiB
-            mem = dataclasses.replace(
-                mem, activations_gib=mem.activations_gib + gib, total_gib=mem.total_gib + gib
-            )
-        work.cache[key] = mem
     return work.cache[key]
-
-
-def interleaved_in_flight(lay: Layout) -> float:
-    """Micro-batches of stage activations the first GPU holds at its peak under interleaved 1F1B
-    (vpp > 1): (v−1)·r + 2·(p−1) warm-up chunk forwards and the first steady-state one, each 1/v
-    of the GPU's blocks, with r = m / rounds micro-batches per round — p + (p−1)/v for r = p
-    (Korthikanti et al. 2022 §4.2.3; torch ``ScheduleInterleaved1F1B``, ``_get_warmup_ops``);
-    at most all m. Plain 1F1B holds min(p, m) (``estimate_memory``). Belongs in
-    :mod:`vfm_core.perf.memory` once ``estimate_memory`` takes the schedule."""
-    p, v, m = lay.pp, lay.vpp, lay.microbatches
-    if p == 1:
-        return 1.0
-    if v == 1:
-        return float(min(p, m))
-    per_round = m // max(1, m // p)
-    return min(m * v, (v - 1) * per_round + 2 * (p - 1) + 1) / v
 
 
 def _with_time(

@@ -48,7 +48,7 @@ from vfm_core.config import Config, ConfigError, to_dict
 from vfm_core.data.samples import LatentBatch, LatentSource, PackedLatentBatch
 from vfm_core.data.shard_source import make_source
 from vfm_core.models.dit import build_model, count_params
-from vfm_core.models.fp8 import fp8_autocast, resolve_fp8, to_te_linears
+from vfm_core.models.fp8 import fp8_autocast, resolve_fp8
 from vfm_core.models.layers import set_attention_backend
 from vfm_core.models.te_adapter import resolve_attention_backend
 from vfm_core.parallel.apply import apply_layout
@@ -134,8 +134,9 @@ class Trainer:
             null_text=null, null_length=int(getattr(self.source, "null_length", 1)),
             tensor_parallel=dims.tp_enabled,
         )  # fmt: skip
-        self.layout = apply_layout(cfg, dims, device=self.device, loss_fn=self.objective.loss,
-                                   prepare=to_te_linears if self.fp8 else None)  # fmt: skip
+        self.layout = apply_layout(
+            cfg, dims, device=self.device, loss_fn=self.objective.loss, fp8=self.fp8
+        )
         self.model = self.layout.parts[0]
         """The whole parallelised model (pp = 1), or this rank's first pipeline stage."""
         self.micro = pipeline_microbatches(cfg, dims)
