@@ -99,3 +99,39 @@ def mixed_shards() -> type[MixedShards]:
     """The mixed image / video shard builder: ``mixed_shards.write(root)``, its
     ``mixed_shards.LATENTS`` sizes."""
     return MixedShards
+
+
+@pytest.fixture(scope="session")
+def token_shards(tmp_path_factory):
+    """(root, tokenizer dir): 4 real 64x64 H.264 clips of 9 frames encoded by a discrete
+    tokenizer (tok-tiny-discrete) into shards of token ids under ``root / "dst"`` (grid 3x8x8,
+    192 tokens each; 1,000 ids), for the autoregressive family."""
+    import numpy as np
+    import pandas as pd
+
+    from vfm_core.data.shards import ShardWriterConfig, write_shards
+    from vfm_core.infer.encode_shards import encode_shards
+    from vfm_core.tokenizer import save_tokenizer
+    from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
+    from vfm_core.tokenizer.config import get_tokenizer_config
+    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+    def embed(captions: list[str]) -> np.ndarray:
+        rng = np.random.default_rng(len(captions))
+        return rng.standard_normal((len(captions), 384)).astype(np.float32)
+
+    root = tmp_path_factory.mktemp("ar-shards")
+    rows = []
+    for i in range(4):
+        path = root / "clips" / f"c{i}.mp4"
+        path.parent.mkdir(exist_ok=True)
+        make_video(path, VideoSpec(width=64, height=64, fps=8.0, seed=i,
+                                   segments=(Segment(kind="moving", n_frames=9),)))  # fmt: skip
+        rows.append({"clip_id": f"c{i}", "uri": str(path), "caption": f"clip {i}",
+                     "n_frames": 9, "height": 64, "width": 64})  # fmt: skip
+    write_shards(pd.DataFrame(rows), str(root / "src"), embed=embed,
+                 config=ShardWriterConfig(target_shard_bytes=1))  # fmt: skip
+    tok = save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny-discrete")),
+                         root / "tok").parent  # fmt: skip
+    encode_shards(str(root / "src"), str(root / "dst"), tokenizer=tok)
+    return root, tok

@@ -8,45 +8,15 @@ import io
 import tarfile
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from vfm_core.config import ConfigError, apply_overrides
 from vfm_core.data.index import read_index
 from vfm_core.data.shard_source import make_source
-from vfm_core.data.shards import ShardWriterConfig, write_shards
-from vfm_core.infer.encode_shards import encode_shards
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import TokenizerConfig, save_tokenizer
 from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
-from vfm_core.tokenizer.config import get_tokenizer_config
 from vfm_core.train.main import run_training
-
-
-def _embed(captions: list[str]) -> np.ndarray:
-    rng = np.random.default_rng(len(captions))
-    return rng.standard_normal((len(captions), 384)).astype(np.float32)
-
-
-@pytest.fixture(scope="module")
-def token_shards(tmp_path_factory):
-    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
-
-    root = tmp_path_factory.mktemp("ar-shards")
-    rows = []
-    for i in range(4):
-        path = root / "clips" / f"c{i}.mp4"
-        path.parent.mkdir(exist_ok=True)
-        make_video(path, VideoSpec(width=64, height=64, fps=8.0, seed=i,
-                                   segments=(Segment(kind="moving", n_frames=9),)))  # fmt: skip
-        rows.append({"clip_id": f"c{i}", "uri": str(path), "caption": f"clip {i}",
-                     "n_frames": 9, "height": 64, "width": 64})  # fmt: skip
-    write_shards(pd.DataFrame(rows), str(root / "src"), embed=_embed,
-                 config=ShardWriterConfig(target_shard_bytes=1))  # fmt: skip
-    tok = save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny-discrete")),
-                         root / "tok").parent  # fmt: skip
-    encode_shards(str(root / "src"), str(root / "dst"), tokenizer=tok)
-    return root, tok
 
 
 def test_encoded_shards_hold_token_ids(token_shards):

@@ -86,15 +86,13 @@ def build_trainer(config: Any, world: int, degrees: dict | None = None) -> Any:
     degrees replaced by ``degrees`` when given (``{}``: all 1, one process)."""
     import dataclasses
 
-    from vfm_core.config import ParallelConfig, load_yaml
+    from vfm_core.config import DEGREES, ParallelConfig, load_yaml
     from vfm_core.train.trainer import Trainer
 
     cfg = load_yaml(config) if isinstance(config, str | Path) else config
-    if degrees is not None:
-        layout = dataclasses.replace(ParallelConfig(), **degrees)
-        layout = dataclasses.replace(layout, **{k: getattr(cfg.parallel, k) for k in
-                                                ("sequence_parallel", "cp_mode",
-                                                 "activation_checkpointing")})  # fmt: skip
+    if degrees is not None:  # the degrees replaced, the config's other parallel settings kept
+        plain = {k: getattr(ParallelConfig(), k) for k in DEGREES}
+        layout = dataclasses.replace(cfg.parallel, **{**plain, **degrees})
         cfg = dataclasses.replace(cfg, parallel=layout)
     return Trainer(cfg)
 
