@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/parallel.py [--steps 3] [--skip-measured]
 
-1. **Measured (CPU, gloo)**: one fwd + bwd + gradient sync of ``dit-tiny`` (256 tokens, hidden 256,
-   depth 4, fp32) / ``stdit-tiny`` on the same global batch of 4 for each layout; bytes each rank
-   sends per step (counted on every c10d collective by ``CommCounter``) and the median step time.
+1. **Measured (CPU, gloo)**: one training step of the trainer (every microbatch's fwd + bwd,
+   gradient sync, clip, AdamW, EMA) of ``dit-tiny`` (256 tokens, hidden 256, depth 4, fp32) /
+   ``stdit-tiny`` on the same global batch of 4 for each layout, 1D to the 4D TP x SP x CP x PP on
+   8 ranks; bytes each rank sends per step (counted on every c10d collective by ``CommCounter``)
+   and the median step time.
    Gloo on 2 shared cores is not a speed test: read the bytes, take the time as context only.
 2. **Ring overlap (CPU, gloo)**: ring attention fwd + bwd alone, the next K/V block (backward: the
    K/V gradients) moving while the current block is computed vs. send-wait-compute, same numbers
@@ -33,7 +35,7 @@ from vfm_core.parallel.comm_stats import alltoall_bytes, ring_bytes  # noqa: E40
 from vfm_core.perf.hardware import PEAKS  # noqa: E402
 
 GLOBAL_BATCH = 4
-LAYOUTS = [  # (label, recipe, world, degrees, options)
+LAYOUTS = [  # (label, recipe, world, degrees, parallel settings)
     ("1 process", "dit-tiny", 1, {}, {}),
     ("FSDP2", "dit-tiny", 2, dict(dp_shard=2), {}),
     ("TP2", "dit-tiny", 2, dict(tp=2), dict(sequence_parallel=False)),
@@ -44,62 +46,39 @@ LAYOUTS = [  # (label, recipe, world, degrees, options)
     ("ST-DiT CP2 hybrid", "stdit-tiny", 2, dict(cp=2), dict(cp_mode="hybrid")),
     ("FSDP2 x TP2+SP", "dit-tiny", 4, dict(dp_shard=2, tp=2), {}),
     ("TP2+SP x CP2 ring", "dit-tiny", 4, dict(tp=2, cp=2), dict(cp_mode="ring")),
-    ("PP2 (1F1B, 2 microbatches)", "dit-tiny", 2, dict(pp=2, dp_shard=1), dict(pp=True)),
-    ("PP2 x FSDP2", "dit-tiny", 4, dict(pp=2, dp_shard=2), dict(pp=True)),
-    ("PP2 x TP2+SP", "dit-tiny", 4, dict(pp=2, tp=2, dp_shard=1), dict(pp=True)),
-]
+    ("PP2 (1F1B, 2 microbatches)", "dit-tiny", 2, dict(pp=2), {}),
+    ("PP2 interleaved (v=2)", "dit-tiny", 2, dict(pp=2),
+     dict(pp_schedule="interleaved_1f1b", pp_virtual_stages=2)),
+    ("PP2 x FSDP2", "dit-tiny", 4, dict(pp=2, dp_shard=2), {}),
+    ("PP2 x TP2+SP", "dit-tiny", 4, dict(pp=2, tp=2), {}),
+    ("PP2 x CP2 ring", "dit-tiny", 4, dict(pp=2, cp=2), dict(cp_mode="ring")),
+    ("4D: TP2+SP x CP2 x PP2", "dit-tiny", 8, dict(tp=2, cp=2, pp=2), dict(cp_mode="ring")),
+]  # fmt: skip
 
 
-def _step_worker(rank, world, recipe, degrees, options, steps):
-    from vfm_core.diffusion.edm import create_diffusion
-    from vfm_core.models.dit import build_model
+def _step_worker(rank, world, recipe, degrees, settings, steps):
+    """One training step of the trainer (forward + backward of every microbatch, gradient sync,
+    clip, AdamW, EMA) on the global batch of 4 under the layout."""
+    import dataclasses
+
+    from vfm_core.config import ParallelConfig, apply_overrides
     from vfm_core.parallel.comm_stats import CommCounter
-    from vfm_core.parallel.dims import ParallelDims
-    from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
     from vfm_core.recipes import get_recipe
+    from vfm_core.train.trainer import Trainer
 
-    cfg = get_recipe(recipe)
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    dims = ParallelDims(**degrees, world_size=world)
-    pipe = None
-    if options.get("pp"):
-        from vfm_core.parallel.pipeline import DiTPipeline, sync_pipeline_grads
-
-        d, m = cfg.data, cfg.model
-        grid = (d.latent_frames // m.patch[0], d.latent_height // m.patch[1],
-                d.latent_width // m.patch[2])
-        pipe = DiTPipeline(model, parallel_dims=dims, grid=grid, microbatches=2)
-    elif world > 1:
-        model = parallelize_dit(model, parallel_dims=dims, **options)
-    b = GLOBAL_BATCH // dims.dp
-    d, m = cfg.data, cfg.model
-    g = torch.Generator().manual_seed(1)
-    x0 = torch.randn(b, m.in_channels, d.latent_frames, d.latent_height, d.latent_width,
-                     generator=g) * 0.5  # (b, C, T, H, W)
-    text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (b, L, Dt)
-    sigma, noise = torch.ones(b), torch.randn(x0.shape, generator=g)
-    edm = create_diffusion(cfg.diffusion)
-
-    def step():
-        if pipe is not None:
-            pipe.step(edm, x0, text, sigma=sigma, noise=noise)
-            sync_pipeline_grads(pipe)
-            pipe.module.zero_grad(set_to_none=True)
-            return
-        edm.loss(model, x0, text, sigma=sigma, noise=noise).mean().backward()
-        sync_grads(model)
-        model.zero_grad(set_to_none=True)
-
-    step()  # warm-up
+    cfg = apply_overrides(get_recipe(recipe), [f"data.batch_size={GLOBAL_BATCH}",
+                                               "train.device=cpu", "tracking.mlflow=false"])
+    layout = dataclasses.replace(ParallelConfig(), **{"dp_shard": 1, **degrees, **settings})
+    trainer = Trainer(dataclasses.replace(cfg, parallel=layout))
+    batch = trainer.source.next_batch()
+    trainer.train_step(batch)  # warm-up (and the pipeline's shape inference)
     with CommCounter() as counter:
-        step()
+        trainer.train_step(batch)
     times = []
     for _ in range(steps):
-        if world > 1:
-            torch.distributed.barrier()
+        torch.distributed.barrier()
         t0 = time.perf_counter()
-        step()
+        trainer.train_step(batch)
         times.append(time.perf_counter() - t0)
     return {"bytes": counter.bytes, "by_op": dict(counter.by_op), "time": statistics.median(times)}
 

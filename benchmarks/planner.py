@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from vfm_core.config import ConfigError
 from vfm_core.models import layers
 from vfm_core.models.dit import build_model
 from vfm_core.perf.calibrate import calibrate
@@ -261,6 +262,46 @@ def timed_plan(recipe: str, seq: int, gpus: int, **kw):
     return result, statistics.median(times)
 
 
+MEMORY_ROWS = [  # the paper's four layouts (Table 1), checked at 64 and 256 GPUs
+    ("dit-7b", 8192, "tp=1,cp=2,pp=1"),
+    ("dit-7b", 73728, "tp=4,sp=true,cp=4,pp=1"),
+    ("dit-28b", 8192, "tp=2,sp=true,cp=1,pp=2"),
+    ("dit-28b", 73728, "tp=8,sp=true,cp=4,pp=4"),
+]
+
+
+def memory_check_table() -> None:
+    """``vfm plan --check`` on the paper's layouts: the real model built under each layout at
+    64 / 256 ranks (fake process group, meta shards) vs the planner's memory model."""
+    from vfm_core.perf.memory_check import GiB, busiest, measure_states
+    from vfm_core.perf.planner import trainer_config
+
+    print("## Memory check: model states of the busiest rank, built for real vs planned (GiB)\n")
+    print(f"{'model':8s} {'tokens':>6s} {'GPUs':>4s} {'layout':28s} {'dp_s':>4s} {'pp rank':>7s} "
+          f"{'params':>14s} {'grads':>14s} {'optimizer':>14s} {'EMA':>14s} {'worst':>6s} {'s':>5s}")
+    for recipe, seq, fixed in MEMORY_ROWS:
+        for gpus in (64, 256):
+            cfg = get_recipe(recipe)
+            try:
+                result = plan(cfg.model, seq_len=seq, gpus=gpus, fixed=fixed)
+            except ConfigError as e:  # e.g. 128 ranks per model replica on 64 GPUs
+                print(f"{recipe:8s} {seq:>6d} {gpus:>4d} {fixed:28s} not buildable: {e}")
+                continue
+            best = result.plans[0]
+            t0 = time.perf_counter()
+            rank, got = busiest(measure_states(trainer_config(cfg, best.layout), gpus))
+            dt = time.perf_counter() - t0
+            mem = best.memory
+            pairs = [(got.params, mem.params_gib), (got.grads, mem.grads_gib),
+                     (got.optimizer, mem.optimizer_gib), (got.ema, mem.ema_gib)]  # fmt: skip
+            cells = " ".join(f"{m / GiB:>6.2f}/{p:<7.2f}" for m, p in pairs)
+            worst = max(abs(p * GiB - m) / m for m, p in pairs)
+            print(f"{recipe:8s} {seq:>6d} {gpus:>4d} {fixed:28s} {best.layout.dp_shard:>4d} "
+                  f"{rank:>7d} {cells} {worst:>6.2%} {dt:>5.1f}")
+    print("\n(measured/planned; 'worst' = the largest relative difference of the four; 's' = "
+          "seconds to build the model under the layout)\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-validation", action="store_true")
@@ -269,6 +310,7 @@ def main() -> int:
         validation_table()
     measured_table()
     paper_table()
+    memory_check_table()
     kernel_table()
     timings: list[tuple[str, int, int, float, int]] = []
     print("## Top-3 layouts (H100 SXM, bf16; predicted)\n")

@@ -20,6 +20,7 @@ from vfm_core.perf.memory import (
     FRAMEWORK_OVERHEAD_GIB,
     USABLE_FRACTION,
     Split,
+    block_param_split,
     block_saved_elements,
     estimate_memory,
     measure_saved_bytes,
@@ -139,8 +140,12 @@ def test_estimate_memory_states_and_sharding():
     assert fsdp.fits and fsdp.margin_gib > 0
     assert fsdp.capacity_gib == pytest.approx(80 * USABLE_FRACTION)
     assert fsdp.overhead_gib == FRAMEWORK_OVERHEAD_GIB
+    assert fsdp.ema_gib == pytest.approx(fsdp.params_gib)  # fp32 EMA shards, like the weights
     tp = estimate_memory(cfg, dp_shard=8, tp=2, sp=True, **kw)
-    assert tp.optimizer_gib == pytest.approx(fsdp.optimizer_gib / 2)
+    # TP halves the projections and MLPs; norms, AdaLN and the embeddings stay whole
+    split = sum(block_param_split(cfg, i)[0] for i in range(cfg.depth))
+    assert tp.optimizer_gib == pytest.approx(fsdp.optimizer_gib * (1 - split / 2 / n))
+    assert fsdp.optimizer_gib / 2 < tp.optimizer_gib < fsdp.optimizer_gib * 0.6
     assert tp.activations_gib < fsdp.activations_gib
 
 
