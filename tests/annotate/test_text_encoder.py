@@ -136,13 +136,14 @@ def test_run_on_t5_shards_drops_to_the_null_caption_and_generates_with_t5(
 
     # caption dropout: a dropped caption is the empty caption's T5 embedding, its length too
     tr = Trainer(apply_overrides(get_recipe("dit-tiny"), sets))
+    obj = tr.objective  # caption dropout is the objective's
     null = torch.from_numpy(enc.null()[0])  # the record keeps 6 decimals
-    assert tr.null_length == 1 and torch.allclose(tr.null_text[0], null, atol=1e-5)
+    assert obj.null_length == 1 and torch.allclose(obj.null_text[0], null, atol=1e-5)
     pack = tr.source.next_batch().packs[0]
     keep = torch.tensor([1.0] + [0.0] * (len(pack.keys) - 1))
-    text, lengths = tr.drop_captions(pack.text, keep, pack.text_lengths)
+    text, lengths = obj.drop_captions(pack.text, keep, pack.text_lengths)
     assert torch.equal(text[0], pack.text[0]) and lengths[0] == pack.text_lengths[0]
-    assert torch.equal(text[1], tr.null_text) and lengths[1:].tolist() == [1] * (len(keep) - 1)
+    assert torch.equal(text[1], obj.null_text) and lengths[1:].tolist() == [1] * (len(keep) - 1)
 
     run = tmp_path / "run"
     argv = [a for s in sets for a in ("--set", s)]

@@ -128,27 +128,27 @@ def test_vfm_train_cp2_on_packs_matches_one_process_and_resumes_in_one(shards, r
         assert abs(r["loss"] - w["loss"]) <= 1e-5 * abs(w["loss"]), (rows, reference)
 
 
-@pytest.mark.slow
-def test_vfm_train_fsdp2_x_tp2_on_packs_matches_one_process(shards, reference, tmp_path):
-    """4 ranks: FSDP2 over 2 dp ranks (one pack each) x TP2 with sequence parallelism (each
-    pack's tokens cut in two inside the model)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = tmp_path / "dp2tp2"
-    r = _vfm_train(out, shards, "--nproc", "4", "--dp-shard", "2", "--tp", "2", "--set",
-                   f"data.batch_size={PACKS}", "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = _check_run(out, uri, reference, tol=1e-4)
-    assert summary["degrees"]["dp_shard"] == 2 and summary["degrees"]["tp"] == 2
+FOUR_RANKS = {
+    # FSDP2 over 2 dp ranks (one pack each) x TP2 with sequence parallelism (each pack's tokens
+    # cut in two inside the model)
+    "dp2tp2": {"dp_shard": 2, "tp": 2},
+    # two pipeline stages, each pack's tokens cut over 2 context-parallel ranks inside every
+    # stage; the step's 2 packs are the schedule's 2 microbatches
+    "cp2pp2": {"cp": 2, "pp": 2},
+}
 
 
 @pytest.mark.slow
-def test_vfm_train_cp2_x_pp2_on_packs_matches_one_process(shards, reference, tmp_path):
-    """4 ranks: two pipeline stages, each pack's tokens cut over 2 context-parallel ranks inside
-    every stage; the step's 2 packs are the schedule's 2 microbatches."""
+@pytest.mark.parametrize("layout", list(FOUR_RANKS))
+def test_vfm_train_on_packs_under_4_rank_layouts_matches_one_process(
+    layout, shards, reference, tmp_path
+):
+    degrees = FOUR_RANKS[layout]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = tmp_path / "cp2pp2"
-    r = _vfm_train(out, shards, "--nproc", "4", "--cp", "2", "--pp", "2", "--set",
-                   f"data.batch_size={PACKS}", "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
+    out = tmp_path / layout
+    flags = [a for k, v in degrees.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    r = _vfm_train(out, shards, "--nproc", "4", *flags, "--set", f"data.batch_size={PACKS}",
+                   "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     summary = _check_run(out, uri, reference, tol=1e-4)
-    assert summary["degrees"]["cp"] == 2 and summary["degrees"]["pp"] == 2
+    assert all(summary["degrees"][k] == v for k, v in degrees.items())

@@ -139,7 +139,7 @@ def load_dit(
         raise CheckpointError(f"--checkpoint {run}: {e}") from None
     doc = CheckpointManager.read_meta(ckpt)
     _check_arch(run, ckpt, cfg, doc)
-    model = build_model(cfg.model, device="cpu")
+    model = build_model(cfg.model, device="meta").to_empty(device="cpu")  # filled by the load
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     saved = _saved_shapes(ckpt)
     has_ema = any(k.startswith("ema.") for k in saved)

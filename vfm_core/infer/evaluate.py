@@ -259,11 +259,11 @@ def _prompt_following(model: torch.nn.Module, cfg: Config, ec: EvalConfig,
 
 
 def _untrained(cfg: Config) -> torch.nn.Module:
-    """The run's model at initialisation (its seed), for the untrained baseline."""
+    """The run's model at initialisation (its seed: the weights every layout of the run started
+    from), for the untrained baseline."""
     from vfm_core.models.dit import build_model
 
-    torch.manual_seed(cfg.train.seed)
-    return build_model(cfg.model, device="cpu").eval()
+    return build_model(cfg.model, device="cpu", seed=cfg.train.seed).eval()
 
 
 @torch.no_grad()
