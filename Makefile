@@ -34,8 +34,9 @@ test: venv
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks
 	$(BIN)/python -m pytest -q
 
-lint: venv
+lint: venv   # ruff, and the layering contract (imports only point down; tests/test_layering.py)
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks
+	$(BIN)/python -m pytest -q tests/test_layering.py
 
 bench: venv
 	$(BIN)/python benchmarks/train_step.py

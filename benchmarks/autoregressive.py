@@ -24,13 +24,13 @@ import time
 import torch
 
 from vfm_core.config import apply_overrides
-from vfm_core.data.synthetic_tokens import SyntheticTokens
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.models.ar import next_token_loss
 from vfm_core.parallel.comm_stats import ring_bytes
 from vfm_core.parallel.context import causal_positions
 from vfm_core.perf.hardware import measure_cpu_peak
 from vfm_core.recipes import get_recipe
+from vfm_core.tokenizer.synthetic_tokens import SyntheticTokens
 from vfm_core.train.trainer import Trainer
 
 BASE = ["tracking.mlflow=false", "train.ema_decay=0"]

@@ -45,3 +45,51 @@ def test_checker_detects_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nfrom prefect import flow\nimport torch.nn as nn\n")
     assert imported_roots(bad) == {"os", "prefect", "torch"}
+
+
+# Inside vfm_core the packages form layers, highest first; a module imports only from its own
+# layer and the layers below (docs/architecture.md, "Layers"). Lazy imports inside functions count.
+VFM_CORE_LAYERS = [
+    ("cli",),
+    ("train", "infer", "search", "curate"),
+    ("perf",),
+    ("parallel",),
+    ("models", "diffusion", "tokenizer"),
+    ("data",),
+    ("video", "annotate", "storage", "config", "contracts", "recipes", "tracking", "infra_env",
+     "geometry", "errors", "cli_types"),
+]  # fmt: skip
+
+
+def vfm_core_edges(path: Path) -> set[str]:
+    """The vfm_core packages / modules ``path`` imports (``vfm_core.X...`` -> X)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        out |= {n.split(".")[1] for n in names if n.startswith("vfm_core.") and n.count(".") >= 1}
+    return out
+
+
+def test_vfm_core_layers_only_point_down():
+    layer = {name: i for i, names in enumerate(VFM_CORE_LAYERS) for name in names}
+    root = REPO / "vfm_core"
+    unplaced, upward = [], []
+    for path in sorted(root.rglob("*.py")):
+        top = path.relative_to(root).parts[0].removesuffix(".py")
+        if top == "__init__":
+            continue
+        if top not in layer:
+            unplaced.append(top)
+            continue
+        for target in vfm_core_edges(path):
+            if target in layer and layer[target] < layer[top]:
+                upward.append(f"{path.relative_to(REPO)} imports vfm_core.{target}")
+            elif target not in layer:
+                unplaced.append(target)
+    assert not unplaced, f"packages in no layer: {sorted(set(unplaced))}"
+    assert upward == []

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from vfm_core.cli_types import int_at_least
 from vfm_core.config import ConfigError, apply_overrides, load_yaml, merge, validate
+from vfm_core.errors import UserError
 from vfm_core.recipes import RECIPES, get_recipe
 
 
@@ -506,20 +507,13 @@ def main(argv: list[str] | None = None) -> int:
             "search": cmd_search,
             "sample": cmd_sample,
         }[args.cmd](args)
-    except ConfigError as e:
+    except UserError as e:  # a bad input, named: one line (vfm_core.errors)
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exception(e)
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # user-facing errors from deeper layers carry a clear message
-        from vfm_core.user_errors import user_error_types
-
-        if isinstance(e, user_error_types()):
-            if getattr(args, "debug", False):
-                import traceback
-
-                traceback.print_exception(e)
-            print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ from typing import Any, Literal
 
 import yaml
 
+from vfm_core.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A user-supplied configuration value is wrong; the message names the key."""
 
 

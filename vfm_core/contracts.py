@@ -24,11 +24,13 @@ import pandera.errors
 import pandera.polars as pa
 import polars as pl
 
+from vfm_core.errors import UserError
+
 STAGES = ("read", "probe", "split", "transcode", "annotate", "filter", "semdedup")
 """Stages that can reject an input (the `stage` column of `Rejects`)."""
 
 
-class ContractError(ValueError):
+class ContractError(UserError, ValueError):
     """A manifest that violates its schema: names the manifest, columns, checks and rows."""
 
     def __init__(self, what: str, schema: str, problems: list[str]) -> None:

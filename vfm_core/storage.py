@@ -20,10 +20,12 @@ from typing import IO, Any
 
 import fsspec
 
+from vfm_core.errors import UserError
+
 _CHUNK = 1 << 20
 
 
-class StorageError(OSError):
+class StorageError(UserError, OSError):
     """A URL that cannot be read or written, with the URL and the reason."""
 
     def __init__(self, url: str, reason: str) -> None:

@@ -1,6 +1,7 @@
-"""Packing: FFD bins, layout, and the proof that packed attention (block-diagonal mask through
-SDPA, per-token RoPE positions) equals running each sample alone, forward and backward; per-sample
-sigma and the per-sample loss average."""
+"""Packing: FFD bins, the pack's token geometry, and the proof that packed attention (the sample
+groups' mask through SDPA, per-token RoPE positions) equals running each sample alone, forward and
+backward; the per-sample loss average. (Packs under ring / all-to-all context parallelism:
+tests/parallel/test_packed_equivalence.py.)"""
 
 from __future__ import annotations
 
@@ -9,16 +10,11 @@ import random
 import pytest
 import torch
 
-from vfm_core.data.packing import (
+from vfm_core.data.packing import first_fit_decreasing
+from vfm_core.geometry import (
     PackLayout,
-    attention_lse,
-    block_diagonal_mask,
-    cp_chunks,
+    attention_groups,
     cross_attention_mask,
-    expand_per_sample,
-    first_fit_decreasing,
-    merge_lse,
-    pack_text,
     pack_tokens,
     per_sample_mean,
     rope_angles,
@@ -83,8 +79,12 @@ def test_packed_self_and_cross_attention_equal_per_sample(backend):
         xp = pack_tokens(xs, lay)  # (64, D)
         ang = rope_angles(lay.positions, hd, theta)  # (64, hd/2)
         q, k = apply_rope(heads_(xp @ wq), ang), apply_rope(heads_(xp @ wk), ang)
-        y = attention(q, k, heads_(xp @ wv), mask=block_diagonal_mask(lay.sample_ids)[None, None])
-        tp, tl = pack_text(texts)  # (S, Lmax, D), (S,)
+        ids = attention_groups(lay, "full")  # the sample; each padding token its own group
+        y = attention(q, k, heads_(xp @ wv), mask=(ids[:, None] == ids[None, :])[None, None])
+        tl = torch.tensor([t.shape[0] for t in texts])  # (S,) own caption lengths
+        tp = torch.zeros(len(texts), int(tl.max()), dim, dtype=torch.float64)
+        for i, t in enumerate(texts):
+            tp[i, : t.shape[0]] = t  # (S, Lmax, D) zero padded
         tflat = tp.reshape(-1, dim)  # (S*Lmax, D)
         cmask = cross_attention_mask(lay.sample_ids, tl)[None, None]  # (1, 1, 64, S*Lmax)
         y = y + attention(heads_(xp @ wq), heads_(tflat @ wk), heads_(tflat @ wv), mask=cmask)
@@ -105,65 +105,15 @@ def test_packed_self_and_cross_attention_equal_per_sample(backend):
 def test_per_sample_sigma_and_loss_average():
     lay = PackLayout.from_grids(GRIDS, 64)
     sigma = torch.tensor([0.1, 2.0, 0.5, 8.0])  # one noise level per sample, not per pack
-    s_tok = expand_per_sample(sigma, lay.sample_ids, fill=1.0)  # (64,)
-    assert s_tok[:4].eq(0.1).all() and s_tok[40:48].eq(8.0).all() and s_tok[48:].eq(1.0).all()
-    assert torch.equal(
-        expand_per_sample(torch.log(sigma) / 4, lay.sample_ids)[4:22],
-        torch.full((18,), float(torch.log(sigma[1]) / 4)),
-    )
     torch.manual_seed(1)
     err = [torch.rand(n, 6) for n in (4, 18, 18, 8)]  # squared errors per token and channel
     sd = 0.5
     weight = (sigma**2 + sd**2) / (sigma * sd) ** 2  # EDM loss weight per sample
     ref = torch.stack([weight[i] * e.mean() for i, e in enumerate(err)])  # per-sample losses
-    w_tok = expand_per_sample(weight, lay.sample_ids)  # (64,)
+    w_tok = weight[lay.sample_ids.clamp(min=0)] * (lay.sample_ids >= 0)  # (64,)
     tok_loss = w_tok * pack_tokens(err, lay).mean(-1)  # (64,), padding contributes 0
     per = per_sample_mean(tok_loss, lay.sample_ids, lay.n_samples)
     torch.testing.assert_close(per, ref)
     # average over samples, not tokens: an 18-token video counts as much as a 4-token image
     assert per.mean() == pytest.approx(float(ref.mean()))
     assert float(tok_loss[:48].mean()) != pytest.approx(float(ref.mean()), rel=1e-3)
-
-
-def test_context_parallel_chunks_of_a_pack_equal_per_sample_attention():
-    """Ring schedule over cp=4 contiguous chunks of one pack: each rank's queries visit every key
-    chunk with its block of the block-diagonal mask; blocks where a row sees no key (a sample
-    entirely on another rank) merge as nothing. Equal to attending sample by sample, fwd + bwd."""
-    torch.manual_seed(3)
-    lay = PackLayout.from_grids(GRIDS, 64)  # samples straddle chunk boundaries
-    cp, heads, hd = 4, 2, 8
-    xs = [
-        torch.randn(1, heads, n, hd, dtype=torch.float64, requires_grad=True)
-        for n in (4, 18, 18, 8)
-    ]
-    ref = [attention(x, x * 0.5, x.flip(-1)) for x in xs]  # per sample: q=x, k=x/2, v=flip(x)
-    xp = torch.zeros(1, heads, 64, hd, dtype=torch.float64)
-    xp = xp.index_copy(2, torch.arange(48), torch.cat(xs, 2))  # (1, H, 64, hd) packed
-    q, k, v = xp, xp * 0.5, xp.flip(-1)
-    mask = block_diagonal_mask(lay.sample_ids)  # (64, 64)
-    chunks = cp_chunks(lay, cp)
-    outs = []
-    for i in range(cp):  # rank i
-        out = lse = None
-        for step in range(cp):  # k/v chunks arrive around the ring
-            j = (i + step) % cp
-            o, s_ = attention_lse(
-                q[:, :, chunks[i]],
-                k[:, :, chunks[j]],
-                v[:, :, chunks[j]],
-                mask[chunks[i], chunks[j]],
-            )
-            out, lse = (o, s_) if out is None else merge_lse(out, lse, o, s_)
-        outs.append(out)
-    packed = torch.cat(outs, 2)  # (1, H, 64, hd)
-    assert torch.isfinite(packed).all()
-    got = [packed[:, :, a:b] for a, b in zip(lay.cu_seqlens[:-1], lay.cu_seqlens[1:])]
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    w = [torch.randn_like(r) for r in ref]
-    g_ref = torch.autograd.grad(sum((r * wi).sum() for r, wi in zip(ref, w)), xs)
-    g_cp = torch.autograd.grad(sum((o * wi).sum() for o, wi in zip(got, w)), xs)
-    for a, b in zip(g_cp, g_ref):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    with pytest.raises(ValueError, match="not divisible by cp=5"):
-        cp_chunks(lay, 5)

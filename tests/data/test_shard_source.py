@@ -14,6 +14,7 @@ from vfm_core.config import ConfigError, apply_overrides
 from vfm_core.data.shard_source import ShardLatentSource
 from vfm_core.data.shards import write_shards
 from vfm_core.recipes import get_recipe
+from vfm_core.tokenizer.sources import make_source
 from vfm_core.train.main import run_training
 
 SMALL = [
@@ -81,7 +82,10 @@ def test_trainer_decodes_clips_and_applies_the_tokenizer(shard_dir, tmp_path):
     torch.manual_seed(0)
     save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny")), tmp_path / "tok")
     cfg = config(shard_dir, f"data.tokenizer={tmp_path / 'tok'}", "train.steps=2")
-    src = ShardLatentSource(cfg.data, cfg.model)
+    with pytest.raises(ConfigError, match="the shard source was given no tokenizer"):
+        ShardLatentSource(cfg.data, cfg.model)  # data loads no network itself
+    src = make_source(cfg.data, cfg.model)  # the run's tokenizer, loaded and injected
+    assert isinstance(src, ShardLatentSource) and src.tokenizer is not None
     b = src.next_batch()
     assert tuple(b.latents.shape) == (2, 4, 2, 4, 4) and torch.isfinite(b.latents).all()
     # only clips with >= 5 frames of >= 32x32 qualify for this training shape

@@ -75,7 +75,7 @@ def test_loss_falls_and_bad_ids_are_named():
 
 
 def test_packed_forward_equals_each_sample_alone(model):
-    from vfm_core.data.packing import PackLayout
+    from vfm_core.geometry import PackLayout
     from vfm_core.models.ar import packed_next_token_loss
 
     grids = [(2, 3, 4), (1, 2, 2), (3, 2, 2)]

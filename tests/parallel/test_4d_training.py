@@ -153,8 +153,8 @@ def test_vfm_train_8_rank_4d_packed_and_its_checkpoint_resumes_in_one_process(da
     sets = [*SMALL, *data["packs"], "data.batch_size=2", "train.steps=4", "train.ckpt_every=2"]
     one = run_ranks(_fit_cases, 1, [("dit-tiny", {}, sets)], {})[0][0]["losses"]
     out = tmp_path / "4d"
-    argv = vfm_argv("train", "--recipe", "dit-tiny", "--out", out, "--steps", 4, "--nproc", 8, "--tp", 2,
-                    "--cp", 2, "--pp", 2, *set_args(sets))  # fmt: skip
+    argv = vfm_argv("train", "--recipe", "dit-tiny", "--out", out, "--steps", 4, "--nproc", 8,
+                    "--tp", 2, "--cp", 2, "--pp", 2, *set_args(sets))  # fmt: skip
     rows = launch_ok(argv, out, timeout=600)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for row, w in zip(rows, one, strict=True):

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from vfm_core.errors import UserError
+
 MODES = ("tokens", "pooled")
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 RECORD_VERSION = 1
@@ -37,7 +39,7 @@ TEXT_RECORD = "text.json"
 """The record's file name in a run directory."""
 
 
-class TextEncoderError(ValueError):
+class TextEncoderError(UserError, ValueError):
     """A text encoder that cannot be loaded or a record that does not describe one."""
 
 

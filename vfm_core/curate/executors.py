@@ -35,11 +35,12 @@ from typing import Any, Protocol, runtime_checkable
 from vfm_core.curate.balance import BatchEvent, EventLog, ray_actor_events
 from vfm_core.curate.records import Item, from_json, to_json
 from vfm_core.curate.stages import Stage
+from vfm_core.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class RayClusterError(RuntimeError):
+class RayClusterError(UserError, RuntimeError):
     """No Ray cluster answers at the given address (a user error: wrong address, cluster down)."""
 
 

@@ -28,6 +28,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from vfm_core import storage
+from vfm_core.errors import UserError
 
 SCHEMA_VERSION = 1
 COLUMNAR_VERSION = 2
@@ -36,7 +37,7 @@ INDEX_NAME = "index.json"
 INDEX_FORMATS = ("json", "parquet")
 
 
-class DatasetIndexError(ValueError):
+class DatasetIndexError(UserError, ValueError):
     """An index that is missing, malformed, of another schema version or disagrees with its
     shards; the message names the index URL and the problem."""
 

@@ -25,7 +25,6 @@ import numpy as np
 
 from vfm_core.data.blend import BucketPlanner, BucketSpec, assign_bucket
 from vfm_core.data.index import DatasetIndex, read_index
-from vfm_core.data.packing import PackLayout
 from vfm_core.data.plan import GlobalOrder, Planner
 from vfm_core.data.shard_batch import Batch, Sample
 from vfm_core.data.shard_reader import (
@@ -35,7 +34,8 @@ from vfm_core.data.shard_reader import (
     read_raw,
     verify_shards,
 )
-from vfm_core.models.layers import Grid
+from vfm_core.errors import UserError
+from vfm_core.geometry import Grid, PackLayout
 
 STATE_VERSION = 2
 """2: the global order is a Feistel permutation (v1 states, a materialised permutation, are
@@ -43,7 +43,7 @@ refused in one line)."""
 log = logging.getLogger(__name__)
 
 
-class LoaderStateError(ValueError):
+class LoaderStateError(UserError, ValueError):
     """A loader state that does not belong to this dataset / configuration."""
 
 

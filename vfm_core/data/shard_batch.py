@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from vfm_core.data.packing import PackLayout
-from vfm_core.models.layers import Grid
+from vfm_core.geometry import Grid, PackLayout
 
 
 @dataclass(kw_only=True, slots=True)

@@ -30,6 +30,7 @@ import numpy as np
 
 from vfm_core import storage
 from vfm_core.data.index import DatasetIndex
+from vfm_core.errors import UserError
 
 EXTENSIONS = ("json", "mp4", "txt_emb.npy", "latent.npy", "tokens.npy")
 """tokens.npy: int32 (T, h, w) ids of a discrete tokenizer, written beside its codes in
@@ -39,7 +40,7 @@ SIDECAR_EXTENSIONS = ("txt_emb.npy", "vfm.json")
 """Members of a foreign sample's sidecar range (named with the index key)."""
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     """A shard or sample that cannot be used; names the shard URL, the key and the reason."""
 
     def __init__(self, where: str, reason: str) -> None:

@@ -53,12 +53,22 @@ class ShardLatentSource:
     """Latent batches of the configured shape from a shard directory or a weighted blend of
     them (see module docstring)."""
 
-    def __init__(self, data: DataConfig, model: ModelConfig, *, dp_rank: int = 0,
-                 dp_size: int = 1, mp_group: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        data: DataConfig,
+        model: ModelConfig,
+        *,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        mp_group: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
         """``dp_rank`` / ``dp_size``: this rank's share of each global step (``data.batch_size``
         samples of ``dp_size * data.batch_size``). ``mp_group``: the model-parallel ranks that
         share this data-parallel rank; each reads 1/k of the samples and the group all-gathers the
-        bytes, so every rank of the group ends with the same batch."""
+        bytes, so every rank of the group ends with the same batch. ``tokenizer``: the encoder of
+        ``data.tokenizer``, loaded by the caller (the data layer runs no network of its own;
+        :func:`vfm_core.tokenizer.sources.make_source`)."""
         datasets = data.datasets()  # [(directory, weight)]: data.blend, or data.shards alone
         if not datasets:
             raise ConfigError(
@@ -75,14 +85,12 @@ class ShardLatentSource:
                 "codes in latent.npy, or it encodes the clips); set data.tokenizer=DIR"
             )
         if data.tokenizer:
-            from vfm_core.tokenizer import load_tokenizer
-
-            try:
-                self.tokenizer = load_tokenizer(
-                    data.tokenizer, expected_latent_channels=None if discrete else model.in_channels
+            if tokenizer is None:
+                raise ConfigError(
+                    f"data.tokenizer={data.tokenizer}: the shard source was given no tokenizer "
+                    "(build it with vfm_core.tokenizer.sources.make_source)"
                 )
-            except ValueError as e:
-                raise ConfigError(f"data.tokenizer: {e}") from None
+            self.tokenizer = tokenizer
             ct, cs = self.tokenizer.cfg.temporal_factor, self.tokenizer.cfg.spatial_factor
             if discrete:
                 tok = self.tokenizer
@@ -358,16 +366,3 @@ def rebatch_state(state: dict[str, Any], batch_size: int) -> dict[str, Any]:
         )
     return {**state, "batch_size": batch_size}
 
-
-def make_source(data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5, **shard_kw):
-    """The latent source for ``data.source``; ``shard_kw`` (``dp_rank``, ``dp_size``,
-    ``mp_group``) place a shard source's reads within a parallel layout."""
-    if data.source == "shards":
-        return ShardLatentSource(data, model, **shard_kw)
-    if model.arch == "ar":
-        from vfm_core.data.synthetic_tokens import SyntheticTokens
-
-        return SyntheticTokens(data, model)
-    from vfm_core.data.synthetic_latents import SyntheticLatents
-
-    return SyntheticLatents(data, model, sigma_data=sigma_data)

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vfm_core.data.packing import per_sample_mean
 from vfm_core.diffusion.edm import EDM, _compute_dtype
+from vfm_core.geometry import per_sample_mean
 
 PackedNet = Callable[[Tensor, Tensor, Any], Tensor]
 """Raw network on a pack ``net(x_in (N, F), c_noise (S,), text) -> F (N, F)``."""

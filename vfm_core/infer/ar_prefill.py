@@ -38,11 +38,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from vfm_core.geometry import Grid
 from vfm_core.infer.context_parallel import sampling_cp_group
 from vfm_core.infer.shapes import GenerateError
 from vfm_core.models.ar import CausalVideoTransformer
 from vfm_core.models.attention import KVCache
-from vfm_core.models.layers import Grid
 from vfm_core.parallel.context import causal_positions, cp_attention
 
 __all__ = ["PrefillLayout", "SplitPrefill", "load_prompt", "prefill_layout", "sync_tokens"]

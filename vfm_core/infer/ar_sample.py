@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from vfm_core.errors import UserError
+from vfm_core.geometry import Grid
 from vfm_core.models.ar import CausalVideoTransformer
 from vfm_core.models.attention import KVCache
-from vfm_core.models.layers import Grid
 
 Prefill = Callable[
     [CausalVideoTransformer, torch.Tensor, torch.Tensor, torch.Tensor, list[KVCache]], torch.Tensor
@@ -28,7 +29,7 @@ Prefill = Callable[
 the last input; fills the caches with the m positions' keys and values."""
 
 
-class SamplingError(ValueError):
+class SamplingError(UserError, ValueError):
     """Sampling parameters or a prompt that cannot be used."""
 
 

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 
 from vfm_core.config import Config
-from vfm_core.data.shard_source import make_source
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.generate import PREVIEW_FACTORS, load_decoder, sample_latent
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
+from vfm_core.tokenizer.sources import make_source
 
 __all__ = ["EvalConfig", "evaluate", "frechet_distance", "heldout_bits", "heldout_loss",
            "log_evaluation"]

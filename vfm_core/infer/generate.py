@@ -50,7 +50,6 @@ import torch
 import torch.distributed as dist
 
 from vfm_core.config import Config, DiffusionConfig
-from vfm_core.data.synthetic_tokens import synthetic_levels
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.sampler import sample
 from vfm_core.infer.ar_prefill import SplitPrefill, load_prompt, sync_tokens
@@ -60,6 +59,7 @@ from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent, warn_beyond_training
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames, write_outputs
 from vfm_core.tokenizer.fsq import FSQ
+from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
 __all__ = [
     "GUIDANCE_RANGE",

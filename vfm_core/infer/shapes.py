@@ -14,11 +14,13 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from vfm_core.errors import UserError
+
 __all__ = ["BeyondTrainingWarning", "FramesRoundedWarning", "GenerateError", "LatentPlan",
            "parse_size", "plan_latent", "warn_beyond_training"]
 
 
-class GenerateError(ValueError):
+class GenerateError(UserError, ValueError):
     """A user-supplied generation input is wrong; the message names the input and the problem."""
 
 

@@ -16,7 +16,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from vfm_core.models.layers import Grid, apply_rope, attention
+from vfm_core.geometry import Grid
+from vfm_core.models.layers import apply_rope, attention
 
 Layout = Literal["full", "spatial", "temporal"]
 

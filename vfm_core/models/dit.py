@@ -20,12 +20,11 @@ import torch
 from torch import nn
 
 from vfm_core.config import ModelConfig
-from vfm_core.data.packing import PackLayout, rope_angles
+from vfm_core.geometry import Grid, PackLayout, rope_angles
 from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
 from vfm_core.models.attention import Attention, Layout
 from vfm_core.models.init import Init, init_parameters, linear_rule
 from vfm_core.models.layers import (
-    Grid,
     ShapeError,
     TimestepEmbedder,
     grid_positions,

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Grid = tuple[int, int, int]  # latent token grid (t, h, w) after patchify
+from vfm_core.errors import UserError
+from vfm_core.geometry import Grid, rope_dims
 
 
-class ShapeError(ValueError):
+class ShapeError(UserError, ValueError):
     """A tensor's shape does not fit the model (e.g. latent size not divisible by the patch)."""
 
 
@@ -106,14 +107,6 @@ def make_norm(kind: str, dim: int, eps: float, affine: bool = False) -> nn.Modul
 
 
 # ----------------------------------------------------------------------------------------- 3D RoPE
-def rope_dims(head_dim: int) -> tuple[int, int, int]:
-    """Split of the rotary head dimension over (t, h, w): h and w get equal even shares, t the rest
-    (Cosmos / Lumina style factorisation)."""
-    dh = dw = (head_dim // 6) * 2
-    dt = head_dim - dh - dw
-    return dt, dh, dw
-
-
 def rope_3d(grid: Grid, head_dim: int, theta: float, device=None) -> torch.Tensor:
     """Rotation angles of a factorised 3D RoPE for the raster-ordered grid: (N, head_dim // 2).
 

@@ -26,14 +26,15 @@ from dataclasses import dataclass
 
 import torch
 
-from vfm_core.data.packing import (
+from vfm_core.geometry import (
+    Grid,
     PackLayout,
     attention_groups,
     cross_attention_mask,
     pack_tokens,
     unpack_tokens,
 )
-from vfm_core.models.layers import Grid, ShapeError, patchify, unpatchify
+from vfm_core.models.layers import ShapeError, patchify, unpatchify
 
 
 @dataclass(kw_only=True, slots=True)

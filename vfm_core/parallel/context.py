@@ -27,8 +27,9 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from vfm_core.geometry import Grid
 from vfm_core.models.attention import _group, _ungroup
-from vfm_core.models.layers import Grid, attention
+from vfm_core.models.layers import attention
 
 CPMode = Literal["ring", "alltoall", "hybrid"]
 

@@ -50,8 +50,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from vfm_core.config import ModelConfig
+from vfm_core.geometry import Grid
 from vfm_core.models.dit import block_layouts, build_model, count_params
-from vfm_core.models.layers import Grid, swiglu_width
+from vfm_core.models.layers import swiglu_width
 
 COMPONENTS = (
     "patch_embed",  # per token: C·pt·ph·pw -> D

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vfm_core.config import Config, ConfigError, ModelConfig
-from vfm_core.models.layers import Grid
+from vfm_core.geometry import Grid
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
 from vfm_core.perf.memory import (
     RECOMPUTE_MODES,

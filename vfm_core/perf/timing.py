@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vfm_core.config import ModelConfig
+from vfm_core.geometry import Grid
 from vfm_core.models.dit import block_layouts
-from vfm_core.models.layers import Grid
 from vfm_core.perf.flops import default_grid, train_flops
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec
 from vfm_core.perf.memory import Recompute, Split, block_params, param_count, stage_saved_bytes

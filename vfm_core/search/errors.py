@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vfm_core.errors import UserError
 
-class SearchError(ValueError):
+
+class SearchError(UserError, ValueError):
     """A search input that cannot be served, naming the input; ``vfm`` prints it as one line."""

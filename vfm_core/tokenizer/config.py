@@ -14,10 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vfm_core.errors import UserError
+
 __all__ = ["TOKENIZER_PRESETS", "TokenizerConfig", "TokenizerConfigError", "get_tokenizer_config"]
 
 
-class TokenizerConfigError(ValueError):
+class TokenizerConfigError(UserError, ValueError):
     """A tokenizer configuration value is invalid; the message names the field."""
 
 

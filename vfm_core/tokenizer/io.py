@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from vfm_core.errors import UserError
 from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
 from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError
 
@@ -51,7 +52,7 @@ KeyMap = Mapping[str, str] | Callable[[str], str | None]
 prefix wins) or a function returning the new name (None drops the tensor)."""
 
 
-class TokenizerLoadError(ValueError):
+class TokenizerLoadError(UserError, ValueError):
     """Tokenizer weights are missing, unreadable or do not fit the architecture; the message names
     the file, tensor or field."""
 

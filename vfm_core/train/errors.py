@@ -1,10 +1,14 @@
 """Errors a training run reports to the user in one line (the entry point turns them into exit
 code 2)."""
 
+from __future__ import annotations
 
-class CheckpointError(RuntimeError):
+from vfm_core.errors import UserError
+
+
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, unreadable or does not fit the model being trained."""
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
     """Loss or gradient norm became NaN/inf; raised before the optimizer touches the weights."""

@@ -28,13 +28,13 @@ import torch.distributed as dist
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml
+from vfm_core.errors import UserError
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
 from vfm_core.tracking import CHECKPOINT_TAG, LAYOUT_TAG, STAGE_TAG, layout_label, train_run_name
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, resolve_device
-from vfm_core.user_errors import user_error_types
 
 
 def check_restartable(cfg: Config, max_restarts: int) -> None:
@@ -187,9 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = not args.no_progress and sys.stderr.isatty()
         summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=progress,
                                resume_from=args.resume_from)  # fmt: skip
-    except Exception as e:  # a bad input: one line (the flow's MLflow run shows it), exit 2
-        if not isinstance(e, user_error_types()):
-            raise
+    except UserError as e:  # a bad input: one line (the flow's MLflow run shows it), exit 2
         if args.debug:
             traceback.print_exception(e)
         print(f"error: {e}", file=sys.stderr)

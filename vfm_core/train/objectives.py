@@ -35,10 +35,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from vfm_core.config import Config
-from vfm_core.data.packing import PackLayout, per_sample_mean
 from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_training_pair
+from vfm_core.geometry import PackLayout, per_sample_mean
 from vfm_core.models.packed import pack_latents
 from vfm_core.parallel.rng import StepRNG, counter_generator
 

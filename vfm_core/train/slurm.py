@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vfm_core.errors import UserError
+
 TEMPLATE = Path(__file__).resolve().parents[2] / "infra" / "slurm" / "train.sbatch"
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE")  # fmt: skip
 
 
-class SlurmError(RuntimeError):
+class SlurmError(UserError, RuntimeError):
     """No Slurm, a submission the controller refused, or a job that did not complete."""
 
 

@@ -46,7 +46,6 @@ from torch.distributed.tensor import DTensor
 
 from vfm_core.config import Config, ConfigError, to_dict
 from vfm_core.data.samples import LatentBatch, LatentSource, PackedLatentBatch
-from vfm_core.data.shard_source import make_source
 from vfm_core.models.dit import build_model, count_params
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8
 from vfm_core.models.layers import set_attention_backend
@@ -58,6 +57,7 @@ from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.world import init_world
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 from vfm_core.perf.hardware import peak_flops, recheck_cpu_peak
+from vfm_core.tokenizer.sources import make_source
 from vfm_core.train.ema import EMA
 from vfm_core.train.errors import TrainingDiverged
 from vfm_core.train.objectives import make_objective

@@ -1,0 +1,38 @@
+"""The latent source a run trains or evaluates on, for ``data.source``: shards (their stored
+latents, or clips encoded on the fly by the run's tokenizer, which is loaded here and handed to
+the shard source: the data layer runs no network of its own), synthetic latents, or synthetic
+token ids for the autoregressive family."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vfm_core.config import ConfigError, DataConfig, ModelConfig
+from vfm_core.data.samples import LatentSource
+from vfm_core.data.shard_source import ShardLatentSource
+from vfm_core.data.synthetic_latents import SyntheticLatents
+
+
+def make_source(
+    data: DataConfig, model: ModelConfig, *, sigma_data: float = 0.5, **shard_kw: Any
+) -> LatentSource:
+    """The latent source for ``data.source``; ``shard_kw`` (``dp_rank``, ``dp_size``,
+    ``mp_group``) place a shard source's reads within a parallel layout."""
+    if data.source == "shards":
+        tokenizer = None
+        if data.tokenizer:
+            from vfm_core.tokenizer.io import load_tokenizer
+
+            discrete = model.arch == "ar"  # the FSQ codes of a discrete tokenizer
+            try:
+                tokenizer = load_tokenizer(
+                    data.tokenizer, expected_latent_channels=None if discrete else model.in_channels
+                )
+            except ValueError as e:
+                raise ConfigError(f"data.tokenizer: {e}") from None
+        return ShardLatentSource(data, model, tokenizer=tokenizer, **shard_kw)
+    if model.arch == "ar":
+        from vfm_core.tokenizer.synthetic_tokens import SyntheticTokens
+
+        return SyntheticTokens(data, model)
+    return SyntheticLatents(data, model, sigma_data=sigma_data)
