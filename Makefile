@@ -31,11 +31,13 @@ demo: venv   # make demo FAMILY=autoregressive: discrete tokenizer + ar-tiny ins
 	VFM_DEMO_FAMILY=$(FAMILY) $(BIN)/python -m flows.demo
 
 test: venv
-	$(BIN)/ruff check vfm_core flows tasks tests benchmarks
+	$(BIN)/ruff check vfm_core flows tasks tests benchmarks infra
+	$(BIN)/ruff format --check vfm_core flows tasks tests benchmarks infra
 	$(BIN)/python -m pytest -q
 
-lint: venv   # ruff, and the layering contract (imports only point down; tests/test_layering.py)
-	$(BIN)/ruff check vfm_core flows tasks tests benchmarks
+lint: venv   # ruff (the formatter decides layout), the layering contract (tests/test_layering.py)
+	$(BIN)/ruff check vfm_core flows tasks tests benchmarks infra
+	$(BIN)/ruff format --check vfm_core flows tasks tests benchmarks infra
 	$(BIN)/python -m pytest -q tests/test_layering.py
 
 bench: venv

@@ -63,9 +63,11 @@ def make_inputs(root: Path, args: argparse.Namespace) -> dict[str, Path]:
     """The two workloads' source folders (videos already there are kept)."""
     plans = {
         "short": [spec(i, seconds=2.5, width=128, height=72, shot_s=3) for i in range(args.short)],
-        "long": [spec(100 + i, seconds=args.seconds, width=640, height=360, shot_s=4)
-                 for i in range(args.long)],
-    }  # fmt: skip
+        "long": [
+            spec(100 + i, seconds=args.seconds, width=640, height=360, shot_s=4)
+            for i in range(args.long)
+        ],
+    }
     out = {}
     for name, specs in plans.items():
         frames = sum(g.n_frames for g in specs[0].segments) if specs else 0
@@ -82,8 +84,12 @@ def run_once(src: Path, dst: Path, ex: RayExecutor) -> dict:
     t = time.perf_counter()
     out = curate(str(src), str(dst), executor=ex, config=CFG, progress=False)
     wall = time.perf_counter() - t
-    return {"wall_s": wall, "n_videos": out["n_inputs"], "n_clips": out["n_clips"],
-            "events": list(ex.events)}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "n_videos": out["n_inputs"],
+        "n_clips": out["n_clips"],
+        "events": list(ex.events),
+    }
 
 
 def executors(args: argparse.Namespace) -> dict[str, RayExecutor]:
@@ -105,16 +111,20 @@ def row(workload: str, mode: str, runs: list[dict]) -> dict:
         return "/".join(str(getattr(s[x], k)) if x in s else "-" for x in STAGES)
 
     return {
-        "workload": workload, "mode": mode, "wall_s": round(wall, 2),
+        "workload": workload,
+        "mode": mode,
+        "wall_s": round(wall, 2),
         "walls": " ".join(f"{r['wall_s']:.1f}" for r in runs),
         "videos_per_s": round(runs[0]["n_videos"] / wall, 3),
-        "clips_per_s": round(runs[0]["n_clips"] / wall, 3), "n_clips": runs[0]["n_clips"],
+        "clips_per_s": round(runs[0]["n_clips"] / wall, 3),
+        "n_clips": runs[0]["n_clips"],
         "busy_s": round(sum(v.busy_s for v in s.values()), 1),
         "busy_share": "/".join(f"{s[x].share:.0%}" if x in s else "-" for x in STAGES),
         "cpu_s": round(sum(v.cpu_s for v in s.values()), 1),
         "cpu_share": "/".join(f"{s[x].cpu_share:.0%}" if x in s else "-" for x in STAGES),
-        "max_pool": get("max_pool"), "max_busy": get("max_busy"),
-    }  # fmt: skip
+        "max_pool": get("max_pool"),
+        "max_busy": get("max_busy"),
+    }
 
 
 def plot(workload: str, events: dict[str, list[BatchEvent]], path: Path) -> Path:
@@ -144,8 +154,9 @@ def plot(workload: str, events: dict[str, list[BatchEvent]], path: Path) -> Path
     return path
 
 
-def log_mlflow(uri: str, workload: str, rows: list[dict], events: dict, png: Path,
-               args: argparse.Namespace) -> str:  # fmt: skip
+def log_mlflow(
+    uri: str, workload: str, rows: list[dict], events: dict, png: Path, args: argparse.Namespace
+) -> str:
     import mlflow
 
     from vfm_core.config import TrackingConfig
@@ -153,19 +164,32 @@ def log_mlflow(uri: str, workload: str, rows: list[dict], events: dict, png: Pat
 
     exp = ensure_experiment(TrackingConfig(tracking_uri=uri, experiment="vfm-autobalance"))
     with mlflow.start_run(experiment_id=exp, run_name=f"autobalance {workload}") as run:
-        mlflow.log_params({"workload": workload, "cpus": args.cpus, "pool": args.pool,
-                           "short": args.short, "long": args.long, "seconds": args.seconds,
-                           "repeat": args.repeat})  # fmt: skip
+        mlflow.log_params(
+            {
+                "workload": workload,
+                "cpus": args.cpus,
+                "pool": args.pool,
+                "short": args.short,
+                "long": args.long,
+                "seconds": args.seconds,
+                "repeat": args.repeat,
+            }
+        )
         for r in rows:
-            mlflow.log_metrics({f"{r['mode']}_wall_s": r["wall_s"],
-                                f"{r['mode']}_videos_per_s": r["videos_per_s"],
-                                f"{r['mode']}_clips_per_s": r["clips_per_s"]})  # fmt: skip
+            mlflow.log_metrics(
+                {
+                    f"{r['mode']}_wall_s": r["wall_s"],
+                    f"{r['mode']}_videos_per_s": r["videos_per_s"],
+                    f"{r['mode']}_clips_per_s": r["clips_per_s"],
+                }
+            )
         ratio = rows[1]["wall_s"] / rows[0]["wall_s"]
         mlflow.log_metric("throughput_ratio_auto_over_fixed", ratio)
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, "autobalance.json")
         for mode, evs in events.items():
-            mlflow.log_text(json.dumps([json.loads(e.to_json()) for e in evs]),
-                            f"events_{mode}.json")  # fmt: skip
+            mlflow.log_text(
+                json.dumps([json.loads(e.to_json()) for e in evs]), f"events_{mode}.json"
+            )
         mlflow.log_artifact(str(png))
         return run.info.run_id
 
@@ -195,8 +219,12 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
-             object_store_memory=256 * 1024 * 1024)  # fmt: skip
+    ray.init(
+        num_cpus=args.cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=256 * 1024 * 1024,
+    )
     exs = executors(args)
     table: list[dict] = []
     try:
@@ -216,8 +244,21 @@ def main() -> None:
     finally:
         ray.shutdown()
 
-    cols = ["workload", "mode", "wall_s", "walls", "videos_per_s", "clips_per_s", "n_clips",
-            "busy_s", "busy_share", "cpu_s", "cpu_share", "max_pool", "max_busy"]  # fmt: skip
+    cols = [
+        "workload",
+        "mode",
+        "wall_s",
+        "walls",
+        "videos_per_s",
+        "clips_per_s",
+        "n_clips",
+        "busy_s",
+        "busy_share",
+        "cpu_s",
+        "cpu_share",
+        "max_pool",
+        "max_busy",
+    ]
     width = {c: max(len(c), *(len(str(r[c])) for r in table)) for c in cols}
     print(
         "\nper stage (" + "/".join(STAGES) + "): busy_share and cpu_share of the batches' "
@@ -227,8 +268,10 @@ def main() -> None:
     for r in table:
         print("  ".join(str(r[c]).ljust(width[c]) for c in cols))
     for workload in srcs:
-        a, f = (next(r for r in table if r["workload"] == workload and r["mode"] == m)
-                for m in ("auto", "fixed"))  # fmt: skip
+        a, f = (
+            next(r for r in table if r["workload"] == workload and r["mode"] == m)
+            for m in ("auto", "fixed")
+        )
         print(f"{workload}: throughput auto / fixed = {f['wall_s'] / a['wall_s']:.2f}")
     print(f"MLflow: {uri} (experiment vfm-autobalance); plots and events under {tmp}")
 

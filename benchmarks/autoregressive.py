@@ -37,10 +37,16 @@ BASE = ["tracking.mlflow=false", "train.ema_decay=0"]
 
 
 def mfu_row(width: int, steps: int) -> dict:
-    cfg = apply_overrides(get_recipe("ar-tiny"), [*BASE, f"model.hidden={width}",
-                                                  f"model.heads={width // 64}",
-                                                  f"model.kv_heads={width // 128}",
-                                                  "data.batch_size=4"])  # fmt: skip
+    cfg = apply_overrides(
+        get_recipe("ar-tiny"),
+        [
+            *BASE,
+            f"model.hidden={width}",
+            f"model.heads={width // 64}",
+            f"model.kv_heads={width // 128}",
+            "data.batch_size=4",
+        ],
+    )
     tr = Trainer(cfg)
     for _ in range(2):
         tr.train_step(tr.source.next_batch())
@@ -53,8 +59,14 @@ def mfu_row(width: int, steps: int) -> dict:
     dt = statistics.median(times)
     peak = max(tr.peak_flops, measure_cpu_peak(width, seconds=2.0))
     achieved = cfg.data.batch_size * tr.tokens_per_sample / dt * tr.flops_per_token
-    return {"width": width, "params_m": tr.params / 1e6, "step_s": dt, "gflops": achieved / 1e9,
-            "peak_gflops": peak / 1e9, "mfu": achieved / peak}  # fmt: skip
+    return {
+        "width": width,
+        "params_m": tr.params / 1e6,
+        "step_s": dt,
+        "gflops": achieved / 1e9,
+        "peak_gflops": peak / 1e9,
+        "mfu": achieved / peak,
+    }
 
 
 @torch.no_grad()
@@ -91,11 +103,15 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|")
     for width in (512, 768):
         r = mfu_row(width, args.steps)
-        print(f"| {r['width']} | {r['params_m']:.1f}M | {r['step_s']:.3f} | {r['gflops']:.1f} | "
-              f"{r['peak_gflops']:.1f} | {100 * r['mfu']:.1f}% |")  # fmt: skip
+        print(
+            f"| {r['width']} | {r['params_m']:.1f}M | {r['step_s']:.3f} | {r['gflops']:.1f} | "
+            f"{r['peak_gflops']:.1f} | {100 * r['mfu']:.1f}% |"
+        )
 
-    cfg = apply_overrides(get_recipe("ar-tiny"), [*BASE, "data.batch_size=8", "optim.lr=0.003",
-                                                  f"train.steps={args.train_steps}"])  # fmt: skip
+    cfg = apply_overrides(
+        get_recipe("ar-tiny"),
+        [*BASE, "data.batch_size=8", "optim.lr=0.003", f"train.steps={args.train_steps}"],
+    )
     tr = Trainer(cfg)
     model = tr.model.eval()
     untrained = bits_per_token(model, cfg)
@@ -112,19 +128,25 @@ def main() -> int:
         print(f"| {'KV cache' if cache else 'no cache (rerun prefix)'} | {tps:.0f} |")
     print(f"| speed-up | {rows[0][1] / rows[1][1]:.1f}x |")
 
-    print("\n| causal ring CP, 12,800 tokens | K/V MB sent per rank per layer | work max/min "
-          "rank, contiguous | work max/min rank, balanced |")  # fmt: skip
+    print(
+        "\n| causal ring CP, 12,800 tokens | K/V MB sent per rank per layer | work max/min "
+        "rank, contiguous | work max/min rank, balanced |"
+    )
     print("|---:|---:|---:|---:|")
     for r in cp_rows():
-        print(f"| cp={r['cp']} | {r['mb_per_layer']:.1f} | {r['contiguous']:.2f}x | "
-              f"{r['balanced']:.2f}x |")  # fmt: skip
+        print(
+            f"| cp={r['cp']} | {r['mb_per_layer']:.1f} | {r['contiguous']:.2f}x | "
+            f"{r['balanced']:.2f}x |"
+        )
 
     model.train()
     for _ in range(args.train_steps):
         tr.train_step(tr.source.next_batch())
     trained = bits_per_token(tr.model.eval(), cfg)
-    print(f"\n| held-out bits per token (vocab {cfg.model.vocab_size}, "
-          f"uniform {math.log2(cfg.model.vocab_size):.2f}) | value |")  # fmt: skip
+    print(
+        f"\n| held-out bits per token (vocab {cfg.model.vocab_size}, "
+        f"uniform {math.log2(cfg.model.vocab_size):.2f}) | value |"
+    )
     print("|---|---:|")
     print(f"| untrained | {untrained:.3f} |")
     print(f"| trained {args.train_steps} steps | {trained:.3f} |")

@@ -37,10 +37,19 @@ from vfm_core.train.trainer import Trainer
 
 
 def run(mode: str, args: argparse.Namespace, root: Path) -> dict:
-    cfg = apply_overrides(get_recipe("dit-tiny"), [
-        f"model.hidden={args.hidden}", f"model.depth={args.depth}", "data.batch_size=1",
-        "data.latent_height=8", "data.latent_width=8", "train.device=cpu",
-        "tracking.mlflow=false", f"train.steps={args.steps}"])  # fmt: skip
+    cfg = apply_overrides(
+        get_recipe("dit-tiny"),
+        [
+            f"model.hidden={args.hidden}",
+            f"model.depth={args.depth}",
+            "data.batch_size=1",
+            "data.latent_height=8",
+            "data.latent_width=8",
+            "train.device=cpu",
+            "tracking.mlflow=false",
+            f"train.steps={args.steps}",
+        ],
+    )
     tr = Trainer(cfg)
     ckpt = CheckpointManager(root / mode, keep=2, async_save=mode == "async")
     tr.train_step(tr.source.next_batch())  # warm-up, not timed
@@ -59,9 +68,15 @@ def run(mode: str, args: argparse.Namespace, root: Path) -> dict:
     wall = time.perf_counter() - t_start
     latest = ckpt.latest()
     size = sum(p.stat().st_size for p in latest.iterdir()) if latest else 0
-    return {"mode": mode, "train_ms": 1e3 * statistics.median(train), "saves": len(blocked),
-            "blocked_ms": 1e3 * statistics.mean(blocked) if blocked else 0.0, "wall_s": wall,
-            "mb": size / 1e6, "params_m": tr.params / 1e6}  # fmt: skip
+    return {
+        "mode": mode,
+        "train_ms": 1e3 * statistics.median(train),
+        "saves": len(blocked),
+        "blocked_ms": 1e3 * statistics.mean(blocked) if blocked else 0.0,
+        "wall_s": wall,
+        "mb": size / 1e6,
+        "params_m": tr.params / 1e6,
+    }
 
 
 def main() -> int:
@@ -70,8 +85,12 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="rounds of none / sync / async, interleaved; medians are printed")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="rounds of none / sync / async, interleaved; medians are printed",
+    )
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     modes = ("none", "sync", "async")
@@ -83,9 +102,15 @@ def main() -> int:
                 runs[mode].append(run(mode, args, root / str(i)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rows = [{**rs[0], **{k: statistics.median(r[k] for r in rs)
-                         for k in ("train_ms", "blocked_ms", "wall_s")}}
-            for rs in runs.values()]  # fmt: skip
+    rows = [
+        {
+            **rs[0],
+            **{
+                k: statistics.median(r[k] for r in rs) for k in ("train_ms", "blocked_ms", "wall_s")
+            },
+        }
+        for rs in runs.values()
+    ]
     base = rows[0]["wall_s"]
     print(
         f"checkpoint every {args.every} steps, {args.steps} steps, {rows[0]['params_m']:.1f} M "

@@ -43,11 +43,19 @@ def _config(recipe: str, depth: int, ranks: int):
     from vfm_core.config import ParallelConfig, apply_overrides
     from vfm_core.recipes import get_recipe
 
-    cfg = apply_overrides(get_recipe(recipe), [
-        f"model.depth={depth}", "data.latent_frames=1", "data.latent_height=8",
-        "data.latent_width=8", f"data.batch_size={ranks}", "train.device=cpu",
-        "tracking.mlflow=false", "optim.warmup_steps=1",
-    ])  # fmt: skip
+    cfg = apply_overrides(
+        get_recipe(recipe),
+        [
+            f"model.depth={depth}",
+            "data.latent_frames=1",
+            "data.latent_height=8",
+            "data.latent_width=8",
+            f"data.batch_size={ranks}",
+            "train.device=cpu",
+            "tracking.mlflow=false",
+            "optim.warmup_steps=1",
+        ],
+    )
     return dataclasses.replace(cfg, parallel=ParallelConfig(dp_shard=ranks))
 
 
@@ -74,8 +82,13 @@ def _worker(rank: int, world: int, recipe: str, depth: int, mode: str) -> dict:
     trainer = Trainer(cfg)
     built, built_peak = _rss(), _peak()
     trainer.train_step(trainer.source.next_batch())
-    return {"empty": empty, "built": built, "built_peak": built_peak, "step_peak": _peak(),
-            "params": trainer.params}  # fmt: skip
+    return {
+        "empty": empty,
+        "built": built,
+        "built_peak": built_peak,
+        "step_peak": _peak(),
+        "params": trainer.params,
+    }
 
 
 def main() -> int:
@@ -84,8 +97,11 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=4)
     args = ap.parse_args()
-    runs = [("1 process", 1, "now"), (f"{args.ranks} ranks, FSDP", args.ranks, "now"),
-            (f"{args.ranks} ranks, old order", args.ranks, "before")]  # fmt: skip
+    runs = [
+        ("1 process", 1, "now"),
+        (f"{args.ranks} ranks, FSDP", args.ranks, "now"),
+        (f"{args.ranks} ranks, old order", args.ranks, "before"),
+    ]
     rows = []
     for label, world, mode in runs:
         res = run_ranks(_worker, world, args.recipe, args.depth, mode)
@@ -93,18 +109,26 @@ def main() -> int:
         rows.append((label, world, worst))
         print(f"  {label}: done", file=sys.stderr)
     params = rows[0][2]["params"]
-    print(f"## {args.recipe}, model.depth={args.depth}: {params / 1e9:.3f} B parameters "
-          f"(fp32 weights {params * 4 / GiB:.2f} GiB; with EMA {params * 8 / GiB:.2f} GiB)\n")
-    print(f"{'construction':24s} {'ranks':>5s} {'empty':>7s} {'built':>7s} {'built-empty':>12s} "
-          f"{'peak built':>10s} {'peak step':>10s}   (GiB per rank, the largest rank)")  # fmt: skip
+    print(
+        f"## {args.recipe}, model.depth={args.depth}: {params / 1e9:.3f} B parameters "
+        f"(fp32 weights {params * 4 / GiB:.2f} GiB; with EMA {params * 8 / GiB:.2f} GiB)\n"
+    )
+    print(
+        f"{'construction':24s} {'ranks':>5s} {'empty':>7s} {'built':>7s} {'built-empty':>12s} "
+        f"{'peak built':>10s} {'peak step':>10s}   (GiB per rank, the largest rank)"
+    )
     for label, world, r in rows:
         step = f"{r['step_peak'] / GiB:>10.2f}" if r["step_peak"] else f"{'-':>10s}"
-        print(f"{label:24s} {world:>5d} {r['empty'] / GiB:>7.2f} {r['built'] / GiB:>7.2f} "
-              f"{(r['built'] - r['empty']) / GiB:>12.2f} {r['built_peak'] / GiB:>10.2f} {step}")
+        print(
+            f"{label:24s} {world:>5d} {r['empty'] / GiB:>7.2f} {r['built'] / GiB:>7.2f} "
+            f"{(r['built'] - r['empty']) / GiB:>12.2f} {r['built_peak'] / GiB:>10.2f} {step}"
+        )
     one, fsdp = rows[0][2], rows[1][2]
     ratio = (fsdp["built"] - fsdp["empty"]) / (one["built"] - one["empty"])
-    print(f"\nafter construction a rank holds {ratio:.2f} of the one-process model + EMA "
-          f"(ideal 1/{args.ranks} = {1 / args.ranks:.2f})")
+    print(
+        f"\nafter construction a rank holds {ratio:.2f} of the one-process model + EMA "
+        f"(ideal 1/{args.ranks} = {1 / args.ranks:.2f})"
+    )
     return 0
 
 

@@ -89,7 +89,7 @@ def bench_spec(seed: int, seconds: float) -> VideoSpec:
                 n_frames=n,
                 transition="dissolve" if dissolve else "cut",
                 transition_frames=int(rng.integers(8, 25)),
-            )  # fmt: skip
+            )
         )
         total += n
     return VideoSpec(width=1280, height=720, fps=FPS, segments=tuple(segs), seed=seed)

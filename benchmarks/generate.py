@@ -64,14 +64,20 @@ def tokenizer_section(out: Path, minutes: float) -> Path:
     _, probe = train_tokenizer(cfg, train, steps=4, progress=False)
     steps = max(10, int(minutes * 60 / (probe.seconds / probe.steps)))
     model, m = train_tokenizer(
-        cfg, train, steps=steps, out_dir=out / "tokenizer", max_seconds=minutes * 90,
+        cfg,
+        train,
+        steps=steps,
+        out_dir=out / "tokenizer",
+        max_seconds=minutes * 90,
         progress=False,
-    )  # fmt: skip
+    )
     p64, b64 = evaluate_psnr(model, held64)
     throughput = _tokenizer_bench()
     print("## tokenizer (tok-tiny, 4x8x8, 4 latent channels)\n")
-    print(f"trained {m.steps} steps in {m.seconds:.0f} s; loss {m.loss_first:.4f} -> "
-          f"{m.loss_last:.4f}\n")  # fmt: skip
+    print(
+        f"trained {m.steps} steps in {m.seconds:.0f} s; loss {m.loss_first:.4f} -> "
+        f"{m.loss_last:.4f}\n"
+    )
     print("| clip | encode frames/s | decode frames/s |")
     print("|---|---|---|")
     for size in (64, 128):
@@ -94,7 +100,7 @@ def dit_section(out: Path, steps: int, tracking_experiment: str) -> Path:
                 "train.log_every=50",
                 f"tracking.experiment={tracking_experiment}",
             ],
-        )  # fmt: skip
+        )
     )
     untrained = out / "dit-untrained"
     if not (out / "dit-trained" / "summary.json").is_file():  # rerun: reuse the trained run
@@ -109,20 +115,30 @@ def dit_section(out: Path, steps: int, tracking_experiment: str) -> Path:
     train_s = summary.get("train_s", float("nan"))
     ec = EvalConfig(loss_samples=32, fd_samples=16, steps=8, batch=8)
     rows = {}
-    for name, path in (("untrained (step 0)", untrained), (f"trained ({steps} steps)",
-                                                          out / "dit-trained")):  # fmt: skip
+    for name, path in (
+        ("untrained (step 0)", untrained),
+        (f"trained ({steps} steps)", out / "dit-trained"),
+    ):
         m = evaluate(path, config=ec)  # raw weights: 150-300 steps are inside the EMA horizon
         log_evaluation(m, tracking=cfg.tracking, params={"checkpoint": str(path), "which": name})
         rows[name] = m
-    print(f"## dit-tiny: trained {steps} steps in {train_s:.0f} s "
-          f"(final train loss {summary['metrics'].get('loss', float('nan')):.4f})\n")  # fmt: skip
+    print(
+        f"## dit-tiny: trained {steps} steps in {train_s:.0f} s "
+        f"(final train loss {summary['metrics'].get('loss', float('nan')):.4f})\n"
+    )
     sig = [f"loss_sigma_{s:g}" for s in ec.sigmas]
-    print("| checkpoint | held-out EDM loss (mean) | " + " | ".join(
-        f"σ={s:g}" for s in ec.sigmas) + " | Fréchet distance |")  # fmt: skip
+    print(
+        "| checkpoint | held-out EDM loss (mean) | "
+        + " | ".join(f"σ={s:g}" for s in ec.sigmas)
+        + " | Fréchet distance |"
+    )
     print("|---|---|" + "---|" * len(sig) + "---|")
     for name, m in rows.items():
-        print(f"| {name} | {m['heldout_loss']:.4f} | " + " | ".join(
-            f"{m[k]:.4f}" for k in sig) + f" | {m['frechet_distance']:.4f} |")  # fmt: skip
+        print(
+            f"| {name} | {m['heldout_loss']:.4f} | "
+            + " | ".join(f"{m[k]:.4f}" for k in sig)
+            + f" | {m['frechet_distance']:.4f} |"
+        )
     print(flush=True)
     return out / "dit-trained"
 
@@ -134,12 +150,37 @@ def cp_section(out: Path, run: Path, tok: Path) -> None:
         mp4 = out / f"gen-{n}.mp4"
         t0 = time.perf_counter()
         p = subprocess.run(
-            [sys.executable, "-m", "vfm_core.cli", "generate", "--checkpoint", str(run),
-             "--prompt", "blob class 3", "--frames", "13", "--size", "128x128", "--seed", "0",
-             "--steps", "32", "--guidance", "3", "--tokenizer", str(tok), "--out", str(mp4),
-             "--nproc", str(n), "--json"],
-            capture_output=True, text=True, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vfm_core.cli",
+                "generate",
+                "--checkpoint",
+                str(run),
+                "--prompt",
+                "blob class 3",
+                "--frames",
+                "13",
+                "--size",
+                "128x128",
+                "--seed",
+                "0",
+                "--steps",
+                "32",
+                "--guidance",
+                "3",
+                "--tokenizer",
+                str(tok),
+                "--out",
+                str(mp4),
+                "--nproc",
+                str(n),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if p.returncode:
             raise SystemExit(p.stderr[-3000:])
         doc = json.loads(p.stdout.strip().splitlines()[-1])
@@ -154,9 +195,11 @@ def cp_section(out: Path, run: Path, tok: Path) -> None:
     print("|---|---|---|---|")
     for n, d in res.items():
         print(f"| {n} | {d['sample_s']:.2f} | {d['decode_s']:.2f} | {d['wall_s']:.1f} |")
-    print(f"\nmax abs diff 1 vs 2 ranks: latent {np.abs(lat[1] - lat[2]).max():.2e} "
-          f"(latent max |z| {np.abs(lat[1]).max():.2f}), decoded video "
-          f"{(vid[1] - vid[2]).abs().max().item():.2e} (range [-1, 1])")  # fmt: skip
+    print(
+        f"\nmax abs diff 1 vs 2 ranks: latent {np.abs(lat[1] - lat[2]).max():.2e} "
+        f"(latent max |z| {np.abs(lat[1]).max():.2f}), decoded video "
+        f"{(vid[1] - vid[2]).abs().max().item():.2e} (range [-1, 1])"
+    )
 
 
 def main() -> int:

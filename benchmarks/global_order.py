@@ -56,20 +56,27 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=64, help="simulated data-parallel ranks")
     ap.add_argument("--peer-max", type=float, default=1e8, help="largest N for the peer")
     args = ap.parse_args()
-    print(f"global batch {args.batch}; {args.ranks} simulated ranks map "
-          f"{max(1, args.batch // args.ranks)} positions each; restore = build the order at a "
-          "mid-epoch position (the peer draws the whole epoch's permutation)\n")  # fmt: skip
+    print(
+        f"global batch {args.batch}; {args.ranks} simulated ranks map "
+        f"{max(1, args.batch // args.ranks)} positions each; restore = build the order at a "
+        "mid-epoch position (the peer draws the whole epoch's permutation)\n"
+    )
     print("| N | order | restore s | memory MB | plan ms / rank / step |")
     print("|---|---|---|---|---|")
     for n in (int(float(v)) for v in args.sizes.split(",")):
-        rows = [("Feistel", measure(feistel, n, args.batch, 1)),
-                (f"Feistel, {args.ranks} ranks", measure(feistel, n, args.batch, args.ranks))]
+        rows = [
+            ("Feistel", measure(feistel, n, args.batch, 1)),
+            (f"Feistel, {args.ranks} ranks", measure(feistel, n, args.batch, args.ranks)),
+        ]
         if n <= args.peer_max:
-            rows.append(("materialised permutation (peer)", measure(materialised, n, args.batch,
-                                                                    1)))  # fmt: skip
+            rows.append(
+                ("materialised permutation (peer)", measure(materialised, n, args.batch, 1))
+            )
         for name, m in rows:
-            print(f"| {n:.0e} | {name} | {m['restore_s']:.4f} | {m['memory_mb']:.2f} | "
-                  f"{m['plan_ms_per_rank']:.3f} |")
+            print(
+                f"| {n:.0e} | {name} | {m['restore_s']:.4f} | {m['memory_mb']:.2f} | "
+                f"{m['plan_ms_per_rank']:.3f} |"
+            )
     return 0
 
 

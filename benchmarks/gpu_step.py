@@ -48,11 +48,19 @@ LATENT = {8192: (8, 64, 64), 16384: (8, 64, 128), 32768: (8, 128, 128), 65536: (
 
 def run(recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, device) -> dict:
     t, h, w = LATENT[seq]
-    cfg = apply_overrides(get_recipe(recipe), [
-        f"model.depth={depth}", f"model.attn_backend={attn}",
-        f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={w}",
-        "data.batch_size=1", "train.dtype=bfloat16", f"train.device={device.type}",
-    ])  # fmt: skip
+    cfg = apply_overrides(
+        get_recipe(recipe),
+        [
+            f"model.depth={depth}",
+            f"model.attn_backend={attn}",
+            f"data.latent_frames={t}",
+            f"data.latent_height={h}",
+            f"data.latent_width={w}",
+            "data.batch_size=1",
+            "train.dtype=bfloat16",
+            f"train.device={device.type}",
+        ],
+    )
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, fp8=fp8))
     backend, why = resolve_attention_backend(cfg.model.attn_backend)
     set_attention_backend(backend)
@@ -60,9 +68,15 @@ def run(recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, devi
     dims = validate_layout(cfg, 1)
     dims.build_mesh(device.type)
     m = cfg.model
-    obj = make_objective(cfg, draws=StepRNG(seed=1), device=device, local_batch=1,
-                         null_text=torch.zeros(m.text_len, m.text_dim), null_length=1,
-                         tensor_parallel=False)  # fmt: skip
+    obj = make_objective(
+        cfg,
+        draws=StepRNG(seed=1),
+        device=device,
+        local_batch=1,
+        null_text=torch.zeros(m.text_len, m.text_dim),
+        null_length=1,
+        tensor_parallel=False,
+    )
     layout = apply_layout(cfg, dims, device=device, loss_fn=obj.loss, fp8=use_fp8)
     model = layout.parts[0]
     params = [p for _, p in layout.named_parameters()]
@@ -100,12 +114,21 @@ def run(recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, devi
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     return {
-        "recipe": recipe, "depth": depth, "seq": tokens, "attention": backend,
-        "attention_why": why, "fp8": use_fp8, "fp8_why": fp8_why, "step_s": step_s,
-        "tokens_per_s": tokens / step_s, "tflops": fpt * tokens / step_s / 1e12,
-        "mfu": fpt * tokens / step_s / peak, "peak_mem_gib": mem, "loss": loss.item(),
+        "recipe": recipe,
+        "depth": depth,
+        "seq": tokens,
+        "attention": backend,
+        "attention_why": why,
+        "fp8": use_fp8,
+        "fp8_why": fp8_why,
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "tflops": fpt * tokens / step_s / 1e12,
+        "mfu": fpt * tokens / step_s / peak,
+        "peak_mem_gib": mem,
+        "loss": loss.item(),
         "peak_source": source,
-    }  # fmt: skip
+    }
 
 
 def _unusable(attn: str, fp8: str) -> str:
@@ -137,8 +160,10 @@ def main() -> int:
     device = torch.device(args.device)
     init_world(device)
     rows = []
-    print(f"{'seq':>6} {'attention':>9} {'fp8':>5} {'step s':>8} {'tokens/s':>9} {'TFLOPS':>7} "
-          f"{'MFU':>6} {'mem GiB':>8}  note")  # fmt: skip
+    print(
+        f"{'seq':>6} {'attention':>9} {'fp8':>5} {'step s':>8} {'tokens/s':>9} {'TFLOPS':>7} "
+        f"{'MFU':>6} {'mem GiB':>8}  note"
+    )
     for seq in args.seq:
         for attn in args.attn:
             for fp8 in args.fp8:
@@ -155,10 +180,12 @@ def main() -> int:
                 note = "" if r["attention"] == attn else r["attention_why"]
                 if fp8 != "off" and not r["fp8"]:
                     note += f" {r['fp8_why']}"
-                print(f"{r['seq']:>6} {r['attention']:>9} {'on' if r['fp8'] else 'off':>5} "
-                      f"{r['step_s']:>8.3f} {r['tokens_per_s']:>9.0f} {r['tflops']:>7.1f} "
-                      f"{r['mfu']:>6.1%} {r['peak_mem_gib']:>8.1f}  {note.strip()[:80]}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{r['seq']:>6} {r['attention']:>9} {'on' if r['fp8'] else 'off':>5} "
+                    f"{r['step_s']:>8.3f} {r['tokens_per_s']:>9.0f} {r['tflops']:>7.1f} "
+                    f"{r['mfu']:>6.1%} {r['peak_mem_gib']:>8.1f}  {note.strip()[:80]}",
+                    flush=True,
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -58,10 +58,14 @@ def _shard_rows(n: int) -> list[dict]:
     rng = np.random.default_rng(1)
     shas = rng.integers(0, 256, (n_shards, 32), dtype=np.uint8)
     return [
-        {"name": f"shard-{s:07d}.tar", "bytes": PER_SHARD * SAMPLE_BYTES,
-         "n_samples": min(PER_SHARD, n - s * PER_SHARD), "sha256": shas[s].tobytes().hex()}
+        {
+            "name": f"shard-{s:07d}.tar",
+            "bytes": PER_SHARD * SAMPLE_BYTES,
+            "n_samples": min(PER_SHARD, n - s * PER_SHARD),
+            "sha256": shas[s].tobytes().hex(),
+        }
         for s in range(n_shards)
-    ]  # fmt: skip
+    ]
 
 
 def _chunk(start: int, stop: int):
@@ -96,12 +100,18 @@ def write_parquet(root: Path, n: int, row_group_size: int) -> float:
     t0 = time.perf_counter()
     step = 1_000_000
     chunks = (_chunk(a, min(n, a + step)) for a in range(0, n, step))
-    stats = write_samples(str(root / "samples.parquet"), chunks, foreign=False,
-                          row_group_size=row_group_size)  # fmt: skip
+    stats = write_samples(
+        str(root / "samples.parquet"), chunks, foreign=False, row_group_size=row_group_size
+    )
     import pandas as pd
 
-    doc = columnar_doc(pd.DataFrame(_shard_rows(n)), None, embedding_dim=16,
-                       meta={"writer": "benchmarks/index_scale.py"}, stats=stats)  # fmt: skip
+    doc = columnar_doc(
+        pd.DataFrame(_shard_rows(n)),
+        None,
+        embedding_dim=16,
+        meta={"writer": "benchmarks/index_scale.py"},
+        stats=stats,
+    )
     storage.write_bytes(str(root / INDEX_NAME), json.dumps(doc).encode())
     return time.perf_counter() - t0
 
@@ -113,12 +123,26 @@ def write_json(root: Path, n: int, row_group_size: int = 0) -> float:
     for a in range(0, n, 1_000_000):
         d = _chunk(a, min(n, a + 1_000_000)).to_pydict()
         for j in range(len(d["key"])):
-            rows.append({"key": d["key"][j], "shard": d["shard"][j], "offset": d["offset"][j],
-                         "length": d["length"][j], "frames": d["frames"][j],
-                         "height": d["height"][j], "width": d["width"][j],
-                         "latent_shape": None})  # fmt: skip
-    doc = {"schema_version": 1, "embedding_dim": 16, "n_samples": n, "shards": _shard_rows(n),
-           "samples": rows, "meta": {}}  # fmt: skip
+            rows.append(
+                {
+                    "key": d["key"][j],
+                    "shard": d["shard"][j],
+                    "offset": d["offset"][j],
+                    "length": d["length"][j],
+                    "frames": d["frames"][j],
+                    "height": d["height"][j],
+                    "width": d["width"][j],
+                    "latent_shape": None,
+                }
+            )
+    doc = {
+        "schema_version": 1,
+        "embedding_dim": 16,
+        "n_samples": n,
+        "shards": _shard_rows(n),
+        "samples": rows,
+        "meta": {},
+    }
     (root / "index.json").write_text(json.dumps(doc))
     return time.perf_counter() - t0
 
@@ -151,9 +175,14 @@ def measure(root: str, ranks: int, mode: str) -> dict:
         t0 = time.perf_counter()
         _plan_rows(loader)
         times.append(time.perf_counter() - t0)
-    return {"n": n, "open_s": t_open, "restore_s": t_restore,
-            "plan_ms": statistics.median(times) * 1e3,
-            "mem_mb": _rss_mb("VmHWM") - base, "state_bytes": len(json.dumps(state))}  # fmt: skip
+    return {
+        "n": n,
+        "open_s": t_open,
+        "restore_s": t_restore,
+        "plan_ms": statistics.median(times) * 1e3,
+        "mem_mb": _rss_mb("VmHWM") - base,
+        "state_bytes": len(json.dumps(state)),
+    }
 
 
 def _plan_rows(loader) -> None:
@@ -192,8 +221,10 @@ def main() -> int:
     cases = [("parquet", n) for n in sizes]
     if not args.no_peer:
         cases.insert(0, ("json (peer)", 1_000_000))
-    print("| N | index | write s | ranks | open s | restore s | open+restore s | "
-          "plan ms/step unpacked | plan ms/step packed | peak RSS MB / rank |")
+    print(
+        "| N | index | write s | ranks | open s | restore s | open+restore s | "
+        "plan ms/step unpacked | plan ms/step packed | peak RSS MB / rank |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     verdict = []
     try:
@@ -207,9 +238,12 @@ def main() -> int:
                 p = run_child(root, ranks, "packed")
                 mem = max(u["mem_mb"], p["mem_mb"])
                 both = max(u["open_s"] + u["restore_s"], p["open_s"] + p["restore_s"])
-                print(f"| {n:.0e} | {kind} | {write_s:.1f} | {ranks} | {p['open_s']:.2f} | "
-                      f"{p['restore_s']:.3f} | {both:.2f} | {u['plan_ms']:.2f} | "
-                      f"{p['plan_ms']:.1f} | {mem:.0f} |", flush=True)  # fmt: skip
+                print(
+                    f"| {n:.0e} | {kind} | {write_s:.1f} | {ranks} | {p['open_s']:.2f} | "
+                    f"{p['restore_s']:.3f} | {both:.2f} | {u['plan_ms']:.2f} | "
+                    f"{p['plan_ms']:.1f} | {mem:.0f} |",
+                    flush=True,
+                )
                 if kind == "parquet" and n >= 10**8:
                     verdict.append((ranks, both, mem))
             shutil.rmtree(root)
@@ -218,8 +252,10 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     for ranks, both, mem in verdict:
         ok = both < 2 and mem < 300
-        print(f"target at 1e8, {ranks} rank(s): open+restore {both:.2f} s (< 2), "
-              f"{mem:.0f} MB (< 300): {'PASS' if ok else 'FAIL'}")
+        print(
+            f"target at 1e8, {ranks} rank(s): open+restore {both:.2f} s (< 2), "
+            f"{mem:.0f} MB (< 300): {'PASS' if ok else 'FAIL'}"
+        )
     if not verdict:
         print("targets are stated at 1e8 rows: run with --sizes ...,1e8 to check them")
     return 0

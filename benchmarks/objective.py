@@ -39,8 +39,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipeline", required=True, help="work dir of a `make demo` run")
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--samples", type=int, default=384,
-                    help="clips for the Fréchet distance (the demo's 384)")
+    ap.add_argument(
+        "--samples", type=int, default=384, help="clips for the Fréchet distance (the demo's 384)"
+    )
     ap.add_argument("--only", choices=list(VARIANTS), action="append", help="variants to run")
     args = ap.parse_args()
     work = Path(args.pipeline)
@@ -52,31 +53,62 @@ def main() -> int:
         rf = "rectified_flow" in name
         demo = [o for o in DEMO_OVERRIDES if not (rf and o.startswith("diffusion.p_"))]
         out = Path(tempfile.mkdtemp(prefix="vfm-objective-"))
-        cfg = apply_overrides(get_recipe("dit-tiny"), [
-            "data.source=shards", f"data.shards={work / 'latents'}", f"data.tokenizer={tok}",
-            "data.latent_frames=5", "data.latent_height=8", "data.latent_width=8",
-            "diffusion.sigma_data=1.0", *demo, f"train.steps={args.steps}",
-            "train.ckpt_every=100000", "tracking.mlflow=false", *VARIANTS[name],
-        ])  # fmt: skip
+        cfg = apply_overrides(
+            get_recipe("dit-tiny"),
+            [
+                "data.source=shards",
+                f"data.shards={work / 'latents'}",
+                f"data.tokenizer={tok}",
+                "data.latent_frames=5",
+                "data.latent_height=8",
+                "data.latent_width=8",
+                "diffusion.sigma_data=1.0",
+                *demo,
+                f"train.steps={args.steps}",
+                "train.ckpt_every=100000",
+                "tracking.mlflow=false",
+                *VARIANTS[name],
+            ],
+        )
         t0 = time.perf_counter()
         run_training(cfg, out_dir=out / "run", progress=False)
         train_s = time.perf_counter() - t0
-        m = evaluate(out / "run", tokenizer=tok, config=EvalConfig(
-            loss_samples=args.samples, fd_samples=args.samples,
-            contact_sheet=str(out / "prompt_following.png")))  # fmt: skip
+        m = evaluate(
+            out / "run",
+            tokenizer=tok,
+            config=EvalConfig(
+                loss_samples=args.samples,
+                fd_samples=args.samples,
+                contact_sheet=str(out / "prompt_following.png"),
+            ),
+        )
         print(f"{name}: contact sheet {out / 'prompt_following.png'}", flush=True)
         rows.append({"variant": name, "train_s": train_s, **m})
-    print(f"\ndit-tiny, {args.steps} steps on {work / 'latents'}, 40 vocabulary prompts, "
-          f"{args.samples} clips for the FD\n")
-    print("| variant | train s | held-out loss vs untrained | FD | FD ratio untrained/trained | "
-          "colour acc | direction acc | colour (held-out) | direction (held-out) |")
+    print(
+        f"\ndit-tiny, {args.steps} steps on {work / 'latents'}, 40 vocabulary prompts, "
+        f"{args.samples} clips for the FD\n"
+    )
+    print(
+        "| variant | train s | held-out loss vs untrained | FD | FD ratio untrained/trained | "
+        "colour acc | direction acc | colour (held-out) | direction (held-out) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        acc = [r.get(f"prompt_{k}", float("nan")) for k in (
-            "colour_acc", "direction_acc", "colour_acc_held_out", "direction_acc_held_out")]
-        print(f"| {r['variant']} | {r['train_s']:.0f} | {1 - r['loss_reduction']:.2f}x | "
-              f"{r['frechet_distance']:.3f} | {r['fd_ratio_untrained']:.2f} | "
-              + " | ".join(f"{a:.0%}" for a in acc) + " |")
+        acc = [
+            r.get(f"prompt_{k}", float("nan"))
+            for k in (
+                "colour_acc",
+                "direction_acc",
+                "colour_acc_held_out",
+                "direction_acc_held_out",
+            )
+        ]
+        print(
+            f"| {r['variant']} | {r['train_s']:.0f} | {1 - r['loss_reduction']:.2f}x | "
+            f"{r['frechet_distance']:.3f} | {r['fd_ratio_untrained']:.2f} | "
+            + " | ".join(f"{a:.0%}" for a in acc)
+            + " |"
+        )
     return 0
 
 

@@ -47,13 +47,18 @@ LAYOUTS = [  # (label, recipe, world, degrees, parallel settings)
     ("FSDP2 x TP2+SP", "dit-tiny", 4, dict(dp_shard=2, tp=2), {}),
     ("TP2+SP x CP2 ring", "dit-tiny", 4, dict(tp=2, cp=2), dict(cp_mode="ring")),
     ("PP2 (1F1B, 2 microbatches)", "dit-tiny", 2, dict(pp=2), {}),
-    ("PP2 interleaved (v=2)", "dit-tiny", 2, dict(pp=2),
-     dict(pp_schedule="interleaved_1f1b", pp_virtual_stages=2)),
+    (
+        "PP2 interleaved (v=2)",
+        "dit-tiny",
+        2,
+        dict(pp=2),
+        dict(pp_schedule="interleaved_1f1b", pp_virtual_stages=2),
+    ),
     ("PP2 x FSDP2", "dit-tiny", 4, dict(pp=2, dp_shard=2), {}),
     ("PP2 x TP2+SP", "dit-tiny", 4, dict(pp=2, tp=2), {}),
     ("PP2 x CP2 ring", "dit-tiny", 4, dict(pp=2, cp=2), dict(cp_mode="ring")),
     ("4D: TP2+SP x CP2 x PP2", "dit-tiny", 8, dict(tp=2, cp=2, pp=2), dict(cp_mode="ring")),
-]  # fmt: skip
+]
 
 
 def _step_worker(rank, world, recipe, degrees, settings, steps):
@@ -66,8 +71,10 @@ def _step_worker(rank, world, recipe, degrees, settings, steps):
     from vfm_core.recipes import get_recipe
     from vfm_core.train.trainer import Trainer
 
-    cfg = apply_overrides(get_recipe(recipe), [f"data.batch_size={GLOBAL_BATCH}",
-                                               "train.device=cpu", "tracking.mlflow=false"])
+    cfg = apply_overrides(
+        get_recipe(recipe),
+        [f"data.batch_size={GLOBAL_BATCH}", "train.device=cpu", "tracking.mlflow=false"],
+    )
     layout = dataclasses.replace(ParallelConfig(), **{"dp_shard": 1, **degrees, **settings})
     trainer = Trainer(dataclasses.replace(cfg, parallel=layout))
     batch = trainer.source.next_batch()
@@ -100,8 +107,10 @@ def measured(steps: int) -> list[dict]:
                 "step_s": max(r["time"] for r in res),
             }
         )
-        print(f"  {label}: {rows[-1]['mb_per_rank']:.2f} MiB/rank, {rows[-1]['step_s']:.3f} s",
-              file=sys.stderr)
+        print(
+            f"  {label}: {rows[-1]['mb_per_rank']:.2f} MiB/rank, {rows[-1]['step_s']:.3f} s",
+            file=sys.stderr,
+        )
     return rows
 
 
@@ -131,8 +140,16 @@ def overlap_rows(steps: int, tokens: int = 4096, heads: int = 4, dim: int = 64) 
         seq = max(r["False"] for r in res)
         ovl = max(r["True"] for r in res)
         kv_mib = 2 * heads * (tokens // world) * dim * 4 / 2**20
-        rows.append({"cp": world, "tokens": tokens, "kv_block_mib": kv_mib, "sequential_s": seq,
-                     "overlap_s": ovl, "speedup": seq / ovl})
+        rows.append(
+            {
+                "cp": world,
+                "tokens": tokens,
+                "kv_block_mib": kv_mib,
+                "sequential_s": seq,
+                "overlap_s": ovl,
+                "speedup": seq / ovl,
+            }
+        )
         print(f"  ring overlap cp={world}: {seq:.3f} s -> {ovl:.3f} s", file=sys.stderr)
     return rows
 
@@ -176,29 +193,43 @@ def main() -> int:
     out: dict = {}
     if not args.skip_measured:
         out["measured"] = measured(args.steps)
-        print("\n| layout | ranks | MiB sent / rank / step | by collective (MiB, mean/rank) | "
-              "step s (CPU, context only) |\n|---|---|---|---|---|")
+        print(
+            "\n| layout | ranks | MiB sent / rank / step | by collective (MiB, mean/rank) | "
+            "step s (CPU, context only) |\n|---|---|---|---|---|"
+        )
         for r in out["measured"]:
             ops = ", ".join(f"{k} {v}" for k, v in r["ops"].items()) or "-"
-            print(f"| {r['layout']} | {r['ranks']} | {r['mb_per_rank']:.2f} | {ops} | "
-                  f"{r['step_s']:.3f} |")
+            print(
+                f"| {r['layout']} | {r['ranks']} | {r['mb_per_rank']:.2f} | {ops} | "
+                f"{r['step_s']:.3f} |"
+            )
     if not args.skip_overlap:
         out["overlap"] = overlap_rows(max(args.steps, 3))
-        print("\n| ring attention fwd+bwd | tokens | K/V block MiB | send-wait-compute s | "
-              "overlapped s | speed-up |\n|---|---|---|---|---|---|")
+        print(
+            "\n| ring attention fwd+bwd | tokens | K/V block MiB | send-wait-compute s | "
+            "overlapped s | speed-up |\n|---|---|---|---|---|---|"
+        )
         for r in out["overlap"]:
-            print(f"| cp={r['cp']} | {r['tokens']} | {r['kv_block_mib']:.2f} | "
-                  f"{r['sequential_s']:.3f} | {r['overlap_s']:.3f} | {r['speedup']:.2f}x |")
+            print(
+                f"| cp={r['cp']} | {r['tokens']} | {r['kv_block_mib']:.2f} | "
+                f"{r['sequential_s']:.3f} | {r['overlap_s']:.3f} | {r['speedup']:.2f}x |"
+            )
     out["paper"] = paper_table()
-    print("\nPer attention layer, fwd+bwd, bf16, per rank; stdit-12b width 5120; b=1, "
-          "16x44x80 = 56,320 tokens; H100 SXM: 989 TFLOP/s dense bf16, NVLink 450 GB/s per "
-          "direction.\n")
-    print("| attention | cp | ring MiB | all-to-all MiB | ring / a2a | attn compute ms | "
-          "ring comm ms | a2a comm ms |\n|---|---|---|---|---|---|---|---|")
+    print(
+        "\nPer attention layer, fwd+bwd, bf16, per rank; stdit-12b width 5120; b=1, "
+        "16x44x80 = 56,320 tokens; H100 SXM: 989 TFLOP/s dense bf16, NVLink 450 GB/s per "
+        "direction.\n"
+    )
+    print(
+        "| attention | cp | ring MiB | all-to-all MiB | ring / a2a | attn compute ms | "
+        "ring comm ms | a2a comm ms |\n|---|---|---|---|---|---|---|---|"
+    )
     for r in out["paper"]:
-        print(f"| {r['layout']} | {r['cp']} | {r['ring_mb']:.0f} | {r['a2a_mb']:.0f} | "
-              f"{r['ring_over_a2a']:.2f} | {r['compute_ms']:.3f} | {r['ring_ms']:.3f} | "
-              f"{r['a2a_ms']:.3f} |")
+        print(
+            f"| {r['layout']} | {r['cp']} | {r['ring_mb']:.0f} | {r['a2a_mb']:.0f} | "
+            f"{r['ring_over_a2a']:.2f} | {r['compute_ms']:.3f} | {r['ring_ms']:.3f} | "
+            f"{r['a2a_ms']:.3f} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

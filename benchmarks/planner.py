@@ -148,17 +148,26 @@ def measured_table() -> None:
 # is one ring step (S / cp long).
 KERNELS_H100 = [
     ("row 1 GEMMs", (16384, [(4096, 4096)] * 6 + [(4096, 16384), (16384, 4096)]), 0.031998),
-    ("row 2 GEMMs", (73728, [(4096, 1024)] * 4 + [(1024, 4096)] * 2 + [(4096, 4096)] * 2),
-     0.038104),
-    ("row 3 GEMMs", (8192, [(6144, 3072)] * 4 + [(3072, 6144)] * 2 + [(6144, 12288),
-                                                                     (12288, 6144)]), 0.019804),
-    ("row 4 GEMMs", (36864, [(6144, 768)] * 4 + [(768, 6144)] * 2 + [(6144, 3072), (3072, 6144)]),
-     0.020987),
+    (
+        "row 2 GEMMs",
+        (73728, [(4096, 1024)] * 4 + [(1024, 4096)] * 2 + [(4096, 4096)] * 2),
+        0.038104,
+    ),
+    (
+        "row 3 GEMMs",
+        (8192, [(6144, 3072)] * 4 + [(3072, 6144)] * 2 + [(6144, 12288), (12288, 6144)]),
+        0.019804,
+    ),
+    (
+        "row 4 GEMMs",
+        (36864, [(6144, 768)] * 4 + [(768, 6144)] * 2 + [(6144, 3072), (3072, 6144)]),
+        0.020987,
+    ),
     ("row 1 attention", (32, 4096), 0.001776),
     ("row 2 attention", (8, 18432), 0.008586),
     ("row 3 attention", (24, 8192), 0.005123),
     ("row 4 attention", (6, 18432), 0.006513),
-]  # fmt: skip
+]
 
 
 def kernel_table() -> None:
@@ -247,9 +256,17 @@ def paper_table() -> None:
             f"bubble {p.time.bubble_s:.2f} s of {p.time.step_s:.2f} s, PP sends "
             f"{p.time.parts['pp_p2p']:.3f} s, {p.memory.total_gib:.1f} GiB"
         )
-    print("\n" + explain_plan(
-        next(q for q in plan(cfg, seq_len=73728, gpus=256, fixed=PAPER_ROWS[3][3]).plans if q.fits)
-    ) + "\n")  # fmt: skip
+    print(
+        "\n"
+        + explain_plan(
+            next(
+                q
+                for q in plan(cfg, seq_len=73728, gpus=256, fixed=PAPER_ROWS[3][3]).plans
+                if q.fits
+            )
+        )
+        + "\n"
+    )
 
 
 def timed_plan(recipe: str, seq: int, gpus: int, **kw):
@@ -277,8 +294,10 @@ def memory_check_table() -> None:
     from vfm_core.perf.planner import trainer_config
 
     print("## Memory check: model states of the busiest rank, built for real vs planned (GiB)\n")
-    print(f"{'model':8s} {'tokens':>6s} {'GPUs':>4s} {'layout':28s} {'dp_s':>4s} {'pp rank':>7s} "
-          f"{'params':>14s} {'grads':>14s} {'optimizer':>14s} {'EMA':>14s} {'worst':>6s} {'s':>5s}")
+    print(
+        f"{'model':8s} {'tokens':>6s} {'GPUs':>4s} {'layout':28s} {'dp_s':>4s} {'pp rank':>7s} "
+        f"{'params':>14s} {'grads':>14s} {'optimizer':>14s} {'EMA':>14s} {'worst':>6s} {'s':>5s}"
+    )
     for recipe, seq, fixed in MEMORY_ROWS:
         for gpus in (64, 256):
             cfg = get_recipe(recipe)
@@ -292,14 +311,22 @@ def memory_check_table() -> None:
             rank, got = busiest(measure_states(trainer_config(cfg, best.layout), gpus))
             dt = time.perf_counter() - t0
             mem = best.memory
-            pairs = [(got.params, mem.params_gib), (got.grads, mem.grads_gib),
-                     (got.optimizer, mem.optimizer_gib), (got.ema, mem.ema_gib)]  # fmt: skip
+            pairs = [
+                (got.params, mem.params_gib),
+                (got.grads, mem.grads_gib),
+                (got.optimizer, mem.optimizer_gib),
+                (got.ema, mem.ema_gib),
+            ]
             cells = " ".join(f"{m / GiB:>6.2f}/{p:<7.2f}" for m, p in pairs)
             worst = max(abs(p * GiB - m) / m for m, p in pairs)
-            print(f"{recipe:8s} {seq:>6d} {gpus:>4d} {fixed:28s} {best.layout.dp_shard:>4d} "
-                  f"{rank:>7d} {cells} {worst:>6.2%} {dt:>5.1f}")
-    print("\n(measured/planned; 'worst' = the largest relative difference of the four; 's' = "
-          "seconds to build the model under the layout)\n")
+            print(
+                f"{recipe:8s} {seq:>6d} {gpus:>4d} {fixed:28s} {best.layout.dp_shard:>4d} "
+                f"{rank:>7d} {cells} {worst:>6.2%} {dt:>5.1f}"
+            )
+    print(
+        "\n(measured/planned; 'worst' = the largest relative difference of the four; 's' = "
+        "seconds to build the model under the layout)\n"
+    )
 
 
 def main() -> int:

@@ -32,8 +32,23 @@ SMALL = ["model.depth=2", "data.batch_size=4", "optim.warmup_steps=1", "optim.lr
 
 def vfm_train(out: Path, steps: int, *extra: str) -> list[str]:
     sets = [a for s in SMALL for a in ("--set", s)]
-    return [sys.executable, "-m", "vfm_core.cli", "train", "--recipe", "dit-tiny", "--steps",
-            str(steps), "--seed", "1", "--no-mlflow", "--out", str(out), *sets, *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "vfm_core.cli",
+        "train",
+        "--recipe",
+        "dit-tiny",
+        "--steps",
+        str(steps),
+        "--seed",
+        "1",
+        "--no-mlflow",
+        "--out",
+        str(out),
+        *sets,
+        *extra,
+    ]
 
 
 def env() -> dict:
@@ -67,8 +82,12 @@ def layouts(root: Path, steps: int) -> list[tuple[str, list[dict]]]:
     out.append(("2 processes, 1 node, TP2", rows(root / "tp2")))
     port, nodes = free_port(), root / "nodes"
     node = ["--tp", "2", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    joiner = subprocess.Popen(vfm_train(nodes, steps, *node, "--node-rank", "1"), env=env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    joiner = subprocess.Popen(
+        vfm_train(nodes, steps, *node, "--node-rank", "1"),
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run(vfm_train(nodes, steps, *node, "--node-rank", "0"))
     joiner.wait(timeout=300)
     out.append(("2 nodes x 1 process, TP2", rows(nodes)))
@@ -78,10 +97,24 @@ def layouts(root: Path, steps: int) -> list[tuple[str, list[dict]]]:
 def restart_cost(root: Path, steps: int) -> tuple[float, int]:
     """Seconds from the SIGKILL to the next completed step, and the step it resumed from."""
     out = root / "elastic"
-    job = subprocess.Popen(vfm_train(out, steps, "--nproc", "2", "--dp-shard", "2",
-                                     "--max-restarts", "1", "--set", "train.ckpt_every=2"),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=env())  # fmt: skip
+    job = subprocess.Popen(
+        vfm_train(
+            out,
+            steps,
+            "--nproc",
+            "2",
+            "--dp-shard",
+            "2",
+            "--max-restarts",
+            "1",
+            "--set",
+            "train.ckpt_every=2",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(),
+    )
     while len(rows(out)) < 3:
         if job.poll() is not None:
             sys.exit("the elastic run ended before step 3")
@@ -134,8 +167,10 @@ def main() -> None:
         ranks = 1 if name.startswith("1 ") else 2
         print(f"| {name} | {ranks} | {t:.3f} | {tok:.0f} | {diff:.1e} |")
     cost, step = restart_cost(root, args.steps)
-    print(f"\nrestart cost (SIGKILL of one of 2 ranks -> next completed step, resumed from step "
-          f"{step}): {cost:.1f} s")  # fmt: skip
+    print(
+        f"\nrestart cost (SIGKILL of one of 2 ranks -> next completed step, resumed from step "
+        f"{step}): {cost:.1f} s"
+    )
 
 
 if __name__ == "__main__":

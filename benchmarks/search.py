@@ -67,8 +67,16 @@ def run(args) -> list[dict]:
     rows: list[dict] = []
 
     def row(n, label, params, build_s, ids, ms, truth) -> None:
-        rows.append({"n": n, "index": label, "params": params, "build_s": build_s,
-                     "query_ms": ms, "recall": recall(ids, truth)})  # fmt: skip
+        rows.append(
+            {
+                "n": n,
+                "index": label,
+                "params": params,
+                "build_s": build_s,
+                "query_ms": ms,
+                "recall": recall(ids, truth),
+            }
+        )
         print(f"  {rows[-1]}", file=sys.stderr, flush=True)
 
     rng = np.random.default_rng(args.seed)
@@ -99,8 +107,15 @@ def run(args) -> list[dict]:
             for ef in args.ef_search:
                 hnsw.config.ef_search = ef
                 ids, ms = _query(hnsw, q, args.k)
-                row(n, "faiss HNSW", f"M {cfg.hnsw_m}, efC {cfg.ef_construction}, efSearch {ef}",
-                    build_s, ids, ms, truth)  # fmt: skip
+                row(
+                    n,
+                    "faiss HNSW",
+                    f"M {cfg.hnsw_m}, efC {cfg.ef_construction}, efSearch {ef}",
+                    build_s,
+                    ids,
+                    ms,
+                    truth,
+                )
             del hnsw
         del x
     return rows
@@ -130,14 +145,18 @@ def main() -> None:
     faiss.omp_set_num_threads(args.threads)
     t0 = time.perf_counter()
     rows = run(args)
-    print(f"dim {args.dim}, {args.centres} Gaussian centres, noise {args.noise}, "
-          f"{args.queries} queries, top-{args.k}, {args.threads} thread(s), faiss "
-          f"{faiss.__version__}\n")  # fmt: skip
+    print(
+        f"dim {args.dim}, {args.centres} Gaussian centres, noise {args.noise}, "
+        f"{args.queries} queries, top-{args.k}, {args.threads} thread(s), faiss "
+        f"{faiss.__version__}\n"
+    )
     print("| N | index | params | build s | query ms/query | recall@10 |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['n']:,} | {r['index']} | {r['params']} | {r['build_s']:.1f} | "
-              f"{r['query_ms']:.3f} | {r['recall']:.3f} |")  # fmt: skip
+        print(
+            f"| {r['n']:,} | {r['index']} | {r['params']} | {r['build_s']:.1f} | "
+            f"{r['query_ms']:.3f} | {r['recall']:.3f} |"
+        )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"\npeak RSS {peak:.1f} GB, total {time.perf_counter() - t0:.0f} s")
 

@@ -64,8 +64,10 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=448, help="embedding width (448: built-in embedder)")
     ap.add_argument("--threshold", type=float, default=0.95)
     args = ap.parse_args()
-    print("| N | method | seconds | removed | planted pairs resolved | false removals | "
-          "same clips as exact |")
+    print(
+        "| N | method | seconds | removed | planted pairs resolved | false removals | "
+        "same clips as exact |"
+    )
     print("|---|---|---|---|---|---|---|")
     for n in (int(v) for v in args.sizes.split(",")):
         x, pairs = make_data(n, args.dim)
@@ -74,16 +76,19 @@ def main() -> int:
         ref = exact(x, args.threshold)
         t_exact = time.perf_counter() - t0
         t0 = time.perf_counter()
-        dups = find_duplicates(x, [f"{i:09d}" for i in range(n)],
-                               SemDedupConfig(threshold=args.threshold))  # fmt: skip
+        dups = find_duplicates(
+            x, [f"{i:09d}" for i in range(n)], SemDedupConfig(threshold=args.threshold)
+        )
         t_sem = time.perf_counter() - t0
         sem = {d.index for d in dups}
         for name, got, t in (("exact all pairs", ref, t_exact), ("SemDeDup", sem, t_sem)):
             resolved = sum((a in got) != (b in got) for a, b in pairs) / len(pairs)
             false = len(got - in_pair)
             agree = len(got & ref) / max(1, len(got | ref))
-            print(f"| {n:,} | {name} | {t:.2f} | {len(got):,} | {resolved:.3f} | {false} | "
-                  f"{agree:.3f} |")
+            print(
+                f"| {n:,} | {name} | {t:.2f} | {len(got):,} | {resolved:.3f} | {false} | "
+                f"{agree:.3f} |"
+            )
     return 0
 
 

@@ -37,9 +37,12 @@ class CurateParams(BaseModel):
         "auto", description="H.264 encoder (auto: NVENC where it opens, else libx264)"
     )
     semdedup: float | None = Field(
-        None, gt=0, le=1, description="remove near-duplicate clips at this cosine similarity of "
+        None,
+        gt=0,
+        le=1,
+        description="remove near-duplicate clips at this cosine similarity of "
         "their embeddings (SemDeDup; e.g. 0.95; None: off)",
-    )  # fmt: skip
+    )
     executor: Literal["local", "ray"] = Field(
         "local", description="local: one task per video here; ray: all videos on Ray Data"
     )
@@ -59,10 +62,16 @@ class CurateParams(BaseModel):
 
     def config(self) -> CurateConfig:
         return CurateConfig(
-            splitter=self.splitter, min_len_s=self.min_len_s, max_len_s=self.max_len_s,
-            out_width=self.out_width, out_fps=self.out_fps, stitch=self.stitch, vlm=self.vlm,
-            encoder=self.encoder, semdedup=SemDedupConfig(threshold=self.semdedup),
-        )  # fmt: skip
+            splitter=self.splitter,
+            min_len_s=self.min_len_s,
+            max_len_s=self.max_len_s,
+            out_width=self.out_width,
+            out_fps=self.out_fps,
+            stitch=self.stitch,
+            vlm=self.vlm,
+            encoder=self.encoder,
+            semdedup=SemDedupConfig(threshold=self.semdedup),
+        )
 
 
 @flow(name="curate", log_prints=True)

@@ -21,14 +21,17 @@ from vfm_core.infra_env import use_running_services
 from vfm_core.recipes import FAMILIES
 
 DEMO_OVERRIDES = [
-    "optim.lr=0.001", "optim.schedule=cosine", "data.batch_size=8",
+    "optim.lr=0.001",
+    "optim.schedule=cosine",
+    "data.batch_size=8",
     # EDM noise levels for unit-variance latents, weighted towards high noise, where the layout
     # (object, colour, start and path) is decided: ln sigma ~ N(0, 1.5^2)
-    "diffusion.p_mean=0.0", "diffusion.p_std=1.5",
+    "diffusion.p_mean=0.0",
+    "diffusion.p_std=1.5",
     # weights averaged over the last ~100 steps (3 horizons = 300 steps, so the checkpoint's EMA
     # is what is sampled): FD 0.139 against 0.234 for the last raw weights (benchmarks/objective.py)
     "train.ema_decay=0.99",
-]  # fmt: skip
+]
 """What the diffusion demo trains with on top of the recipe (measured: benchmarks/objective.py)."""
 
 
@@ -70,15 +73,19 @@ def main() -> int:
             print(f"  frames:      {out['generate']['contact_sheet']}")
     print(f"  checkpoint:  {tr['checkpoint']}")
     print(f"  report:      {out['work_dir']}/report.md")
-    print(f"  MLflow:      experiment vfm-demo, run 'pipeline {params.name}' "
-          f"({out['mlflow_run_id']}) with its train / evaluate / generate runs")
+    print(
+        f"  MLflow:      experiment vfm-demo, run 'pipeline {params.name}' "
+        f"({out['mlflow_run_id']}) with its train / evaluate / generate runs"
+    )
     print(f"  MLflow UI:   {ui_hint()}")
     if "PREFECT_API_URL" in used:
         print(f"  Prefect UI:  open {used['PREFECT_API_URL'].removesuffix('/api')}/runs")
     else:
         home = os.environ.get("PREFECT_HOME", "~/.prefect")
-        print(f"  Prefect UI:  PREFECT_HOME={home} {tool_command('prefect')} server start, "
-              "then open http://127.0.0.1:4200/runs")
+        print(
+            f"  Prefect UI:  PREFECT_HOME={home} {tool_command('prefect')} server start, "
+            "then open http://127.0.0.1:4200/runs"
+        )
     print("=" * 78)
     return 0
 

@@ -36,8 +36,13 @@ class GenerateParams(BaseModel):
     out_dir: str = Field("", description="where videos go ('' = data/generated/RUN_NAME)")
     evaluate: bool = Field(True, description="held-out loss + Fréchet distance of the checkpoint")
     eval_samples: int = Field(16, ge=2, le=1024, description="held-out samples for evaluation")
-    eval_prompts: int = Field(40, ge=0, le=40, description="vocabulary prompts ('a red circle "
-                              "moving right', ...) generated and read back in the evaluation")
+    eval_prompts: int = Field(
+        40,
+        ge=0,
+        le=40,
+        description="vocabulary prompts ('a red circle "
+        "moving right', ...) generated and read back in the evaluation",
+    )
     experiment: str = Field("vfm-generate", description="MLflow experiment")
 
     @field_validator("prompts")
@@ -67,9 +72,12 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
     tracking = TrackingConfig(experiment=params.experiment)
     ckpt = Path(params.checkpoint).name
     tags = {"source": "prefect", "checkpoint": params.checkpoint}
-    run_id = start_mlflow_run(tracking, {**tags, STAGE_TAG: "generate"},
-                              parent_run_id=parent_run_id,
-                              name=f"generate {ckpt} ({len(params.prompts)} prompts)")  # fmt: skip
+    run_id = start_mlflow_run(
+        tracking,
+        {**tags, STAGE_TAG: "generate"},
+        parent_run_id=parent_run_id,
+        name=f"generate {ckpt} ({len(params.prompts)} prompts)",
+    )
     out = params.resolved_out()
     eval_run = done_eval = prompt_sheet = None
     try:
@@ -85,24 +93,33 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
                 guidance=params.guidance,
                 tokenizer=params.tokenizer,
                 nproc=params.nproc,
-            )  # fmt: skip
+            )
             for i, prompt in enumerate(params.prompts)
         ]
         logged = log_generation(
-            run_id, tracking, videos=videos, prompts=params.prompts,
+            run_id,
+            tracking,
+            videos=videos,
+            prompts=params.prompts,
             params={**params.model_dump(exclude={"prompts"}), "n_prompts": len(params.prompts)},
-        )  # fmt: skip
+        )
         metrics = None
         if params.evaluate:
-            eval_run = start_mlflow_run(tracking, {**tags, STAGE_TAG: "evaluate"},
-                                        parent_run_id=parent_run_id or run_id,
-                                        name=f"evaluate {ckpt}")  # fmt: skip
+            eval_run = start_mlflow_run(
+                tracking,
+                {**tags, STAGE_TAG: "evaluate"},
+                parent_run_id=parent_run_id or run_id,
+                name=f"evaluate {ckpt}",
+            )
             prompt_sheet = str(out / "prompt_following.png")
             Path(prompt_sheet).unlink(missing_ok=True)  # an earlier run's
-            metrics = evaluate_checkpoint(params.checkpoint, tokenizer=params.tokenizer,
-                                          samples=params.eval_samples,
-                                          contact_sheet=prompt_sheet,
-                                          prompts=params.eval_prompts)  # fmt: skip
+            metrics = evaluate_checkpoint(
+                params.checkpoint,
+                tokenizer=params.tokenizer,
+                samples=params.eval_samples,
+                contact_sheet=prompt_sheet,
+                prompts=params.eval_prompts,
+            )
             if not Path(prompt_sheet).is_file():  # no vocabulary clips (no tokenizer or captions)
                 prompt_sheet = None
             log_evaluation(eval_run, tracking, metrics, [prompt_sheet] if prompt_sheet else [])
@@ -116,7 +133,16 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
     end_mlflow_run(tracking, run_id)
     print(f"{len(videos)} video(s) in {out}; MLflow run {run_id} -> {ui_hint(tracking)}")
     if metrics:
-        print("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()
-                                         if k != "checkpoint_step"))  # fmt: skip
-    return {"mlflow_run_id": run_id, "videos": videos, "metrics": metrics, "out_dir": str(out),
-            "eval_run_id": done_eval, "prompt_sheet": prompt_sheet, **logged}
+        print(
+            "evaluation: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "checkpoint_step")
+        )
+    return {
+        "mlflow_run_id": run_id,
+        "videos": videos,
+        "metrics": metrics,
+        "out_dir": str(out),
+        "eval_run_id": done_eval,
+        "prompt_sheet": prompt_sheet,
+        **logged,
+    }

@@ -69,15 +69,27 @@ class PipelineParams(BaseModel):
     latent_grid: tuple[int, int, int] = Field((5, 8, 8), description="latent (T, H, W) trained on")
     overrides: list[str] = Field(default_factory=list, description="extra section.field=value")
     prompts: list[str] = Field(
-        default_factory=lambda: ["a red circle moving right",  # trained combination
-                                 "a blue square moving up"],  # held out of the sample
+        default_factory=lambda: [
+            "a red circle moving right",  # trained combination
+            "a blue square moving up",
+        ],  # held out of the sample
         description="one generated video per prompt ([] = no generation)",
-    )  # fmt: skip
+    )
     generate_steps: int = Field(24, ge=1, le=1000, description="sampler steps per video")
-    eval_prompts: int = Field(40, ge=0, le=40, description="vocabulary prompts generated and read "
-                              "back in the evaluation (prompt following)")
-    eval_samples: int = Field(48, ge=2, le=1024, description="held-out latents for the loss and "
-                              "generated / reference clips for the Fréchet distance")
+    eval_prompts: int = Field(
+        40,
+        ge=0,
+        le=40,
+        description="vocabulary prompts generated and read "
+        "back in the evaluation (prompt following)",
+    )
+    eval_samples: int = Field(
+        48,
+        ge=2,
+        le=1024,
+        description="held-out latents for the loss and "
+        "generated / reference clips for the Fréchet distance",
+    )
     experiment: str = Field("vfm-pipeline", description="MLflow experiment")
 
     _known_recipe = field_validator("recipe")(known_recipe)
@@ -91,9 +103,15 @@ class PipelineParams(BaseModel):
         return self.work_dir or str(data_dir() / "pipeline" / self.name)
 
 
-def _stage(work: str, name: str, inputs: dict[str, Any], run: Callable[[], dict[str, Any]],
-           outputs: Callable[[dict[str, Any]], list[str]], *,
-           reused: list[str]) -> dict[str, Any]:  # fmt: skip
+def _stage(
+    work: str,
+    name: str,
+    inputs: dict[str, Any],
+    run: Callable[[], dict[str, Any]],
+    outputs: Callable[[dict[str, Any]], list[str]],
+    *,
+    reused: list[str],
+) -> dict[str, Any]:
     """Run one stage unless a finished run with the same ``inputs`` left its outputs (its name
     then goes to ``reused``). A stage that made an MLflow run records the store it is in."""
     key = stage_key(inputs)
@@ -130,22 +148,36 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
         raise
     out["mlflow_run_id"] = parent
     gen = out.get("generate", {})
-    files = [f"{work}/report.md"] + [gen[k] for k in ("contact_sheet", "prompt_sheet")
-                                     if gen.get(k)]  # fmt: skip
-    tags = {"vfm.train_run_id": out["train"].get("mlflow_run_id") or "",
-            "vfm.reused_stages": ",".join(out["reused"]),
-            CHECKPOINT_TAG: Path(out["train"]["checkpoint"]).resolve().as_uri()}
-    log_to_run(tracking, parent, files, tags=tags, params=p.model_dump(),
-               metrics=headline_metrics(out))  # fmt: skip
+    files = [f"{work}/report.md"] + [
+        gen[k] for k in ("contact_sheet", "prompt_sheet") if gen.get(k)
+    ]
+    tags = {
+        "vfm.train_run_id": out["train"].get("mlflow_run_id") or "",
+        "vfm.reused_stages": ",".join(out["reused"]),
+        CHECKPOINT_TAG: Path(out["train"]["checkpoint"]).resolve().as_uri(),
+    }
+    log_to_run(
+        tracking, parent, files, tags=tags, params=p.model_dump(), metrics=headline_metrics(out)
+    )
     end_mlflow_run(tracking, parent)
     return out
 
 
-HEADLINE = ("prompt_colour_acc", "prompt_direction_acc", "prompt_colour_acc_held_out",
-            "prompt_direction_acc_held_out", "untrained_prompt_colour_acc",
-            "untrained_prompt_direction_acc", "fd_ratio_untrained", "loss_reduction",
-            "frechet_distance", "untrained_frechet_distance", "fd_data_halves", "heldout_loss",
-            "heldout_bits_per_token")  # fmt: skip
+HEADLINE = (
+    "prompt_colour_acc",
+    "prompt_direction_acc",
+    "prompt_colour_acc_held_out",
+    "prompt_direction_acc_held_out",
+    "untrained_prompt_colour_acc",
+    "untrained_prompt_direction_acc",
+    "fd_ratio_untrained",
+    "loss_reduction",
+    "frechet_distance",
+    "untrained_frechet_distance",
+    "fd_data_halves",
+    "heldout_loss",
+    "heldout_bits_per_token",
+)
 """Evaluation metrics repeated on the pipeline's own MLflow run (compare pipelines at a glance)."""
 
 
@@ -168,18 +200,41 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
 
     src = p.src or f"{work}/raw"
     if not p.src:
-        _stage(work, "sample", {"n": p.sample_videos},
-               lambda: {"dir": sample_videos_task(src, p.sample_videos)},
-               lambda s: [s["dir"]], reused=reused)  # fmt: skip
+        _stage(
+            work,
+            "sample",
+            {"n": p.sample_videos},
+            lambda: {"dir": sample_videos_task(src, p.sample_videos)},
+            lambda s: [s["dir"]],
+            reused=reused,
+        )
 
     curate_in = {"src": src, "splitter": p.splitter, "min": p.min_len_s, "max": p.max_len_s}
-    curate = _stage(work, "curate", curate_in, lambda: curate_flow(CurateParams(
-        src=src, dst=f"{work}/curated", splitter=p.splitter, min_len_s=p.min_len_s,
-        max_len_s=p.max_len_s)), lambda s: [s["clips"]], reused=reused)  # fmt: skip
+    curate = _stage(
+        work,
+        "curate",
+        curate_in,
+        lambda: curate_flow(
+            CurateParams(
+                src=src,
+                dst=f"{work}/curated",
+                splitter=p.splitter,
+                min_len_s=p.min_len_s,
+                max_len_s=p.max_len_s,
+            )
+        ),
+        lambda s: [s["clips"]],
+        reused=reused,
+    )
     out["curate"] = curate
-    shard = _stage(work, "shard", {"curate": curate}, lambda: shard_flow(ShardParams(
-        clips_dir=f"{work}/curated", shards_dir=f"{work}/shards")),
-        lambda s: [s["index"]], reused=reused)  # fmt: skip
+    shard = _stage(
+        work,
+        "shard",
+        {"curate": curate},
+        lambda: shard_flow(ShardParams(clips_dir=f"{work}/curated", shards_dir=f"{work}/shards")),
+        lambda s: [s["index"]],
+        reused=reused,
+    )
     out["shard"] = shard
 
     tok_dir = p.tokenizer
@@ -187,54 +242,97 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
         # the tokenizer is fully convolutional and causal: it trains on small crops (5 frames of
         # 32 x 32) and encodes clips of any 1 + 4k frames and multiple-of-8 size
         tok_in = {"shard": shard, "steps": p.tokenizer_steps, "preset": p.tokenizer_preset()}
-        tok = _stage(work, "tokenizer", tok_in, lambda: tokenizer_task(
-            f"{work}/shards", f"{work}/tokenizer", preset=p.tokenizer_preset(),
-            steps=p.tokenizer_steps, frames=5, size=32), lambda s: [s["dir"]],
-            reused=reused)  # fmt: skip
+        tok = _stage(
+            work,
+            "tokenizer",
+            tok_in,
+            lambda: tokenizer_task(
+                f"{work}/shards",
+                f"{work}/tokenizer",
+                preset=p.tokenizer_preset(),
+                steps=p.tokenizer_steps,
+                frames=5,
+                size=32,
+            ),
+            lambda s: [s["dir"]],
+            reused=reused,
+        )
         out["tokenizer"] = tok
         tok_dir = tok["dir"]
 
-    enc = _stage(work, "encode", {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir)},
-                 lambda: {**encode_latents(f"{work}/shards", f"{work}/latents", tokenizer=tok_dir),
-                          "dir": f"{work}/latents"},
-                 lambda s: [s["index"]], reused=reused)  # fmt: skip
+    enc = _stage(
+        work,
+        "encode",
+        {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir)},
+        lambda: {
+            **encode_latents(f"{work}/shards", f"{work}/latents", tokenizer=tok_dir),
+            "dir": f"{work}/latents",
+        },
+        lambda s: [s["index"]],
+        reused=reused,
+    )
     out["encode"] = enc
 
     t, h, w = p.latent_grid
-    data = ["data.source=shards", f"data.shards={enc['dir']}", f"data.tokenizer={tok_dir}",
-            f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={w}",
-            "diffusion.sigma_data=1.0"]  # encode-shards writes unit-variance latents
+    data = [
+        "data.source=shards",
+        f"data.shards={enc['dir']}",
+        f"data.tokenizer={tok_dir}",
+        f"data.latent_frames={t}",
+        f"data.latent_height={h}",
+        f"data.latent_width={w}",
+        "diffusion.sigma_data=1.0",
+    ]  # encode-shards writes unit-variance latents
     train_params = TrainParams(
-        family=p.family, recipe=p.recipe, steps=p.train_steps, out_dir=f"{work}/train",
+        family=p.family,
+        recipe=p.recipe,
+        steps=p.train_steps,
+        out_dir=f"{work}/train",
         experiment=p.experiment,
         overrides=data + ["train.ckpt_every=100"] + p.overrides,
-    )  # fmt: skip
+    )
 
     def run_train() -> dict[str, Any]:
         summary = train_flow(train_params, parent_run_id=parent)
         if summary.get("mlflow_run_id"):
-            lineage_task(summary["mlflow_run_id"], p.experiment, clips=curate["clips"],
-                         shards=shard["index"], tokenizer=tok_dir)  # fmt: skip
+            lineage_task(
+                summary["mlflow_run_id"],
+                p.experiment,
+                clips=curate["clips"],
+                shards=shard["index"],
+                tokenizer=tok_dir,
+            )
         return summary
 
-    train_in = {"shard": enc, "tokenizer": out.get("tokenizer", tok_dir),
-                "params": train_params.model_dump()}  # fmt: skip
-    train = _stage(work, "train", train_in, run_train, lambda s: [s["checkpoint"]],
-                   reused=reused)
+    train_in = {
+        "shard": enc,
+        "tokenizer": out.get("tokenizer", tok_dir),
+        "params": train_params.model_dump(),
+    }
+    train = _stage(work, "train", train_in, run_train, lambda s: [s["checkpoint"]], reused=reused)
     out["train"] = train
 
     if p.prompts:
         gen_params = GenerateParams(
-            checkpoint=f"{work}/train", prompts=p.prompts, frames=1 + 4 * (t - 1),
-            size=f"{8 * h}x{8 * w}", steps=p.generate_steps, tokenizer=tok_dir,
-            out_dir=f"{work}/generated", experiment=p.experiment,
-            eval_samples=p.eval_samples, eval_prompts=p.eval_prompts,
-        )  # fmt: skip
-        out["generate"] = _stage(work, "generate", {"train": train,
-                                                    "params": gen_params.model_dump()},
-                                 lambda: generate_flow(gen_params, parent_run_id=parent),
-                                 lambda s: [v["mp4"] for v in s["videos"]],
-                                 reused=reused)  # fmt: skip
+            checkpoint=f"{work}/train",
+            prompts=p.prompts,
+            frames=1 + 4 * (t - 1),
+            size=f"{8 * h}x{8 * w}",
+            steps=p.generate_steps,
+            tokenizer=tok_dir,
+            out_dir=f"{work}/generated",
+            experiment=p.experiment,
+            eval_samples=p.eval_samples,
+            eval_prompts=p.eval_prompts,
+        )
+        out["generate"] = _stage(
+            work,
+            "generate",
+            {"train": train, "params": gen_params.model_dump()},
+            lambda: generate_flow(gen_params, parent_run_id=parent),
+            lambda s: [v["mp4"] for v in s["videos"]],
+            reused=reused,
+        )
 
     report = _report(p, out, parent)
     out["report"] = report
@@ -257,13 +355,16 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
     ]
     if "tokenizer" in out:
         tk = out["tokenizer"]
-        ssim = (f", SSIM {tk['ssim']:.3f} (baseline {tk['baseline_ssim']:.3f})"
-                if "ssim" in tk else "")  # fmt: skip
+        ssim = (
+            f", SSIM {tk['ssim']:.3f} (baseline {tk['baseline_ssim']:.3f})" if "ssim" in tk else ""
+        )
         usage = tk.get("codebook_usage")
         if usage is not None and not math.isnan(usage):  # a discrete tokenizer
             ssim += f", {usage:.1%} of the codebook used"
-        lines.append(f"| tokenizer | {tk['preset']}, PSNR {tk['psnr']:.1f} dB "
-                     f"(mean-colour baseline {tk['baseline_psnr']:.1f}){ssim}: `{tk['dir']}` |")
+        lines.append(
+            f"| tokenizer | {tk['preset']}, PSNR {tk['psnr']:.1f} dB "
+            f"(mean-colour baseline {tk['baseline_psnr']:.1f}){ssim}: `{tk['dir']}` |"
+        )
     lines.append(
         f"| train | {p.recipe} {tr['step']} steps, loss {final.get('loss', float('nan')):.4f}, "
         f"MFU {final.get('mfu', 0):.1%}, MLflow run `{tr.get('mlflow_run_id')}` |"
@@ -273,17 +374,25 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
         m = g.get("metrics") or {}
         videos = ", ".join(f"`{v['mp4']}`" for v in g["videos"])
         if "heldout_bits_per_token" in m:  # autoregressive
-            evaluation = (f"; held-out {m['heldout_bits_per_token']:.2f} bits/token (uniform "
-                          f"{m['uniform_bits_per_token']:.2f})")  # fmt: skip
+            evaluation = (
+                f"; held-out {m['heldout_bits_per_token']:.2f} bits/token (uniform "
+                f"{m['uniform_bits_per_token']:.2f})"
+            )
         elif m:
-            evaluation = (f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
-                          f"{m['frechet_distance']:.3f}")  # fmt: skip
+            evaluation = (
+                f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
+                f"{m['frechet_distance']:.3f}"
+            )
             if "fd_ratio_untrained" in m:
-                evaluation += (f" ({m['fd_ratio_untrained']:.1f}x lower than untrained "
-                               f"{m['untrained_frechet_distance']:.3f}")  # fmt: skip
+                evaluation += (
+                    f" ({m['fd_ratio_untrained']:.1f}x lower than untrained "
+                    f"{m['untrained_frechet_distance']:.3f}"
+                )
                 if "fd_data_halves" in m:  # the floor of this sample size
-                    evaluation += (f"; two halves of the data: {m['fd_data_halves']:.3f} at "
-                                   f"{int(m['fd_samples']) // 2} clips each")  # fmt: skip
+                    evaluation += (
+                        f"; two halves of the data: {m['fd_data_halves']:.3f} at "
+                        f"{int(m['fd_samples']) // 2} clips each"
+                    )
                 evaluation += f"; held-out loss {m['loss_reduction']:.0%} lower)"
         else:
             evaluation = ""
@@ -292,18 +401,27 @@ def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
             lines.append(_following_row(m, g.get("prompt_sheet")))
         if g.get("prompt_following"):
             pf = g["prompt_following"]
-            held = (f"; held-out combinations: colour {pf['colour_acc_held_out']:.0%}, direction "
-                    f"{pf['direction_acc_held_out']:.0%}" if "colour_acc_held_out" in pf else "")
-            lines.append(f"| your prompts | {int(pf['n_scored'])} generated videos read back from "
-                         f"the pixels: colour {pf['colour_acc']:.0%}, direction "
-                         f"{pf['direction_acc']:.0%}{held} |")  # fmt: skip
+            held = (
+                f"; held-out combinations: colour {pf['colour_acc_held_out']:.0%}, direction "
+                f"{pf['direction_acc_held_out']:.0%}"
+                if "colour_acc_held_out" in pf
+                else ""
+            )
+            lines.append(
+                f"| your prompts | {int(pf['n_scored'])} generated videos read back from "
+                f"the pixels: colour {pf['colour_acc']:.0%}, direction "
+                f"{pf['direction_acc']:.0%}{held} |"
+            )
         if g.get("contact_sheet"):
             lines.append(f"| contact sheet | one row per prompt: `{g['contact_sheet']}` |")
     lines += ["", _runs_line(p, out, parent)]
     text = "\n".join(lines)
     Path(out["work_dir"], "report.md").write_text(text + "\n")
-    create_markdown_artifact(text, key=f"pipeline-{p.name.lower().replace('_', '-')}".replace(
-        ".", "-"), description="vfm pipeline summary")  # fmt: skip
+    create_markdown_artifact(
+        text,
+        key=f"pipeline-{p.name.lower().replace('_', '-')}".replace(".", "-"),
+        description="vfm pipeline summary",
+    )
     return text
 
 
@@ -314,12 +432,16 @@ def _following_row(m: dict[str, float], sheet: str | None) -> str:
         base = m.get(f"untrained_{key}")
         return f"{m[key]:.0%}" + (f" (untrained {base:.0%})" if base is not None else "")
 
-    text = (f"| prompt following | {int(m.get('prompt_n_scored', 0))} vocabulary prompts, "
-            f"colour and direction read back from the pixels: colour {pair('prompt_colour_acc')},"
-            f" direction {pair('prompt_direction_acc')}")  # fmt: skip
+    text = (
+        f"| prompt following | {int(m.get('prompt_n_scored', 0))} vocabulary prompts, "
+        f"colour and direction read back from the pixels: colour {pair('prompt_colour_acc')},"
+        f" direction {pair('prompt_direction_acc')}"
+    )
     if "prompt_colour_acc_held_out" in m:
-        text += (f"; held-out combinations: colour {m['prompt_colour_acc_held_out']:.0%}, "
-                 f"direction {m['prompt_direction_acc_held_out']:.0%}")  # fmt: skip
+        text += (
+            f"; held-out combinations: colour {m['prompt_colour_acc_held_out']:.0%}, "
+            f"direction {m['prompt_direction_acc_held_out']:.0%}"
+        )
     return text + (f"; one row per prompt: `{sheet}` |" if sheet else " |")
 
 
@@ -339,8 +461,11 @@ def _runs_line(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
             where = "" if uri in (None, tracking_uri()) else f" in the store {uri}"
             earlier.append(f"{s} run `{summary['mlflow_run_id']}`{where}")
     if earlier:
-        head += ("; reused from an earlier run of this pipeline, not nested here: "
-                 + ", ".join(earlier) + "; `make clean` starts over")  # fmt: skip
+        head += (
+            "; reused from an earlier run of this pipeline, not nested here: "
+            + ", ".join(earlier)
+            + "; `make clean` starts over"
+        )
     return head + ")"
 
 

@@ -49,8 +49,12 @@ class LayoutSpec(BaseModel):
 
 
 def _default_layouts() -> list[LayoutSpec]:
-    return [LayoutSpec(), LayoutSpec(nproc=2, dp_shard=2), LayoutSpec(nproc=2, tp=2),
-            LayoutSpec(nproc=2, cp=2)]  # fmt: skip
+    return [
+        LayoutSpec(),
+        LayoutSpec(nproc=2, dp_shard=2),
+        LayoutSpec(nproc=2, tp=2),
+        LayoutSpec(nproc=2, cp=2),
+    ]
 
 
 class ScalingParams(BaseModel):
@@ -79,10 +83,11 @@ def scaling_flow(params: ScalingParams) -> dict[str, Any]:
     base = apply_overrides(get_recipe(params.recipe), params.overrides)
     tracking = validate(merge(base, {"tracking": {"experiment": params.experiment}})).tracking
     # the study is one parent run (the comparison table and plots) with a child run per layout
-    parent = start_mlflow_run(tracking, {STUDY_TAG: params.study, STAGE_TAG: "scaling-study",
-                                         "recipe": params.recipe},
-                              name=f"study {params.study}: {params.recipe} x "
-                                   f"{len(params.layouts)} layouts")  # fmt: skip
+    parent = start_mlflow_run(
+        tracking,
+        {STUDY_TAG: params.study, STAGE_TAG: "scaling-study", "recipe": params.recipe},
+        name=f"study {params.study}: {params.recipe} x {len(params.layouts)} layouts",
+    )
     try:
         runs = _train_layouts(params, base, parent)
         report = scaling_report_task(params.study, f"{params.root()}/report", tracking, parent)
@@ -101,21 +106,43 @@ def _train_layouts(params: ScalingParams, base, parent: str) -> list[dict[str, A
         # weak scaling: the recipe's batch per data-parallel rank, times the layout's dp ranks
         layout = merge(base, {"parallel": lay.degrees()}).parallel
         batch = base.data.batch_size * layout.data_parallel(lay.nproc)
-        cfg = validate(merge(base, {
-            "data": {"batch_size": batch},
-            "train": {"steps": params.steps, "out_dir": f"{params.root()}/{name}",
-                      "ckpt_every": 10**9},
-            "tracking": {"experiment": params.experiment},
-        }))  # fmt: skip
-        tags = {STUDY_TAG: params.study, LAYOUT_TAG: lay.label(), "recipe": params.recipe,
-                "nproc": str(lay.nproc)}  # fmt: skip
-        run_id = start_mlflow_run(cfg.tracking, tags, parent_run_id=parent,
-                                  name=train_run_name(params.recipe, lay.degrees(), params.steps,
-                                                      lay.nproc))  # fmt: skip
-        summary = train_model(cfg, cfg.train.out_dir, mlflow_run_id=run_id, nproc=lay.nproc,
-                              degrees=lay.degrees())  # fmt: skip
-        runs.append({"layout": lay.label(), "nproc": lay.nproc, "mlflow_run_id": run_id,
-                     "final": summary["final"]})  # fmt: skip
+        cfg = validate(
+            merge(
+                base,
+                {
+                    "data": {"batch_size": batch},
+                    "train": {
+                        "steps": params.steps,
+                        "out_dir": f"{params.root()}/{name}",
+                        "ckpt_every": 10**9,
+                    },
+                    "tracking": {"experiment": params.experiment},
+                },
+            )
+        )
+        tags = {
+            STUDY_TAG: params.study,
+            LAYOUT_TAG: lay.label(),
+            "recipe": params.recipe,
+            "nproc": str(lay.nproc),
+        }
+        run_id = start_mlflow_run(
+            cfg.tracking,
+            tags,
+            parent_run_id=parent,
+            name=train_run_name(params.recipe, lay.degrees(), params.steps, lay.nproc),
+        )
+        summary = train_model(
+            cfg, cfg.train.out_dir, mlflow_run_id=run_id, nproc=lay.nproc, degrees=lay.degrees()
+        )
+        runs.append(
+            {
+                "layout": lay.label(),
+                "nproc": lay.nproc,
+                "mlflow_run_id": run_id,
+                "final": summary["final"],
+            }
+        )
     return runs
 
 

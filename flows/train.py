@@ -30,14 +30,20 @@ Family = Literal["diffusion", "autoregressive"]
 
 
 def family_field() -> Any:
-    return Field("diffusion", description="diffusion (DiT over continuous latents) or "
-                 "autoregressive (causal transformer over discrete tokens); sets the default "
-                 "recipe")  # fmt: skip
+    return Field(
+        "diffusion",
+        description="diffusion (DiT over continuous latents) or "
+        "autoregressive (causal transformer over discrete tokens); sets the default "
+        "recipe",
+    )
 
 
 def recipe_field() -> Any:
-    return Field("dit-tiny", description=f"preset of the family: {', '.join(RECIPES)} "
-                 "(default: dit-tiny, ar-tiny for autoregressive)")  # fmt: skip
+    return Field(
+        "dit-tiny",
+        description=f"preset of the family: {', '.join(RECIPES)} "
+        "(default: dit-tiny, ar-tiny for autoregressive)",
+    )
 
 
 def known_recipe(v: str) -> str:
@@ -68,8 +74,9 @@ class TrainParams(BaseModel):
     overrides: list[str] = Field(
         default_factory=list, description="section.field=value config overrides"
     )
-    resume: bool = Field(False, description="continue from the latest checkpoint in out_dir "
-                         "(needs out_dir)")  # fmt: skip
+    resume: bool = Field(
+        False, description="continue from the latest checkpoint in out_dir (needs out_dir)"
+    )
     experiment: str = Field("vfm", description="MLflow experiment")
     nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) per node; > 1: torchrun")
     nnodes: int = Field(1, ge=1, le=4096, description="nodes (more than 1 needs launcher slurm)")
@@ -158,14 +165,22 @@ def train_flow(
         world = params.nproc * params.nnodes
         label = layout_label(params.resolved_degrees(), world)
         run_id = start_mlflow_run(
-            cfg.tracking, {"recipe": cfg.recipe, "source": "prefect", STAGE_TAG: "train",
-                           LAYOUT_TAG: label}, parent_run_id=parent_run_id,
+            cfg.tracking,
+            {"recipe": cfg.recipe, "source": "prefect", STAGE_TAG: "train", LAYOUT_TAG: label},
+            parent_run_id=parent_run_id,
             name=train_run_name(cfg.recipe, params.resolved_degrees(), params.steps, world),
-        )  # fmt: skip
+        )
     try:
-        summary = train_model(cfg, cfg.train.out_dir, resume=params.resume, mlflow_run_id=run_id,
-                              nproc=params.nproc, max_restarts=params.max_restarts,
-                              launcher=params.launcher, nnodes=params.nnodes)  # fmt: skip
+        summary = train_model(
+            cfg,
+            cfg.train.out_dir,
+            resume=params.resume,
+            mlflow_run_id=run_id,
+            nproc=params.nproc,
+            max_restarts=params.max_restarts,
+            launcher=params.launcher,
+            nnodes=params.nnodes,
+        )
     except Exception as e:  # every failure path ends the MLflow run, not RUNNING forever
         if run_id is not None:
             end_mlflow_run(cfg.tracking, run_id, error=str(e))

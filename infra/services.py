@@ -128,10 +128,20 @@ def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]
             None,
         ),
         "mlflow": (
-            [str(BIN / "mlflow"), "server", "--host", s.host, "--port", str(s.mlflow_port),
-             "--backend-store-uri", store,
-             "--artifacts-destination", str(s.run_dir / "mlflow" / "artifacts"),
-             "--workers", "1"],
+            [
+                str(BIN / "mlflow"),
+                "server",
+                "--host",
+                s.host,
+                "--port",
+                str(s.mlflow_port),
+                "--backend-store-uri",
+                store,
+                "--artifacts-destination",
+                str(s.run_dir / "mlflow" / "artifacts"),
+                "--workers",
+                "1",
+            ],
             f"{s.mlflow_uri}/health",
             s.mlflow_port,
         ),
@@ -141,9 +151,21 @@ def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]
             s.s3_port,
         ),
         "ray": (
-            [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", s.host,
-             "--port", str(s.ray_port), "--num-cpus", str(os.cpu_count() or 1),
-             "--include-dashboard", "false", "--disable-usage-stats"],
+            [
+                str(BIN / "ray"),
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address",
+                s.host,
+                "--port",
+                str(s.ray_port),
+                "--num-cpus",
+                str(os.cpu_count() or 1),
+                "--include-dashboard",
+                "false",
+                "--disable-usage-stats",
+            ],
             None,
             s.ray_port,
         ),
@@ -154,8 +176,15 @@ def _create_pools(s: Settings, env: dict[str, str]) -> None:
     """The CPU pool this worker serves, and the GPU pool that cluster workers serve (deployments
     naming it register here; their runs wait for a GPU worker)."""
     for pool in (s.pool, GPU_POOL):
-        argv = [str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process",
-                "--overwrite"]
+        argv = [
+            str(BIN / "prefect"),
+            "work-pool",
+            "create",
+            pool,
+            "--type",
+            "process",
+            "--overwrite",
+        ]
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise InfraError(f"cannot create work pool {pool}: {r.stdout[-500:]}{r.stderr[-500:]}")
@@ -225,8 +254,9 @@ def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str,
             _create_pools(s, env)
         log = s.run_dir / f"{name}.log"
         with log.open("ab") as f:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+            )
         pids[name] = proc.pid
         running[name] = {"pid": proc.pid, "port": port, "health": health}
         _write_record(s, running)

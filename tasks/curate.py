@@ -58,14 +58,19 @@ def _result(r: VideoRef, dst: str, cfg: CurateConfig, state: dict, skipped: bool
     check_coverage([r], {r.source_uri: state})
     persisted = load_state(dst, r, cfg) is not None
     out = {
-        "source_uri": r.source_uri, "n_clips": len(state["clips"]),
-        "n_rejects": len(state["rejects"]), "skipped": skipped,
+        "source_uri": r.source_uri,
+        "n_clips": len(state["clips"]),
+        "n_rejects": len(state["rejects"]),
+        "skipped": skipped,
         "state": None if persisted else state,  # unreadable inputs are not persisted
-    }  # fmt: skip
+    }
     task_logger().info(
-        "%s: %d clips, %d rejects%s", r.source_uri, out["n_clips"], out["n_rejects"],
+        "%s: %d clips, %d rejects%s",
+        r.source_uri,
+        out["n_clips"],
+        out["n_rejects"],
         " (already done)" if skipped else "",
-    )  # fmt: skip
+    )
     return out
 
 
@@ -91,8 +96,9 @@ def _retry_unless_no_cluster(task, task_run, state) -> bool:
     return True
 
 
-@task(name="curate-ray", retries=1, retry_delay_seconds=5,
-      retry_condition_fn=_retry_unless_no_cluster)  # fmt: skip
+@task(
+    name="curate-ray", retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_unless_no_cluster
+)
 def curate_ray_task(
     refs: list[dict[str, str]], dst: str, config: dict[str, Any], address: str | None = None
 ) -> list[dict[str, Any]]:
@@ -101,8 +107,9 @@ def curate_ray_task(
     vrefs, cfg, dst = [_ref(d) for d in refs], CurateConfig.from_dict(config), resolve_dst(dst)
     done = {r.source_uri: load_state(dst, r, cfg) for r in vrefs}
     todo = [r for r in vrefs if done[r.source_uri] is None]
-    task_logger().info("%d of %d videos to curate on Ray (%s)", len(todo), len(vrefs),
-                       address or "local instance")  # fmt: skip
+    task_logger().info(
+        "%d of %d videos to curate on Ray (%s)", len(todo), len(vrefs), address or "local instance"
+    )
     states = _process(todo, dst, cfg, RayExecutor(address=address)) if todo else {}
     out = []
     for r in vrefs:

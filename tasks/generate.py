@@ -32,9 +32,27 @@ def generate_video(
 ) -> dict[str, Any]:
     """``vfm generate`` for one prompt; returns its JSON result (paths, shapes, timings)."""
     logger = task_logger()
-    cmd = [sys.executable, "-m", "vfm_core.cli", "generate", "--checkpoint", checkpoint,
-           "--prompt", prompt, "--frames", str(frames), "--size", size, "--seed", str(seed),
-           "--out", out, "--nproc", str(nproc), "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vfm_core.cli",
+        "generate",
+        "--checkpoint",
+        checkpoint,
+        "--prompt",
+        prompt,
+        "--frames",
+        str(frames),
+        "--size",
+        size,
+        "--seed",
+        str(seed),
+        "--out",
+        out,
+        "--nproc",
+        str(nproc),
+        "--json",
+    ]
     for flag, value in (("--steps", steps), ("--guidance", guidance), ("--tokenizer", tokenizer)):
         if value is not None:
             cmd += [flag, str(value)]
@@ -51,15 +69,26 @@ def generate_video(
 
 @task(name="evaluate-checkpoint")
 def evaluate_checkpoint(
-    checkpoint: str, *, tokenizer: str | None = None, samples: int = 16, steps: int = 12,
-    contact_sheet: str = "", prompts: int = 40,
-) -> dict[str, float]:  # fmt: skip
+    checkpoint: str,
+    *,
+    tokenizer: str | None = None,
+    samples: int = 16,
+    steps: int = 12,
+    contact_sheet: str = "",
+    prompts: int = 40,
+) -> dict[str, float]:
     """Held-out EDM loss at fixed sigmas, Fréchet distance and prompt following of the vocabulary
     prompts (vfm_core.infer.evaluate), with a contact sheet of those clips at ``contact_sheet``."""
     from vfm_core.infer.evaluate import EvalConfig, evaluate
 
-    ec = EvalConfig(loss_samples=samples, fd_samples=samples, steps=steps, batch=min(8, samples),
-                    contact_sheet=contact_sheet, prompt_following=prompts)  # fmt: skip
+    ec = EvalConfig(
+        loss_samples=samples,
+        fd_samples=samples,
+        steps=steps,
+        batch=min(8, samples),
+        contact_sheet=contact_sheet,
+        prompt_following=prompts,
+    )
     return evaluate(checkpoint, tokenizer=tokenizer, config=ec)
 
 
@@ -106,23 +135,32 @@ def log_generation(
     client.log_artifact(run_id, str(sheet))
     if follow:
         ts = int(mlflow.utils.time.get_current_time_millis())
-        client.log_batch(run_id, metrics=[Metric(f"prompt/{k}", float(v), ts, 0)
-                                          for k, v in follow.items()])  # fmt: skip
+        client.log_batch(
+            run_id, metrics=[Metric(f"prompt/{k}", float(v), ts, 0) for k, v in follow.items()]
+        )
     (folder / "generation.json").write_text(json.dumps({"videos": videos, **out}, indent=1))
     client.log_artifact(run_id, str(folder / "generation.json"))
     return out
 
 
 @task(name="log-evaluation", retries=2, retry_delay_seconds=2)
-def log_evaluation(run_id: str, tracking: TrackingConfig, metrics: dict[str, float],
-                   artifacts: list[str] | None = None) -> None:  # fmt: skip
+def log_evaluation(
+    run_id: str,
+    tracking: TrackingConfig,
+    metrics: dict[str, float],
+    artifacts: list[str] | None = None,
+) -> None:
     """Log the evaluation metrics (``eval/…``, at the checkpoint's step) and ``artifacts`` (files
     that exist) to the evaluation run."""
     from tasks.tracking import log_to_run
 
-    log_to_run.fn(tracking, run_id, list(artifacts or []),
-                  metrics={f"eval/{k}": v for k, v in metrics.items()},
-                  step=int(metrics.get("checkpoint_step", 0)))  # fmt: skip
+    log_to_run.fn(
+        tracking,
+        run_id,
+        list(artifacts or []),
+        metrics={f"eval/{k}": v for k, v in metrics.items()},
+        step=int(metrics.get("checkpoint_step", 0)),
+    )
 
 
 @task(name="encode-shards", retries=1, retry_delay_seconds=5)
@@ -139,5 +177,6 @@ def encode_latents(src: str, dst: str, *, tokenizer: str, overwrite: bool = Fals
         if done == total or done % 100 == 0:
             logger.info("encoded %d/%d samples", done, total)
 
-    return asdict(encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite,
-                                progress=progress))  # fmt: skip
+    return asdict(
+        encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite, progress=progress)
+    )

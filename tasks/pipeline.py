@@ -40,12 +40,18 @@ def finished_stage(work_dir: str, stage: str, key: str) -> dict[str, Any] | None
     return done["summary"]
 
 
-def mark_stage(work_dir: str, stage: str, key: str, summary: dict[str, Any],
-               outputs: list[str]) -> None:  # fmt: skip
+def mark_stage(
+    work_dir: str, stage: str, key: str, summary: dict[str, Any], outputs: list[str]
+) -> None:
     path = stage_marker(work_dir, stage)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"stage": stage, "key": key, "finished": time.time(), "outputs": outputs,
-              "summary": summary}  # fmt: skip
+    record = {
+        "stage": stage,
+        "key": key,
+        "finished": time.time(),
+        "outputs": outputs,
+        "summary": summary,
+    }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1, default=str))
     tmp.replace(path)
@@ -62,25 +68,39 @@ def sample_videos_task(dst: str, n: int) -> str:
 
 
 @task(name="train-tokenizer", retries=1, retry_delay_seconds=2)
-def tokenizer_task(shards: str, out_dir: str, *, preset: str, steps: int, frames: int,
-                   size: int) -> dict[str, Any]:  # fmt: skip
+def tokenizer_task(
+    shards: str, out_dir: str, *, preset: str, steps: int, frames: int, size: int
+) -> dict[str, Any]:
     """Train the causal video tokenizer on the shards' clips; returns its dir and PSNR."""
     from vfm_core.tokenizer.from_shards import train_tokenizer_on_shards
 
-    m = train_tokenizer_on_shards(shards, out_dir, preset=preset, steps=steps, frames=frames,
-                                  size=size, progress=False)  # fmt: skip
+    m = train_tokenizer_on_shards(
+        shards, out_dir, preset=preset, steps=steps, frames=frames, size=size, progress=False
+    )
     task_logger().info(
         "tokenizer %s: %d steps, loss %.4f -> %.4f, PSNR %.1f dB (mean-colour baseline %.1f)",
-        preset, m.steps, m.loss_first, m.loss_last, m.psnr, m.baseline_psnr,
-    )  # fmt: skip
-    return {"dir": out_dir, "preset": preset, "steps": m.steps, "psnr": m.psnr,
-            "baseline_psnr": m.baseline_psnr, "ssim": m.ssim, "baseline_ssim": m.baseline_ssim,
-            "codebook_usage": m.codebook_usage}  # fmt: skip
+        preset,
+        m.steps,
+        m.loss_first,
+        m.loss_last,
+        m.psnr,
+        m.baseline_psnr,
+    )
+    return {
+        "dir": out_dir,
+        "preset": preset,
+        "steps": m.steps,
+        "psnr": m.psnr,
+        "baseline_psnr": m.baseline_psnr,
+        "ssim": m.ssim,
+        "baseline_ssim": m.baseline_ssim,
+        "codebook_usage": m.codebook_usage,
+    }
 
 
 @task(name="lineage", retries=2, retry_delay_seconds=2)
-def lineage_task(run_id: str, experiment: str, *, clips: str, shards: str,
-                 tokenizer: str | None) -> None:  # fmt: skip
+def lineage_task(
+    run_id: str, experiment: str, *, clips: str, shards: str, tokenizer: str | None
+) -> None:
     """Link the training run to the manifests it learned from (MLflow datasets + tags)."""
     log_lineage(run_id, experiment=experiment, clips=clips, shards=shards, tokenizer=tokenizer)
-

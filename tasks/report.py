@@ -15,8 +15,9 @@ from vfm_core.tracking import ensure_experiment
 
 
 @task(name="scaling-report", retries=1, retry_delay_seconds=2)
-def scaling_report_task(study: str, out_dir: str, tracking: TrackingConfig,
-                        run_id: str) -> dict[str, Any]:  # fmt: skip
+def scaling_report_task(
+    study: str, out_dir: str, tracking: TrackingConfig, run_id: str
+) -> dict[str, Any]:
     """Build the study's table and plots; log them as artifacts (``report/``) of the study's run
     ``run_id`` and the table as MLflow table ``report/scaling.json`` (rows comparable in the UI)."""
     import mlflow

@@ -25,7 +25,17 @@ def search_subset_task(clips_dir: str, query: str, top: int, out_dir: str) -> di
         raise RuntimeError(f"{url}: schema differs from {search.manifest.url}")
     if written.column("clip_id") != [h.clip_id for h in hits]:
         raise RuntimeError(f"{url}: rows differ from the {len(hits)} hits")
-    task_logger().info("%d clips for %r from %s (best %.3f) -> %s", len(hits), query, clips_dir,
-                       hits[0].score if hits else float("nan"), url)  # fmt: skip
-    return {"clips": url, "search": meta, "n_clips": len(hits),
-            "clip_ids": [h.clip_id for h in hits]}  # fmt: skip
+    task_logger().info(
+        "%d clips for %r from %s (best %.3f) -> %s",
+        len(hits),
+        query,
+        clips_dir,
+        hits[0].score if hits else float("nan"),
+        url,
+    )
+    return {
+        "clips": url,
+        "search": meta,
+        "n_clips": len(hits),
+        "clip_ids": [h.clip_id for h in hits],
+    }

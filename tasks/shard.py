@@ -24,9 +24,12 @@ def write_shards_task(
     """Shard a curation output directory; the returned summary names the validated index."""
     logger = task_logger()
     summary = shard_clips_dir(
-        clips_dir, shards_dir, target_shard_mb=target_shard_mb, text_model=text_model,
+        clips_dir,
+        shards_dir,
+        target_shard_mb=target_shard_mb,
+        text_model=text_model,
         text_mode=text_mode,
-    )  # fmt: skip
+    )
     index = read_index(shards_dir)  # contract: a pandera-valid index with every sample
     if len(index) != summary["n_samples"]:
         raise RuntimeError(
@@ -34,6 +37,9 @@ def write_shards_task(
         )
     logger.info(
         "%d samples in %d shards (%.1f MB) -> %s",
-        summary["n_samples"], summary["n_shards"], summary["bytes"] / 1e6, summary["index"],
-    )  # fmt: skip
+        summary["n_samples"],
+        summary["n_shards"],
+        summary["bytes"] / 1e6,
+        summary["index"],
+    )
     return summary

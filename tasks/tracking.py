@@ -22,8 +22,11 @@ def prefect_tags() -> dict[str, str]:
     run_id = flow_run.get_id()
     if not run_id:
         return {}
-    tags = {"vfm.prefect_flow_run_id": str(run_id), "vfm.prefect_flow_run": flow_run.get_name()
-            or "", "vfm.prefect_flow": flow_run.get_flow_name() or ""}  # fmt: skip
+    tags = {
+        "vfm.prefect_flow_run_id": str(run_id),
+        "vfm.prefect_flow_run": flow_run.get_name() or "",
+        "vfm.prefect_flow": flow_run.get_flow_name() or "",
+    }
     from prefect.utilities.urls import url_for
 
     url = url_for("flow-run", obj_id=str(run_id))  # the UI's route (runs/flow-run/ID)
@@ -34,20 +37,30 @@ def prefect_tags() -> dict[str, str]:
 
 @task(name="mlflow-run", retries=2, retry_delay_seconds=2)
 def start_mlflow_run(
-    tracking: TrackingConfig, tags: dict[str, str], *, parent_run_id: str | None = None,
+    tracking: TrackingConfig,
+    tags: dict[str, str],
+    *,
+    parent_run_id: str | None = None,
     name: str | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """Create the MLflow run a stage logs to (training ranks attach through MLFLOW_RUN_ID)."""
-    return create_run(tracking, tags={**prefect_tags(), **tags}, parent_run_id=parent_run_id,
-                      name=name)  # fmt: skip
+    return create_run(
+        tracking, tags={**prefect_tags(), **tags}, parent_run_id=parent_run_id, name=name
+    )
 
 
 @task(name="mlflow-log", retries=2, retry_delay_seconds=2)
 def log_to_run(
-    tracking: TrackingConfig, run_id: str, files: list[str], *, artifact_path: str | None = None,
-    tags: dict[str, str] | None = None, params: dict[str, object] | None = None,
-    metrics: dict[str, float] | None = None, step: int = 0,
-) -> None:  # fmt: skip
+    tracking: TrackingConfig,
+    run_id: str,
+    files: list[str],
+    *,
+    artifact_path: str | None = None,
+    tags: dict[str, str] | None = None,
+    params: dict[str, object] | None = None,
+    metrics: dict[str, float] | None = None,
+    step: int = 0,
+) -> None:
     """Attach existing ``files`` (missing ones are skipped), ``tags``, ``params`` and ``metrics``
     (at ``step``) to the run."""
     import mlflow

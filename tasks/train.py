@@ -57,8 +57,9 @@ def train_model(
         from vfm_core.train.slurm import SlurmOptions, submit_training
 
         env = {"MLFLOW_RUN_ID": mlflow_run_id} if mlflow_run_id else {}
-        opts = SlurmOptions.from_env(nodes=nnodes, nproc_per_node=nproc,
-                                     max_restarts=max_restarts, extra_env=env)  # fmt: skip
+        opts = SlurmOptions.from_env(
+            nodes=nnodes, nproc_per_node=nproc, max_restarts=max_restarts, extra_env=env
+        )
         logger.info("submitting to Slurm: %d node(s) x %d process(es)", nnodes, nproc)
         job = submit_training(cfg_path, out, options=opts, resume=resume)
         logger.info("Slurm job %s %s, log %s", job.job_id, job.state, job.log)
@@ -68,8 +69,16 @@ def train_model(
     if not launch.in_process or degrees:
         cmd = torchrun_argv(launch, config=cfg_path, out=out, resume=resume, **(degrees or {}))
     else:
-        cmd = [sys.executable, "-m", "vfm_core.train.main", "--config", str(cfg_path),
-               "--out", str(out), "--no-progress"] + (["--resume"] if resume else [])  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "vfm_core.train.main",
+            "--config",
+            str(cfg_path),
+            "--out",
+            str(out),
+            "--no-progress",
+        ] + (["--resume"] if resume else [])
     env = dict(os.environ)
     if mlflow_run_id:
         env["MLFLOW_RUN_ID"] = mlflow_run_id

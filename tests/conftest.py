@@ -42,9 +42,19 @@ class MixedShards:
     tests of one process (tests/train) and of several (tests/parallel)."""
 
     LATENTS = [
-        (4, 1, 4, 4), (4, 2, 4, 4), (4, 3, 4, 6), (4, 1, 6, 4), (4, 2, 5, 4), (4, 4, 4, 4),
-        (4, 2, 6, 6), (4, 1, 4, 7), (4, 3, 4, 4), (4, 1, 8, 8), (4, 2, 4, 6), (4, 1, 4, 4),
-    ]  # fmt: skip
+        (4, 1, 4, 4),
+        (4, 2, 4, 4),
+        (4, 3, 4, 6),
+        (4, 1, 6, 4),
+        (4, 2, 5, 4),
+        (4, 4, 4, 4),
+        (4, 2, 6, 6),
+        (4, 1, 4, 7),
+        (4, 3, 4, 4),
+        (4, 1, 8, 8),
+        (4, 2, 4, 6),
+        (4, 1, 4, 4),
+    ]
     """Latent (C, T, H, W) of every sample; patch (1, 2, 2): images (T = 1) and videos of 4..18
     tokens, two with an odd H or W (cropped to the patch multiple: 5 -> 4, 7 -> 6)."""
 
@@ -58,8 +68,15 @@ class MixedShards:
         return rng.standard_normal((1, len(captions[0].split()), 16)).astype(np.float32) / 4
 
     @classmethod
-    def write(cls, root: Path, *, latents: bool = True, seed: int = 0, embed=None,
-              meta: dict | None = None) -> Path:  # fmt: skip
+    def write(
+        cls,
+        root: Path,
+        *,
+        latents: bool = True,
+        seed: int = 0,
+        embed=None,
+        meta: dict | None = None,
+    ) -> Path:
         """Real one-frame / multi-frame H.264 clips under ``root`` with stored latents of the
         ``LATENTS`` sizes (pixels = latent * 8, frames = 1 + 4 (T - 1); latent values drawn from
         ``seed``) and captions of 2-11 words, in 3+ shards; ``latents=False``: the clips alone
@@ -75,22 +92,44 @@ class MixedShards:
         rng = np.random.default_rng(seed)
         for i, (c, t, h, w) in enumerate(cls.LATENTS):
             cid, frames = f"mixed{i:03d}", 1 + 4 * (t - 1)
-            spec = VideoSpec(width=8 * w, height=8 * h, fps=8.0, seed=i,
-                             segments=(Segment(kind="moving", n_frames=frames),))  # fmt: skip
+            spec = VideoSpec(
+                width=8 * w,
+                height=8 * h,
+                fps=8.0,
+                seed=i,
+                segments=(Segment(kind="moving", n_frames=frames),),
+            )
             make_video(root / "clips" / f"{cid}.mp4", spec)
             caption = " ".join(["shapes"] * (2 + i % 10))
-            rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
-                         "start_s": 0.0, "end_s": frames / 8.0, "uri": f"clips/{cid}.mp4",
-                         "caption": caption, "width": 8 * w, "height": 8 * h, "fps": 8.0,
-                         "n_frames": frames})  # fmt: skip
+            rows.append(
+                {
+                    "clip_id": cid,
+                    "video_id": f"v{i}",
+                    "source_uri": f"/raw/v{i}.mp4",
+                    "start_s": 0.0,
+                    "end_s": frames / 8.0,
+                    "uri": f"clips/{cid}.mp4",
+                    "caption": caption,
+                    "width": 8 * w,
+                    "height": 8 * h,
+                    "fps": 8.0,
+                    "n_frames": frames,
+                }
+            )
             # a class-dependent mean: something to learn in a few steps
             z = rng.standard_normal((c, t, h, w)) * 0.5 + (i % 3 - 1) * 0.5
             lat[cid] = z.astype(np.float32)
         out = root / ("shards" if latents else "clip-shards")
         cfg = ShardWriterConfig(target_shard_bytes=8_000, embed_batch=1)
-        write_shards(pd.DataFrame(rows), str(out), embed=embed or cls.caption_embed,
-                     base_url=str(root), latents=lat if latents else None, config=cfg,
-                     meta=meta)  # fmt: skip
+        write_shards(
+            pd.DataFrame(rows),
+            str(out),
+            embed=embed or cls.caption_embed,
+            base_url=str(root),
+            latents=lat if latents else None,
+            config=cfg,
+            meta=meta,
+        )
         return out
 
 
@@ -125,13 +164,30 @@ def token_shards(tmp_path_factory):
     for i in range(4):
         path = root / "clips" / f"c{i}.mp4"
         path.parent.mkdir(exist_ok=True)
-        make_video(path, VideoSpec(width=64, height=64, fps=8.0, seed=i,
-                                   segments=(Segment(kind="moving", n_frames=9),)))  # fmt: skip
-        rows.append({"clip_id": f"c{i}", "uri": str(path), "caption": f"clip {i}",
-                     "n_frames": 9, "height": 64, "width": 64})  # fmt: skip
-    write_shards(pd.DataFrame(rows), str(root / "src"), embed=embed,
-                 config=ShardWriterConfig(target_shard_bytes=1))  # fmt: skip
-    tok = save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny-discrete")),
-                         root / "tok").parent  # fmt: skip
+        make_video(
+            path,
+            VideoSpec(
+                width=64, height=64, fps=8.0, seed=i, segments=(Segment(kind="moving", n_frames=9),)
+            ),
+        )
+        rows.append(
+            {
+                "clip_id": f"c{i}",
+                "uri": str(path),
+                "caption": f"clip {i}",
+                "n_frames": 9,
+                "height": 64,
+                "width": 64,
+            }
+        )
+    write_shards(
+        pd.DataFrame(rows),
+        str(root / "src"),
+        embed=embed,
+        config=ShardWriterConfig(target_shard_bytes=1),
+    )
+    tok = save_tokenizer(
+        CausalVideoAutoencoder(get_tokenizer_config("tok-tiny-discrete")), root / "tok"
+    ).parent
     encode_shards(str(root / "src"), str(root / "dst"), tokenizer=tok)
     return root, tok

@@ -56,9 +56,20 @@ VFM_CORE_LAYERS = [
     ("parallel",),
     ("models", "diffusion", "tokenizer"),
     ("data",),
-    ("video", "annotate", "storage", "config", "contracts", "recipes", "tracking", "infra_env",
-     "geometry", "errors", "cli_types"),
-]  # fmt: skip
+    (
+        "video",
+        "annotate",
+        "storage",
+        "config",
+        "contracts",
+        "recipes",
+        "tracking",
+        "infra_env",
+        "geometry",
+        "errors",
+        "cli_types",
+    ),
+]
 
 
 def vfm_core_edges(path: Path) -> set[str]:

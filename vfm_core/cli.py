@@ -56,10 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=int_at_least("--steps"), required=True, help="total steps")
     tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
     tr.add_argument("--seed", type=int_at_least("--seed"), help="seed for init, sigma and noise")
-    tr.add_argument("--resume", action="store_true",
-                    help="continue from the newest intact checkpoint")  # fmt: skip
-    tr.add_argument("--resume-from", metavar="CKPT_DIR",
-                    help="continue from this checkpoint folder (implies --resume)")  # fmt: skip
+    tr.add_argument(
+        "--resume", action="store_true", help="continue from the newest intact checkpoint"
+    )
+    tr.add_argument(
+        "--resume-from",
+        metavar="CKPT_DIR",
+        help="continue from this checkpoint folder (implies --resume)",
+    )
     tr.add_argument("--debug", action="store_true", help="show the traceback behind an error")
     tr.add_argument(
         "--set",
@@ -69,21 +73,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config field (repeatable)",
     )
     tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    tr.add_argument("--nproc", type=int_at_least("--nproc"), default=1,
-                    help="processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)")
+    tr.add_argument(
+        "--nproc",
+        type=int_at_least("--nproc"),
+        default=1,
+        help="processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)",
+    )
     for degree in ("dp-replicate", "dp-shard", "tp", "cp", "pp"):
-        tr.add_argument(f"--{degree}", type=int_at_least(f"--{degree}"),
-                        help=f"parallel.{degree.replace('-', '_')} degree")  # fmt: skip
-    tr.add_argument("--nnodes", type=int_at_least("--nnodes"), default=1,
-                    help="nodes of a multi-node run (torchrun c10d rendezvous)")  # fmt: skip
-    tr.add_argument("--node-rank", type=int_at_least("--node-rank"), default=0,
-                    help="this node's index (0 hosts the rendezvous)")  # fmt: skip
-    tr.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT",
-                    help="rendezvous endpoint of a multi-node run")  # fmt: skip
-    tr.add_argument("--rdzv-timeout", type=int_at_least("--rdzv-timeout"), default=300,
-                    help="seconds to wait for the other nodes before giving up")  # fmt: skip
-    tr.add_argument("--max-restarts", type=int_at_least("--max-restarts"), default=0,
-                    help="restart all ranks after one dies, from the last checkpoint")  # fmt: skip
+        tr.add_argument(
+            f"--{degree}",
+            type=int_at_least(f"--{degree}"),
+            help=f"parallel.{degree.replace('-', '_')} degree",
+        )
+    tr.add_argument(
+        "--nnodes",
+        type=int_at_least("--nnodes"),
+        default=1,
+        help="nodes of a multi-node run (torchrun c10d rendezvous)",
+    )
+    tr.add_argument(
+        "--node-rank",
+        type=int_at_least("--node-rank"),
+        default=0,
+        help="this node's index (0 hosts the rendezvous)",
+    )
+    tr.add_argument(
+        "--rdzv-endpoint",
+        default="",
+        metavar="HOST:PORT",
+        help="rendezvous endpoint of a multi-node run",
+    )
+    tr.add_argument(
+        "--rdzv-timeout",
+        type=int_at_least("--rdzv-timeout"),
+        default=300,
+        help="seconds to wait for the other nodes before giving up",
+    )
+    tr.add_argument(
+        "--max-restarts",
+        type=int_at_least("--max-restarts"),
+        default=0,
+        help="restart all ranks after one dies, from the last checkpoint",
+    )
 
     fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
     fl.add_argument("--recipe", required=True)
@@ -97,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpus", type=int_at_least("--gpus"), required=True, help="GPU count")
     pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
     pl.add_argument("--fixed", default="", metavar="KEY=VALUE,...", help="pin layout keys")
-    pl.add_argument("--top", type=int_at_least("--top"), default=10,
-                    help="layouts to show (0: all)")  # fmt: skip
+    pl.add_argument(
+        "--top", type=int_at_least("--top"), default=10, help="layouts to show (0: all)"
+    )
     pl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     pl.add_argument("--json", action="store_true", help="print a JSON list, best first")
     pl.add_argument(
@@ -133,15 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--frames", type=int_at_least("--frames"), default=5, help="1 + 4k frames")
     tt.add_argument("--size", type=int_at_least("--size"), default=32, help="square crop, pixels")
     tt.add_argument("--seed", type=int_at_least("--seed"), default=0)
-    tt.add_argument("--discrete", nargs="?", const="8,5,5,5", metavar="LEVELS",
-                    help="discrete tokens: FSQ levels per channel (default 8,5,5,5 = 1000 ids)")
+    tt.add_argument(
+        "--discrete",
+        nargs="?",
+        const="8,5,5,5",
+        metavar="LEVELS",
+        help="discrete tokens: FSQ levels per channel (default 8,5,5,5 = 1000 ids)",
+    )
 
     sp = sub.add_parser("sample", help="write the built-in captioned sample videos")
     sp.add_argument("dst", help="folder for sample_XX.mp4 and their per-shot caption sidecars")
     sp.add_argument("--videos", type=int_at_least("--videos", 1), default=3, help="how many videos")
     sp.add_argument("--seed", type=int_at_least("--seed"), default=0, help="first video's seed")
-    sp.add_argument("--held-out", action="store_true",
-                    help="only the combinations held out of training (an evaluation set)")
+    sp.add_argument(
+        "--held-out",
+        action="store_true",
+        help="only the combinations held out of training (an evaluation set)",
+    )
     sp.add_argument("--json", action="store_true", help="print the written paths as JSON")
 
     rp = sub.add_parser("report", help="scaling-study table from MLflow runs (+ plots with --out)")
@@ -213,17 +253,27 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     degrees = {k: getattr(args, k) for k in DEGREES}
     cfg = with_degrees(_config(args), **degrees)
-    launch = Launch(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                    rdzv_endpoint=args.rdzv_endpoint, rdzv_timeout=args.rdzv_timeout,
-                    max_restarts=args.max_restarts)  # fmt: skip
+    launch = Launch(
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_timeout=args.rdzv_timeout,
+        max_restarts=args.max_restarts,
+    )
     # the layout (and what depends on it) is checked here, before any process starts: one clear
     # line instead of N tracebacks
     validate_layout(cfg, launch.world_size)
     check_restartable(cfg, launch.max_restarts)
     if not launch.in_process:
         return _train_torchrun(args, cfg, launch)
-    summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=sys.stderr.isatty(),
-                           resume_from=args.resume_from)  # fmt: skip
+    summary = run_training(
+        cfg,
+        out_dir=args.out,
+        resume=args.resume,
+        progress=sys.stderr.isatty(),
+        resume_from=args.resume_from,
+    )
     m = summary["metrics"]
     print(
         f"trained {cfg.recipe} to step {summary['step']}: loss {m.get('loss', float('nan')):.4f}, "
@@ -255,9 +305,15 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         problems = verify(folder)
         bad += bool(problems)
         if args.json:
-            print(json.dumps({"checkpoint": str(folder), "ok": not problems,
-                              "problems": [{"file": p.file, "reason": p.reason}
-                                           for p in problems]}))  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "checkpoint": str(folder),
+                        "ok": not problems,
+                        "problems": [{"file": p.file, "reason": p.reason} for p in problems],
+                    }
+                )
+            )
         elif problems:
             more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
             print(f"BAD  {folder}: {problems[0].file}: {problems[0].reason}{more}")
@@ -373,9 +429,19 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
     report = check_report(mine, planned)
     lay = {k: v for k, v in dataclasses.asdict(best.layout).items()}
     if args.json:
-        print(json.dumps({"recipe": cfg.recipe, "seq": args.seq, "gpus": args.gpus,
-                          "layout": lay, "pp_rank": rank, "components": report,
-                          "per_pp_rank": [m.as_dict() for m in measured]}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "recipe": cfg.recipe,
+                    "seq": args.seq,
+                    "gpus": args.gpus,
+                    "layout": lay,
+                    "pp_rank": rank,
+                    "components": report,
+                    "per_pp_rank": [m.as_dict() for m in measured],
+                }
+            )
+        )
         return 0
     shown = " ".join(f"{k}={v}" for k, v in lay.items())
     print(f"{cfg.recipe} at {args.seq} tokens on {args.gpus} GPUs, layout {shown}")
@@ -411,13 +477,21 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
                 f"{args.discrete!r}"
             ) from None
     m = train_tokenizer_on_shards(
-        args.shards, args.out, preset=args.preset, steps=args.steps, frames=args.frames,
-        size=args.size, seed=args.seed, fsq_levels=levels,
-    )  # fmt: skip
+        args.shards,
+        args.out,
+        preset=args.preset,
+        steps=args.steps,
+        frames=args.frames,
+        size=args.size,
+        seed=args.seed,
+        fsq_levels=levels,
+    )
     usage = "" if levels is None else f", codebook usage {100 * m.codebook_usage:.1f}%"
-    print(f"tokenizer {args.preset}: {m.steps} steps, loss {m.loss_first:.4f} -> "
-          f"{m.loss_last:.4f}, PSNR {m.psnr:.1f} dB (mean-colour baseline "
-          f"{m.baseline_psnr:.1f}){usage} -> {args.out}")  # fmt: skip
+    print(
+        f"tokenizer {args.preset}: {m.steps} steps, loss {m.loss_first:.4f} -> "
+        f"{m.loss_last:.4f}, PSNR {m.psnr:.1f} dB (mean-colour baseline "
+        f"{m.baseline_psnr:.1f}){usage} -> {args.out}"
+    )
     return 0
 
 
@@ -471,8 +545,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from vfm_core.video.sample_set import write_sample_videos
 
     try:
-        paths = write_sample_videos(args.dst, n=args.videos, seed=args.seed,
-                                    train=not args.held_out)  # fmt: skip
+        paths = write_sample_videos(
+            args.dst, n=args.videos, seed=args.seed, train=not args.held_out
+        )
     except (ValueError, OSError) as e:
         print(f"vfm sample: error: {e}", file=sys.stderr)
         return 2
@@ -480,8 +555,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
         print(json.dumps({"videos": [str(p) for p in paths]}))
     else:
         kind = "held-out" if args.held_out else "training"
-        print(f"{len(paths)} sample videos of {kind} combinations in {args.dst} (captions per "
-              f"shot in the .json beside each; `vfm curate {args.dst} OUT` cuts them into clips)")
+        print(
+            f"{len(paths)} sample videos of {kind} combinations in {args.dst} (captions per "
+            f"shot in the .json beside each; `vfm curate {args.dst} OUT` cuts them into clips)"
+        )
     return 0
 
 

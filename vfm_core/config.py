@@ -503,8 +503,9 @@ def validate(cfg: Config) -> Config:
     if m.hidden % m.heads:
         raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
     if m.abs_pos < 0 or m.abs_pos % 6:
-        raise ConfigError(f"model.abs_pos: must be a multiple of 6 (sin and cos per axis), got "
-                          f"{m.abs_pos}")  # fmt: skip
+        raise ConfigError(
+            f"model.abs_pos: must be a multiple of 6 (sin and cos per axis), got {m.abs_pos}"
+        )
     if m.head_dim % 2:
         raise ConfigError(f"model.heads: head_dim {m.head_dim} must be even for RoPE")
     if m.heads % m.n_kv_heads:

@@ -76,9 +76,10 @@ def running_services(root: Path | None = None) -> dict[str, dict]:
     return {
         name: info
         for name, info in services.items()
-        if isinstance(info, dict) and pid_alive(int(info.get("pid", -1)))
+        if isinstance(info, dict)
+        and pid_alive(int(info.get("pid", -1)))
         and (not info.get("health") or healthy(info["health"]))
-    }  # fmt: skip
+    }
 
 
 def use_running_services(root: Path | None = None) -> dict[str, str]:

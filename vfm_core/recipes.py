@@ -109,10 +109,18 @@ RECIPES: dict[str, Callable[[], Config]] = {
     # autoregressive: ~4M params on CPU; Cosmos-like 4B / 12B for the planner
     "ar-tiny": lambda: _cfg(
         "ar-tiny",
-        {**_AR_MODEL, "vocab_size": 1000, "hidden": 256, "depth": 4, "heads": 4, "kv_heads": 2,
-         "text_dim": 384, "text_len": 8},
+        {
+            **_AR_MODEL,
+            "vocab_size": 1000,
+            "hidden": 256,
+            "depth": 4,
+            "heads": 4,
+            "kv_heads": 2,
+            "text_dim": 384,
+            "text_len": 8,
+        },
         _AR_TINY_DATA,
-    ),  # fmt: skip
+    ),
     "ar-4b": lambda: _cfg(
         "ar-4b", {**_AR_BIG_MODEL, "hidden": 4096, "depth": 16, "heads": 32}, _AR_BIG_DATA
     ),

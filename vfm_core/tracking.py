@@ -75,8 +75,12 @@ TRAINING_KIND = "custom_model_development"
 def git_commit() -> str | None:
     """The commit of the checked-out code (None outside a git checkout)."""
     try:
-        out = subprocess.run(["git", "-C", str(_ROOT), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(_ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     sha = out.stdout.strip()
@@ -94,8 +98,13 @@ def train_run_name(recipe: str, degrees: dict[str, int], steps: int, world: int 
     return f"{recipe} {layout_label(degrees, world)} {steps} steps"
 
 
-def create_run(cfg: TrackingConfig, *, tags: dict[str, str] | None = None,
-               parent_run_id: str | None = None, name: str | None = None) -> str:  # fmt: skip
+def create_run(
+    cfg: TrackingConfig,
+    *,
+    tags: dict[str, str] | None = None,
+    parent_run_id: str | None = None,
+    name: str | None = None,
+) -> str:
     """Create an MLflow run (status RUNNING) and return its id; workers attach via MLFLOW_RUN_ID.
     The run carries the code's commit, is nested under ``parent_run_id`` when given and is named
     ``cfg.run_name``, else ``name``."""
@@ -106,8 +115,9 @@ def create_run(cfg: TrackingConfig, *, tags: dict[str, str] | None = None,
     all_tags.update(tags or {})
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
-    run = mlflow.MlflowClient().create_run(exp_id, run_name=cfg.run_name or name or None,
-                                           tags=all_tags)  # fmt: skip
+    run = mlflow.MlflowClient().create_run(
+        exp_id, run_name=cfg.run_name or name or None, tags=all_tags
+    )
     return run.info.run_id
 
 
@@ -127,8 +137,10 @@ def ui_hint(cfg: TrackingConfig | None = None) -> str:
     uri = tracking_uri(cfg)
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
-    return (f"{tool_command('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-            ", then open http://127.0.0.1:5000")  # fmt: skip
+    return (
+        f"{tool_command('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+        ", then open http://127.0.0.1:5000"
+    )
 
 
 def tool_command(name: str) -> str:

@@ -17,9 +17,12 @@ def _tokenizer(path: Path):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]",
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        bos_token="[BOS]",
+        eos_token="[EOS]",
         unk_token="[UNK]",
-    )  # fmt: skip
+    )
     fast.save_pretrained(path)
     return fast
 
@@ -39,13 +42,23 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-vlm")
     tok = _tokenizer(path)
     enc = ViTConfig(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        image_size=32, patch_size=8,
-    )  # fmt: skip
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+    )
     dec = GPT2Config(
-        vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=64,
-        add_cross_attention=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_positions=64,
+        add_cross_attention=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     cfg = VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
     cfg.decoder_start_token_id = tok.bos_token_id
     cfg.pad_token_id = tok.pad_token_id
@@ -72,9 +85,13 @@ def tiny_vit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-vit")
     torch.manual_seed(0)
     cfg = ViTConfig(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        image_size=32, patch_size=8,
-    )  # fmt: skip
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+    )
     ViTModel(cfg).save_pretrained(path)
     ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
     return path

@@ -21,10 +21,16 @@ def _cap(c: Captioner, uri: str, a: float = 0.0, b: float = 2.0) -> Caption | No
 def test_sidecar_txt_and_json(tmp_path):
     (tmp_path / "a.txt").write_text("  a red circle\n")
     (tmp_path / "b.json").write_text(
-        json.dumps({"caption": "whole video", "segments": [
-            {"start_s": 0, "end_s": 5, "caption": "first shot"},
-            {"start_s": 5, "end_s": 9, "caption": "second shot"}]})
-    )  # fmt: skip
+        json.dumps(
+            {
+                "caption": "whole video",
+                "segments": [
+                    {"start_s": 0, "end_s": 5, "caption": "first shot"},
+                    {"start_s": 5, "end_s": 9, "caption": "second shot"},
+                ],
+            }
+        )
+    )
     (tmp_path / "c.json").write_text("[1, 2]")
     (tmp_path / "d.json").write_text("{not json")
     s = SidecarCaptioner()

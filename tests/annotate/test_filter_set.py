@@ -58,9 +58,14 @@ def test_scenes_a_person_keeps_are_accepted(scene):
     assert reasons == [], (scene.__name__, scores, reasons)
 
 
-@pytest.mark.parametrize("scene,word,threshold", [(black, "black", "black_level"),
-                                                  (frozen, "static", "static_eps"),
-                                                  (one_colour, "blank", "blank_std")])  # fmt: skip
+@pytest.mark.parametrize(
+    "scene,word,threshold",
+    [
+        (black, "black", "black_level"),
+        (frozen, "static", "static_eps"),
+        (one_colour, "blank", "blank_std"),
+    ],
+)
 def test_scenes_a_person_drops_are_rejected_naming_the_threshold(scene, word, threshold):
     _, reasons = _reasons(scene)
     joined = "; ".join(reasons)

@@ -35,13 +35,16 @@ def tiny_t5(root: Path, d_model: int = 32) -> Path:
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>",
-                                                       special_tokens=[("</s>", 1)])  # fmt: skip
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(root)  # fmt: skip
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 1)]
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(root)
     torch.manual_seed(0)
-    cfg = T5Config(vocab_size=len(vocab), d_model=d_model, d_kv=8, d_ff=64, num_layers=2,
-                   num_heads=4)  # fmt: skip
+    cfg = T5Config(
+        vocab_size=len(vocab), d_model=d_model, d_kv=8, d_ff=64, num_layers=2, num_heads=4
+    )
     T5EncoderModel(cfg).save_pretrained(root)
     return root
 
@@ -94,8 +97,11 @@ def test_t5_from_a_local_path(t5_dir):
     spec = spec_from_record(record, "here")
     assert spec.model == str(t5_dir) and spec.mode == "tokens"
     assert null_from_record(record, 32, "here").shape == (1, 32)
-    with pytest.raises(TextEncoderError, match=r"here: null embedding has shape \(1, 32\), "
-                                               r"expected \(L, 16\)"):  # fmt: skip
+    with pytest.raises(
+        TextEncoderError,
+        match=r"here: null embedding has shape \(1, 32\), "
+        r"expected \(L, 16\)",
+    ):
         null_from_record(record, 16, "here")
 
 
@@ -113,8 +119,13 @@ def test_bad_encoder_inputs_are_one_clear_error(tmp_path):
 
 def vfm(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "vfm_core.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vfm_core.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -128,11 +139,18 @@ def test_run_on_t5_shards_drops_to_the_null_caption_and_generates_with_t5(
     from vfm_core.train.trainer import Trainer
 
     enc = TextEncoder(TextSpec(model=str(t5_dir)))
-    shards = mixed_shards.write(tmp_path / "data", embed=enc.encode,
-                                meta={"text": enc.record()})  # fmt: skip
-    sets = ["model.hidden=64", "model.depth=2", "model.text_dim=32", "train.device=cpu",
-            "data.batch_size=2", "data.max_tokens=32", "data.source=shards",
-            f"data.shards={shards}", "diffusion.cond_dropout=0.5"]  # fmt: skip
+    shards = mixed_shards.write(tmp_path / "data", embed=enc.encode, meta={"text": enc.record()})
+    sets = [
+        "model.hidden=64",
+        "model.depth=2",
+        "model.text_dim=32",
+        "train.device=cpu",
+        "data.batch_size=2",
+        "data.max_tokens=32",
+        "data.source=shards",
+        f"data.shards={shards}",
+        "diffusion.cond_dropout=0.5",
+    ]
 
     # caption dropout: a dropped caption is the empty caption's T5 embedding, its length too
     tr = Trainer(apply_overrides(get_recipe("dit-tiny"), sets))
@@ -147,13 +165,28 @@ def test_run_on_t5_shards_drops_to_the_null_caption_and_generates_with_t5(
 
     run = tmp_path / "run"
     argv = [a for s in sets for a in ("--set", s)]
-    r = vfm("train", "--recipe", "dit-tiny", "--steps", "2", "--no-mlflow", "--out", str(run),
-            *argv)  # fmt: skip
+    r = vfm(
+        "train", "--recipe", "dit-tiny", "--steps", "2", "--no-mlflow", "--out", str(run), *argv
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((run / TEXT_RECORD).read_text()) == enc.record()
     out = tmp_path / "gen" / "x.mp4"
-    r = vfm("generate", "--checkpoint", str(run), "--prompt", "a red circle moving right",
-            "--frames", "1", "--size", "32x32", "--steps", "2", "--out", str(out), "--no-gif",
-            "--json")  # fmt: skip
+    r = vfm(
+        "generate",
+        "--checkpoint",
+        str(run),
+        "--prompt",
+        "a red circle moving right",
+        "--frames",
+        "1",
+        "--size",
+        "32x32",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+        "--no-gif",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-2000:]  # a 384-d MiniLM prompt would not fit text_dim 32
     assert out.stat().st_size > 0

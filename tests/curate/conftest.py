@@ -25,9 +25,13 @@ def good_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
         truth[f"demo{seed}.mp4"] = make_video(d / f"demo{seed}.mp4", demo_spec(seed=seed))
     (d / "demo1.txt").unlink()
     (d / "demo1.json").write_text(
-        json.dumps({"caption": "fallback", "segments": [
-            {"start_s": 0.0, "end_s": 2.5, "caption": "the first shot"}]})
-    )  # fmt: skip
+        json.dumps(
+            {
+                "caption": "fallback",
+                "segments": [{"start_s": 0.0, "end_s": 2.5, "caption": "the first shot"}],
+            }
+        )
+    )
     return d, truth
 
 

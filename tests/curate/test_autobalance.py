@@ -19,24 +19,35 @@ T = 1000.0  # wall-clock origin: timelines are relative to the first event
 
 
 def ev(stage: str, actor: str, kind: str, start: float, end: float) -> BatchEvent:
-    return BatchEvent(stage=stage, actor=actor, kind=kind, start=T + start, end=T + end,
-                      n_in=int(kind == "batch"), n_out=int(kind == "batch"))  # fmt: skip
+    return BatchEvent(
+        stage=stage,
+        actor=actor,
+        kind=kind,
+        start=T + start,
+        end=T + end,
+        n_in=int(kind == "batch"),
+        n_out=int(kind == "batch"),
+    )
 
 
 # probe: actor a (setup 0-1, batches 1-2 and 2-3: back to back), actor b (batch 1.5-2.5);
 # split: actor c (batch 2-4); Ray's table: a in the pool 0-3.5, b 1.25-3, c 1.75-4
 BATCHES = [
-    ev("probe", "a", "setup", 0, 1), ev("probe", "a", "batch", 1, 2),
-    ev("probe", "a", "batch", 2, 3), ev("probe", "b", "batch", 1.5, 2.5),
+    ev("probe", "a", "setup", 0, 1),
+    ev("probe", "a", "batch", 1, 2),
+    ev("probe", "a", "batch", 2, 3),
+    ev("probe", "b", "batch", 1.5, 2.5),
     ev("split", "c", "batch", 2, 4),
-]  # fmt: skip
-ACTORS = [ev("probe", "a", "actor", 0, 3.5), ev("probe", "b", "actor", 1.25, 3),
-          ev("split", "c", "actor", 1.75, 4)]  # fmt: skip
+]
+ACTORS = [
+    ev("probe", "a", "actor", 0, 3.5),
+    ev("probe", "b", "actor", 1.25, 3),
+    ev("split", "c", "actor", 1.75, 4),
+]
 
 
 def test_step_counts_half_open_and_empty():
-    assert step_counts([(0, 1), (1, 2), (0.5, 1.5), (3, 3)]) == [(0, 1), (0.5, 2), (1.5, 1),
-                                                                  (2, 0)]  # fmt: skip
+    assert step_counts([(0, 1), (1, 2), (0.5, 1.5), (3, 3)]) == [(0, 1), (0.5, 2), (1.5, 1), (2, 0)]
     assert step_counts([]) == []
 
 
@@ -44,13 +55,19 @@ def test_busy_and_pool_timelines():
     events = ACTORS + BATCHES
     assert stage_order(events) == ["probe", "split"]
     # a's two batches touch at 2: one busy actor throughout, no step
-    assert busy_timeline(events) == {"probe": [(1, 1), (1.5, 2), (2.5, 1), (3, 0)],
-                                     "split": [(2, 1), (4, 0)]}  # fmt: skip
-    assert pool_timeline(events) == {"probe": [(0, 1), (1.25, 2), (3, 1), (3.5, 0)],
-                                     "split": [(1.75, 1), (4, 0)]}  # fmt: skip
+    assert busy_timeline(events) == {
+        "probe": [(1, 1), (1.5, 2), (2.5, 1), (3, 0)],
+        "split": [(2, 1), (4, 0)],
+    }
+    assert pool_timeline(events) == {
+        "probe": [(0, 1), (1.25, 2), (3, 1), (3.5, 0)],
+        "split": [(1.75, 1), (4, 0)],
+    }
     # without Ray's table: an actor is in the pool from its setup to its last batch
-    assert pool_timeline(BATCHES) == {"probe": [(0, 1), (1.5, 2), (2.5, 1), (3, 0)],
-                                      "split": [(2, 1), (4, 0)]}  # fmt: skip
+    assert pool_timeline(BATCHES) == {
+        "probe": [(0, 1), (1.5, 2), (2.5, 1), (3, 0)],
+        "split": [(2, 1), (4, 0)],
+    }
 
 
 def test_summarize_and_json():

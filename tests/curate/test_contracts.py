@@ -59,9 +59,15 @@ def test_duplicates_and_enums():
     with pytest.raises(ContractError, match=r"'video_id_span_index_unique' fails at rows \[0, 3\]"):
         validate(dup, ClipSpans, what="x")
     rej = pl.DataFrame(
-        {"source_uri": ["a", "b"], "video_id": [None, "v"], "stage": ["probe", "bogus"],
-         "reason": ["empty file", ""], "start_s": [None, 1.0], "end_s": [None, 2.0]}
-    )  # fmt: skip
+        {
+            "source_uri": ["a", "b"],
+            "video_id": [None, "v"],
+            "stage": ["probe", "bogus"],
+            "reason": ["empty file", ""],
+            "start_s": [None, 1.0],
+            "end_s": [None, 2.0],
+        }
+    )
     with pytest.raises(ContractError) as e:
         validate(rej, Rejects, what="rejects.parquet")
     assert "column 'stage'" in str(e.value) and "column 'reason'" in str(e.value)

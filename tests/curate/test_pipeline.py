@@ -55,6 +55,7 @@ def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path):
     gt = truth["demo0.mp4"]
     d0 = clips.filter(pl.col("source_uri") == str(src_dir / "demo0.mp4")).sort("start_s")
     starts = d0["start_frame"].to_list()
+
     def at_transition(f: int) -> bool:
         near_cut = any(abs(f - a) <= 2 for a, _ in gt.segments)
         return near_cut or any(a - 2 <= f <= b + 2 for a, b in gt.fades)
@@ -94,9 +95,13 @@ def test_bad_input_is_rejected_with_reason(bad_dir, tmp_path, kind, stage, reaso
 
 @pytest.mark.parametrize(
     ("kind", "size", "fps"),
-    [("vfr", (96, 64), 22.06), ("rotated", (64, 96), 24.0), ("yuv444", (96, 64), 24.0),
-     ("10bit", (96, 64), 24.0)],
-)  # fmt: skip
+    [
+        ("vfr", (96, 64), 22.06),
+        ("rotated", (64, 96), 24.0),
+        ("yuv444", (96, 64), 24.0),
+        ("10bit", (96, 64), 24.0),
+    ],
+)
 def test_valid_unusual_input_is_processed(bad_dir, tmp_path, kind, size, fps):
     out = curate(str(bad_dir / f"{kind}.mp4"), str(tmp_path / "o"), config=CFG)
     clips = read_clips(str(tmp_path / "o"))

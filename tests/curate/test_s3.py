@@ -53,8 +53,10 @@ def test_curate_s3_to_s3(s3, good_dir, bad_dir, tmp_path):
         s3.put_file(str(bad_dir / f"{k}.mp4"), f"vfm/raw/bad/{k}.mp4")
     s3.put_file(str(bad_dir / "vfr.mp4"), "vfm/raw/bad/gone.mp4")
     refs = discover("s3://vfm/raw/")
-    assert [r.source_uri for r in refs][:2] == ["s3://vfm/raw/bad/gone.mp4",
-                                                "s3://vfm/raw/bad/rotated.mp4"]  # fmt: skip
+    assert [r.source_uri for r in refs][:2] == [
+        "s3://vfm/raw/bad/gone.mp4",
+        "s3://vfm/raw/bad/rotated.mp4",
+    ]
     s3.rm("vfm/raw/bad/gone.mp4")  # listed, then unreadable: a "read" reject, retried next run
     s3.invalidate_cache()
     out = curate("s3://vfm/raw/", "s3://vfm/out", config=CFG, refs=refs)

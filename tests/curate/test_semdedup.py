@@ -34,8 +34,9 @@ def test_near_duplicates_name_the_kept_clip():
         assert ids[d.kept] not in removed
     # the same clips go whatever the row order
     perm = np.random.default_rng(1).permutation(len(ids))
-    again = find_duplicates(emb[perm], [ids[i] for i in perm], SemDedupConfig(threshold=0.95,
-                                                                              clusters=3))
+    again = find_duplicates(
+        emb[perm], [ids[i] for i in perm], SemDedupConfig(threshold=0.95, clusters=3)
+    )
     assert {ids[perm[d.index]] for d in again} == removed
     assert find_duplicates(emb, ids, SemDedupConfig()) == []  # off by default
 

@@ -15,8 +15,9 @@ from vfm_core.curate.pipeline import read_clips
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_damaged_state_is_reported_and_rebuilt_from_the_manifests(good_dir, tmp_path, caplog,
-                                                                  damage):  # fmt: skip
+def test_damaged_state_is_reported_and_rebuilt_from_the_manifests(
+    good_dir, tmp_path, caplog, damage
+):
     src, dst = str(good_dir[0]), str(tmp_path / "out")
     first = curate(src, dst, config=CFG)
     before = read_clips(dst)

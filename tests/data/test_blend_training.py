@@ -65,8 +65,11 @@ def _source(*extra: str, **kw) -> ShardLatentSource:
 def _content(batch) -> list[tuple]:
     """(key, draw key or None, latent bytes) of every sample of a step, in order."""
     if isinstance(batch, PackedLatentBatch):
-        return [(k, pos, z.numpy().tobytes()) for p in batch.packs
-                for k, pos, z in zip(p.keys, p.positions, p.latents, strict=True)]  # fmt: skip
+        return [
+            (k, pos, z.numpy().tobytes())
+            for p in batch.packs
+            for k, pos, z in zip(p.keys, p.positions, p.latents, strict=True)
+        ]
     return [(k, None, z.numpy().tobytes()) for k, z in zip(batch.keys, batch.latents, strict=True)]
 
 
@@ -127,8 +130,11 @@ def test_bad_blends_are_one_line_errors_naming_the_key(two, tmp_path):
         with pytest.raises(ConfigError, match=msg) as e:
             _source(*UNPACKED, _blend((a, 0.7), (d, 0.3)))
         _one_line(e)
-    with pytest.raises(ConfigError, match=rf"data.max_tokens=17 is smaller .* of data.blend "
-                                          rf"dataset {a}"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=rf"data.max_tokens=17 is smaller .* of data.blend "
+        rf"dataset {a}",
+    ):
         _source("data.max_tokens=17", _blend((a, 0.7), (b, 0.3)))
 
 
@@ -224,12 +230,15 @@ def test_blend_state_restores_on_another_data_parallel_size(two):
         src.next_batch()
     state = json.loads(json.dumps(src.state_dict()))
     want = [_content(src.next_batch()) for _ in range(5)]
-    ranks = [_source(*UNPACKED, "data.batch_size=1", _blend((a, 0.7), (b, 0.3)), dp_rank=r,
-                     dp_size=2) for r in range(2)]  # fmt: skip
+    ranks = [
+        _source(*UNPACKED, "data.batch_size=1", _blend((a, 0.7), (b, 0.3)), dp_rank=r, dp_size=2)
+        for r in range(2)
+    ]
     for r in ranks:
         r.load_state_dict(state)
-    assert [_content(ranks[0].next_batch()) + _content(ranks[1].next_batch())
-            for _ in range(5)] == want  # fmt: skip
+    assert [
+        _content(ranks[0].next_batch()) + _content(ranks[1].next_batch()) for _ in range(5)
+    ] == want
     assert ranks[0].dataset_samples == ranks[1].dataset_samples == src.dataset_samples
 
 
@@ -241,8 +250,14 @@ def test_training_from_a_blend_logs_samples_per_dataset_and_resumes(two, tmp_pat
     packed = mode == PACKED
     steps = 6
     mlflow = f"tracking.mlflow={str(packed).lower()}"
-    cfg = _cfg(*mode, _blend((a, 0.6), (b, 0.4)), f"train.steps={steps}", "train.ckpt_every=3",
-               mlflow, "tracking.experiment=test-blend")  # fmt: skip
+    cfg = _cfg(
+        *mode,
+        _blend((a, 0.6), (b, 0.4)),
+        f"train.steps={steps}",
+        "train.ckpt_every=3",
+        mlflow,
+        "tracking.experiment=test-blend",
+    )
     out = tmp_path / "run"
     summary = run_training(cfg, out_dir=out, progress=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").open()]

@@ -75,8 +75,9 @@ def test_reading_a_sample_touches_only_its_row_group(pair):
     index.row(8)
     assert index.table.reads == [("rows", 1), ("geometry", 2)]
     # an unpacked step reads only the row groups of this rank's samples
-    ld = build_loader(shards=str(col), seed=1, batch_size=2, dp_rank=1, dp_size=4,
-                      decode="none", verify="none")  # fmt: skip
+    ld = build_loader(
+        shards=str(col), seed=1, batch_size=2, dp_rank=1, dp_size=4, decode="none", verify="none"
+    )
     b = ld.next_batch()
     groups = {("rows", s.index // RG) for s in b.samples}
     assert set(ld.index.table.reads) == groups
@@ -151,8 +152,14 @@ def test_columnar_index_on_s3(s3_server, clips_dir):
 
     df = pd.read_parquet(clips_dir / "clips.parquet").head(8)
     url = "s3://vfm/datasets/columnar"
-    write_shards(df, url, embed=hash_embed, base_url=str(clips_dir), index_format="parquet",
-                 config=ShardWriterConfig(target_shard_bytes=15_000))  # fmt: skip
+    write_shards(
+        df,
+        url,
+        embed=hash_embed,
+        base_url=str(clips_dir),
+        index_format="parquet",
+        config=ShardWriterConfig(target_shard_bytes=15_000),
+    )
     index = read_index(url)
     assert isinstance(index, ParquetIndex) and len(index) == 8
     ld = build_loader(shards=index, seed=0, batch_size=4, decode="none")

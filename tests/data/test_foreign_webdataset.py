@@ -32,8 +32,13 @@ SHAPES = [(5, 32, 32), (1, 40, 48), (9, 32, 48), (1, 32, 32), (5, 48, 32), (1, 4
 
 def _mp4(tmp: Path, i: int, frames: int, h: int, w: int) -> bytes:
     path = tmp / f"v{i}.mp4"
-    spec = VideoSpec(width=w, height=h, fps=8.0, seed=100 + i,
-                     segments=(Segment(kind="moving", n_frames=frames),))  # fmt: skip
+    spec = VideoSpec(
+        width=w,
+        height=h,
+        fps=8.0,
+        seed=100 + i,
+        segments=(Segment(kind="moving", n_frames=frames),),
+    )
     make_video(path, spec)
     return path.read_bytes()
 
@@ -200,15 +205,17 @@ def test_bad_foreign_inputs(tmp_path, shard_dir):
     root = _write_foreign(tmp_path / "a", good)
 
     with pytest.raises(ForeignIndexError, match=r"no sample has a media member webm.*mp4 \(3\)"):
-        index_foreign_shards(str(root), embed=hash_embed,
-                             config=ForeignIndexConfig(video_key="webm"))  # fmt: skip
+        index_foreign_shards(
+            str(root), embed=hash_embed, config=ForeignIndexConfig(video_key="webm")
+        )
     with pytest.raises(ForeignIndexError, match="unknown media extension.*decodable are mp4"):
         index_foreign_shards(
             str(root), embed=hash_embed, config=ForeignIndexConfig(video_key="gif")
         )
     with pytest.raises(ForeignIndexError, match="expected a member extension"):
-        index_foreign_shards(str(root), embed=hash_embed,
-                             config=ForeignIndexConfig(caption_key="json:"))  # fmt: skip
+        index_foreign_shards(
+            str(root), embed=hash_embed, config=ForeignIndexConfig(caption_key="json:")
+        )
 
     # duplicate keys across shards: both shards named
     dup = tmp_path / "dup"
@@ -238,9 +245,12 @@ def test_bad_foreign_inputs(tmp_path, shard_dir):
         index_foreign_shards(str(gz), embed=hash_embed)
 
     # broken media and bad json are skipped with a reason; an unknown member ext is carried
-    mixed = [*good, {"__key__": "bad", "mp4": b"not a video" * 50, "txt": b"c"},
-             {"__key__": "badjson", "mp4": mp4, "json": b"{oops"},
-             {"__key__": "other", "mp4": mp4, "txt": b"d", "seg.weird": b"\1\2"}]  # fmt: skip
+    mixed = [
+        *good,
+        {"__key__": "bad", "mp4": b"not a video" * 50, "txt": b"c"},
+        {"__key__": "badjson", "mp4": mp4, "json": b"{oops"},
+        {"__key__": "other", "mp4": mp4, "txt": b"d", "seg.weird": b"\1\2"},
+    ]
     root = _write_foreign(tmp_path / "mixed", mixed)
     summary = index_foreign_shards(str(root), embed=hash_embed)
     assert summary["n_samples"] == 4 and summary["n_skipped"] == 2
@@ -281,11 +291,26 @@ def test_vfm_index_then_vfm_train(foreign_dir, tmp_path, capsys):
     torch.manual_seed(0)
     save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny")), tmp_path / "tok")
     tok = tmp_path / "tok"
-    sets = ["data.source=shards", f"data.shards={foreign_dir}", f"data.tokenizer={tok}",
-            "data.latent_frames=1", "data.latent_height=4", "data.latent_width=4",
-            "data.batch_size=2", "optim.warmup_steps=1"]  # fmt: skip
-    argv = ["train", "--recipe", "dit-tiny", "--steps", "2", "--no-mlflow",
-            "--out", str(tmp_path / "run")] + [a for s in sets for a in ("--set", s)]  # fmt: skip
+    sets = [
+        "data.source=shards",
+        f"data.shards={foreign_dir}",
+        f"data.tokenizer={tok}",
+        "data.latent_frames=1",
+        "data.latent_height=4",
+        "data.latent_width=4",
+        "data.batch_size=2",
+        "optim.warmup_steps=1",
+    ]
+    argv = [
+        "train",
+        "--recipe",
+        "dit-tiny",
+        "--steps",
+        "2",
+        "--no-mlflow",
+        "--out",
+        str(tmp_path / "run"),
+    ] + [a for s in sets for a in ("--set", s)]
     assert main(argv) == 0
     assert "trained dit-tiny to step 2" in capsys.readouterr().out
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]

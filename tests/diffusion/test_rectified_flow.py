@@ -59,14 +59,20 @@ def test_sampler_recovers_a_point_mass(steps, method):
         return (x_in - x0) / c_noise.view(-1, 1, 1)  # velocity at (x_t, t)
 
     noise = torch.randn(1, 3, 1, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    out = sample(lambda x, s, tx: rf.denoise(oracle, x, s, tx), noise, text=None,
-                 sigmas=rf.sampling_sigmas(steps).double(), method=method)  # fmt: skip
+    out = sample(
+        lambda x, s, tx: rf.denoise(oracle, x, s, tx),
+        noise,
+        text=None,
+        sigmas=rf.sampling_sigmas(steps).double(),
+        method=method,
+    )
     assert torch.allclose(out, x0, atol=1e-6)
 
 
 def test_training_times_are_logit_normal_with_the_shift():
-    rf = create_diffusion(DiffusionConfig(objective="rectified_flow", logit_mean=0.2,
-                                          logit_std=0.8, shift=3.0))  # fmt: skip
+    rf = create_diffusion(
+        DiffusionConfig(objective="rectified_flow", logit_mean=0.2, logit_std=0.8, shift=3.0)
+    )
     sigma = rf.sample_sigma(200_000, generator=torch.Generator().manual_seed(0))
     logit_t = sigma.log()  # logit(t) = ln(t / (1 - t)) = ln sigma
     assert logit_t.mean().item() == pytest.approx(0.2 + math.log(3.0), abs=0.01)
@@ -78,8 +84,15 @@ def test_training_times_are_logit_normal_with_the_shift():
 
 
 def test_dit_tiny_trains_with_rectified_flow(tmp_path):
-    sets = ["diffusion.objective=rectified_flow", "data.batch_size=4", "model.depth=2",
-            "train.steps=30", "optim.lr=0.002", "optim.warmup_steps=5", "tracking.mlflow=false"]
+    sets = [
+        "diffusion.objective=rectified_flow",
+        "data.batch_size=4",
+        "model.depth=2",
+        "train.steps=30",
+        "optim.lr=0.002",
+        "optim.warmup_steps=5",
+        "tracking.mlflow=false",
+    ]
     cfg = apply_overrides(get_recipe("dit-tiny"), sets)
     run_training(cfg, out_dir=tmp_path, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").open()]

@@ -36,8 +36,12 @@ def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with open(log, "w") as f:
         return subprocess.Popen(
             [RAY, "start", "--block", "--disable-usage-stats", *args],
-            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
-        )  # fmt: skip
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
 
 
 def _wait_ready(proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
@@ -68,28 +72,42 @@ def ray_cluster(*, workers: int = 1, cpus_per_node: int = 1) -> Iterator[str]:
     """Yields the head's "127.0.0.1:PORT"; every node runs from this venv with PYTHONPATH=REPO."""
     # short temp dir: Ray's unix sockets live under it (108-byte limit)
     root = Path(tempfile.mkdtemp(prefix="vfmray-", dir="/tmp"))
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               PYTHONPATH=str(REPO))  # fmt: skip
+    env = dict(
+        os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO)
+    )
     port = free_port()
     common = [f"--num-cpus={cpus_per_node}", "--object-store-memory=100000000"]
     procs: list[subprocess.Popen] = []
     try:
         head = _start(
-            ["--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-             "--include-dashboard=false", f"--dashboard-port={free_port()}",
-             f"--ray-client-server-port={free_port()}",
-             f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={root / 'h'}", *common],
-            root / "head.log", env,
-        )  # fmt: skip
+            [
+                "--head",
+                "--node-ip-address=127.0.0.1",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--dashboard-port={free_port()}",
+                f"--ray-client-server-port={free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
+                f"--temp-dir={root / 'h'}",
+                *common,
+            ],
+            root / "head.log",
+            env,
+        )
         procs.append(head)
         _wait_ready(head, root / "head.log", 60)
         for i in range(workers):
             log = root / f"worker{i}.log"
             w = _start(
-                [f"--address=127.0.0.1:{port}", f"--dashboard-agent-listen-port={free_port()}",
-                 f"--temp-dir={root / f'w{i}'}", *common],
-                log, env,
-            )  # fmt: skip
+                [
+                    f"--address=127.0.0.1:{port}",
+                    f"--dashboard-agent-listen-port={free_port()}",
+                    f"--temp-dir={root / f'w{i}'}",
+                    *common,
+                ],
+                log,
+                env,
+            )
             procs.append(w)
             _wait_ready(w, log, 60)
         yield f"127.0.0.1:{port}"

@@ -64,8 +64,9 @@ def test_tasks_directly(raw, tmp_path):
         curate_video_task.fn(refs[0], dst, {**cfg, "colour": 1})
     # a video lost between curation and the manifest step breaks the coverage contract
     with pytest.raises(ContractError, match="inputs with no clip and no reject"):
-        write_manifests_task.fn([*refs, {"source_uri": "ghost.mp4", "url": "/ghost.mp4"}], dst,
-                                cfg, results)  # fmt: skip
+        write_manifests_task.fn(
+            [*refs, {"source_uri": "ghost.mp4", "url": "/ghost.mp4"}], dst, cfg, results
+        )
 
 
 @pytest.mark.slow
@@ -79,8 +80,10 @@ def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
     rejects = read_manifest(tmp_path / "out" / "rejects.parquet", Rejects)
     assert summary["n_inputs"] == 3 and summary["n_clips"] == clips.height > 3
     assert set(clips["source_uri"]) | set(rejects["source_uri"]) == {
-        "in/demo.mp4", "in/empty.mp4", "in/sub/rot.mp4"
-    }  # fmt: skip
+        "in/demo.mp4",
+        "in/empty.mp4",
+        "in/sub/rot.mp4",
+    }
     assert rejects.filter(pl.col("source_uri") == "in/empty.mp4")["stage"].to_list() == ["probe"]
     assert all(os.path.exists(u) for u in clips["uri"])
     again = curate_flow(params)

@@ -62,8 +62,13 @@ def test_curate_flow_on_ray_cluster(prefect_api, src, tmp_path, monkeypatch):
     cfg = CurateConfig(min_len_s=1.0)
     local = curate(str(src), str(tmp_path / "local"), config=cfg)
     with ray_cluster(workers=1, cpus_per_node=1) as address:
-        params = CurateParams(src=str(src), dst=str(tmp_path / "ray"), min_len_s=1.0,
-                              executor="ray", ray_address=address)  # fmt: skip
+        params = CurateParams(
+            src=str(src),
+            dst=str(tmp_path / "ray"),
+            min_len_s=1.0,
+            executor="ray",
+            ray_address=address,
+        )
         summary = curate_flow(params)
         nodes = _stage_actor_nodes(address)
     assert summary["n_clips"] == local["n_clips"] > 3 and summary["n_rejects"] == local["n_rejects"]
@@ -79,8 +84,9 @@ def test_curate_flow_on_ray_cluster(prefect_api, src, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_curate_flow_no_cluster_fails_fast(prefect_api, src, tmp_path):
     port = free_port()  # nothing listens there
-    params = CurateParams(src=str(src), dst=str(tmp_path / "out"), executor="ray",
-                          ray_address=f"127.0.0.1:{port}")  # fmt: skip
+    params = CurateParams(
+        src=str(src), dst=str(tmp_path / "out"), executor="ray", ray_address=f"127.0.0.1:{port}"
+    )
     t0 = time.monotonic()
     state = curate_flow(params, return_state=True)
     assert state.is_failed() and time.monotonic() - t0 < 30  # ray.init alone: minutes
@@ -104,10 +110,23 @@ def test_no_cluster_one_line(src, tmp_path):
     assert _retry_unless_no_cluster(None, None, Failed(data=RuntimeError("node died")))
     env = dict(os.environ, PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")
     r = subprocess.run(
-        [sys.executable, "-m", "vfm_core.cli", "curate", str(src), str(tmp_path / "cli"),
-         "--executor", "ray", "--ray-address", f"127.0.0.1:{port}"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vfm_core.cli",
+            "curate",
+            str(src),
+            str(tmp_path / "cli"),
+            "--executor",
+            "ray",
+            "--ray-address",
+            f"127.0.0.1:{port}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         f"vfm curate: error: no Ray cluster answers at 127.0.0.1:{port} (connection refused); "
@@ -115,6 +134,10 @@ def test_no_cluster_one_line(src, tmp_path):
     ]
     r = subprocess.run(
         [sys.executable, "-m", "vfm_core.cli", "curate", str(src), "out", "--ray-address", "x:1"],
-        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2 and "--ray-address needs --executor ray" in r.stderr

@@ -14,8 +14,18 @@ from flows.shard import ShardParams
 from flows.train import TrainParams
 
 
-@pytest.mark.parametrize("model", [CurateParams, GenerateParams, PipelineParams, ScalingParams,
-                                   LayoutSpec, ShardParams, TrainParams])  # fmt: skip
+@pytest.mark.parametrize(
+    "model",
+    [
+        CurateParams,
+        GenerateParams,
+        PipelineParams,
+        ScalingParams,
+        LayoutSpec,
+        ShardParams,
+        TrainParams,
+    ],
+)
 def test_no_angle_brackets_in_form_descriptions(model: type[BaseModel]):
     for name, field in model.model_fields.items():
         text = (field.description or "") + (model.__doc__ or "")

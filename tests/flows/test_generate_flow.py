@@ -13,9 +13,18 @@ from tasks.train import train_model
 from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
 
-TINY = ["model.hidden=64", "model.depth=2", "model.adaln_lora_rank=16", "data.batch_size=2",
-        "data.latent_height=8", "data.latent_width=8", "train.steps=2", "tracking.mlflow=false",
-        "diffusion.num_steps=3", "train.device=cpu"]  # fmt: skip
+TINY = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.adaln_lora_rank=16",
+    "data.batch_size=2",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "train.steps=2",
+    "tracking.mlflow=false",
+    "diffusion.num_steps=3",
+    "train.device=cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +64,17 @@ def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path
 
     run, tok = trained
     params = GenerateParams(
-        checkpoint=run, prompts=["a red circle moving right", "a blue square"], frames=5,
+        checkpoint=run,
+        prompts=["a red circle moving right", "a blue square"],
+        frames=5,
         size="64x64",
-        steps=2, guidance=2.0, tokenizer=tok, out_dir=str(tmp_path / "gen"), eval_samples=4,
+        steps=2,
+        guidance=2.0,
+        tokenizer=tok,
+        out_dir=str(tmp_path / "gen"),
+        eval_samples=4,
         experiment="test-generate-flow",
-    )  # fmt: skip
+    )
     out = generate_flow(params)
     assert [v["frames"] for v in out["videos"]] == [5, 5]
     assert [v["seed"] for v in out["videos"]] == [0, 1]
@@ -98,9 +113,12 @@ def test_failing_generation_marks_run_failed(prefect_api, trained, tmp_path):
     import mlflow
 
     params = GenerateParams(
-        checkpoint=str(tmp_path / "missing"), prompts=["x"], evaluate=False,
-        out_dir=str(tmp_path / "gen"), experiment="test-generate-flow",
-    )  # fmt: skip
+        checkpoint=str(tmp_path / "missing"),
+        prompts=["x"],
+        evaluate=False,
+        out_dir=str(tmp_path / "gen"),
+        experiment="test-generate-flow",
+    )
     with pytest.raises(
         RuntimeError,
         match="exited with code 2: vfm generate: error: --checkpoint .*missing: no such directory",
@@ -116,11 +134,20 @@ def test_generate_task_fn_names_tokenizer_mismatch(trained, tmp_path):
     from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
 
     run, _ = trained
-    save_tokenizer(CausalVideoAutoencoder(TokenizerConfig(base_channels=16, latent_channels=8)),
-                   tmp_path / "tok8")  # fmt: skip
+    save_tokenizer(
+        CausalVideoAutoencoder(TokenizerConfig(base_channels=16, latent_channels=8)),
+        tmp_path / "tok8",
+    )
     with pytest.raises(RuntimeError, match="8 latent channels, expected 4"):
-        generate_video.fn(run, "a cat", str(tmp_path / "x.mp4"), frames=5, size="64x64", seed=0,
-                          tokenizer=str(tmp_path / "tok8"))  # fmt: skip
+        generate_video.fn(
+            run,
+            "a cat",
+            str(tmp_path / "x.mp4"),
+            frames=5,
+            size="64x64",
+            seed=0,
+            tokenizer=str(tmp_path / "tok8"),
+        )
 
 
 def test_encode_shards_task_fn(trained, tmp_path):
@@ -132,8 +159,10 @@ def test_encode_shards_task_fn(trained, tmp_path):
     from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 
     _, tok = trained
-    make_video(tmp_path / "c.mp4", VideoSpec(width=32, height=32, fps=8.0,
-               segments=(Segment(kind="moving", n_frames=9),)))  # fmt: skip
+    make_video(
+        tmp_path / "c.mp4",
+        VideoSpec(width=32, height=32, fps=8.0, segments=(Segment(kind="moving", n_frames=9),)),
+    )
     clips = pd.DataFrame([{"clip_id": "c0", "uri": str(tmp_path / "c.mp4"), "caption": "a"}])
     write_shards(clips, str(tmp_path / "src"), embed=lambda c: np.ones((len(c), 8), np.float32))
     out = encode_latents.fn(str(tmp_path / "src"), str(tmp_path / "dst"), tokenizer=tok)

@@ -17,11 +17,15 @@ from vfm_core.infra_env import running_services, use_running_services
 def record(tmp_path, monkeypatch):
     for var in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "AWS_ENDPOINT_URL", "VFM_NO_SERVICES"):
         monkeypatch.delenv(var, raising=False)
-    services = {"mlflow": {"pid": os.getpid(), "port": 5123, "health": None},  # alive
-                "prefect": {"pid": 2**22 + 17, "port": 4321, "health": None},  # not running
-                "worker": {"pid": os.getpid(), "port": None, "health": None}}  # fmt: skip
-    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5123",
-           "PREFECT_API_URL": "http://127.0.0.1:4321/api"}  # fmt: skip
+    services = {
+        "mlflow": {"pid": os.getpid(), "port": 5123, "health": None},  # alive
+        "prefect": {"pid": 2**22 + 17, "port": 4321, "health": None},  # not running
+        "worker": {"pid": os.getpid(), "port": None, "health": None},
+    }
+    env = {
+        "MLFLOW_TRACKING_URI": "http://127.0.0.1:5123",
+        "PREFECT_API_URL": "http://127.0.0.1:4321/api",
+    }
     (tmp_path / "services.json").write_text(json.dumps({"services": services, "env": env}))
     return tmp_path
 
@@ -50,8 +54,14 @@ def test_no_or_broken_record_is_embedded_defaults(tmp_path):
 
 
 def test_log_lines_drop_progress_redraws():
-    out = ("loading\n\x1b[32mstep 1/4 loss 0.9\x1b[0m\n"
-           " 25%|██▌       | 1/4 [00:00<00:01]\r 50%|█████     | 2/4 [00:01<00:01]\r"
-           "100%|██████████| 4/4 [00:02<00:00]\n\n done\n")  # fmt: skip
-    assert log_lines(out) == ["loading", "step 1/4 loss 0.9",
-                              "100%|██████████| 4/4 [00:02<00:00]", " done"]  # fmt: skip
+    out = (
+        "loading\n\x1b[32mstep 1/4 loss 0.9\x1b[0m\n"
+        " 25%|██▌       | 1/4 [00:00<00:01]\r 50%|█████     | 2/4 [00:01<00:01]\r"
+        "100%|██████████| 4/4 [00:02<00:00]\n\n done\n"
+    )
+    assert log_lines(out) == [
+        "loading",
+        "step 1/4 loss 0.9",
+        "100%|██████████| 4/4 [00:02<00:00]",
+        " done",
+    ]

@@ -18,15 +18,26 @@ TINY = ["data.batch_size=2"]
 def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, tmp_path):
     import mlflow
 
-    base = dict(name="t-pipe", work_dir=str(tmp_path), sample_videos=1, tokenizer_steps=3,
-                train_steps=2, latent_grid=(2, 4, 4), experiment="t-pipeline",
-                prompts=["moving shapes"], generate_steps=2, eval_prompts=3,
-                eval_samples=4)  # fmt: skip
+    base = dict(
+        name="t-pipe",
+        work_dir=str(tmp_path),
+        sample_videos=1,
+        tokenizer_steps=3,
+        train_steps=2,
+        latent_grid=(2, 4, 4),
+        experiment="t-pipeline",
+        prompts=["moving shapes"],
+        generate_steps=2,
+        eval_prompts=3,
+        eval_samples=4,
+    )
     bad = PipelineParams(**base, overrides=TINY + ["model.in_channels=7"])  # != tokenizer latents
     with pytest.raises(PipelineStageError, match="pipeline stage 'train' failed"):
         pipeline_flow(bad)
-    kept = {s: stage_marker(str(tmp_path), s)
-            for s in ("sample", "curate", "shard", "tokenizer", "encode")}  # fmt: skip
+    kept = {
+        s: stage_marker(str(tmp_path), s)
+        for s in ("sample", "curate", "shard", "tokenizer", "encode")
+    }
     assert all(p.exists() for p in kept.values())
     assert not stage_marker(str(tmp_path), "train").exists()
     mtimes = {s: p.stat().st_mtime_ns for s, p in kept.items()}
@@ -79,19 +90,31 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     }
     # the failed first attempt: its parent ended FAILED with the stage's error
     failed = client.search_runs([parent.info.experiment_id], "attributes.status = 'FAILED'")
-    assert any("pipeline stage 'train' failed" in r.data.tags.get("vfm.error", "")
-               for r in failed if r.data.tags.get("vfm.stage") == "pipeline")  # fmt: skip
+    assert any(
+        "pipeline stage 'train' failed" in r.data.tags.get("vfm.error", "")
+        for r in failed
+        if r.data.tags.get("vfm.stage") == "pipeline"
+    )
 
     again = pipeline_flow(PipelineParams(**base, overrides=TINY))  # everything done: no work
     assert again["train"]["mlflow_run_id"] == out["train"]["mlflow_run_id"]
     # the new pipeline run has no children: its report and tag say where the reused runs are
-    assert again["reused"] == ["sample", "curate", "shard", "tokenizer", "encode", "train",
-                               "generate"]  # fmt: skip
+    assert again["reused"] == [
+        "sample",
+        "curate",
+        "shard",
+        "tokenizer",
+        "encode",
+        "train",
+        "generate",
+    ]
     runs_line = again["report"].splitlines()[-1]
     assert "nested under it" not in runs_line
-    assert (f"reused from an earlier run of this pipeline, not nested here: train run "
-            f"`{out['train']['mlflow_run_id']}`, generate run "
-            f"`{out['generate']['mlflow_run_id']}`") in runs_line  # fmt: skip
+    assert (
+        f"reused from an earlier run of this pipeline, not nested here: train run "
+        f"`{out['train']['mlflow_run_id']}`, generate run "
+        f"`{out['generate']['mlflow_run_id']}`"
+    ) in runs_line
     assert "nested under it" in out["report"].splitlines()[-1]
     tags = client.get_run(again["mlflow_run_id"]).data.tags
     assert tags["vfm.reused_stages"] == ",".join(again["reused"])
@@ -120,11 +143,18 @@ def test_pipeline_autoregressive_family(prefect_api, tmp_path):
     import mlflow
     import numpy as np
 
-    params = PipelineParams(name="t-ar", family="autoregressive", work_dir=str(tmp_path),
-                            sample_videos=1, tokenizer_steps=3, train_steps=3,
-                            latent_grid=(2, 4, 4), experiment="t-pipeline-ar",
-                            overrides=["data.batch_size=2", "model.depth=2"],
-                            prompts=["a red circle moving right"])  # fmt: skip
+    params = PipelineParams(
+        name="t-ar",
+        family="autoregressive",
+        work_dir=str(tmp_path),
+        sample_videos=1,
+        tokenizer_steps=3,
+        train_steps=3,
+        latent_grid=(2, 4, 4),
+        experiment="t-pipeline-ar",
+        overrides=["data.batch_size=2", "model.depth=2"],
+        prompts=["a red circle moving right"],
+    )
     out = pipeline_flow(params)
     assert out["tokenizer"]["preset"] == "tok-tiny-discrete"
     assert out["train"]["step"] == 3

@@ -10,9 +10,16 @@ import pytest
 from flows.scaling import LayoutSpec, ScalingParams, scaling_flow
 from vfm_core.cli import main as vfm
 
-TINY = ["model.hidden=64", "model.depth=2", "model.heads=4", "model.adaln_lora_rank=16",
-        "data.batch_size=2", "data.latent_frames=2", "data.latent_height=8",
-        "data.latent_width=8"]  # fmt: skip
+TINY = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.heads=4",
+    "model.adaln_lora_rank=16",
+    "data.batch_size=2",
+    "data.latent_frames=2",
+    "data.latent_height=8",
+    "data.latent_width=8",
+]
 
 
 @pytest.mark.slow
@@ -20,9 +27,13 @@ def test_scaling_study_runs_and_reports(prefect_api, tmp_path, capsys):
     import mlflow
 
     params = ScalingParams(
-        study="t-study", steps=4, overrides=TINY, out_dir=str(tmp_path), experiment="t-scaling",
+        study="t-study",
+        steps=4,
+        overrides=TINY,
+        out_dir=str(tmp_path),
+        experiment="t-scaling",
         layouts=[LayoutSpec(), LayoutSpec(nproc=2, dp_shard=2)],
-    )  # fmt: skip
+    )
     out = scaling_flow(params)
     assert [r["layout"] for r in out["runs"]] == ["1proc", "dp_shard2"]
     rows = json.loads((tmp_path / "report" / "rows.json").read_text())
@@ -43,12 +54,18 @@ def test_scaling_study_runs_and_reports(prefect_api, tmp_path, capsys):
     assert study.data.tags["vfm.study"] == "t-study" and study.info.status == "FINISHED"
     assert study.info.run_name == "study t-study: dit-tiny x 2 layouts"
     names = {a.path for a in client.list_artifacts(study.info.run_id, "report")}
-    assert {"report/report.md", "report/throughput.png", "report/efficiency.png",
-            "report/scaling.json"} <= names  # fmt: skip
+    assert {
+        "report/report.md",
+        "report/throughput.png",
+        "report/efficiency.png",
+        "report/scaling.json",
+    } <= names
     children = [client.get_run(r["mlflow_run_id"]) for r in out["runs"]]
     assert [c.data.tags["mlflow.parentRunId"] for c in children] == [study.info.run_id] * 2
-    assert [c.info.run_name for c in children] == ["dit-tiny 1proc 4 steps",
-                                                   "dit-tiny dp_shard2 4 steps"]  # fmt: skip
+    assert [c.info.run_name for c in children] == [
+        "dit-tiny 1proc 4 steps",
+        "dit-tiny dp_shard2 4 steps",
+    ]
     exp = client.get_experiment(study.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # training runs
 

@@ -66,12 +66,17 @@ def test_shard_task_fn_reports_bad_manifest(tmp_path):
 
 @pytest.mark.slow
 def test_shard_flow_with_a_query_shards_only_the_matching_clips(prefect_api, tmp_path):
-    caps = ["a red disc moving left", "a white car at night", "green leaves in the wind",
-            "a black car on a wet road at night"]  # fmt: skip
+    caps = [
+        "a red disc moving left",
+        "a white car at night",
+        "green leaves in the wind",
+        "a black car on a wet road at night",
+    ]
     src = curation_output(tmp_path / "cur", captions=caps)
     out = tmp_path / "shards"
-    params = ShardParams(clips_dir=str(src), shards_dir=str(out), query="cars driving at night",
-                         query_top=2)  # fmt: skip
+    params = ShardParams(
+        clips_dir=str(src), shards_dir=str(out), query="cars driving at night", query_top=2
+    )
     summary = shard_flow(params)
     index = read_index(str(out))
     assert summary["n_samples"] == len(index) == 2

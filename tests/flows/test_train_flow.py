@@ -79,8 +79,9 @@ def test_bad_layouts_in_the_form_fail_before_launch(prefect_api, tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
-def test_deployment_defaults_run_twice_and_a_failure_ends_its_mlflow_run(prefect_api, tmp_path,
-                                                                          monkeypatch):  # fmt: skip
+def test_deployment_defaults_run_twice_and_a_failure_ends_its_mlflow_run(
+    prefect_api, tmp_path, monkeypatch
+):
     """With the defaults (no out_dir) every flow run trains in its own directory, so a second
     run never collides with the first; a run that fails after its MLflow run was created ends
     that run FAILED with the error as a tag, and the flow run is Failed."""
@@ -92,13 +93,17 @@ def test_deployment_defaults_run_twice_and_a_failure_ends_its_mlflow_run(prefect
     first = train_flow(TrainParams(**common))
     second = train_flow(TrainParams(**common))
     assert first["out_dir"] != second["out_dir"]
-    assert Path(first["out_dir"]).parent == Path(second["out_dir"]).parent == (
-        tmp_path / "data" / "runs" / "dit-tiny")  # fmt: skip
+    assert (
+        Path(first["out_dir"]).parent
+        == Path(second["out_dir"]).parent
+        == (tmp_path / "data" / "runs" / "dit-tiny")
+    )
     client = mlflow.MlflowClient()
     for s in (first, second):
         assert client.get_run(s["mlflow_run_id"]).info.status == "FINISHED"
-    bad = TrainParams(**{**common, "overrides": FAST + ["data.source=shards",
-                                                     f"data.shards={tmp_path}/none"]})  # fmt: skip
+    bad = TrainParams(
+        **{**common, "overrides": FAST + ["data.source=shards", f"data.shards={tmp_path}/none"]}
+    )
     state = train_flow(bad, return_state=True)
     assert state.is_failed()
     exp = client.get_experiment_by_name("test-repeat")

@@ -29,13 +29,22 @@ from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
 from vfm_core.train.main import run_training
 
-CFG = ModelConfig(arch="ar", vocab_size=40, hidden=32, depth=2, heads=4, kv_heads=2, text_dim=8,
-                  text_len=2)  # fmt: skip
+CFG = ModelConfig(
+    arch="ar", vocab_size=40, hidden=32, depth=2, heads=4, kv_heads=2, text_dim=8, text_len=2
+)
 GRID = (2, 4, 4)
 EMB = np.ones((1, 384), dtype=np.float32) / np.sqrt(384)
-SMALL = ["model.depth=2", "model.hidden=64", "model.heads=4", "model.kv_heads=2",
-         "train.steps=2", "data.batch_size=1", "tracking.mlflow=false",
-         "data.latent_height=4", "data.latent_width=4"]  # fmt: skip
+SMALL = [
+    "model.depth=2",
+    "model.hidden=64",
+    "model.heads=4",
+    "model.kv_heads=2",
+    "train.steps=2",
+    "data.batch_size=1",
+    "tracking.mlflow=false",
+    "data.latent_height=4",
+    "data.latent_width=4",
+]
 pytestmark = pytest.mark.filterwarnings("ignore:no tokenizer")  # latent previews are expected
 # 9 frames of 32x32 -> a 3 x 4 x 4 latent grid (4x8x8 factors), 48 tokens
 GEN = ["--prompt", "x", "--frames", "9", "--size", "32x32", "--no-gif"]
@@ -91,8 +100,9 @@ def one_rank_group(tmp_path):
         assert dist.get_world_size() == 1
         yield
         return
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     yield
     dist.destroy_process_group()
 
@@ -132,8 +142,16 @@ def base_tokens(ar_run, tmp_path_factory):
 
 
 def test_token_prompt_is_kept(ar_run, base_tokens, tmp_path):
-    req = GenerateRequest(prompt="x", frames=9, height=32, width=32, seed=5, gif=False,
-                          prompt_tokens=base_tokens, prompt_frames=2)  # fmt: skip
+    req = GenerateRequest(
+        prompt="x",
+        frames=9,
+        height=32,
+        width=32,
+        seed=5,
+        gif=False,
+        prompt_tokens=base_tokens,
+        prompt_frames=2,
+    )
     out = np.load(generate(ar_run, req, tmp_path / "p.mp4", text_emb=EMB).tokens)
     assert out.shape == (3, 4, 4) and np.array_equal(out[:2], np.load(base_tokens)[:2])
 
@@ -148,8 +166,15 @@ def test_video_prompt_is_encoded_with_the_tokenizer(ar_run, tmp_path):
     tok_dir = save_tokenizer(tok, tmp_path / "tok").parent  # 1000 ids: the run's vocabulary
     frames = np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
     encode_h264(frames, tmp_path / "clip.mp4", fps=8)
-    req = GenerateRequest(prompt="x", frames=9, height=32, width=32, gif=False,
-                          prompt_video=str(tmp_path / "clip.mp4"), prompt_frames=2)  # fmt: skip
+    req = GenerateRequest(
+        prompt="x",
+        frames=9,
+        height=32,
+        width=32,
+        gif=False,
+        prompt_video=str(tmp_path / "clip.mp4"),
+        prompt_frames=2,
+    )
     res = generate(ar_run, req, tmp_path / "v.mp4", tokenizer=tok_dir, text_emb=EMB)
     x = torch.from_numpy(decode_frames(tmp_path / "clip.mp4")[:5]).permute(3, 0, 1, 2)[None]
     with torch.no_grad():
@@ -175,36 +200,90 @@ def _bad(tmp_path, name: str, data) -> str:
         (lambda p: _bad(p, "f.npy", np.zeros((3, 4, 4), np.float32)), [], "integer token ids"),
         (lambda p: _bad(p, "g.npy", np.zeros((3, 8, 8), np.int32)), [], "use --size 64x64"),
         (lambda p: _bad(p, "v.npy", np.full((3, 4, 4), 1000, np.int32)), [], "[0, 1000)"),
-        (lambda p: _bad(p, "s.npy", np.zeros((1, 4, 4), np.int32)), ["--prompt-frames", "2"],
-         "holds 1 latent frames"),
-        (lambda p: _bad(p, "l.npy", np.zeros((3, 4, 4), np.int32)), ["--prompt-frames", "4"],
-         "longer than the video's 3 latent frames"),
-        (lambda p: _bad(p, "n.npy", np.zeros((3, 4, 4), np.int32)), ["--nproc", "2",
-         "--prompt-frames", "0"], "--prompt-frames: must be an integer >= 1"),
+        (
+            lambda p: _bad(p, "s.npy", np.zeros((1, 4, 4), np.int32)),
+            ["--prompt-frames", "2"],
+            "holds 1 latent frames",
+        ),
+        (
+            lambda p: _bad(p, "l.npy", np.zeros((3, 4, 4), np.int32)),
+            ["--prompt-frames", "4"],
+            "longer than the video's 3 latent frames",
+        ),
+        (
+            lambda p: _bad(p, "n.npy", np.zeros((3, 4, 4), np.int32)),
+            ["--nproc", "2", "--prompt-frames", "0"],
+            "--prompt-frames: must be an integer >= 1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_token_prompts_are_one_line(ar_run, tmp_path, capsys, make, extra, msg):
     out = str(tmp_path / "o.mp4")
-    code = vfm_main(["generate", "--checkpoint", str(ar_run), *GEN, "--out", out,
-                     "--prompt-tokens", make(tmp_path), *extra])  # fmt: skip
+    code = vfm_main(
+        [
+            "generate",
+            "--checkpoint",
+            str(ar_run),
+            *GEN,
+            "--out",
+            out,
+            "--prompt-tokens",
+            make(tmp_path),
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and msg in err and len(err.splitlines()) == 1, err
     assert err.startswith("vfm generate: error: --prompt-")
 
 
-def test_video_prompt_without_tokenizer_and_dit_runs_are_refused(ar_run, tiny_run, tmp_path,
-                                                                 capsys):  # fmt: skip
+def test_video_prompt_without_tokenizer_and_dit_runs_are_refused(
+    ar_run, tiny_run, tmp_path, capsys
+):
     video = _bad(tmp_path, "v.mp4", b"\x00" * 64)
-    code = vfm_main(["generate", "--checkpoint", str(ar_run), *GEN, "--out",
-                     str(tmp_path / "o.mp4"), "--prompt-video", video])  # fmt: skip
+    code = vfm_main(
+        [
+            "generate",
+            "--checkpoint",
+            str(ar_run),
+            *GEN,
+            "--out",
+            str(tmp_path / "o.mp4"),
+            "--prompt-video",
+            video,
+        ]
+    )
     assert code == 2 and "needs the run's discrete tokenizer" in capsys.readouterr().err
     ids = _bad(tmp_path, "t.npy", np.zeros((1, 8, 8), np.int32))
-    code = vfm_main(["generate", "--checkpoint", str(tiny_run), "--prompt", "x", "--out",
-                     str(tmp_path / "d.mp4"), "--prompt-tokens", ids])  # fmt: skip
+    code = vfm_main(
+        [
+            "generate",
+            "--checkpoint",
+            str(tiny_run),
+            "--prompt",
+            "x",
+            "--out",
+            str(tmp_path / "d.mp4"),
+            "--prompt-tokens",
+            ids,
+        ]
+    )
     assert code == 2 and "only autoregressive runs" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # one prompt, not both
-        vfm_main(["generate", "--checkpoint", str(ar_run), *GEN, "--out", "o.mp4",
-                  "--prompt-tokens", ids, "--prompt-video", video])  # fmt: skip
+        vfm_main(
+            [
+                "generate",
+                "--checkpoint",
+                str(ar_run),
+                *GEN,
+                "--out",
+                "o.mp4",
+                "--prompt-tokens",
+                ids,
+                "--prompt-video",
+                video,
+            ]
+        )
     assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
 
 
@@ -213,14 +292,30 @@ def test_video_prompt_without_tokenizer_and_dit_runs_are_refused(ar_run, tiny_ru
 def test_cli_nproc_2_writes_the_tokens_of_one_process(ar_run, base_tokens, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     prompt = ["--prompt-tokens", base_tokens, "--prompt-frames", "2"]
-    for name, kw in (("greedy", ["--temperature", "0"]),
-                     ("seeded", ["--seed", "3", "--top-k", "50", "--guidance", "3"])):  # fmt: skip
+    for name, kw in (
+        ("greedy", ["--temperature", "0"]),
+        ("seeded", ["--seed", "3", "--top-k", "50", "--guidance", "3"]),
+    ):
         one, two = tmp_path / f"{name}1.mp4", tmp_path / f"{name}2.mp4"
         args = ["generate", "--checkpoint", str(ar_run), *GEN, *prompt, *kw]
         assert vfm_main([*args, "--out", str(one)]) == 0
-        p = subprocess.run([sys.executable, "-m", "vfm_core.cli", *args, "--out", str(two),
-                            "--nproc", "2", "--json"],
-                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vfm_core.cli",
+                *args,
+                "--out",
+                str(two),
+                "--nproc",
+                "2",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         assert '"ranks": 2' in p.stdout
         a, b = np.load(one.with_suffix(".tokens.npy")), np.load(two.with_suffix(".tokens.npy"))

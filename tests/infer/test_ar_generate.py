@@ -28,8 +28,9 @@ def ar_run(tmp_path_factory):
 
 
 def test_generates_video_and_tokens_without_flags(ar_run, tmp_path):
-    req = GenerateRequest(prompt="a red disc moving right", frames=9, height=64, width=64,
-                          temperature=0.0)  # fmt: skip
+    req = GenerateRequest(
+        prompt="a red disc moving right", frames=9, height=64, width=64, temperature=0.0
+    )
     a = generate(ar_run, req, tmp_path / "a.mp4", text_emb=EMB)
     generate(ar_run, req, tmp_path / "b.mp4", text_emb=EMB)
     assert a.decoder == "latent-preview" and a.latent_shape == (4, 3, 8, 8)
@@ -45,10 +46,15 @@ def test_tokenizers_that_do_not_fit_are_refused(ar_run, tmp_path):
     cont = save_tokenizer(CausalVideoAutoencoder(TokenizerConfig()), tmp_path / "cont")
     with pytest.raises(GenerateError, match="continuous tokenizer"):
         generate(ar_run, req, tmp_path / "c.mp4", tokenizer=cont.parent, text_emb=EMB)
-    other = save_tokenizer(CausalVideoAutoencoder(TokenizerConfig(fsq_levels=(5, 5, 5, 5))),
-                           tmp_path / "other")  # fmt: skip
+    other = save_tokenizer(
+        CausalVideoAutoencoder(TokenizerConfig(fsq_levels=(5, 5, 5, 5))), tmp_path / "other"
+    )
     with pytest.raises(GenerateError, match="625 ids"):
         generate(ar_run, req, tmp_path / "o.mp4", tokenizer=other.parent, text_emb=EMB)
     with pytest.raises(GenerateError, match="top_p"):
-        generate(ar_run, GenerateRequest(prompt="x", frames=9, top_p=0.0), tmp_path / "p.mp4",
-                 text_emb=EMB)  # fmt: skip
+        generate(
+            ar_run,
+            GenerateRequest(prompt="x", frames=9, top_p=0.0),
+            tmp_path / "p.mp4",
+            text_emb=EMB,
+        )

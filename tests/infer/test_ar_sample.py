@@ -10,8 +10,9 @@ from vfm_core.config import ModelConfig
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, filter_logits, sample_tokens
 from vfm_core.models.ar import CausalVideoTransformer
 
-CFG = ModelConfig(arch="ar", vocab_size=40, hidden=32, depth=2, heads=4, kv_heads=2, text_dim=8,
-                  text_len=2)  # fmt: skip
+CFG = ModelConfig(
+    arch="ar", vocab_size=40, hidden=32, depth=2, heads=4, kv_heads=2, text_dim=8, text_len=2
+)
 GRID = (2, 2, 3)
 
 
@@ -22,12 +23,20 @@ def model():
 
 
 def _text(b=2):
-    return torch.randn(b, CFG.text_len, CFG.text_dim, generator=torch.Generator().manual_seed(3),
-                       dtype=torch.float64)  # fmt: skip
+    return torch.randn(
+        b,
+        CFG.text_len,
+        CFG.text_dim,
+        generator=torch.Generator().manual_seed(3),
+        dtype=torch.float64,
+    )
 
 
-KINDS = [dict(temperature=0.0), dict(temperature=1.0, top_k=10, seed=4),
-         dict(temperature=0.8, top_p=0.9, guidance=3.0, seed=2)]  # fmt: skip
+KINDS = [
+    dict(temperature=0.0),
+    dict(temperature=1.0, top_k=10, seed=4),
+    dict(temperature=0.8, top_p=0.9, guidance=3.0, seed=2),
+]
 
 
 @pytest.mark.parametrize("kw", KINDS)
@@ -61,9 +70,15 @@ def test_filter_logits():
     assert filter_logits(logits, top_k=1, top_p=1.0).isfinite().sum() == 1
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-                                    (dict(temperature=-1.0), "temperature"),
-                                    (dict(top_k=-2), "top_k")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=-2), "top_k"),
+    ],
+)
 def test_bad_parameters_are_named(model, kw, msg):
     with pytest.raises(SamplingError, match=msg):
         sample_tokens(model, _text(), GRID, SamplingConfig(**kw))

@@ -33,8 +33,15 @@ def test_encoded_shards_hold_token_ids(token_shards):
 
 def test_ar_tiny_trains_from_token_shards(token_shards, tmp_path):
     root, tok = token_shards
-    sets = ["data.source=shards", f"data.shards={root / 'dst'}", f"data.tokenizer={tok}",
-            "data.batch_size=2", "model.depth=2", "train.steps=3", "tracking.mlflow=false"]
+    sets = [
+        "data.source=shards",
+        f"data.shards={root / 'dst'}",
+        f"data.tokenizer={tok}",
+        "data.batch_size=2",
+        "model.depth=2",
+        "train.steps=3",
+        "tracking.mlflow=false",
+    ]
     cfg = apply_overrides(get_recipe("ar-tiny"), sets)
     summary = run_training(cfg, out_dir=tmp_path / "run", progress=False)
     assert summary["step"] == 3 and np.isfinite(summary["metrics"]["loss"])
@@ -55,9 +62,16 @@ def test_tokenizers_that_do_not_fit_are_refused(token_shards, tmp_path):
 def test_ar_tiny_trains_packed_from_token_shards(token_shards, tmp_path):
     """Two 192-token videos per 400-token pack: causal document masks, real tokens only."""
     root, tok = token_shards
-    sets = ["data.source=shards", f"data.shards={root / 'dst'}", f"data.tokenizer={tok}",
-            "data.batch_size=1", "data.max_tokens=400", "model.depth=2", "train.steps=3",
-            "tracking.mlflow=false"]  # fmt: skip
+    sets = [
+        "data.source=shards",
+        f"data.shards={root / 'dst'}",
+        f"data.tokenizer={tok}",
+        "data.batch_size=1",
+        "data.max_tokens=400",
+        "model.depth=2",
+        "train.steps=3",
+        "tracking.mlflow=false",
+    ]
     cfg = apply_overrides(get_recipe("ar-tiny"), sets)
     summary = run_training(cfg, out_dir=tmp_path / "run", progress=False)
     assert summary["step"] == 3 and np.isfinite(summary["metrics"]["loss"])

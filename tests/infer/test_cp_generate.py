@@ -30,10 +30,27 @@ def _env() -> dict[str, str]:
 
 
 def _torchrun(n: int, run, tok, emb_path, out) -> dict:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={n}", "-m", "vfm_core.infer.main", "--checkpoint", str(run),
-            "--prompt", PROMPT, "--text-emb", str(emb_path), "--tokenizer", str(tok),
-            "--out", str(out), "--no-gif", *ARGS]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        "-m",
+        "vfm_core.infer.main",
+        "--checkpoint",
+        str(run),
+        "--prompt",
+        PROMPT,
+        "--text-emb",
+        str(emb_path),
+        "--tokenizer",
+        str(tok),
+        "--out",
+        str(out),
+        "--no-gif",
+        *ARGS,
+    ]
     p = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
@@ -49,10 +66,12 @@ def _video(tok, latent_path) -> torch.Tensor:
 def test_one_and_four_ranks_same_video(tiny_run, tiny_tokenizer, prompt_emb, tmp_path):
     emb_path = tmp_path / "prompt.npy"
     np.save(emb_path, prompt_emb, allow_pickle=False)
-    req = GenerateRequest(prompt=PROMPT, frames=13, height=64, width=64, seed=7, steps=3,
-                          guidance=3.0, gif=False)  # fmt: skip
-    one = generate(tiny_run, req, tmp_path / "n1.mp4", tokenizer=tiny_tokenizer,
-                   text_emb=prompt_emb)  # fmt: skip
+    req = GenerateRequest(
+        prompt=PROMPT, frames=13, height=64, width=64, seed=7, steps=3, guidance=3.0, gif=False
+    )
+    one = generate(
+        tiny_run, req, tmp_path / "n1.mp4", tokenizer=tiny_tokenizer, text_emb=prompt_emb
+    )
     assert one.ranks == 1
     tok = load_tokenizer(tiny_tokenizer)
     ref_lat = np.load(one.latent, allow_pickle=False)
@@ -71,27 +90,60 @@ def test_one_and_four_ranks_same_video(tiny_run, tiny_tokenizer, prompt_emb, tmp
 def test_cli_nproc_2_matches_one_process(tiny_run, tiny_tokenizer, prompt_emb, tmp_path):
     out = tmp_path / "cli2.mp4"
     p = subprocess.run(
-        [sys.executable, "-m", "vfm_core.cli", "generate", "--checkpoint", str(tiny_run),
-         "--prompt", PROMPT, "--out", str(out), "--tokenizer", str(tiny_tokenizer),
-         "--nproc", "2", "--json", *ARGS],
-        capture_output=True, text=True, env=_env(), timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vfm_core.cli",
+            "generate",
+            "--checkpoint",
+            str(tiny_run),
+            "--prompt",
+            PROMPT,
+            "--out",
+            str(out),
+            "--tokenizer",
+            str(tiny_tokenizer),
+            "--nproc",
+            "2",
+            "--json",
+            *ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout.strip().splitlines()[-1])
     assert doc["ranks"] == 2 and doc["gif"].endswith(".gif") and doc["frames"] == 13
-    req = GenerateRequest(prompt=PROMPT, frames=13, height=64, width=64, seed=7, steps=3,
-                          guidance=3.0, gif=False)  # fmt: skip
-    one = generate(tiny_run, req, tmp_path / "one.mp4", tokenizer=tiny_tokenizer,
-                   text_emb=prompt_emb)  # fmt: skip
+    req = GenerateRequest(
+        prompt=PROMPT, frames=13, height=64, width=64, seed=7, steps=3, guidance=3.0, gif=False
+    )
+    one = generate(
+        tiny_run, req, tmp_path / "one.mp4", tokenizer=tiny_tokenizer, text_emb=prompt_emb
+    )
     two = np.load(out.with_suffix(".latent.npy"), allow_pickle=False)
     assert np.abs(np.load(one.latent, allow_pickle=False) - two).max() <= LATENT_TOL
 
 
 def test_cli_bad_input_exits_2_with_message(tiny_run, tmp_path):
     p = subprocess.run(
-        [sys.executable, "-m", "vfm_core.cli", "generate", "--checkpoint", str(tiny_run),
-         "--prompt", "  ", "--out", str(tmp_path / "x.mp4")],
-        capture_output=True, text=True, env=_env(), timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vfm_core.cli",
+            "generate",
+            "--checkpoint",
+            str(tiny_run),
+            "--prompt",
+            "  ",
+            "--out",
+            str(tmp_path / "x.mp4"),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
     assert p.returncode == 2 and "vfm generate: error: --prompt" in p.stderr
     assert "Traceback" not in p.stderr

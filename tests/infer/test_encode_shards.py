@@ -35,11 +35,20 @@ def shards(tmp_path) -> str:
     for i, (f, h, w) in enumerate(SHAPES):
         path = tmp_path / "clips" / f"c{i}.mp4"
         path.parent.mkdir(exist_ok=True)
-        spec = VideoSpec(width=w, height=h, fps=8.0, seed=i,
-                         segments=(Segment(kind="moving", n_frames=f),))  # fmt: skip
+        spec = VideoSpec(
+            width=w, height=h, fps=8.0, seed=i, segments=(Segment(kind="moving", n_frames=f),)
+        )
         make_video(path, spec)
-        rows.append({"clip_id": f"c{i}", "uri": str(path), "caption": f"clip {i}",
-                     "n_frames": f, "height": h, "width": w})  # fmt: skip
+        rows.append(
+            {
+                "clip_id": f"c{i}",
+                "uri": str(path),
+                "caption": f"clip {i}",
+                "n_frames": f,
+                "height": h,
+                "width": w,
+            }
+        )
     src = str(tmp_path / "src")
     write_shards(
         pd.DataFrame(rows), src, embed=_embed, config=ShardWriterConfig(target_shard_bytes=1)
@@ -74,8 +83,9 @@ def test_encode_shards_adds_latents(shards, tiny_tokenizer, tmp_path):
 def test_trainer_shard_source_reads_the_latents(shards, tiny_tokenizer, tmp_path):
     dst = str(tmp_path / "dst")
     encode_shards(shards, dst, tokenizer=tiny_tokenizer)
-    data = DataConfig(source="shards", shards=dst, batch_size=2, latent_frames=2,
-                      latent_height=4, latent_width=4)  # fmt: skip
+    data = DataConfig(
+        source="shards", shards=dst, batch_size=2, latent_frames=2, latent_height=4, latent_width=4
+    )
     model = ModelConfig(in_channels=4, text_dim=16, text_len=2, patch=(1, 2, 2))
     batch = ShardLatentSource(data, model).next_batch()
     assert batch.latents.shape == (2, 4, 2, 4, 4) and torch.isfinite(batch.latents).all()

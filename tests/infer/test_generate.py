@@ -81,8 +81,14 @@ def test_cfg_evaluates_cond_and_uncond_in_one_batch(tiny_run, prompt_emb):
     batches = []
     loaded.model.register_forward_hook(lambda m, args, out: batches.append(args[0].shape[0]))
     text = text_condition(prompt_emb, text_len=8, text_dim=384)
-    sample_latent(loaded.model, loaded.cfg.diffusion, initial_noise((4, 4, 8, 8), 0), text,
-                  steps=2, guidance=4.0)  # fmt: skip
+    sample_latent(
+        loaded.model,
+        loaded.cfg.diffusion,
+        initial_noise((4, 4, 8, 8), 0),
+        text,
+        steps=2,
+        guidance=4.0,
+    )
     assert batches == [2, 2, 2]  # Heun with 2 steps: 3 evaluations, each on [cond, uncond]
 
 
@@ -168,10 +174,15 @@ def test_damaged_checkpoints_are_never_sampled_from(tiny_run, tmp_path, capsys):
     capsys.readouterr()
     assert load_dit(run).checkpoint == older
     (warning,) = capsys.readouterr().err.splitlines()
-    assert warning == (f"warning: skipping checkpoint {newest}: {shard.name}: sha256 differs "
-                       "from the manifest (the file was modified or corrupted)")  # fmt: skip
-    with pytest.raises(CheckpointError, match=rf"^--checkpoint: checkpoint {newest}: "
-                       rf"{shard.name}: sha256 differs"):  # fmt: skip
+    assert warning == (
+        f"warning: skipping checkpoint {newest}: {shard.name}: sha256 differs "
+        "from the manifest (the file was modified or corrupted)"
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^--checkpoint: checkpoint {newest}: "
+        rf"{shard.name}: sha256 differs",
+    ):
         load_dit(newest)
 
 
@@ -180,8 +191,11 @@ def test_longer_than_trained_is_warned(tiny_run, prompt_emb, tmp_path):
     128x128 is extrapolation, said in one warning naming what it trained on."""
     from vfm_core.infer.shapes import BeyondTrainingWarning
 
-    with pytest.warns(BeyondTrainingWarning, match=r"--frames 17 --size 64x64: the run trained "
-                      r"on 13 frames at 64x64 \(latent 4x8x8\)"):  # fmt: skip
+    with pytest.warns(
+        BeyondTrainingWarning,
+        match=r"--frames 17 --size 64x64: the run trained "
+        r"on 13 frames at 64x64 \(latent 4x8x8\)",
+    ):
         generate(tiny_run, _req(frames=17, steps=1), tmp_path / "a.mp4", text_emb=prompt_emb)
     import warnings
 
@@ -194,19 +208,24 @@ def test_tokenizer_channel_mismatch(tiny_run, prompt_emb, tmp_path):
     tok = CausalVideoAutoencoder(TokenizerConfig(base_channels=16, latent_channels=8))
     save_tokenizer(tok, tmp_path / "tok8")
     with pytest.raises(GenerateError, match=r"--tokenizer .*8 latent channels, expected 4"):
-        generate(tiny_run, _req(), tmp_path / "x.mp4", tokenizer=tmp_path / "tok8",
-                 text_emb=prompt_emb)  # fmt: skip
+        generate(
+            tiny_run, _req(), tmp_path / "x.mp4", tokenizer=tmp_path / "tok8", text_emb=prompt_emb
+        )
 
 
 def test_frames_rounded_up_with_warning(tiny_run, tiny_tokenizer, prompt_emb, tmp_path):
     with pytest.warns(FramesRoundedWarning, match="--frames 10: .*generating 13 frames"):
-        res = generate(tiny_run, _req(frames=10, steps=2), tmp_path / "r.mp4",
-                       tokenizer=tiny_tokenizer, text_emb=prompt_emb)  # fmt: skip
+        res = generate(
+            tiny_run,
+            _req(frames=10, steps=2),
+            tmp_path / "r.mp4",
+            tokenizer=tiny_tokenizer,
+            text_emb=prompt_emb,
+        )
     assert res.frames == 13 and len(decode_frames(str(tmp_path / "r.mp4"))) == 13
     # a temporal patch of 2 needs an even latent length: 13 frames (4 latents) fit, 9 -> 13
     with pytest.warns(FramesRoundedWarning):
-        p = plan_latent(9, 64, 64, temporal_factor=4, spatial_factor=8, channels=4,
-                        patch=(2, 2, 2))  # fmt: skip
+        p = plan_latent(9, 64, 64, temporal_factor=4, spatial_factor=8, channels=4, patch=(2, 2, 2))
     assert p.frames == 13 and p.latent == (4, 4, 8, 8)
 
 
@@ -223,14 +242,16 @@ def test_bad_sizes_steps_frames(tiny_run, prompt_emb, tmp_path):
     with pytest.raises(GenerateError, match=r"--out .*must end in .mp4"):
         generate(tiny_run, _req(), tmp_path / "x.avi", text_emb=prompt_emb)
     with pytest.raises(GenerateError, match=r"cannot be split evenly over 3"):
-        plan_latent(13, 64, 64, temporal_factor=4, spatial_factor=8, channels=4,
-                    patch=(1, 2, 2), cp=3)  # fmt: skip
+        plan_latent(
+            13, 64, 64, temporal_factor=4, spatial_factor=8, channels=4, patch=(1, 2, 2), cp=3
+        )
     with pytest.raises(GenerateError, match=r"prompt embedding has shape \(1, 16\)"):
         text_condition(np.zeros((1, 16), np.float32), text_len=8, text_dim=384)
 
 
 def test_result_is_json_serialisable(tiny_run, tiny_tokenizer, prompt_emb, tmp_path):
-    res = generate(tiny_run, _req(steps=1), tmp_path / "j.mp4", tokenizer=tiny_tokenizer,
-                   text_emb=prompt_emb)  # fmt: skip
+    res = generate(
+        tiny_run, _req(steps=1), tmp_path / "j.mp4", tokenizer=tiny_tokenizer, text_emb=prompt_emb
+    )
     doc = json.loads(json.dumps(res.to_dict()))
     assert doc["mp4"].endswith("j.mp4") and doc["seed"] == 0

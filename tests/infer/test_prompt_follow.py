@@ -46,8 +46,10 @@ def test_no_object_and_no_motion():
 
 def test_wrong_reading_counts_and_bad_prompt():
     score = PromptScore()
-    score.add("a red circle moving right", Reading(colour="red", direction="left", pixels=9,
-                                                   shift=(5.0, 0.0)))  # fmt: skip
+    score.add(
+        "a red circle moving right",
+        Reading(colour="red", direction="left", pixels=9, shift=(5.0, 0.0)),
+    )
     assert score.metrics() == {"colour_acc": 1.0, "direction_acc": 0.0}
     with pytest.raises(ValueError, match="form"):
         score.add("moving shapes", Reading(colour=None, direction=None, pixels=0, shift=(0, 0)))

@@ -60,8 +60,9 @@ def servers(tmp_path_factory):
         client["PREFECT_HOME"] = str(root / "client-prefect")
         yield client
     finally:
-        down = subprocess.run(SERVICES + ["down"], env=env, capture_output=True, text=True,
-                              timeout=120)
+        down = subprocess.run(
+            SERVICES + ["down"], env=env, capture_output=True, text=True, timeout=120
+        )
         assert down.returncode == 0, down.stderr
 
 
@@ -69,9 +70,19 @@ def servers(tmp_path_factory):
 def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
     env = servers
     deploy = subprocess.run(
-        [str(BIN / "prefect"), "--no-prompt", "deploy", "--all",
-         "--prefect-file", "deployments/prefect.yaml"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            str(BIN / "prefect"),
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            "deployments/prefect.yaml",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
     api = env["PREFECT_API_URL"]
@@ -83,15 +94,27 @@ def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
     assert "params" in dep["parameter_openapi_schema"]["properties"]
 
     # a wrong type in the form is rejected by the server against the pydantic schema
-    code, err = _api("POST", f"{api}/deployments/{dep['id']}/create_flow_run",
-                     {"parameters": {"params": {"steps": "many"}}})
+    code, err = _api(
+        "POST",
+        f"{api}/deployments/{dep['id']}/create_flow_run",
+        {"parameters": {"params": {"steps": "many"}}},
+    )
     assert code in (409, 422), err
     assert "steps" in json.dumps(err)
 
     # the UI's form with a parallel layout: 2 processes, tensor parallel 2 (torchrun, gloo)
     out = tmp_path / "run"
-    params = {"params": {"recipe": "dit-tiny", "steps": 3, "out_dir": str(out), "nproc": 2,
-                         "tp": 2, "experiment": "vfm-e2e", "overrides": ["data.batch_size=2"]}}
+    params = {
+        "params": {
+            "recipe": "dit-tiny",
+            "steps": 3,
+            "out_dir": str(out),
+            "nproc": 2,
+            "tp": 2,
+            "experiment": "vfm-e2e",
+            "overrides": ["data.batch_size=2"],
+        }
+    }
     state, _ = _run_deployment(env, dep["id"], params)
     assert state == "COMPLETED", (state, _worker_log(env))
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").open()] == [1, 2, 3]
@@ -140,9 +163,21 @@ def test_train_deployment_twice_with_defaults_and_a_failing_run(servers):
     env = servers
     code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
     if code == 404:  # this module's first test deploys; run alone, deploy here
-        deploy = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all",
-                                 "--prefect-file", "deployments/prefect.yaml"], cwd=REPO, env=env,
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        deploy = subprocess.run(
+            [
+                str(BIN / "prefect"),
+                "--no-prompt",
+                "deploy",
+                "--all",
+                "--prefect-file",
+                "deployments/prefect.yaml",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
         code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
     assert code == 200, dep
@@ -155,17 +190,23 @@ def test_train_deployment_twice_with_defaults_and_a_failing_run(servers):
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("vfm")
     for _, r in runs:
-        (ml,) = client.search_runs([exp.experiment_id],
-                                   f"tags.`vfm.prefect_flow_run_id` = '{r['id']}'")  # fmt: skip
+        (ml,) = client.search_runs(
+            [exp.experiment_id], f"tags.`vfm.prefect_flow_run_id` = '{r['id']}'"
+        )
         assert ml.info.status == "FINISHED" and ml.info.run_name == "dit-tiny 1proc 20 steps"
         assert ml.data.tags["vfm.prefect_flow_run_url"].endswith(f"/runs/flow-run/{r['id']}")
 
-    bad = {"params": {"steps": 2, "overrides": ["data.source=shards",
-                                                "data.shards=/nonexistent/shards"]}}  # fmt: skip
+    bad = {
+        "params": {
+            "steps": 2,
+            "overrides": ["data.source=shards", "data.shards=/nonexistent/shards"],
+        }
+    }
     state, run = _run_deployment(env, dep["id"], bad)
     assert state == "FAILED", _worker_log(env)
-    (ml,) = client.search_runs([exp.experiment_id],
-                               f"tags.`vfm.prefect_flow_run_id` = '{run['id']}'")  # fmt: skip
+    (ml,) = client.search_runs(
+        [exp.experiment_id], f"tags.`vfm.prefect_flow_run_id` = '{run['id']}'"
+    )
     assert ml.info.status == "FAILED"
     assert "/nonexistent/shards" in ml.data.tags["vfm.error"]
 
@@ -176,18 +217,38 @@ def test_one_store_when_servers_run(servers, tmp_path):
     logs to the MLflow server, and `make status` finds the ports `make up` chose."""
     import mlflow
 
-    plain = {k: v for k, v in servers.items()
-             if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "AWS_ENDPOINT_URL")
-             and not (k.startswith("VFM_") and k.endswith("_PORT"))}  # fmt: skip
-    st = subprocess.run(SERVICES + ["status"], env=plain, capture_output=True, text=True,
-                        timeout=60)  # fmt: skip
+    plain = {
+        k: v
+        for k, v in servers.items()
+        if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "AWS_ENDPOINT_URL")
+        and not (k.startswith("VFM_") and k.endswith("_PORT"))
+    }
+    st = subprocess.run(
+        SERVICES + ["status"], env=plain, capture_output=True, text=True, timeout=60
+    )
     assert st.returncode == 0, st.stdout + st.stderr
     assert servers["MLFLOW_TRACKING_URI"] in st.stdout  # the chosen port, not 5000
 
-    r = subprocess.run([str(BIN / "vfm"), "train", "--recipe", "dit-tiny", "--steps", "2",
-                        "--out", str(tmp_path / "cli"), "--set", "data.batch_size=2",
-                        "--set", "tracking.experiment=vfm-one-store"],
-                       env=plain, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [
+            str(BIN / "vfm"),
+            "train",
+            "--recipe",
+            "dit-tiny",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "cli"),
+            "--set",
+            "data.batch_size=2",
+            "--set",
+            "tracking.experiment=vfm-one-store",
+        ],
+        env=plain,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     client = mlflow.MlflowClient(tracking_uri=servers["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("vfm-one-store")

@@ -114,8 +114,11 @@ def test_scheduler_creates_runs_and_worker_completes_one(server_and_worker, tmp_
         lines = server_log.read_text(errors="replace").splitlines()
         locked = sum("database is locked" in x and "Error" in x for x in lines)
         tracebacks = sum("Traceback" in x for x in lines)
-        other = [x for x in lines if "Error" in x and "Traceback" not in x
-                 and "database is locked" not in x]  # fmt: skip
+        other = [
+            x
+            for x in lines
+            if "Error" in x and "Traceback" not in x and "database is locked" not in x
+        ]
         return other + ["Traceback"] * max(0, tracebacks - locked)
 
     def logs() -> str:

@@ -17,9 +17,18 @@ from vfm_core.recipes import get_recipe
 from vfm_core.train.main import run_training
 from vfm_core.train.slurm import SlurmError, SlurmOptions, submit_training
 
-SMALL = ["model.hidden=64", "model.depth=2", "model.heads=4", "model.text_dim=32",
-         "data.latent_height=8", "data.latent_width=8", "data.batch_size=4", "train.steps=3",
-         "train.seed=5", "tracking.mlflow=false"]  # fmt: skip
+SMALL = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.heads=4",
+    "model.text_dim=32",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "data.batch_size=4",
+    "train.steps=3",
+    "train.seed=5",
+    "tracking.mlflow=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +57,14 @@ def _free_port() -> int:
 def test_sbatch_template_trains_two_ranks_like_one_process(slurm, tmp_path):
     cfg = apply_overrides(get_recipe("dit-tiny"), [*SMALL, "parallel.tp=2"])
     save_yaml(cfg, tmp_path / "run.yaml")
-    opts = SlurmOptions(nodes=1, nproc_per_node=2, gpus_per_node=0,
-                        cpus_per_task=os.cpu_count() or 2, rdzv_port=_free_port(),
-                        timeout_s=300)  # fmt: skip
+    opts = SlurmOptions(
+        nodes=1,
+        nproc_per_node=2,
+        gpus_per_node=0,
+        cpus_per_task=os.cpu_count() or 2,
+        rdzv_port=_free_port(),
+        timeout_s=300,
+    )
     job = submit_training(tmp_path / "run.yaml", tmp_path / "slurm-run", options=opts)
     assert job.state == "COMPLETED" and job.exit_code == "0:0"
     assert job.summary is not None and job.summary["world_size"] == 2
@@ -78,9 +92,15 @@ def test_training_flow_submits_to_slurm_from_the_form(slurm, tmp_path, monkeypat
 
     from flows.train import TrainParams, train_flow
 
-    params = TrainParams(recipe="dit-tiny", steps=2, out_dir=str(tmp_path / "run"), nproc=2,
-                         tp=2, launcher="slurm",
-                         overrides=[o for o in SMALL if not o.startswith("train.")])  # fmt: skip
+    params = TrainParams(
+        recipe="dit-tiny",
+        steps=2,
+        out_dir=str(tmp_path / "run"),
+        nproc=2,
+        tp=2,
+        launcher="slurm",
+        overrides=[o for o in SMALL if not o.startswith("train.")],
+    )
     # the CPU work pool's job variables: no GPUs, the node's CPUs
     monkeypatch.setenv("VFM_SLURM_GPUS_PER_NODE", "0")
     monkeypatch.setenv("VFM_SLURM_CPUS_PER_TASK", str(os.cpu_count() or 2))

@@ -18,8 +18,13 @@ INFRA = REPO / "infra"
 
 
 def _train_main_flags() -> set[str]:
-    out = subprocess.run([sys.executable, "-m", "vfm_core.train.main", "--help"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "vfm_core.train.main", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return set(re.findall(r"--[a-z][a-z-]*", out.stdout))
 
@@ -35,9 +40,17 @@ def _check_train_command(argv: list[str], flags: set[str]) -> None:
 def test_sbatch_syntax_and_dry_run():
     script = INFRA / "slurm" / "train.sbatch"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    env = dict(os.environ, VFM_DRY_RUN="1", SLURM_NNODES="4", SLURM_JOB_NODELIST="gpu-a,gpu-b",
-               SLURM_JOB_ID="77", GPUS_PER_NODE="8", CONFIG="/cfg/run.yaml", OUT="/runs/x",
-               PATH="/usr/bin:/bin")  # no scontrol: the template falls back to the list's head
+    env = dict(
+        os.environ,
+        VFM_DRY_RUN="1",
+        SLURM_NNODES="4",
+        SLURM_JOB_NODELIST="gpu-a,gpu-b",
+        SLURM_JOB_ID="77",
+        GPUS_PER_NODE="8",
+        CONFIG="/cfg/run.yaml",
+        OUT="/runs/x",
+        PATH="/usr/bin:/bin",
+    )  # no scontrol: the template falls back to the list's head
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     argv = shlex.split(out.stdout.strip())
@@ -107,8 +120,12 @@ def test_prefect_yaml_names_real_flows_pools_and_schedules():
 
 
 def test_prefect_cli_validates_deploy_flags():
-    out = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deploy", "--help"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "prefect"), "deploy", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0
     for flag in ("--all", "--prefect-file"):
         assert flag in out.stdout

@@ -76,8 +76,9 @@ def test_trainer_with_fp8_auto_trains_on_cpu_and_says_why(tmp_path):
     cfg = get_recipe("dit-tiny")
     cfg = dataclasses.replace(
         cfg,
-        train=dataclasses.replace(cfg.train, fp8="auto", steps=2, device="cpu",
-                                  out_dir=str(tmp_path)),
+        train=dataclasses.replace(
+            cfg.train, fp8="auto", steps=2, device="cpu", out_dir=str(tmp_path)
+        ),
         tracking=dataclasses.replace(cfg.tracking, mlflow=False),
     )
     tr = Trainer(cfg)

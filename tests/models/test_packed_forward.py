@@ -31,7 +31,13 @@ TEXT_LENGTHS = [4, 2, 3]
 
 def _model(arch: str) -> torch.nn.Module:
     cfg = ModelConfig(
-        in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=4, adaln_lora_rank=8,
+        in_channels=4,
+        hidden=64,
+        depth=2,
+        heads=4,
+        text_dim=32,
+        text_len=4,
+        adaln_lora_rank=8,
         **ARCHS[arch],
     )
     return random_model(cfg, seed=123)
@@ -73,8 +79,13 @@ def test_packed_loss_and_gradients_equal_per_sample_losses(arch):
     x0, noise, text, lengths, sigma = _samples()
     ref = torch.stack(
         [
-            edm.loss(ref_model, z[None], text[s : s + 1, : TEXT_LENGTHS[s]],
-                     sigma=sigma[s : s + 1], noise=noise[s][None])[0]
+            edm.loss(
+                ref_model,
+                z[None],
+                text[s : s + 1, : TEXT_LENGTHS[s]],
+                sigma=sigma[s : s + 1],
+                noise=noise[s][None],
+            )[0]
             for s, z in enumerate(x0)
         ]
     )  # (S,)
@@ -113,8 +124,13 @@ def test_padding_tokens_do_not_change_loss_or_gradients():
         t, n = tokens.clone(), noise_tok.clone()
         t[pad], n[pad] = fill, -fill
         loss = packed_loss(
-            edm, lambda x, c, tx: model.forward_packed(x, c, tx, lengths, layout), t, text,
-            sigma=sigma, noise=n, sample_ids=layout.sample_ids,
+            edm,
+            lambda x, c, tx: model.forward_packed(x, c, tx, lengths, layout),
+            t,
+            text,
+            sigma=sigma,
+            noise=n,
+            sample_ids=layout.sample_ids,
         ).mean()
         loss.backward()
         grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
@@ -148,8 +164,22 @@ def test_bad_pack_inputs_name_the_problem():
     with pytest.raises(ShapeError, match="latents\\[1\\]"):
         pack_latents([x0[0], x0[1][0]], model.cfg.patch)
     with pytest.raises(ValueError, match="samples \\[3\\] have no token"):
-        packed_loss(edm, lambda x, c, t: x, tokens, None,
-                    sigma=torch.ones(4), noise=tokens, sample_ids=layout.sample_ids)
+        packed_loss(
+            edm,
+            lambda x, c, t: x,
+            tokens,
+            None,
+            sigma=torch.ones(4),
+            noise=tokens,
+            sample_ids=layout.sample_ids,
+        )
     with pytest.raises(ValueError, match="only 2 samples"):
-        packed_loss(edm, lambda x, c, t: x, tokens, None,
-                    sigma=torch.ones(2), noise=tokens, sample_ids=layout.sample_ids)
+        packed_loss(
+            edm,
+            lambda x, c, t: x,
+            tokens,
+            None,
+            sigma=torch.ones(2),
+            noise=tokens,
+            sample_ids=layout.sample_ids,
+        )

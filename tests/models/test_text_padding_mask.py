@@ -21,8 +21,16 @@ ARCHS = {
 
 
 def _model(arch: str) -> torch.nn.Module:
-    cfg = ModelConfig(in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=8,
-                      adaln_lora_rank=8, **ARCHS[arch])  # fmt: skip
+    cfg = ModelConfig(
+        in_channels=4,
+        hidden=64,
+        depth=2,
+        heads=4,
+        text_dim=32,
+        text_len=8,
+        adaln_lora_rank=8,
+        **ARCHS[arch],
+    )
     return random_model(cfg, seed=7)
 
 

@@ -32,8 +32,9 @@ ARCHS = {
 
 
 def tiny_model_cfg(arch: str, **over) -> ModelConfig:
-    base = dict(in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=4,
-                adaln_lora_rank=8)  # fmt: skip
+    base = dict(
+        in_channels=4, hidden=64, depth=2, heads=4, text_dim=32, text_len=4, adaln_lora_rank=8
+    )
     return ModelConfig(**{**base, **ARCHS[arch], **over})
 
 
@@ -158,9 +159,17 @@ def mesh_coords(world: int) -> dict:
     }
 
 
-def pipeline_step(world: int, arch: str, degrees: dict, *, schedule: str = "1f1b",
-                  micro: int = 2, virtual: int = 1, depth: int | None = None,
-                  options: dict | None = None) -> dict:  # fmt: skip
+def pipeline_step(
+    world: int,
+    arch: str,
+    degrees: dict,
+    *,
+    schedule: str = "1f1b",
+    micro: int = 2,
+    virtual: int = 1,
+    depth: int | None = None,
+    options: dict | None = None,
+) -> dict:
     """One EDM step of this rank's pipeline stages (``degrees`` with pp > 1, ``virtual`` stages
     per rank, each parallelised with ``options``) on its data-parallel slice vs the fp64
     one-process reference: {"loss_err", "grad_err", "worst", "names" of the parameters held,
@@ -176,8 +185,14 @@ def pipeline_step(world: int, arch: str, degrees: dict, *, schedule: str = "1f1b
     parts = [split_stage(model, stage=s, stages=stages) for s in rank_stages(dims, virtual)]
     for part in parts:
         parallelize_dit(part, parallel_dims=dims, **(options or {}))
-    pipe = Pipeline(parts, dims=dims, schedule=schedule, microbatches=micro,
-                    loss_fn=diffusion_loss, device=torch.device("cpu"))  # fmt: skip
+    pipe = Pipeline(
+        parts,
+        dims=dims,
+        schedule=schedule,
+        microbatches=micro,
+        loss_fn=diffusion_loss,
+        device=torch.device("cpu"),
+    )
     b = GLOBAL_BATCH // dims.dp
     sl = slice(dims.dp_rank() * b, (dims.dp_rank() + 1) * b)
     x_in, target = edm.training_pair(x0[sl], sigma[sl], noise[sl])
@@ -185,12 +200,18 @@ def pipeline_step(world: int, arch: str, degrees: dict, *, schedule: str = "1f1b
     grid = (LATENT[1], LATENT[2] // 2, LATENT[3] // 2)
     size = b // micro
     mbs = [
-        Microbatch(inputs=x_in[i * size : (i + 1) * size], target=target[i * size : (i + 1) * size],
-                   kwargs={"c_noise": c_noise[i * size : (i + 1) * size],
-                           "text": text[sl][i * size : (i + 1) * size], "grid": grid},
-                   weight=torch.full((size,), dims.dp / GLOBAL_BATCH, dtype=torch.float64))
+        Microbatch(
+            inputs=x_in[i * size : (i + 1) * size],
+            target=target[i * size : (i + 1) * size],
+            kwargs={
+                "c_noise": c_noise[i * size : (i + 1) * size],
+                "text": text[sl][i * size : (i + 1) * size],
+                "grid": grid,
+            },
+            weight=torch.full((size,), dims.dp / GLOBAL_BATCH, dtype=torch.float64),
+        )
         for i in range(micro)
-    ]  # fmt: skip
+    ]
     loss = pipe.run(mbs)
     for part in parts:
         sync_grads(part)

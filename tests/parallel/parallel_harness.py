@@ -162,16 +162,34 @@ def write_moving_clip_shards(
     rng = np.random.default_rng(0)
     for i in range(n_clips):
         cid = f"clip{i:03d}"
-        spec = VideoSpec(width=32, height=32, fps=8.0, seed=i,
-                         segments=(Segment(kind="moving", n_frames=5),))  # fmt: skip
+        spec = VideoSpec(
+            width=32, height=32, fps=8.0, seed=i, segments=(Segment(kind="moving", n_frames=5),)
+        )
         make_video(clips / "clips" / f"{cid}.mp4", spec)
-        rows.append({"clip_id": cid, "video_id": f"v{i}", "source_uri": f"/raw/v{i}.mp4",
-                     "start_s": 0.0, "end_s": 0.625, "uri": f"clips/{cid}.mp4",
-                     "caption": f"shapes moving, clip {i}", "width": 32, "height": 32,
-                     "fps": 8.0, "n_frames": 5})  # fmt: skip
+        rows.append(
+            {
+                "clip_id": cid,
+                "video_id": f"v{i}",
+                "source_uri": f"/raw/v{i}.mp4",
+                "start_s": 0.0,
+                "end_s": 0.625,
+                "uri": f"clips/{cid}.mp4",
+                "caption": f"shapes moving, clip {i}",
+                "width": 32,
+                "height": 32,
+                "fps": 8.0,
+                "n_frames": 5,
+            }
+        )
         lat[cid] = (rng.standard_normal((4, 2, 4, 4)) * 0.5 + (i % 4 - 1.5) * 0.4).astype(
             np.float32
         )
-    write_shards(pd.DataFrame(rows), str(out), embed=embed, base_url=str(clips), latents=lat,
-                 config=ShardWriterConfig(target_shard_bytes=6_000))  # fmt: skip
+    write_shards(
+        pd.DataFrame(rows),
+        str(out),
+        embed=embed,
+        base_url=str(clips),
+        latents=lat,
+        config=ShardWriterConfig(target_shard_bytes=6_000),
+    )
     return out

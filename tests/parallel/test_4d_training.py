@@ -28,12 +28,26 @@ from vfm_core.recipes import get_recipe
 
 STEPS = 3
 TOL = 1e-4
-SMALL = ["model.hidden=64", "model.depth=2", "model.heads=4", "model.text_dim=32",
-         "data.latent_height=8", "data.latent_width=8", "data.batch_size=4", "train.seed=5",
-         "optim.warmup_steps=1", "optim.lr=0.002", "train.device=cpu", "tracking.mlflow=false",
-         f"train.steps={STEPS}"]  # fmt: skip
-INTERLEAVED = ["model.depth=4", "parallel.pp_schedule=interleaved_1f1b",
-               "parallel.pp_virtual_stages=2"]  # fmt: skip
+SMALL = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.heads=4",
+    "model.text_dim=32",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "data.batch_size=4",
+    "train.seed=5",
+    "optim.warmup_steps=1",
+    "optim.lr=0.002",
+    "train.device=cpu",
+    "tracking.mlflow=false",
+    f"train.steps={STEPS}",
+]
+INTERLEAVED = [
+    "model.depth=4",
+    "parallel.pp_schedule=interleaved_1f1b",
+    "parallel.pp_virtual_stages=2",
+]
 CP2PP2, TP2PP2 = dict(cp=2, pp=2, dp_shard=1), dict(tp=2, pp=2, dp_shard=1)
 # (recipe, degrees on 4 ranks, overrides; "packs" / "tokens": the shard fixtures)
 FOUR = [
@@ -84,10 +98,12 @@ def _fit_cases(rank: int, world: int, cases: list, data: dict) -> list[dict]:
         tr = build_trainer(_config(recipe, overrides, data), world, degrees)
         init = _initial_weights_error(tr)
         ema = tr.ema.state_dict()  # a shard of every sharded parameter, never a full copy
-        like = all(isinstance(ema[n], DTensor) == isinstance(p, DTensor)
-                   and (ema[n].to_local() if isinstance(p, DTensor) else ema[n]).shape
-                   == (p.to_local() if isinstance(p, DTensor) else p).shape
-                   for n, p in tr.layout.named_parameters())  # fmt: skip
+        like = all(
+            isinstance(ema[n], DTensor) == isinstance(p, DTensor)
+            and (ema[n].to_local() if isinstance(p, DTensor) else ema[n]).shape
+            == (p.to_local() if isinstance(p, DTensor) else p).shape
+            for n, p in tr.layout.named_parameters()
+        )
         out.append({"losses": fit_collect(tr).losses, "init_err": init, "ema_sharded": like})
     return out
 
@@ -97,11 +113,22 @@ def data(mixed_shards, token_shards, tmp_path_factory) -> dict:
     packs = mixed_shards.write(tmp_path_factory.mktemp("mixed"), seed=1)
     root, tok = token_shards
     return {
-        "packs": ["data.source=shards", f"data.shards={packs}", "data.max_tokens=32",
-                  "data.batch_size=4", "model.text_dim=16"],
-        "tokens": ["data.source=shards", f"data.shards={root / 'dst'}", f"data.tokenizer={tok}",
-                   "data.max_tokens=400", "data.batch_size=2", "model.text_dim=384"],
-    }  # fmt: skip
+        "packs": [
+            "data.source=shards",
+            f"data.shards={packs}",
+            "data.max_tokens=32",
+            "data.batch_size=4",
+            "model.text_dim=16",
+        ],
+        "tokens": [
+            "data.source=shards",
+            f"data.shards={root / 'dst'}",
+            f"data.tokenizer={tok}",
+            "data.max_tokens=400",
+            "data.batch_size=2",
+            "model.text_dim=384",
+        ],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +136,10 @@ def references(data) -> dict:
     """One process, every distinct run of the cases (one spawn)."""
     runs = {}
     for recipe, _, overrides in FOUR + TWO:
-        runs.setdefault(_reference_key(recipe, overrides), (recipe, {}, [
-            o for o in overrides if not o.startswith(LAYOUT_ONLY)]))  # fmt: skip
+        runs.setdefault(
+            _reference_key(recipe, overrides),
+            (recipe, {}, [o for o in overrides if not o.startswith(LAYOUT_ONLY)]),
+        )
     keys = list(runs)
     rows = run_ranks(_fit_cases, 1, [runs[k] for k in keys], data)[0]
     for row in rows:
@@ -153,8 +182,24 @@ def test_vfm_train_8_rank_4d_packed_and_its_checkpoint_resumes_in_one_process(da
     sets = [*SMALL, *data["packs"], "data.batch_size=2", "train.steps=4", "train.ckpt_every=2"]
     one = run_ranks(_fit_cases, 1, [("dit-tiny", {}, sets)], {})[0][0]["losses"]
     out = tmp_path / "4d"
-    argv = vfm_argv("train", "--recipe", "dit-tiny", "--out", out, "--steps", 4, "--nproc", 8,
-                    "--tp", 2, "--cp", 2, "--pp", 2, *set_args(sets))  # fmt: skip
+    argv = vfm_argv(
+        "train",
+        "--recipe",
+        "dit-tiny",
+        "--out",
+        out,
+        "--steps",
+        4,
+        "--nproc",
+        8,
+        "--tp",
+        2,
+        "--cp",
+        2,
+        "--pp",
+        2,
+        *set_args(sets),
+    )
     rows = launch_ok(argv, out, timeout=600)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for row, w in zip(rows, one, strict=True):

@@ -73,8 +73,17 @@ def _worker_vocab_parallel(rank, world):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
-    cfg = ModelConfig(arch="ar", vocab_size=50, hidden=32, depth=2, heads=4, kv_heads=2,
-                      text_dim=8, text_len=2, patch=(1, 1, 1))  # fmt: skip
+    cfg = ModelConfig(
+        arch="ar",
+        vocab_size=50,
+        hidden=32,
+        depth=2,
+        heads=4,
+        kv_heads=2,
+        text_dim=8,
+        text_len=2,
+        patch=(1, 1, 1),
+    )
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 50, (2, 2, 2, 4), generator=g)
     text = torch.randn(2, 2, 8, generator=g, dtype=torch.float64)

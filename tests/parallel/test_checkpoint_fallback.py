@@ -17,10 +17,20 @@ from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
 
 FSDP2 = {"dp_shard": 2}
-TINY = ["model.hidden=64", "model.depth=2", "model.text_dim=32", "data.batch_size=4",
-        "data.latent_height=8", "data.latent_width=8", "train.device=cpu", "optim.lr=0.002",
-        "optim.warmup_steps=2", "tracking.mlflow=false", "train.steps=4",
-        "train.ckpt_every=2"]  # fmt: skip
+TINY = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.text_dim=32",
+    "data.batch_size=4",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "train.device=cpu",
+    "optim.lr=0.002",
+    "optim.warmup_steps=2",
+    "tracking.mlflow=false",
+    "train.steps=4",
+    "train.ckpt_every=2",
+]
 
 
 def _trainer(world):

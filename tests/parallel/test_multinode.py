@@ -17,14 +17,33 @@ import pytest
 from parallel_harness import launch_ok, set_args, vfm_argv
 
 STEPS = 6
-SMALL = ["model.hidden=64", "model.depth=2", "model.text_dim=32", "data.latent_height=8",
-         "data.latent_width=8", "data.batch_size=4", "optim.warmup_steps=1",
-         "optim.lr=0.002"]  # fmt: skip
+SMALL = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.text_dim=32",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "data.batch_size=4",
+    "optim.warmup_steps=1",
+    "optim.lr=0.002",
+]
 
 
 def _argv(out: Path, *extra) -> list[str]:
-    return vfm_argv("train", "--recipe", "dit-tiny", "--steps", STEPS, "--seed", 3, "--no-mlflow",
-                    "--out", out, *set_args(SMALL), *extra)  # fmt: skip
+    return vfm_argv(
+        "train",
+        "--recipe",
+        "dit-tiny",
+        "--steps",
+        STEPS,
+        "--seed",
+        3,
+        "--no-mlflow",
+        "--out",
+        out,
+        *set_args(SMALL),
+        *extra,
+    )
 
 
 def _free_port() -> int:
@@ -56,11 +75,23 @@ def _env():
 @pytest.mark.slow
 def test_two_nodes_train_the_one_process_run(one_process, tmp_path):
     out, port = tmp_path / "nodes", _free_port()
-    node = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60",
-            "--tp", "2"]  # fmt: skip
-    joiner = subprocess.Popen([str(a) for a in _argv(out, *node, "--node-rank", "1")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=_env())  # fmt: skip
+    node = [
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-timeout",
+        "60",
+        "--tp",
+        "2",
+    ]
+    joiner = subprocess.Popen(
+        [str(a) for a in _argv(out, *node, "--node-rank", "1")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
     try:
         host = launch_ok(_argv(out, *node, "--node-rank", "0"), out)
         joined = joiner.communicate(timeout=120)[0]
@@ -95,10 +126,26 @@ def _workers(out: Path) -> list[int]:
 @pytest.mark.slow
 def test_a_killed_rank_restarts_the_job_from_the_last_checkpoint(one_process, tmp_path):
     out, steps = tmp_path / "elastic", 12  # long enough to be killed mid-run
-    argv = _argv(out, "--nproc", "2", "--dp-shard", "2", "--max-restarts", "1",
-                 "--set", "train.ckpt_every=2", "--steps", steps)  # fmt: skip
-    job = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, env=_env())  # fmt: skip
+    argv = _argv(
+        out,
+        "--nproc",
+        "2",
+        "--dp-shard",
+        "2",
+        "--max-restarts",
+        "1",
+        "--set",
+        "train.ckpt_every=2",
+        "--steps",
+        steps,
+    )
+    job = subprocess.Popen(
+        [str(a) for a in argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
     try:
         metrics, deadline = out / "metrics.jsonl", time.monotonic() + 180
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -120,19 +167,39 @@ def test_a_killed_rank_restarts_the_job_from_the_last_checkpoint(one_process, tm
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"],
-         "--node-rank: 2 is out of range for --nnodes 2"),
+        (
+            ["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"],
+            "--node-rank: 2 is out of range for --nnodes 2",
+        ),
         (["--nnodes", "2", "--node-rank", "1"], "--rdzv-endpoint: expected HOST:PORT"),
-        (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:9",
-          "--rdzv-timeout", "1"], "no rendezvous answered within 1 s"),
+        (
+            [
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "1",
+                "--rdzv-endpoint",
+                "127.0.0.1:9",
+                "--rdzv-timeout",
+                "1",
+            ],
+            "no rendezvous answered within 1 s",
+        ),
         (["--max-restarts", "2"], "--max-restarts 2: restarts resume from the last checkpoint"),
         (["--nproc", "2", "--tp", "3"], "does not divide the world size 2"),
-        (["--nnodes", "2", "--nproc", "1", "--tp", "4", "--rdzv-endpoint", "127.0.0.1:9"],
-         "does not divide the world size 2"),
+        (
+            ["--nnodes", "2", "--nproc", "1", "--tp", "4", "--rdzv-endpoint", "127.0.0.1:9"],
+            "does not divide the world size 2",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_launch_requests_fail_in_one_line(extra, message, tmp_path):
-    proc = subprocess.run([str(a) for a in _argv(tmp_path / "x", *extra)], capture_output=True,
-                          text=True, timeout=120, env=_env())  # fmt: skip
+    proc = subprocess.run(
+        [str(a) for a in _argv(tmp_path / "x", *extra)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr, proc.stderr

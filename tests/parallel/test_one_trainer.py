@@ -9,9 +9,17 @@ import pytest
 from parallel_harness import launch_ok, set_args, vfm_argv
 
 STEPS = 3
-SMALL = ["model.hidden=64", "model.depth=2", "model.heads=4", "model.text_dim=32",
-         "data.latent_height=8", "data.latent_width=8", "data.batch_size=4",
-         "optim.warmup_steps=1", "optim.lr=0.002"]  # fmt: skip
+SMALL = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.heads=4",
+    "model.text_dim=32",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "data.batch_size=4",
+    "optim.warmup_steps=1",
+    "optim.lr=0.002",
+]
 
 # (preset, layouts run against its one-process run)
 CASES = {
@@ -28,8 +36,20 @@ CASES = {
 
 
 def _train(out, recipe, *extra):
-    argv = vfm_argv("train", "--recipe", recipe, "--steps", STEPS, "--seed", 5, "--no-mlflow",
-                    "--out", out, *set_args(SMALL), *extra)  # fmt: skip
+    argv = vfm_argv(
+        "train",
+        "--recipe",
+        recipe,
+        "--steps",
+        STEPS,
+        "--seed",
+        5,
+        "--no-mlflow",
+        "--out",
+        out,
+        *set_args(SMALL),
+        *extra,
+    )
     return [r["loss"] for r in launch_ok(argv, out)]
 
 

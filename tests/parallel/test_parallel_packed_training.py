@@ -63,8 +63,10 @@ def _fit(rank, world, config, resume_from=""):
 
 def _one_process_config(shards: Path, folder: Path) -> str:
     config = folder / "run.yaml"
-    cfg = apply_overrides(get_recipe("dit-tiny"), [*SMALL, f"data.shards={shards}",
-                          f"data.batch_size={PACKS}", f"train.steps={STEPS}"])  # fmt: skip
+    cfg = apply_overrides(
+        get_recipe("dit-tiny"),
+        [*SMALL, f"data.shards={shards}", f"data.batch_size={PACKS}", f"train.steps={STEPS}"],
+    )
     save_yaml(cfg, config)
     return str(config)
 
@@ -107,8 +109,7 @@ def _check_run(out: Path, uri: str, reference: list[dict], tol: float = 1e-5) ->
 
 
 @pytest.mark.slow
-def test_vfm_train_cp2_on_packs_matches_one_process_and_resumes_in_one(shards, reference,
-                                                                       tmp_path):  # fmt: skip
+def test_vfm_train_cp2_on_packs_matches_one_process_and_resumes_in_one(shards, reference, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "cp2"
     sets = [f"data.batch_size={PACKS}", "train.ckpt_every=2", f"tracking.tracking_uri={uri}"]
@@ -147,8 +148,17 @@ def test_vfm_train_on_packs_under_4_rank_layouts_matches_one_process(
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / layout
     flags = [a for k, v in degrees.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    r = _vfm_train(out, shards, "--nproc", "4", *flags, "--set", f"data.batch_size={PACKS}",
-                   "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
+    r = _vfm_train(
+        out,
+        shards,
+        "--nproc",
+        "4",
+        *flags,
+        "--set",
+        f"data.batch_size={PACKS}",
+        "--set",
+        f"tracking.tracking_uri={uri}",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summary = _check_run(out, uri, reference, tol=1e-4)
     assert all(summary["degrees"][k] == v for k, v in degrees.items())

@@ -21,10 +21,22 @@ from vfm_core.train.state_tree import merge_skeletons, restrict_skeleton
 
 TOL = 1e-5
 STEPS = 4
-TINY = ["model.hidden=64", "model.depth=3", "model.text_dim=32", "data.batch_size=2",
-        "data.latent_height=8", "data.latent_width=8", "train.device=cpu",
-        "optim.warmup_steps=2", "optim.lr=0.002", "optim.grad_clip=0.5", "tracking.mlflow=false",
-        f"train.steps={STEPS}", "train.ckpt_every=2", "train.keep_ckpts=2"]  # fmt: skip
+TINY = [
+    "model.hidden=64",
+    "model.depth=3",
+    "model.text_dim=32",
+    "data.batch_size=2",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "train.device=cpu",
+    "optim.warmup_steps=2",
+    "optim.lr=0.002",
+    "optim.grad_clip=0.5",
+    "tracking.mlflow=false",
+    f"train.steps={STEPS}",
+    "train.ckpt_every=2",
+    "train.keep_ckpts=2",
+]
 
 
 def _resume_from(rank, world, config, path, degrees):
@@ -121,12 +133,22 @@ def test_merge_and_restrict_skeletons():
     def t(path):
         return {"__tensor__": path}
 
-    stage0 = {"model": {"a.w": t("model.a.w"), "c.w": t("model.c.w")}, "step": 2,
-              "optim": {"state": {"a.w": {"step": t("optim.state.a.w.step")}},
-                        "param_groups": [{"lr": 0.1, "params": ["a.w", "c.w"]}]}}  # fmt: skip
-    stage1 = {"model": {"b.w": t("model.b.w"), "c.w": t("model.c.w")}, "step": 2,
-              "optim": {"state": {"b.w": {"step": t("optim.state.b.w.step")}},
-                        "param_groups": [{"lr": 0.1, "params": ["c.w", "b.w"]}]}}  # fmt: skip
+    stage0 = {
+        "model": {"a.w": t("model.a.w"), "c.w": t("model.c.w")},
+        "step": 2,
+        "optim": {
+            "state": {"a.w": {"step": t("optim.state.a.w.step")}},
+            "param_groups": [{"lr": 0.1, "params": ["a.w", "c.w"]}],
+        },
+    }
+    stage1 = {
+        "model": {"b.w": t("model.b.w"), "c.w": t("model.c.w")},
+        "step": 2,
+        "optim": {
+            "state": {"b.w": {"step": t("optim.state.b.w.step")}},
+            "param_groups": [{"lr": 0.1, "params": ["c.w", "b.w"]}],
+        },
+    }
     merged = merge_skeletons([stage0, stage1])
     assert list(merged["model"]) == ["a.w", "c.w", "b.w"]
     assert merged["optim"]["param_groups"] == [{"lr": 0.1, "params": ["a.w", "c.w", "b.w"]}]
@@ -136,8 +158,9 @@ def test_merge_and_restrict_skeletons():
     assert mine["step"] == 2 and restrict_skeleton({"ema": {}}, set()) == {"ema": {}}
 
     with pytest.raises(Exception, match="param_groups differ in number across ranks"):
-        merge_skeletons([{"optim": {"param_groups": [{"params": []}]}},
-                         {"optim": {"param_groups": []}}])  # fmt: skip
+        merge_skeletons(
+            [{"optim": {"param_groups": [{"params": []}]}}, {"optim": {"param_groups": []}}]
+        )
 
 
 def test_resume_without_checkpoint_is_one_line_before_any_process_group(tmp_path, capsys):

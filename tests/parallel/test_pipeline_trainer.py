@@ -26,10 +26,19 @@ from vfm_core.recipes import get_recipe
 from vfm_core.train.launch import torchrun_argv
 
 TOL = 1e-5
-TINY = ["model.hidden=64", "model.depth=3", "model.text_dim=32", "data.batch_size=2",
-        "data.latent_height=8", "data.latent_width=8", "train.device=cpu",
-        "optim.warmup_steps=2", "optim.lr=0.002", "optim.grad_clip=0.5",
-        "tracking.experiment=test-pipeline-trainer"]  # fmt: skip
+TINY = [
+    "model.hidden=64",
+    "model.depth=3",
+    "model.text_dim=32",
+    "data.batch_size=2",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "train.device=cpu",
+    "optim.warmup_steps=2",
+    "optim.lr=0.002",
+    "optim.grad_clip=0.5",
+    "tracking.experiment=test-pipeline-trainer",
+]
 
 
 def _fit_one_process(rank, world, config):
@@ -108,10 +117,21 @@ def test_torchrun_pp2_fsdp2_from_shards_tracks_one_process(shards, tmp_path):
     """With ``data.source: shards`` each dp rank's pipeline gets its own slice from the loader
     (the pp ranks of one slice read half of it each and all-gather)."""
     steps = 4
-    small = ["model.hidden=64", "model.depth=2", "model.text_dim=16", "data.latent_frames=2",
-             "data.latent_height=4", "data.latent_width=4", "train.device=cpu",
-             "optim.warmup_steps=1", "optim.lr=0.002", "tracking.mlflow=false",
-             "data.source=shards", f"data.shards={shards}", f"train.steps={steps}"]  # fmt: skip
+    small = [
+        "model.hidden=64",
+        "model.depth=2",
+        "model.text_dim=16",
+        "data.latent_frames=2",
+        "data.latent_height=4",
+        "data.latent_width=4",
+        "train.device=cpu",
+        "optim.warmup_steps=1",
+        "optim.lr=0.002",
+        "tracking.mlflow=false",
+        "data.source=shards",
+        f"data.shards={shards}",
+        f"train.steps={steps}",
+    ]
     config = tmp_path / "run.yaml"
     save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=4"]), config)
     reference = run_ranks(_fit_one_process, 1, str(config))[0]
@@ -131,36 +151,70 @@ def test_pipeline_layouts_are_named_before_training(tmp_path, capsys):
 
     cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, "train.steps=1", "data.batch_size=3"])
     bad = [
-        (dict(pp=2), 2, [], "pass holds 3 samples .* cannot be split into "
-         "parallel.pp_microbatches=2 microbatches"),
+        (
+            dict(pp=2),
+            2,
+            [],
+            "pass holds 3 samples .* cannot be split into parallel.pp_microbatches=2 microbatches",
+        ),
         (dict(pp=4, dp_shard=1), 4, [], "4 ranks x 1 virtual stages need at least 4 blocks"),
         (dict(pp=2, tp=2, cp=2), 4, [], "product|world size"),
-        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_microbatches=1"],
-         "pp_microbatches=1 is below the 2 pipeline stages"),
-        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_virtual_stages=2"],
-         "pp_virtual_stages=2 needs parallel.pp_schedule=interleaved_1f1b"),
-        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_virtual_stages=2",
-                         "parallel.pp_schedule=interleaved_1f1b"],
-         "2 ranks x 2 virtual stages need at least 4 blocks, model.depth is 3"),
-        (dict(pp=2), 2, ["data.batch_size=4", "parallel.pp_virtual_stages=2", "model.depth=5",
-                         "parallel.pp_schedule=interleaved_1f1b"],
-         "the 5 blocks .* cannot be cut into pp x virtual stages = 4"),
+        (
+            dict(pp=2),
+            2,
+            ["data.batch_size=4", "parallel.pp_microbatches=1"],
+            "pp_microbatches=1 is below the 2 pipeline stages",
+        ),
+        (
+            dict(pp=2),
+            2,
+            ["data.batch_size=4", "parallel.pp_virtual_stages=2"],
+            "pp_virtual_stages=2 needs parallel.pp_schedule=interleaved_1f1b",
+        ),
+        (
+            dict(pp=2),
+            2,
+            [
+                "data.batch_size=4",
+                "parallel.pp_virtual_stages=2",
+                "parallel.pp_schedule=interleaved_1f1b",
+            ],
+            "2 ranks x 2 virtual stages need at least 4 blocks, model.depth is 3",
+        ),
+        (
+            dict(pp=2),
+            2,
+            [
+                "data.batch_size=4",
+                "parallel.pp_virtual_stages=2",
+                "model.depth=5",
+                "parallel.pp_schedule=interleaved_1f1b",
+            ],
+            "the 5 blocks .* cannot be cut into pp x virtual stages = 4",
+        ),
         (dict(pp=1), 1, ["parallel.pp_virtual_stages=2"], "needs pipeline parallelism"),
         (dict(pp=2), 2, ["data.batch_size=4", "train.grad_accum=3"], "train.grad_accum=3"),
-    ]  # fmt: skip
+    ]
     for degrees, world, sets, message in bad:
         with pytest.raises(ConfigError, match=message):
             validate_layout(with_degrees(apply_overrides(cfg, sets), **degrees), world)
     # the 4D layout and interleaving are trainable
-    four_d = apply_overrides(cfg, ["data.batch_size=4", "model.depth=4",
-                                   "parallel.pp_schedule=interleaved_1f1b",
-                                   "parallel.pp_virtual_stages=2"])  # fmt: skip
+    four_d = apply_overrides(
+        cfg,
+        [
+            "data.batch_size=4",
+            "model.depth=4",
+            "parallel.pp_schedule=interleaved_1f1b",
+            "parallel.pp_virtual_stages=2",
+        ],
+    )
     validate_layout(with_degrees(four_d, pp=2, tp=2, cp=2, dp_shard=1), 8)
 
     config = tmp_path / "run.yaml"
     save_yaml(cfg, config)
-    assert main(["--config", str(config), "--out", str(tmp_path / "o"), "--pp", "2",
-                 "--resume"]) == 2  # fmt: skip
+    assert (
+        main(["--config", str(config), "--out", str(tmp_path / "o"), "--pp", "2", "--resume"]) == 2
+    )
     err = capsys.readouterr().err
     assert f"--resume: no checkpoint under {tmp_path / 'o' / 'checkpoints'}" in err
     assert not (tmp_path / "o").exists()

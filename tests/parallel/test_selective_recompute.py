@@ -10,11 +10,14 @@ from parallel_harness import run_ranks
 
 CASES = [
     ("dit", dict(dp_shard=2), dict(activation_checkpointing="selective")),
-    ("llama_dit", dict(tp=2, dp_shard=1),
-     dict(sequence_parallel=True, activation_checkpointing="selective")),
+    (
+        "llama_dit",
+        dict(tp=2, dp_shard=1),
+        dict(sequence_parallel=True, activation_checkpointing="selective"),
+    ),
     ("dit", dict(cp=2, dp_shard=1), dict(cp_mode="ring", activation_checkpointing="selective")),
     ("stdit", dict(cp=2, dp_shard=1), dict(cp_mode="hybrid", activation_checkpointing="selective")),
-]  # fmt: skip
+]
 
 
 @pytest.mark.slow

@@ -64,9 +64,8 @@ def shards(tmp_path_factory):
 def _cfg(shards, *extra: str, batch: int = GLOBAL_BATCH):
     return apply_overrides(
         get_recipe("dit-tiny"),
-        [*SMALL, "data.source=shards", f"data.shards={shards}", f"data.batch_size={batch}",
-         *extra],
-    )  # fmt: skip
+        [*SMALL, "data.source=shards", f"data.shards={shards}", f"data.batch_size={batch}", *extra],
+    )
 
 
 def _fit(rank, world, config, degrees, resume_from):
@@ -113,8 +112,7 @@ def _batches(rank, world, config, degrees, steps):
         b = src.next_batch()
         keys.append(b.keys)
         sums.append(b.latents.double().sum(dim=(1, 2, 3, 4)).tolist())  # (B,)
-    return {"dp": dims.dp_rank(), "keys": keys, "sums": sums,
-            "bytes": src.loader.bytes_read}  # fmt: skip
+    return {"dp": dims.dp_rank(), "keys": keys, "sums": sums, "bytes": src.loader.bytes_read}
 
 
 def _vfm_train(out, shards, *args: str) -> list[dict]:
@@ -155,9 +153,13 @@ def _mlflow_mfu(out, uri, steps):
 
 
 def test_rebatch_state_converts_between_steps_and_names_pending_samples():
-    state = {"version": 1, "kind": "shard_loader", "batch_size": 2, "max_tokens": None,
-             "planner": {"position": 8, "steps": 2, "n_skipped": 0, "waiting": [[]],
-                         "ready": []}}  # fmt: skip
+    state = {
+        "version": 1,
+        "kind": "shard_loader",
+        "batch_size": 2,
+        "max_tokens": None,
+        "planner": {"position": 8, "steps": 2, "n_skipped": 0, "waiting": [[]], "ready": []},
+    }
     assert rebatch_state(state, 4)["batch_size"] == 4
     assert rebatch_state(state, 4)["planner"] == state["planner"]
     assert rebatch_state(state, 2) is state
@@ -202,8 +204,17 @@ def test_vfm_train_dp2_from_shards_matches_one_process_and_resumes(shards, refer
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     dp2 = ["--nproc", "2", "--dp-shard", "2"]  # the global batch: GLOBAL_BATCH / 2 per dp rank
     out = tmp_path / "dp2"
-    rows = _vfm_train(out, shards, "--steps", str(STEPS), *dp2, "--set", "train.ckpt_every=2",
-                      "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
+    rows = _vfm_train(
+        out,
+        shards,
+        "--steps",
+        str(STEPS),
+        *dp2,
+        "--set",
+        "train.ckpt_every=2",
+        "--set",
+        f"tracking.tracking_uri={uri}",
+    )
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     _close([r["loss"] for r in rows], reference, 1e-5)
     summary = _mlflow_mfu(out, uri, STEPS)
@@ -235,8 +246,20 @@ def test_vfm_train_dp2_from_shards_matches_one_process_and_resumes(shards, refer
 def test_vfm_train_tp2_cp2_from_shards_matches_one_process(shards, reference, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "tp2cp2"
-    rows = _vfm_train(out, shards, "--steps", str(STEPS), "--nproc", "4", "--tp", "2", "--cp",
-                      "2", "--set", f"tracking.tracking_uri={uri}")  # fmt: skip
+    rows = _vfm_train(
+        out,
+        shards,
+        "--steps",
+        str(STEPS),
+        "--nproc",
+        "4",
+        "--tp",
+        "2",
+        "--cp",
+        "2",
+        "--set",
+        f"tracking.tracking_uri={uri}",
+    )
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     _close([r["loss"] for r in rows], reference, 1e-4)
     summary = _mlflow_mfu(out, uri, STEPS)

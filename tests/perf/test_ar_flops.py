@@ -15,8 +15,16 @@ from vfm_core.perf.flops import train_flops, train_flops_per_token
 
 @pytest.mark.parametrize("kv_heads", [None, 2])
 def test_ar_train_flops_match_flop_counter(kv_heads):
-    cfg = ModelConfig(arch="ar", vocab_size=300, hidden=128, depth=2, heads=4, kv_heads=kv_heads,
-                      text_dim=32, text_len=5)  # fmt: skip
+    cfg = ModelConfig(
+        arch="ar",
+        vocab_size=300,
+        hidden=128,
+        depth=2,
+        heads=4,
+        kv_heads=kv_heads,
+        text_dim=32,
+        text_len=5,
+    )
     torch.manual_seed(0)
     model = CausalVideoTransformer(cfg)
     tokens = torch.randint(0, cfg.vocab_size, (2, 3, 4, 4))  # 48 tokens per sample

@@ -146,7 +146,8 @@ def test_mfu():
 
 def test_recheck_cpu_peak_keeps_the_better_figure_and_says_so(caplog):
     """A start-up peak far below what the model reached (a busy machine) is re-measured."""
-    new, source = hardware.recheck_cpu_peak(1.0, "measured at start-up", achieved=5.0e9,
-                                            width=64, dtype="fp32")  # fmt: skip
+    new, source = hardware.recheck_cpu_peak(
+        1.0, "measured at start-up", achieved=5.0e9, width=64, dtype="fp32"
+    )
     assert new > 1.0 and source.startswith("measured at start-up; re-measured during training")
     assert "CPU MFU above 100%" in caplog.text

@@ -24,8 +24,10 @@ PAPER = [  # recipe, tokens, pinned layout (Table 1)
 CHECKS = [
     (r, s, f, g) for r, s, f in PAPER for g in (64, 256) if not (f.endswith("pp=4") and g < 128)
 ]
-CHECKS += [("stdit-7b", 35840, "tp=2,sp=true,cp=2,pp=2,vpp=1", 64),
-           ("ar-4b", 8192, "tp=4,sp=true,cp=2,pp=2", 64)]  # fmt: skip
+CHECKS += [
+    ("stdit-7b", 35840, "tp=2,sp=true,cp=2,pp=2,vpp=1", 64),
+    ("ar-4b", 8192, "tp=4,sp=true,cp=2,pp=2", 64),
+]
 
 _SCRIPT = """
 import json, sys
@@ -61,9 +63,13 @@ def test_rank_params_add_up_to_the_model_on_every_layout():
 @pytest.mark.slow
 def test_plan_check_agrees_with_the_planner_on_the_paper_layouts():
     """One process measures every case (each at its own world size)."""
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(CHECKS)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, json.dumps(CHECKS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(reports) == len(CHECKS)

@@ -51,8 +51,12 @@ def _check_trainer_accepts(base, lay: Layout, seq: int) -> None:
     assert cfg.data.batch_size == global_batch(lay)
     dims = validate_layout(cfg, lay.world)  # raises ConfigError if the trainer refuses
     assert (dims.dp_replicate, dims.dp_shard, dims.tp, dims.cp, dims.pp) == (
-        lay.dp_replicate, lay.dp_shard, lay.tp, lay.cp, lay.pp,
-    )  # fmt: skip
+        lay.dp_replicate,
+        lay.dp_shard,
+        lay.tp,
+        lay.cp,
+        lay.pp,
+    )
     p = cfg.parallel
     if lay.pp > 1:  # the layout's micro-batches are the pipeline schedule's
         assert (p.pp_microbatches, cfg.train.grad_accum) == (lay.microbatches, 1)

@@ -68,18 +68,31 @@ def test_live_bytes_agree_with_saved_tensor_hooks_without_recompute():
 
 def test_normalize_modes():
     assert [normalize(v) for v in (False, None, True, "none", "full", "selective")] == [
-        "none", "none", "full", "none", "full", "selective",
-    ]  # fmt: skip
+        "none",
+        "none",
+        "full",
+        "none",
+        "full",
+        "selective",
+    ]
     with pytest.raises(ValueError, match="choose from none, full, selective"):
         normalize("some")
 
 
 def _losses(mode: str, recipe: str = "dit-tiny") -> list[float]:
-    sets = ["data.batch_size=2", "model.depth=2", "train.steps=3", "tracking.mlflow=false",
-            "train.device=cpu", "train.ema_decay=0"]  # fmt: skip
+    sets = [
+        "data.batch_size=2",
+        "model.depth=2",
+        "train.steps=3",
+        "tracking.mlflow=false",
+        "train.device=cpu",
+        "train.ema_decay=0",
+    ]
     if mode != "none":
-        sets += ["parallel.activation_checkpointing=true",
-                 f"parallel.activation_checkpointing_mode={mode}"]  # fmt: skip
+        sets += [
+            "parallel.activation_checkpointing=true",
+            f"parallel.activation_checkpointing_mode={mode}",
+        ]
     cfg = apply_overrides(get_recipe(recipe), sets)
     trainer = Trainer(cfg)
     rows: list[float] = []
@@ -106,8 +119,12 @@ def test_selective_recompute_trains_the_same_losses(recipe):
 
 
 def test_config_field_reaches_the_blocks():
-    sets = ["parallel.activation_checkpointing=true", "model.depth=2", "train.device=cpu",
-            "parallel.activation_checkpointing_mode=selective"]  # fmt: skip
+    sets = [
+        "parallel.activation_checkpointing=true",
+        "model.depth=2",
+        "train.device=cpu",
+        "parallel.activation_checkpointing_mode=selective",
+    ]
     cfg = apply_overrides(get_recipe("dit-tiny"), sets)
     trainer = Trainer(cfg)
     fwd = next(iter(trainer.model.blocks.values())).forward

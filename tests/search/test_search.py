@@ -35,8 +35,13 @@ CAPTIONS = {
 EXACT = ClipSearchConfig(index=IndexConfig(backend="exact"))
 
 
-def write_clips_dir(root: Path, *, videos: bool = False, drop: tuple[str, ...] = (),
-                    captions: dict[str, str] = CAPTIONS) -> Path:  # fmt: skip
+def write_clips_dir(
+    root: Path,
+    *,
+    videos: bool = False,
+    drop: tuple[str, ...] = (),
+    captions: dict[str, str] = CAPTIONS,
+) -> Path:
     """``root/clips.parquet`` (+ tiny real mp4s under clips/ when ``videos``)."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -46,8 +51,9 @@ def write_clips_dir(root: Path, *, videos: bool = False, drop: tuple[str, ...] =
 
         (root / "clips").mkdir(exist_ok=True)
         for i, cid in enumerate(ids):
-            spec = VideoSpec(width=32, height=24, fps=8.0, seed=i,
-                             segments=(Segment(kind="moving", n_frames=6),))  # fmt: skip
+            spec = VideoSpec(
+                width=32, height=24, fps=8.0, seed=i, segments=(Segment(kind="moving", n_frames=6),)
+            )
             make_video(root / "clips" / f"{cid}.mp4", spec)
     cols = {
         "clip_id": ids,
@@ -86,7 +92,8 @@ def test_faiss_agrees_with_exact_on_small_data(tmp_path):
     s_ex, i_ex = exact.search(q, 5)  # (Q, 5)
     assert (np.diff(s_ex, axis=1) <= 0).all()  # best first
     cos = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (
-        x / np.linalg.norm(x, axis=1, keepdims=True)).T  # (Q, N)  # fmt: skip
+        x / np.linalg.norm(x, axis=1, keepdims=True)
+    ).T  # (Q, N)
     brute = np.argsort(-cos, axis=1)[:, :5]
     assert (i_ex == brute).all()
     ivf = FaissIndex.build(x, IndexConfig(faiss_kind="ivf", nprobe=10_000))  # probes every list
@@ -155,8 +162,9 @@ def test_cli_table_json_like_and_sheet(clips_dir, capsys, tmp_path):
     assert rc == 0 and [r["clip_id"] for r in rows][0] == "c0" and len(rows) == 2
     assert set(rows[0]) == {"rank", "clip_id", "score", "caption", "uri"}
     sheet = tmp_path / "hits.png"
-    rc, out, err = run(capsys, str(clips_dir), "--like", "c1", "--top", "3", "--json",
-                       "--sheet", str(sheet))  # fmt: skip
+    rc, out, err = run(
+        capsys, str(clips_dir), "--like", "c1", "--top", "3", "--json", "--sheet", str(sheet)
+    )
     assert rc == 0, err
     assert json.loads(out)[0]["clip_id"] == "c1" and f"contact sheet: {sheet}" in err
     from PIL import Image
@@ -182,11 +190,12 @@ def test_cli_table_json_like_and_sheet(clips_dir, capsys, tmp_path):
 )
 def test_bad_input_is_one_clear_line(args, needle, clips_dir, tmp_path, capsys):
     dirs = {
-        "dir": clips_dir, "empty": tmp_path / "empty",
+        "dir": clips_dir,
+        "empty": tmp_path / "empty",
         "nocap": write_clips_dir(tmp_path / "nocap", drop=("caption",)),
         "blank": write_clips_dir(tmp_path / "blank", captions=dict.fromkeys(CAPTIONS, " ")),
         "noemb": write_clips_dir(tmp_path / "noemb", drop=("embedding",)),
-    }  # fmt: skip
+    }
     (tmp_path / "empty").mkdir()
     rc, out, err = run(capsys, *[a.format(**dirs) for a in args])
     lines = err.strip().splitlines()
@@ -233,8 +242,11 @@ def s3(monkeypatch):
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     fsspec.filesystem("s3").clear_instance_cache()
     fs, _ = storage.filesystem("s3://vfm-search")
@@ -250,8 +262,9 @@ def test_search_an_s3_clips_dir(s3, clips_dir, capsys, tmp_path):
     s3.put(str(clips_dir / "clips"), "vfm-search/clips/", recursive=True)
     url = "s3://vfm-search/clips"
     for how in ("built", "cached"):
-        rc, out, err = run(capsys, url, "--like", "c2", "--top", "2", "--json",
-                           "--sheet", str(tmp_path / "s3.png"))  # fmt: skip
+        rc, out, err = run(
+            capsys, url, "--like", "c2", "--top", "2", "--json", "--sheet", str(tmp_path / "s3.png")
+        )
         assert rc == 0, err
         hits = json.loads(out)
         assert hits[0]["clip_id"] == "c2" and hits[0]["uri"] == f"{url}/clips/c2.mp4"

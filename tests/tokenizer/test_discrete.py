@@ -18,8 +18,9 @@ def test_discrete_tokenizer_learns_and_round_trips(tmp_path):
     cfg = get_tokenizer_config("tok-tiny-discrete")
     train = [synthetic_clips(8, frames=5, size=32, seed=i) for i in range(20)]
     held = [synthetic_clips(8, frames=5, size=32, seed=10_000)]
-    model, m = train_tokenizer(cfg, train, steps=150, lr=2e-3, held_out=held,
-                               out_dir=tmp_path / "tok", progress=False)  # fmt: skip
+    model, m = train_tokenizer(
+        cfg, train, steps=150, lr=2e-3, held_out=held, out_dir=tmp_path / "tok", progress=False
+    )
     assert m.loss_last < 0.7 * m.loss_first, (m.loss_first, m.loss_last)
     assert m.psnr > m.baseline_psnr + 1.0, (m.psnr, m.baseline_psnr)
     assert 0 < m.codebook_usage <= 1

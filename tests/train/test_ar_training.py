@@ -15,8 +15,14 @@ from vfm_core.parallel.layout import validate_layout, with_degrees
 from vfm_core.recipes import get_recipe
 from vfm_core.train.main import run_training
 
-SMALL = ["model.depth=2", "data.batch_size=4", "optim.lr=0.003", "optim.warmup_steps=2",
-         "train.log_every=1", "tracking.mlflow=false"]  # fmt: skip
+SMALL = [
+    "model.depth=2",
+    "data.batch_size=4",
+    "optim.lr=0.003",
+    "optim.warmup_steps=2",
+    "train.log_every=1",
+    "tracking.mlflow=false",
+]
 
 
 def _rows(out):
@@ -40,7 +46,9 @@ def test_ar_tiny_learns_and_resumes_bit_identically(tmp_path):
 
 def test_ar_layouts_it_cannot_run_are_refused_in_one_line():
     validate_layout(with_degrees(get_recipe("ar-tiny"), pp=2, tp=2), 4)  # PP x TP trains
-    odd = apply_overrides(get_recipe("ar-tiny"), ["data.latent_frames=1", "data.latent_height=3",
-                                                  "data.latent_width=3"])  # fmt: skip
+    odd = apply_overrides(
+        get_recipe("ar-tiny"),
+        ["data.latent_frames=1", "data.latent_height=3", "data.latent_width=3"],
+    )
     with pytest.raises(ConfigError, match="9 tokens"):
         validate_layout(with_degrees(odd, cp=2), 2)

@@ -22,10 +22,21 @@ from vfm_core.train.checkpoint import CheckpointManager
 from vfm_core.train.integrity import verify
 from vfm_core.train.main import run_training
 
-TINY = ["model.hidden=64", "model.depth=2", "model.text_dim=32", "data.batch_size=2",
-        "data.latent_height=8", "data.latent_width=8", "train.device=cpu", "optim.lr=0.002",
-        "optim.warmup_steps=2", "tracking.mlflow=false", "train.steps=6", "train.ckpt_every=2",
-        "train.keep_ckpts=3"]  # fmt: skip
+TINY = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.text_dim=32",
+    "data.batch_size=2",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "train.device=cpu",
+    "optim.lr=0.002",
+    "optim.warmup_steps=2",
+    "tracking.mlflow=false",
+    "train.steps=6",
+    "train.ckpt_every=2",
+    "train.keep_ckpts=3",
+]
 
 
 def _cfg(*extra: str):
@@ -51,16 +62,20 @@ def test_async_and_sync_saves_write_the_same_tensors_and_resume_the_same(tmp_pat
     run_training(_cfg("train.async_checkpoint=true"), out_dir=asyn, progress=False)
     assert _losses(sync) == _losses(asyn)
     a, b = CheckpointManager(sync).list(), CheckpointManager(asyn).list()
-    assert [p.name for p in a] == [p.name for p in b] == [
-        "step_00000002", "step_00000004", "step_00000006"]  # fmt: skip
+    assert (
+        [p.name for p in a]
+        == [p.name for p in b]
+        == ["step_00000002", "step_00000004", "step_00000006"]
+    )
     for x, y in zip(a, b, strict=True):
         assert verify(y) == []
         tx, ty = _tensors(x), _tensors(y)
         assert tx.keys() == ty.keys() and all(torch.equal(tx[k], ty[k]) for k in tx)
     assert not [p for p in (asyn / "checkpoints").iterdir() if "." in p.name]  # no leftovers
     # resumed (asynchronously saving again) from the async step-2 checkpoint: the same losses
-    run_training(_cfg("train.async_checkpoint=true"), out_dir=asyn,
-                 resume_from=b[0], progress=False)  # fmt: skip
+    run_training(
+        _cfg("train.async_checkpoint=true"), out_dir=asyn, resume_from=b[0], progress=False
+    )
     assert _losses(asyn) == _losses(sync)
 
 
@@ -92,8 +107,10 @@ def test_killed_during_an_async_save_leaves_the_previous_checkpoint_loadable(tmp
     save_yaml(_cfg("train.async_checkpoint=true"), config)
     proc = subprocess.Popen(
         [sys.executable, "-c", _SLOW_SAVE, str(config), str(out), str(marker)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         # training goes on while step 4 is being written: step 6 is trained (then the step-6
@@ -119,6 +136,9 @@ def test_killed_during_an_async_save_leaves_the_previous_checkpoint_loadable(tmp
     run_training(_cfg("train.async_checkpoint=true"), out_dir=out, resume=True, progress=False)
     assert f"resumed from {two} at step 2" in capsys.readouterr().err
     assert _losses(out) == _losses(reference)
-    assert [p.name for p in ckpt.candidates()] == ["step_00000002", "step_00000004",
-                                                   "step_00000006"]  # fmt: skip
+    assert [p.name for p in ckpt.candidates()] == [
+        "step_00000002",
+        "step_00000004",
+        "step_00000006",
+    ]
     assert not (out / "checkpoints" / "step_00000004.tmp").exists()

@@ -28,10 +28,21 @@ from vfm_core.train.main import run_training
 from vfm_core.train.trainer import Trainer
 
 STEPS = 6
-TINY = ["model.hidden=64", "model.depth=2", "model.text_dim=32", "data.batch_size=2",
-        "data.latent_height=8", "data.latent_width=8", "train.device=cpu", "optim.lr=0.002",
-        "optim.warmup_steps=2", "tracking.mlflow=false", f"train.steps={STEPS}",
-        "train.ckpt_every=2", "train.keep_ckpts=3"]  # fmt: skip
+TINY = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.text_dim=32",
+    "data.batch_size=2",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "train.device=cpu",
+    "optim.lr=0.002",
+    "optim.warmup_steps=2",
+    "tracking.mlflow=false",
+    f"train.steps={STEPS}",
+    "train.ckpt_every=2",
+    "train.keep_ckpts=3",
+]
 
 
 def _cfg(*extra: str):
@@ -52,7 +63,10 @@ def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run") / "run"
     run_training(_cfg(), out_dir=out, progress=False)
     assert [p.name for p in CheckpointManager(out).list()] == [
-        "step_00000002", "step_00000004", "step_00000006"]  # fmt: skip
+        "step_00000002",
+        "step_00000004",
+        "step_00000006",
+    ]
     return out
 
 
@@ -101,8 +115,14 @@ def _no_manifest(ck: Path) -> str:
     return f"{MANIFEST_FILE}: missing (the save did not finish"
 
 
-DAMAGE = {"truncate": _truncate, "flip": _flip, "delete": _delete, "state_json": _bad_state_json,
-          "manifest_json": _bad_manifest, "no_manifest": _no_manifest}  # fmt: skip
+DAMAGE = {
+    "truncate": _truncate,
+    "flip": _flip,
+    "delete": _delete,
+    "state_json": _bad_state_json,
+    "manifest_json": _bad_manifest,
+    "no_manifest": _no_manifest,
+}
 
 
 def test_every_checkpoint_has_a_complete_manifest(trained):
@@ -148,8 +168,10 @@ def test_all_checkpoints_damaged_is_one_clear_error(run, capsys):
     rc = train_main(["--config", str(run / "config.yaml"), "--out", str(run), "--resume"])
     err = capsys.readouterr().err.splitlines()
     assert rc == 2
-    assert err[-1] == (f"error: --resume: no valid checkpoint under {run / 'checkpoints'} (all 3 "
-                       "damaged or unfinished, see the warnings above)")  # fmt: skip
+    assert err[-1] == (
+        f"error: --resume: no valid checkpoint under {run / 'checkpoints'} (all 3 "
+        "damaged or unfinished, see the warnings above)"
+    )
     assert [x.split(":")[0] for x in err[:-1]] == ["warning"] * 3
     assert not any("Traceback" in x for x in err)
     assert vfm_main(["checkpoint", "verify", str(run)]) == 1
@@ -162,8 +184,11 @@ def test_resume_from_picks_a_checkpoint_and_refuses_a_damaged_one(run, trained, 
     assert f"resumed from {two} at step 2" in capsys.readouterr().err
     assert _losses(run) == _losses(trained)
     _flip(two)
-    with pytest.raises(CheckpointError, match=rf"^--resume-from: checkpoint {two}: shard-.*"
-                       "sha256 differs"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^--resume-from: checkpoint {two}: shard-.*"
+        "sha256 differs",
+    ):
         run_training(_cfg(), out_dir=run, resume_from=two, progress=False)
     assert vfm_main(["checkpoint", "verify", str(two)]) == 1
 
@@ -207,9 +232,12 @@ def test_load_errors_name_the_checkpoint_and_the_file(trained):
     # optimizer state of another optimizer
     tr = Trainer(_cfg())
     tr.optimizer = torch.optim.SGD(tr.model.parameters(), lr=0.1, momentum=0.9)
-    with pytest.raises(CheckpointError, match=rf"^checkpoint {ck}: state.json: optimizer state of "
-                       r"another optimizer \(saved \['exp_avg', 'exp_avg_sq', 'step'\], this "
-                       r"trainer's optimizer holds \['momentum_buffer'\]\)$"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^checkpoint {ck}: state.json: optimizer state of "
+        r"another optimizer \(saved \['exp_avg', 'exp_avg_sq', 'step'\], this "
+        r"trainer's optimizer holds \['momentum_buffer'\]\)$",
+    ):
         load_trainer(CheckpointManager(trained), tr, ck)
 
     # loader state of another dataset

@@ -25,14 +25,21 @@ from vfm_core.train.optim import build_optimizer
 def test_bf16_step_on_cuda_from_a_meta_built_model():
     device = torch.device("cuda")
     init_world(device)
-    cfg = apply_overrides(get_recipe("dit-tiny"), ["train.dtype=bfloat16", "train.device=cuda",
-                                                   "data.batch_size=2"])  # fmt: skip
+    cfg = apply_overrides(
+        get_recipe("dit-tiny"), ["train.dtype=bfloat16", "train.device=cuda", "data.batch_size=2"]
+    )
     dims = validate_layout(cfg, 1)
     dims.build_mesh("cuda")
     m = cfg.model
-    obj = make_objective(cfg, draws=StepRNG(seed=1), device=device, local_batch=2,
-                         null_text=torch.zeros(m.text_len, m.text_dim), null_length=1,
-                         tensor_parallel=False)  # fmt: skip
+    obj = make_objective(
+        cfg,
+        draws=StepRNG(seed=1),
+        device=device,
+        local_batch=2,
+        null_text=torch.zeros(m.text_len, m.text_dim),
+        null_length=1,
+        tensor_parallel=False,
+    )
     layout = apply_layout(cfg, dims, device=device, loss_fn=obj.loss)
     model = layout.parts[0]
     ref = dict(build_model(m, seed=cfg.train.seed).named_parameters())
@@ -44,9 +51,12 @@ def test_bf16_step_on_cuda_from_a_meta_built_model():
     ema = EMA(layout.parts, 0.5)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     d = cfg.data
-    batch = LatentBatch(latents=torch.randn(2, m.in_channels, d.latent_frames, d.latent_height,
-                                            d.latent_width) * 0.5,
-                        text=torch.randn(2, m.text_len, m.text_dim), keys=["a", "b"])  # fmt: skip
+    batch = LatentBatch(
+        latents=torch.randn(2, m.in_channels, d.latent_frames, d.latent_height, d.latent_width)
+        * 0.5,
+        text=torch.randn(2, m.text_len, m.text_dim),
+        keys=["a", "b"],
+    )
     (mb,) = obj.microbatches(batch, step=0, weight=1.0, splits=1)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(mb.inputs, **mb.kwargs)

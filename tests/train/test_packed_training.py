@@ -59,16 +59,25 @@ def test_max_tokens_is_validated_with_the_key_named(shards):
     cp3 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, cp=3))
     with pytest.raises(ConfigError, match=r"data.max_tokens=32 is not a multiple of .*cp \* "):
         validate(cp3)
-    ar = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, arch="ar", patch=(1, 1, 1)),
-                             parallel=dataclasses.replace(cfg.parallel, cp=3))  # fmt: skip
-    with pytest.raises(ConfigError, match=r"data.max_tokens=32 is not a multiple of 2 x "
-                                          r"parallel.cp \* parallel.tp .* = 6"):  # fmt: skip
+    ar = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, arch="ar", patch=(1, 1, 1)),
+        parallel=dataclasses.replace(cfg.parallel, cp=3),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"data.max_tokens=32 is not a multiple of 2 x "
+        r"parallel.cp \* parallel.tp .* = 6",
+    ):
         validate(ar)
     small = apply_overrides(cfg, ["data.max_tokens=18"])  # the 3x4x6 video has 18 tokens: fits
     ShardLatentSource(small.data, small.model)
     small = apply_overrides(cfg, ["data.max_tokens=17"])
-    with pytest.raises(ConfigError, match=r"data.max_tokens=17 is smaller than the largest "
-                                          r"sample \(mixed\d+: 18 tokens"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"data.max_tokens=17 is smaller than the largest "
+        r"sample \(mixed\d+: 18 tokens",
+    ):
         ShardLatentSource(small.data, small.model)
 
 
@@ -107,8 +116,9 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
     tr = Trainer(cfg)
     for _ in range(12):  # a batch with padding, so real tokens and padded tokens differ
         batch = tr.source.next_batch()
-        if sum(p.length for p in batch.packs) > sum(z[0].numel() // 4 for p in batch.packs
-                                                    for z in p.latents):  # fmt: skip
+        if sum(p.length for p in batch.packs) > sum(
+            z[0].numel() // 4 for p in batch.packs for z in p.latents
+        ):
             break
     obj = tr.objective  # counter-based: the draws train_step will make at this step
     want = []
@@ -121,8 +131,9 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
             for i, z in enumerate(p.latents):
                 n = int(p.text_lengths[i])
                 text = p.text[i : i + 1, :n] * keep[i]  # (1, n, Dt)
-                loss = obj.edm.loss(tr.model, z[None], text, sigma=sigma[i : i + 1],
-                                    noise=noise[i][None])  # fmt: skip
+                loss = obj.edm.loss(
+                    tr.model, z[None], text, sigma=sigma[i : i + 1], noise=noise[i][None]
+                )
                 want.append(loss.item())
     assert len(want) == batch.n_samples > 2
     out = tr.train_step(batch)
@@ -133,8 +144,10 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
     grids = [(z.shape[1], z.shape[2] // 2, z.shape[3] // 2) for p in batch.packs for z in p.latents]
     real = sum(t * h * w for t, h, w in grids)
     assert real < sum(p.length for p in batch.packs)  # padding is not counted
-    flops = sum(train_flops(tr.cfg.model, seq_lens=g[0] * g[1] * g[2], grid=g,
-                            text_len=8)["total"] for g in grids)  # fmt: skip
+    flops = sum(
+        train_flops(tr.cfg.model, seq_lens=g[0] * g[1] * g[2], grid=g, text_len=8)["total"]
+        for g in grids
+    )
     m = tr.metrics(out, step_time=2.0, data_time=0.5)
     assert m["tokens_per_s"] == pytest.approx(real / 2.0)
     assert m["mfu"] == pytest.approx(flops / 2.0 / tr.peak_flops, rel=1e-9)

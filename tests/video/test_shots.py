@@ -87,8 +87,11 @@ def test_fixed_stride(demo_video):
     path, gt = demo_video
     spans = FixedStrideSplitter(stride_s=5.0).split(path)
     assert [(s.start_frame, s.end_frame) for s in spans] == [
-        (0, 120), (120, 240), (240, 360), (360, 400)
-    ]  # fmt: skip
+        (0, 120),
+        (120, 240),
+        (240, 360),
+        (360, 400),
+    ]
     assert spans[1].start_s == 5.0 and spans[-1].end_s == pytest.approx(400 / 24)
     frames = np.zeros((50, 8, 8, 3), np.uint8)
     assert len(FixedStrideSplitter(stride_s=1.0).split(frames, fps=10)) == 5

@@ -132,8 +132,9 @@ def score_frames(frames: np.ndarray, cfg: FilterConfig | None = None) -> FilterS
         motion, static, pan = float(d.mean()), float((~moving).mean()), float(shifts.mean())
     else:
         motion, static, pan = 0.0, 1.0, 0.0  # one frame: no motion by definition
-    return FilterScores(motion=motion, static_frac=static, black_frac=black, blank_frac=blank,
-                        pan_px=pan)  # fmt: skip
+    return FilterScores(
+        motion=motion, static_frac=static, black_frac=black, blank_frac=blank, pan_px=pan
+    )
 
 
 def reject_reasons(

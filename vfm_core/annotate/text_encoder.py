@@ -156,15 +156,23 @@ class TextEncoder:
         import torch
 
         if self.kind == "t5":
-            enc = self.tokenizer(captions, padding=True, truncation=True,
-                                 max_length=self.spec.max_tokens,
-                                 return_tensors="pt").to(self.device)  # fmt: skip
+            enc = self.tokenizer(
+                captions,
+                padding=True,
+                truncation=True,
+                max_length=self.spec.max_tokens,
+                return_tensors="pt",
+            ).to(self.device)
             with torch.no_grad():
                 h = self.model(**enc).last_hidden_state  # (N, Lmax, D)
             lens = enc["attention_mask"].sum(1).tolist()
             return [h[i, : int(n)].float().cpu().numpy() for i, n in enumerate(lens)]
-        out = self.model.encode(captions, output_value="token_embeddings",
-                                convert_to_numpy=False, show_progress_bar=False)  # fmt: skip
+        out = self.model.encode(
+            captions,
+            output_value="token_embeddings",
+            convert_to_numpy=False,
+            show_progress_bar=False,
+        )
         return [o.float().cpu().numpy() for o in out]  # each (L_i, D), trimmed to its mask
 
     def encode(self, captions: list[str]) -> list[np.ndarray]:
@@ -197,18 +205,28 @@ class TextEncoder:
     def record(self) -> dict[str, Any]:
         """JSON-able description (+ the null embedding) for the index and the run dir."""
         s = self.spec
-        return {"version": RECORD_VERSION, "model": s.model or DEFAULT_MODEL, "kind": self.kind,
-                "mode": s.mode, "max_tokens": s.max_tokens, "normalize": s.normalize,
-                "dim": self.dim, "null": self.null().round(6).tolist()}  # fmt: skip
+        return {
+            "version": RECORD_VERSION,
+            "model": s.model or DEFAULT_MODEL,
+            "kind": self.kind,
+            "mode": s.mode,
+            "max_tokens": s.max_tokens,
+            "normalize": s.normalize,
+            "dim": self.dim,
+            "null": self.null().round(6).tolist(),
+        }
 
 
 def spec_from_record(record: dict[str, Any], where: str) -> TextSpec:
     """The :class:`TextSpec` a record describes (to encode prompts like the training captions)."""
     try:
         model = record["model"]
-        spec = TextSpec(model=None if model == DEFAULT_MODEL else str(model),
-                        mode=str(record["mode"]), max_tokens=int(record["max_tokens"]),
-                        normalize=bool(record["normalize"]))  # fmt: skip
+        spec = TextSpec(
+            model=None if model == DEFAULT_MODEL else str(model),
+            mode=str(record["mode"]),
+            max_tokens=int(record["max_tokens"]),
+            normalize=bool(record["normalize"]),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise TextEncoderError(f"{where}: text encoder record is malformed ({e})") from None
     spec.check()

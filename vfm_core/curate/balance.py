@@ -164,8 +164,15 @@ def ray_actor_events(stage_of_class: Mapping[str, str], *, since: float) -> list
         if not m or m.group(1) not in stage_of_class or a.get("JobID") != job or start < since:
             continue  # another job's, another run's, or never started
         end = float(a.get("EndTime") or 0) / 1000 or now
-        out.append(BatchEvent(stage=stage_of_class[m.group(1)], actor=str(actor_id),
-                              kind="actor", start=start, end=max(end, start)))  # fmt: skip
+        out.append(
+            BatchEvent(
+                stage=stage_of_class[m.group(1)],
+                actor=str(actor_id),
+                kind="actor",
+                start=start,
+                end=max(end, start),
+            )
+        )
     return out
 
 
@@ -206,10 +213,15 @@ def summarize(events: Sequence[BatchEvent]) -> dict[str, StageSummary]:
         b = sum(e.end - e.start for e in mine if e.kind == "batch")
         c = sum(e.cpu_s for e in mine if e.kind == "batch")
         out[s] = StageSummary(
-            stage=s, batches=sum(e.kind == "batch" for e in mine), busy_s=b, cpu_s=c,
-            setup_s=sum(e.end - e.start for e in mine if e.kind == "setup"), share=b / total,
+            stage=s,
+            batches=sum(e.kind == "batch" for e in mine),
+            busy_s=b,
+            cpu_s=c,
+            setup_s=sum(e.end - e.start for e in mine if e.kind == "setup"),
+            share=b / total,
             cpu_share=c / total_cpu,
-            actors=len(spans[s]), max_busy=max((n for _, n in busy[s]), default=0),
+            actors=len(spans[s]),
+            max_busy=max((n for _, n in busy[s]), default=0),
             max_pool=max((n for _, n in pool[s]), default=0),
-        )  # fmt: skip
+        )
     return out

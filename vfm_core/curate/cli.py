@@ -24,19 +24,28 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cu.add_argument("--fps", type=float, default=None, help="clip frame rate (default: source)")
     cu.add_argument("--no-stitch", action="store_true", help="keep every detected cut")
     cu.add_argument(
-        "--encoder", choices=["auto", "libx264", "h264_nvenc"], default="auto",
+        "--encoder",
+        choices=["auto", "libx264", "h264_nvenc"],
+        default="auto",
         help="H.264 encoder (auto: h264_nvenc where a GPU build and GPU are present)",
-    )  # fmt: skip
+    )
     cu.add_argument("--vlm", default=None, help="local transformers image-to-text model dir")
     cu.add_argument("--image-model", default=None, help="local transformers image model dir")
     cu.add_argument("--ray-cpus", type=int, default=2, help="CPUs of a local Ray instance")
     cu.add_argument(
-        "--ray-address", default=None, metavar="ADDR",
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
         help="with --executor ray: auto or HOST:PORT of a running cluster (default: local)",
-    )  # fmt: skip
-    cu.add_argument("--semdedup", type=float, default=None, metavar="COSINE",
-                    help="remove near-duplicate clips at this embedding cosine similarity "
-                         "(SemDeDup, e.g. 0.95; default: off)")  # fmt: skip
+    )
+    cu.add_argument(
+        "--semdedup",
+        type=float,
+        default=None,
+        metavar="COSINE",
+        help="remove near-duplicate clips at this embedding cosine similarity "
+        "(SemDeDup, e.g. 0.95; default: off)",
+    )
     cu.add_argument("--json", action="store_true", help="print the summary as JSON")
     cu.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return cu
@@ -62,21 +71,34 @@ def run(args: argparse.Namespace) -> int:
         _positive("--width", args.width)
         _positive("--fps", args.fps)
         cfg = CurateConfig(
-            splitter=args.splitter, min_len_s=args.min_len, max_len_s=args.max_len or None,
-            out_width=args.width, out_fps=args.fps, stitch=not args.no_stitch, vlm=args.vlm,
-            image_model=args.image_model, encoder=args.encoder,
+            splitter=args.splitter,
+            min_len_s=args.min_len,
+            max_len_s=args.max_len or None,
+            out_width=args.width,
+            out_fps=args.fps,
+            stitch=not args.no_stitch,
+            vlm=args.vlm,
+            image_model=args.image_model,
+            encoder=args.encoder,
             semdedup=SemDedupConfig(threshold=args.semdedup),
-        )  # fmt: skip
+        )
         select_encoder(cfg.encoder, setting="--encoder")  # fail before any work
         if args.ray_address and args.executor != "ray":
             raise ValueError("--ray-address needs --executor ray")
         executor = (
             RayExecutor(num_cpus=args.ray_cpus, address=args.ray_address)
-            if args.executor == "ray" else "local"
-        )  # fmt: skip
+            if args.executor == "ray"
+            else "local"
+        )
         out = curate(args.src, args.dst, executor=executor, config=cfg, progress=args.progress)
-    except (StorageError, ContractError, ValueError, FileNotFoundError, EncoderError,
-            RayClusterError) as e:  # fmt: skip
+    except (
+        StorageError,
+        ContractError,
+        ValueError,
+        FileNotFoundError,
+        EncoderError,
+        RayClusterError,
+    ) as e:
         print(f"vfm curate: error: {e}", file=sys.stderr)
         return 2
     if args.json:

@@ -151,10 +151,15 @@ class _StageActor:
         import ray
 
         ev = BatchEvent(
-            stage=self.stage.name, actor=ray.get_runtime_context().get_actor_id(), kind=kind,
-            start=start, end=time.time(), n_in=n_in, n_out=n_out,
+            stage=self.stage.name,
+            actor=ray.get_runtime_context().get_actor_id(),
+            kind=kind,
+            start=start,
+            end=time.time(),
+            n_in=n_in,
+            n_out=n_out,
             cpu_s=time.process_time() - cpu,
-        )  # type: ignore[arg-type]  # fmt: skip
+        )  # type: ignore[arg-type]
         ray.get(self.sink.record.remote(ev.to_json()))  # acknowledged: none lost when Ray
         # removes the actor right after its last batch
 
@@ -205,9 +210,11 @@ class RayExecutor:
                 ray.init(address=address, log_to_driver=False)
             else:
                 ray.init(
-                    num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
+                    num_cpus=self.num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
                     object_store_memory=self.object_store_mb * 1024 * 1024,
-                )  # fmt: skip
+                )
             started = True
         try:
             yield from self._run(stages, list(items))
@@ -248,8 +255,7 @@ class RayExecutor:
             yield from_json(str(row["row"]))
         if sink is not None:
             self.events = [BatchEvent.from_json(r) for r in ray.get(sink.rows.remote())]
-            self.events += ray_actor_events({s.name.title(): s.name for s in stages},
-                                            since=t_start)  # fmt: skip
+            self.events += ray_actor_events({s.name.title(): s.name for s in stages}, since=t_start)
             ray.kill(sink)
 
     def _dataset(self, stages: Sequence[Stage], items: list[Item], *, cpus: float, sink: Any):
@@ -269,15 +275,16 @@ class RayExecutor:
                 fn_constructor_kwargs={"stage": s, "sink": sink},
                 batch_size=1,
                 batch_format="numpy",
-                compute=ActorPoolStrategy(size=self.pool_size) if fixed else ActorPoolStrategy(
-                    min_size=1, max_size=self.max_workers),
+                compute=ActorPoolStrategy(size=self.pool_size)
+                if fixed
+                else ActorPoolStrategy(min_size=1, max_size=self.max_workers),
                 num_cpus=cpus,
-            )  # fmt: skip
+            )
         return ds
 
 
 def get_executor(name: str | Executor, **kw: Any) -> Executor:
-    """"local" | "ray" | an Executor instance."""
+    """ "local" | "ray" | an Executor instance."""
     if not isinstance(name, str):
         return name
     if name == "local":

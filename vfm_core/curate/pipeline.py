@@ -108,12 +108,18 @@ def _state_from_manifests(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[st
     try:
         rec = json.loads(storage.read_bytes(storage.join(dst, "_state", _ASSEMBLED)))
         sizes = rec["sizes"]
-        if rec["settings"] != cfg.settings_hash() or ref.source_uri not in sizes \
-                or sizes[ref.source_uri] != _size(ref.url):  # fmt: skip
+        if (
+            rec["settings"] != cfg.settings_hash()
+            or ref.source_uri not in sizes
+            or sizes[ref.source_uri] != _size(ref.url)
+        ):
             return None
         rows = {}
-        for name, schema in (("clips", AnnotatedClips), ("rejects", Rejects),
-                             ("videos", VideoManifest)):  # fmt: skip
+        for name, schema in (
+            ("clips", AnnotatedClips),
+            ("rejects", Rejects),
+            ("videos", VideoManifest),
+        ):
             df = read_manifest(storage.join(dst, f"{name}.parquet"), schema)
             rows[name] = df.filter(pl.col("source_uri") == ref.source_uri).to_dicts()
     except Exception:  # noqa: BLE001 - no usable manifests: the caller curates the video again
@@ -122,9 +128,14 @@ def _state_from_manifests(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[st
         return None
     if any(r["stage"] == "semdedup" for r in rows["rejects"]):
         return None  # its removed clips are in no manifest: curate the video again
-    return {"source_uri": ref.source_uri, "settings": cfg.settings_hash(),
-            "size_bytes": _size(ref.url), "video": (rows["videos"] or [None])[0],
-            "clips": rows["clips"], "rejects": rows["rejects"]}  # fmt: skip
+    return {
+        "source_uri": ref.source_uri,
+        "settings": cfg.settings_hash(),
+        "size_bytes": _size(ref.url),
+        "video": (rows["videos"] or [None])[0],
+        "clips": rows["clips"],
+        "rejects": rows["rejects"],
+    }
 
 
 def load_state(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[str, Any] | None:
@@ -170,9 +181,13 @@ def _write_state(dst: str, ref: VideoRef, cfg: CurateConfig, finals: list[Item])
     ]
     video = probed[0].manifest_row() if probed else None
     state = {
-        "source_uri": ref.source_uri, "settings": cfg.settings_hash(),
-        "size_bytes": _size(ref.url), "video": video, "clips": clips, "rejects": rejects,
-    }  # fmt: skip
+        "source_uri": ref.source_uri,
+        "settings": cfg.settings_hash(),
+        "size_bytes": _size(ref.url),
+        "video": video,
+        "clips": clips,
+        "rejects": rejects,
+    }
     if any(r["stage"] == "read" for r in rejects):
         return state  # unreadable now: retry on the next run
     storage.write_bytes(_state_url(dst, ref.source_uri), json.dumps(state).encode())
@@ -224,8 +239,9 @@ def _frame(rows: list[dict], schema) -> pl.DataFrame:
     return df
 
 
-def assemble(dst: str, states: Iterable[dict],
-             semdedup: SemDedupConfig | None = None) -> dict[str, Any]:  # fmt: skip
+def assemble(
+    dst: str, states: Iterable[dict], semdedup: SemDedupConfig | None = None
+) -> dict[str, Any]:
     """Write clips / rejects / videos manifests (sorted, validated) from per-video states; with
     ``semdedup`` on, near-duplicate clips move to the rejects naming the clip they duplicate."""
     clips, rejects, videos = [], [], []
@@ -233,11 +249,16 @@ def assemble(dst: str, states: Iterable[dict],
     for st in states:
         vid = (st.get("video") or {}).get("video_id")
         if vid is not None and vid in first_of:  # same bytes under another name: one copy only
-            rejects.append({
-                "source_uri": st["source_uri"], "video_id": vid, "stage": "probe",
-                "reason": f"duplicate: same content as {first_of[vid]}", "start_s": None,
-                "end_s": None,
-            })  # fmt: skip
+            rejects.append(
+                {
+                    "source_uri": st["source_uri"],
+                    "video_id": vid,
+                    "stage": "probe",
+                    "reason": f"duplicate: same content as {first_of[vid]}",
+                    "start_s": None,
+                    "end_s": None,
+                }
+            )
             continue
         if vid is not None:
             first_of[vid] = st["source_uri"]
@@ -281,20 +302,29 @@ def _semdedup(clips: list[dict], cfg: SemDedupConfig) -> tuple[list[dict], list[
     rejects = []
     for i, d in gone.items():
         c, kept = clips[i], clips[with_emb[d.kept]]
-        rejects.append({
-            "source_uri": c["source_uri"], "video_id": c.get("video_id"), "stage": "semdedup",
-            "reason": f"near-duplicate of clip {kept['clip_id']} ({kept['source_uri']} "
-                      f"{kept['start_s']:.2f}-{kept['end_s']:.2f} s): cosine {d.cosine:.3f} >= "
-                      f"{cfg.threshold:g}",
-            "start_s": c.get("start_s"), "end_s": c.get("end_s"),
-        })  # fmt: skip
+        rejects.append(
+            {
+                "source_uri": c["source_uri"],
+                "video_id": c.get("video_id"),
+                "stage": "semdedup",
+                "reason": f"near-duplicate of clip {kept['clip_id']} ({kept['source_uri']} "
+                f"{kept['start_s']:.2f}-{kept['end_s']:.2f} s): cosine {d.cosine:.3f} >= "
+                f"{cfg.threshold:g}",
+                "start_s": c.get("start_s"),
+                "end_s": c.get("end_s"),
+            }
+        )
     return [c for i, c in enumerate(clips) if i not in gone], rejects
 
 
 def check_coverage(refs: list[VideoRef], states: dict[str, dict]) -> None:
     """accepted ∪ rejected = inputs: every input has a state with at least one row."""
-    lost = [r.source_uri for r in refs if not (states.get(r.source_uri) or {}).get("clips")
-            and not (states.get(r.source_uri) or {}).get("rejects")]  # fmt: skip
+    lost = [
+        r.source_uri
+        for r in refs
+        if not (states.get(r.source_uri) or {}).get("clips")
+        and not (states.get(r.source_uri) or {}).get("rejects")
+    ]
     if lost:
         raise ContractError("curation", "coverage", [f"inputs with no clip and no reject: {lost}"])
 
@@ -320,8 +350,9 @@ def curate(
     t0 = time.perf_counter()
     refs = discover(src) if refs is None else refs
     if not refs:
-        raise storage.StorageError(str(src), "no video files found (suffixes: "
-                                   + ", ".join(VIDEO_SUFFIXES) + ")")  # fmt: skip
+        raise storage.StorageError(
+            str(src), "no video files found (suffixes: " + ", ".join(VIDEO_SUFFIXES) + ")"
+        )
     states: dict[str, dict] = {}
     todo = []
     for r in refs:
@@ -336,9 +367,8 @@ def curate(
     work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
     try:
         states.update(
-            process(todo, dst, cfg=cfg, executor=ex, work_dir=work_dir,
-                    progress=progress)
-        )  # fmt: skip
+            process(todo, dst, cfg=cfg, executor=ex, work_dir=work_dir, progress=progress)
+        )
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     check_coverage(refs, states)

@@ -122,15 +122,28 @@ class AnnotatedClip:
     def manifest_row(self) -> dict[str, Any]:
         c, s, v = self.clip, self.clip.span, self.clip.span.video
         return {
-            "clip_id": c.clip_id, "video_id": v.video_id, "source_uri": v.source_uri,
-            "span_index": s.span_index, "start_frame": s.start_frame, "end_frame": s.end_frame,
-            "start_s": s.start_s, "end_s": s.end_s, "uri": c.uri, "width": c.width,
-            "height": c.height, "fps": c.fps, "n_frames": c.n_frames, "duration_s": c.duration_s,
-            "caption": self.caption, "caption_source": self.caption_source,
-            "motion": self.motion, "static_frac": self.static_frac,
-            "black_frac": self.black_frac, "blank_frac": self.blank_frac,
+            "clip_id": c.clip_id,
+            "video_id": v.video_id,
+            "source_uri": v.source_uri,
+            "span_index": s.span_index,
+            "start_frame": s.start_frame,
+            "end_frame": s.end_frame,
+            "start_s": s.start_s,
+            "end_s": s.end_s,
+            "uri": c.uri,
+            "width": c.width,
+            "height": c.height,
+            "fps": c.fps,
+            "n_frames": c.n_frames,
+            "duration_s": c.duration_s,
+            "caption": self.caption,
+            "caption_source": self.caption_source,
+            "motion": self.motion,
+            "static_frac": self.static_frac,
+            "black_frac": self.black_frac,
+            "blank_frac": self.blank_frac,
             "embedding": self.embedding,
-        }  # fmt: skip
+        }
 
 
 @dataclass(kw_only=True, slots=True)

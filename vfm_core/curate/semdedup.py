@@ -85,8 +85,9 @@ def find_duplicates(embeddings: np.ndarray, ids: list[str], cfg: SemDedupConfig)
         return []
     x = np.asarray(embeddings, dtype=np.float64)
     if x.ndim != 2 or len(ids) != len(x):
-        raise ValueError(f"semdedup: embeddings must be (N, D) with N ids, got {x.shape}, "
-                         f"{len(ids)} ids")  # fmt: skip
+        raise ValueError(
+            f"semdedup: embeddings must be (N, D) with N ids, got {x.shape}, {len(ids)} ids"
+        )
     x = l2_normalize(x)  # (N, D) unit rows
     k = cfg.clusters or max(1, round(np.sqrt(len(x) / 2)))
     labels, centres = kmeans(x, k, iterations=cfg.iterations, seed=cfg.seed)
@@ -94,8 +95,9 @@ def find_duplicates(embeddings: np.ndarray, ids: list[str], cfg: SemDedupConfig)
     for j in range(len(centres)):
         members = np.flatnonzero(labels == j)
         typical = x[members] @ centres[j]  # (m,) cosine to the centroid
-        order = sorted(range(len(members)), key=lambda i: (round(float(typical[i]), 9),
-                                                           ids[members[i]]))  # fmt: skip
+        order = sorted(
+            range(len(members)), key=lambda i: (round(float(typical[i]), 9), ids[members[i]])
+        )
         kept: list[int] = []
         for i in order:
             row = int(members[i])

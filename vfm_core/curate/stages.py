@@ -121,11 +121,15 @@ class _MapStage:
         span = item if isinstance(item, SpanTask) else span
         video = span.video if span is not None else video if video is not None else item
         return RejectRow(
-            source_uri=video.source_uri, video_id=video.video_id, stage=stage,
-            reason=reason, start_s=span.start_s if span else None,
-            end_s=span.end_s if span else None, n_parts=span.n_spans if span else 1,
+            source_uri=video.source_uri,
+            video_id=video.video_id,
+            stage=stage,
+            reason=reason,
+            start_s=span.start_s if span else None,
+            end_s=span.end_s if span else None,
+            n_parts=span.n_spans if span else 1,
             video=video,
-        )  # fmt: skip
+        )
 
 
 def local_copy(url: str, work_dir: str) -> str:
@@ -163,9 +167,13 @@ class ProbeStage(_MapStage):
             raise VideoError(item.source_uri, "frame rate unknown")
         return [
             ProbedVideo(
-                source_uri=item.source_uri, video_id=_hash_file(local), local_path=local,
-                url=item.url, size_bytes=os.path.getsize(local), **dataclasses.asdict(info),
-            )  # fmt: skip
+                source_uri=item.source_uri,
+                video_id=_hash_file(local),
+                local_path=local,
+                url=item.url,
+                size_bytes=os.path.getsize(local),
+                **dataclasses.asdict(info),
+            )
         ]
 
 
@@ -210,14 +218,22 @@ class StitchStage(_MapStage):
             v = item.video
             max_f = None if self.cfg.max_len_s is None else int(self.cfg.max_len_s * v.fps + 1e-6)
             spans = stitch(
-                spans, _local_video(v, self.work_dir), threshold=self.cfg.stitch_threshold,
-                max_frames=max_f, width=self.cfg.analysis_width,
-            )  # fmt: skip
+                spans,
+                _local_video(v, self.work_dir),
+                threshold=self.cfg.stitch_threshold,
+                max_frames=max_f,
+                width=self.cfg.analysis_width,
+            )
         return [
             SpanTask(
-                video=item.video, span_index=i, n_spans=len(spans), start_frame=s.start_frame,
-                end_frame=s.end_frame, start_s=s.start_s, end_s=s.end_s,
-            )  # fmt: skip
+                video=item.video,
+                span_index=i,
+                n_spans=len(spans),
+                start_frame=s.start_frame,
+                end_frame=s.end_frame,
+                start_s=s.start_s,
+                end_s=s.end_s,
+            )
             for i, s in enumerate(spans)
         ]
 
@@ -246,11 +262,18 @@ class TranscodeStage(_MapStage):
         tmp = final.with_name(f".{cid}.{os.getpid()}.part.mp4")
         try:
             r = transcode_span(
-                _local_video(v, self.work_dir), tmp, item.start_s, item.end_s,
-                width=cfg.out_width, fps=cfg.out_fps or (v.fps if v.vfr else None),
-                cfr=v.vfr, rotation=v.rotation, crf=cfg.crf, preset=cfg.preset,
+                _local_video(v, self.work_dir),
+                tmp,
+                item.start_s,
+                item.end_s,
+                width=cfg.out_width,
+                fps=cfg.out_fps or (v.fps if v.vfr else None),
+                cfr=v.vfr,
+                rotation=v.rotation,
+                crf=cfg.crf,
+                preset=cfg.preset,
                 encoder=self._encoder,
-            )  # fmt: skip
+            )
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
@@ -261,9 +284,16 @@ class TranscodeStage(_MapStage):
                 raise storage.StorageError(uri, f"upload failed ({e})") from None
         return [
             ClipTask(
-                span=item, clip_id=cid, uri=uri, local_path=str(final), width=r.width,
-                height=r.height, fps=r.fps, n_frames=r.n_frames, duration_s=r.duration_s,
-            )  # fmt: skip
+                span=item,
+                clip_id=cid,
+                uri=uri,
+                local_path=str(final),
+                width=r.width,
+                height=r.height,
+                fps=r.fps,
+                n_frames=r.n_frames,
+                duration_s=r.duration_s,
+            )
         ]
 
 
@@ -291,43 +321,59 @@ class AnnotateStage(_MapStage):
         if self._embedder is None:
             self.setup()
         cfg, span = self.cfg, item.span
-        path = item.local_path if os.path.exists(item.local_path) else local_copy(
-            item.uri, self.work_dir
+        path = (
+            item.local_path
+            if os.path.exists(item.local_path)
+            else local_copy(item.uri, self.work_dir)
         )
         frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
         sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
         scores = score_frames(sampled, cfg.filters)
         reasons = reject_reasons(
-            scores, width=item.width, height=item.height, duration_s=item.duration_s,
+            scores,
+            width=item.width,
+            height=item.height,
+            duration_s=item.duration_s,
             cfg=cfg.filters,
-        )  # fmt: skip
+        )
         cap_frames = sampled
         if cfg.vlm:  # the VLM sees the middle frame at full clip size
             mid = item.duration_s / 2
             cap_frames = decode_frames(path, start_s=mid, end_s=mid + 1.0 / item.fps)
         cap = self._captioner.caption(
-            source_uri=span.video.source_uri, start_s=span.start_s, end_s=span.end_s,
+            source_uri=span.video.source_uri,
+            start_s=span.start_s,
+            end_s=span.end_s,
             frames=cap_frames,
-        )  # fmt: skip
+        )
         if cap is None and cfg.require_caption:
             reasons.append("no caption (sidecar or VLM)")
         if reasons:
             _remove(item.uri)
             return [
                 RejectRow(
-                    source_uri=span.video.source_uri, video_id=span.video.video_id,
-                    stage="filter", reason="; ".join(reasons), start_s=span.start_s,
-                    end_s=span.end_s, n_parts=span.n_spans, video=span.video,
-                )  # fmt: skip
+                    source_uri=span.video.source_uri,
+                    video_id=span.video.video_id,
+                    stage="filter",
+                    reason="; ".join(reasons),
+                    start_s=span.start_s,
+                    end_s=span.end_s,
+                    n_parts=span.n_spans,
+                    video=span.video,
+                )
             ]
         emb = clip_embedding(self._embedder, sampled, n=cfg.embed_frames)
         return [
             AnnotatedClip(
-                clip=item, caption=cap.text if cap else "", caption_source=cap.source if cap else
-                "none", motion=scores.motion, static_frac=scores.static_frac,
-                black_frac=scores.black_frac, blank_frac=scores.blank_frac,
+                clip=item,
+                caption=cap.text if cap else "",
+                caption_source=cap.source if cap else "none",
+                motion=scores.motion,
+                static_frac=scores.static_frac,
+                black_frac=scores.black_frac,
+                blank_frac=scores.blank_frac,
                 embedding=[float(x) for x in np.asarray(emb, np.float32)],
-            )  # fmt: skip
+            )
         ]
 
 

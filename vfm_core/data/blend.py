@@ -138,8 +138,14 @@ class BlendedLoader:
     """Steps drawn from several loaders with given weights (see the module docstring).
     ``names``: one per loader, for messages and per-dataset counts (default "0", "1", ...)."""
 
-    def __init__(self, loaders: Sequence[Any], weights: Sequence[float], *, seed: int,
-                 names: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        loaders: Sequence[Any],
+        weights: Sequence[float],
+        *,
+        seed: int,
+        names: Sequence[str] | None = None,
+    ) -> None:
         w = np.asarray(weights, dtype=np.float64)
         if len(loaders) != len(w) or len(w) == 0:
             raise ValueError(f"{len(loaders)} loaders but {len(w)} weights")

@@ -13,12 +13,17 @@ from vfm_core.config import ConfigError
 
 def add_text_args(p: argparse.ArgumentParser, *, mode: bool = True) -> None:
     """``--text-model`` (and ``--text-mode``): the caption encoder, as ``vfm shard`` uses it."""
-    p.add_argument("--text-model", help="caption encoder path (default: all-MiniLM-L6-v2; "
-                   "a T5 encoder dir works too)")  # fmt: skip
+    p.add_argument(
+        "--text-model",
+        help="caption encoder path (default: all-MiniLM-L6-v2; a T5 encoder dir works too)",
+    )
     if mode:
-        p.add_argument("--text-mode", choices=("tokens", "pooled"), default="tokens",
-                       help="per-token caption embeddings (default) or one pooled "
-                       "vector")  # fmt: skip
+        p.add_argument(
+            "--text-mode",
+            choices=("tokens", "pooled"),
+            default="tokens",
+            help="per-token caption embeddings (default) or one pooled vector",
+        )
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -34,29 +39,47 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "index", help="index foreign WebDataset tars in place (+ caption embedding sidecars)"
     )
     ix.add_argument("shards_dir", help="directory of WebDataset .tar shards (local or s3://)")
-    ix.add_argument("--caption-key", default="txt",
-                    help="caption member extension (txt) or json:FIELD of the json member")
-    ix.add_argument("--video-key",
-                    help="media member extension(s), ';'-separated alternatives (mp4, webm, "
-                    "jpg;png, ...); default: the first video or image member a sample has")
-    ix.add_argument("--skip-uncaptioned", action="store_true",
-                    help="skip samples without a caption (default: count them, use the empty "
-                    "caption)")
+    ix.add_argument(
+        "--caption-key",
+        default="txt",
+        help="caption member extension (txt) or json:FIELD of the json member",
+    )
+    ix.add_argument(
+        "--video-key",
+        help="media member extension(s), ';'-separated alternatives (mp4, webm, "
+        "jpg;png, ...); default: the first video or image member a sample has",
+    )
+    ix.add_argument(
+        "--skip-uncaptioned",
+        action="store_true",
+        help="skip samples without a caption (default: count them, use the empty caption)",
+    )
     add_text_args(ix)
-    ix.add_argument("--sidecar-shard-mb", type=float, default=64.0,
-                    help="size target of the caption-embedding sidecar tars")
+    ix.add_argument(
+        "--sidecar-shard-mb",
+        type=float,
+        default=64.0,
+        help="size target of the caption-embedding sidecar tars",
+    )
     add_format_arg(ix)
-    ix.add_argument("--migrate", action="store_true",
-                    help="convert SHARDS_DIR's index.json (any vfm dataset) to the columnar "
-                    "form in place (samples.parquet; the old index kept as index.v1.json), "
-                    "nothing re-indexed")
-    ix.add_argument("--json", action="store_true", help="print the summary as JSON")  # fmt: skip
+    ix.add_argument(
+        "--migrate",
+        action="store_true",
+        help="convert SHARDS_DIR's index.json (any vfm dataset) to the columnar "
+        "form in place (samples.parquet; the old index kept as index.v1.json), "
+        "nothing re-indexed",
+    )
+    ix.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def add_format_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index-format", choices=("json", "parquet"), default="json",
-                   help="json: every sample row in index.json; parquet: the rows in "
-                   "samples.parquet, read a row group at a time (datasets of 10^7+ samples)")
+    p.add_argument(
+        "--index-format",
+        choices=("json", "parquet"),
+        default="json",
+        help="json: every sample row in index.json; parquet: the rows in "
+        "samples.parquet, read a row group at a time (datasets of 10^7+ samples)",
+    )
 
 
 def _positive_mb(flag: str, value: float) -> None:
@@ -68,18 +91,26 @@ def run_shard(args: argparse.Namespace) -> int:
     from vfm_core.data.make_shards import shard_clips_dir
 
     _positive_mb("--target-shard-mb", args.target_shard_mb)
-    summary = shard_clips_dir(args.clips_dir, args.shards_dir,
-                              target_shard_mb=args.target_shard_mb, text_model=args.text_model,
-                              text_mode=args.text_mode,
-                              index_format=args.index_format)  # fmt: skip
+    summary = shard_clips_dir(
+        args.clips_dir,
+        args.shards_dir,
+        target_shard_mb=args.target_shard_mb,
+        text_model=args.text_model,
+        text_mode=args.text_mode,
+        index_format=args.index_format,
+    )
     if args.json:
         print(json.dumps(summary))
         return 0
-    print(f"{summary['n_samples']} samples ({summary['images']} images) in "
-          f"{summary['n_shards']} shards, {summary['bytes'] / 1e6:.1f} MB -> {summary['index']}")
+    print(
+        f"{summary['n_samples']} samples ({summary['images']} images) in "
+        f"{summary['n_shards']} shards, {summary['bytes'] / 1e6:.1f} MB -> {summary['index']}"
+    )
     if summary["captions_truncated"]:
-        print(f"{summary['captions_truncated']} captions cut to the text encoder's limit",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{summary['captions_truncated']} captions cut to the text encoder's limit",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -98,17 +129,24 @@ def run_index(args: argparse.Namespace) -> int:
     from vfm_core.data.foreign_index import index_shards_dir
 
     _positive_mb("--sidecar-shard-mb", args.sidecar_shard_mb)
-    summary = index_shards_dir(args.shards_dir, caption_key=args.caption_key,
-                               video_key=args.video_key, skip_uncaptioned=args.skip_uncaptioned,
-                               text_model=args.text_model, text_mode=args.text_mode,
-                               sidecar_shard_mb=args.sidecar_shard_mb,
-                               index_format=args.index_format)  # fmt: skip
+    summary = index_shards_dir(
+        args.shards_dir,
+        caption_key=args.caption_key,
+        video_key=args.video_key,
+        skip_uncaptioned=args.skip_uncaptioned,
+        text_model=args.text_model,
+        text_mode=args.text_mode,
+        sidecar_shard_mb=args.sidecar_shard_mb,
+        index_format=args.index_format,
+    )
     if args.json:
         print(json.dumps(summary))
         return 0
-    print(f"{summary['n_samples']} samples ({summary['n_videos']} videos, {summary['n_images']} "
-          f"images) in {summary['n_shards']} shards; {summary['n_uncaptioned']} uncaptioned, "
-          f"{summary['n_skipped']} skipped -> {summary['index']}")  # fmt: skip
+    print(
+        f"{summary['n_samples']} samples ({summary['n_videos']} videos, {summary['n_images']} "
+        f"images) in {summary['n_shards']} shards; {summary['n_uncaptioned']} uncaptioned, "
+        f"{summary['n_skipped']} skipped -> {summary['index']}"
+    )
     for reason, n in summary["skipped"].items():
         print(f"  skipped {n}: {reason}", file=sys.stderr)
     for example in summary["skipped_examples"][:5]:

@@ -55,15 +55,34 @@ with the checks), a row group ~0.8 kB of footer (6k row groups, ~5 MB, at 10^8 r
 MAX_GEOMETRIES = 1 << 16
 """Distinct geometries kept in ``stats`` (more: None, and start-up checks scan the column)."""
 GEOMETRY = ("frames", "height", "width", "latent_c", "latent_t", "latent_h", "latent_w")
-_ROW_ORDER = ("key", "shard", "offset", "length", "frames", "height", "width", "latent_shape",
-              *FOREIGN_COLUMNS)  # fmt: skip
+_ROW_ORDER = (
+    "key",
+    "shard",
+    "offset",
+    "length",
+    "frames",
+    "height",
+    "width",
+    "latent_shape",
+    *FOREIGN_COLUMNS,
+)
 _STRING_RULES = {  # the string checks of the index's SampleTable, as arrow regexes
     "key": (r"^[A-Za-z0-9_-]+$", r"must match ^[A-Za-z0-9_-]+$"),
     "member_key": (r"^(?:[^/]+/)*[^/.]+$", "relative tar key, no '.' or '..'"),
     "media": (r"^[a-z0-9]+$", "must match ^[a-z0-9]+$"),
 }
-_INT_RULES = {"shard": 0, "offset": 0, "length": 1, "frames": 1, "height": 1, "width": 1,
-              "latent_c": 0, "emb_shard": 0, "emb_offset": 0, "emb_length": 1}  # fmt: skip
+_INT_RULES = {
+    "shard": 0,
+    "offset": 0,
+    "length": 1,
+    "frames": 1,
+    "height": 1,
+    "width": 1,
+    "latent_c": 0,
+    "emb_shard": 0,
+    "emb_offset": 0,
+    "emb_length": 1,
+}
 
 
 def arrow_schema(foreign: bool) -> pa_arrow.Schema:
@@ -213,8 +232,16 @@ class ParquetSamples:
     ``reads`` counts row-group reads (``("rows", g)`` / ``("geometry", g)``) for tests and
     benchmarks. Thread-safe: the loader's reader threads ask for rows concurrently."""
 
-    def __init__(self, url: str, *, shard_bytes: np.ndarray, sidecar_bytes: np.ndarray | None,
-                 n_samples: int, row_cache: int = 8, geometry_cache: int = 64) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        *,
+        shard_bytes: np.ndarray,
+        sidecar_bytes: np.ndarray | None,
+        n_samples: int,
+        row_cache: int = 8,
+        geometry_cache: int = 64,
+    ) -> None:
         self.url = url
         self._lock = threading.RLock()
         fs, path = storage.filesystem(url)
@@ -270,8 +297,10 @@ class ParquetSamples:
         except (OSError, pa_arrow.ArrowException) as e:
             raise DatasetIndexError(f"{self.url}: row group {g} cannot be read ({e})") from None
         if len(t) != self.starts[g + 1] - self.starts[g]:
-            raise DatasetIndexError(f"{self.url}: row group {g} has {len(t)} rows, footer says "
-                                    f"{self.starts[g + 1] - self.starts[g]}")  # fmt: skip
+            raise DatasetIndexError(
+                f"{self.url}: row group {g} has {len(t)} rows, footer says "
+                f"{self.starts[g + 1] - self.starts[g]}"
+            )
         return t
 
     def group(self, g: int) -> dict[str, Any]:
@@ -304,8 +333,9 @@ class ParquetSamples:
             bad = np.flatnonzero(~np.asarray(ok, dtype=bool))
             if len(bad):
                 row = int(self.starts[g]) + int(bad[0])
-                raise DatasetIndexError(f"{where}: column {column!r} {rule} ({len(bad)} rows, "
-                                        f"first: sample {row})")  # fmt: skip
+                raise DatasetIndexError(
+                    f"{where}: column {column!r} {rule} ({len(bad)} rows, first: sample {row})"
+                )
 
         for c, (regex, rule) in _STRING_RULES.items():
             if c in cols:
@@ -315,16 +345,22 @@ class ParquetSamples:
                 fail(c, rule, ok)
         if "member_key" in cols:
             dots = pc.match_substring_regex(cols["member_key"], r"(^|/)\.\.(/|$)")
-            fail("member_key", "relative tar key, no '.' or '..'",
-                 ~dots.to_numpy(zero_copy_only=False))  # fmt: skip
+            fail(
+                "member_key",
+                "relative tar key, no '.' or '..'",
+                ~dots.to_numpy(zero_copy_only=False),
+            )
         if pc.count_distinct(cols["key"]).as_py() != len(cols["key"]):
             raise DatasetIndexError(f"{where}: column 'key' holds duplicate keys")
         for c, low in _INT_RULES.items():
             if c in cols:
                 fail(c, f"must be >= {low}", cols[c] >= low)
         lat = np.stack([cols[c] for c in GEOMETRY[3:]], 1)
-        fail("latent_shape", "[C, T, H, W] positive ints (or 0 = none)",
-             (lat > 0).all(1) | (lat == 0).all(1))  # fmt: skip
+        fail(
+            "latent_shape",
+            "[C, T, H, W] positive ints (or 0 = none)",
+            (lat > 0).all(1) | (lat == 0).all(1),
+        )
         for keys, sizes, what in (
             (("shard", "offset", "length"), self.shard_bytes, "shard"),
             (("emb_shard", "emb_offset", "emb_length"), self.sidecar_bytes, "sidecar"),
@@ -397,8 +433,9 @@ class ParquetSamples:
             for k in range(0, len(missing), batch):
                 some = missing[k : k + batch]
                 try:
-                    t = self._pf.read_row_groups(some, columns=self._geometry_names,
-                                                 use_threads=True)  # fmt: skip
+                    t = self._pf.read_row_groups(
+                        some, columns=self._geometry_names, use_threads=True
+                    )
                 except (OSError, pa_arrow.ArrowException):
                     t = None  # one at a time below, so the error names its row group
                 off = 0
@@ -518,8 +555,9 @@ def open_parquet_index(url: str, doc: dict[str, Any], root: str) -> ParquetIndex
         raise DatasetIndexError(f"{url}: index fails its schema:\n{_short(e)}") from None
     for table, what in ((shards, "shard"), (sidecars, "sidecar")):
         if table is not None and int(table["n_samples"].sum()) != n:
-            raise DatasetIndexError(f"{url}: per-{what} sample counts do not add up to "
-                                    f"n_samples={n}")  # fmt: skip
+            raise DatasetIndexError(
+                f"{url}: per-{what} sample counts do not add up to n_samples={n}"
+            )
     samples = ParquetSamples(
         storage.join(root, name),
         shard_bytes=shards["bytes"].to_numpy(np.int64),
@@ -527,7 +565,16 @@ def open_parquet_index(url: str, doc: dict[str, Any], root: str) -> ParquetIndex
         n_samples=n,
     )
     if samples.foreign != (sidecars is not None):
-        raise DatasetIndexError(f"{url}: a foreign dataset needs the sample columns "
-                                f"{list(FOREIGN_COLUMNS)} and a sidecars table")  # fmt: skip
-    return ParquetIndex(table=samples, stats=stats, root=str(root), shards=shards,
-                        embedding_dim=dim, meta=doc.get("meta", {}), sidecars=sidecars)  # fmt: skip
+        raise DatasetIndexError(
+            f"{url}: a foreign dataset needs the sample columns "
+            f"{list(FOREIGN_COLUMNS)} and a sidecars table"
+        )
+    return ParquetIndex(
+        table=samples,
+        stats=stats,
+        root=str(root),
+        shards=shards,
+        embedding_dim=dim,
+        meta=doc.get("meta", {}),
+        sidecars=sidecars,
+    )

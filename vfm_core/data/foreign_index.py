@@ -56,19 +56,34 @@ from vfm_core.data.shards import embed_captions, npy_bytes
 
 WRITER = "vfm_core.data.foreign_index"
 SIDECAR_DIR = "_vfm"
+
+
 # ------------------------------------------------------------------------------------ writing
 def _sidecar_sample(s: ForeignSample, emb: np.ndarray, shard_name: str) -> dict[str, Any]:
-    doc = {"caption": s.caption, "captioned": s.captioned, "frames": s.frames, "height": s.height,
-           "width": s.width, "media": s.media, "kind": "image" if s.frames == 1 else "video",
-           "source": {"shard": shard_name, "key": s.member_key}}  # fmt: skip
-    return {"__key__": s.key, "txt_emb.npy": npy_bytes(emb.astype(np.float16)),
-            "vfm.json": json.dumps(doc, sort_keys=True).encode()}  # fmt: skip
+    doc = {
+        "caption": s.caption,
+        "captioned": s.captioned,
+        "frames": s.frames,
+        "height": s.height,
+        "width": s.width,
+        "media": s.media,
+        "kind": "image" if s.frames == 1 else "video",
+        "source": {"shard": shard_name, "key": s.member_key},
+    }
+    return {
+        "__key__": s.key,
+        "txt_emb.npy": npy_bytes(emb.astype(np.float16)),
+        "vfm.json": json.dumps(doc, sort_keys=True).encode(),
+    }
 
 
 def write_sidecars(
-    shards_dir: str, samples: list[ForeignSample], embs: list[np.ndarray], shard_names: list[str],
+    shards_dir: str,
+    samples: list[ForeignSample],
+    embs: list[np.ndarray],
+    shard_names: list[str],
     target_bytes: int,
-) -> tuple[pd.DataFrame, list[tuple[int, int, int]]]:  # fmt: skip
+) -> tuple[pd.DataFrame, list[tuple[int, int, int]]]:
     """Sidecar tars (``webdataset.TarWriter``) of the caption embeddings; returns the sidecar
     table and per sample (sidecar, offset, length)."""
     import webdataset as wds
@@ -76,8 +91,9 @@ def write_sidecars(
     rows: list[dict[str, Any]] = []
     ranges: list[tuple[int, int, int]] = []
     # plain bytes, fixed owner and mtime: the same captions give byte-identical sidecars
-    opts: dict[str, Any] = dict(encoder=False, user="", group="", mode=0o644, mtime=0.0,
-                                format="PAX_FORMAT")  # fmt: skip
+    opts: dict[str, Any] = dict(
+        encoder=False, user="", group="", mode=0o644, mtime=0.0, format="PAX_FORMAT"
+    )
     i = 0
     with tempfile.TemporaryDirectory(prefix="vfm-sidecar-") as tmp:
         while i < len(samples):
@@ -89,9 +105,14 @@ def write_sidecars(
                     ranges.append((len(rows), start, w.tarstream.offset - start))
                     i += 1
             storage.put_file(path, storage.join(shards_dir, SIDECAR_DIR, path.name))
-            rows.append({"name": f"{SIDECAR_DIR}/{path.name}", "n_samples": i - first,
-                         "bytes": path.stat().st_size,
-                         "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})  # fmt: skip
+            rows.append(
+                {
+                    "name": f"{SIDECAR_DIR}/{path.name}",
+                    "n_samples": i - first,
+                    "bytes": path.stat().st_size,
+                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                }
+            )
     _remove_stale_sidecars(shards_dir, {r["name"] for r in rows})
     return pd.DataFrame(rows), ranges
 
@@ -118,9 +139,10 @@ def _refuse_foreign_index_over_ours(shards_dir: str) -> None:
         writer = None
     if writer != WRITER:
         raise ForeignIndexError(
-            url, f"an index.json not written by `vfm index` is already there (writer {writer!r}); "
-            "a vfm shard directory needs no `vfm index` — move it away to index the tars anew"
-        )  # fmt: skip
+            url,
+            f"an index.json not written by `vfm index` is already there (writer {writer!r}); "
+            "a vfm shard directory needs no `vfm index` — move it away to index the tars anew",
+        )
 
 
 def index_foreign_shards(
@@ -139,20 +161,23 @@ def index_foreign_shards(
     _refuse_foreign_index_over_ours(shards_dir)
     names = list_foreign_shards(shards_dir)
     scan = Scan()
-    per_shard = [scan_shard(storage.join(shards_dir, n), n, i, cfg, scan)
-                 for i, n in enumerate(names)]  # fmt: skip
+    per_shard = [
+        scan_shard(storage.join(shards_dir, n), n, i, cfg, scan) for i, n in enumerate(names)
+    ]
     n_uncaptioned = sum(not s.captioned for s in scan.samples) + scan.skipped[NO_CAPTION]
     if not scan.samples:
         found = ", ".join(f"{e} ({n})" for e, n in scan.exts.most_common(12)) or "none"
         if scan.skipped.get("no media member") and not any(e in scan.exts for e in wanted):
             raise ForeignIndexError(
-                str(shards_dir), f"no sample has a media member {'|'.join(wanted)} "
-                f"(--video-key); member extensions found: {found}"
-            )  # fmt: skip
+                str(shards_dir),
+                f"no sample has a media member {'|'.join(wanted)} "
+                f"(--video-key); member extensions found: {found}",
+            )
         raise ForeignIndexError(
-            str(shards_dir), f"no usable sample; skipped: {dict(scan.skipped)}; e.g. "
-            f"{scan.examples[:3]}; member extensions found: {found}"
-        )  # fmt: skip
+            str(shards_dir),
+            f"no usable sample; skipped: {dict(scan.skipped)}; e.g. "
+            f"{scan.examples[:3]}; member extensions found: {found}",
+        )
 
     # shards without a usable sample stay out of the index (its shard numbers are remapped)
     used = [i for i, n in enumerate(per_shard) if n > 0]
@@ -161,8 +186,14 @@ def index_foreign_shards(
     for i in used:
         url = storage.join(shards_dir, names[i])
         fs, path = storage.filesystem(url)
-        shard_rows.append({"name": names[i], "n_samples": per_shard[i], "bytes": int(fs.size(path)),
-                           "sha256": storage.content_hash(url, length=64)})  # fmt: skip
+        shard_rows.append(
+            {
+                "name": names[i],
+                "n_samples": per_shard[i],
+                "bytes": int(fs.size(path)),
+                "sha256": storage.content_hash(url, length=64),
+            }
+        )
 
     embs = embed_captions([s.caption for s in scan.samples], embed, cfg.embed_batch)
     sidecars, ranges = write_sidecars(
@@ -186,7 +217,7 @@ def index_foreign_shards(
                 "emb_length": r[2],
             }
             for s, r in zip(scan.samples, ranges)
-        ]  # fmt: skip
+        ]
     )
     samples["latent_shape"] = samples["latent_shape"].astype(object)
     n_images = int((samples["frames"] == 1).sum())
@@ -223,7 +254,7 @@ def index_foreign_shards(
             "video_key": summary["video_key"],
             "skip_uncaptioned": cfg.skip_uncaptioned,
             **(meta or {}),
-        },  # fmt: skip
+        },
         sidecars=sidecars,
     )
     write_index(index, format=index_format)
@@ -249,14 +280,18 @@ def index_shards_dir(
     from vfm_core.data.index import read_index
     from vfm_core.data.shard_reader import verify_shards
 
-    cfg = ForeignIndexConfig(caption_key=caption_key, video_key=video_key,
-                             skip_uncaptioned=skip_uncaptioned,
-                             sidecar_shard_bytes=int(sidecar_shard_mb * (1 << 20)))  # fmt: skip
+    cfg = ForeignIndexConfig(
+        caption_key=caption_key,
+        video_key=video_key,
+        skip_uncaptioned=skip_uncaptioned,
+        sidecar_shard_bytes=int(sidecar_shard_mb * (1 << 20)),
+    )
     cfg.media_exts()  # a bad --video-key fails before the encoder loads
     encoder = TextEncoder(TextSpec(model=text_model, mode=text_mode))
     meta = {"text_model": text_model or "all-MiniLM-L6-v2", "text": encoder.record()}
-    summary = index_foreign_shards(shards_dir, embed=encoder.encode, config=cfg, meta=meta,
-                                   index_format=index_format)
+    summary = index_foreign_shards(
+        shards_dir, embed=encoder.encode, config=cfg, meta=meta, index_format=index_format
+    )
     verify_shards(read_index(shards_dir), checksum=False)
     summary["captions_truncated"] = encoder.truncated
     summary["text_mode"] = text_mode

@@ -60,9 +60,10 @@ class ForeignIndexConfig:
         bad = [e for e in exts if e not in MEDIA_EXTS]
         if bad or not exts:
             raise ForeignIndexError(
-                "--video-key", f"{self.video_key!r}: unknown media extension(s) {bad}; "
-                f"decodable are {', '.join(MEDIA_EXTS)}"
-            )  # fmt: skip
+                "--video-key",
+                f"{self.video_key!r}: unknown media extension(s) {bad}; "
+                f"decodable are {', '.join(MEDIA_EXTS)}",
+            )
         return exts
 
 
@@ -262,8 +263,11 @@ def scan_shard(url: str, name: str, shard: int, cfg: ForeignIndexConfig, scan: S
     """Add the usable samples of one foreign tar to ``scan``; returns how many."""
     with storage.open_url(url, "rb") as f:
         if f.read(2) == b"\x1f\x8b":
-            raise ForeignIndexError(url, "gzip-compressed: the loader reads byte ranges of plain "
-                                    "tars, decompress it (gunzip) and index again")  # fmt: skip
+            raise ForeignIndexError(
+                url,
+                "gzip-compressed: the loader reads byte ranges of plain "
+                "tars, decompress it (gunzip) and index again",
+            )
         f.seek(0)
         try:
             with tarfile.open(fileobj=f, mode="r:") as tar:
@@ -273,9 +277,10 @@ def scan_shard(url: str, name: str, shard: int, cfg: ForeignIndexConfig, scan: S
                     if key in scan.owner:
                         first, mk = scan.owner[key]
                         raise ForeignIndexError(
-                            url, f"duplicate sample key {g.member_key!r}: also in shard {first} "
-                            f"(as {mk!r}); keys must be unique across shards ({name} and {first})"
-                        )  # fmt: skip
+                            url,
+                            f"duplicate sample key {g.member_key!r}: also in shard {first} "
+                            f"(as {mk!r}); keys must be unique across shards ({name} and {first})",
+                        )
                     scan.owner[key] = (name, g.member_key)
                     s = _sample(g, tar, shard, name, cfg, scan)
                     if s is not None:

@@ -244,8 +244,9 @@ def validate_tables(
     s = samples
     _check_ranges(shards, s["shard"], s["offset"], s["length"], what="shard", where=where)
     if sidecars is not None:
-        _check_ranges(sidecars, s["emb_shard"], s["emb_offset"], s["emb_length"],
-                      what="sidecar", where=where)  # fmt: skip
+        _check_ranges(
+            sidecars, s["emb_shard"], s["emb_offset"], s["emb_length"], what="sidecar", where=where
+        )
 
 
 def _short(e: Exception) -> str:
@@ -290,13 +291,17 @@ def read_index(root: str) -> DatasetIndex:
         raise DatasetIndexError(f"{url}: missing or malformed field ({e})") from None
     samples["latent_shape"] = samples["latent_shape"].astype(object)
     validate_tables(shards, samples, where=url, sidecars=sidecars)
-    return DatasetIndex(root=str(root), shards=shards, samples=samples, embedding_dim=dim,
-                        meta=doc.get("meta", {}), sidecars=sidecars)  # fmt: skip
+    return DatasetIndex(
+        root=str(root),
+        shards=shards,
+        samples=samples,
+        embedding_dim=dim,
+        meta=doc.get("meta", {}),
+        sidecars=sidecars,
+    )
 
 
-def write_index(
-    index: DatasetIndex, *, format: str = "json", row_group_size: int = 1 << 14
-) -> str:
+def write_index(index: DatasetIndex, *, format: str = "json", row_group_size: int = 1 << 14) -> str:
     """Validate and atomically write ``index.json`` (``format="parquet"``: the columnar form,
     ``samples.parquet`` in row groups of ``row_group_size`` first, then the small ``index.json``
     naming it); returns its URL."""
@@ -309,11 +314,19 @@ def write_index(
     from vfm_core.data.columnar import SAMPLES_NAME, frame_to_arrow, write_samples
 
     foreign = index.sidecars is not None
-    stats = write_samples(storage.join(index.root, SAMPLES_NAME),
-                          [frame_to_arrow(index.samples, foreign)], foreign=foreign,
-                          row_group_size=row_group_size)  # fmt: skip
-    doc = columnar_doc(index.shards, index.sidecars, embedding_dim=index.embedding_dim,
-                       meta=index.meta, stats=stats)  # fmt: skip
+    stats = write_samples(
+        storage.join(index.root, SAMPLES_NAME),
+        [frame_to_arrow(index.samples, foreign)],
+        foreign=foreign,
+        row_group_size=row_group_size,
+    )
+    doc = columnar_doc(
+        index.shards,
+        index.sidecars,
+        embedding_dim=index.embedding_dim,
+        meta=index.meta,
+        stats=stats,
+    )
     return storage.write_bytes(url, json.dumps(doc, indent=1).encode())
 
 
@@ -349,8 +362,7 @@ def migrate_index(root: str, *, row_group_size: int = 1 << 14) -> dict[str, Any]
     is kept as ``index.v1.json``); the result is read back. Returns a summary."""
     index = read_index(root)
     if index.stats is not None:
-        return {"index": storage.join(root, INDEX_NAME), "n_samples": len(index),
-                "migrated": False}  # fmt: skip
+        return {"index": storage.join(root, INDEX_NAME), "n_samples": len(index), "migrated": False}
     storage.write_bytes(storage.join(root, "index.v1.json"), index.to_json().encode())
     url = write_index(index, format="parquet", row_group_size=row_group_size)
     again = read_index(root)

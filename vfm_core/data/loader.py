@@ -334,8 +334,12 @@ class ShardLoader:
         k = self._walked or self.dp_size * self.batch_size * 4 + self.buffer_size
         pos = np.arange(start, start + k + k // 4 + 8, dtype=np.int64)
         n = self.order.n
-        ids = np.concatenate([self.order.epoch_order(int(e)).map(pos[pos // n == e] % n)
-                              for e in np.unique(pos // n)])  # fmt: skip
+        ids = np.concatenate(
+            [
+                self.order.epoch_order(int(e)).map(pos[pos // n == e] % n)
+                for e in np.unique(pos // n)
+            ]
+        )
         fresh = np.array([i for i in ids.tolist() if i not in self._grid_cache], np.int64)
         if len(fresh):
             grids = self._grids_of(self.index.geometries(fresh))  # (n, 3)

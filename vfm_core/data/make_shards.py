@@ -58,8 +58,11 @@ def shard_clips_dir(
         config=cfg,
         index_format=index_format,
         base_url=clips_dir,
-        meta={"clips_dir": str(clips_dir), "text_model": text_model or "all-MiniLM-L6-v2",
-              "text": encoder.record()},  # fmt: skip
+        meta={
+            "clips_dir": str(clips_dir),
+            "text_model": text_model or "all-MiniLM-L6-v2",
+            "text": encoder.record(),
+        },
     )
     index = read_index(shards_dir)  # read back what a loader will see
     verify_shards(index, checksum=True)

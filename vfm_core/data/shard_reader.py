@@ -257,8 +257,14 @@ def parse_indexed(index: DatasetIndex, i: int, raw: bytes, *, where: str = "") -
     key, dim = str(row["key"]), index.embedding_dim
     if not index.foreign:
         return parse_sample(raw, key, embedding_dim=dim, where=where)
-    return parse_sample(raw, key, embedding_dim=dim, where=where,
-                        member_key=str(row["member_key"]), media=str(row["media"]))  # fmt: skip
+    return parse_sample(
+        raw,
+        key,
+        embedding_dim=dim,
+        where=where,
+        member_key=str(row["member_key"]),
+        media=str(row["media"]),
+    )
 
 
 def read_raw(index: DatasetIndex, i: int) -> bytes:

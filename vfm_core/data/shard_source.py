@@ -295,8 +295,13 @@ class ShardLatentSource:
         if s.txt_emb.shape[0] > L:
             self.captions_cut += 1
             if self.captions_cut == 1:
-                log.warning("%s: caption of %d tokens cut to model.text_len=%d (further cuts are "
-                            "counted in captions_cut)", s.key, s.txt_emb.shape[0], L)  # fmt: skip
+                log.warning(
+                    "%s: caption of %d tokens cut to model.text_len=%d (further cuts are "
+                    "counted in captions_cut)",
+                    s.key,
+                    s.txt_emb.shape[0],
+                    L,
+                )
         e = torch.from_numpy(np.asarray(s.txt_emb[:L], dtype=np.float32))  # (l, Dt)
         return torch.cat([e, e.new_zeros(L - e.shape[0], e.shape[1])])  # (L, Dt) zero padded
 
@@ -365,4 +370,3 @@ def rebatch_state(state: dict[str, Any], batch_size: int) -> dict[str, Any]:
             f"data.batch_size={old} per data-parallel rank"
         )
     return {**state, "batch_size": batch_size}
-

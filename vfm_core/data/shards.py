@@ -115,12 +115,17 @@ def embed_captions(captions: list[str], embed: Embedder, batch: int) -> list[np.
         if arrays and all(a.ndim == 1 for a in arrays):
             arrays = [a[None] for a in arrays]  # (1, D): one pooled vector per caption
         dims = {a.shape[-1] for a in arrays if a.ndim == 2}
-        if len(arrays) != len(part) or any(a.ndim != 2 or a.shape[0] < 1 for a in arrays) or (
-            len(dims | {out[0].shape[-1]} if out else dims) != 1
+        if (
+            len(arrays) != len(part)
+            or any(a.ndim != 2 or a.shape[0] < 1 for a in arrays)
+            or (len(dims | {out[0].shape[-1]} if out else dims) != 1)
         ):
             shapes = sorted({a.shape for a in arrays})[:3]
-            raise ShardError("embedder", f"returned {len(arrays)} arrays of shapes {shapes} for "
-                             f"{len(part)} captions, expected (N, D) or N x (L, D)")  # fmt: skip
+            raise ShardError(
+                "embedder",
+                f"returned {len(arrays)} arrays of shapes {shapes} for "
+                f"{len(part)} captions, expected (N, D) or N x (L, D)",
+            )
         out.extend(arrays)
     return out
 

@@ -104,4 +104,3 @@ def packed_training_pair(
     pad = sample_ids < 0  # (N,)
     sig_tok = sigma[sample_ids.clamp(min=0)].masked_fill(pad, edm.sigma_data)  # (N,)
     return edm.training_pair(x0, sig_tok, noise)
-

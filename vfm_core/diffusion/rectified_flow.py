@@ -44,8 +44,10 @@ class RectifiedFlow(EDM):
         self.logit_mean, self.logit_std, self.shift = cfg.logit_mean, cfg.logit_std, cfg.shift
 
     def __repr__(self) -> str:
-        return (f"RectifiedFlow(logit_mean={self.logit_mean}, logit_std={self.logit_std}, "
-                f"shift={self.shift})")  # fmt: skip
+        return (
+            f"RectifiedFlow(logit_mean={self.logit_mean}, logit_std={self.logit_std}, "
+            f"shift={self.shift})"
+        )
 
     def precondition(self, sigma: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(c_skip, c_out, c_in, c_noise)`` of the module docstring, each (B,)."""

@@ -34,14 +34,25 @@ def add_generate_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-k", type=int, default=0, help="autoregressive runs: top-k (0 = all)")
     ap.add_argument("--top-p", type=float, default=1.0, help="autoregressive runs: nucleus p")
     prompt = ap.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt-video", metavar="PATH",
-                        help="autoregressive runs: continue this video (mp4/gif at --size; its "
-                        "first frames, encoded with the run's discrete tokenizer)")  # fmt: skip
-    prompt.add_argument("--prompt-tokens", metavar="FILE",
-                        help="autoregressive runs: continue these ids (T, h, w) int .npy, as "
-                        "written to OUT.tokens.npy")  # fmt: skip
-    ap.add_argument("--prompt-frames", type=int, default=1, metavar="K",
-                    help="latent frames of the prompt to keep (default 1)")  # fmt: skip
+    prompt.add_argument(
+        "--prompt-video",
+        metavar="PATH",
+        help="autoregressive runs: continue this video (mp4/gif at --size; its "
+        "first frames, encoded with the run's discrete tokenizer)",
+    )
+    prompt.add_argument(
+        "--prompt-tokens",
+        metavar="FILE",
+        help="autoregressive runs: continue these ids (T, h, w) int .npy, as "
+        "written to OUT.tokens.npy",
+    )
+    ap.add_argument(
+        "--prompt-frames",
+        type=int,
+        default=1,
+        metavar="K",
+        help="latent frames of the prompt to keep (default 1)",
+    )
 
 
 def request_from_args(args: argparse.Namespace) -> GenerateRequest:

@@ -115,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        print(f"vfm generate: error: {args.nproc} ranks failed (exit {proc.returncode})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"vfm generate: error: {args.nproc} ranks failed (exit {proc.returncode})",
+            file=sys.stderr,
+        )
         return proc.returncode or 1
     _report(json.loads(lines[-1]), args.json)
     return 0

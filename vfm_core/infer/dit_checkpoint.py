@@ -172,9 +172,9 @@ def load_dit(
     state = {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
     model.load_state_dict(state, strict=True)
     model = model.to(device).eval().requires_grad_(False)
-    return LoadedDiT(model=model, cfg=cfg, checkpoint=ckpt, step=step, weights=prefix,
-                     text=read_text_record(run))  # fmt: skip
-
+    return LoadedDiT(
+        model=model, cfg=cfg, checkpoint=ckpt, step=step, weights=prefix, text=read_text_record(run)
+    )
 
 
 def read_text_record(run: Path) -> dict[str, Any] | None:

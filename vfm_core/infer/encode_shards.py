@@ -112,8 +112,9 @@ def encode_shards(
                     row = index.samples.iloc[int(i)]
                     key = str(row["key"])
                     where = f"{index.shard_url(int(shard_id))} sample {key}"
-                    s = parse_indexed(index, int(i), read_raw(index, int(i)),
-                                      where=index.shard_url(int(shard_id)))  # fmt: skip
+                    s = parse_indexed(
+                        index, int(i), read_raw(index, int(i)), where=index.shard_url(int(shard_id))
+                    )
                     latent = s.latent
                     if latent is None or overwrite:
                         try:
@@ -138,31 +139,58 @@ def encode_shards(
                             "offset": start,
                             "length": tar.offset - start,
                             "latent_shape": [int(d) for d in latent.shape],
-                        }  # fmt: skip
+                        }
                     )
                     n += 1
                     if progress is not None:
                         progress(len(rows), len(index))
             data = path.read_bytes()
             storage.put_file(path, storage.join(dst, name))
-            shard_rows.append({"name": name, "n_samples": n, "bytes": len(data),
-                               "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+            shard_rows.append(
+                {
+                    "name": name,
+                    "n_samples": n,
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
             path.unlink()
     finally:
         for p in tmp.iterdir():
             p.unlink()
         tmp.rmdir()
-    samples = pd.DataFrame(rows)[["key", "shard", "offset", "length", "frames", "height", "width",
-                                  "latent_shape"]]  # fmt: skip
+    samples = pd.DataFrame(rows)[
+        ["key", "shard", "offset", "length", "frames", "height", "width", "latent_shape"]
+    ]
     for c in ("shard", "offset", "length", "frames", "height", "width"):
         samples[c] = samples[c].astype(int)
     samples["latent_shape"] = samples["latent_shape"].astype(object)
-    meta = {**index.meta, "latents": {"tokenizer": str(tokenizer), "normalized": True,
-            "compression": [tok.cfg.temporal_factor, tok.cfg.spatial_factor,
-                            tok.cfg.spatial_factor], "source": str(src),
-                            "fsq_levels": list(tok.cfg.fsq_levels)}}  # fmt: skip
-    out = DatasetIndex(root=str(dst), shards=pd.DataFrame(shard_rows), samples=samples,
-                       embedding_dim=index.embedding_dim, meta=meta)  # fmt: skip
+    meta = {
+        **index.meta,
+        "latents": {
+            "tokenizer": str(tokenizer),
+            "normalized": True,
+            "compression": [
+                tok.cfg.temporal_factor,
+                tok.cfg.spatial_factor,
+                tok.cfg.spatial_factor,
+            ],
+            "source": str(src),
+            "fsq_levels": list(tok.cfg.fsq_levels),
+        },
+    }
+    out = DatasetIndex(
+        root=str(dst),
+        shards=pd.DataFrame(shard_rows),
+        samples=samples,
+        embedding_dim=index.embedding_dim,
+        meta=meta,
+    )
     url = write_index(out)
-    return EncodeShardsResult(index=url, samples=len(samples), encoded=encoded,
-                              shards=len(shard_rows), seconds=time.perf_counter() - t0)  # fmt: skip
+    return EncodeShardsResult(
+        index=url,
+        samples=len(samples),
+        encoded=encoded,
+        shards=len(shard_rows),
+        seconds=time.perf_counter() - t0,
+    )

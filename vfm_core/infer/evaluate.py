@@ -39,8 +39,14 @@ from vfm_core.infer.generate import PREVIEW_FACTORS, load_decoder, sample_latent
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
 from vfm_core.tokenizer.sources import make_source
 
-__all__ = ["EvalConfig", "evaluate", "frechet_distance", "heldout_bits", "heldout_loss",
-           "log_evaluation"]
+__all__ = [
+    "EvalConfig",
+    "evaluate",
+    "frechet_distance",
+    "heldout_bits",
+    "heldout_loss",
+    "log_evaluation",
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,8 +109,9 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a) + np.trace(s_b) - 2 * cross)
 
 
-def _heldout_batches(cfg: Config, ec: EvalConfig,
-                     n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _heldout_batches(
+    cfg: Config, ec: EvalConfig, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """n held-out (latents (n, C, T, H, W), text (n, L, Dt)) from the run's data source, and its
     null caption (1, L, Dt) (zeros for sources without a text record)."""
     data = dataclasses.replace(cfg.data, seed=ec.heldout_seed, batch_size=ec.batch)
@@ -160,8 +167,11 @@ def heldout_bits(model: torch.nn.Module, cfg: Config, ec: EvalConfig) -> dict[st
         total += next_token_loss(logits, b.latents.flatten(1)).item() * len(b.latents)
         count += len(b.latents)
     nats = total / count
-    return {"heldout_loss": nats, "heldout_bits_per_token": nats / math.log(2),
-            "uniform_bits_per_token": math.log2(cfg.model.vocab_size)}  # fmt: skip
+    return {
+        "heldout_loss": nats,
+        "heldout_bits_per_token": nats / math.log(2),
+        "uniform_bits_per_token": math.log2(cfg.model.vocab_size),
+    }
 
 
 def _clip_features(videos: torch.Tensor, frames_per_clip: int) -> np.ndarray:
@@ -196,8 +206,9 @@ def evaluate(
     def decode(z: torch.Tensor) -> torch.Tensor:
         if decoder is not None:
             with torch.no_grad():
-                return torch.cat([decoder.decode(z[i : i + ec.batch])
-                                  for i in range(0, len(z), ec.batch)])  # fmt: skip
+                return torch.cat(
+                    [decoder.decode(z[i : i + ec.batch]) for i in range(0, len(z), ec.batch)]
+                )
         t_c, s = PREVIEW_FACTORS
         return latent_preview(z, temporal_factor=t_c, spatial_factor=s, scale=scale)
 
@@ -211,13 +222,17 @@ def evaluate(
     metrics["fd_samples"] = float(len(ref))
     half = len(ref_features) // 2
     if half >= 2:  # what sampling alone gives: the data against itself, half vs half
-        metrics["fd_data_halves"] = frechet_distance(ref_features[:half],
-                                                     ref_features[half : 2 * half])  # fmt: skip
+        metrics["fd_data_halves"] = frechet_distance(
+            ref_features[:half], ref_features[half : 2 * half]
+        )
     metrics["checkpoint_step"] = float(loaded.step)
     follow = ec.prompt_following > 0 and decoder is not None and loaded.text is not None
     if follow:
-        metrics.update(_prompt_following(model, cfg, ec, loaded.text, null, decode, ref.shape[1:],
-                                         sheet=ec.contact_sheet))  # fmt: skip
+        metrics.update(
+            _prompt_following(
+                model, cfg, ec, loaded.text, null, decode, ref.shape[1:], sheet=ec.contact_sheet
+            )
+        )
     if ec.untrained_baseline:  # the same measures of the run's initialisation: what training won
         init = _untrained(cfg)
         base = heldout_loss(init, cfg, latents[: ec.loss_samples], text[: ec.loss_samples], ec)
@@ -225,8 +240,9 @@ def evaluate(
         metrics["untrained_frechet_distance"] = fd_of(init)
         if follow:
             untrained = _prompt_following(init, cfg, ec, loaded.text, null, decode, ref.shape[1:])
-            metrics.update({f"untrained_{k}": v for k, v in untrained.items()
-                            if k != "prompt_n_scored"})  # fmt: skip
+            metrics.update(
+                {f"untrained_{k}": v for k, v in untrained.items() if k != "prompt_n_scored"}
+            )
         metrics["fd_ratio_untrained"] = metrics["untrained_frechet_distance"] / max(
             metrics["frechet_distance"], 1e-12
         )
@@ -236,9 +252,17 @@ def evaluate(
     return metrics
 
 
-def _prompt_following(model: torch.nn.Module, cfg: Config, ec: EvalConfig,
-                      record: dict[str, Any], null: torch.Tensor, decode: Any,
-                      grid: tuple[int, ...], *, sheet: str = "") -> dict[str, float]:  # fmt: skip
+def _prompt_following(
+    model: torch.nn.Module,
+    cfg: Config,
+    ec: EvalConfig,
+    record: dict[str, Any],
+    null: torch.Tensor,
+    decode: Any,
+    grid: tuple[int, ...],
+    *,
+    sheet: str = "",
+) -> dict[str, float]:
     """Clips of every vocabulary prompt (fixed noise, the run's latent ``grid`` (C, T, H, W)),
     decoded and read back: ``prompt_*`` accuracies (see :class:`EvalConfig`); a contact sheet
     of them at ``sheet`` when given."""
@@ -247,8 +271,12 @@ def _prompt_following(model: torch.nn.Module, cfg: Config, ec: EvalConfig,
 
     prompts = vocabulary_prompts(ec.prompt_following)
     m = cfg.model
-    text = torch.cat([text_condition(e, text_len=m.text_len, text_dim=m.text_dim)
-                      for e in prompt_encoder(record).encode(prompts)])  # (n, L, Dt)
+    text = torch.cat(
+        [
+            text_condition(e, text_len=m.text_len, text_dim=m.text_dim)
+            for e in prompt_encoder(record).encode(prompts)
+        ]
+    )  # (n, L, Dt)
     latents = _generate(model, cfg, ec, text, null, torch.Size((len(prompts), *grid)))
     clips = [to_uint8_frames(v) for v in decode(latents)]  # [(F, H, W, 3)]
     if sheet:
@@ -267,17 +295,31 @@ def _untrained(cfg: Config) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def _generate(model: torch.nn.Module, cfg: Config, ec: EvalConfig, text: torch.Tensor,
-              null: torch.Tensor, shape: torch.Size) -> torch.Tensor:  # fmt: skip
+def _generate(
+    model: torch.nn.Module,
+    cfg: Config,
+    ec: EvalConfig,
+    text: torch.Tensor,
+    null: torch.Tensor,
+    shape: torch.Size,
+) -> torch.Tensor:
     """Latents sampled from fixed noise (seed ``ec.seed + 1``) for ``text``: (m, C, T, H, W)."""
     guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
     g = torch.Generator().manual_seed(ec.seed + 1)
     noise = torch.randn(shape, generator=g)  # (m, C, T, H, W)
     out = []
     for i in range(0, shape[0], ec.batch):
-        out.append(sample_latent(model, cfg.diffusion, noise[i : i + ec.batch],
-                                 text[i : i + ec.batch], steps=ec.steps,
-                                 guidance=guidance, null_text=null))  # fmt: skip
+        out.append(
+            sample_latent(
+                model,
+                cfg.diffusion,
+                noise[i : i + ec.batch],
+                text[i : i + ec.batch],
+                steps=ec.steps,
+                guidance=guidance,
+                null_text=null,
+            )
+        )
     return torch.cat(out)
 
 

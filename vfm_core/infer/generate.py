@@ -201,8 +201,10 @@ def prompt_encoder(record: dict[str, Any] | None) -> Any:
     key = json.dumps({k: v for k, v in (record or {}).items() if k != "null"}, sort_keys=True)
     if key not in _ENCODERS:
         try:
-            spec = spec_from_record(record, "the run's text.json") if record else TextSpec(
-                mode="pooled"
+            spec = (
+                spec_from_record(record, "the run's text.json")
+                if record
+                else TextSpec(mode="pooled")
             )
             _ENCODERS[key] = TextEncoder(spec)
         except TextEncoderError as e:
@@ -351,17 +353,26 @@ def _decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, worl
     )
     if cfg.data.max_tokens == 0:  # unpacked: every training latent had the configured shape
         d = cfg.data
-        warn_beyond_training(plan, (d.latent_frames, d.latent_height, d.latent_width),
-                             temporal_factor=t_c, spatial_factor=s)  # fmt: skip
+        warn_beyond_training(
+            plan,
+            (d.latent_frames, d.latent_height, d.latent_width),
+            temporal_factor=t_c,
+            spatial_factor=s,
+        )
     return decoder, plan, s
 
 
 def _prompt(cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int):
     """(1, K*h*w) checked prompt ids of an autoregressive request, or None."""
-    return load_prompt(tokens=request.prompt_tokens, video=request.prompt_video,
-                       frames=request.prompt_frames, grid=tuple(plan.latent[1:]),
-                       vocab_size=cfg.model.vocab_size, tokenizer=decoder,
-                       spatial_factor=s)  # fmt: skip
+    return load_prompt(
+        tokens=request.prompt_tokens,
+        video=request.prompt_video,
+        frames=request.prompt_frames,
+        grid=tuple(plan.latent[1:]),
+        vocab_size=cfg.model.vocab_size,
+        tokenizer=decoder,
+        spatial_factor=s,
+    )
 
 
 def ar_prompt_ids(
@@ -412,15 +423,26 @@ def generate(
     t0 = time.perf_counter()
     if ar:
         ranks = world
-        sampling = SamplingConfig(temperature=request.temperature, top_k=request.top_k,
-                                  top_p=request.top_p, guidance=guidance,
-                                  seed=request.seed)  # fmt: skip
+        sampling = SamplingConfig(
+            temperature=request.temperature,
+            top_k=request.top_k,
+            top_p=request.top_p,
+            guidance=guidance,
+            seed=request.seed,
+        )
         device = next(loaded.model.parameters()).device
         # ranks > 1: the prompt's prefill split over them (no prompt: nothing to split)
         prefill = SplitPrefill(device.type) if world > 1 and prompt is not None else local_prefill
         try:
-            tokens = sample_tokens(loaded.model, text, tuple(plan.latent[1:]), sampling,
-                                   null_text=null, prompt=prompt, prefill=prefill)  # fmt: skip
+            tokens = sample_tokens(
+                loaded.model,
+                text,
+                tuple(plan.latent[1:]),
+                sampling,
+                null_text=null,
+                prompt=prompt,
+                prefill=prefill,
+            )
         except SamplingError as e:
             raise GenerateError(str(e)) from None
         tokens = sync_tokens(tokens)  # (1, T', h, w), rank 0's on every rank
@@ -430,8 +452,9 @@ def generate(
     else:
         ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
         noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
-        latent = sample_latent(loaded.model, cfg.diffusion, noise, text, steps=steps,
-                               guidance=guidance, null_text=null)  # fmt: skip
+        latent = sample_latent(
+            loaded.model, cfg.diffusion, noise, text, steps=steps, guidance=guidance, null_text=null
+        )
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank = dist.get_rank() if ranks > 1 else 0
@@ -454,8 +477,11 @@ def generate(
         )
         gif = paths["gif"]
         if tokens is not None:  # the sampled ids (T', h, w) int32 beside the codes
-            np.save(out.with_suffix(".tokens.npy"), tokens[0].numpy().astype(np.int32),
-                    allow_pickle=False)  # fmt: skip
+            np.save(
+                out.with_suffix(".tokens.npy"),
+                tokens[0].numpy().astype(np.int32),
+                allow_pickle=False,
+            )
     if ranks > 1:
         dist.barrier()
     return GenerateResult(

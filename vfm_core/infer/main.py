@@ -42,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         emb = np.load(args.text_emb, allow_pickle=False) if args.text_emb else None
         result = generate(
-            args.checkpoint, request_from_args(args), args.out, tokenizer=args.tokenizer,
+            args.checkpoint,
+            request_from_args(args),
+            args.out,
+            tokenizer=args.tokenizer,
             text_emb=emb,
-        )  # fmt: skip
+        )
     except (GenerateError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -67,8 +67,9 @@ def read_video(frames: np.ndarray, *, max_dist: float = 90.0, min_shift: float =
     if max(abs(dx), abs(dy)) >= min_shift:
         step = (int(np.sign(dx)), 0) if abs(dx) >= abs(dy) else (0, int(np.sign(dy)))
         direction = next(d for d, v in DIRECTIONS.items() if v == step)
-    return Reading(colour=names[k], direction=direction, pixels=counts[k],
-                   shift=(float(dx), float(dy)))  # fmt: skip
+    return Reading(
+        colour=names[k], direction=direction, pixels=counts[k], shift=(float(dx), float(dy))
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,8 +98,10 @@ class PromptScore:
 
     def metrics(self) -> dict[str, float]:
         """colour_acc, direction_acc (and the held-out ones when there were held-out prompts)."""
-        out = {"colour_acc": self.colour_ok / max(1, self.n),
-               "direction_acc": self.direction_ok / max(1, self.n)}  # fmt: skip
+        out = {
+            "colour_acc": self.colour_ok / max(1, self.n),
+            "direction_acc": self.direction_ok / max(1, self.n),
+        }
         if self.n_held_out:
             out["colour_acc_held_out"] = self.colour_ok_held_out / self.n_held_out
             out["direction_acc_held_out"] = self.direction_ok_held_out / self.n_held_out

@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 from vfm_core.errors import UserError
 
-__all__ = ["BeyondTrainingWarning", "FramesRoundedWarning", "GenerateError", "LatentPlan",
-           "parse_size", "plan_latent", "warn_beyond_training"]
+__all__ = [
+    "BeyondTrainingWarning",
+    "FramesRoundedWarning",
+    "GenerateError",
+    "LatentPlan",
+    "parse_size",
+    "plan_latent",
+    "warn_beyond_training",
+]
 
 
 class GenerateError(UserError, ValueError):
@@ -32,8 +39,9 @@ class BeyondTrainingWarning(UserWarning):
     """The requested video is longer or larger than every latent the run trained on."""
 
 
-def warn_beyond_training(plan: LatentPlan, trained: tuple[int, int, int], *,
-                         temporal_factor: int, spatial_factor: int) -> None:  # fmt: skip
+def warn_beyond_training(
+    plan: LatentPlan, trained: tuple[int, int, int], *, temporal_factor: int, spatial_factor: int
+) -> None:
     """Warn when ``plan``'s latent (T', h, w) exceeds the run's training latent ``trained``
     (unpacked runs train on one shape): the model never saw such a video, so its motion and
     layout there are extrapolation."""

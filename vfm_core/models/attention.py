@@ -76,9 +76,7 @@ class KVCache:
         """k, v (B, Hkv, N, d) -> all cached keys/values so far (B, Hkv, length + N, d)."""
         n = k.shape[2]
         if self.length + n > self.max_len:
-            raise ValueError(
-                f"KV cache: {self.length} + {n} positions exceed its {self.max_len}"
-            )
+            raise ValueError(f"KV cache: {self.length} + {n} positions exceed its {self.max_len}")
         if self.k is None:
             shape = (*k.shape[:2], self.max_len, k.shape[3])
             self.k, self.v = k.new_empty(shape), v.new_empty(shape)

@@ -53,9 +53,12 @@ def resolve_fp8(requested: str, *, tp: int = 1) -> tuple[bool, str]:
         raise ConfigError(f"train.fp8: unknown value {requested!r} (off | auto | on)")
     usable, reason = fp8_status()
     if usable and tp > 1:
-        usable, reason = False, (
-            f"parallel.tp={tp}: DTensor tensor parallelism shards torch linears, not "
-            "transformer-engine ones"
+        usable, reason = (
+            False,
+            (
+                f"parallel.tp={tp}: DTensor tensor parallelism shards torch linears, not "
+                "transformer-engine ones"
+            ),
         )
     if requested == "on" and not usable:
         raise ConfigError(f"train.fp8: 'on' requested but FP8 cannot run: {reason}")
@@ -124,7 +127,6 @@ def fp8_autocast(enabled: bool) -> Iterator[None]:
     import transformer_engine.pytorch as te
     from transformer_engine.common.recipe import DelayedScaling, Format
 
-    recipe = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16,
-                            amax_compute_algo="max")  # fmt: skip
+    recipe = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
     with te.fp8_autocast(enabled=True, fp8_recipe=recipe):
         yield

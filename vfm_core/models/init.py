@@ -51,8 +51,9 @@ def _generator(seed: int, name: str, block: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
-def full_rows(init: Init, shape: tuple[int, ...], rows: range, *, seed: int,
-              name: str) -> torch.Tensor:  # fmt: skip
+def full_rows(
+    init: Init, shape: tuple[int, ...], rows: range, *, seed: int, name: str
+) -> torch.Tensor:
     """Rows ``rows`` of parameter ``name``'s initial value (full ``shape``), float32, (len(rows),
     *shape[1:]); the same numbers whatever other rows are drawn alongside."""
     tail = shape[1:]

@@ -71,8 +71,7 @@ def token_pack(
     return TokenPack(
         token_sample=ids.clamp(min=0).to(device),
         groups={
-            name: attention_groups(layout, kind.get(name, name)).to(device)
-            for name in set(layouts)
+            name: attention_groups(layout, kind.get(name, name)).to(device) for name in set(layouts)
         },
         cross_mask=cross_attention_mask(ids.cpu(), text_lengths.cpu()).to(device),
     )

@@ -91,8 +91,10 @@ def build_parts(
         prepare(model)
     if dims.pp_enabled:
         virtual = p.pp_virtual_stages
-        parts = [split_stage(model, stage=s, stages=dims.pp * virtual)
-                 for s in rank_stages(dims, virtual)]  # fmt: skip
+        parts = [
+            split_stage(model, stage=s, stages=dims.pp * virtual)
+            for s in rank_stages(dims, virtual)
+        ]
     else:
         parts = [model]
     for part in parts:
@@ -135,6 +137,12 @@ def apply_layout(
     if dims.pp_enabled:
         if loss_fn is None:
             raise ValueError("apply_layout: a pipeline (pp > 1) needs the objective's loss_fn")
-        pipe = Pipeline(parts, dims=dims, schedule=cfg.parallel.pp_schedule, loss_fn=loss_fn,
-                        microbatches=pipeline_microbatches(cfg, dims), device=device)  # fmt: skip
+        pipe = Pipeline(
+            parts,
+            dims=dims,
+            schedule=cfg.parallel.pp_schedule,
+            loss_fn=loss_fn,
+            microbatches=pipeline_microbatches(cfg, dims),
+            device=device,
+        )
     return AppliedLayout(parts=parts, pipe=pipe, dims=dims)

@@ -200,9 +200,15 @@ def causal_positions(n: int, world: int, *, balanced: bool = True) -> torch.Tens
             f"{n} (the sequence must divide into 2 x cp chunks)"
         )
     c = n // 2
-    rows = [torch.cat([torch.arange(r * c, (r + 1) * c),
-                       torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c)])
-            for r in range(world)]  # fmt: skip
+    rows = [
+        torch.cat(
+            [
+                torch.arange(r * c, (r + 1) * c),
+                torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c),
+            ]
+        )
+        for r in range(world)
+    ]
     return torch.stack(rows)
 
 

@@ -63,8 +63,10 @@ class ParallelDims:
                     "parallel.dp_shard=-1 cannot be inferred"
                 )
             self.dp_shard = self.world_size // others
-        elif isinstance(self.dp_shard, bool) or not isinstance(self.dp_shard, int) or (
-            self.dp_shard < 1
+        elif (
+            isinstance(self.dp_shard, bool)
+            or not isinstance(self.dp_shard, int)
+            or (self.dp_shard < 1)
         ):
             raise ConfigError(
                 f"parallel.dp_shard: must be an integer >= 1 or -1, got {self.dp_shard!r}"

@@ -125,9 +125,12 @@ def _vocab_plan(model: nn.Module, sp: bool) -> dict:
     gathering; under SP the head first all-gathers the sequence chunks)."""
     plan = {
         "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        "head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
-                                output_layouts=Shard(-1), use_local_output=False),
-    }  # fmt: skip
+        "head": ColwiseParallel(
+            input_layouts=Shard(1) if sp else Replicate(),
+            output_layouts=Shard(-1),
+            use_local_output=False,
+        ),
+    }
     return {k: v for k, v in plan.items() if getattr(model, k) is not None}  # a stage's own
 
 

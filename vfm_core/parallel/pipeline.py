@@ -139,8 +139,9 @@ class Pipeline:
 
         kind = SCHEDULES[schedule]
         stage_arg = self.stages if kind is ScheduleInterleaved1F1B else self.stages[0]
-        self.schedule = kind(stage_arg, n_microbatches=microbatches, loss_fn=loss,
-                             scale_grads=False)  # fmt: skip
+        self.schedule = kind(
+            stage_arg, n_microbatches=microbatches, loss_fn=loss, scale_grads=False
+        )
 
     def _conditioning(self, _module, args, kwargs):
         """Stage forward pre-hook: (x, microbatch index) -> (x,), that microbatch's kwargs. The

@@ -62,8 +62,9 @@ class StepRNG:
         """EDM training noise levels ln(sigma) ~ N(p_mean, p_std^2), (B,) float64."""
         n = torch.cat(
             [
-                torch.randn(1, generator=counter_generator(self.seed, "sigma", step, i),
-                            dtype=torch.float64)
+                torch.randn(
+                    1, generator=counter_generator(self.seed, "sigma", step, i), dtype=torch.float64
+                )
                 for i in self.sample_ids(batch)
             ]
         )  # (B,)
@@ -73,8 +74,9 @@ class StepRNG:
         """Classifier-free-guidance caption keep mask (B,) bool: dropped with prob ``dropout``."""
         u = torch.cat(
             [
-                torch.rand(1, generator=counter_generator(self.seed, "keep", step, i),
-                           dtype=torch.float64)
+                torch.rand(
+                    1, generator=counter_generator(self.seed, "keep", step, i), dtype=torch.float64
+                )
                 for i in self.sample_ids(batch)
             ]
         )  # (B,)

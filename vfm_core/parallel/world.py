@@ -38,11 +38,17 @@ def init_world(device: torch.device, *, timeout_s: float = 600.0) -> bool:
         # every attempt gets its own prefix
         store = dist.PrefixStore(
             f"vfm/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-            dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                          timeout=timeout),  # fmt: skip
+            dist.TCPStore(
+                env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout
+            ),
         )
-        dist.init_process_group(backend_for(device), store=store, rank=int(env["RANK"]),
-                                world_size=int(env["WORLD_SIZE"]), timeout=timeout)  # fmt: skip
+        dist.init_process_group(
+            backend_for(device),
+            store=store,
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            timeout=timeout,
+        )
     elif "WORLD_SIZE" in env and "MASTER_ADDR" in env:
         dist.init_process_group(backend_for(device), timeout=timeout)
     else:

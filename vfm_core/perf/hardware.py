@@ -396,8 +396,9 @@ def gpu_spec(name: str) -> GpuSpec:
     return PEAKS[key]
 
 
-def recheck_cpu_peak(peak: float, source: str, *, achieved: float, width: int,
-                     dtype: str) -> tuple[float, str]:  # fmt: skip
+def recheck_cpu_peak(
+    peak: float, source: str, *, achieved: float, width: int, dtype: str
+) -> tuple[float, str]:
     """The model reached ``achieved`` FLOP/s, above the CPU GEMM ``peak`` measured at start-up:
     that measurement met a busy machine. Measure again and keep the better figure; returns
     (peak, source with the re-measurement noted) and logs a warning."""
@@ -405,7 +406,9 @@ def recheck_cpu_peak(peak: float, source: str, *, achieved: float, width: int,
     log.warning(
         "CPU MFU above 100%%: the model reached %.1f GFLOP/s but the GEMM peak measured at "
         "start-up was %.1f (the machine was busy then); re-measured: %.1f GFLOP/s",
-        achieved / 1e9, peak / 1e9, new / 1e9,
-    )  # fmt: skip
+        achieved / 1e9,
+        peak / 1e9,
+        new / 1e9,
+    )
     note = f"re-measured during training ({peak / 1e9:.1f} -> {new / 1e9:.1f} GFLOP/s)"
     return new, f"{source}; {note}"

@@ -69,8 +69,11 @@ def measure_rank(cfg: Config, world: int, pp_rank: int) -> StateBytes:
         dims = validate_layout(cfg, world)
         dims.build_mesh("cpu")
         parts = build_parts(cfg, dims, device="meta")
-        local = [p.to_local() if isinstance(p, DTensor) else p
-                 for part in parts for p in part.parameters()]  # fmt: skip
+        local = [
+            p.to_local() if isinstance(p, DTensor) else p
+            for part in parts
+            for p in part.parameters()
+        ]
     weights = float(sum(t.numel() * t.element_size() for t in local))
     fp32 = float(sum(t.numel() * 4 for t in local))
     ema = weights if cfg.train.ema_decay else 0.0
@@ -87,8 +90,7 @@ def check_report(measured: StateBytes, planned: StateBytes) -> dict[str, dict[st
     out = {}
     for key in (*COMPONENTS, "total"):
         m, p = getattr(measured, key), getattr(planned, key)
-        out[key] = {"measured_bytes": m, "planned_bytes": p,
-                    "rel_diff": (p - m) / m if m else 0.0}  # fmt: skip
+        out[key] = {"measured_bytes": m, "planned_bytes": p, "rel_diff": (p - m) / m if m else 0.0}
     return out
 
 
@@ -105,8 +107,12 @@ def format_check(report: dict[str, dict[str, float]]) -> str:
 
 def planned_states(memory) -> StateBytes:
     """The planner's :class:`~vfm_core.perf.memory.MemoryEstimate` as bytes by component."""
-    return StateBytes(params=memory.params_gib * GiB, grads=memory.grads_gib * GiB,
-                      optimizer=memory.optimizer_gib * GiB, ema=memory.ema_gib * GiB)  # fmt: skip
+    return StateBytes(
+        params=memory.params_gib * GiB,
+        grads=memory.grads_gib * GiB,
+        optimizer=memory.optimizer_gib * GiB,
+        ema=memory.ema_gib * GiB,
+    )
 
 
 def busiest(measured: list[StateBytes]) -> tuple[int, StateBytes]:

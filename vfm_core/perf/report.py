@@ -64,10 +64,18 @@ def cpu_spec(peak_flops: float, *, mem_tbps: float = 0.02, link_gbps: float = 4.
     rough, stated assumptions; the fitted efficiencies absorb the rest."""
     tflops = peak_flops / 1e12
     return GpuSpec(
-        name="cpu", bf16_tflops=tflops, fp8_tflops=None, tf32_tflops=tflops, fp32_tflops=tflops,
-        hbm_gb=16, hbm_tbps=mem_tbps, nvlink_gbps=link_gbps, ib_gbps=link_gbps * 8,
-        gpus_per_node=64, source="measured fp32 GEMM peak of the run; bandwidths assumed",
-    )  # fmt: skip
+        name="cpu",
+        bf16_tflops=tflops,
+        fp8_tflops=None,
+        tf32_tflops=tflops,
+        fp32_tflops=tflops,
+        hbm_gb=16,
+        hbm_tbps=mem_tbps,
+        nvlink_gbps=link_gbps,
+        ib_gbps=link_gbps * 8,
+        gpus_per_node=64,
+        source="measured fp32 GEMM peak of the run; bandwidths assumed",
+    )
 
 
 def _median_after(history: list[float], warmup: int) -> float:
@@ -198,9 +206,12 @@ def add_derived(rows: list[StudyRow]) -> list[StudyRow]:
         cfg = _model_config(b)
         if cfg is None or b.seq <= 0:
             continue
-        record = {"model": {k: getattr(cfg, k) for k in ModelConfig.__dataclass_fields__},
-                  "seq": b.seq, "micro_batch": b.batch,
-                  "tokens_per_s_per_gpu": b.per_proc}  # fmt: skip
+        record = {
+            "model": {k: getattr(cfg, k) for k in ModelConfig.__dataclass_fields__},
+            "seq": b.seq,
+            "micro_batch": b.batch,
+            "tokens_per_s_per_gpu": b.per_proc,
+        }
         try:
             eff = _calibrated(record, gpu, calibrate)
         except (ConfigError, ValueError, ZeroDivisionError):
@@ -223,20 +234,35 @@ def _calibrated(record: dict[str, Any], gpu: GpuSpec, calibrate):
 
 
 def format_table(rows: list[StudyRow]) -> str:
-    head = ("layout", "recipe", "procs", "tokens/s", "per proc", "TFLOPS/proc", "MFU",
-            "MFU peak TFLOPS (measured GEMM)", "scaling eff", "predicted tok/s",
-            "pred/meas")  # fmt: skip
+    head = (
+        "layout",
+        "recipe",
+        "procs",
+        "tokens/s",
+        "per proc",
+        "TFLOPS/proc",
+        "MFU",
+        "MFU peak TFLOPS (measured GEMM)",
+        "scaling eff",
+        "predicted tok/s",
+        "pred/meas",
+    )
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         ratio = r.predicted / r.tokens_per_s if r.predicted and r.tokens_per_s else None
         cells = (
-            r.layout, r.recipe, str(r.world), f"{r.tokens_per_s:,.0f}", f"{r.per_proc:,.0f}",
-            f"{r.tflops:.4f}", f"{r.mfu:.1%}",
+            r.layout,
+            r.recipe,
+            str(r.world),
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.per_proc:,.0f}",
+            f"{r.tflops:.4f}",
+            f"{r.mfu:.1%}",
             f"{r.peak_flops / 1e12:.4f}" if r.peak_flops else "-",
             "-" if r.scaling_eff is None else f"{r.scaling_eff:.2f}",
             "-" if r.predicted is None else f"{r.predicted:,.0f}",
             "-" if ratio is None else f"{ratio:.2f}",
-        )  # fmt: skip
+        )
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 
@@ -286,8 +312,13 @@ def build_report(study: str, out_dir: str | Path, *, tracking_uri: str | None = 
     (out / "report.md").write_text(f"# Scaling study `{study}`\n\n{table}\n")
     (out / "rows.json").write_text(json.dumps([row_dict(r) for r in rows], indent=1))
     pngs = plot(rows, out)
-    return {"study": study, "table": table, "rows": len(rows), "dir": str(out),
-            "files": [str(out / "report.md"), str(out / "rows.json"), *map(str, pngs)]}  # fmt: skip
+    return {
+        "study": study,
+        "table": table,
+        "rows": len(rows),
+        "dir": str(out),
+        "files": [str(out / "report.md"), str(out / "rows.json"), *map(str, pngs)],
+    }
 
 
 def row_dict(r: StudyRow) -> dict[str, Any]:

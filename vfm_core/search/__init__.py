@@ -22,6 +22,16 @@ from vfm_core.search.errors import SearchError
 from vfm_core.search.index import ExactIndex, FaissIndex, IndexConfig, build_index, load_index
 
 __all__ = [
-    "ClipSearch", "ClipSearchConfig", "ExactIndex", "FaissIndex", "IndexConfig", "SearchError",
-    "SearchHit", "build_index", "contact_sheet_of", "load_index", "search_clips", "write_subset",
-]  # fmt: skip
+    "ClipSearch",
+    "ClipSearchConfig",
+    "ExactIndex",
+    "FaissIndex",
+    "IndexConfig",
+    "SearchError",
+    "SearchHit",
+    "build_index",
+    "contact_sheet_of",
+    "load_index",
+    "search_clips",
+    "write_subset",
+]

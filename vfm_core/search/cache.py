@@ -46,8 +46,16 @@ class CachedIndex:
 
 
 def cache_key(manifest: Manifest, field: str, config: IndexConfig, model: str) -> str:
-    blob = json.dumps({"manifest": manifest.digest, "field": field, "model": model,
-                       "index": dataclasses.asdict(config), "v": 1}, sort_keys=True)  # fmt: skip
+    blob = json.dumps(
+        {
+            "manifest": manifest.digest,
+            "field": field,
+            "model": model,
+            "index": dataclasses.asdict(config),
+            "v": 1,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -63,8 +71,9 @@ def _load(url: str, key: str) -> CachedIndex | None:
             log.warning("rebuilding the search index %s: %s", url, e)
         return None
     if len(rows) != len(index):
-        log.warning("rebuilding the search index %s: %d rows for %d vectors", url, len(rows),
-                    len(index))  # fmt: skip
+        log.warning(
+            "rebuilding the search index %s: %d rows for %d vectors", url, len(rows), len(index)
+        )
         return None
     return CachedIndex(index=index, rows=rows, url=url, built=False)
 
@@ -102,8 +111,12 @@ def cached_index(
     if use_cache:
         try:
             index.save(url)
-            rows_meta = {"key": key, "manifest": manifest.digest, "field": field,
-                         "rows": rows.tolist()}  # fmt: skip
+            rows_meta = {
+                "key": key,
+                "manifest": manifest.digest,
+                "field": field,
+                "rows": rows.tolist(),
+            }
             storage.write_bytes(storage.join(url, ROWS), json.dumps(rows_meta).encode())
             _prune(root, field, keep=f"{field}-{key}")
         except OSError as e:  # StorageError included: read-only clips dir

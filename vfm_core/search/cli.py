@@ -20,8 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     se.add_argument("--top", type=int_at_least("--top", 1), default=10, help="hits to show")
     se.add_argument("--like", metavar="CLIP_ID", help="clips nearest this clip's embedding")
     se.add_argument("--sheet", metavar="OUT.png", help="also write a contact sheet of the hits")
-    se.add_argument("--exact", action="store_true",
-                    help="exact numpy search instead of the faiss IVF index")  # fmt: skip
+    se.add_argument(
+        "--exact", action="store_true", help="exact numpy search instead of the faiss IVF index"
+    )
     add_text_args(se, mode=False)
     se.add_argument("--json", action="store_true", help="print the hits as a JSON list")
 
@@ -42,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{h.rank:>4}  {h.score:>6.3f}  {h.clip_id:<24}  {cap:<48}  {h.uri}")
     used = search.index("caption" if args.like is None else "embedding")
     how = "built" if used.built else "cached"
-    print(f"{len(hits)} of {len(used.index)} clips, {used.index.config.backend} index ({how}: "
-          f"{used.url})", file=sys.stderr)  # fmt: skip
+    print(
+        f"{len(hits)} of {len(used.index)} clips, {used.index.config.backend} index ({how}: "
+        f"{used.url})",
+        file=sys.stderr,
+    )
     if args.sheet:
         print(f"contact sheet: {contact_sheet_of(hits, args.sheet)}", file=sys.stderr)
     return 0

@@ -85,8 +85,9 @@ def text_embedder(model_path: str | None = None) -> Embed:
 class ClipSearch:
     """Text and like-this search over one clips dir; indexes are built (or loaded) on first use."""
 
-    def __init__(self, clips_dir: str, config: ClipSearchConfig | None = None, *,
-                 embed: Embed | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, clips_dir: str, config: ClipSearchConfig | None = None, *, embed: Embed | None = None
+    ) -> None:
         self.config = config or ClipSearchConfig()
         self.manifest: Manifest = read_manifest(clips_dir)
         self._embed = embed
@@ -108,9 +109,13 @@ class ClipSearch:
             else:
                 raise SearchError(f"unknown search field {name!r} (caption or embedding)")
             self._indexes[name] = cached_index(
-                self.manifest, name, self.config.index, vectors, model=model,
+                self.manifest,
+                name,
+                self.config.index,
+                vectors,
+                model=model,
                 use_cache=self.config.cache,
-            )  # fmt: skip
+            )
         return self._indexes[name]
 
     def _caption_vectors(self) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +133,9 @@ class ClipSearch:
     def query(self, text: str, top_k: int | None = None) -> list[SearchHit]:
         """Clips whose captions best match ``text``."""
         if not isinstance(text, str) or not text.strip():
-            raise SearchError("the query is empty: give text to search the captions "
-                              "(or --like CLIP_ID)")  # fmt: skip
+            raise SearchError(
+                "the query is empty: give text to search the captions (or --like CLIP_ID)"
+            )
         ci = self.index("caption")  # checks the captions before the model loads
         return self._search(ci, self._encode([text.strip()]), top_k)
 
@@ -148,17 +154,26 @@ class ClipSearch:
         if k < 1:
             raise SearchError(f"top must be >= 1, got {k}")
         scores, ids = ci.index.search(query, k)  # (1, k), (1, k)
-        caps = (self.manifest.column("caption") if "caption" in self.manifest.table.column_names
-                else [None] * len(self.manifest))  # fmt: skip
+        caps = (
+            self.manifest.column("caption")
+            if "caption" in self.manifest.table.column_names
+            else [None] * len(self.manifest)
+        )
         clip_ids, uris = self.manifest.column("clip_id"), self.manifest.column("uri")
         hits = []
         for score, pos in zip(scores[0].tolist(), ids[0].tolist()):
             if pos < 0:
                 continue  # an approximate index found fewer than k
             row = int(ci.rows[pos])
-            hits.append(SearchHit(rank=len(hits) + 1, clip_id=str(clip_ids[row]),
-                                  score=round(float(score), 6), caption=caps[row] or "",
-                                  uri=self.manifest.resolve_uri(uris[row])))  # fmt: skip
+            hits.append(
+                SearchHit(
+                    rank=len(hits) + 1,
+                    clip_id=str(clip_ids[row]),
+                    score=round(float(score), 6),
+                    caption=caps[row] or "",
+                    uri=self.manifest.resolve_uri(uris[row]),
+                )
+            )
         return hits
 
     def rows_of(self, hits: list[SearchHit]) -> list[int]:
@@ -188,8 +203,9 @@ def search_clips(
     if query is not None and like is not None:
         raise SearchError("give a text query or --like CLIP_ID, not both")
     if query is not None and not query.strip():
-        raise SearchError("the query is empty: give text to search the captions "
-                          "(or --like CLIP_ID)")  # fmt: skip
+        raise SearchError(
+            "the query is empty: give text to search the captions (or --like CLIP_ID)"
+        )
     if like is not None and not like.strip():
         raise SearchError("--like: the clip id is empty")
     search = ClipSearch(clips_dir, cfg, embed=embed)
@@ -197,8 +213,9 @@ def search_clips(
     return search, hits
 
 
-def contact_sheet_of(hits: list[SearchHit], out: str | Path, *, columns: int = 6,
-                     scale: int | None = None) -> Path:  # fmt: skip
+def contact_sheet_of(
+    hits: list[SearchHit], out: str | Path, *, columns: int = 6, scale: int | None = None
+) -> Path:
     """A PNG with one row per hit, labelled "score caption" (remote clips are downloaded to a
     temporary folder first); ``scale`` None: 2x for clips up to 160 px wide, else 1x.
     :class:`SearchError` naming a clip that cannot be read."""
@@ -230,15 +247,21 @@ def contact_sheet_of(hits: list[SearchHit], out: str | Path, *, columns: int = 6
             raise SearchError(f"contact sheet: clip file not found ({e.filename})") from None
 
 
-def write_subset(search: ClipSearch, hits: list[SearchHit], out_dir: str,
-                 query: str) -> tuple[str, str]:  # fmt: skip
+def write_subset(
+    search: ClipSearch, hits: list[SearchHit], out_dir: str, query: str
+) -> tuple[str, str]:
     """``out_dir/clips.parquet``: the hits' manifest rows, best first, same schema, absolute uris;
     ``out_dir/search.json``: the query, the source manifest and its digest, the hits' scores.
     Returns both URLs."""
     url = write_table(subset(search.manifest, search.rows_of(hits)), out_dir)
-    record = {"query": query, "top": search.config.top_k, "source": search.manifest.url,
-              "source_digest": search.manifest.digest,
-              "hits": [{"clip_id": h.clip_id, "score": h.score} for h in hits]}  # fmt: skip
-    meta = storage.write_bytes(storage.join(out_dir, "search.json"),
-                               json.dumps(record, indent=1).encode())  # fmt: skip
+    record = {
+        "query": query,
+        "top": search.config.top_k,
+        "source": search.manifest.url,
+        "source_digest": search.manifest.digest,
+        "hits": [{"clip_id": h.clip_id, "score": h.score} for h in hits],
+    }
+    meta = storage.write_bytes(
+        storage.join(out_dir, "search.json"), json.dumps(record, indent=1).encode()
+    )
     return url, meta

@@ -93,8 +93,13 @@ def _check_queries(queries: np.ndarray, dim: int, top_k: int) -> np.ndarray:
 
 
 def _write_meta(url: str, index: VectorIndex, extra: dict[str, Any]) -> None:
-    meta = {"format": FORMAT, "version": VERSION, "dim": index.dim, "n": len(index),
-            "config": dataclasses.asdict(index.config)} | extra  # fmt: skip
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "dim": index.dim,
+        "n": len(index),
+        "config": dataclasses.asdict(index.config),
+    } | extra
     storage.write_bytes(storage.join(url, META), json.dumps(meta, indent=1).encode())
 
 
@@ -141,8 +146,10 @@ def _faiss():
     try:
         import faiss
     except ImportError as e:
-        raise SearchError("the faiss backend needs faiss-cpu (pip install faiss-cpu); "
-                          "or use the exact backend (--exact)") from e  # fmt: skip
+        raise SearchError(
+            "the faiss backend needs faiss-cpu (pip install faiss-cpu); "
+            "or use the exact backend (--exact)"
+        ) from e
     return faiss
 
 
@@ -247,8 +254,9 @@ def load_index(url: str) -> VectorIndex:
             data = storage.read_bytes(storage.join(url, "index.faiss"))
             index = FaissIndex(faiss.deserialize_index(np.frombuffer(data, np.uint8)), cfg)
         if len(index) != meta["n"] or index.dim != meta["dim"]:
-            raise ValueError(f"holds {len(index)} x {index.dim}, meta says "
-                             f"{meta['n']} x {meta['dim']}")  # fmt: skip
+            raise ValueError(
+                f"holds {len(index)} x {index.dim}, meta says {meta['n']} x {meta['dim']}"
+            )
     except (storage.StorageError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise SearchError(f"{url}: not a readable vector index ({e})") from None
     return index

@@ -84,13 +84,17 @@ def read_manifest(clips_dir: str) -> Manifest:
 def caption_rows(m: Manifest) -> tuple[np.ndarray, list[str]]:
     """(row numbers (R,) int64, captions) of the rows with a non-empty caption."""
     if "caption" not in m.table.column_names:
-        raise SearchError(f"{m.url}: no caption column; text search needs captions "
-                          "(--like CLIP_ID searches by clip embedding)")  # fmt: skip
+        raise SearchError(
+            f"{m.url}: no caption column; text search needs captions "
+            "(--like CLIP_ID searches by clip embedding)"
+        )
     caps = m.column("caption")
     rows = [i for i, c in enumerate(caps) if isinstance(c, str) and c.strip()]
     if not rows:
-        raise SearchError(f"{m.url}: all {len(m)} captions are empty; text search needs captions "
-                          "(--like CLIP_ID searches by clip embedding)")  # fmt: skip
+        raise SearchError(
+            f"{m.url}: all {len(m)} captions are empty; text search needs captions "
+            "(--like CLIP_ID searches by clip embedding)"
+        )
     return np.asarray(rows, np.int64), [caps[i].strip() for i in rows]
 
 
@@ -104,8 +108,10 @@ def embedding_rows(m: Manifest) -> tuple[np.ndarray, np.ndarray]:
     """(row numbers (R,) int64, clip embeddings (R, D) float32) of the rows with an embedding."""
     name = "embedding"
     if name not in m.table.column_names:
-        raise SearchError(f"{m.url}: no {name} column; --like needs clip embeddings "
-                          "(a text query searches captions)")  # fmt: skip
+        raise SearchError(
+            f"{m.url}: no {name} column; --like needs clip embeddings "
+            "(a text query searches captions)"
+        )
     col = m.table.column(name).combine_chunks()
     if not _is_vector_type(col.type):
         raise SearchError(f"{m.url}: {name} column is {col.type}, expected list of floats")
@@ -118,8 +124,9 @@ def embedding_rows(m: Manifest) -> tuple[np.ndarray, np.ndarray]:
     bad = rows[lengths[rows] != dim]
     if len(bad):
         clip = m.table.column("clip_id")[int(bad[0])].as_py()
-        raise SearchError(f"{m.url}: clip {clip!r} has a {lengths[bad[0]]}-d {name}, "
-                          f"others {dim}-d")  # fmt: skip
+        raise SearchError(
+            f"{m.url}: clip {clip!r} has a {lengths[bad[0]]}-d {name}, others {dim}-d"
+        )
     flat = col.take(pa.array(rows)).flatten()  # (R * D,)
     vectors = np.asarray(flat.to_numpy(zero_copy_only=False), np.float32).reshape(len(rows), dim)
     if not np.isfinite(vectors).all():
@@ -133,8 +140,9 @@ def subset(m: Manifest, rows: list[int]) -> pa.Table:
     """The manifest's ``rows`` in that order, same schema, ``uri`` made absolute (so the subset
     can live in another folder)."""
     table = m.table.take(pa.array(rows, pa.int64()))
-    uris = pa.array([m.resolve_uri(u) for u in table.column("uri").to_pylist()],
-                    table.schema.field("uri").type)  # fmt: skip
+    uris = pa.array(
+        [m.resolve_uri(u) for u in table.column("uri").to_pylist()], table.schema.field("uri").type
+    )
     return table.set_column(table.schema.get_field_index("uri"), "uri", uris)
 
 

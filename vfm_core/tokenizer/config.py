@@ -201,7 +201,10 @@ TOKENIZER_PRESETS: dict[str, Callable[[], TokenizerConfig]] = {
         **_DISCRETE, channel_mult=(1, 2, 4), fsq_levels=_FSQ_64K
     ),
     "tok-dv8x16x16": lambda: TokenizerConfig(
-        **_DISCRETE, temporal_factor=8, spatial_factor=16, channel_mult=(1, 2, 4, 4),
+        **_DISCRETE,
+        temporal_factor=8,
+        spatial_factor=16,
+        channel_mult=(1, 2, 4, 4),
         fsq_levels=_FSQ_64K,
     ),
 }

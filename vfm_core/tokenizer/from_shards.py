@@ -31,9 +31,12 @@ def discrete_variant(cfg: TokenizerConfig, levels: tuple[int, ...]) -> Tokenizer
     try:
         levels = check_levels(levels)
         return dataclasses.replace(
-            cfg, fsq_levels=levels, latent_channels=len(levels), regulariser="none",
+            cfg,
+            fsq_levels=levels,
+            latent_channels=len(levels),
+            regulariser="none",
             shortcuts=cfg.shortcuts and width % len(levels) == 0,
-        )  # fmt: skip
+        )
     except (TokenizerConfigError, FSQError) as e:
         raise ConfigError(f"--discrete {','.join(map(str, levels))}: {e}") from None
 
@@ -46,9 +49,12 @@ def shard_clips(
     from vfm_core.data.loader import build_loader
 
     loader = build_loader(
-        shards=shards, seed=seed, batch_size=batch_size, decode="frames",
+        shards=shards,
+        seed=seed,
+        batch_size=batch_size,
+        decode="frames",
         buckets=BucketSpec(resolutions=((size, size),), durations=(frames,)),
-    )  # fmt: skip
+    )
     while True:
         batch = loader.next_batch()
         clips = []
@@ -96,15 +102,27 @@ def train_tokenizer_on_shards(
     # decode every clip once and cycle the decoded batches (decoding dominates otherwise); a
     # large dataset is capped at ``max_batches`` of them
     n = min(max_batches, -(-len(read_index(shards)) // batch_size))
-    stream = list(itertools.islice(
-        shard_clips(shards, frames=frames, size=size, batch_size=batch_size, seed=seed), n))
+    stream = list(
+        itertools.islice(
+            shard_clips(shards, frames=frames, size=size, batch_size=batch_size, seed=seed), n
+        )
+    )
     try:
-        held = list(itertools.islice(shard_clips(shards, frames=frames, size=size,
-                                                 batch_size=held_out, seed=seed + 1), 1))
+        held = list(
+            itertools.islice(
+                shard_clips(shards, frames=frames, size=size, batch_size=held_out, seed=seed + 1), 1
+            )
+        )
     except StopIteration:  # pragma: no cover - the loader is endless
         held = []
     _, metrics = train_tokenizer(
-        cfg, stream, steps=steps, lr=lr, seed=seed, held_out=held or None, out_dir=out_dir,
+        cfg,
+        stream,
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        held_out=held or None,
+        out_dir=out_dir,
         progress=progress,
-    )  # fmt: skip
+    )
     return metrics

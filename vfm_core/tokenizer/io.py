@@ -97,8 +97,11 @@ def safetensors_problem(path: Path) -> str | None:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             return f"the safetensors header is not valid JSON ({e})"
-    ends = [v["data_offsets"][1] for k, v in header.items()
-            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]  # fmt: skip
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v
+    ]
     need = 8 + n + max(ends, default=0)
     if size < need:
         return f"truncated: {size} bytes, its header describes {need}"

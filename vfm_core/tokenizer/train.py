@@ -33,8 +33,13 @@ from vfm_core.tokenizer.autoencoder import (
 from vfm_core.tokenizer.config import TokenizerConfig
 from vfm_core.tokenizer.io import save_tokenizer
 
-__all__ = ["TokenizerTrainMetrics", "evaluate_psnr", "evaluate_reconstruction", "synthetic_clips",
-           "train_tokenizer"]
+__all__ = [
+    "TokenizerTrainMetrics",
+    "evaluate_psnr",
+    "evaluate_reconstruction",
+    "synthetic_clips",
+    "train_tokenizer",
+]
 
 
 def synthetic_clips(
@@ -144,8 +149,9 @@ def codebook_usage(model: CausalVideoAutoencoder, clips: Iterable[Tensor]) -> fl
 
 
 @torch.no_grad()
-def evaluate_reconstruction(model: CausalVideoAutoencoder,
-                            clips: Iterable[Tensor]) -> dict[str, float]:  # fmt: skip
+def evaluate_reconstruction(
+    model: CausalVideoAutoencoder, clips: Iterable[Tensor]
+) -> dict[str, float]:
     """Reconstruction quality over ``clips``: PSNR (from the summed squared error) and mean
     per-frame SSIM, each with the mean-colour baseline (every pixel = the clip's mean colour)."""
     was = model.training
@@ -166,8 +172,12 @@ def evaluate_reconstruction(model: CausalVideoAutoencoder,
     if count == 0:
         raise ValueError("evaluate_reconstruction: no clips")
     to_db = lambda s: math.inf if s == 0 else 10 * math.log10(4.0 / (s / count))  # noqa: E731
-    return {"psnr": to_db(se), "baseline_psnr": to_db(se_base), "ssim": ssim_total / frames,
-            "baseline_ssim": ssim_base / frames}  # fmt: skip
+    return {
+        "psnr": to_db(se),
+        "baseline_psnr": to_db(se_base),
+        "ssim": ssim_total / frames,
+        "baseline_ssim": ssim_base / frames,
+    }
 
 
 def evaluate_psnr(model: CausalVideoAutoencoder, clips: Iterable[Tensor]) -> tuple[float, float]:

@@ -118,8 +118,14 @@ class CheckpointManager:
         return done[-1] if done else None
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, state: dict[str, Any], *, meta: dict[str, Any],
-             async_save: bool | None = None) -> Path:  # fmt: skip
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        meta: dict[str, Any],
+        async_save: bool | None = None,
+    ) -> Path:
         """Save ``state`` as step ``step`` on every rank; returns the final folder (which exists
         once the save finished: now, or after :meth:`wait` for an asynchronous save)."""
         self.wait()  # one save in flight at a time
@@ -133,14 +139,23 @@ class CheckpointManager:
         tensors, skeleton = split_state(state)
         tensors = {k: v.detach() for k, v in tensors.items()}
         skeletons = [json.loads(b) for b in all_gather_bytes(json.dumps(skeleton).encode())]
-        doc = {"format": FORMAT_VERSION, "step": step, "meta": meta,
-               "state": merge_skeletons(skeletons)} if is_rank0() else None  # fmt: skip
+        doc = (
+            {
+                "format": FORMAT_VERSION,
+                "step": step,
+                "meta": meta,
+                "state": merge_skeletons(skeletons),
+            }
+            if is_rank0()
+            else None
+        )
         writer = HuggingFaceStorageWriter(str(tmp), save_distributed=True)
         with warnings.catch_warnings():  # one process: DCP notes it runs without a process group
             warnings.simplefilter("ignore", UserWarning)
             if use_async:  # returns once the tensors are staged (copied) to host memory
-                future = dcp.async_save(tensors, storage_writer=writer,
-                                        process_group=self._checkpoint_group())  # fmt: skip
+                future = dcp.async_save(
+                    tensors, storage_writer=writer, process_group=self._checkpoint_group()
+                )
                 self._pending_step = step
                 self._pending = self._pool().submit(self._complete, future, tmp, final, doc)
                 return final
@@ -226,16 +241,23 @@ class CheckpointManager:
             try:
                 self._pending.result()
             except Exception as e:  # noqa: BLE001
-                print(f"warning: asynchronous checkpoint of step {self._pending_step} failed: "
-                      f"{e}", file=sys.stderr)  # fmt: skip
+                print(
+                    f"warning: asynchronous checkpoint of step {self._pending_step} failed: {e}",
+                    file=sys.stderr,
+                )
             self._pending = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
 
     # ------------------------------------------------------------------ resume
-    def choose(self, explicit: str | Path | None = None, *, flag: str = "--resume",
-               explicit_flag: str = "--resume-from") -> Path:  # fmt: skip
+    def choose(
+        self,
+        explicit: str | Path | None = None,
+        *,
+        flag: str = "--resume",
+        explicit_flag: str = "--resume-from",
+    ) -> Path:
         """The checkpoint to resume (or generate) from, the same on every rank: ``explicit`` when
         intact, else the newest intact one. Rank 0 verifies (sha256 of every file) and prints one
         warning line per damaged checkpoint it skips; no intact one raises
@@ -353,8 +375,9 @@ def save_trainer(ckpt: CheckpointManager, trainer, *, meta: dict[str, Any] | Non
     return ckpt.save(trainer.step, trainer.state_dict(), meta={**trainer.meta(), **(meta or {})})
 
 
-def load_trainer(ckpt: CheckpointManager, trainer, path: Path | None = None, *,
-                 verified: bool = False) -> Path:  # fmt: skip
+def load_trainer(
+    ckpt: CheckpointManager, trainer, path: Path | None = None, *, verified: bool = False
+) -> Path:
     """Restore ``trainer`` (any layout) from ``path`` or the newest intact checkpoint (damaged
     ones skipped with a warning, :meth:`CheckpointManager.choose`). ``verified``: ``path`` was
     already checked against its manifest."""

@@ -101,8 +101,11 @@ def read_manifest(folder: Path) -> tuple[dict | None, Problem | None]:
     if doc.get("version") != VERSION:
         return None, Problem(folder, MANIFEST_FILE, f"unknown version {doc.get('version')!r}")
     for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
-                and isinstance(entry.get("sha256"), str)):  # fmt: skip
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("bytes"), int)
+            and isinstance(entry.get("sha256"), str)
+        ):
             return None, Problem(folder, MANIFEST_FILE, f"malformed entry for {name!r}")
     return doc, None
 
@@ -135,8 +138,13 @@ def verify(folder: str | Path, *, hashes: bool = True) -> list[Problem]:
     if hashes and present:
         for name, (_, sha) in _digests(folder, present).items():
             if sha != files[name]["sha256"]:
-                problems.append(Problem(folder, name, "sha256 differs from the manifest "
-                                        "(the file was modified or corrupted)"))  # fmt: skip
+                problems.append(
+                    Problem(
+                        folder,
+                        name,
+                        "sha256 differs from the manifest (the file was modified or corrupted)",
+                    )
+                )
     for p in sorted(folder.iterdir()):
         if p.name not in files and p.name != MANIFEST_FILE and p.suffix in _CHECKED_SUFFIXES:
             problems.append(Problem(folder, p.name, "not listed in the manifest"))

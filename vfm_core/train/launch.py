@@ -116,11 +116,15 @@ def torchrun_argv(
         argv += ["--standalone"]
     else:
         host_conf = "is_host=true" if launch.node_rank == 0 else "is_host=false"
-        argv += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}",
-                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
-                 "--rdzv-id=vfm-train",
-                 f"--rdzv-conf={host_conf},join_timeout={launch.rdzv_timeout},"
-                 f"read_timeout={launch.rdzv_timeout}"]  # fmt: skip
+        argv += [
+            f"--nnodes={launch.nnodes}",
+            f"--node-rank={launch.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={launch.rdzv_endpoint}",
+            "--rdzv-id=vfm-train",
+            f"--rdzv-conf={host_conf},join_timeout={launch.rdzv_timeout},"
+            f"read_timeout={launch.rdzv_timeout}",
+        ]
     argv += [f"--max-restarts={launch.max_restarts}", "--monitor-interval=1"]
     argv += ["-m", ENTRY, "--config", str(config), "--out", str(out), "--no-progress"]
     for name, value in degrees.items():

@@ -70,8 +70,11 @@ def run_training(
     saved = ckpt.candidates()  # finished or not; verified after the process group exists
     if restart_count() > 0:  # torchrun restarted the job after a rank died: continue, if possible
         resume = bool(saved)
-        print(f"restart {restart_count()}: " + (f"resuming from {ckpt.dir}" if resume else
-              "no checkpoint yet, starting over"), file=sys.stderr)  # fmt: skip
+        print(
+            f"restart {restart_count()}: "
+            + (f"resuming from {ckpt.dir}" if resume else "no checkpoint yet, starting over"),
+            file=sys.stderr,
+        )
     if resume_from is not None:
         resume = True
         if not Path(resume_from).is_dir():
@@ -95,8 +98,15 @@ def run_training(
             dist.destroy_process_group()
 
 
-def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
-           resume_from: str | Path | None, progress: bool) -> dict[str, Any]:  # fmt: skip
+def _train(
+    cfg: Config,
+    out: Path,
+    ckpt: CheckpointManager,
+    *,
+    resume: bool,
+    resume_from: str | Path | None,
+    progress: bool,
+) -> dict[str, Any]:
     trainer = Trainer(cfg)
     run_id = None
     if resume:  # any layout: DCP reshards the saved tensors into this one
@@ -119,11 +129,15 @@ def _train(cfg: Config, out: Path, ckpt: CheckpointManager, *, resume: bool,
         if cfg.tracking.mlflow:
             degrees = trainer.dims.degrees
             mlf = MLflowLogger(
-                cfg.tracking, run_id=run_id,
+                cfg.tracking,
+                run_id=run_id,
                 name=train_run_name(cfg.recipe, degrees, cfg.train.steps, trainer.world),
-                tags={"recipe": cfg.recipe, STAGE_TAG: "train",
-                      LAYOUT_TAG: layout_label(degrees, trainer.world)},
-            )  # fmt: skip
+                tags={
+                    "recipe": cfg.recipe,
+                    STAGE_TAG: "train",
+                    LAYOUT_TAG: layout_label(degrees, trainer.world),
+                },
+            )
             mlf.log_params(
                 {
                     **cfg.flat(),
@@ -168,10 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m vfm_core.train.main")
     ap.add_argument("--config", required=True, help="run config YAML (from Config.to_dict)")
     ap.add_argument("--out", required=True, help="output directory (rank 0 writes)")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue from the newest intact checkpoint")  # fmt: skip
-    ap.add_argument("--resume-from", metavar="CKPT_DIR",
-                    help="continue from this checkpoint folder (implies --resume)")  # fmt: skip
+    ap.add_argument(
+        "--resume", action="store_true", help="continue from the newest intact checkpoint"
+    )
+    ap.add_argument(
+        "--resume-from",
+        metavar="CKPT_DIR",
+        help="continue from this checkpoint folder (implies --resume)",
+    )
     ap.add_argument("--debug", action="store_true", help="tracebacks behind one-line errors")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     for name in DEGREES:
@@ -185,8 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = with_degrees(load_yaml(args.config), **{k: getattr(args, k) for k in DEGREES})
         check_restartable(cfg, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
         progress = not args.no_progress and sys.stderr.isatty()
-        summary = run_training(cfg, out_dir=args.out, resume=args.resume, progress=progress,
-                               resume_from=args.resume_from)  # fmt: skip
+        summary = run_training(
+            cfg,
+            out_dir=args.out,
+            resume=args.resume,
+            progress=progress,
+            resume_from=args.resume_from,
+        )
     except UserError as e:  # a bad input: one line (the flow's MLflow run shows it), exit 2
         if args.debug:
             traceback.print_exception(e)

@@ -100,8 +100,14 @@ class MLflowLogger:
     run),
     the run id saved in a checkpoint on resume, or a new run."""
 
-    def __init__(self, cfg: TrackingConfig, *, run_id: str | None = None, tags: dict | None = None,
-                 name: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrackingConfig,
+        *,
+        run_id: str | None = None,
+        tags: dict | None = None,
+        name: str | None = None,
+    ):
         import mlflow
 
         self._mlflow = mlflow
@@ -142,8 +148,9 @@ class MLflowLogger:
         self.client.set_terminated(self.run_id, status=status)
 
 
-def fit_and_close(trainer, loggers: list, *, checkpoint, mlflow: MLflowLogger | None,
-                  out: Path) -> dict[str, float]:  # fmt: skip
+def fit_and_close(
+    trainer, loggers: list, *, checkpoint, mlflow: MLflowLogger | None, out: Path
+) -> dict[str, float]:
     """Run ``trainer.fit`` and close every logger whatever happens; the MLflow run gets the run's
     config and metrics file as artifacts and ends FINISHED or FAILED."""
     status = "FAILED"

@@ -70,8 +70,17 @@ class Objective:
     """What every objective shares: caption dropout to the null caption, and the cut of a batch
     into microbatches. Subclasses draw and score (:meth:`batched`, :meth:`packed`, :meth:`loss`)."""
 
-    def __init__(self, cfg: Config, *, draws: StepRNG, device: torch.device, local_batch: int,
-                 null_text: torch.Tensor, null_length: int, tensor_parallel: bool):  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        draws: StepRNG,
+        device: torch.device,
+        local_batch: int,
+        null_text: torch.Tensor,
+        null_length: int,
+        tensor_parallel: bool,
+    ):
         self.cfg, self.draws, self.device = cfg, draws, device
         self.local_batch = local_batch  # samples of this rank's share of a step (unpacked)
         self.null_text = null_text.to(device)  # (L, Dt) the empty caption's embedding
@@ -91,8 +100,9 @@ class Objective:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ batches
-    def microbatches(self, batch: LatentBatch | PackedLatentBatch, *, step: int, weight: float,
-                     splits: int) -> list[Microbatch]:  # fmt: skip
+    def microbatches(
+        self, batch: LatentBatch | PackedLatentBatch, *, step: int, weight: float, splits: int
+    ) -> list[Microbatch]:
         """This rank's part of the step as microbatches: ``splits`` equal cuts of its samples,
         or one per pack. ``batch``: this rank's samples (unpacked) or packs; ``weight``: dp /
         samples of the global step."""
@@ -105,8 +115,9 @@ class Objective:
         size = n // splits
         return [_slice(whole, i * size, size) for i in range(splits)]
 
-    def drop_captions(self, text: torch.Tensor, keep: torch.Tensor,
-                      lengths: torch.Tensor | None = None):  # fmt: skip
+    def drop_captions(
+        self, text: torch.Tensor, keep: torch.Tensor, lengths: torch.Tensor | None = None
+    ):
         """Caption dropout: a dropped caption becomes the null caption (the empty caption's
         embedding from the shards' text record; zeros without one), the condition classifier-free
         guidance uses for its unconditional branch. text (n, L, Dt), keep (n,) in {0, 1},
@@ -122,14 +133,18 @@ class Objective:
         """(sigma (S,) float64, noise [per-sample like its latents] | None, keep (S,) bool) of a
         pack, keyed by (train seed, step, each sample's loader position)."""
         seed = self.draws.seed
-        gens = {what: [counter_generator(seed, what, step, pos) for pos in pack.positions]
-                for what in ("sigma", "noise", "keep")}  # fmt: skip
+        gens = {
+            what: [counter_generator(seed, what, step, pos) for pos in pack.positions]
+            for what in ("sigma", "noise", "keep")
+        }
         n = torch.cat([torch.randn(1, generator=g, dtype=torch.float64) for g in gens["sigma"]])
         u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens["keep"]])
         eps = None
         if noise:
-            eps = [torch.randn(z.shape, generator=g)
-                   for z, g in zip(pack.latents, gens["noise"], strict=True)]  # fmt: skip
+            eps = [
+                torch.randn(z.shape, generator=g)
+                for z, g in zip(pack.latents, gens["noise"], strict=True)
+            ]
         return n, eps, u >= self.cfg.diffusion.cond_dropout
 
     def batched(self, batch: LatentBatch, *, step: int, weight: float) -> Microbatch:
@@ -148,8 +163,9 @@ def _slice(mb: Microbatch, start: int, size: int) -> Microbatch:
         return mb
     cut = slice(start, start + size)
     kwargs = {k: (v[cut] if torch.is_tensor(v) else v) for k, v in mb.kwargs.items()}
-    return Microbatch(inputs=mb.inputs[cut], kwargs=kwargs, target=mb.target[cut],
-                      weight=mb.weight[cut])  # fmt: skip
+    return Microbatch(
+        inputs=mb.inputs[cut], kwargs=kwargs, target=mb.target[cut], weight=mb.weight[cut]
+    )
 
 
 class DiffusionObjective(Objective):
@@ -186,16 +202,26 @@ class DiffusionObjective(Objective):
         sigma = (mean + std * z).exp().to(dev, torch.float32)  # (S,)
         x0, layout = pack_latents(
             [x.to(dev, torch.float32) for x in pack.latents], patch, pack.length
-        )  # fmt: skip  (length, C*P)
+        )
         noise, _ = pack_latents([e.to(dev) for e in eps], patch, pack.length)  # (length, C*P)
         ids = layout.sample_ids.to(dev)
         x_in, target = packed_training_pair(self.edm, x0, sigma, noise, ids)  # (length, C*P)
-        text, lengths = self.drop_captions(pack.text.to(dev), keep.to(dev),
-                                           pack.text_lengths.to(dev))  # fmt: skip
-        kwargs = {"c_noise": self.edm.precondition(sigma)[3], "text": text,
-                  "text_lengths": lengths, "layout": layout}  # fmt: skip
-        return Microbatch(inputs=x_in[None], kwargs=kwargs, target=target, layout=layout,
-                          weight=torch.full((len(pack.keys),), weight, device=dev))  # fmt: skip
+        text, lengths = self.drop_captions(
+            pack.text.to(dev), keep.to(dev), pack.text_lengths.to(dev)
+        )
+        kwargs = {
+            "c_noise": self.edm.precondition(sigma)[3],
+            "text": text,
+            "text_lengths": lengths,
+            "layout": layout,
+        }
+        return Microbatch(
+            inputs=x_in[None],
+            kwargs=kwargs,
+            target=target,
+            layout=layout,
+            weight=torch.full((len(pack.keys),), weight, device=dev),
+        )
 
     def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
         return diffusion_loss(output, mb)
@@ -229,8 +255,9 @@ class NextTokenObjective(Objective):
         ids = torch.zeros(pack.length, dtype=torch.long)
         ids[: layout.n_tokens] = torch.cat([z.flatten() for z in pack.latents])
         ids = ids.to(dev)  # (length,) padding id 0 (ignored)
-        text, lengths = self.drop_captions(pack.text.to(dev), keep.to(dev),
-                                           pack.text_lengths.to(dev))  # fmt: skip
+        text, lengths = self.drop_captions(
+            pack.text.to(dev), keep.to(dev), pack.text_lengths.to(dev)
+        )
         return Microbatch(
             inputs=ids[None],
             kwargs={"text": text, "text_lengths": lengths, "layout": layout},

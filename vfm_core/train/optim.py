@@ -39,8 +39,9 @@ def build_optimizer(
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``params`` and its warm-up / decay schedule (not ``foreach``: the parameters
     may live on different meshes, FSDP and TP, or none; same math either way)."""
-    opt = torch.optim.AdamW(list(params), lr=o.lr, betas=o.betas, eps=o.eps,
-                            weight_decay=o.weight_decay, foreach=False)  # fmt: skip
+    opt = torch.optim.AdamW(
+        list(params), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=False
+    )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, total_steps))
 
 

@@ -26,8 +26,17 @@ from typing import Any
 from vfm_core.errors import UserError
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "infra" / "slurm" / "train.sbatch"
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-            "PREEMPTED", "BOOT_FAIL", "DEADLINE")  # fmt: skip
+TERMINAL = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
 
 
 class SlurmError(UserError, RuntimeError):
@@ -68,10 +77,13 @@ class SlurmOptions:
         VFM_SLURM_TIME; ``kw`` for the rest."""
         env = os.environ
         num = lambda k: int(env[k]) if env.get(k, "").strip() else None  # noqa: E731
-        return cls(partition=env.get("VFM_SLURM_PARTITION") or None,
-                   gpus_per_node=num("VFM_SLURM_GPUS_PER_NODE"),
-                   cpus_per_task=num("VFM_SLURM_CPUS_PER_TASK"),
-                   time_limit=env.get("VFM_SLURM_TIME") or None, **kw)  # fmt: skip
+        return cls(
+            partition=env.get("VFM_SLURM_PARTITION") or None,
+            gpus_per_node=num("VFM_SLURM_GPUS_PER_NODE"),
+            cpus_per_task=num("VFM_SLURM_CPUS_PER_TASK"),
+            time_limit=env.get("VFM_SLURM_TIME") or None,
+            **kw,
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -122,33 +134,45 @@ def submit_training(
     argv.append(str(o.script))
     env = dict(os.environ, **o.extra_env)
     env.update(
-        CONFIG=str(Path(config).resolve()), OUT=str(out), GPUS_PER_NODE=str(o.nproc_per_node),
-        VFM_ROOT=str(TEMPLATE.parents[2]), VFM_MAX_RESTARTS=str(o.max_restarts),
-        VFM_RDZV_PORT=str(o.rdzv_port), VFM_RESUME="1" if resume else "0",
+        CONFIG=str(Path(config).resolve()),
+        OUT=str(out),
+        GPUS_PER_NODE=str(o.nproc_per_node),
+        VFM_ROOT=str(TEMPLATE.parents[2]),
+        VFM_MAX_RESTARTS=str(o.max_restarts),
+        VFM_RDZV_PORT=str(o.rdzv_port),
+        VFM_RESUME="1" if resume else "0",
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-    )  # fmt: skip
+    )
     try:
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        raise SlurmError("sbatch did not answer within 60 s: the Slurm controller is not "
-                         "reachable") from None  # fmt: skip
+        raise SlurmError(
+            "sbatch did not answer within 60 s: the Slurm controller is not reachable"
+        ) from None
     if r.returncode != 0:
         msg = (r.stderr or r.stdout).strip().splitlines()
         raise SlurmError(f"sbatch refused the job: {msg[-1] if msg else f'exit {r.returncode}'}")
     job_id = r.stdout.strip().split(";")[0]
-    return wait_for_job(job_id, out / f"slurm-{job_id}.log", poll_s=o.poll_s,
-                        timeout_s=o.timeout_s)  # fmt: skip
+    return wait_for_job(job_id, out / f"slurm-{job_id}.log", poll_s=o.poll_s, timeout_s=o.timeout_s)
 
 
-NEVER_RUNS = ("PartitionConfig", "BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit",
-              "InvalidQOS", "InvalidAccount", "QOSMaxCpuPerJobLimit")  # fmt: skip
+NEVER_RUNS = (
+    "PartitionConfig",
+    "BadConstraints",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "InvalidQOS",
+    "InvalidAccount",
+    "QOSMaxCpuPerJobLimit",
+)
 """Pending reasons that no waiting resolves (the job asks for more than the partition has)."""
 
 
 def job_state(job_id: str) -> tuple[str, str, str]:
     """(JobState, ExitCode, Reason) of a job from ``scontrol show job``."""
-    r = subprocess.run([_need("scontrol"), "show", "job", "-o", job_id], capture_output=True,
-                       text=True, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        [_need("scontrol"), "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+    )
     if r.returncode != 0:
         raise SlurmError(f"scontrol show job {job_id}: {(r.stderr or r.stdout).strip()}")
     found = {k: re.search(rf"\b{k}=(\S+)", r.stdout) for k in ("JobState", "ExitCode", "Reason")}
@@ -156,8 +180,9 @@ def job_state(job_id: str) -> tuple[str, str, str]:
     return state, code, reason
 
 
-def wait_for_job(job_id: str, log: Path, *, poll_s: float = 2.0,
-                 timeout_s: float | None = None) -> SlurmJob:  # fmt: skip
+def wait_for_job(
+    job_id: str, log: Path, *, poll_s: float = 2.0, timeout_s: float | None = None
+) -> SlurmJob:
     """Poll until the job ends; SlurmError with the log's tail unless it COMPLETED."""
     start = time.monotonic()
     while True:

@@ -90,8 +90,14 @@ def training_source(cfg: Config, dims: ParallelDims) -> tuple[LatentSource, bool
     if cfg.data.source != "shards":
         return make_source(cfg.data, cfg.model, sigma_data=sigma_data), False
     local = dataclasses.replace(cfg.data, batch_size=cfg.data.batch_size // dims.dp)
-    src = make_source(local, cfg.model, sigma_data=sigma_data, dp_rank=dims.dp_rank(),
-                      dp_size=dims.dp, mp_group=dims.model_parallel_group())  # fmt: skip
+    src = make_source(
+        local,
+        cfg.model,
+        sigma_data=sigma_data,
+        dp_rank=dims.dp_rank(),
+        dp_size=dims.dp,
+        mp_group=dims.model_parallel_group(),
+    )
     return src, True
 
 
@@ -111,8 +117,11 @@ class Trainer:
         self.fp8, self.fp8_reason = resolve_fp8(cfg.train.fp8, tp=dims.tp)
         self.params = count_params(build_model(cfg.model, device="meta"))
         d, m = cfg.data, cfg.model
-        self.grid = (d.latent_frames // m.patch[0], d.latent_height // m.patch[1],
-                     d.latent_width // m.patch[2])  # fmt: skip
+        self.grid = (
+            d.latent_frames // m.patch[0],
+            d.latent_height // m.patch[1],
+            d.latent_width // m.patch[2],
+        )
         self.tokens_per_sample = math.prod(self.grid)
         self.flops_per_token = train_flops_per_token(
             m, seq_len=self.tokens_per_sample, grid=self.grid, text_len=m.text_len
@@ -130,10 +139,14 @@ class Trainer:
         null = torch.zeros(m.text_len, m.text_dim) if null is None else null
         self.draws = StepRNG.from_dims(cfg.train.seed + 1, dims)
         self.objective = make_objective(
-            cfg, draws=self.draws, device=self.device, local_batch=self.local_batch_size,
-            null_text=null, null_length=int(getattr(self.source, "null_length", 1)),
+            cfg,
+            draws=self.draws,
+            device=self.device,
+            local_batch=self.local_batch_size,
+            null_text=null,
+            null_length=int(getattr(self.source, "null_length", 1)),
             tensor_parallel=dims.tp_enabled,
-        )  # fmt: skip
+        )
         self.layout = apply_layout(
             cfg, dims, device=self.device, loss_fn=self.objective.loss, fp8=self.fp8
         )
@@ -194,8 +207,11 @@ class Trainer:
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides state: the model config (to refuse mismatched
         resumes), the recipe and the layout it was saved under."""
-        return {"model": to_dict(self.cfg.model), "recipe": self.cfg.recipe,
-                "parallel": dataclasses.asdict(self.cfg.parallel)}  # fmt: skip
+        return {
+            "model": to_dict(self.cfg.model),
+            "recipe": self.cfg.recipe,
+            "parallel": dataclasses.asdict(self.cfg.parallel),
+        }
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch: LatentBatch | PackedLatentBatch) -> dict[str, float]:
@@ -237,8 +253,9 @@ class Trainer:
                 f"rank {self.dims.dp_rank()}; the pipeline schedule needs full batches "
                 "(remove the bad samples from the shards)"
             )
-        log.warning("step %d: %d of %d samples on dp rank %d", self.step + 1, n, full,
-                    self.dims.dp_rank())  # fmt: skip
+        log.warning(
+            "step %d: %d of %d samples on dp rank %d", self.step + 1, n, full, self.dims.dp_rank()
+        )
         return 1
 
     def local_part(self, batch: LatentBatch | PackedLatentBatch):
@@ -247,9 +264,11 @@ class Trainer:
         if self.local_batches or isinstance(batch, PackedLatentBatch):
             return batch
         b, r = self.local_batch_size, self.dims.dp_rank()
-        return LatentBatch(latents=batch.latents[r * b : (r + 1) * b],
-                           text=batch.text[r * b : (r + 1) * b],
-                           keys=batch.keys[r * b : (r + 1) * b])  # fmt: skip
+        return LatentBatch(
+            latents=batch.latents[r * b : (r + 1) * b],
+            text=batch.text[r * b : (r + 1) * b],
+            keys=batch.keys[r * b : (r + 1) * b],
+        )
 
     def step_weight(self, batch: LatentBatch | PackedLatentBatch) -> float:
         """dp / (samples of the global step): each sample's loss weight, so that the
@@ -337,9 +356,12 @@ class Trainer:
             if not self.peak_rechecked:  # once: the start-up measurement met a busy machine
                 self.peak_rechecked = True
                 self.peak_flops, self.peak_source = recheck_cpu_peak(
-                    self.peak_flops, self.peak_source, achieved=achieved / self.world,
-                    width=self.cfg.model.hidden, dtype=self.cfg.train.dtype,
-                )  # fmt: skip
+                    self.peak_flops,
+                    self.peak_source,
+                    achieved=achieved / self.world,
+                    width=self.cfg.model.hidden,
+                    dtype=self.cfg.train.dtype,
+                )
         return {
             **step_out,
             "tokens_per_s": tokens_per_s,

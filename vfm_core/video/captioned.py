@@ -74,9 +74,15 @@ def parse_caption(text: str) -> tuple[str, str, str] | None:
 
 
 def captioned_spec(
-    *, width: int = 64, height: int = 64, fps: float = 12.0, seed: int = 0, shots: int = 8,
-    shot_frames: int = 32, train: bool = True,
-) -> VideoSpec:  # fmt: skip
+    *,
+    width: int = 64,
+    height: int = 64,
+    fps: float = 12.0,
+    seed: int = 0,
+    shots: int = 8,
+    shot_frames: int = 32,
+    train: bool = True,
+) -> VideoSpec:
     """A video of ``shots`` captioned object shots (training combinations, or only held-out ones
     with ``train=False``), cuts and dissolves between them, plus one static and one black shot
     (no caption) for the filters. Deterministic in ``seed``.
@@ -90,13 +96,25 @@ def captioned_spec(
     picks = rng.permutation(len(pool))[:shots]
     segs: list[Segment] = []
     for i, k in enumerate(picks):
-        subject = Subject(colour=pool[k][0], shape=pool[k][1], direction=pool[k][2],
-                          background=BACKGROUNDS[int(rng.integers(0, 2))])  # fmt: skip
-        segs.append(Segment(kind="object", n_frames=shot_frames, subject=subject.as_tuple(),
-                            caption=subject.caption(),
-                            transition="dissolve" if i % 3 == 2 else "cut",
-                            transition_frames=8))  # fmt: skip
+        subject = Subject(
+            colour=pool[k][0],
+            shape=pool[k][1],
+            direction=pool[k][2],
+            background=BACKGROUNDS[int(rng.integers(0, 2))],
+        )
+        segs.append(
+            Segment(
+                kind="object",
+                n_frames=shot_frames,
+                subject=subject.as_tuple(),
+                caption=subject.caption(),
+                transition="dissolve" if i % 3 == 2 else "cut",
+                transition_frames=8,
+            )
+        )
         if i == shots // 2:  # the curation filters' rejects: a frozen and a black shot
-            segs += [Segment(kind="static", n_frames=shot_frames),
-                     Segment(kind="black", n_frames=shot_frames)]
+            segs += [
+                Segment(kind="static", n_frames=shot_frames),
+                Segment(kind="black", n_frames=shot_frames),
+            ]
     return VideoSpec(width=width, height=height, fps=fps, seed=seed, segments=tuple(segs))

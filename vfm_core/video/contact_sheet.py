@@ -25,9 +25,13 @@ def pick_frames(frames: np.ndarray, columns: int) -> np.ndarray:
 
 
 def contact_sheet(
-    videos: list[str | Path | np.ndarray], labels: list[str], out: str | Path, *,
-    columns: int = 6, scale: int = 2,
-) -> Path:  # fmt: skip
+    videos: list[str | Path | np.ndarray],
+    labels: list[str],
+    out: str | Path,
+    *,
+    columns: int = 6,
+    scale: int = 2,
+) -> Path:
     """Write a PNG with one labelled row of ``columns`` frames per video (a path, or decoded
     frames (T, H, W, 3) uint8; each frame up-scaled ``scale`` x, nearest neighbour, so 64 x 64
     generations stay visible); returns its path. Raises :class:`VideoError` naming a video that

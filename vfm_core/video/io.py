@@ -120,9 +120,17 @@ def probe(src: Source, *, require_video: bool = True, max_pixels: int = MAX_PIXE
                 _video_stream(c, name)
             dur = float(c.duration / av.time_base) if c.duration else 0.0
             return VideoInfo(
-                duration_s=dur, fps=0.0, vfr=False, width=0, height=0, codec="", pix_fmt="",
-                rotation=0, n_frames=0, has_video=False,
-            )  # fmt: skip
+                duration_s=dur,
+                fps=0.0,
+                vfr=False,
+                width=0,
+                height=0,
+                codec="",
+                pix_fmt="",
+                rotation=0,
+                n_frames=0,
+                has_video=False,
+            )
         s = c.streams.video[0]
         w, h = s.codec_context.width, s.codec_context.height
         if w <= 0 or h <= 0:
@@ -359,9 +367,14 @@ def decode_frames(
 ) -> np.ndarray:
     """All frames of [start_s, end_s) as RGB uint8 (T, H, W, 3); see `iter_frames`."""
     it = iter_frames(
-        src, width=width, height=height, start_s=start_s, end_s=end_s, threads=threads,
+        src,
+        width=width,
+        height=height,
+        start_s=start_s,
+        end_s=end_s,
+        threads=threads,
         resize=resize,
-    )  # fmt: skip
+    )
     frames = [a for _, a in it]
     if not frames:
         raise VideoError(_name(src), "no frames in the requested range")

@@ -12,9 +12,14 @@ from vfm_core.video.synthetic import make_video
 
 
 def write_sample_videos(
-    dst: str | Path, *, n: int = 3, width: int = 64, height: int = 64, seed: int = 0,
+    dst: str | Path,
+    *,
+    n: int = 3,
+    width: int = 64,
+    height: int = 64,
+    seed: int = 0,
     train: bool = True,
-) -> list[Path]:  # fmt: skip
+) -> list[Path]:
     """Write ``n`` ~27 s synthetic videos ``sample_XX.mp4`` (+ ``.json`` per-shot captions) under
     ``dst`` of training combinations (``train=False``: only the held-out ones); videos already
     there are kept (so a rerun does not change the input)."""
@@ -28,7 +33,6 @@ def write_sample_videos(
     for i in range(n):
         path = out / f"sample_{i:02d}.mp4"
         if not (path.exists() and path.with_suffix(".json").exists()):
-            make_video(path, captioned_spec(width=width, height=height, seed=seed + i,
-                                            train=train))  # fmt: skip
+            make_video(path, captioned_spec(width=width, height=height, seed=seed + i, train=train))
         paths.append(path)
     return paths

@@ -120,9 +120,11 @@ def stitch(
             sim = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-9))
             if sim >= threshold:
                 out[-1] = Span(
-                    start_frame=cur.start_frame, end_frame=nxt.end_frame,
-                    start_s=cur.start_s, end_s=nxt.end_s,
-                )  # fmt: skip
+                    start_frame=cur.start_frame,
+                    end_frame=nxt.end_frame,
+                    start_s=cur.start_s,
+                    end_s=nxt.end_s,
+                )
                 last = j
                 continue
         out.append(nxt)

@@ -132,9 +132,14 @@ class _Scene:
     """A seeded scene: palette texture larger than the frame (for panning) plus moving shapes."""
 
     def __init__(
-        self, rng: np.random.Generator, kind: SegmentKind, w: int, h: int,
-        subject: tuple[str, str, str, str] | None = None, n_frames: int = 1,
-    ) -> None:  # fmt: skip
+        self,
+        rng: np.random.Generator,
+        kind: SegmentKind,
+        w: int,
+        h: int,
+        subject: tuple[str, str, str, str] | None = None,
+        n_frames: int = 1,
+    ) -> None:
         self.kind, self.w, self.h = kind, w, h
         self.subject, self.n_frames = subject, n_frames
         pad = max(8, w // 4)
@@ -198,7 +203,6 @@ class _Scene:
                     frame[y0:y1, x0:x1][m] = col
         return frame
 
-
     def _render_object(self, t: int) -> np.ndarray:
         """One object of the subject's colour and shape crossing the whole frame in its
         direction at constant speed (from 5% to 95% of the free path over the segment: short
@@ -206,8 +210,7 @@ class _Scene:
         the scene's palette. Its size is a quarter of the frame's shorter side."""
         from vfm_core.video.captioned import COLOURS, DIRECTIONS
 
-        colour, shape, direction, background = self.subject or ("white", "square", "right",
-                                                                 "plain")  # fmt: skip
+        colour, shape, direction, background = self.subject or ("white", "square", "right", "plain")
         w, h, pad = self.w, self.h, self.pad
         if background == "plain":  # one dark colour per shot (so cuts show in colour)
             frame = np.empty((h, w, 3), np.uint8)
@@ -263,10 +266,16 @@ def render_frames(spec: VideoSpec) -> tuple[Iterator[np.ndarray], GroundTruth]:
                 cuts.append(start)
         start += seg.n_frames
     gt = GroundTruth(
-        fps=spec.fps, width=w, height=h, n_frames=start, segments=tuple(bounds),
-        kinds=tuple(seg.kind for seg in spec.segments), cuts=tuple(cuts), fades=tuple(fades),
+        fps=spec.fps,
+        width=w,
+        height=h,
+        n_frames=start,
+        segments=tuple(bounds),
+        kinds=tuple(seg.kind for seg in spec.segments),
+        cuts=tuple(cuts),
+        fades=tuple(fades),
         caption=spec.caption,
-    )  # fmt: skip
+    )
 
     def frames() -> Iterator[np.ndarray]:
         for i, seg in enumerate(spec.segments):
@@ -292,8 +301,11 @@ def make_video(path: str | os.PathLike[str], spec: VideoSpec) -> GroundTruth:
     frames, gt = render_frames(spec)
     encode_h264(frames, path, fps=spec.fps, crf=spec.crf, preset=spec.preset)
     if any(seg.caption for seg in spec.segments):  # per-segment captions: the JSON sidecar
-        rows = [{"start_s": a / spec.fps, "end_s": b / spec.fps, "caption": seg.caption}
-                for seg, (a, b) in zip(spec.segments, gt.segments) if seg.caption]  # fmt: skip
+        rows = [
+            {"start_s": a / spec.fps, "end_s": b / spec.fps, "caption": seg.caption}
+            for seg, (a, b) in zip(spec.segments, gt.segments)
+            if seg.caption
+        ]
         doc = {"caption": spec.caption or "", "segments": rows}
         Path(path).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     elif spec.caption is not None:
@@ -405,5 +417,11 @@ def score_transitions(
     prec = tp / len(pred) if pred else 1.0
     rec = tp / len(truth) if truth else 1.0
     f1 = 2 * prec * rec / (prec + rec) if prec + rec > 0 else 0.0
-    return {"precision": prec, "recall": rec, "f1": f1, "tp": tp, "n_pred": len(pred),
-            "n_true": len(truth)}  # fmt: skip
+    return {
+        "precision": prec,
+        "recall": rec,
+        "f1": f1,
+        "tp": tp,
+        "n_pred": len(pred),
+        "n_true": len(truth),
+    }

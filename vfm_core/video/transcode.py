@@ -39,9 +39,17 @@ ENCODERS: tuple[str, ...] = ("auto", "libx264", "h264_nvenc")
 
 # libx264 preset -> NVENC preset of similar speed (p1 fastest .. p7 best quality)
 _NVENC_PRESETS = {
-    "ultrafast": "p1", "superfast": "p1", "veryfast": "p2", "faster": "p3", "fast": "p3",
-    "medium": "p4", "slow": "p5", "slower": "p6", "veryslow": "p7", "placebo": "p7",
-}  # fmt: skip
+    "ultrafast": "p1",
+    "superfast": "p1",
+    "veryfast": "p2",
+    "faster": "p3",
+    "fast": "p3",
+    "medium": "p4",
+    "slow": "p5",
+    "slower": "p6",
+    "veryslow": "p7",
+    "placebo": "p7",
+}
 
 
 class EncoderError(RuntimeError):
@@ -154,9 +162,16 @@ def encode_h264(
     w, h = _even(width or w0), _even(height or h0)
     codec = select_encoder(encoder, setting="encode_h264(encoder=...)")
     out, st = _open_h264(
-        out_path, fps=fps, width=w, height=h, crf=crf, preset=preset, pix_fmt=pix_fmt, gop=gop,
+        out_path,
+        fps=fps,
+        width=w,
+        height=h,
+        crf=crf,
+        preset=preset,
+        pix_fmt=pix_fmt,
+        gop=gop,
         encoder=codec,
-    )  # fmt: skip
+    )
     n = 0
     with out:
         for arr in _chain(first, it):
@@ -237,9 +252,16 @@ def transcode_span(
     w, h = _even(w), _even(h)
     out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
     out, st = _open_h264(
-        out_path, fps=out_rate, width=w, height=h, crf=crf, preset=preset, pix_fmt="yuv420p",
-        gop=None, encoder=codec,
-    )  # fmt: skip
+        out_path,
+        fps=out_rate,
+        width=w,
+        height=h,
+        crf=crf,
+        preset=preset,
+        pix_fmt="yuv420p",
+        gop=None,
+        encoder=codec,
+    )
     n = 0
     with out:
         resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
@@ -272,6 +294,11 @@ def transcode_span(
         Path(out_path).unlink(missing_ok=True)
         raise VideoError(name, f"no frames in span [{start_s:.3f}, {end_s:.3f}) s")
     return TranscodeResult(
-        path=os.fspath(out_path), n_frames=n, duration_s=n / float(out_rate), width=w, height=h,
-        fps=float(out_rate), encoder=codec,
-    )  # fmt: skip
+        path=os.fspath(out_path),
+        n_frames=n,
+        duration_s=n / float(out_rate),
+        width=w,
+        height=h,
+        fps=float(out_rate),
+        encoder=codec,
+    )
