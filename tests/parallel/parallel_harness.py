@@ -28,6 +28,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+TINY_RUN = [
+    "model.hidden=64",
+    "model.depth=2",
+    "model.heads=4",
+    "model.text_dim=32",
+    "data.latent_height=8",
+    "data.latent_width=8",
+    "data.batch_size=4",
+    "optim.warmup_steps=1",
+    "optim.lr=0.002",
+]
+"""Overrides that shrink a preset to a few-second run (the layout-equality tests share them)."""
+
 
 def _entry(rank: int, world: int, store: str, out: str, fn: Callable, args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")

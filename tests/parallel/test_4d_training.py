@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 from parallel_harness import (
+    TINY_RUN,
     build_trainer,
     fit_collect,
     launch_ok,
@@ -28,21 +29,8 @@ from vfm_core.recipes import get_recipe
 
 STEPS = 3
 TOL = 1e-4
-SMALL = [
-    "model.hidden=64",
-    "model.depth=2",
-    "model.heads=4",
-    "model.text_dim=32",
-    "data.latent_height=8",
-    "data.latent_width=8",
-    "data.batch_size=4",
-    "train.seed=5",
-    "optim.warmup_steps=1",
-    "optim.lr=0.002",
-    "train.device=cpu",
-    "tracking.mlflow=false",
-    f"train.steps={STEPS}",
-]
+SMALL = [*TINY_RUN, "train.seed=5", "train.device=cpu", "tracking.mlflow=false"]
+SMALL.append(f"train.steps={STEPS}")
 INTERLEAVED = [
     "model.depth=4",
     "parallel.pp_schedule=interleaved_1f1b",

@@ -6,20 +6,10 @@ their own files here.)"""
 from __future__ import annotations
 
 import pytest
-from parallel_harness import launch_ok, set_args, vfm_argv
+from parallel_harness import TINY_RUN, launch_ok, set_args, vfm_argv
 
 STEPS = 3
-SMALL = [
-    "model.hidden=64",
-    "model.depth=2",
-    "model.heads=4",
-    "model.text_dim=32",
-    "data.latent_height=8",
-    "data.latent_width=8",
-    "data.batch_size=4",
-    "optim.warmup_steps=1",
-    "optim.lr=0.002",
-]
+SMALL = TINY_RUN
 
 # (preset, layouts run against its one-process run)
 CASES = {
