@@ -5,10 +5,7 @@ id, paths, final metrics)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +28,13 @@ def train_model(
     launcher: str = "local",
     nnodes: int = 1,
 ) -> dict[str, Any]:
-    """Run the trainer in a subprocess (``nproc`` ranks under torchrun, ``degrees`` such as
-    ``{"tp": 2}`` overriding the config's parallel section), or submit it to Slurm
-    (``launcher="slurm"``: ``nnodes`` nodes of ``nproc`` processes, the cluster template); the
-    layout is checked first (one clear error before any process starts); raise with its last
-    log lines if it fails."""
+    """Run the trainer through the one launcher (:func:`vfm_core.train.launch.launch_training`:
+    ``nproc`` ranks under torchrun, ``degrees`` such as ``{"tp": 2}`` overriding the config's
+    parallel section, its output logged), or submit it to Slurm (``launcher="slurm"``: ``nnodes``
+    nodes of ``nproc`` processes, the cluster template); the layout is checked first (one clear
+    error before any process starts); raise with its last log lines if it fails."""
     from vfm_core.parallel.layout import validate_layout, with_degrees
-    from vfm_core.train.launch import Launch, torchrun_argv
+    from vfm_core.train.launch import Launch, launch_training
     from vfm_core.train.main import check_restartable
 
     logger = task_logger()
@@ -47,13 +44,13 @@ def train_model(
         raise ValueError(f"nnodes={nnodes}: several nodes need launcher 'slurm'")
     launch = Launch(nproc=nproc, max_restarts=max_restarts)
     cfg = with_degrees(cfg, **(degrees or {}))
-    validate_layout(cfg, nproc * nnodes)
-    check_restartable(cfg, max_restarts)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "run.yaml"
-    save_yaml(cfg, cfg_path)  # the layout's degrees included: Slurm's ranks read them from here
     if launcher == "slurm":
+        validate_layout(cfg, nproc * nnodes)
+        check_restartable(cfg, max_restarts)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg_path = out / "run.yaml"
+        save_yaml(cfg, cfg_path)  # the layout's degrees included: Slurm's ranks read them
         from vfm_core.train.slurm import SlurmOptions, submit_training
 
         env = {"MLFLOW_RUN_ID": mlflow_run_id} if mlflow_run_id else {}
@@ -66,38 +63,23 @@ def train_model(
         if job.summary is None:
             raise RuntimeError(f"Slurm job {job.job_id} wrote no summary line (log {job.log})")
         return job.summary
-    if not launch.in_process or degrees:
-        cmd = torchrun_argv(launch, config=cfg_path, out=out, resume=resume, **(degrees or {}))
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "vfm_core.train.main",
-            "--config",
-            str(cfg_path),
-            "--out",
-            str(out),
-            "--no-progress",
-        ] + (["--resume"] if resume else [])
     env = dict(os.environ)
     if mlflow_run_id:
         env["MLFLOW_RUN_ID"] = mlflow_run_id
-    logger.info("launching: %s", " ".join(cmd))
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
     lines: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
+
+    def log(line: str) -> None:
         for clean in log_lines(line):  # no progress-bar redraws in the flow run's log
             lines.append(clean)
             logger.info(clean)
-    if proc.wait() != 0:
+
+    logger.info("launching %d process(es) in %s", launch.world_size, out)
+    res = launch_training(cfg, out, launch=launch, resume=resume, env=env, on_line=log)
+    if res.returncode != 0:
         tail = "\n".join(lines[-15:])
         # the trainer's one-line error first (what the MLflow run's vfm.error tag shows)
         reason = next((ln.strip() for ln in reversed(lines) if "error:" in ln), "")
-        raise RuntimeError(f"training exited with code {proc.returncode}: {reason}\n{tail}")
-    for line in reversed(lines):  # the trainer's last stdout line is its JSON summary
-        if line.startswith("{"):
-            return json.loads(line)
+        raise RuntimeError(f"training exited with code {res.returncode}: {reason}\n{tail}")
+    if res.summary is not None:  # the trainer's last stdout line is its JSON summary
+        return res.summary
     raise RuntimeError(f"training finished without a summary line:\n{chr(10).join(lines[-15:])}")

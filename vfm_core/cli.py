@@ -223,32 +223,10 @@ def _config(args: argparse.Namespace):
     return validate(merge(cfg, extra))
 
 
-def _train_torchrun(args: argparse.Namespace, cfg, launch) -> int:
-    """``vfm train --nproc N [--nnodes ...] [--tp B --cp C ...]``: torchrun over the same entry
-    point."""
-    import subprocess
-
-    from vfm_core.config import save_yaml
-    from vfm_core.train.launch import torchrun_argv, wait_for_rendezvous
-
-    wait_for_rendezvous(launch)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = out / f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else out / "run.yaml"
-    save_yaml(cfg, config)
-    argv = torchrun_argv(launch, config=config, out=out, resume=args.resume)
-    argv += ["--resume-from", args.resume_from] if args.resume_from else []
-    proc = subprocess.run(argv + (["--debug"] if args.debug else []))
-    if proc.returncode != 0:
-        print(f"vfm train: error: torchrun exited with code {proc.returncode}", file=sys.stderr)
-        return proc.returncode if proc.returncode in (1, 2) else 1
-    return 0
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.config import DEGREES
     from vfm_core.parallel.layout import validate_layout, with_degrees
-    from vfm_core.train.launch import Launch
+    from vfm_core.train.launch import Launch, launch_training
     from vfm_core.train.main import check_restartable, run_training
 
     degrees = {k: getattr(args, k) for k in DEGREES}
@@ -261,12 +239,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         rdzv_timeout=args.rdzv_timeout,
         max_restarts=args.max_restarts,
     )
-    # the layout (and what depends on it) is checked here, before any process starts: one clear
-    # line instead of N tracebacks
+    if not launch.in_process:  # the one launcher: layout checked before any process starts
+        res = launch_training(
+            cfg,
+            args.out,
+            launch=launch,
+            resume=args.resume,
+            resume_from=args.resume_from,
+            debug=args.debug,
+        )
+        if res.returncode != 0:
+            print(f"vfm train: error: torchrun exited with code {res.returncode}", file=sys.stderr)
+            return res.returncode if res.returncode in (1, 2) else 1
+        return 0
+    # one process: the entry point in this process (the layout checked first, one clear line)
     validate_layout(cfg, launch.world_size)
     check_restartable(cfg, launch.max_restarts)
-    if not launch.in_process:
-        return _train_torchrun(args, cfg, launch)
     summary = run_training(
         cfg,
         out_dir=args.out,

@@ -15,6 +15,7 @@ the node count, node rank and rendezvous endpoint from their own variables.
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import time
@@ -133,3 +134,84 @@ def torchrun_argv(
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
     return argv + (["--resume"] if resume else [])
+
+
+def entry_argv(
+    launch: Launch,
+    *,
+    config: str | Path,
+    out: str | Path,
+    resume: bool = False,
+    resume_from: str | Path | None = None,
+    debug: bool = False,
+) -> list[str]:
+    """The command that runs the one entry point for ``launch``: torchrun over this node's ranks,
+    or the entry point itself in one process (one rank, nothing to restart)."""
+    if launch.in_process:
+        argv = [sys.executable, "-m", ENTRY, "--config", str(config), "--out", str(out)]
+        argv += ["--no-progress"] + (["--resume"] if resume else [])
+    else:
+        argv = torchrun_argv(launch, config=config, out=out, resume=resume)
+    argv += ["--resume-from", str(resume_from)] if resume_from else []
+    return argv + (["--debug"] if debug else [])
+
+
+@dataclass(kw_only=True, slots=True)
+class LaunchResult:
+    """How a launched run ended."""
+
+    returncode: int
+    """The launcher's exit code (0: every rank finished)."""
+    summary: dict | None
+    """The entry point's JSON summary line (rank 0's last stdout line), when it wrote one."""
+    lines: list[str]
+    """The output lines, when they were captured (``on_line`` given), else []."""
+
+
+def launch_training(
+    cfg,
+    out: str | Path,
+    *,
+    launch: Launch,
+    resume: bool = False,
+    resume_from: str | Path | None = None,
+    debug: bool = False,
+    env: dict[str, str] | None = None,
+    on_line=None,
+) -> LaunchResult:
+    """The one way a run is launched on this node (``vfm train --nproc``, the Prefect training
+    task; the cluster templates run the same entry point): the layout checked first (one clear
+    error, nothing started), the rendezvous waited for on joining nodes, ``out/run.yaml`` (per
+    node with several) written, then the entry point started. ``on_line(line)`` receives every
+    output line (the task logs them); without it the run shares this process's terminal (progress
+    bars, one-line errors)."""
+    import subprocess
+
+    from vfm_core.config import save_yaml
+    from vfm_core.parallel.layout import validate_layout
+    from vfm_core.train.main import check_restartable
+
+    validate_layout(cfg, launch.world_size)
+    check_restartable(cfg, launch.max_restarts)
+    wait_for_rendezvous(launch)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / (f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else "run.yaml")
+    save_yaml(cfg, config)  # the layout's degrees included: every rank reads them from here
+    argv = entry_argv(
+        launch, config=config, out=out, resume=resume, resume_from=resume_from, debug=debug
+    )
+    if on_line is None:
+        proc = subprocess.run(argv, env=env)
+        return LaunchResult(returncode=proc.returncode, summary=None, lines=[])
+    popen = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[str] = []
+    assert popen.stdout is not None
+    for line in popen.stdout:
+        lines.append(line.rstrip("\n"))
+        on_line(line)
+    code = popen.wait()
+    summary = next((json.loads(ln) for ln in reversed(lines) if ln.startswith("{")), None)
+    return LaunchResult(returncode=code, summary=summary, lines=lines)
