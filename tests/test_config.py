@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from vfm_core.config import (
+    RANGES,
     Config,
     ConfigError,
     apply_overrides,
@@ -49,6 +50,110 @@ def test_overrides_apply_and_coerce():
 def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[")):
         apply_overrides(Config(), [override])
+
+
+@pytest.mark.parametrize(
+    "override, key, value",
+    [
+        ("optim.lr=1e-3", "optim.lr", 0.001),  # a string under PyYAML's YAML 1.1
+        ("optim.lr=5E+2", "optim.lr", 500.0),
+        ("optim.lr=.5", "optim.lr", 0.5),
+        ("optim.lr=-2.5e-4", "optim.lr", -2.5e-4),  # parsed; validate() refuses it
+        ("optim.betas=[.9, 9.95e-1]", "optim.betas", (0.9, 0.995)),
+        ("optim.eps=1e-8", "optim.eps", 1e-8),
+        ("model.hidden=010", "model.hidden", 10),  # YAML 1.1: octal 8
+        ("model.hidden=0x40", "model.hidden", 64),
+        ("train.fp8=off", "train.fp8", "off"),  # YAML 1.1: false
+        ("train.fp8=on", "train.fp8", "on"),
+        ("tracking.run_name=1_000", "tracking.run_name", "1_000"),  # YAML 1.1: 1000
+        ("tracking.mlflow=false", "tracking.mlflow", False),
+    ],
+)
+def test_values_parse_as_yaml_1_2(override, key, value, tmp_path):
+    section, name = key.split(".")
+    got = getattr(getattr(apply_overrides(Config(), [override]), section), name)
+    assert got == value and type(got) is type(value)
+    path = tmp_path / "c.yaml"  # the same in a YAML file
+    raw = override.split("=", 1)[1]
+    path.write_text(f"{section}:\n  {name}: {raw}\n")
+    assert getattr(getattr(load_yaml(path), section), name) == value
+
+
+def test_saved_yaml_reads_back_strings_that_look_like_numbers(tmp_path):
+    cfg = apply_overrides(Config(), ["tracking.run_name='1e3'", "train.fp8=off", "optim.eps=1e-12"])
+    path = tmp_path / "c.yaml"
+    save_yaml(cfg, path)
+    assert load_yaml(path) == cfg
+    assert "run_name: '1e3'" in path.read_text() and "fp8: 'off'" in path.read_text()
+
+
+def test_yaml_1_1_booleans_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"^tracking.mlflow: expected true/false, got 'yes'$"):
+        apply_overrides(Config(), ["tracking.mlflow=yes"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lr=-1", "optim.lr: must be > 0, got -1.0"),
+        ("optim.lr=0", "optim.lr: must be > 0, got 0.0"),
+        ("optim.lr=.inf", "optim.lr: must be a finite number, got inf"),
+        ("optim.lr=.nan", "optim.lr: must be a finite number, got nan"),
+        ("optim.betas=[0.9, 1]", "optim.betas[1]: must be in [0, 1), got 1.0"),
+        ("optim.betas=[-0.1, 0.9]", "optim.betas[0]: must be in [0, 1), got -0.1"),
+        ("optim.eps=0", "optim.eps: must be > 0, got 0.0"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay: must be >= 0, got -0.1"),
+        ("optim.warmup_steps=-5", "optim.warmup_steps: must be >= 0, got -5"),
+        ("optim.decay_steps=-1", "optim.decay_steps: must be >= 0, got -1"),
+        ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio: must be in [0, 1], got 1.5"),
+        ("optim.grad_clip=-1", "optim.grad_clip: must be >= 0, got -1.0"),
+        ("train.keep_ckpts=-1", "train.keep_ckpts: must be >= 0, got -1"),
+        ("train.log_every=0", "train.log_every: must be >= 1, got 0"),
+        ("train.ckpt_every=0", "train.ckpt_every: must be >= 1, got 0"),
+        ("train.seed=-1", "train.seed: must be in [0, 2**63), got -1"),
+        ("train.grad_accum=0", "train.grad_accum: must be >= 1, got 0"),
+        ("train.ema_decay=1", "train.ema_decay: must be in [0, 1), got 1.0"),
+        ("data.batch_size=0", "data.batch_size: must be >= 1, got 0"),
+        ("data.num_captions=0", "data.num_captions: must be >= 1, got 0"),
+        ("data.num_workers=-2", "data.num_workers: must be >= 0, got -2"),
+        ("data.seed=-3", "data.seed: must be in [0, 2**63), got -3"),
+        ("diffusion.sigma_data=0", "diffusion.sigma_data: must be > 0, got 0.0"),
+        ("diffusion.sigma_min=-1", "diffusion.sigma_min: must be > 0, got -1.0"),
+        (
+            "diffusion.sigma_max=0.001",
+            "diffusion.sigma_max: must be > diffusion.sigma_min=0.002, got 0.001",
+        ),
+        ("diffusion.p_std=-1", "diffusion.p_std: must be >= 0, got -1.0"),
+        ("diffusion.rho=0", "diffusion.rho: must be > 0, got 0.0"),
+        ("diffusion.num_steps=0", "diffusion.num_steps: must be >= 1, got 0"),
+        ("diffusion.guidance=-2", "diffusion.guidance: must be >= 0, got -2.0"),
+        ("diffusion.cond_dropout=1.5", "diffusion.cond_dropout: must be in [0, 1], got 1.5"),
+        ("diffusion.shift=0", "diffusion.shift: must be > 0, got 0.0"),
+        ("diffusion.logit_std=-1", "diffusion.logit_std: must be >= 0, got -1.0"),
+        ("model.heads=0", "model.heads: must be >= 1, got 0"),  # was a ZeroDivisionError
+        ("model.kv_heads=-1", "model.kv_heads: must be >= 1, got -1"),
+        ("model.patch=[1, 0, 2]", "model.patch[1]: must be >= 1, got 0"),
+        ("model.mlp_ratio=0", "model.mlp_ratio: must be > 0, got 0.0"),
+        ("model.rope_theta=-1", "model.rope_theta: must be > 0, got -1.0"),
+        ("model.norm_eps=0", "model.norm_eps: must be > 0, got 0.0"),
+        ("model.freq_dim=0", "model.freq_dim: must be >= 2, got 0"),
+        ("model.freq_dim=255", "model.freq_dim: must be even (a cosine and a sine per"),
+        ("model.stdit_full_every=-1", "model.stdit_full_every: must be >= 0, got -1"),
+        ("model.abs_pos=-6", "model.abs_pos: must be >= 0, got -6"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        validate(apply_overrides(get_recipe("dit-tiny"), [override]))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_every_range_names_a_numeric_field():
+    cfg = Config()
+    for key, _ in RANGES:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        assert value is None or isinstance(value, int | float | tuple), key
 
 
 @pytest.mark.parametrize(

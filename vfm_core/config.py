@@ -1,14 +1,20 @@
 """Typed configuration for every component, YAML load and ``--section.field=value`` overrides.
 
 Every section is a ``@dataclass(kw_only=True, slots=True)``; the whole run is one :class:`Config`.
-Unknown keys and values of the wrong type raise :class:`ConfigError` naming the dotted key, so a
-typo in a YAML file or on the command line never silently falls back to a default.
+Unknown keys, values of the wrong type and values out of range (:func:`validate`) raise
+:class:`ConfigError` naming the dotted key, so a typo in a YAML file or on the command line never
+silently falls back to a default.
+
+Scalars in YAML files and ``--set`` values follow the YAML 1.2 core schema (:class:`YamlLoader`),
+not PyYAML's YAML 1.1: ``1e-3``, ``5E+2`` and ``.5`` are numbers, only ``true`` / ``false`` are
+booleans (``train.fp8=off`` is the string ``'off'``), ``010`` is ten.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -266,7 +272,8 @@ class TrainConfig:
     ckpt_every: int = 50
     """Checkpoint every N steps (and always at the end)."""
     keep_ckpts: int = 2
-    """How many recent checkpoints to keep (an old one goes only after a newer one verified)."""
+    """How many recent checkpoints to keep (an old one goes only after a newer one verified;
+    0 = keep all)."""
     async_checkpoint: bool = False
     """Write checkpoints in the background (DCP async_save): a step waits only for the copy of
     the state to host memory, at the cost of that much extra host memory while a save runs."""
@@ -323,6 +330,62 @@ class Config:
             else:
                 out[section] = values
         return out
+
+
+_BOOL, _INT, _FLOAT = (f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float"))
+_YAML12 = (  # YAML 1.2.2 section 10.3.2, the core schema: (tag, pattern, first characters)
+    (_BOOL, r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    (_INT, r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),
+    (
+        _FLOAT,
+        r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)",
+        "-+.0123456789",
+    ),
+)
+
+
+def _resolvers(base: dict, *, keep_yaml11: bool) -> dict:
+    """``base``'s implicit resolvers with the YAML 1.2 core bool / int / float ones appended;
+    the YAML 1.1 ones of those tags dropped unless ``keep_yaml11``."""
+    out = {
+        ch: [(tag, rx) for tag, rx in arms if keep_yaml11 or tag not in (_BOOL, _INT, _FLOAT)]
+        for ch, arms in base.items()
+    }
+    for tag, pattern, first in _YAML12:
+        for ch in first:
+            out.setdefault(ch, []).append((tag, re.compile(f"^(?:{pattern})$")))
+    return out
+
+
+class YamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` reading plain scalars by the YAML 1.2 core schema (module docstring)."""
+
+    yaml_implicit_resolvers = _resolvers(yaml.SafeLoader.yaml_implicit_resolvers, keep_yaml11=False)
+
+    def construct_yaml12_int(self, node: yaml.ScalarNode) -> int:
+        text = str(self.construct_scalar(node))
+        if text.startswith(("0o", "0x")):
+            return int(text[2:], 8 if text[1] == "o" else 16)
+        return int(text)
+
+    def construct_yaml12_bool(self, node: yaml.ScalarNode) -> bool:
+        return str(self.construct_scalar(node)).lower() == "true"
+
+
+YamlLoader.add_constructor(_INT, YamlLoader.construct_yaml12_int)
+YamlLoader.add_constructor(_BOOL, YamlLoader.construct_yaml12_bool)
+
+
+class YamlDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes every string a YAML 1.1 or 1.2 reader would take for
+    another type (``'1e3'``, ``'off'``), so a saved config reads back the same with either."""
+
+    yaml_implicit_resolvers = _resolvers(yaml.SafeDumper.yaml_implicit_resolvers, keep_yaml11=True)
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` parsed as YAML with the YAML 1.2 core schema (:class:`YamlLoader`)."""
+    return yaml.load(text, Loader=YamlLoader)  # a SafeLoader: no Python objects
 
 
 def to_dict(obj: Any) -> Any:
@@ -427,7 +490,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"override {text!r}: key must be section.field, e.g. model.hidden=512")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
     return parts, value
@@ -446,7 +509,7 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     """Load a YAML run config (sections as top-level keys) on top of ``base``."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = parse_yaml(path.read_text()) or {}
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
     except yaml.YAMLError as e:
@@ -460,7 +523,7 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
 
 
 def save_yaml(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    Path(path).write_text(yaml.dump(to_dict(cfg), Dumper=YamlDumper, sort_keys=False))
 
 
 def _validate_packing(cfg: Config) -> None:
@@ -497,12 +560,107 @@ def _validate_blend(d: DataConfig) -> None:
         raise ConfigError(f"data.blend: needs data.source='shards' (got {d.source!r})")
 
 
+RANGES: tuple[tuple[str, str], ...] = (
+    # (key, allowed values): "> x", ">= x" or "in [lo, hi)" with ( ) open, [ ] closed ends;
+    # every element of a tuple field; None (model.kv_heads unset) is not checked
+    ("model.in_channels", ">= 1"),
+    ("model.patch", ">= 1"),
+    ("model.hidden", ">= 1"),
+    ("model.depth", ">= 1"),
+    ("model.heads", ">= 1"),
+    ("model.kv_heads", ">= 1"),
+    ("model.mlp_ratio", "> 0"),
+    ("model.text_dim", ">= 1"),
+    ("model.text_len", ">= 1"),
+    ("model.rope_theta", "> 0"),
+    ("model.abs_pos", ">= 0"),
+    ("model.stdit_full_every", ">= 0"),
+    ("model.freq_dim", ">= 2"),
+    ("model.norm_eps", "> 0"),
+    ("diffusion.sigma_data", "> 0"),
+    ("diffusion.p_std", ">= 0"),
+    ("diffusion.sigma_min", "> 0"),
+    ("diffusion.sigma_max", "> 0"),
+    ("diffusion.rho", "> 0"),
+    ("diffusion.num_steps", ">= 1"),
+    ("diffusion.guidance", ">= 0"),
+    ("diffusion.cond_dropout", "in [0, 1]"),
+    ("diffusion.logit_std", ">= 0"),
+    ("diffusion.shift", "> 0"),
+    ("optim.lr", "> 0"),
+    ("optim.weight_decay", ">= 0"),
+    ("optim.betas", "in [0, 1)"),
+    ("optim.eps", "> 0"),
+    ("optim.warmup_steps", ">= 0"),
+    ("optim.decay_steps", ">= 0"),
+    ("optim.min_lr_ratio", "in [0, 1]"),
+    ("optim.grad_clip", ">= 0"),
+    ("data.batch_size", ">= 1"),
+    ("data.num_captions", ">= 1"),
+    ("data.seed", "in [0, 2**63)"),
+    ("data.num_workers", ">= 0"),
+    ("train.steps", ">= 0"),
+    ("train.seed", "in [0, 2**63)"),
+    ("train.log_every", ">= 1"),
+    ("train.ckpt_every", ">= 1"),
+    ("train.keep_ckpts", ">= 0"),
+    ("train.ema_decay", "in [0, 1)"),
+    ("train.grad_accum", ">= 1"),
+)
+"""The allowed range of every numeric setting, outside of which a value is nonsense (a negative
+learning rate, a beta of 1, a zero epsilon); :func:`validate` checks each, and that every float is
+finite."""
+
+_RANGE = re.compile(r"^(?:(>=?) (\S+)|in ([\[(])(\S+), (\S+)([\])]))$")
+
+
+def _bound(text: str) -> float:
+    base, _, power = text.partition("**")
+    return float(base) ** int(power) if power else float(base)
+
+
+def _in_range(value: float, rule: str) -> bool:
+    m = _RANGE.match(rule)
+    assert m is not None, rule  # a typo in RANGES
+    op, lo, lo_end, lo2, hi, hi_end = m.groups()
+    if op:
+        return value > _bound(lo) if op == ">" else value >= _bound(lo)
+    lo_ok = value > _bound(lo2) if lo_end == "(" else value >= _bound(lo2)
+    hi_ok = value < _bound(hi) if hi_end == ")" else value <= _bound(hi)
+    return lo_ok and hi_ok
+
+
+def _values(cfg: Config, key: str) -> list[tuple[str, Any]]:
+    """(key, value) of a dotted key, ``key[i]`` per element of a tuple field."""
+    section, name = key.split(".")
+    value = getattr(getattr(cfg, section), name)
+    if isinstance(value, tuple):
+        return [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+    return [(key, value)]
+
+
+def _validate_ranges(cfg: Config) -> None:
+    """Every float finite, every key of :data:`RANGES` inside its range."""
+    for section in (f.name for f in dataclasses.fields(cfg)):
+        if not dataclasses.is_dataclass(getattr(cfg, section)):
+            continue  # recipe
+        for f in dataclasses.fields(getattr(cfg, section)):
+            for k, v in _values(cfg, f"{section}.{f.name}"):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ConfigError(f"{k}: must be a finite number, got {v}")
+    for key, rule in RANGES:
+        for k, v in _values(cfg, key):
+            if v is not None and not _in_range(v, rule):
+                raise ConfigError(f"{k}: must be {rule}, got {v}")
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a single type cannot express; raises ConfigError naming the key."""
+    _validate_ranges(cfg)
     m, d, t = cfg.model, cfg.data, cfg.train
     if m.hidden % m.heads:
         raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
-    if m.abs_pos < 0 or m.abs_pos % 6:
+    if m.abs_pos % 6:
         raise ConfigError(
             f"model.abs_pos: must be a multiple of 6 (sin and cos per axis), got {m.abs_pos}"
         )
@@ -510,11 +668,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.heads: head_dim {m.head_dim} must be even for RoPE")
     if m.heads % m.n_kv_heads:
         raise ConfigError(f"model.kv_heads: {m.kv_heads} does not divide model.heads={m.heads}")
-    for name in ("depth", "hidden", "heads", "in_channels", "text_dim", "text_len"):
-        if getattr(m, name) <= 0:
-            raise ConfigError(f"model.{name}: must be positive, got {getattr(m, name)}")
-    if any(p <= 0 for p in m.patch):
-        raise ConfigError(f"model.patch: must be positive, got {m.patch}")
+    if m.freq_dim % 2:
+        raise ConfigError(
+            f"model.freq_dim: must be even (a cosine and a sine per frequency), got {m.freq_dim}"
+        )
     if m.arch == "ar":
         if m.vocab_size < 2:
             raise ConfigError(f"model.vocab_size: must be >= 2 for arch 'ar', got {m.vocab_size}")
@@ -532,32 +689,16 @@ def validate(cfg: Config) -> Config:
     ):
         if size <= 0 or size % p:
             raise ConfigError(f"data.{name}: {size} is not a positive multiple of the patch {p}")
-    if d.batch_size <= 0:
-        raise ConfigError(f"data.batch_size: must be positive, got {d.batch_size}")
+    if cfg.diffusion.sigma_max <= cfg.diffusion.sigma_min:
+        raise ConfigError(
+            f"diffusion.sigma_max: must be > diffusion.sigma_min={cfg.diffusion.sigma_min}, got "
+            f"{cfg.diffusion.sigma_max}"
+        )
     _validate_blend(d)
     _validate_packing(cfg)
-    if t.steps < 0:
-        raise ConfigError(f"train.steps: must be >= 0, got {t.steps}")
-    if t.log_every <= 0 or t.ckpt_every <= 0:
-        raise ConfigError("train.log_every and train.ckpt_every must be positive")
     if t.fp8 == "on" and cfg.parallel.tp > 1:
         raise ConfigError(
             f"train.fp8: 'on' cannot combine with parallel.tp={cfg.parallel.tp} (DTensor tensor "
             "parallelism shards torch linears, not transformer-engine ones); use 'auto' or tp=1"
-        )
-    if t.grad_accum < 1:
-        raise ConfigError(f"train.grad_accum: must be >= 1, got {t.grad_accum}")
-    if not 0.0 <= t.ema_decay < 1.0:
-        raise ConfigError(f"train.ema_decay: must be in [0, 1), got {t.ema_decay}")
-    if cfg.diffusion.objective == "rectified_flow" and not (
-        cfg.diffusion.shift > 0 and cfg.diffusion.logit_std >= 0
-    ):
-        raise ConfigError(
-            f"diffusion.shift must be > 0 and diffusion.logit_std >= 0, got "
-            f"{cfg.diffusion.shift} and {cfg.diffusion.logit_std}"
-        )
-    if not 0.0 <= cfg.diffusion.cond_dropout <= 1.0:
-        raise ConfigError(
-            f"diffusion.cond_dropout: must be in [0, 1], got {cfg.diffusion.cond_dropout}"
         )
     return cfg

@@ -22,6 +22,9 @@ STAGE_TAG = "vfm.stage"
 """MLflow tag naming the pipeline stage a run records (pipeline, train, evaluate, generate)."""
 CHECKPOINT_TAG = "vfm.checkpoint"
 """MLflow tag with the URI of a training run's latest checkpoint."""
+PREVIOUS_RUN_TAG = "vfm.previous_run_id"
+"""MLflow tag of a resumed training run whose checkpoint named a run the current tracking store
+does not hold (started against another store): that run's id."""
 PARENT_TAG = "mlflow.parentRunId"
 """MLflow's own tag nesting a run under a parent (the UI shows the children under it)."""
 COMMIT_TAG = "mlflow.source.git.commit"
@@ -119,6 +122,22 @@ def create_run(
         exp_id, run_name=cfg.run_name or name or None, tags=all_tags
     )
     return run.info.run_id
+
+
+def run_exists(run_id: str) -> bool:
+    """Whether the current tracking store (:func:`ensure_experiment` set it) holds ``run_id``, not
+    deleted; other errors (a server that does not answer) propagate."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except MlflowException as e:
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return False
+        raise
+    return run.info.lifecycle_stage != "deleted"
 
 
 def fail_run(run_id: str, error: BaseException | str) -> None:

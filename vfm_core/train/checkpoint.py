@@ -18,7 +18,9 @@ A save, in order: every rank writes its tensors into ``step_N.tmp`` → rank 0 w
 ``state.json`` → rank 0 hashes the files and writes the manifest (fsynced) → renames the folder
 to ``step_N`` → checks the new checkpoint against its manifest → only then retires checkpoints
 beyond ``keep`` (renamed to ``.del`` first, so a half-deleted one is never listed). A crash at any
-point leaves the previous checkpoints intact and loadable.
+point leaves the previous checkpoints intact and loadable. A save that fails to write (a full disk,
+a lost mount) removes its ``step_N.tmp`` and raises :class:`CheckpointError` with the bytes it
+tried to write and the space free there.
 
 Asynchronous saves (``train.async_checkpoint``, :meth:`CheckpointManager.save` with
 ``async_save``): the training step waits only for the staging copy of the tensors to host memory
@@ -40,6 +42,7 @@ or without any process group (tests, inference tools).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -51,7 +54,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint import (
+    CheckpointException,
+    HuggingFaceStorageReader,
+    HuggingFaceStorageWriter,
+)
+from torch.distributed.tensor import DTensor
 
 from vfm_core.data.loader import LoaderStateError
 from vfm_core.parallel.world import all_gather_bytes, barrier, is_rank0
@@ -99,6 +107,10 @@ class CheckpointManager:
         self._pending_step = 0
         self._executor: ThreadPoolExecutor | None = None
         self._group: Any = None
+        self.written: Path | None = None
+        """The checkpoint this manager saved last (finished: an asynchronous one after
+        :meth:`wait`); None before the first save. Not :meth:`latest`: a resumed run may leave a
+        newer checkpoint of an earlier attempt beside the ones it writes."""
 
     def path(self, step: int) -> Path:
         return self.dir / f"step_{step:08d}"
@@ -138,6 +150,7 @@ class CheckpointManager:
         barrier()
         tensors, skeleton = split_state(state)
         tensors = {k: v.detach() for k, v in tensors.items()}
+        nbytes = sum(_local_bytes(t) for t in tensors.values())
         skeletons = [json.loads(b) for b in all_gather_bytes(json.dumps(skeleton).encode())]
         doc = (
             {
@@ -157,14 +170,51 @@ class CheckpointManager:
                     tensors, storage_writer=writer, process_group=self._checkpoint_group()
                 )
                 self._pending_step = step
-                self._pending = self._pool().submit(self._complete, future, tmp, final, doc)
+                self._pending = self._pool().submit(self._complete, future, tmp, final, doc, nbytes)
                 return final
-            dcp.save(tensors, storage_writer=writer)
+            try:
+                dcp.save(tensors, storage_writer=writer)
+            except (Exception, CheckpointException) as e:  # DCP raises on every rank
+                raise self._write_failed(step, tmp, nbytes, e) from e
         barrier()
+        outcome: dict[str, str] = {}
         if doc is not None:
-            self._finish(tmp, final, doc)
-        barrier()
+            try:
+                self._finish(tmp, final, doc)
+            except CheckpointError as e:
+                outcome["error"] = str(e)
+            except OSError as e:
+                outcome["error"] = str(self._write_failed(step, tmp, nbytes, e))
+        outcome = _from_rank0(outcome)  # every rank learns how rank 0 finished
+        if "error" in outcome:
+            raise CheckpointError(outcome["error"])
+        self.written = final
         return final
+
+    def _write_failed(
+        self, step: int, tmp: Path, nbytes: int, error: BaseException
+    ) -> CheckpointError:
+        """A save that could not write: rank 0 removes the partial ``tmp``; the one line names
+        the OS error, the bytes the save tried to write and the space then free there. An error
+        that is not the file system's is a bug and propagates as it is."""
+        if is_rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause = _os_error(error)
+        if cause is None:
+            raise error
+        why = cause.strerror or (os.strerror(cause.errno) if cause.errno else str(cause))
+        try:
+            free = f"{_size(shutil.disk_usage(self.dir).free)} free there after removing it"
+        except OSError:
+            free = "the free space there unknown"
+        share = (
+            " (this rank's share)" if dist.is_initialized() and dist.get_world_size() > 1 else ""
+        )
+        return CheckpointError(
+            f"checkpoint of step {step}: writing {tmp} failed ({why}): it tried to write "
+            f"{_size(nbytes)} of tensors{share}, {free}; the previous checkpoints under "
+            f"{self.dir} are intact"
+        )
 
     def _checkpoint_group(self) -> Any:
         """The gloo group of the background writes (created once, by every rank together)."""
@@ -177,12 +227,17 @@ class CheckpointManager:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="vfm-checkpoint")
         return self._executor
 
-    def _complete(self, future: Any, tmp: Path, final: Path, doc: dict | None) -> None:
+    def _complete(self, future: Any, tmp: Path, final: Path, doc: dict | None, nbytes: int) -> None:
         """Background thread: wait for DCP's writes (on rank 0 its future completes once every
         rank's files are written), then rank 0 finishes the checkpoint."""
-        future.result()
-        if doc is not None:
-            self._finish(tmp, final, doc)
+        try:
+            future.result()
+            if doc is not None:
+                self._finish(tmp, final, doc)
+        except CheckpointError:
+            raise
+        except (Exception, CheckpointException) as e:
+            raise self._write_failed(self._pending_step, tmp, nbytes, e) from e
 
     def _finish(self, tmp: Path, final: Path, doc: dict) -> None:
         """Rank 0, every rank's tensors written: state.json, the manifest (last), the rename, a
@@ -226,21 +281,26 @@ class CheckpointManager:
         err = ""
         try:
             pending.result()
-        except Exception as e:  # noqa: BLE001 - reported to the user in one line
-            err = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        except CheckpointError as e:  # a failed write, already one line
+            err = f"asynchronous {e}"
+        except (Exception, CheckpointException) as e:  # reported to the user in one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            err = (
+                f"asynchronous checkpoint of step {self._pending_step} failed "
+                f"({type(e).__name__}: {first}); the previous checkpoints under {self.dir} are "
+                "intact"
+            )
         errors = [b.decode() for b in all_gather_bytes(err.encode()) if b]
         if errors:
-            raise CheckpointError(
-                f"asynchronous checkpoint of step {self._pending_step} failed ({errors[0]}); "
-                f"the previous checkpoints under {self.dir} are intact"
-            )
+            raise CheckpointError(errors[0])
+        self.written = self.path(self._pending_step)
 
     def close(self) -> None:
         """Finish this rank's outstanding save (no collective: safe after an error)."""
         if self._pending is not None:
             try:
                 self._pending.result()
-            except Exception as e:  # noqa: BLE001
+            except (Exception, CheckpointException) as e:
                 print(
                     f"warning: asynchronous checkpoint of step {self._pending_step} failed: {e}",
                     file=sys.stderr,
@@ -329,6 +389,40 @@ class CheckpointManager:
                 ) from e
         mine = restrict_skeleton(skeleton, set(tensors))
         return restore_int_keys(join_state(mine, buffers), template)
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    """Bytes of this rank's part of ``t`` (its local shard for a DTensor)."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
+def _size(n: int) -> str:
+    """``65214000`` -> ``'65,214,000 bytes (62.2 MiB)'``."""
+    scaled, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if scaled < 1024 or unit == "TiB":
+            break
+        scaled /= 1024
+    return f"{n:,} bytes" if unit == "B" else f"{n:,} bytes ({scaled:.1f} {unit})"
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind ``error``: itself, its cause or context, or a rank's failure inside
+    DCP's CheckpointException (which wraps every rank's exception)."""
+    todo: list[BaseException | None] = [error]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e
+        todo += [e.__cause__, e.__context__]
+        if isinstance(e, CheckpointException):
+            todo += [exc for exc, _ in e.failures.values()]
+    return None
 
 
 def _summary(problems: list) -> str:

@@ -189,13 +189,13 @@ def launch_training(
 
     from vfm_core.config import save_yaml
     from vfm_core.parallel.layout import validate_layout
-    from vfm_core.train.main import check_restartable
+    from vfm_core.train.main import check_out_dir, check_restartable
 
     validate_layout(cfg, launch.world_size)
     check_restartable(cfg, launch.max_restarts)
-    wait_for_rendezvous(launch)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out)  # a file, or a read-only place: one line naming --out, nothing started
+    wait_for_rendezvous(launch)
     config = out / (f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else "run.yaml")
     save_yaml(cfg, config)  # the layout's degrees included: every rank reads them from here
     argv = entry_argv(

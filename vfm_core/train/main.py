@@ -10,7 +10,8 @@ Rank 0 writes ``DIR/config.yaml``, ``DIR/metrics.jsonl`` (the global-batch loss 
 ``DIR/summary.json`` and logs to MLflow (attaching to ``$MLFLOW_RUN_ID`` when a flow created the
 run); every rank takes part in checkpoints. The last stdout line of rank 0 is the JSON summary.
 ``--resume`` continues from the newest intact checkpoint (damaged ones are skipped with one
-warning line each); ``--resume-from`` names one. Errors a user can cause are one line (exit code
+warning line each); ``--resume-from`` names one. Before any work every rank checks that ``--out``
+is (or can be made) a directory it can write. Errors a user can cause are one line (exit code
 2); ``--debug`` adds the traceback of the library error behind it.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
-from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml
+from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, validate
 from vfm_core.errors import UserError
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
@@ -35,6 +37,39 @@ from vfm_core.tracking import CHECKPOINT_TAG, LAYOUT_TAG, STAGE_TAG, layout_labe
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, resolve_device
+
+
+class OutDirError(UserError, OSError):
+    """The output directory (``--out``) is a file, or cannot be created or written."""
+
+
+def refuse_non_directory(out: Path) -> None:
+    """A file (or anything else not a directory) at ``--out`` is one line naming it."""
+    if out.exists() and not out.is_dir():
+        raise OutDirError(f"--out {out}: is a file, not a directory (choose another --out)")
+
+
+def check_out_dir(out: Path) -> None:
+    """``out`` is a directory this process can write: created when missing, then a probe file
+    created and removed in it (and in its ``checkpoints`` folder when there is one), so a
+    read-only or misnamed ``--out`` is one line before any work, not a traceback at the first
+    save."""
+    refuse_non_directory(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutDirError(f"--out {out}: cannot create the directory ({e.strerror})") from e
+    for folder in (out, out / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        probe = folder / f".write-probe-{socket.gethostname()}-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise OutDirError(
+                f"--out {out}: not writable, cannot create a file in {folder} ({e.strerror})"
+            ) from e
 
 
 def check_restartable(cfg: Config, max_restarts: int) -> None:
@@ -65,7 +100,9 @@ def run_training(
     """Train ``cfg`` on this process's rank (the torchrun world, or one process) writing
     ``out_dir``; returns the summary dict (the same on every rank). ``resume``: from the newest
     intact checkpoint; ``resume_from``: from that checkpoint folder."""
+    validate(cfg)
     out = Path(out_dir)
+    refuse_non_directory(out)  # before "--resume: no checkpoint under FILE/checkpoints"
     ckpt = CheckpointManager(out, keep=cfg.train.keep_ckpts, async_save=cfg.train.async_checkpoint)
     saved = ckpt.candidates()  # finished or not; verified after the process group exists
     if restart_count() > 0:  # torchrun restarted the job after a rank died: continue, if possible
@@ -89,6 +126,7 @@ def run_training(
             f"{out} already holds checkpoints (latest {saved[-1].name}): pass --resume to "
             "continue, or choose a new --out"
         )
+    check_out_dir(out)  # every rank writes checkpoint files there
     created = init_world(resolve_device(cfg.train.device))
     try:
         return _train(cfg, out, ckpt, resume=resume, resume_from=resume_from, progress=progress)
@@ -109,6 +147,7 @@ def _train(
 ) -> dict[str, Any]:
     trainer = Trainer(cfg)
     run_id = None
+    path = None
     if resume:  # any layout: DCP reshards the saved tensors into this one
         path = load_trainer(ckpt, trainer, ckpt.choose(resume_from), verified=True)
         run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
@@ -159,14 +198,17 @@ def _train(
 
     last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
     ckpt.wait()  # the last asynchronous save finished on every rank
-    if mlf is not None and ckpt.latest():  # where the weights of this run are
-        mlf.set_tag(CHECKPOINT_TAG, Path(ckpt.latest()).resolve().as_uri())
+    # where the weights of this run are: the checkpoint it wrote last, else the one it resumed
+    # from (not ckpt.latest(): a newer checkpoint of an older attempt may lie beside them)
+    final = ckpt.written or path
+    if mlf is not None and final:
+        mlf.set_tag(CHECKPOINT_TAG, final.resolve().as_uri())
     summary = {
         "step": trainer.step,
         "out_dir": str(out),
         "world_size": trainer.world,
         "degrees": trainer.dims.degrees,
-        "checkpoint": str(ckpt.latest()) if ckpt.latest() else None,
+        "checkpoint": str(final) if final else None,
         "mlflow_run_id": shared_run_id,
         "mlflow_ui": mlf.ui_hint if mlf else None,
         "params": trainer.params,

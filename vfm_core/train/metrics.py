@@ -16,7 +16,19 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from vfm_core.config import TrackingConfig
-from vfm_core.tracking import create_run, ensure_experiment, ui_hint
+from vfm_core.errors import UserError
+from vfm_core.tracking import (
+    PREVIOUS_RUN_TAG,
+    create_run,
+    ensure_experiment,
+    run_exists,
+    tracking_uri,
+    ui_hint,
+)
+
+
+class MetricsFileError(UserError, ValueError):
+    """``metrics.jsonl`` of a run being resumed holds a damaged line before its last one."""
 
 
 class MetricLogger(Protocol):
@@ -30,7 +42,8 @@ class MetricLogger(Protocol):
 class JsonlLogger:
     """Appends one JSON object per logged step to ``metrics.jsonl``. On resume from step S, lines
     after S (logged by a run that crashed before its next checkpoint) are dropped so the file holds
-    each step once."""
+    each step once, and so is a torn last line (a kill mid-write; one warning line); the file is
+    rewritten atomically (a temporary file renamed over it), so a kill then loses nothing."""
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None):
         self.path = Path(path)
@@ -38,13 +51,42 @@ class JsonlLogger:
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            keep = [
-                ln
-                for ln in self.path.read_text().splitlines()
-                if ln.strip() and json.loads(ln)["step"] <= resume_step
-            ]
-            self.path.write_text("".join(ln + "\n" for ln in keep))
+            keep = [ln for ln, step in self._records() if step <= resume_step]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with tmp.open("w") as f:
+                f.write("".join(ln + "\n" for ln in keep))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
         self._f = self.path.open("a")
+
+    def _records(self) -> list[tuple[str, int]]:
+        """(line, step) of every record in the file; a torn last line is left out with a
+        warning, a damaged earlier one is a :class:`MetricsFileError` naming the line."""
+        lines = [
+            (i, ln) for i, ln in enumerate(self.path.read_text().splitlines(), 1) if ln.strip()
+        ]
+        out = []
+        for n, (i, ln) in enumerate(lines):
+            try:
+                step = json.loads(ln)["step"]
+                if isinstance(step, bool) or not isinstance(step, int):
+                    raise TypeError(f"step {step!r} is not an integer")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                if n < len(lines) - 1:
+                    raise MetricsFileError(
+                        f"{self.path}: line {i} is not a metrics record ({type(e).__name__}: "
+                        f"{e}); only a torn last line is dropped on resume: fix or remove line "
+                        f"{i} to resume"
+                    ) from None
+                print(
+                    f"warning: {self.path}: dropped its torn last line (line {i}, {len(ln)} "
+                    "characters, not a complete record: the run was stopped while writing it)",
+                    file=sys.stderr,
+                )
+                continue
+            out.append((ln, step))
+        return out
 
     def log_params(self, params: dict[str, Any]) -> None:
         pass
@@ -96,9 +138,11 @@ class ConsoleLogger:
 
 
 class MLflowLogger:
-    """Logs params and metrics to an MLflow run: $MLFLOW_RUN_ID (set by a flow that created the
-    run),
-    the run id saved in a checkpoint on resume, or a new run."""
+    """Logs params and metrics to an MLflow run: the run id saved in a checkpoint on resume,
+    $MLFLOW_RUN_ID (set by a flow that created the run), or a new run. A resumed run whose MLflow
+    run is not in the current store (the run started against a tracking server that is gone) goes
+    on in $MLFLOW_RUN_ID's run or a new one, tagged ``vfm.previous_run_id`` with the old id, and
+    says so in one warning line."""
 
     def __init__(
         self,
@@ -113,12 +157,24 @@ class MLflowLogger:
         self._mlflow = mlflow
         ensure_experiment(cfg)
         self.client = mlflow.MlflowClient()
+        tags = dict(tags or {})
+        previous = None
+        if run_id and not run_exists(run_id):
+            previous, run_id = run_id, None
+            tags[PREVIOUS_RUN_TAG] = previous
         self.run_id = run_id or os.environ.get("MLFLOW_RUN_ID")
         if self.run_id:  # a run created by the flow (or resumed): add what only the trainer knows
-            for k, v in (tags or {}).items():
+            for k, v in tags.items():
                 self.client.set_tag(self.run_id, k, v)
         else:
             self.run_id = create_run(cfg, tags=tags, name=name)
+        if previous:
+            print(
+                f"warning: MLflow run {previous} of the checkpoint is not in (or deleted from) the "
+                f"tracking store {tracking_uri(cfg)}; logging to run {self.run_id} instead, "
+                f"tagged {PREVIOUS_RUN_TAG}={previous}",
+                file=sys.stderr,
+            )
         self.client.update_run(self.run_id, status="RUNNING")
         self.ui_hint = ui_hint(cfg)
 
