@@ -88,6 +88,7 @@ def _chunk(start: int, stop: int):
         "height": res[:, 0].astype(np.int32),
         "width": res[:, 1].astype(np.int32),
         **{c: zeros for c in ("latent_c", "latent_t", "latent_h", "latent_w")},
+        "checksum": pa.nulls(len(i), pa.string()),  # synthetic rows: no per-sample checksum
     }
     return pa.Table.from_pydict(cols, schema=arrow_schema(False))
 

@@ -14,6 +14,11 @@ with and without model-parallel read-then-gather, time to the first batch after 
    all-gathering vs each rank reading the whole batch.
 4. Time to first batch after restore: new loader (index read + size check) + load_state_dict +
    next_batch, after 20 steps.
+5. Integrity check cost: samples/s with the default check (``verify="sample"``: shard sizes at
+   start, every sample's sha256 against the index as it is read) vs off (``verify="size"``),
+   decode on (what training pays) and off (the worst case: nothing else to hide it behind);
+   the two loaders alternate in rounds (A B A B ...) and the medians are reported, since this
+   machine's speed drifts within a run. ``--only integrity`` runs this section alone.
 """
 
 from __future__ import annotations
@@ -154,6 +159,77 @@ def throughput(shards: Path | str, steps: int) -> list[dict]:
     return rows
 
 
+def integrity_cost(shards: Path | str, steps: int, rounds: int = 9) -> list[dict]:
+    """Median samples/s with the per-sample checksum on vs off, interleaved rounds."""
+    from vfm_core.data.index import read_index
+    from vfm_core.data.loader import build_loader
+    from vfm_core.data.shard_reader import read_raw, sample_checksum
+
+    index = read_index(str(shards))  # the check alone, timed without the loader around it
+    raws = [read_raw(index, i) for i in range(len(index))]
+    mean_bytes = float(np.mean([len(r) for r in raws]))
+    t0 = time.perf_counter()
+    for _ in range(20):
+        for r in raws:
+            sample_checksum(r)
+    hash_us = (time.perf_counter() - t0) / (20 * len(raws)) * 1e6
+    rows = []
+    for decode in ("frames", "none"):
+        rates: dict[str, list[float]] = {"sample": [], "size": []}
+        loaders = {
+            v: build_loader(shards=str(shards), seed=0, batch_size=8, decode=decode, verify=v)
+            for v in rates
+        }
+        for ld in loaders.values():
+            ld.next_batch()  # warm-up
+        for _ in range(rounds):
+            n = dict.fromkeys(rates, 0)
+            dt = dict.fromkeys(rates, 0.0)
+            for _ in range(steps):  # A B A B ... step by step: both see the same drift
+                for verify, ld in loaders.items():
+                    t0 = time.perf_counter()
+                    n[verify] += len(ld.next_batch().samples)  # the same samples for both
+                    dt[verify] += time.perf_counter() - t0
+            for verify in rates:
+                rates[verify].append(n[verify] / dt[verify])
+        for ld in loaders.values():
+            ld.close()
+        on, off = np.median(rates["sample"]), np.median(rates["size"])
+        ratio = np.median(np.array(rates["sample"]) / np.array(rates["size"]))
+        rows.append(
+            {
+                "decode": decode,
+                "checksum_us_per_sample": hash_us,
+                "mean_sample_bytes": mean_bytes,
+                "rounds": rounds,
+                "steps": steps,
+                "on_samples_s": float(on),
+                "off_samples_s": float(off),
+                "on_over_off": float(ratio),
+                "spread_on": [float(min(rates["sample"])), float(max(rates["sample"]))],
+                "spread_off": [float(min(rates["size"])), float(max(rates["size"]))],
+            }
+        )
+    return rows
+
+
+def print_integrity(rows: list[dict]) -> None:
+    r0 = rows[0]
+    print("\n## integrity check cost (per-sample sha256 on vs off, B=8, 0 workers)")
+    print(
+        f"the check alone: {r0['checksum_us_per_sample']:.1f} us per sample of "
+        f"{r0['mean_sample_bytes'] / 1e3:.1f} kB on average"
+    )
+    print("| decode | check on samples/s | check off samples/s | on/off (median of rounds) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['decode']} | {r['on_samples_s']:.1f} ({r['spread_on'][0]:.0f}-"
+            f"{r['spread_on'][1]:.0f}) | {r['off_samples_s']:.1f} ({r['spread_off'][0]:.0f}-"
+            f"{r['spread_off'][1]:.0f}) | {r['on_over_off']:.3f} |"
+        )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -245,13 +321,23 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--s3", action="store_true", help="also: loader over moto S3 on 127.0.0.1")
+    ap.add_argument("--only", choices=("integrity",), help="run one section alone")
+    ap.add_argument("--rounds", type=int, default=9, help="integrity: alternating rounds")
     args = ap.parse_args()
     tmp = Path(args.out or tempfile.mkdtemp(prefix="vfm-loader-bench-"))
+    if args.only == "integrity":
+        rows = integrity_cost(make_dataset(tmp, args.clips), args.steps, args.rounds)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            print_integrity(rows)
+        return
     res: dict = {"padding": padding_bench(args.samples)}
     shards = make_dataset(tmp, args.clips)
     res["throughput"] = throughput(shards, args.steps)
     res["bytes"] = bytes_per_rank(shards, args.steps, tmp)
     res["restore"] = restore_latency(shards)
+    res["integrity"] = integrity_cost(shards, args.steps, args.rounds)
     if args.s3:
         url = upload_to_moto(shards)
         res["s3_throughput"] = throughput(url, args.steps)
@@ -289,6 +375,7 @@ def main() -> None:
                 f"{where} {mode}: {r['first_batch_s'] * 1000:.0f} ms, "
                 f"state {r['state_bytes']} bytes JSON"
             )
+    print_integrity(res["integrity"])
     for r in res.get("s3_throughput", []):
         print(f"S3 | {r['mode']} | {r['workers']} | {r['samples_s']:.1f} | {r['tokens_s']:.0f} |")
 

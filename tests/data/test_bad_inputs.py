@@ -129,6 +129,8 @@ def test_checksum_mismatch(tmp_path):
     build_loader(shards=str(tmp_path / "d"), verify="size")  # size still matches
     with pytest.raises(ShardError, match="sha256 checksum does not match the index"):
         build_loader(shards=str(tmp_path / "d"), verify="sha256")
+    with pytest.raises(ShardError, match="sha256 checksum does not match the index"):
+        build_loader(shards=str(tmp_path / "d"))  # default: no per-sample checksums -> sha256
 
 
 def test_index_schema_version_and_contents(tmp_path):
@@ -210,3 +212,258 @@ def test_index_latent_shape_is_checked(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(DatasetIndexError, match="latent_shape"):
         read_index(str(tmp_path / "d"))
+
+
+# ------------------------------------------------------------------ integrity (issue #27)
+SMALL = [
+    "data.latent_frames=2",
+    "data.latent_height=4",
+    "data.latent_width=4",
+    "data.batch_size=2",
+    "model.text_dim=16",
+    "tracking.mlflow=false",
+]
+
+
+def shard_config(shards, *extra):
+    from vfm_core.config import apply_overrides
+    from vfm_core.recipes import get_recipe
+
+    return apply_overrides(
+        get_recipe("dit-tiny"), ["data.source=shards", f"data.shards={shards}", *extra]
+    )
+
+
+def write_real(clips_dir, out, *, n=None, **kw):
+    """Shards of real clips through the writer (per-sample checksums in the index)."""
+    import pandas as pd
+    from datagen import hash_embed
+
+    from vfm_core.data.shards import write_shards
+
+    df = pd.read_parquet(clips_dir / "clips.parquet")
+    df = df if n is None else df.head(n)
+    return write_shards(df, str(out), embed=hash_embed, base_url=str(clips_dir), **kw)
+
+
+def member(root, index, key: str, ext: str) -> tuple[object, int, int]:
+    """(shard path, offset, size) of member ``{key}.{ext}``'s data inside its shard."""
+    import tarfile
+
+    row = index.samples.set_index("key").loc[key]
+    path = root / str(index.shards.at[int(row["shard"]), "name"])
+    with tarfile.open(path) as tar:
+        m = tar.getmember(f"{key}.{ext}")
+        return path, m.offset_data, m.size
+
+
+def patch(path, offset: int, data: bytes) -> None:
+    """Overwrite bytes in place: the file keeps its size."""
+    buf = bytearray(path.read_bytes())
+    buf[offset : offset + len(data)] = data
+    path.write_bytes(bytes(buf))
+
+
+def flip(path, offset: int, n: int = 1, mask: int = 0xFF) -> None:
+    """XOR ``n`` bytes from ``offset`` with ``mask`` (always a change, same size)."""
+    old = path.read_bytes()[offset : offset + n]
+    patch(path, offset, bytes(b ^ mask for b in old))
+
+
+def damage_mp4(path, offset: int, size: int) -> None:
+    """Zero the clip's media data from 30% on (same size): its first frame still decodes (a probe
+    passes), the rest does not."""
+    clip = path.read_bytes()[offset : offset + size]
+    mdat = clip.find(b"mdat") + 4
+    cut = mdat + (size - mdat) * 3 // 10
+    patch(path, offset + cut, bytes(size - cut))
+
+
+def epoch_keys(root, **kw):
+    """One epoch, one sample a step: (loader, keys delivered, skip reasons)."""
+    ld = build_loader(shards=str(root), seed=0, batch_size=1, **kw)
+    got = [ld.next_batch() for _ in range(len(ld.index))]
+    return ld, [k for b in got for k in b.keys], [r for b in got for r in b.skip_reasons]
+
+
+@pytest.mark.parametrize("index_format", ["json", "parquet"])
+def test_flipped_bytes_in_any_member_are_skipped_and_named(clips_dir, tmp_path, index_format):
+    """Cases 5 and 6: the caption embedding still finite, the clip still decoding (to garbage):
+    only the per-sample checksum tells; the sample is skipped, its shard and key named."""
+    root = tmp_path / "d"
+    index = write_real(clips_dir, root, n=8, index_format=index_format)
+    assert index.checksummed and read_index(str(root)).checksummed
+    keys = list(index.samples["key"])
+    emb_key, mp4_key = keys[2], keys[5]
+    path, off, size = member(root, index, emb_key, "txt_emb.npy")
+    flip(path, off + size - 2, mask=0x01)  # the last float16's lowest bit: still finite
+    path, off, size = member(root, index, mp4_key, "mp4")
+    flip(path, off + size // 2, 32, mask=0x5A)  # inside the clip's media data
+    ld, got, reasons = epoch_keys(root, decode="frames")
+    assert sorted(got) == sorted(set(keys) - {emb_key, mp4_key}) and ld.skipped_total == 2
+    for key in (emb_key, mp4_key):
+        (why,) = [r for r in reasons if f" sample {key}:" in r]
+        assert str(path) in why and "checksum mismatch" in why
+    # without the check the embedding is read as if nothing happened (no NaN to catch)
+    ld, got, _ = epoch_keys(root, decode="none", verify="size")
+    assert emb_key in got and ld.skipped_total == 0
+
+
+def test_damaged_clip_never_reaches_the_tokenizer(clips_dir, tmp_path):
+    """Case 4: bytes of one clip flipped (same size) while training through data.tokenizer: the
+    sample is skipped and named (checksum), and with checksums off the decoded clip is checked
+    against the frames it must give, instead of a TokenizerShapeError from inside the model."""
+    import torch
+
+    from vfm_core.data.blend import BucketSpec
+    from vfm_core.data.shard_source import ShardLatentSource
+    from vfm_core.tokenizer import CausalVideoAutoencoder, get_tokenizer_config, save_tokenizer
+
+    root = tmp_path / "d"
+    index = write_real(clips_dir, root, n=12)
+    key = "clip000001"  # 9 frames of 32x48: in the training shape (5 frames of 32x32)
+    damage_mp4(*member(root, index, key, "mp4"))
+    torch.manual_seed(0)
+    tok = CausalVideoAutoencoder(get_tokenizer_config("tok-tiny"))
+    save_tokenizer(tok, tmp_path / "tok")
+    cfg = shard_config(root, *SMALL, f"data.tokenizer={tmp_path / 'tok'}")
+    src = ShardLatentSource(cfg.data, cfg.model, tokenizer=tok)
+    seen = [k for _ in range(5) for k in src.next_batch().keys]  # > 1 epoch of the shape
+    assert key not in seen and src.loader.skipped_total >= 1
+    shape = BucketSpec(resolutions=((32, 32),), durations=(5,))
+    ld = build_loader(
+        shards=str(root), seed=0, batch_size=8, buckets=shape, decode="frames", verify="size"
+    )
+    batch = ld.next_batch()
+    (why,) = batch.skip_reasons
+    assert f"sample {key}: clip decodes to 1 of its 9 frames (damaged), 5 are needed" in why
+    assert str(root / "shard-000000.tar") in why
+
+
+def test_edited_shard_sha256_in_the_index_is_noticed(clips_dir, tmp_path, caplog):
+    """Case 7: a shard's sha256 edited in index.json: one warning, then every shard's sha256 is
+    checked before the data is trusted (that shard fails, named); other edits are one warning."""
+    root = tmp_path / "d"
+    write_real(clips_dir, root, n=6)
+    path = root / "index.json"
+    doc = json.loads(path.read_text())
+    doc["shards"][0]["sha256"] = "0" * 64
+    path.write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="vfm_core.data.index"):
+        with pytest.raises(ShardError, match=r"shard-000000.tar: sha256 checksum does not match"):
+            build_loader(shards=str(root))
+    assert "the shard table was edited after the index was written" in caplog.text
+    caplog.clear()
+    write_real(clips_dir, root, n=6)  # intact again
+    doc = json.loads(path.read_text())
+    doc["meta"]["note"] = "edited by hand"
+    path.write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="vfm_core.data.index"):
+        ld = build_loader(shards=str(root), decode="none")
+    assert ld.index.integrity == "edited" and "edited after it was written" in caplog.text
+    assert ld.next_batch().keys
+
+
+def test_old_index_without_checksums_loads_and_says_so_once(tmp_path, caplog):
+    """An index written before per-sample checksums: loads, falls back to every shard's sha256
+    (a small dataset), one warning per dataset; a flipped byte then fails the shard, named."""
+    dataset(tmp_path / "d")
+    with caplog.at_level(logging.WARNING, logger="vfm_core.data.loader"):
+        ld = build_loader(shards=str(tmp_path / "d"), decode="none", batch_size=2)
+        build_loader(shards=str(tmp_path / "d"), decode="none", batch_size=2)
+    assert not ld.index.checksummed and ld.index.integrity == "sealed"
+    lines = [r.getMessage() for r in caplog.records if "no per-sample checksums" in r.getMessage()]
+    assert len(lines) == 1 and "checking every shard's sha256 now" in lines[0]
+    assert len(ld.next_batch().keys) == 2
+    flip(tmp_path / "d" / "shard-000000.tar", 600)
+    with pytest.raises(ShardError, match="shard-000000.tar: sha256 checksum does not match"):
+        build_loader(shards=str(tmp_path / "d"))
+
+
+def test_every_sample_bad_is_one_line_naming_the_dataset(clips_dir, tmp_path):
+    """Case 9: every sample of a step bad -> one line: the dataset, how many, the first reasons."""
+    import pandas as pd
+
+    from vfm_core.data.shard_source import ShardLatentSource
+    from vfm_core.errors import UserError
+
+    rng = np.random.default_rng(0)
+    ids = pd.read_parquet(clips_dir / "clips.parquet")["clip_id"].head(6)
+    lat = {c: rng.standard_normal((4, 3, 6, 6)).astype(np.float32) for c in ids}
+    root = tmp_path / "d"
+    index = write_real(clips_dir, root, n=6, latents=lat)
+    for key in index.samples["key"]:
+        path, off, size = member(root, index, key, "latent.npy")
+        flip(path, off + size - 1, mask=0x01)  # still a finite float32
+    cfg = shard_config(root, *SMALL)
+    src = ShardLatentSource(cfg.data, cfg.model)
+    with pytest.raises(ShardError) as e:
+        src.next_batch()
+    msg = str(e.value)
+    assert isinstance(e.value, UserError) and "\n" not in msg
+    assert msg.startswith(f"{root}: all 2 samples of step 1 were bad (2 bad samples read so far)")
+    assert msg.count("checksum mismatch") == 2 and "shard-000000.tar sample clip" in msg
+
+
+def test_clips_smaller_than_the_crop_name_the_sizes_and_keys(shard_dir):
+    """Case 10: no clip is as large as the default latent crop: one line with the sizes and the
+    data.latent_* keys (and values) to change."""
+    from vfm_core.config import ConfigError
+    from vfm_core.data.shard_source import ShardLatentSource
+
+    cfg = shard_config(shard_dir, "model.text_dim=16")  # the default crop: 13 frames of 128x128
+    with pytest.raises(ConfigError) as e:
+        ShardLatentSource(cfg.data, cfg.model)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{shard_dir}: every clip is smaller than")
+    assert "the training crop of 13 frames of 128x128 px" in msg
+    assert "the largest is 9 frames of 48x48 px" in msg
+    assert "set data.latent_frames<=3, data.latent_height<=6, data.latent_width<=6" in msg
+
+
+def test_vfm_index_test_decodes_and_checksums_foreign_samples(tmp_path):
+    """Case 8: foreign tars with a clip that decodes only in part: skipped, counted and named by
+    the index (its probe alone passes); the indexed samples carry checksums over both ranges."""
+    wds = pytest.importorskip("webdataset")
+    from datagen import hash_embed
+
+    from vfm_core.data.foreign_index import index_foreign_shards
+    from vfm_core.data.foreign_scan import ForeignIndexConfig
+    from vfm_core.video.synthetic import Segment, VideoSpec, make_video
+
+    clips = []
+    for i in range(4):
+        p = tmp_path / f"v{i}.mp4"
+        spec = VideoSpec(width=32, height=32, fps=8.0, seed=i, segments=(Segment(n_frames=9),))
+        make_video(p, spec)
+        clips.append(p.read_bytes())
+    bad = bytearray(clips[3])
+    mdat = bad.find(b"mdat") + 4
+    cut = mdat + (len(bad) - mdat) * 3 // 10
+    bad[cut:] = bytes(len(bad) - cut)
+    clips[3] = bytes(bad)
+    root = tmp_path / "wds"
+    root.mkdir()
+    with wds.TarWriter(str(root / "data-000000.tar")) as w:
+        for i, mp4 in enumerate(clips):
+            w.write({"__key__": f"s{i}", "mp4": mp4, "txt": f"caption {i}".encode()})
+    quick = index_foreign_shards(
+        str(root), embed=hash_embed, config=ForeignIndexConfig(decode_check="first")
+    )
+    assert quick["n_skipped"] == 0  # the first frame decodes: what `vfm index` did before
+    summary = index_foreign_shards(str(root), embed=hash_embed)
+    assert summary["n_samples"] == 3 and summary["n_skipped"] == 1
+    assert summary["skipped"] == {"media decodes only in part (damaged)": 1}
+    assert summary["skipped_examples"] == [
+        "data-000000.tar s3: media decodes only in part (damaged) (1 of its 9 frames decode)"
+    ]
+    index = read_index(str(root))
+    assert index.checksummed
+    # flipped bytes after indexing, in the foreign tar or in the sidecar: skipped, named
+    path, off, size = member(root, index, "s1", "mp4")
+    flip(path, off + size // 2, 8)
+    row = index.samples.set_index("key").loc["s2"]
+    flip(root / "_vfm" / "emb-000000.tar", int(row["emb_offset"]) + 700, mask=0x01)
+    ld, got, reasons = epoch_keys(root, decode="frames")
+    assert sorted(got) == ["s0"] and len(reasons) == 2
+    assert all("checksum mismatch" in r for r in reasons)

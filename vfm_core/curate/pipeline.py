@@ -61,11 +61,13 @@ def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[Vi
     """Input videos under `src` (a directory, an s3:// prefix, or one file), sorted.
 
     `source_uri` is each file as given under SRC (`src` joined with its relative path); `url` is
-    where to read it (absolute local path or the s3:// URL).
+    where to read it (absolute local path or the s3:// URL). Nothing is opened here: an entry that
+    is not a regular file (a FIFO named ``x.mp4``) is listed like any other and the probe stage
+    rejects it, unopened, with the reason.
     """
     src = str(src)
     fs, root = storage.filesystem(src)
-    if fs.exists(root) and fs.isfile(root):
+    if fs.exists(root) and not fs.isdir(root):  # one file (or one FIFO, device: rejected later)
         url = src if storage.is_remote(src) else str(Path(root).resolve())
         return [VideoRef(source_uri=src, url=url)]
     refs = []

@@ -8,7 +8,8 @@ The order (see `records` for the items):
     transcode  SpanTask    -> ClipTask        H.264 MP4 at DST/clips/{clip_id}.mp4
     annotate   ClipTask    -> AnnotatedClip   embedding, caption, filter scores (or a reject)
 
-A stage turns every user-caused failure (bad file, unreadable object, undecodable span) into a
+A stage turns every user-caused failure (bad file, unreadable object, undecodable span, a path
+that is no regular file such as a FIFO, a decode past `video.io.DECODE_TIMEOUT`) into a
 `RejectRow` with its stage and reason; rejects from earlier stages pass through unchanged, so
 every input ends as accepted clips or rejects. A storage failure after the input was read (e.g.
 uploading a clip) is not the input's fault: it raises, and the resumable run is retried. Stages
@@ -43,7 +44,7 @@ from vfm_core.curate.records import (
     SplitVideo,
     VideoRef,
 )
-from vfm_core.video.io import VideoError, decode_frames, probe
+from vfm_core.video.io import VideoError, decode_frames, not_regular, probe
 from vfm_core.video.stitch import stitch
 from vfm_core.video.transcode import select_encoder, transcode_span
 
@@ -156,11 +157,16 @@ def local_copy(url: str, work_dir: str) -> str:
 
 @dataclass(kw_only=True)
 class ProbeStage(_MapStage):
-    """VideoRef -> ProbedVideo: fetch, content hash (video_id), probe."""
+    """VideoRef -> ProbedVideo: fetch, content hash (video_id), probe. A local input that is not
+    a regular file (a FIFO named ``x.mp4`` would block the run forever) is refused unopened."""
 
     name = "probe"
 
     def one(self, item: VideoRef) -> list[Item]:
+        if not storage.is_remote(item.url):
+            kind = not_regular(item.url.removeprefix("file://"))
+            if kind is not None:
+                raise VideoError(item.source_uri, f"not a regular file ({kind}): not opened")
         local = local_copy(item.url, self.work_dir)
         info = probe(local, max_pixels=self.cfg.max_pixels)
         if info.fps <= 0:

@@ -63,6 +63,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     add_format_arg(ix)
     ix.add_argument(
+        "--decode-check",
+        choices=("all", "first"),
+        default="all",
+        help="test decode of every video member: all its frames (default; clips that decode "
+        "only in part are skipped and counted) or only the first (faster)",
+    )
+    ix.add_argument(
         "--migrate",
         action="store_true",
         help="convert SHARDS_DIR's index.json (any vfm dataset) to the columnar "
@@ -138,6 +145,7 @@ def run_index(args: argparse.Namespace) -> int:
         text_mode=args.text_mode,
         sidecar_shard_mb=args.sidecar_shard_mb,
         index_format=args.index_format,
+        decode_check=args.decode_check,
     )
     if args.json:
         print(json.dumps(summary))

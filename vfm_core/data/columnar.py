@@ -21,7 +21,9 @@ H, W, count, first_row]`` (C..W = 0 without a stored latent), at most :data:`MAX
 them (else None): every start-up check that used to scan all samples (largest / smallest token
 grid, latent channels, buckets) reads that list instead. The latent shape is stored as four int
 columns ``latent_c`` .. ``latent_w`` (0 = none) and handed out as ``[C, T, H, W]`` or None, as in
-the JSON index.
+the JSON index. The per-sample ``checksum`` is the last column (null for a sample without one;
+files of older vfm versions lack the column) and ``stats["checksummed"]`` counts the samples that
+have one.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ _ROW_ORDER = (
     "width",
     "latent_shape",
     *FOREIGN_COLUMNS,
+    "checksum",
 )
+CHECKSUM_RULE = (r"^[0-9a-f]{32}$", "32 lower-case hex digits or null")
 _STRING_RULES = {  # the string checks of the index's SampleTable, as arrow regexes
     "key": (r"^[A-Za-z0-9_-]+$", r"must match ^[A-Za-z0-9_-]+$"),
     "member_key": (r"^(?:[^/]+/)*[^/.]+$", "relative tar key, no '.' or '..'"),
@@ -85,14 +89,24 @@ _INT_RULES = {
 }
 
 
-def arrow_schema(foreign: bool) -> pa_arrow.Schema:
+def arrow_schema(foreign: bool, *, checksum: bool = True) -> pa_arrow.Schema:
+    """The parquet columns; ``checksum=False``: without the (optional, last) checksum column."""
     fields = [("key", pa_arrow.string())]
     fields += [(c, pa_arrow.int64()) for c in ("shard", "offset", "length")]
     fields += [(c, pa_arrow.int32()) for c in GEOMETRY]
     if foreign:
         fields += [("member_key", pa_arrow.string()), ("media", pa_arrow.string())]
         fields += [(c, pa_arrow.int64()) for c in ("emb_shard", "emb_offset", "emb_length")]
+    if checksum:
+        fields.append(("checksum", pa_arrow.string()))
     return pa_arrow.schema(fields)
+
+
+def with_checksum(t: pa_arrow.Table) -> pa_arrow.Table:
+    """``t`` with a null ``checksum`` column appended when it has none (rows of an older vfm)."""
+    if "checksum" in t.column_names:
+        return t
+    return t.append_column("checksum", pa_arrow.nulls(len(t), pa_arrow.string()))
 
 
 # ---------------------------------------------------------------------------- conversion
@@ -109,6 +123,10 @@ def frame_to_arrow(samples: pd.DataFrame, foreign: bool) -> pa_arrow.Table:
         cols[c] = lat[:, k]
     if foreign:
         cols.update({c: samples[c].to_numpy() for c in FOREIGN_COLUMNS})
+    if "checksum" in samples.columns:
+        cols["checksum"] = [c if isinstance(c, str) else None for c in samples["checksum"]]
+    else:
+        cols["checksum"] = [None] * len(samples)
     return pa_arrow.Table.from_pydict(cols, schema=arrow_schema(foreign))
 
 
@@ -124,6 +142,8 @@ def arrow_to_frame(table: pa_arrow.Table) -> pd.DataFrame:
     if "member_key" in df.columns:
         for c in FOREIGN_COLUMNS:
             out[c] = df[c]
+    if "checksum" in df.columns and df["checksum"].notna().any():
+        out["checksum"] = df["checksum"]
     return out
 
 
@@ -197,7 +217,7 @@ def write_samples(
     os.close(fd)
     schema = arrow_schema(foreign)
     pending: list[pa_arrow.Table] = []
-    n_pending = 0
+    n_pending = checksummed = 0
     try:
         with pq.ParquetWriter(tmp, schema, compression="snappy", write_statistics=False) as w:
 
@@ -211,7 +231,8 @@ def write_samples(
                 return len(t) - cut
 
             for t in chunks:
-                t = t.cast(schema)
+                t = with_checksum(t).cast(schema)
+                checksummed += len(t) - t["checksum"].null_count
                 geom = np.column_stack([t[c].to_numpy().astype(np.int64) for c in GEOMETRY])
                 builder.add(geom)
                 pending.append(t)
@@ -222,7 +243,7 @@ def write_samples(
         storage.put_file(tmp, url)
     finally:
         os.unlink(tmp)
-    return {**builder.stats(), "row_group_size": row_group_size}
+    return {**builder.stats(), "checksummed": checksummed, "row_group_size": row_group_size}
 
 
 # ---------------------------------------------------------------------------- reading
@@ -265,7 +286,7 @@ class ParquetSamples:
             )
         names = set(self._pf.schema_arrow.names)
         self.foreign = "member_key" in names
-        missing = set(arrow_schema(self.foreign).names) - names
+        missing = set(arrow_schema(self.foreign, checksum=False).names) - names
         if missing:
             raise DatasetIndexError(f"{url}: sample table lacks the columns {sorted(missing)}")
         self.shard_bytes, self.sidecar_bytes = shard_bytes, sidecar_bytes
@@ -350,6 +371,9 @@ class ParquetSamples:
                 "relative tar key, no '.' or '..'",
                 ~dots.to_numpy(zero_copy_only=False),
             )
+        if "checksum" in cols:  # null: a sample without one
+            ok = pc.fill_null(pc.match_substring_regex(cols["checksum"], CHECKSUM_RULE[0]), True)
+            fail("checksum", CHECKSUM_RULE[1], ok.to_numpy(zero_copy_only=False))
         if pc.count_distinct(cols["key"]).as_py() != len(cols["key"]):
             raise DatasetIndexError(f"{where}: column 'key' holds duplicate keys")
         for c, low in _INT_RULES.items():
@@ -518,6 +542,11 @@ class ParquetIndex(DatasetIndex):
     @property
     def stats(self) -> dict[str, Any] | None:
         return self._stats
+
+    @property
+    def checksummed(self) -> bool:
+        """From the stats (written with the file): no row is read."""
+        return int(self._stats.get("checksummed") or 0) == len(self) > 0
 
     def row(self, i: int) -> dict[str, Any]:
         return self.table.row(i)

@@ -20,7 +20,8 @@ Stage order of :func:`index_foreign_shards` (the foreign tars are never rewritte
             ``{key}.txt_emb.npy`` + ``{key}.vfm.json`` (caption, geometry, origin).
 6. index    ``SHARDS_DIR/index.json``: our index with the foreign columns (``member_key``,
             ``media``, ``emb_shard`` / ``emb_offset`` / ``emb_length``, see
-            :mod:`vfm_core.data.index`); the loader reads both ranges of a sample.
+            :mod:`vfm_core.data.index`) and the per-sample checksum over both byte ranges (the
+            foreign bytes as they were when indexed); the loader reads both ranges of a sample.
 
 Stages 1-3 live in :mod:`vfm_core.data.foreign_scan`, 4-6 here. Why the scan uses
 :mod:`tarfile` and not ``webdataset.WebDataset``: webdataset's iterators yield names and bytes but
@@ -52,6 +53,7 @@ from vfm_core.data.foreign_scan import (
     scan_shard,
 )
 from vfm_core.data.index import INDEX_NAME, DatasetIndex, write_index
+from vfm_core.data.shard_reader import CHECKSUM_DIGITS
 from vfm_core.data.shards import embed_captions, npy_bytes
 
 WRITER = "vfm_core.data.foreign_index"
@@ -83,13 +85,15 @@ def write_sidecars(
     embs: list[np.ndarray],
     shard_names: list[str],
     target_bytes: int,
-) -> tuple[pd.DataFrame, list[tuple[int, int, int]]]:
+) -> tuple[pd.DataFrame, list[tuple[int, int, int]], list[str]]:
     """Sidecar tars (``webdataset.TarWriter``) of the caption embeddings; returns the sidecar
-    table and per sample (sidecar, offset, length)."""
+    table, per sample (sidecar, offset, length) and its checksum (the sha256 begun over its
+    foreign range, ``ForeignSample.hasher``, finished over its sidecar range)."""
     import webdataset as wds
 
     rows: list[dict[str, Any]] = []
     ranges: list[tuple[int, int, int]] = []
+    checksums: list[str] = []
     # plain bytes, fixed owner and mtime: the same captions give byte-identical sidecars
     opts: dict[str, Any] = dict(
         encoder=False, user="", group="", mode=0o644, mtime=0.0, format="PAX_FORMAT"
@@ -105,16 +109,22 @@ def write_sidecars(
                     ranges.append((len(rows), start, w.tarstream.offset - start))
                     i += 1
             storage.put_file(path, storage.join(shards_dir, SIDECAR_DIR, path.name))
+            data = path.read_bytes()
+            for j in range(first, i):
+                h = samples[j].hasher.copy()
+                _, off, n = ranges[j]
+                h.update(data[off : off + n])
+                checksums.append(h.hexdigest()[:CHECKSUM_DIGITS])
             rows.append(
                 {
                     "name": f"{SIDECAR_DIR}/{path.name}",
                     "n_samples": i - first,
-                    "bytes": path.stat().st_size,
-                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
                 }
             )
     _remove_stale_sidecars(shards_dir, {r["name"] for r in rows})
-    return pd.DataFrame(rows), ranges
+    return pd.DataFrame(rows), ranges, checksums
 
 
 def _remove_stale_sidecars(shards_dir: str, keep: set[str]) -> None:
@@ -196,7 +206,7 @@ def index_foreign_shards(
         )
 
     embs = embed_captions([s.caption for s in scan.samples], embed, cfg.embed_batch)
-    sidecars, ranges = write_sidecars(
+    sidecars, ranges, checksums = write_sidecars(
         shards_dir, scan.samples, embs, names, cfg.sidecar_shard_bytes
     )
     samples = pd.DataFrame(
@@ -215,8 +225,9 @@ def index_foreign_shards(
                 "emb_shard": r[0],
                 "emb_offset": r[1],
                 "emb_length": r[2],
+                "checksum": c,
             }
-            for s, r in zip(scan.samples, ranges)
+            for s, r, c in zip(scan.samples, ranges, checksums)
         ]
     )
     samples["latent_shape"] = samples["latent_shape"].astype(object)
@@ -241,6 +252,7 @@ def index_foreign_shards(
         "embedding_dim": int(embs[0].shape[-1]),
         "caption_key": cfg.caption_key,
         "video_key": ";".join(wanted),
+        "decode_check": cfg.decode_check,
     }
     index = DatasetIndex(
         root=str(shards_dir),
@@ -273,6 +285,7 @@ def index_shards_dir(
     text_mode: str = "tokens",
     sidecar_shard_mb: float = 64.0,
     index_format: str = "json",
+    decode_check: str = "all",
 ) -> dict[str, Any]:
     """``vfm index``: :func:`index_foreign_shards` with the caption encoder of ``vfm shard``,
     then the index read back and the shard sizes checked as a loader will."""
@@ -285,6 +298,7 @@ def index_shards_dir(
         video_key=video_key,
         skip_uncaptioned=skip_uncaptioned,
         sidecar_shard_bytes=int(sidecar_shard_mb * (1 << 20)),
+        decode_check=decode_check,  # type: ignore[arg-type]
     )
     cfg.media_exts()  # a bad --video-key fails before the encoder loads
     encoder = TextEncoder(TextSpec(model=text_model, mode=text_mode))

@@ -1,17 +1,24 @@
 """Scanning foreign WebDataset tars for :mod:`vfm_core.data.foreign_index` (stages 1-3 of its
 docstring): the shards listed, each tar's members grouped by key with their byte ranges, and one
 :class:`ForeignSample` per usable key (media member, caption, geometry); bad samples are counted
-with a reason in a :class:`ScanResult`."""
+with a reason in a :class:`ScanResult`.
+
+Every video member is test-decoded (``decode_check``): by default every frame, as the loader will
+decode it, so a clip that decodes only in part (flipped or lost bytes past its first frame) is
+skipped and named here instead of failing a training step; its frame count in the index is the
+decoded one. The sha256 of each sample's byte range starts here (the index's per-sample checksum,
+finished over its sidecar range in :mod:`vfm_core.data.foreign_index`)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
 import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from vfm_core import storage
 from vfm_core.data.index import is_member_key
@@ -46,6 +53,10 @@ class ForeignIndexConfig:
     """Start a new sidecar tar once the current one reaches this size."""
     embed_batch: int = 64
     """Captions per call of the text embedder."""
+    decode_check: Literal["first", "all"] = "all"
+    """Test decode of every video member: ``all`` its frames (what the loader decodes; a clip that
+    decodes to fewer frames than it declares is skipped), ``first`` only the probe's first frame
+    (faster: one frame per clip instead of all)."""
 
     def media_exts(self) -> tuple[str, ...]:
         """The media extensions to look for, in order; checks both keys (clear errors)."""
@@ -83,6 +94,9 @@ class ForeignSample:
     frames: int
     height: int
     width: int
+    hasher: Any = None
+    """sha256 over the sample's byte range in the foreign tar (the sidecar range is added when
+    the sidecar is written: the per-sample checksum covers both)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -238,12 +252,26 @@ def _sample(
     if caption is None and cfg.skip_uncaptioned:
         scan.skip(where, NO_CAPTION)
         return None
+    data = read(g.members[media])
     try:
-        info = probe(io.BytesIO(read(g.members[media])))
+        info = probe(io.BytesIO(data))
     except VideoError as e:
         scan.skip(where, "media does not decode", e.reason)
         return None
     frames = 1 if media in IMAGE_EXTS else max(1, int(info.n_frames))
+    if media not in IMAGE_EXTS and cfg.decode_check == "all":
+        from vfm_core.video.io import count_frames
+
+        try:
+            count = count_frames(io.BytesIO(data))
+        except VideoError as e:
+            scan.skip(where, "media does not decode", e.reason)
+            return None
+        if count.declared and count.decoded < count.declared:
+            detail = f"{count.decoded} of its {count.declared} frames decode"
+            scan.skip(where, "media decodes only in part (damaged)", detail)
+            return None
+        frames = count.decoded
     return ForeignSample(
         key=re.sub(r"[^A-Za-z0-9_-]", "_", g.member_key),
         member_key=g.member_key,
@@ -284,6 +312,8 @@ def scan_shard(url: str, name: str, shard: int, cfg: ForeignIndexConfig, scan: S
                     scan.owner[key] = (name, g.member_key)
                     s = _sample(g, tar, shard, name, cfg, scan)
                     if s is not None:
+                        f.seek(g.start)  # the sample's byte range, as the loader will read it
+                        s.hasher = hashlib.sha256(f.read(g.end - g.start))
                         scan.samples.append(s)
                         n += 1
         except tarfile.TarError as e:

@@ -14,11 +14,23 @@ all or none: ``member_key`` (the sample's key inside the foreign tar, which may 
 byte range ``emb_shard`` / ``emb_offset`` / ``emb_length`` into a *sidecar* tar (table
 ``sidecars``, names like ``_vfm/emb-000000.tar``) holding the caption embedding. An index without
 them is exactly the schema-1 index of our own shards, so existing datasets keep loading.
+
+Integrity (issue #27), both optional so that older indexes load unchanged:
+
+* ``checksum`` (sample column): the first 32 hex digits of the sha256 of the sample's tar records
+  (both ranges of a foreign sample), computed when the shard is written (foreign tars: when
+  indexed); the loader checks it on every read (:func:`~vfm_core.data.shard_reader.check_sample`).
+* ``integrity`` (top level of ``index.json``): sha256 of the shard (+ sidecar) table and of the
+  whole document, written last. :func:`read_index` compares them and records the outcome in
+  :attr:`DatasetIndex.integrity`: an edited shard table (a shard's sha256 or size changed by hand)
+  makes the loader check every shard's sha256 before trusting it; other edits are one warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +47,9 @@ COLUMNAR_VERSION = 2
 """``schema_version`` of the columnar form (``format: "parquet"``)."""
 INDEX_NAME = "index.json"
 INDEX_FORMATS = ("json", "parquet")
+INTEGRITY_KEY = "integrity"
+"""Top-level key of ``index.json`` holding its own checksums (see the module docstring)."""
+log = logging.getLogger(__name__)
 
 
 class DatasetIndexError(UserError, ValueError):
@@ -101,6 +116,9 @@ SampleTable = pa.DataFrameSchema(
         "emb_shard": pa.Column(int, pa.Check.ge(0), required=False),
         "emb_offset": pa.Column(int, pa.Check.ge(0), required=False),
         "emb_length": pa.Column(int, pa.Check.gt(0), required=False),
+        "checksum": pa.Column(
+            str, pa.Check.str_matches(r"^[0-9a-f]{32}$"), nullable=True, required=False
+        ),
     },
     strict=True,
     coerce=False,
@@ -125,9 +143,21 @@ class DatasetIndex:
     sidecars: pd.DataFrame | None = None
     """Foreign datasets only: one row per sidecar tar (name, n_samples, bytes, sha256) holding
     the caption embeddings the samples' ``emb_*`` columns point into; None otherwise."""
+    integrity: str = "written"
+    """What :func:`read_index` found of the index's own checksums: ``sealed`` (they match),
+    ``unsealed`` (an index of an older vfm has none), ``edited`` (fields other than the shard
+    table changed since it was written), ``shards_edited`` (the shard or sidecar table changed);
+    ``written`` for an index built in memory."""
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    @property
+    def checksummed(self) -> bool:
+        """Every sample carries a per-sample checksum (indexes of older vfm versions have none)."""
+        if "checksum" not in self.samples.columns:
+            return False
+        return bool(self.samples["checksum"].notna().all())
 
     @property
     def foreign(self) -> bool:
@@ -185,6 +215,9 @@ class DatasetIndex:
 
     def to_json(self) -> str:
         samples = self.samples.to_dict(orient="records")
+        for r in samples if "checksum" in self.samples.columns else []:
+            if not isinstance(r["checksum"], str):
+                r["checksum"] = None  # a missing checksum is null, not NaN
         doc = {
             "schema_version": SCHEMA_VERSION,
             "embedding_dim": self.embedding_dim,
@@ -195,7 +228,48 @@ class DatasetIndex:
         }
         if self.sidecars is not None:
             doc["sidecars"] = self.sidecars.to_dict(orient="records")
-        return json.dumps(doc, indent=1)
+        return json.dumps(seal(doc), indent=1)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(
+        json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+def seal(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (an ``index.json`` document) with its own checksums under :data:`INTEGRITY_KEY`:
+    of the shard (+ sidecar) table, and of everything else too."""
+    body = {k: v for k, v in doc.items() if k != INTEGRITY_KEY}
+    tables = [body.get("shards"), body.get("sidecars")]
+    return {
+        **body,
+        INTEGRITY_KEY: {"shards_sha256": _digest(tables), "index_sha256": _digest(body)},
+    }
+
+
+def check_seal(doc: dict[str, Any], url: str) -> str:
+    """Compare a parsed ``index.json`` with its own checksums (see :attr:`DatasetIndex.integrity`
+    for the outcomes); an edit is one warning line naming the index."""
+    record = doc.get(INTEGRITY_KEY)
+    if not isinstance(record, dict):
+        return "unsealed"
+    again = seal(doc)[INTEGRITY_KEY]
+    if again["shards_sha256"] != record.get("shards_sha256"):
+        log.warning(
+            "%s: the shard table was edited after the index was written (its checksum does not "
+            "match): every shard's sha256 is checked before the data is trusted",
+            url,
+        )
+        return "shards_edited"
+    if again["index_sha256"] != record.get("index_sha256"):
+        log.warning(
+            "%s: edited after it was written (its checksum does not match; the shard table is "
+            "intact and every sample is still checked against its own checksum)",
+            url,
+        )
+        return "edited"
+    return "sealed"
 
 
 def _check_ranges(
@@ -269,7 +343,9 @@ def read_index(root: str) -> DatasetIndex:
     if version == COLUMNAR_VERSION and doc.get("format") == "parquet":
         from vfm_core.data.columnar import open_parquet_index
 
-        return open_parquet_index(url, doc, str(root))
+        index = open_parquet_index(url, doc, str(root))
+        index.integrity = check_seal(doc, url)
+        return index
     if version != SCHEMA_VERSION:
         raise DatasetIndexError(
             f"{url}: schema_version {version!r}, this reader understands {SCHEMA_VERSION} "
@@ -298,6 +374,7 @@ def read_index(root: str) -> DatasetIndex:
         embedding_dim=dim,
         meta=doc.get("meta", {}),
         sidecars=sidecars,
+        integrity=check_seal(doc, url),
     )
 
 
@@ -354,7 +431,7 @@ def columnar_doc(
     }
     if sidecars is not None:
         doc["sidecars"] = sidecars.to_dict(orient="records")
-    return doc
+    return seal(doc)
 
 
 def migrate_index(root: str, *, row_group_size: int = 1 << 14) -> dict[str, Any]:

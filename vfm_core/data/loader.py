@@ -3,8 +3,18 @@
 Stage order of one step (see :mod:`vfm_core.data.plan` for the ordering rule):
 plan (global, from the index only) → take this DP rank's groups → read the samples' byte ranges
 (model-parallel group: each of k ranks reads 1/k and the group all-gathers the raw bytes) →
-parse + check (tar member names, npy dtype/shape/NaN) → decode the clip (optional) → per-sample
-sigma from (seed, position) → :class:`Batch` (with a :class:`PackLayout` per pack when packing).
+checksum (the index's per-sample sha256: flipped bytes in any member) → parse + check (tar member
+names, npy dtype/shape/NaN) → decode the clip (optional; it must decode to the index's size and
+to the frames its token grid or bucket needs) → per-sample sigma from (seed, position) →
+:class:`Batch` (with a :class:`PackLayout` per pack when packing). A sample failing any check is
+skipped for this rank only: one warning line naming its shard, key and reason, counted in
+``skipped_total`` and listed in ``Batch.skipped`` / ``Batch.skip_reasons``.
+
+Integrity (:func:`build_loader`'s ``verify``, ``"sample"`` by default): shard sizes at start and
+every sample's checksum as it is read; its cost is measured in ``benchmarks/loader.py``. An index
+without per-sample checksums (older vfm) falls back to every shard's sha256 at start (datasets up
+to :data:`FULL_CHECK_BYTES`) or to sizes, and says so once; an index whose shard table was edited
+after it was written gets every shard's sha256 checked before it is read.
 
 ``state_dict()`` is a small versioned JSON dict: dataset fingerprint, seed, packing parameters
 and the planner's global state (position, buffer, queued packs). Restoring it in a new process
@@ -30,6 +40,7 @@ from vfm_core.data.shard_batch import Batch, Sample
 from vfm_core.data.shard_reader import (
     SampleError,
     ShardError,
+    check_sample,
     parse_indexed,
     read_raw,
     verify_shards,
@@ -41,10 +52,23 @@ STATE_VERSION = 2
 """2: the global order is a Feistel permutation (v1 states, a materialised permutation, are
 refused in one line)."""
 log = logging.getLogger(__name__)
+FULL_CHECK_BYTES = 2 << 30
+"""An index without per-sample checksums: up to this many shard bytes are sha256-checked at
+start (a few seconds locally), beyond it only their sizes."""
+_told: set[str] = set()  # datasets whose missing per-sample checksums were reported
 
 
 class LoaderStateError(UserError, ValueError):
     """A loader state that does not belong to this dataset / configuration."""
+
+
+class NoSampleFitsError(UserError, ValueError):
+    """No sample of the dataset fits the packing budget or any bucket shape; the message names
+    the dataset and the sizes, ``largest`` is the biggest sample's (frames, height, width)."""
+
+    def __init__(self, message: str, *, largest: tuple[int, int, int]) -> None:
+        super().__init__(message)
+        self.largest = largest
 
 
 class ShardLoader:
@@ -57,7 +81,8 @@ class ShardLoader:
     target. ``on_error``: skip (count, log) or raise on a bad sample. ``p_mean`` / ``p_std``:
     log-normal sigma per sample. ``mp_group``: model-parallel group that reads 1/k each and
     all-gathers. ``buckets``: same-shape batches (unpacked). ``prefetch``: steps built ahead in a
-    background thread (not with ``mp_group``); never changes batches or state.
+    background thread (not with ``mp_group``); never changes batches or state. ``checksums``:
+    check every sample against its checksum in the index (where it has one).
     """
 
     def __init__(
@@ -81,6 +106,7 @@ class ShardLoader:
         mp_group: Any = None,
         buckets: BucketSpec | None = None,
         prefetch: int = 0,
+        checksums: bool = True,
     ) -> None:
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
@@ -93,7 +119,7 @@ class ShardLoader:
         self.num_workers, self.decode, self.on_error = num_workers, decode, on_error
         self.patch, self.compression = patch, compression
         self.p_mean, self.p_std = p_mean, p_std
-        self.mp_group = mp_group
+        self.mp_group, self.checksums = mp_group, checksums
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.buffer_size, self.slack = buffer_size, slack
         # JSON index: every grid precomputed (vectorised); columnar index: computed per sample
@@ -101,8 +127,12 @@ class ShardLoader:
         self._grids = self._all_grids() if index.stats is None else None
         self._grid_cache: dict[int, Grid] = {}
         self._walked = 0  # positions the packer walked last step (what to prefetch next)
-        if max_tokens is not None and self.token_extremes()[0] > max_tokens:
-            raise ValueError(f"max_tokens={max_tokens}: no sample of the dataset fits")
+        if max_tokens is not None and (fewest := self.token_extremes()[0]) > max_tokens:
+            raise NoSampleFitsError(
+                f"max_tokens={max_tokens}: no sample of the dataset fits ({index.root}: the "
+                f"smallest sample has {fewest} tokens)",
+                largest=self.largest_sample(),
+            )
         self.order = GlobalOrder(len(index), seed)
         self.buckets = buckets
         self.planner: Planner | BucketPlanner
@@ -122,7 +152,13 @@ class ShardLoader:
                 ]
                 fits = any(b is not None for b in self._bucket_of)
             if not fits:
-                raise ValueError("buckets: every sample is smaller than every bucket shape")
+                f, h, w = self.largest_sample()
+                shapes = ", ".join(f"{t} frames of {bh}x{bw}" for bh, bw, t in self._bucket_list)
+                raise NoSampleFitsError(
+                    f"{index.root}: every sample is smaller than every bucket shape (the largest "
+                    f"sample is {f} frames of {h}x{w} px (HxW); buckets: {shapes})",
+                    largest=(f, h, w),
+                )
             self.planner = BucketPlanner(
                 self.order,
                 self.bucket_of,
@@ -206,6 +242,17 @@ class ShardLoader:
             tok = np.concatenate([self._grids_of(c).prod(1) for c in self.index.iter_geometries()])
         return int(tok.min()), int(tok.max()), int(tok.argmax())
 
+    def largest_sample(self) -> tuple[int, int, int]:
+        """(frames, height, width) of the sample with the most pixels over time (from the index's
+        stats when it has them, else a scan)."""
+        geoms = (self.index.stats or {}).get("geometries")
+        if geoms is not None:
+            rows = np.array(geoms, np.int64).reshape(-1, 9)[:, :3]
+        else:
+            rows = np.concatenate([g[:, :3] for g in self.index.iter_geometries()])
+        f, h, w = rows[int(np.argmax(rows.prod(1)))].tolist()
+        return int(f), int(h), int(w)
+
     def sigma(self, position: int) -> float:
         """log-normal sigma (EDM) drawn from (seed, position): resumable, layout independent."""
         rng = np.random.Generator(np.random.PCG64([self.seed, 0x5167, position]))
@@ -246,6 +293,8 @@ class ShardLoader:
         if isinstance(raw, Exception):
             raise raw
         where = self.index.shard_url(int(row["shard"]))
+        if self.checksums:
+            check_sample(raw, row.get("checksum"), where=where, key=key)
         s = parse_indexed(self.index, i, raw, where=where)  # foreign: + its sidecar range
         frames = mp4 = None
         if self.decode == "frames" and s.latent is None:
@@ -257,6 +306,7 @@ class ShardLoader:
                 raise SampleError(
                     f"{where} sample {key}", f"clip does not decode ({e.reason})"
                 ) from None
+            self._check_decoded(frames, row, i, f"{where} sample {key}")
         elif self.decode == "none":
             mp4 = s.mp4
         return Sample(
@@ -272,6 +322,26 @@ class ShardLoader:
             latent=s.latent,
             bucket=None if self.buckets is None else self._bucket_list[self.bucket_of(i)],
         )
+
+    def _check_decoded(self, frames: np.ndarray, row: dict[str, Any], i: int, where: str) -> None:
+        """A decoded clip has the index's height and width and at least the frames that its
+        bucket or token grid takes (a damaged clip decodes to fewer: skipped here, named, rather
+        than failing the tokenizer with a shape error)."""
+        t, h, w = frames.shape[:3]
+        if (h, w) != (int(row["height"]), int(row["width"])):
+            raise SampleError(
+                where, f"clip decodes to {h}x{w} px, the index says {row['height']}x{row['width']}"
+            )
+        if self.buckets is not None:
+            need = self._bucket_list[self.bucket_of(i)][2]
+        else:  # the latent frames of its token grid, in pixel frames (causal: 1 + ct * (n - 1))
+            need = 1 + self.compression[0] * (self.grid(i)[0] * self.patch[0] - 1)
+            need = min(need, int(row["frames"]))
+        if t < need:
+            raise SampleError(
+                where,
+                f"clip decodes to {t} of its {row['frames']} frames (damaged), {need} are needed",
+            )
 
     # ------------------------------------------------------------------ iteration
     def _build(self, plan: list[list[int]], step: int, global_samples: int) -> Batch:
@@ -293,10 +363,11 @@ class ShardLoader:
         loaded = list(self._pool.map(load, js)) if self._pool else [load(j) for j in js]
         samples: list[Sample] = []
         where: dict[int, int] = {}
-        skipped = []
+        skipped, reasons = [], []
         for j, s in enumerate(loaded):
             if isinstance(s, SampleError):
                 skipped.append(s.where)
+                reasons.append(str(s))
                 log.warning("skipping bad sample: %s", s)
                 continue
             where[j] = len(samples)
@@ -318,6 +389,7 @@ class ShardLoader:
             pack_members=members,
             step=step,
             skipped=skipped,
+            skip_reasons=reasons,
             bytes_read=self.bytes_read - before,
             global_samples=global_samples,
         )
@@ -447,19 +519,24 @@ def build_loader(
     dp_size: int = 1,
     num_workers: int = 0,
     max_tokens: int | None = None,
-    verify: Literal["none", "size", "sha256"] = "size",
+    verify: Literal["sample", "sha256", "size", "none"] = "sample",
     **kwargs: Any,
 ) -> ShardLoader:
     """Savable loader over the shard directory ``shards`` (local or ``s3://``).
 
     ``max_tokens=None``: batches of ``batch_size`` samples; else ``batch_size`` packs of at most
-    ``max_tokens`` tokens each. ``verify``: check shard sizes (default) or full sha256 against the
-    index before reading. Further keywords: see :class:`ShardLoader`.
+    ``max_tokens`` tokens each. ``verify``: ``sample`` (default) checks shard sizes at start and
+    every sample's checksum as it is read (see the module docstring for indexes without them);
+    ``sha256`` also every shard's sha256 at start (reads the whole dataset); ``size`` only the
+    sizes; ``none`` nothing. Further keywords: see :class:`ShardLoader`.
     """
     t0 = time.perf_counter()
     index = shards if isinstance(shards, DatasetIndex) else read_index(str(shards))
+    if verify not in ("sample", "sha256", "size", "none"):
+        raise ValueError(f"verify={verify!r}: one of sample, sha256, size, none")
+    full = verify == "sha256" or (verify == "sample" and _needs_full_check(index))
     if verify != "none":
-        verify_shards(index, checksum=verify == "sha256")
+        verify_shards(index, checksum=full)
     loader = ShardLoader(
         index,
         seed=seed,
@@ -467,7 +544,32 @@ def build_loader(
         dp_size=dp_size,
         num_workers=num_workers,
         max_tokens=max_tokens,
+        checksums=verify in ("sample", "sha256"),
         **kwargs,
     )
     log.info("loader over %d samples ready in %.2fs", len(index), time.perf_counter() - t0)
     return loader
+
+
+def _needs_full_check(index: DatasetIndex) -> bool:
+    """``verify="sample"``: whether every shard's sha256 must be checked at start (an edited shard
+    table; an index without per-sample checksums up to :data:`FULL_CHECK_BYTES`), said once."""
+    if index.integrity == "shards_edited":
+        return True  # read_index has said why
+    if index.checksummed:
+        return False
+    total = int(index.shards["bytes"].sum())
+    if index.sidecars is not None:
+        total += int(index.sidecars["bytes"].sum())
+    full = total <= FULL_CHECK_BYTES
+    if index.root not in _told:
+        _told.add(index.root)
+        log.warning(
+            "%s: the index has no per-sample checksums (written by an older vfm): %s; write the "
+            "shards again (vfm shard / vfm index) to check every sample as it is read",
+            index.root,
+            f"checking every shard's sha256 now ({total / 1e6:.0f} MB)"
+            if full
+            else f"checking shard sizes only ({total / 1e9:.1f} GB is too much to hash at start)",
+        )
+    return full

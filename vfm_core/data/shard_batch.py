@@ -49,7 +49,9 @@ class Batch:
     """For every pack, indices into ``samples``."""
     step: int = 0
     skipped: list[str] = field(default_factory=list)
-    """Keys of bad samples dropped from this batch (logged, counted)."""
+    """Bad samples dropped from this batch (logged, counted): their shard and key."""
+    skip_reasons: list[str] = field(default_factory=list)
+    """Why each of ``skipped`` was dropped (shard, key and reason), in the same order."""
     bytes_read: int = 0
     """Bytes this rank read from storage for this batch."""
     source: int = 0

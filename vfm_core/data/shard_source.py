@@ -14,6 +14,10 @@ tokens; every latent is cropped to its token grid times the patch (first frames,
 W), and a step is a :class:`PackedLatentBatch` (per sample: latent, caption with its length,
 loader position).
 
+Bad data: a bad sample is skipped by the loader (named, counted; see :mod:`vfm_core.data.loader`);
+a step whose samples were all bad, and a dataset none of whose clips is as large as the training
+crop, are one-line errors naming the dataset (the second also the ``data.latent_*`` keys).
+
 Blend (``data.blend``): one loader per dataset and a :class:`~vfm_core.data.blend.BlendedLoader`
 that draws each step's dataset from (seed, step), the same on every rank; every dataset is checked
 against the model when opened (caption width, latent channels, packs, one text encoder), packed
@@ -34,8 +38,15 @@ import torch
 from vfm_core.config import ConfigError, DataConfig, ModelConfig
 from vfm_core.data.blend import POSITION_STRIDE, BlendedLoader, BucketSpec, dataset_names
 from vfm_core.data.index import DatasetIndexError
-from vfm_core.data.loader import LoaderStateError, Sample, ShardLoader, build_loader
+from vfm_core.data.loader import (
+    LoaderStateError,
+    NoSampleFitsError,
+    Sample,
+    ShardLoader,
+    build_loader,
+)
 from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
+from vfm_core.data.shard_reader import ShardError
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +160,29 @@ class ShardLatentSource:
             if not self.data.blend:
                 raise
             raise ConfigError(f"data.blend: {e}") from None
+        except NoSampleFitsError as e:
+            raise self._too_small(url, e) from None
+
+    def _too_small(self, url: str, e: NoSampleFitsError) -> ConfigError:
+        """No clip of ``url`` is as large as the training crop: the sizes, and the ``data.*`` keys
+        (with values) that would fit the largest clip."""
+        d = self.data
+        if self.packed:
+            return ConfigError(f"data.max_tokens={d.max_tokens}: {e} ({self._where(url)})")
+        f, h, w = e.largest
+        fits = {
+            "latent_frames": (d.latent_frames, 1 + (f - 1) // self.ct),
+            "latent_height": (d.latent_height, h // self.cs),
+            "latent_width": (d.latent_width, w // self.cs),
+        }
+        change = [f"data.{k}<={most}" for k, (now, most) in fits.items() if now > most]
+        keys = ", ".join(f"data.{k}={now}" for k, (now, _) in fits.items())
+        return ConfigError(
+            f"{self._where(url)}: every clip is smaller than the training crop of {self.frames} "
+            f"frames of {self.pixels[0]}x{self.pixels[1]} px ({keys}, tokenizer "
+            f"{self.ct}x{self.cs}x{self.cs}); the largest is {f} frames of {h}x{w} px: set "
+            f"{', '.join(change) or 'smaller data.latent_* values'}, or train on larger clips"
+        )
 
     def _check_dataset(self, ld: ShardLoader, where: str) -> None:
         """The dataset's samples fit the model: caption width, stored latent channels, and (packed)
@@ -309,7 +343,7 @@ class ShardLatentSource:
         t0 = time.perf_counter()
         batch = self.stream.next_batch()
         if not batch.samples:
-            raise RuntimeError(f"step {batch.step}: every sample was bad ({batch.skipped[:3]})")
+            raise self._all_bad(batch)
         if self.packed:
             packed = self._packs(batch)
             self.data_wait_s += time.perf_counter() - t0
@@ -321,6 +355,19 @@ class ShardLatentSource:
         )
         self.data_wait_s += time.perf_counter() - t0
         return out
+
+    def _all_bad(self, batch: Any) -> ShardError:
+        """Every sample of a step was bad: one line naming the dataset, the counts and the first
+        reasons (each names its shard and key)."""
+        ld = self.loaders[batch.source]
+        reasons = "; ".join(batch.skip_reasons[:3]) or "no sample was planned"
+        more = len(batch.skip_reasons) - 3
+        return ShardError(
+            self._where(self.urls[batch.source]),
+            f"all {len(batch.skipped)} samples of step {batch.step} were bad ({ld.skipped_total} "
+            f"bad samples read so far); first reasons: {reasons}"
+            + (f" (+{more} more)" if more > 0 else ""),
+        )
 
     @property
     def dataset_samples(self) -> dict[str, int]:

@@ -5,7 +5,8 @@ WebDataset naming: ``{key}.json`` (caption, source, span, sizes, scores), ``{key
 an image is a one-frame clip), ``{key}.txt_emb.npy`` (caption embedding, float16 (L, D): L
 per-token vectors, or L = 1 pooled) and optionally ``{key}.latent.npy`` (pre-encoded latents,
 float32 (C, T, H, W)). Any WebDataset reader can stream these tars. The writer also records
-each sample's byte range in the dataset index (:mod:`vfm_core.data.index`), so the loader reads
+each sample's byte range and checksum (sha256 of its tar records, 128 bits: the loader checks it
+on every read) in the dataset index (:mod:`vfm_core.data.index`), so the loader reads
 exactly the samples it needs (one range request on S3) instead of streaming whole shards: the
 global sample order is then a free choice.
 
@@ -43,6 +44,7 @@ from vfm_core.data.shard_reader import (  # noqa: F401  (re-exported: the readin
     parse_sample,
     read_range,
     read_raw,
+    sample_checksum,
     verify_shards,
 )
 
@@ -178,7 +180,10 @@ def write_shards(
         assert tar is not None and tar_path is not None
         tar.close()
         name = tar_path.name
-        digest = hashlib.sha256(tar_path.read_bytes()).hexdigest()
+        data = tar_path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        for r in sample_rows[len(sample_rows) - n_in_shard :]:  # this shard's samples
+            r["checksum"] = sample_checksum(data[r["offset"] : r["offset"] + r["length"]])
         storage.put_file(tar_path, storage.join(out_url, name))
         shard_rows.append(
             {

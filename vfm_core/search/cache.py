@@ -7,8 +7,11 @@
 ``key`` digests the manifest's bytes, the field, the index config and the text model, so a changed
 manifest (or config) never reads a stale index: it builds one under a new key and removes the
 older ``{field}-*`` folders. ``rows.json`` is written last: a folder without it is incomplete and
-rebuilt. A clips dir that cannot be written (read-only, no S3 write permission) still searches:
-the index is built in memory and a warning logged.
+rebuilt. Every file carries a checksum (the index's data file in its ``meta.json``, the rows in
+``rows.json``): a cached index whose bytes changed (flipped bytes in ``index.faiss`` load fine and
+answer with impossible scores and the wrong clips) is rebuilt, with one warning line. A clips dir
+that cannot be written (read-only, no S3 write permission) still searches: the index is built in
+memory and a warning logged.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def cache_key(manifest: Manifest, field: str, config: IndexConfig, model: str) -
             "field": field,
             "model": model,
             "index": dataclasses.asdict(config),
-            "v": 1,
+            "v": 2,  # 2: checksummed files (older folders are rebuilt, then pruned)
         },
         sort_keys=True,
     )
@@ -64,6 +67,8 @@ def _load(url: str, key: str) -> CachedIndex | None:
         meta = json.loads(storage.read_bytes(storage.join(url, ROWS)))
         if meta.get("key") != key:
             return None
+        if meta.get("rows_sha256") != _rows_digest(meta["rows"]):
+            raise ValueError(f"{ROWS} does not match its checksum (corrupt or edited)")
         index = load_index(url)
         rows = np.asarray(meta["rows"], np.int64)  # (R,)
     except (storage.StorageError, SearchError, ValueError, KeyError) as e:
@@ -76,6 +81,10 @@ def _load(url: str, key: str) -> CachedIndex | None:
         )
         return None
     return CachedIndex(index=index, rows=rows, url=url, built=False)
+
+
+def _rows_digest(rows: object) -> str:
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
 def _prune(root: str, field: str, keep: str) -> None:
@@ -116,6 +125,7 @@ def cached_index(
                 "manifest": manifest.digest,
                 "field": field,
                 "rows": rows.tolist(),
+                "rows_sha256": _rows_digest(rows.tolist()),
             }
             storage.write_bytes(storage.join(url, ROWS), json.dumps(rows_meta).encode())
             _prune(root, field, keep=f"{field}-{key}")

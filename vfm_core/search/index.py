@@ -11,11 +11,15 @@ with id -1 and score -inf.
 
 On disk an index is a folder (local or s3://): ``meta.json`` + ``vectors.npy`` (exact, loaded with
 ``allow_pickle=False``) or ``index.faiss`` (``faiss.serialize_index`` bytes). No pickle.
+``meta.json`` (written last) records the sha256 of the data file; :func:`load_index` refuses a
+file that does not match it (flipped bytes in ``index.faiss`` still deserialise and answer with
+impossible scores and wrong rows). A folder saved before the checksum existed loads unchecked.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -92,6 +96,21 @@ def _check_queries(queries: np.ndarray, dim: int, top_k: int) -> np.ndarray:
     return unit(q)
 
 
+def _write_data(url: str, name: str, data: bytes) -> dict[str, Any]:
+    """Write the index's data file; returns its meta entry (file name and sha256)."""
+    storage.write_bytes(storage.join(url, name), data)
+    return {"sha256": {name: hashlib.sha256(data).hexdigest()}}
+
+
+def _read_data(url: str, name: str, meta: dict[str, Any]) -> bytes:
+    """The data file ``name``, checked against the sha256 in ``meta`` when it records one."""
+    data = storage.read_bytes(storage.join(url, name))
+    want = (meta.get("sha256") or {}).get(name)
+    if want is not None and hashlib.sha256(data).hexdigest() != want:
+        raise ValueError(f"{name} does not match its sha256 in {META} (corrupt or replaced)")
+    return data
+
+
 def _write_meta(url: str, index: VectorIndex, extra: dict[str, Any]) -> None:
     meta = {
         "format": FORMAT,
@@ -137,8 +156,8 @@ class ExactIndex:
     def save(self, url: str) -> str:
         buf = io.BytesIO()
         np.save(buf, self.vectors, allow_pickle=False)
-        storage.write_bytes(storage.join(url, "vectors.npy"), buf.getvalue())
-        _write_meta(url, self, {"backend": "exact"})  # last: the folder is complete
+        digest = _write_data(url, "vectors.npy", buf.getvalue())
+        _write_meta(url, self, {"backend": "exact", **digest})  # last: the folder is complete
         return url
 
 
@@ -222,8 +241,8 @@ class FaissIndex:
     def save(self, url: str) -> str:
         faiss = _faiss()
         data = faiss.serialize_index(self.index)  # (bytes,) uint8
-        storage.write_bytes(storage.join(url, "index.faiss"), np.asarray(data).tobytes())
-        _write_meta(url, self, {"backend": "faiss"})  # last: the folder is complete
+        digest = _write_data(url, "index.faiss", np.asarray(data).tobytes())
+        _write_meta(url, self, {"backend": "faiss", **digest})  # last: the folder is complete
         return url
 
 
@@ -239,19 +258,19 @@ def build_index(vectors: np.ndarray, config: IndexConfig | None = None) -> Vecto
 
 def load_index(url: str) -> VectorIndex:
     """An index saved by ``save(url)``; :class:`SearchError` naming ``url`` when it is missing,
-    incomplete or of another format."""
+    incomplete, of another format or its data file fails its sha256."""
     try:
         meta = json.loads(storage.read_bytes(storage.join(url, META)))
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise ValueError(f"format {meta.get('format')!r} v{meta.get('version')!r}")
         cfg = IndexConfig(**meta["config"])
         if meta["backend"] == "exact":
-            buf = io.BytesIO(storage.read_bytes(storage.join(url, "vectors.npy")))
+            buf = io.BytesIO(_read_data(url, "vectors.npy", meta))
             vectors = np.load(buf, allow_pickle=False)  # (N, D)
             index: VectorIndex = ExactIndex(vectors, cfg)
         else:
             faiss = _faiss()
-            data = storage.read_bytes(storage.join(url, "index.faiss"))
+            data = _read_data(url, "index.faiss", meta)
             index = FaissIndex(faiss.deserialize_index(np.frombuffer(data, np.uint8)), cfg)
         if len(index) != meta["n"] or index.dim != meta["dim"]:
             raise ValueError(

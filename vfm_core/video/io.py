@@ -7,11 +7,19 @@ source and a one-line reason; callers turn it into a reject row.
 
 Timestamps are seconds relative to the stream's first timestamp (`stream.start_time`), so a clip's
 `start_s` / `end_s` mean the same thing in `probe`, `iter_frames` and `transcode.transcode_span`.
+
+Two guards keep one bad input from stalling a run: a path that is not a regular file (a FIFO, a
+device, a directory) is refused before it is opened (opening a FIFO blocks until a writer comes),
+and every decode (`probe`, `iter_frames`, `decode_frames`, `count_frames`, the transcoder's decode
+loop) runs under a wall-clock limit (`DECODE_TIMEOUT`, checked between packets) whose excess is a
+`VideoError` like any other bad video.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +36,30 @@ MAX_PIXELS = 8192 * 8192
 
 _VFR_PACKETS = 64  # packets whose timestamps decide "variable frame rate"
 _VFR_TOLERANCE = 0.1  # relative spread of timestamp deltas still counted as constant rate
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DecodeTimeout:
+    """Wall-clock limit of one decode: ``base_s + per_media_s * seconds of media decoded``.
+
+    Generous on purpose (a 4K stream on two busy cores decodes near real time, and the transcoder
+    encodes inside the same loop): it bounds a pathological input, it does not pace good ones.
+    Checked between demuxed packets, so it cannot interrupt one FFmpeg call that never returns."""
+
+    base_s: float = 120.0
+    """Fixed part (container open, first frames, seeking)."""
+    per_media_s: float = 20.0
+    """Seconds allowed per second of media in the decoded range."""
+    unknown_media_s: float = 3600.0
+    """Media length assumed when the container states none."""
+
+    def seconds(self, media_s: float | None) -> float:
+        media = media_s if media_s is not None and media_s > 0 else self.unknown_media_s
+        return self.base_s + self.per_media_s * media
+
+
+DECODE_TIMEOUT = DecodeTimeout()
+"""The limit every decode of this module uses unless given ``timeout_s`` (read at call time)."""
 
 
 class VideoError(Exception):
@@ -71,14 +103,67 @@ def _name(src: Source) -> str:
     return str(getattr(src, "name", None) or getattr(src, "path", None) or repr(src))
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def not_regular(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` (links followed) is no regular file, e.g. "a named pipe (FIFO)"; None for a
+    regular file. Only ``stat``: the file is never opened (opening a FIFO blocks)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as e:
+        return f"cannot stat ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+class _Deadline:
+    """The wall-clock end of one decode (see `DecodeTimeout`)."""
+
+    def __init__(self, name: str, timeout_s: float | None, media_s: float | None) -> None:
+        self.name = name
+        self.seconds = DECODE_TIMEOUT.seconds(media_s) if timeout_s is None else timeout_s
+        self.end = time.monotonic() + self.seconds
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            raise VideoError(
+                self.name,
+                f"decode exceeded its {self.seconds:.3g} s timeout (stalled or far too slow; "
+                "vfm_core.video.io.DECODE_TIMEOUT)",
+            )
+
+
+def _media_seconds(c: av.container.InputContainer, s: av.VideoStream | None) -> float | None:
+    """Duration the container states for stream ``s`` (or itself); None when it states none."""
+    if s is not None and s.duration is not None and s.time_base is not None:
+        return float(s.duration * s.time_base)
+    if c.duration is not None:
+        return float(c.duration / av.time_base)
+    return None
+
+
 def open_container(src: Source) -> av.container.InputContainer:
-    """`av.open` for reading, with user-caused failures turned into `VideoError`."""
+    """`av.open` for reading, with user-caused failures turned into `VideoError`; a path that is
+    not a regular file (FIFO, device, directory) is refused without opening it."""
     name = _name(src)
     if isinstance(src, (str, os.PathLike)):
         p = Path(src)
         if not p.exists():
             raise VideoError(name, "file not found")
-        if p.is_file() and p.stat().st_size == 0:
+        kind = not_regular(p)
+        if kind is not None:
+            raise VideoError(name, f"not a regular file ({kind}): refused without opening it")
+        if p.stat().st_size == 0:
             raise VideoError(name, "empty file (0 bytes)")
     elif hasattr(src, "seek"):
         src.seek(0)  # file objects are read from the start on every open
@@ -106,14 +191,22 @@ def _t0(stream: av.VideoStream) -> int:
     return stream.start_time if stream.start_time is not None else 0
 
 
-def probe(src: Source, *, require_video: bool = True, max_pixels: int = MAX_PIXELS) -> VideoInfo:
+def probe(
+    src: Source,
+    *,
+    require_video: bool = True,
+    max_pixels: int = MAX_PIXELS,
+    timeout_s: float | None = None,
+) -> VideoInfo:
     """Read the header, the first packets' timestamps and the first frame of the first video stream.
 
     Decoding one frame proves the stream is decodable and yields the rotation and pixel format.
     Raises `VideoError` for empty / truncated / non-media / audio-only (unless `require_video` is
-    False) / undecodable inputs and for declared sizes above `max_pixels`.
+    False) / undecodable inputs, for declared sizes above `max_pixels` and when it takes longer
+    than `timeout_s` (default: `DECODE_TIMEOUT`).
     """
     name = _name(src)
+    began = time.monotonic()
     with open_container(src) as c:
         if not c.streams.video:
             if require_video:
@@ -142,8 +235,11 @@ def probe(src: Source, *, require_video: bool = True, max_pixels: int = MAX_PIXE
         # timestamps of the first packets -> variable frame rate flag
         pts: list[int] = []
         first: av.VideoFrame | None = None
+        deadline = _Deadline(name, timeout_s, _media_seconds(c, s))
+        deadline.end -= time.monotonic() - began  # the open counts too
         try:
             for packet in c.demux(s):
+                deadline.check()
                 if packet.pts is not None and len(pts) < _VFR_PACKETS:
                     pts.append(packet.pts)
                 if first is None:
@@ -254,6 +350,7 @@ def iter_frames(
     interpolation: str = "FAST_BILINEAR",
     resize: Literal["swscale", "sample"] = "swscale",
     decoder_options: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
 ) -> Iterator[tuple[float, np.ndarray]]:
     """Yield (time_s, RGB uint8 (H, W, 3)) for the frames with start_s <= t < end_s.
 
@@ -266,13 +363,20 @@ def iter_frames(
     4:4:4 only; other formats fall back to swscale). `decoder_options` are FFmpeg decoder
     options (AVOptions) set before the decoder opens, e.g. `SKIP_LOOP_FILTER` for analysis. With
     `start_s`, the demuxer seeks to the previous keyframe and the frames before `start_s` are
-    decoded and skipped.
+    decoded and skipped. The whole iteration (the caller's work between frames included) runs
+    under `timeout_s` (default: `DECODE_TIMEOUT` for the range's length); past it, `VideoError`.
     """
     name = _name(src)
     size: tuple[int, int] | None = None
     sampler: _PlaneSampler | None = None
     frames = _iter_av_frames(
-        src, start_s=start_s, end_s=end_s, threads=threads, name=name, options=decoder_options
+        src,
+        start_s=start_s,
+        end_s=end_s,
+        threads=threads,
+        name=name,
+        options=decoder_options,
+        timeout_s=timeout_s,
     )
     for t, frame in frames:
         if size is None:  # the output size from the first frame's coded size (no second open)
@@ -364,6 +468,7 @@ def decode_frames(
     end_s: float | None = None,
     threads: str = "AUTO",
     resize: Literal["swscale", "sample"] = "swscale",
+    timeout_s: float | None = None,
 ) -> np.ndarray:
     """All frames of [start_s, end_s) as RGB uint8 (T, H, W, 3); see `iter_frames`."""
     it = iter_frames(
@@ -374,6 +479,7 @@ def decode_frames(
         end_s=end_s,
         threads=threads,
         resize=resize,
+        timeout_s=timeout_s,
     )
     frames = [a for _, a in it]
     if not frames:
@@ -389,17 +495,27 @@ def _iter_av_frames(
     threads: str,
     name: str | None = None,
     options: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
 ) -> Iterator[tuple[float, av.VideoFrame]]:
     """(time_s, av.VideoFrame) with start_s <= t < end_s (by frame centre), after a keyframe seek.
 
     `options`: FFmpeg decoder options, applied before the decoder opens (at the first packet).
 
     A decode error after the first frame ends the iteration quietly (damaged tail: the caller
-    sees fewer frames than probed); before it, it raises `VideoError`.
+    sees fewer frames than probed); before it, it raises `VideoError`. So does running past
+    `timeout_s` (default: `DECODE_TIMEOUT` for the range's length), checked at every packet.
     """
     name = name or _name(src)
+    began = time.monotonic()
     with open_container(src) as c:
         s = _video_stream(c, name)
+        media = _media_seconds(c, s)  # seconds of media in [start_s, end_s)
+        if end_s is not None:
+            media = (end_s if media is None else min(media, end_s)) - (start_s or 0.0)
+        elif media is not None and start_s:
+            media -= start_s
+        deadline = _Deadline(name, timeout_s, media)
+        deadline.end -= time.monotonic() - began  # the open counts too
         s.codec_context.thread_type = threads
         if options:
             s.codec_context.options = dict(options)
@@ -410,7 +526,7 @@ def _iter_av_frames(
             c.seek(t0 + int(start_s / tb), stream=s, backward=True, any_frame=False)
         n_out = 0
         try:
-            for frame in c.decode(s):
+            for frame in _decode(c, s, deadline):
                 if frame.pts is None:
                     continue
                 t = float((frame.pts - t0) * tb)
@@ -423,3 +539,38 @@ def _iter_av_frames(
         except av.FFmpegError as e:
             if n_out == 0:
                 raise VideoError(name, f"decode failed ({_ffmpeg_reason(e)})") from e
+
+
+def _decode(
+    c: av.container.InputContainer, s: av.VideoStream, deadline: _Deadline
+) -> Iterator[av.VideoFrame]:
+    """`c.decode(s)` (demux, decode, flush at the end) with the deadline checked per packet."""
+    for packet in c.demux(s):
+        deadline.check()
+        yield from packet.decode()
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class FrameCount:
+    """What `count_frames` found."""
+
+    decoded: int
+    """Frames that decode (no pixel conversion)."""
+    declared: int
+    """Frame count the container states (MP4 sample table); 0 when it states none."""
+
+
+def count_frames(src: Source, *, timeout_s: float | None = None) -> FrameCount:
+    """Decode every frame of the first video stream (a test decode: no conversion, nothing kept).
+
+    Raises `VideoError` when no frame decodes or the decode runs past `timeout_s`; a clip that
+    decodes to fewer frames than it declares is damaged (flipped or lost bytes)."""
+    name = _name(src)
+    n = 0
+    for _ in _iter_av_frames(src, start_s=None, end_s=None, threads="AUTO", timeout_s=timeout_s):
+        n += 1
+    if n == 0:
+        raise VideoError(name, "video stream has no decodable frame")
+    with open_container(src) as c:
+        declared = int(_video_stream(c, name).frames or 0)
+    return FrameCount(decoded=n, declared=declared)
