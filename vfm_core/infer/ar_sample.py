@@ -102,6 +102,7 @@ def sample_tokens(
     prompt: torch.Tensor | None = None,  # (B, P) first tokens in raster order, kept as given
     null_text: torch.Tensor | None = None,  # (1 | B, L, Dt) unconditional caption (default zeros)
     prefill: Prefill = local_prefill,
+    progress: Callable[[int], None] | None = None,  # called after each drawn token with the count
 ) -> torch.Tensor:
     """Tokens (B, T, H, W) of ``grid``: the prompt, then sampled continuations. ``prefill`` runs
     the first cached forward (BOS and the prompt: P + 1 inputs)."""
@@ -128,17 +129,22 @@ def sample_tokens(
     caches = model.new_caches(n) if cfg.use_cache else None
     done = 0  # positions whose inputs went through the model (cache mode)
 
+    def inputs_of(lo: int, hi: int) -> torch.Tensor:
+        """Input ids (B | 2B, hi - lo) of positions lo..hi-1, ``model.shift_right(ids)[:, lo:hi]``
+        without shifting all N ids at every step."""
+        x = ids[:, max(lo - 1, 0) : hi - 1]  # (B, hi - lo - [lo == 0])
+        if lo == 0:
+            x = torch.cat([ids.new_full((b, 1), model.bos), x], dim=1)  # (B, hi)
+        return torch.cat([x, x]) if guided else x
+
     def logits_at(i: int) -> torch.Tensor:
         """Guided logits (B, V) of position i given ids[:, :i]."""
         nonlocal done
-        inputs = model.shift_right(ids)  # (B, N); only positions <= i are read
-        if guided:
-            inputs = torch.cat([inputs, inputs])
         if caches is None:
-            out = model.forward_ids(inputs[:, : i + 1], texts, rope[: i + 1])[:, -1]
+            out = model.forward_ids(inputs_of(0, i + 1), texts, rope[: i + 1])[:, -1]
         else:  # feed every position not yet seen (the prompt's in one prefill)
             run = prefill if done == 0 else local_prefill
-            out = run(model, inputs[:, done : i + 1], texts, rope[done : i + 1], caches)
+            out = run(model, inputs_of(done, i + 1), texts, rope[done : i + 1], caches)
             done = i + 1
         if guided:
             cond, uncond = out.chunk(2)
@@ -147,4 +153,6 @@ def sample_tokens(
 
     for i in range(prompt.shape[1], n):
         ids[:, i] = draw(logits_at(i), cfg, gen)
+        if progress is not None:
+            progress(i + 1 - prompt.shape[1])
     return ids.view(b, *grid)

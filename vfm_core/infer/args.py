@@ -53,12 +53,45 @@ def add_generate_args(ap: argparse.ArgumentParser) -> None:
         metavar="K",
         help="latent frames of the prompt to keep (default 1)",
     )
+    bounds = ap.add_argument_group(
+        "bounds",
+        "requests estimated over a bound are refused before any work (vfm_core.infer.budget)",
+    )
+    bounds.add_argument(
+        "--max-memory-gib",
+        type=float,
+        metavar="G",
+        help="refuse requests estimated to need more memory (default: 75%% of what is available)",
+    )
+    bounds.add_argument(
+        "--max-minutes",
+        type=float,
+        default=10.0,
+        metavar="M",
+        help="refuse requests estimated to take longer (default 10)",
+    )
+    bounds.add_argument(
+        "--device-tflops",
+        type=float,
+        metavar="T",
+        help="TFLOP/s the time estimate assumes (default: measured on this CPU)",
+    )
+    bounds.add_argument(
+        "--force", action="store_true", help="run a request over a bound anyway (a warning)"
+    )
 
 
 def request_from_args(args: argparse.Namespace) -> GenerateRequest:
+    from vfm_core.infer.budget import GenerateBounds
     from vfm_core.infer.generate import GenerateRequest  # noqa: F811 (torch-free import time)
 
     h, w = parse_size(args.size)
+    bounds = GenerateBounds(
+        max_memory_gib=args.max_memory_gib,
+        max_minutes=args.max_minutes,
+        force=args.force,
+        device_tflops=args.device_tflops,
+    )
     return GenerateRequest(
         prompt=args.prompt,
         frames=args.frames,
@@ -75,4 +108,5 @@ def request_from_args(args: argparse.Namespace) -> GenerateRequest:
         prompt_tokens=args.prompt_tokens,
         prompt_video=args.prompt_video,
         prompt_frames=args.prompt_frames,
+        bounds=bounds.check(),
     )

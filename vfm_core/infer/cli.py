@@ -2,8 +2,13 @@
 
     vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
                  [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
+                 [--max-memory-gib G] [--max-minutes M] [--device-tflops T] [--force]
                  [--temperature T --top-k K --top-p P]                       (autoregressive runs)
                  [--prompt-video PATH | --prompt-tokens FILE] [--prompt-frames K]
+
+Before the text model or any weights load, ``--out`` is checked writable and the request's
+memory and time are estimated from the run's config (:mod:`vfm_core.infer.budget`): a request
+over a bound is refused in one line (``--force`` runs it anyway, with a warning).
 
 ``--nproc 1`` (default) runs in this process. ``--nproc N`` embeds the prompt here (the text model
 loads once), then launches ``torchrun --standalone --nproc-per-node N -m vfm_core.infer.main`` so N
@@ -51,11 +56,14 @@ def torchrun_argv(
     argv += ["--top-p", repr(args.top_p)]
     if prompt_ids is not None:
         argv += ["--prompt-tokens", prompt_ids, "--prompt-frames", str(args.prompt_frames)]
-    for flag in ("steps", "guidance", "tokenizer"):
+    argv += ["--max-minutes", repr(args.max_minutes)]
+    for flag in ("steps", "guidance", "tokenizer", "max_memory_gib", "device_tflops"):
         if getattr(args, flag) is not None:
-            argv += [f"--{flag}", str(getattr(args, flag))]
+            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.no_gif:
         argv.append("--no-gif")
+    if args.force:
+        argv.append("--force")
     return argv
 
 
@@ -74,29 +82,32 @@ def _report(result: dict, as_json: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``vfm generate``; user errors raise GenerateError / CheckpointError (exit 2 upstream)."""
+    from vfm_core.config import ConfigError, load_yaml, validate
     from vfm_core.infer.dit_checkpoint import read_text_record, resolve_checkpoint
-    from vfm_core.infer.generate import (
-        ar_prompt_ids,
-        check_guidance,
-        check_prompt,
-        embed_prompt,
-        generate,
-    )
+    from vfm_core.infer.generate import embed_prompt, generate
+    from vfm_core.infer.request import ar_prompt_ids, check_guidance, check_prompt, preflight
     from vfm_core.infer.shapes import GenerateError
+    from vfm_core.infer.video_out import check_writable
+    from vfm_core.train.checkpoint import CheckpointError
 
-    # cheap checks first, before the text model and the ranks are started
+    # cheap checks first, before the text model, the weights and the ranks are loaded/started
     request = request_from_args(args)
     check_prompt(args.prompt)
     if args.guidance is not None:
         check_guidance(args.guidance)
     if args.nproc < 1:
         raise GenerateError(f"--nproc: must be >= 1, got {args.nproc}")
+    check_writable(args.out)
     run_dir, _ = resolve_checkpoint(args.checkpoint, check=False)  # verified when loaded
+    try:
+        cfg = validate(load_yaml(run_dir / "config.yaml"))
+    except ConfigError as e:
+        raise CheckpointError(f"--checkpoint {run_dir}: {e}") from None
+    # the plan and its estimated memory / time against the bounds, from the config alone
+    preflight(cfg, request, tokenizer=args.tokenizer, world=args.nproc)
     ids = None  # an autoregressive run's token prompt (K, h, w), read and checked here
     if args.prompt_tokens or args.prompt_video:
-        from vfm_core.config import load_yaml
-
-        ids = ar_prompt_ids(load_yaml(run_dir / "config.yaml"), request, tokenizer=args.tokenizer)
+        ids = ar_prompt_ids(cfg, request, tokenizer=args.tokenizer)
     # (l, Dt) as the run's captions were embedded (RUN/text.json); empty prompt -> GenerateError
     emb = embed_prompt(args.prompt, record=read_text_record(run_dir))
     with tempfile.TemporaryDirectory(prefix="vfm-generate-") as tmp:

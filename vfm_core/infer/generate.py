@@ -2,11 +2,15 @@
 
 Stage order of :func:`generate` (top to bottom):
 
+0. **check** the request's scalar inputs and that ``out`` can be written, before any model is
+   loaded (:mod:`vfm_core.infer.request`);
 1. **load** the DiT of a ``vfm train`` run (:func:`vfm_core.infer.dit_checkpoint.load_dit`; EMA
    weights, another architecture refused) and the tokenizer (``--tokenizer``, else the run's
    ``data.tokenizer``; latent channels must equal ``model.in_channels``);
 2. **plan** the latent for ``frames`` x H x W (:mod:`vfm_core.infer.shapes`: frame counts rounded
-   up with a warning, sizes checked);
+   up with a warning, sizes checked) and **bound** its cost: estimated memory and time over the
+   request's bounds are refused in one line (:mod:`vfm_core.infer.budget`, ``--force`` to run
+   anyway);
 3. **embed** the prompt as the run's captions were embedded (``RUN/text.json``: per-token or
    pooled, MiniLM or T5; runs without one: pooled all-MiniLM-L6-v2), zero-padded to
    ``model.text_len`` tokens (the padding is masked in cross-attention); the unconditional branch
@@ -19,7 +23,8 @@ Stage order of :func:`generate` (top to bottom):
    ranks (:mod:`vfm_core.infer.context_parallel`, the parallel package's CP attention) each rank
    embeds, attends (ring attention for full 3D attention, all-to-all for ST-DiT) and transforms
    only its contiguous 1/N slice of the raster-ordered tokens; the output projection is
-   all-gathered, so the sampler state stays replicated and every rank takes the same ODE step;
+   all-gathered, so the sampler state stays replicated and every rank takes the same ODE step.
+   Progress shows on stderr once sampling has run a few seconds (:mod:`vfm_core.infer.progress`);
 6. **decode** on rank 0 with the causal tokenizer (or, for runs trained on synthetic latents with no
    tokenizer, a labelled latent preview: 3 channels up-sampled by the default 4x8x8 factors), then
    write ``OUT.mp4`` (H.264), ``OUT.gif`` (Pillow, when installed) and ``OUT.latent.npy`` (the
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -49,24 +55,39 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from vfm_core.config import Config, DiffusionConfig
+from vfm_core.config import DiffusionConfig
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.sampler import sample
-from vfm_core.infer.ar_prefill import SplitPrefill, load_prompt, sync_tokens
+from vfm_core.infer.ar_prefill import SplitPrefill, sync_tokens
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
-from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent, warn_beyond_training
-from vfm_core.infer.video_out import latent_preview, to_uint8_frames, write_outputs
+from vfm_core.infer.progress import Progress
+from vfm_core.infer.request import (
+    GUIDANCE_RANGE,
+    PREVIEW_FACTORS,
+    GenerateRequest,
+    ar_prompt_ids,
+    check_cost,
+    check_guidance,
+    check_prompt,
+    check_steps,
+    decoder_and_plan,
+    load_decoder,
+    prompt_ids,
+)
+from vfm_core.infer.shapes import GenerateError
+from vfm_core.infer.video_out import check_writable, latent_preview, to_uint8_frames, write_outputs
 from vfm_core.tokenizer.fsq import FSQ
 from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
-__all__ = [
+__all__ = [  # the request's names are re-exported from vfm_core.infer.request
     "GUIDANCE_RANGE",
     "GenerateRequest",
     "GenerateResult",
     "ar_prompt_ids",
     "check_guidance",
+    "check_prompt",
     "embed_prompt",
     "generate",
     "initial_noise",
@@ -76,48 +97,6 @@ __all__ = [
     "sample_latent",
     "text_condition",
 ]
-
-GUIDANCE_RANGE = (0.0, 30.0)
-"""Accepted classifier-free guidance scales (0 = unconditional, 1 = conditional, >1 = guided)."""
-PREVIEW_FACTORS = (4, 8)
-"""(temporal, spatial) factors assumed when no tokenizer is available (tok-tiny's 4x8x8)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class GenerateRequest:
-    """One video to generate."""
-
-    prompt: str
-    """Text prompt (must not be empty)."""
-    frames: int = 13
-    """Pixel frames (rounded up to 1 + t_c·k, see :mod:`vfm_core.infer.shapes`)."""
-    height: int = 64
-    """Pixel height (multiple of spatial factor x patch)."""
-    width: int = 64
-    """Pixel width (multiple of spatial factor x patch)."""
-    seed: int = 0
-    """Seed of the initial noise (same video for any number of ranks)."""
-    steps: int | None = None
-    """Sampler steps (None = the run's ``diffusion.num_steps``)."""
-    guidance: float | None = None
-    """Classifier-free guidance scale in :data:`GUIDANCE_RANGE` (None = run's
-    ``diffusion.guidance``)."""
-    fps: int = 8
-    """Frame rate of the written MP4 / GIF."""
-    gif: bool = True
-    """Also write ``OUT.gif`` (needs Pillow)."""
-    temperature: float = 1.0
-    """Autoregressive family: softmax temperature of the token draws (0 = greedy)."""
-    top_k: int = 0
-    """Autoregressive family: keep the k most likely tokens (0 = all)."""
-    top_p: float = 1.0
-    """Autoregressive family: nucleus, in (0, 1]."""
-    prompt_tokens: str | None = None
-    """Autoregressive family: ``.tokens.npy`` ids (T, h, w) whose first frames are the prompt."""
-    prompt_video: str | None = None
-    """Autoregressive family: a video whose first frames, tokenized, are the prompt."""
-    prompt_frames: int = 1
-    """Autoregressive family: latent frames of the prompt kept (with a prompt file)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -156,32 +135,13 @@ class GenerateResult:
     """Seconds spent decoding and writing."""
     tokens: str | None = None
     """Autoregressive family: path of ``OUT.tokens.npy``, the sampled ids (T', h, w) int32."""
+    estimate_gib: float | None = None
+    """Estimated peak memory of the request on this host, GiB (:mod:`vfm_core.infer.budget`)."""
+    estimate_s: float | None = None
+    """Estimated seconds of sampling and decoding."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def check_guidance(guidance: float) -> float:
-    lo, hi = GUIDANCE_RANGE
-    g = float(guidance)
-    if not math.isfinite(g) or not lo <= g <= hi:
-        raise GenerateError(
-            f"--guidance {guidance}: must be a number in [{lo:g}, {hi:g}] (0 = unconditional, "
-            "1 = no guidance, typical 2-7)"
-        )
-    return g
-
-
-def _check_steps(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
-        raise GenerateError(f"--steps {steps!r}: must be an integer in [1, 1000]")
-    return steps
-
-
-def check_prompt(prompt: str) -> str:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise GenerateError(f"--prompt {prompt!r}: the prompt is empty; describe the video")
-    return prompt.strip()
 
 
 _ENCODERS: dict[str, Any] = {}
@@ -264,129 +224,35 @@ def sample_latent(
     steps: int,
     guidance: float,
     null_text: torch.Tensor | None = None,
+    progress: bool = False,
 ) -> torch.Tensor:
     """ODE sampling (the objective's schedule: Karras for EDM, shifted uniform t for rectified
     flow; the run's Euler / Heun) with CFG in one batch; (1, C, T', h, w). ``null_text``
-    (B | 1, L, Dt): the unconditional branch (default zeros)."""
+    (B | 1, L, Dt): the unconditional branch (default zeros). ``progress``: one update per
+    denoiser call on stderr once sampling has run a few seconds."""
     edm = create_diffusion(diffusion)  # EDM or rectified flow: its own schedule
     sigmas = edm.sampling_sigmas(steps)
+    heun = diffusion.sampler == "heun"  # a second call at every step that does not end at 0
+    calls = steps + (int((sigmas[1:] != 0).sum()) if heun else 0)
+    desc = f"denoising ({steps} {diffusion.sampler} steps)"
+    bar = Progress(calls, desc=desc, unit="call", enabled=progress)
 
     def denoise_fn(x: torch.Tensor, sigma: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return edm.denoise(model, x, sigma, t)  # (B, C, T', h, w)
+        d = edm.denoise(model, x, sigma, t)  # (B, C, T', h, w)
+        bar.update()
+        return d
 
-    return sample(
-        denoise_fn,
-        noise,
-        sigmas=sigmas,
-        method=diffusion.sampler,
-        text=text,  # (1, L, Dt)
-        # (B, L, Dt): what the trainer feeds for dropped captions
-        null_text=torch.zeros_like(text) if null_text is None else null_text.expand_as(text),
-        guidance=guidance,
-    )
-
-
-def load_decoder(path: str | Path, *, latent_channels: int):
-    """The tokenizer at ``path`` (vfm or external layout); channel mismatch -> GenerateError."""
-    from vfm_core.tokenizer import TokenizerLoadError, load_external_tokenizer, load_tokenizer
-    from vfm_core.tokenizer.io import WEIGHTS_FILE
-
-    p = Path(path)
-    try:
-        if (p / WEIGHTS_FILE).is_file() or p.is_file():
-            return load_tokenizer(p, expected_latent_channels=latent_channels)
-        return load_external_tokenizer(p, expected_latent_channels=latent_channels)
-    except TokenizerLoadError as e:
-        raise GenerateError(f"--tokenizer {p}: {e}") from None
-
-
-def load_token_decoder(path: str | Path, *, vocab_size: int):
-    """A discrete tokenizer whose FSQ grid has ``vocab_size`` ids, else GenerateError."""
-    from vfm_core.tokenizer import TokenizerLoadError, load_tokenizer
-
-    try:
-        tok = load_tokenizer(path)
-    except TokenizerLoadError as e:
-        raise GenerateError(f"--tokenizer {path}: {e}") from None
-    if tok.fsq is None:
-        raise GenerateError(
-            f"--tokenizer {path}: a continuous tokenizer; the autoregressive model needs a "
-            "discrete one (vfm tokenizer train --discrete)"
+    with bar:
+        return sample(
+            denoise_fn,
+            noise,
+            sigmas=sigmas,
+            method=diffusion.sampler,
+            text=text,  # (1, L, Dt)
+            # (B, L, Dt): what the trainer feeds for dropped captions
+            null_text=torch.zeros_like(text) if null_text is None else null_text.expand_as(text),
+            guidance=guidance,
         )
-    if tok.vocab_size != vocab_size:
-        raise GenerateError(
-            f"--tokenizer {path}: its codebook has {tok.vocab_size} ids (FSQ levels "
-            f"{list(tok.cfg.fsq_levels)}), the model's vocabulary {vocab_size}"
-        )
-    return tok
-
-
-def _decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, world: int):
-    """(decoder or None, LatentPlan, spatial factor) of a request on ``world`` ranks."""
-    ar = cfg.model.arch == "ar"
-    decoder = None
-    if ar:  # discrete tokens: the tokenizer's FSQ grid must be the model's vocabulary
-        if tok_path:
-            decoder = load_token_decoder(tok_path, vocab_size=cfg.model.vocab_size)
-        channels = decoder.cfg.latent_channels if decoder else len(synthetic_levels(cfg.model))
-    else:
-        if tok_path:
-            decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels)
-        channels = cfg.model.in_channels
-        if request.prompt_tokens is not None or request.prompt_video is not None:
-            raise GenerateError(
-                "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
-                f"prompt; this run's model.arch is {cfg.model.arch!r}"
-            )
-    t_c, s = (
-        (decoder.cfg.temporal_factor, decoder.cfg.spatial_factor) if decoder else PREVIEW_FACTORS
-    )
-    plan = plan_latent(
-        request.frames,
-        request.height,
-        request.width,
-        temporal_factor=t_c,
-        spatial_factor=s,
-        channels=channels,
-        patch=tuple(cfg.model.patch),
-        cp=1 if ar else world,  # the AR split pads the prompt: any token count works
-    )
-    if cfg.data.max_tokens == 0:  # unpacked: every training latent had the configured shape
-        d = cfg.data
-        warn_beyond_training(
-            plan,
-            (d.latent_frames, d.latent_height, d.latent_width),
-            temporal_factor=t_c,
-            spatial_factor=s,
-        )
-    return decoder, plan, s
-
-
-def _prompt(cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int):
-    """(1, K*h*w) checked prompt ids of an autoregressive request, or None."""
-    return load_prompt(
-        tokens=request.prompt_tokens,
-        video=request.prompt_video,
-        frames=request.prompt_frames,
-        grid=tuple(plan.latent[1:]),
-        vocab_size=cfg.model.vocab_size,
-        tokenizer=decoder,
-        spatial_factor=s,
-    )
-
-
-def ar_prompt_ids(
-    cfg: Config, request: GenerateRequest, *, tokenizer: str | Path | None = None
-) -> np.ndarray | None:
-    """The checked prompt ids (K, h, w) int32 of an autoregressive request (None without a
-    prompt), from the run's config alone: ``vfm generate`` reads the prompt with this before the
-    text model loads and hands the ids on (to :func:`generate` or the ranks) as a tokens file."""
-    with warnings.catch_warnings():  # the ranks warn about rounded frame counts
-        warnings.simplefilter("ignore")
-        tok_path = tokenizer or cfg.data.tokenizer or None
-        decoder, plan, s = _decoder_and_plan(cfg, request, tok_path, 1)
-    ids = _prompt(cfg, request, decoder, plan, s)
-    return None if ids is None else ids.view(-1, *plan.latent[2:]).numpy().astype(np.int32)
 
 
 def generate(
@@ -400,52 +266,43 @@ def generate(
     """Generate one video (see the module docstring). Under torchrun every rank calls this with
     the same arguments; rank 0 writes ``out`` (``.mp4``), ``out.gif`` and ``out.latent.npy``."""
     check_prompt(request.prompt)
+    request.bounds.check()
+    out = check_writable(out)  # before any model is loaded
     loaded = checkpoint if isinstance(checkpoint, LoadedDiT) else load_dit(checkpoint)
     cfg = loaded.cfg
     guidance = check_guidance(
         cfg.diffusion.guidance if request.guidance is None else request.guidance
     )
-    steps = _check_steps(cfg.diffusion.num_steps if request.steps is None else request.steps)
-    out = Path(out)
-    if out.suffix.lower() != ".mp4":
-        raise GenerateError(f"--out {out}: must end in .mp4")
+    steps = check_steps(cfg.diffusion.num_steps if request.steps is None else request.steps)
     tok_path = tokenizer or cfg.data.tokenizer or None
     ar = cfg.model.arch == "ar"
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    decoder, plan, s = _decoder_and_plan(cfg, request, tok_path, world)
+    decoder, plan, s = decoder_and_plan(cfg, request, tok_path, world)
     t_c = decoder.cfg.temporal_factor if decoder else PREVIEW_FACTORS[0]
-    prompt = _prompt(cfg, request, decoder, plan, s) if ar else None  # (1, P) or None
+    param = next(loaded.model.parameters())
+    est = check_cost(  # before the prompt, the noise, the caches and the activations are built
+        cfg,
+        request,
+        plan,
+        decoder.cfg if decoder is not None else None,
+        steps=steps,
+        guidance=guidance,
+        world=world,
+        device=param.device,
+        dtype_bytes=param.element_size(),
+        resident_bytes=_resident_bytes(loaded.model, decoder),
+    )
+    prompt = prompt_ids(cfg, request, decoder, plan, s) if ar else None  # (1, P) or None
     if text_emb is None:
         text_emb = embed_prompt(request.prompt, record=loaded.text)
     text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
     null = null_condition(loaded.text, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
+    show = request.progress and (world == 1 or dist.get_rank() == 0)
     tokens = None
     t0 = time.perf_counter()
     if ar:
         ranks = world
-        sampling = SamplingConfig(
-            temperature=request.temperature,
-            top_k=request.top_k,
-            top_p=request.top_p,
-            guidance=guidance,
-            seed=request.seed,
-        )
-        device = next(loaded.model.parameters()).device
-        # ranks > 1: the prompt's prefill split over them (no prompt: nothing to split)
-        prefill = SplitPrefill(device.type) if world > 1 and prompt is not None else local_prefill
-        try:
-            tokens = sample_tokens(
-                loaded.model,
-                text,
-                tuple(plan.latent[1:]),
-                sampling,
-                null_text=null,
-                prompt=prompt,
-                prefill=prefill,
-            )
-        except SamplingError as e:
-            raise GenerateError(str(e)) from None
-        tokens = sync_tokens(tokens)  # (1, T', h, w), rank 0's on every rank
+        tokens = _sample_tokens(loaded, request, plan, text, null, prompt, guidance, show)
         fsq = decoder.fsq if decoder is not None else FSQ(synthetic_levels(cfg.model))
         latent = fsq.indices_to_codes(tokens).movedim(-1, 1)  # (1, C, T', h, w) codes
         steps = math.prod(plan.latent[1:])  # one model call per token
@@ -453,7 +310,14 @@ def generate(
         ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
         noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
         latent = sample_latent(
-            loaded.model, cfg.diffusion, noise, text, steps=steps, guidance=guidance, null_text=null
+            loaded.model,
+            cfg.diffusion,
+            noise,
+            text,
+            steps=steps,
+            guidance=guidance,
+            null_text=null,
+            progress=show,
         )
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -501,4 +365,56 @@ def generate(
         sample_s=sample_s,
         decode_s=time.perf_counter() - t1,
         tokens=str(out.with_suffix(".tokens.npy")) if tokens is not None else None,
+        estimate_gib=est.peak_bytes / 2**30,
+        estimate_s=est.seconds,
     )
+
+
+def _resident_bytes(model: torch.nn.Module, decoder: Any) -> float:
+    """Weights already loaded on this host: the model on each of its local ranks, the decoder."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    held = local * sum(p.numel() * p.element_size() for p in model.parameters())
+    if decoder is not None:
+        held += sum(p.numel() * p.element_size() for p in decoder.parameters())
+    return float(held)
+
+
+def _sample_tokens(
+    loaded: LoadedDiT,
+    request: GenerateRequest,
+    plan: Any,
+    text: torch.Tensor,
+    null: torch.Tensor,
+    prompt: torch.Tensor | None,
+    guidance: float,
+    show: bool,
+) -> torch.Tensor:
+    """Token ids (1, T', h, w) of an autoregressive request, the same on every rank."""
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    sampling = SamplingConfig(
+        temperature=request.temperature,
+        top_k=request.top_k,
+        top_p=request.top_p,
+        guidance=guidance,
+        seed=request.seed,
+    )
+    device = next(loaded.model.parameters()).device
+    # ranks > 1: the prompt's prefill split over them (no prompt: nothing to split)
+    prefill = SplitPrefill(device.type) if world > 1 and prompt is not None else local_prefill
+    total = math.prod(plan.latent[1:]) - (prompt.shape[1] if prompt is not None else 0)
+    bar = Progress(total, desc="sampling tokens", unit="token", enabled=show)
+    try:
+        with bar:
+            tokens = sample_tokens(
+                loaded.model,
+                text,
+                tuple(plan.latent[1:]),
+                sampling,
+                null_text=null,
+                prompt=prompt,
+                prefill=prefill,
+                progress=lambda done: bar.update(done - bar.n),
+            )
+    except SamplingError as e:
+        raise GenerateError(str(e)) from None
+    return sync_tokens(tokens)  # (1, T', h, w), rank 0's on every rank

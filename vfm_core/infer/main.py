@@ -22,10 +22,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from vfm_core.errors import UserError
 from vfm_core.infer.args import add_generate_args, request_from_args
 from vfm_core.infer.generate import generate
-from vfm_core.infer.shapes import GenerateError
-from vfm_core.train.checkpoint import CheckpointError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer=args.tokenizer,
             text_emb=emb,
         )
-    except (GenerateError, CheckpointError, ValueError) as e:
+    except (UserError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

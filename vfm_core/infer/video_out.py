@@ -2,14 +2,54 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from vfm_core.infer.shapes import GenerateError
 from vfm_core.video.transcode import encode_h264
 
-__all__ = ["latent_preview", "to_uint8_frames", "write_outputs"]
+__all__ = ["check_writable", "latent_preview", "output_paths", "to_uint8_frames", "write_outputs"]
+
+
+def output_paths(out: str | Path) -> list[Path]:
+    """Every file a generation may write for ``out``: the MP4, GIF, latents and token ids."""
+    out = Path(out)
+    return [out, *(out.with_suffix(s) for s in (".gif", ".latent.npy", ".tokens.npy"))]
+
+
+def check_writable(out: str | Path) -> Path:
+    """Refuse (:class:`GenerateError`, naming ``--out``) an output path that cannot be written,
+    before any model is loaded: it must end in ``.mp4``; its directory, or the nearest existing
+    ancestor (missing directories are created when the files are written), must be a directory
+    in which a probe file can be created and removed; and none of :func:`output_paths` may be an
+    existing directory or a file without write permission."""
+    out = Path(out)
+    if out.suffix.lower() != ".mp4":
+        raise GenerateError(f"--out {out}: must end in .mp4")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # a missing directory: it will be created inside this one
+    if not parent.is_dir():
+        raise GenerateError(f"--out {out}: {parent} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".vfm-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise GenerateError(
+            f"--out {out}: cannot create files in {parent} ({e.strerror or e}); choose a "
+            "writable directory"
+        ) from None
+    for path in output_paths(out):
+        if path.is_dir():
+            raise GenerateError(f"--out {out}: {path} is a directory")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise GenerateError(f"--out {out}: {path} exists and is not writable")
+    return out
 
 
 def to_uint8_frames(video: torch.Tensor) -> np.ndarray:

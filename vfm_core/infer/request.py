@@ -1,0 +1,344 @@
+"""One generation request, and what is checked about it before sampling starts.
+
+In order (:func:`vfm_core.infer.generate.generate`; ``vfm generate`` runs the cheap ones before
+the text model and the checkpoint load):
+
+1. the scalar inputs: prompt, guidance, steps (:func:`check_prompt`, :func:`check_guidance`,
+   :func:`check_steps`) and the output path (:func:`vfm_core.infer.video_out.check_writable`);
+2. the **plan**: the decoder's factors and the latent for ``frames`` x H x W
+   (:func:`plan_request`; :mod:`vfm_core.infer.shapes`), for autoregressive runs the checked
+   token prompt (:func:`prompt_ids`);
+3. the **cost**: estimated memory and time against the request's bounds
+   (:func:`check_cost`; :mod:`vfm_core.infer.budget`). :func:`preflight` does 2-3 from the run's
+   config and the tokenizer's metadata alone, before any weights are read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vfm_core.config import Config
+from vfm_core.infer.ar_prefill import load_prompt
+from vfm_core.infer.budget import (
+    CostEstimate,
+    GenerateBounds,
+    check_bounds,
+    device_rate,
+    estimate_ar,
+    estimate_dit,
+)
+from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent, warn_beyond_training
+from vfm_core.tokenizer.config import TokenizerConfig
+from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
+
+__all__ = [
+    "GUIDANCE_RANGE",
+    "PREVIEW_FACTORS",
+    "GenerateRequest",
+    "ar_prompt_ids",
+    "check_cost",
+    "check_guidance",
+    "check_prompt",
+    "check_steps",
+    "decoder_and_plan",
+    "load_decoder",
+    "load_token_decoder",
+    "plan_request",
+    "preflight",
+    "prompt_ids",
+    "tokenizer_config",
+]
+
+GUIDANCE_RANGE = (0.0, 30.0)
+"""Accepted classifier-free guidance scales (0 = unconditional, 1 = conditional, >1 = guided)."""
+PREVIEW_FACTORS = (4, 8)
+"""(temporal, spatial) factors assumed when no tokenizer is available (tok-tiny's 4x8x8)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class GenerateRequest:
+    """One video to generate."""
+
+    prompt: str
+    """Text prompt (must not be empty)."""
+    frames: int = 13
+    """Pixel frames (rounded up to 1 + t_c·k, see :mod:`vfm_core.infer.shapes`)."""
+    height: int = 64
+    """Pixel height (multiple of spatial factor x patch)."""
+    width: int = 64
+    """Pixel width (multiple of spatial factor x patch)."""
+    seed: int = 0
+    """Seed of the initial noise (same video for any number of ranks)."""
+    steps: int | None = None
+    """Sampler steps (None = the run's ``diffusion.num_steps``)."""
+    guidance: float | None = None
+    """Classifier-free guidance scale in :data:`GUIDANCE_RANGE` (None = run's
+    ``diffusion.guidance``)."""
+    fps: int = 8
+    """Frame rate of the written MP4 / GIF."""
+    gif: bool = True
+    """Also write ``OUT.gif`` (needs Pillow)."""
+    temperature: float = 1.0
+    """Autoregressive family: softmax temperature of the token draws (0 = greedy)."""
+    top_k: int = 0
+    """Autoregressive family: keep the k most likely tokens (0 = all)."""
+    top_p: float = 1.0
+    """Autoregressive family: nucleus, in (0, 1]."""
+    prompt_tokens: str | None = None
+    """Autoregressive family: ``.tokens.npy`` ids (T, h, w) whose first frames are the prompt."""
+    prompt_video: str | None = None
+    """Autoregressive family: a video whose first frames, tokenized, are the prompt."""
+    prompt_frames: int = 1
+    """Autoregressive family: latent frames of the prompt kept (with a prompt file)."""
+    bounds: GenerateBounds = field(default_factory=GenerateBounds)
+    """Memory and time bounds (``--max-memory-gib``, ``--max-minutes``, ``--force``)."""
+    progress: bool = True
+    """Show the progress of sampling on stderr once it has run a few seconds (rank 0)."""
+
+
+# ------------------------------------------------------------------ scalar inputs
+def check_guidance(guidance: float) -> float:
+    lo, hi = GUIDANCE_RANGE
+    g = float(guidance)
+    if not math.isfinite(g) or not lo <= g <= hi:
+        raise GenerateError(
+            f"--guidance {guidance}: must be a number in [{lo:g}, {hi:g}] (0 = unconditional, "
+            "1 = no guidance, typical 2-7)"
+        )
+    return g
+
+
+def check_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
+        raise GenerateError(f"--steps {steps!r}: must be an integer in [1, 1000]")
+    return steps
+
+
+def check_prompt(prompt: str) -> str:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise GenerateError(f"--prompt {prompt!r}: the prompt is empty; describe the video")
+    return prompt.strip()
+
+
+# ------------------------------------------------------------------ the decoder
+def load_decoder(path: str | Path, *, latent_channels: int):
+    """The tokenizer at ``path`` (vfm or external layout); channel mismatch -> GenerateError."""
+    from vfm_core.tokenizer import TokenizerLoadError, load_external_tokenizer, load_tokenizer
+    from vfm_core.tokenizer.io import WEIGHTS_FILE
+
+    p = Path(path)
+    try:
+        if (p / WEIGHTS_FILE).is_file() or p.is_file():
+            return load_tokenizer(p, expected_latent_channels=latent_channels)
+        return load_external_tokenizer(p, expected_latent_channels=latent_channels)
+    except TokenizerLoadError as e:
+        raise GenerateError(f"--tokenizer {p}: {e}") from None
+
+
+def load_token_decoder(path: str | Path, *, vocab_size: int):
+    """A discrete tokenizer whose FSQ grid has ``vocab_size`` ids, else GenerateError."""
+    from vfm_core.tokenizer import TokenizerLoadError, load_tokenizer
+
+    try:
+        tok = load_tokenizer(path)
+    except TokenizerLoadError as e:
+        raise GenerateError(f"--tokenizer {path}: {e}") from None
+    if tok.fsq is None:
+        raise GenerateError(
+            f"--tokenizer {path}: a continuous tokenizer; the autoregressive model needs a "
+            "discrete one (vfm tokenizer train --discrete)"
+        )
+    if tok.vocab_size != vocab_size:
+        raise GenerateError(
+            f"--tokenizer {path}: its codebook has {tok.vocab_size} ids (FSQ levels "
+            f"{list(tok.cfg.fsq_levels)}), the model's vocabulary {vocab_size}"
+        )
+    return tok
+
+
+def tokenizer_config(path: str | Path) -> TokenizerConfig | None:
+    """The config of the tokenizer at ``path`` from its metadata alone (no weights are read);
+    None when it cannot be read that way (loading it then says why)."""
+    from safetensors import safe_open
+
+    from vfm_core.tokenizer.io import CONFIG_FILE, WEIGHTS_FILE
+
+    p = Path(path)
+    weights = p / WEIGHTS_FILE if p.is_dir() else p
+    try:
+        if weights.is_file():
+            with safe_open(str(weights), framework="pt") as st:
+                return TokenizerConfig.from_dict(json.loads((st.metadata() or {})["config"]))
+        raw = json.loads((p / CONFIG_FILE).read_text())
+        raw.pop("latent_mean", None), raw.pop("latent_std", None)
+        return TokenizerConfig.from_dict(raw)
+    except Exception:  # any unreadable form: the full load reports it as a GenerateError
+        return None
+
+
+# ------------------------------------------------------------------ the plan
+def plan_request(
+    cfg: Config, request: GenerateRequest, tok: TokenizerConfig | None, world: int
+) -> tuple[LatentPlan, int, int]:
+    """(plan, temporal factor, spatial factor) of ``request`` on ``world`` ranks with a decoder
+    of config ``tok`` (None: the latent preview)."""
+    ar = cfg.model.arch == "ar"
+    if ar:
+        channels = tok.latent_channels if tok else len(synthetic_levels(cfg.model))
+    else:
+        channels = cfg.model.in_channels
+        if request.prompt_tokens is not None or request.prompt_video is not None:
+            raise GenerateError(
+                "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
+                f"prompt; this run's model.arch is {cfg.model.arch!r}"
+            )
+    t_c, s = (tok.temporal_factor, tok.spatial_factor) if tok else PREVIEW_FACTORS
+    plan = plan_latent(
+        request.frames,
+        request.height,
+        request.width,
+        temporal_factor=t_c,
+        spatial_factor=s,
+        channels=channels,
+        patch=tuple(cfg.model.patch),
+        cp=1 if ar else world,  # the AR split pads the prompt: any token count works
+    )
+    if cfg.data.max_tokens == 0:  # unpacked: every training latent had the configured shape
+        d = cfg.data
+        warn_beyond_training(
+            plan,
+            (d.latent_frames, d.latent_height, d.latent_width),
+            temporal_factor=t_c,
+            spatial_factor=s,
+        )
+    return plan, t_c, s
+
+
+def decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, world: int):
+    """(decoder or None, LatentPlan, spatial factor) of a request on ``world`` ranks."""
+    decoder = None
+    if tok_path and cfg.model.arch == "ar":  # the tokenizer's FSQ grid must be the vocabulary
+        decoder = load_token_decoder(tok_path, vocab_size=cfg.model.vocab_size)
+    elif tok_path:
+        decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels)
+    plan, _, s = plan_request(cfg, request, decoder.cfg if decoder else None, world)
+    return decoder, plan, s
+
+
+def prompt_ids(cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int):
+    """(1, K*h*w) checked prompt ids of an autoregressive request, or None."""
+    return load_prompt(
+        tokens=request.prompt_tokens,
+        video=request.prompt_video,
+        frames=request.prompt_frames,
+        grid=tuple(plan.latent[1:]),
+        vocab_size=cfg.model.vocab_size,
+        tokenizer=decoder,
+        spatial_factor=s,
+    )
+
+
+def ar_prompt_ids(
+    cfg: Config, request: GenerateRequest, *, tokenizer: str | Path | None = None
+) -> np.ndarray | None:
+    """The checked prompt ids (K, h, w) int32 of an autoregressive request (None without a
+    prompt), from the run's config alone: ``vfm generate`` reads the prompt with this before the
+    text model loads and hands the ids on (to :func:`generate` or the ranks) as a tokens file."""
+    with warnings.catch_warnings():  # the ranks warn about rounded frame counts
+        warnings.simplefilter("ignore")
+        tok_path = tokenizer or cfg.data.tokenizer or None
+        decoder, plan, s = decoder_and_plan(cfg, request, tok_path, 1)
+    ids = prompt_ids(cfg, request, decoder, plan, s)
+    return None if ids is None else ids.view(-1, *plan.latent[2:]).numpy().astype(np.int32)
+
+
+# ------------------------------------------------------------------ the cost
+def _shrink_flags(cfg: Config, plan: LatentPlan) -> list[str]:
+    """The flags that make the request smaller: those beyond the run's training shape (unpacked
+    runs), else both."""
+    flags = []
+    if cfg.data.max_tokens == 0:
+        t, h, w = plan.latent[1:]
+        d = cfg.data
+        if h > d.latent_height or w > d.latent_width:
+            flags.append("--size")
+        if t > d.latent_frames:
+            flags.append("--frames")
+    return flags or ["--size", "--frames"]
+
+
+def check_cost(
+    cfg: Config,
+    request: GenerateRequest,
+    plan: LatentPlan,
+    tok: TokenizerConfig | None,
+    *,
+    steps: int,
+    guidance: float,
+    world: int = 1,
+    device: torch.device | str = "cpu",
+    dtype_bytes: int = 4,
+    resident_bytes: float = 0.0,
+) -> CostEstimate:
+    """Estimate the request's memory and time (:mod:`vfm_core.infer.budget`) and refuse it in
+    one line when over a bound of ``request.bounds`` (``--force``: a warning). ``world`` ranks
+    share this host; ``resident_bytes``: weights this process already holds."""
+    bounds = request.bounds.check()
+    rate = device_rate(device, width=cfg.model.hidden, tflops=bounds.device_tflops)
+    dev_type = torch.device(device).type
+    common = dict(decoder=tok, ranks=world, rate=rate, device_type=dev_type)
+    if cfg.model.arch == "ar":
+        given = request.prompt_tokens is not None or request.prompt_video is not None
+        n, hw = math.prod(plan.latent[1:]), math.prod(plan.latent[2:])
+        p = min(max(request.prompt_frames, 0) * hw, n) if given else 0  # checked later
+        est = estimate_ar(
+            cfg.model, plan, guidance=guidance, prompt_tokens=p, dtype_bytes=dtype_bytes, **common
+        )
+    else:
+        est = estimate_dit(
+            cfg.model,
+            plan,
+            steps=steps,
+            sampler=cfg.diffusion.sampler,
+            guidance=guidance,
+            dtype_bytes=dtype_bytes,
+            **common,
+        )
+    check_bounds(
+        est,
+        request.bounds,
+        request=f"--frames {request.frames} --size {request.height}x{request.width}",
+        flags=_shrink_flags(cfg, plan),
+        time_flags=("--steps",) if cfg.model.arch != "ar" and steps > 1 else (),
+        resident_bytes=resident_bytes,
+        device=device,
+    )
+    return est
+
+
+def preflight(
+    cfg: Config, request: GenerateRequest, *, tokenizer: str | Path | None = None, world: int = 1
+) -> CostEstimate | None:
+    """Plan and cost-check ``request`` from the run's config and the tokenizer's metadata alone,
+    before any weights are read (weights load on the CPU in fp32); None when the tokenizer's
+    config cannot be read that way (:func:`generate` checks after loading it)."""
+    tok_path = tokenizer or cfg.data.tokenizer or None
+    tok = tokenizer_config(tok_path) if tok_path else None
+    if tok_path and tok is None:
+        return None
+    guidance = check_guidance(
+        cfg.diffusion.guidance if request.guidance is None else request.guidance
+    )
+    steps = check_steps(cfg.diffusion.num_steps if request.steps is None else request.steps)
+    with warnings.catch_warnings():  # generate() warns: rounding, extrapolation, --force
+        warnings.simplefilter("ignore")
+        plan, _, _ = plan_request(cfg, request, tok, world)
+        return check_cost(cfg, request, plan, tok, steps=steps, guidance=guidance, world=world)
