@@ -33,7 +33,7 @@ import torch
 
 from vfm_core import storage
 from vfm_core.data.index import DatasetIndex, read_index, write_index
-from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
+from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw, sample_checksum
 from vfm_core.data.shards import npy_bytes
 from vfm_core.video.io import VideoError, decode_frames
 
@@ -145,6 +145,8 @@ def encode_shards(
                     if progress is not None:
                         progress(len(rows), len(index))
             data = path.read_bytes()
+            for r in rows[len(rows) - n :]:  # this shard's samples: their per-sample checksums
+                r["checksum"] = sample_checksum(data[r["offset"] : r["offset"] + r["length"]])
             storage.put_file(path, storage.join(dst, name))
             shard_rows.append(
                 {
@@ -160,7 +162,17 @@ def encode_shards(
             p.unlink()
         tmp.rmdir()
     samples = pd.DataFrame(rows)[
-        ["key", "shard", "offset", "length", "frames", "height", "width", "latent_shape"]
+        [
+            "key",
+            "shard",
+            "offset",
+            "length",
+            "frames",
+            "height",
+            "width",
+            "latent_shape",
+            "checksum",
+        ]
     ]
     for c in ("shard", "offset", "length", "frames", "height", "width"):
         samples[c] = samples[c].astype(int)
