@@ -33,7 +33,6 @@ from flows.train import (
     settle_family,
     train_flow,
 )
-from tasks.generate import encode_latents
 from tasks.pipeline import (
     finished_stage,
     lineage_task,
@@ -42,6 +41,7 @@ from tasks.pipeline import (
     stage_key,
     tokenizer_task,
 )
+from tasks.shard import encode_latents
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
 from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri, ui_hint

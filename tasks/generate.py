@@ -161,22 +161,3 @@ def log_evaluation(
         metrics={f"eval/{k}": v for k, v in metrics.items()},
         step=int(metrics.get("checkpoint_step", 0)),
     )
-
-
-@task(name="encode-shards", retries=1, retry_delay_seconds=5)
-def encode_latents(src: str, dst: str, *, tokenizer: str, overwrite: bool = False) -> dict:
-    """Copy the shard dataset ``src`` to ``dst`` adding ``{key}.latent.npy`` (pre-encoded latents
-    for training without video decoding); returns the summary (index URL, counts, seconds)."""
-    from dataclasses import asdict
-
-    from vfm_core.infer.encode_shards import encode_shards
-
-    logger = task_logger()
-
-    def progress(done: int, total: int) -> None:
-        if done == total or done % 100 == 0:
-            logger.info("encoded %d/%d samples", done, total)
-
-    return asdict(
-        encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite, progress=progress)
-    )

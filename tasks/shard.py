@@ -1,5 +1,7 @@
-"""Prefect task around sharding: one call of :func:`vfm_core.data.make_shards.shard_clips_dir`,
-with the index contract checked at the boundary; returns a small JSON-able summary."""
+"""Prefect tasks around shards: sharding a curation output (one call of
+:func:`vfm_core.data.make_shards.shard_clips_dir`, the index contract checked at the boundary) and
+adding the tokenizer's latents to a shard dataset (:func:`vfm_core.tokenizer.encode_shards.
+encode_shards`); each returns a small JSON-able summary."""
 
 from __future__ import annotations
 
@@ -43,3 +45,22 @@ def write_shards_task(
         summary["index"],
     )
     return summary
+
+
+@task(name="encode-shards", retries=1, retry_delay_seconds=5)
+def encode_latents(src: str, dst: str, *, tokenizer: str, overwrite: bool = False) -> dict:
+    """Copy the shard dataset ``src`` to ``dst`` adding ``{key}.latent.npy`` (pre-encoded latents
+    for training without video decoding); returns the summary (index URL, counts, seconds)."""
+    from dataclasses import asdict
+
+    from vfm_core.tokenizer.encode_shards import encode_shards
+
+    logger = task_logger()
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 100 == 0:
+            logger.info("encoded %d/%d samples", done, total)
+
+    return asdict(
+        encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite, progress=progress)
+    )

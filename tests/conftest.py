@@ -149,7 +149,7 @@ def token_shards(tmp_path_factory):
     import pandas as pd
 
     from vfm_core.data.shards import ShardWriterConfig, write_shards
-    from vfm_core.infer.encode_shards import encode_shards
+    from vfm_core.tokenizer.encode_shards import encode_shards
     from vfm_core.tokenizer import save_tokenizer
     from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
     from vfm_core.tokenizer.config import get_tokenizer_config

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from flows.generate import GenerateParams, generate_flow
-from tasks.generate import encode_latents, generate_video
+from tasks.generate import generate_video
+from tasks.shard import encode_latents
 from tasks.train import train_model
 from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe

@@ -30,13 +30,11 @@ not the members' offsets in the tar, which the index is made of.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import tempfile
+import tarfile
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,15 +51,14 @@ from vfm_core.data.foreign_scan import (
     scan_shard,
 )
 from vfm_core.data.index import INDEX_NAME, DatasetIndex, write_index
-from vfm_core.data.shard_reader import CHECKSUM_DIGITS
-from vfm_core.data.shards import embed_captions, npy_bytes
+from vfm_core.data.shards import ShardWriter, embed_captions, npy_bytes
 
 WRITER = "vfm_core.data.foreign_index"
 SIDECAR_DIR = "_vfm"
 
 
 # ------------------------------------------------------------------------------------ writing
-def _sidecar_sample(s: ForeignSample, emb: np.ndarray, shard_name: str) -> dict[str, Any]:
+def _sidecar_members(s: ForeignSample, emb: np.ndarray, shard_name: str) -> list[tuple[str, bytes]]:
     doc = {
         "caption": s.caption,
         "captioned": s.captioned,
@@ -72,11 +69,10 @@ def _sidecar_sample(s: ForeignSample, emb: np.ndarray, shard_name: str) -> dict[
         "kind": "image" if s.frames == 1 else "video",
         "source": {"shard": shard_name, "key": s.member_key},
     }
-    return {
-        "__key__": s.key,
-        "txt_emb.npy": npy_bytes(emb.astype(np.float16)),
-        "vfm.json": json.dumps(doc, sort_keys=True).encode(),
-    }
+    return [
+        (f"{s.key}.txt_emb.npy", npy_bytes(emb.astype(np.float16))),
+        (f"{s.key}.vfm.json", json.dumps(doc, sort_keys=True).encode()),
+    ]
 
 
 def write_sidecars(
@@ -86,45 +82,19 @@ def write_sidecars(
     shard_names: list[str],
     target_bytes: int,
 ) -> tuple[pd.DataFrame, list[tuple[int, int, int]], list[str]]:
-    """Sidecar tars (``webdataset.TarWriter``) of the caption embeddings; returns the sidecar
-    table, per sample (sidecar, offset, length) and its checksum (the sha256 begun over its
-    foreign range, ``ForeignSample.hasher``, finished over its sidecar range)."""
-    import webdataset as wds
-
-    rows: list[dict[str, Any]] = []
-    ranges: list[tuple[int, int, int]] = []
-    checksums: list[str] = []
-    # plain bytes, fixed owner and mtime: the same captions give byte-identical sidecars
-    opts: dict[str, Any] = dict(
-        encoder=False, user="", group="", mode=0o644, mtime=0.0, format="PAX_FORMAT"
-    )
-    i = 0
-    with tempfile.TemporaryDirectory(prefix="vfm-sidecar-") as tmp:
-        while i < len(samples):
-            path, first = Path(tmp) / f"emb-{len(rows):06d}.tar", i
-            with open(path, "wb") as f, wds.TarWriter(f, **opts) as w:
-                while i < len(samples) and (i == first or w.tarstream.offset < target_bytes):
-                    start = w.tarstream.offset
-                    w.write(_sidecar_sample(samples[i], embs[i], shard_names[samples[i].shard]))
-                    ranges.append((len(rows), start, w.tarstream.offset - start))
-                    i += 1
-            storage.put_file(path, storage.join(shards_dir, SIDECAR_DIR, path.name))
-            data = path.read_bytes()
-            for j in range(first, i):
-                h = samples[j].hasher.copy()
-                _, off, n = ranges[j]
-                h.update(data[off : off + n])
-                checksums.append(h.hexdigest()[:CHECKSUM_DIGITS])
-            rows.append(
-                {
-                    "name": f"{SIDECAR_DIR}/{path.name}",
-                    "n_samples": i - first,
-                    "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                }
-            )
+    """Sidecar tars of the caption embeddings (the one :class:`~vfm_core.data.shards.
+    ShardWriter`, PAX headers for long foreign keys); returns the sidecar table, per sample
+    (sidecar, offset, length) and its checksum (the sha256 begun over its foreign range,
+    ``ForeignSample.hasher``, finished over its sidecar range)."""
+    out = storage.join(shards_dir, SIDECAR_DIR)
+    pax = tarfile.PAX_FORMAT
+    with ShardWriter(out, prefix="emb", target_bytes=target_bytes, tar_format=pax) as writer:
+        for s, emb in zip(samples, embs, strict=True):
+            writer.add(_sidecar_members(s, emb, shard_names[s.shard]), seed=s.hasher)
+    rows = [{**r, "name": f"{SIDECAR_DIR}/{r['name']}"} for r in writer.shards]
     _remove_stale_sidecars(shards_dir, {r["name"] for r in rows})
-    return pd.DataFrame(rows), ranges, checksums
+    ranges = [(r["shard"], r["offset"], r["length"]) for r in writer.samples]
+    return pd.DataFrame(rows), ranges, [r["checksum"] for r in writer.samples]
 
 
 def _remove_stale_sidecars(shards_dir: str, keep: set[str]) -> None:

@@ -263,10 +263,9 @@ class ShardLatentSource:
                 f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
             )
         assert s.frames is not None
-        clip = _crop(s.frames[: 1 + self.ct * (t - 1)], (h * self.cs, w * self.cs), (1, 2))
-        x = torch.from_numpy(np.ascontiguousarray(clip)).permute(3, 0, 1, 2).float()  # (3, F, H, W)
-        with torch.no_grad():
-            z = self.tokenizer.encode(x[None] / 127.5 - 1.0)[0]  # (C, t, h, w) normalised
+        z = self.tokenizer.encode_frames(  # (C, t, h, w) normalised
+            s.frames, size=(h * self.cs, w * self.cs), num_frames=1 + self.ct * (t - 1)
+        ).cpu()
         if tuple(z.shape[1:]) != (t, h, w):
             raise ConfigError(
                 f"{s.key}: clip encodes to {tuple(z.shape)}, expected (C, {t}, {h}, {w})"
@@ -318,11 +317,9 @@ class ShardLatentSource:
                 f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
             )
         assert s.frames is not None
-        clip = _crop(s.frames[: self.frames], self.pixels, (1, 2))  # (F, H, W, 3) uint8
-        x = torch.from_numpy(np.ascontiguousarray(clip)).permute(3, 0, 1, 2).float()  # (3, F, H, W)
-        with torch.no_grad():
-            z = self.tokenizer.encode(x[None] / 127.5 - 1.0)  # (1, C, T, h, w) normalised
-        return z[0]  # (C, T, h, w)
+        frames = np.ascontiguousarray(s.frames)  # (F, H, W, 3) uint8
+        z = self.tokenizer.encode_frames(frames, size=self.pixels, num_frames=self.frames)
+        return z.cpu()  # (C, T, h, w) normalised
 
     def _text(self, s: Sample) -> torch.Tensor:
         L = self.model.text_len

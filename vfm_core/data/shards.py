@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -132,6 +133,101 @@ def embed_captions(captions: list[str], embed: Embedder, batch: int) -> list[np.
     return out
 
 
+class ShardWriter:
+    """The one writer of tar shards: ``vfm shard`` (clips), the latent encoder (clips + latents)
+    and ``vfm index`` (caption sidecars of foreign tars) all go through it.
+
+    Samples (lists of ``(member name, bytes)``) are appended to the open shard, a new one is
+    started when it reached ``target_bytes`` (a sample is never split), and a closed shard is
+    uploaded to ``out_url`` (local or ``s3://``) with its size and sha256. For every sample it
+    keeps the index fields: shard, byte offset and length, and the per-sample checksum
+    (:func:`~vfm_core.data.shard_reader.sample_checksum` of its records; ``seed`` continues a
+    hash begun elsewhere, the foreign range of a sidecar sample). Members get a fixed owner, mode
+    and mtime, so the same samples give byte-identical shards."""
+
+    def __init__(
+        self,
+        out_url: str,
+        *,
+        prefix: str = "shard",
+        target_bytes: int = 64 << 20,
+        tar_format: int = tarfile.USTAR_FORMAT,
+    ):
+        self.out_url, self.prefix, self.target_bytes = out_url, prefix, target_bytes
+        self.tar_format = tar_format
+        self.shards: list[dict[str, Any]] = []
+        """Closed shards: name, n_samples, bytes, sha256."""
+        self.samples: list[dict[str, Any]] = []
+        """Every sample written: shard, offset, length, checksum (set when its shard closed)."""
+        self._tmp = Path(tempfile.mkdtemp(prefix="vfm-shards-"))
+        self._tar: tarfile.TarFile | None = None
+        self._path: Path | None = None
+        self._name = ""
+        self._open: list[tuple[dict[str, Any], Any]] = []  # (row, seed hash) of the open shard
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self._tar is not None:
+            self._tar.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def new_shard(self, name: str | None = None) -> None:
+        """Close the open shard and start the next (``name``: its file name, default
+        ``{prefix}-{i:06d}.tar``)."""
+        self.close()
+        name = name or f"{self.prefix}-{len(self.shards):06d}.tar"
+        self._path = self._tmp / Path(name).name
+        self._name = name
+        self._tar = tarfile.open(self._path, "w", format=self.tar_format)
+
+    def add(self, members: list[tuple[str, bytes]], *, seed: Any = None) -> dict[str, Any]:
+        """Append one sample's members; returns its index row (``checksum`` filled in when the
+        shard closes)."""
+        if self._tar is None:
+            self.new_shard()
+        assert self._tar is not None
+        start = self._tar.offset
+        for name, data in members:
+            _add(self._tar, name, data)
+        row = {"shard": len(self.shards), "offset": start, "length": self._tar.offset - start}
+        self.samples.append(row)
+        self._open.append((row, seed))
+        if self._tar.offset >= self.target_bytes:
+            self.close()
+        return row
+
+    def close(self) -> None:
+        """Close the open shard (if any): checksums, sha256, upload."""
+        if self._tar is None:
+            return
+        self._tar.close()
+        assert self._path is not None
+        data = self._path.read_bytes()
+        for row, seed in self._open:
+            records = data[row["offset"] : row["offset"] + row["length"]]
+            if seed is None:
+                row["checksum"] = sample_checksum(records)
+            else:
+                h = seed.copy()
+                h.update(records)
+                row["checksum"] = h.hexdigest()[: len(sample_checksum(b""))]
+        storage.put_file(self._path, storage.join(self.out_url, self._name))
+        self.shards.append(
+            {
+                "name": self._name,
+                "n_samples": len(self._open),
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+        self._path.unlink()
+        self._tar, self._path, self._open = None, None, []
+
+
 def write_shards(
     clips: pd.DataFrame,
     out_url: str,
@@ -168,35 +264,8 @@ def write_shards(
     embs = embed_captions(captions, embed, cfg.embed_batch)
     dim = int(embs[0].shape[-1])
 
-    shard_rows: list[dict[str, Any]] = []
     sample_rows: list[dict[str, Any]] = []
-    tmpdir = Path(tempfile.mkdtemp(prefix="vfm-shards-"))
-    tar: tarfile.TarFile | None = None
-    tar_path: Path | None = None
-    n_in_shard = 0
-
-    def close_shard() -> None:
-        nonlocal tar, n_in_shard
-        assert tar is not None and tar_path is not None
-        tar.close()
-        name = tar_path.name
-        data = tar_path.read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        for r in sample_rows[len(sample_rows) - n_in_shard :]:  # this shard's samples
-            r["checksum"] = sample_checksum(data[r["offset"] : r["offset"] + r["length"]])
-        storage.put_file(tar_path, storage.join(out_url, name))
-        shard_rows.append(
-            {
-                "name": name,
-                "n_samples": n_in_shard,
-                "bytes": tar_path.stat().st_size,
-                "sha256": digest,
-            }
-        )
-        tar_path.unlink()
-        tar, n_in_shard = None, 0
-
-    try:
+    with ShardWriter(out_url, prefix=cfg.prefix, target_bytes=cfg.target_shard_bytes) as writer:
         for row, key, emb in zip(rows, keys, embs):
             uri = str(row["uri"])
             if base_url and not storage.is_remote(uri) and not os.path.isabs(uri):
@@ -206,10 +275,6 @@ def write_shards(
             except storage.StorageError as e:
                 raise ShardError(f"clip {key}", f"cannot read {uri} ({e.reason})") from None
             frames, height, width = _geometry(row, mp4, uri, probe, VideoError)
-            if tar is None:
-                tar_path = tmpdir / f"{cfg.prefix}-{len(shard_rows):06d}.tar"
-                tar = tarfile.open(tar_path, "w", format=tarfile.USTAR_FORMAT)
-            start = tar.offset
             doc = _sample_meta(row, frames, height, width)
             members = [
                 (f"{key}.json", json.dumps(doc, sort_keys=True).encode()),
@@ -224,31 +289,20 @@ def write_shards(
                         f"clip {key}", f"latent must be finite (C, T, H, W), got shape {lat.shape}"
                     )
                 members.append((f"{key}.latent.npy", npy_bytes(lat)))
-            for name, data in members:
-                _add(tar, name, data)
+            placed = writer.add(members)
             sample_rows.append(
                 {
                     "key": key,
-                    "shard": len(shard_rows),
-                    "offset": start,
-                    "length": tar.offset - start,
+                    **placed,
                     "frames": frames,
                     "height": height,
                     "width": width,
                     "latent_shape": None if lat is None else list(lat.shape),
                 }
             )
-            n_in_shard += 1
-            if tar.offset >= cfg.target_shard_bytes:
-                close_shard()
-        if tar is not None:
-            close_shard()
-    finally:
-        if tar is not None:
-            tar.close()
-        for p in tmpdir.iterdir():
-            p.unlink()
-        tmpdir.rmdir()
+    shard_rows = writer.shards
+    for r, placed in zip(sample_rows, writer.samples, strict=True):
+        r["checksum"] = placed["checksum"]
 
     samples = pd.DataFrame(sample_rows)
     samples["latent_shape"] = samples["latent_shape"].astype(object)

@@ -44,6 +44,7 @@ from vfm_core.infer.shapes import GenerateError
 from vfm_core.models.ar import CausalVideoTransformer
 from vfm_core.models.attention import KVCache
 from vfm_core.parallel.context import causal_positions, cp_attention
+from vfm_core.tokenizer.autoencoder import pixels_from_uint8
 
 __all__ = ["PrefillLayout", "SplitPrefill", "load_prompt", "prefill_layout", "sync_tokens"]
 
@@ -149,7 +150,7 @@ def _encode_video(
     x = torch.from_numpy(video[:need]).permute(3, 0, 1, 2)[None]  # (1, 3, F, H, W) uint8
     dtype = next(tokenizer.parameters()).dtype
     with torch.no_grad():
-        ids = tokenizer.encode_tokens(x.to(dtype) / 127.5 - 1.0)  # (1, K, h, w)
+        ids = tokenizer.encode_tokens(pixels_from_uint8(x).to(dtype))  # (1, K, h, w)
     return ids[0].long()  # (K, h, w)
 
 

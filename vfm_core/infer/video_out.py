@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vfm_core.infer.shapes import GenerateError
+from vfm_core.tokenizer.autoencoder import uint8_from_pixels
 from vfm_core.video.transcode import encode_h264
 
 __all__ = ["check_writable", "latent_preview", "output_paths", "to_uint8_frames", "write_outputs"]
@@ -54,7 +55,7 @@ def check_writable(out: str | Path) -> Path:
 
 def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
     """(3, F, H, W) in [-1, 1] -> (F, H, W, 3) uint8 (values outside [-1, 1] are clamped)."""
-    x = ((video.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    x = uint8_from_pixels(video)
     return x.permute(1, 2, 3, 0).contiguous().numpy()  # (F, H, W, 3)
 
 

@@ -62,6 +62,17 @@ class TokenizerShapeError(ValueError):
     """A video or latent tensor has a shape the tokenizer cannot take; the message names it."""
 
 
+def pixels_from_uint8(x: Tensor) -> Tensor:
+    """uint8 RGB values (any shape) -> float32 pixels in [-1, 1]: the tokenizer's convention."""
+    return x.float() / 127.5 - 1.0
+
+
+def uint8_from_pixels(x: Tensor) -> Tensor:
+    """Pixels in [-1, 1] (any shape) -> uint8 RGB values, the inverse of :func:`pixels_from_uint8`
+    (clamped, rounded)."""
+    return ((x.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
 @dataclass(kw_only=True, slots=True)
 class AutoencoderOutput:
     recon: Tensor
@@ -278,6 +289,41 @@ class CausalVideoAutoencoder(nn.Module):
         if self.fsq is not None:  # discrete: the FSQ codes in [-1, 1], never normalised
             return self.fsq(z.movedim(1, -1)).movedim(-1, 1)
         return self.normalize(z) if normalize else z
+
+    @torch.no_grad()
+    def encode_frames(
+        self,
+        frames,
+        *,
+        size: tuple[int, int] | None = None,
+        num_frames: int | None = None,
+    ) -> Tensor:
+        """RGB uint8 frames (F, H, W, 3) (numpy or torch) -> normalised latent (C, T', h, w)
+        (a discrete tokenizer: its FSQ codes), on the tokenizer's device.
+
+        The one place a clip becomes a tokenizer input: centre-cropped to ``size`` (H', W')
+        (default: the largest multiples of the spatial factor), cut to its first ``num_frames``
+        frames (default: the most of the form 1 + k x temporal factor), and mapped to [-1, 1]
+        (:func:`pixels_from_uint8`). Too small a clip is a :class:`TokenizerShapeError`."""
+        x = torch.as_tensor(frames)
+        if x.ndim != 4 or x.shape[-1] != 3:
+            raise TokenizerShapeError(f"frames: expected (F, H, W, 3) RGB, got {tuple(x.shape)}")
+        f, h, w = x.shape[:3]
+        t_c, s = self.cfg.temporal_factor, self.cfg.spatial_factor
+        hh, ww = size if size is not None else ((h // s) * s, (w // s) * s)
+        keep = num_frames if num_frames is not None else 1 + t_c * ((f - 1) // t_c)
+        if h < s or w < s:
+            raise TokenizerShapeError(f"{h}x{w} frames are smaller than the spatial factor {s}")
+        if hh == 0 or ww == 0 or hh > h or ww > w or keep > f:
+            raise TokenizerShapeError(
+                f"a {f}-frame {h}x{w} clip cannot give {keep} frames of {hh}x{ww} (spatial "
+                f"factor {s}, frames of the form 1 + k x {t_c})"
+            )
+        y0, x0 = (h - hh) // 2, (w - ww) // 2
+        clip = x[:keep, y0 : y0 + hh, x0 : x0 + ww]  # (F', H', W', 3)
+        pixels = pixels_from_uint8(clip.permute(3, 0, 1, 2)[None])  # (1, 3, F', H', W')
+        device = next(self.parameters()).device
+        return self.encode(pixels.to(device))[0]  # (C, T', h, w)
 
     # ---------------------------------------------------------------- discrete tokens
     def _discrete(self) -> FSQ:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vfm_core.config import ConfigError
+from vfm_core.tokenizer.autoencoder import pixels_from_uint8
 from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError, get_tokenizer_config
 from vfm_core.tokenizer.fsq import FSQError, check_levels
 from vfm_core.tokenizer.train import TokenizerTrainMetrics, train_tokenizer
@@ -65,7 +66,7 @@ def shard_clips(
             clip = s.frames[:frames, y : y + size, x : x + size]  # (T, S, S, 3) uint8
             clips.append(torch.from_numpy(np.ascontiguousarray(clip)).permute(3, 0, 1, 2))
         if clips:
-            yield torch.stack(clips).float() / 127.5 - 1.0  # (B, 3, T, S, S)
+            yield pixels_from_uint8(torch.stack(clips))  # (B, 3, T, S, S) in [-1, 1]
 
 
 def train_tokenizer_on_shards(

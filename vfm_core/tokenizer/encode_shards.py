@@ -18,11 +18,8 @@ checksums are never modified. Samples already carrying latents are copied unchan
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +30,9 @@ import torch
 
 from vfm_core import storage
 from vfm_core.data.index import DatasetIndex, read_index, write_index
-from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw, sample_checksum
-from vfm_core.data.shards import npy_bytes
+from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
+from vfm_core.data.shards import ShardWriter, npy_bytes
+from vfm_core.tokenizer.autoencoder import TokenizerShapeError
 from vfm_core.video.io import VideoError, decode_frames
 
 __all__ = ["EncodeShardsResult", "encode_shards"]
@@ -56,26 +54,14 @@ class EncodeShardsResult:
     """Wall time."""
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-@torch.no_grad()
 def encode_clip(tokenizer, frames: np.ndarray, *, where: str) -> np.ndarray:
-    """RGB uint8 (F, H, W, 3) -> normalised latent (C, T', h, w) float32 (see module docstring)."""
-    t_c, s = tokenizer.cfg.temporal_factor, tokenizer.cfg.spatial_factor
-    f, h, w = frames.shape[:3]
-    hh, ww = (h // s) * s, (w // s) * s
-    if hh == 0 or ww == 0:
-        raise ShardError(where, f"{h}x{w} frames are smaller than the spatial factor {s}")
-    keep = 1 + t_c * ((f - 1) // t_c)
-    y0, x0 = (h - hh) // 2, (w - ww) // 2
-    clip = frames[:keep, y0 : y0 + hh, x0 : x0 + ww]  # (F', H', W', 3)
-    x = torch.from_numpy(np.ascontiguousarray(clip)).permute(3, 0, 1, 2).float()  # (3, F', H', W')
-    z = tokenizer.encode(x[None] / 127.5 - 1.0)  # (1, C, T', h, w) normalised
-    return z[0].numpy().astype(np.float32)
+    """RGB uint8 (F, H, W, 3) -> normalised latent (C, T', h, w) float32 (see module docstring;
+    the crop, frame cut and pixel convention are the tokenizer's ``encode_frames``)."""
+    try:
+        z = tokenizer.encode_frames(frames)  # (C, T', h, w)
+    except TokenizerShapeError as e:
+        raise ShardError(where, str(e)) from None
+    return z.cpu().numpy().astype(np.float32)
 
 
 def encode_shards(
@@ -99,68 +85,48 @@ def encode_shards(
     index = read_index(src)
     tok = load_tokenizer(tokenizer)
     rows: list[dict[str, Any]] = []
-    shard_rows: list[dict[str, Any]] = []
     encoded = 0
-    tmp = Path(tempfile.mkdtemp(prefix="vfm-encode-"))
-    try:
+    # the one shard writer, one output shard per source shard (same names)
+    with ShardWriter(dst, target_bytes=1 << 62) as writer:
         for shard_id, shard in index.shards.iterrows():
-            name = str(shard["name"])
-            path = tmp / name
-            n = 0
-            with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-                for i in np.flatnonzero(index.samples["shard"].to_numpy() == shard_id):
-                    row = index.samples.iloc[int(i)]
-                    key = str(row["key"])
-                    where = f"{index.shard_url(int(shard_id))} sample {key}"
-                    s = parse_indexed(
-                        index, int(i), read_raw(index, int(i)), where=index.shard_url(int(shard_id))
-                    )
-                    latent = s.latent
-                    if latent is None or overwrite:
-                        try:
-                            frames = decode_frames(io.BytesIO(s.mp4))  # (F, H, W, 3)
-                        except VideoError as e:
-                            raise ShardError(where, f"cannot decode the clip ({e})") from None
-                        latent = encode_clip(tok, frames, where=where)
-                        encoded += 1
-                    start = tar.offset
-                    _add(tar, f"{key}.json", json.dumps(s.meta, sort_keys=True).encode())
-                    _add(tar, f"{key}.mp4", s.mp4)
-                    _add(tar, f"{key}.txt_emb.npy", npy_bytes(s.txt_emb))
-                    _add(tar, f"{key}.latent.npy", npy_bytes(latent))
-                    if tok.fsq is not None:  # discrete: the ids (T', h, w) int32 too
-                        codes = torch.from_numpy(np.ascontiguousarray(latent)).movedim(0, -1)
-                        ids = tok.fsq.codes_to_indices(codes).numpy().astype(np.int32)
-                        _add(tar, f"{key}.tokens.npy", npy_bytes(ids))
-                    rows.append(
-                        {
-                            **{k: row[k] for k in ("key", "frames", "height", "width")},
-                            "shard": len(shard_rows),
-                            "offset": start,
-                            "length": tar.offset - start,
-                            "latent_shape": [int(d) for d in latent.shape],
-                        }
-                    )
-                    n += 1
-                    if progress is not None:
-                        progress(len(rows), len(index))
-            data = path.read_bytes()
-            for r in rows[len(rows) - n :]:  # this shard's samples: their per-sample checksums
-                r["checksum"] = sample_checksum(data[r["offset"] : r["offset"] + r["length"]])
-            storage.put_file(path, storage.join(dst, name))
-            shard_rows.append(
-                {
-                    "name": name,
-                    "n_samples": n,
-                    "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                }
-            )
-            path.unlink()
-    finally:
-        for p in tmp.iterdir():
-            p.unlink()
-        tmp.rmdir()
+            writer.new_shard(str(shard["name"]))
+            for i in np.flatnonzero(index.samples["shard"].to_numpy() == shard_id):
+                row = index.samples.iloc[int(i)]
+                key = str(row["key"])
+                where = f"{index.shard_url(int(shard_id))} sample {key}"
+                s = parse_indexed(
+                    index, int(i), read_raw(index, int(i)), where=index.shard_url(int(shard_id))
+                )
+                latent = s.latent
+                if latent is None or overwrite:
+                    try:
+                        frames = decode_frames(io.BytesIO(s.mp4))  # (F, H, W, 3)
+                    except VideoError as e:
+                        raise ShardError(where, f"cannot decode the clip ({e})") from None
+                    latent = encode_clip(tok, frames, where=where)
+                    encoded += 1
+                members = [
+                    (f"{key}.json", json.dumps(s.meta, sort_keys=True).encode()),
+                    (f"{key}.mp4", s.mp4),
+                    (f"{key}.txt_emb.npy", npy_bytes(s.txt_emb)),
+                    (f"{key}.latent.npy", npy_bytes(latent)),
+                ]
+                if tok.fsq is not None:  # discrete: the ids (T', h, w) int32 too
+                    codes = torch.from_numpy(np.ascontiguousarray(latent)).movedim(0, -1)
+                    ids = tok.fsq.codes_to_indices(codes).numpy().astype(np.int32)
+                    members.append((f"{key}.tokens.npy", npy_bytes(ids)))
+                placed = writer.add(members)
+                rows.append(
+                    {
+                        **{k: row[k] for k in ("key", "frames", "height", "width")},
+                        "latent_shape": [int(d) for d in latent.shape],
+                        "placed": placed,
+                    }
+                )
+                if progress is not None:
+                    progress(len(rows), len(index))
+    shard_rows = writer.shards
+    rows = [{**r.pop("placed"), **r} for r in rows]  # shard, offset, length, checksum
     samples = pd.DataFrame(rows)[
         [
             "key",
