@@ -149,10 +149,10 @@ def token_shards(tmp_path_factory):
     import pandas as pd
 
     from vfm_core.data.shards import ShardWriterConfig, write_shards
-    from vfm_core.tokenizer.encode_shards import encode_shards
     from vfm_core.tokenizer import save_tokenizer
     from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
     from vfm_core.tokenizer.config import get_tokenizer_config
+    from vfm_core.tokenizer.encode_shards import encode_shards
     from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 
     def embed(captions: list[str]) -> np.ndarray:

@@ -16,8 +16,8 @@ from vfm_core.data.index import read_index
 from vfm_core.data.shard_reader import ShardError, parse_sample, read_raw, verify_shards
 from vfm_core.data.shard_source import ShardLatentSource
 from vfm_core.data.shards import ShardWriterConfig, write_shards
-from vfm_core.tokenizer.encode_shards import encode_clip, encode_shards
 from vfm_core.tokenizer import TokenizerLoadError, load_tokenizer
+from vfm_core.tokenizer.encode_shards import encode_clip, encode_shards
 from vfm_core.video.io import decode_frames
 from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 
