@@ -20,24 +20,31 @@ from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
 from vfm_core.curate.semdedup import SemDedupConfig
 
+_D = CurateConfig()
+"""The curation defaults (shared with `vfm curate`): the form's defaults come from here."""
+
 
 class CurateParams(BaseModel):
-    """Form of the curation flow."""
+    """Form of the curation flow (defaults: `CurateConfig`'s, the same as `vfm curate`)."""
 
     src: str = Field(..., description="input folder, s3:// prefix or video file")
     dst: str = Field(..., description="output folder or s3:// prefix")
-    splitter: Literal["color", "stride", "transnetv2"] = Field("color", description="detector")
-    min_len_s: float = Field(2.0, ge=0, description="shortest clip, seconds")
-    max_len_s: float | None = Field(20.0, gt=0, description="longest clip (None: no limit)")
-    out_width: int | None = Field(None, gt=0, description="clip width (None: source)")
-    out_fps: float | None = Field(None, gt=0, description="clip frame rate (None: source)")
-    stitch: bool = Field(True, description="merge false cuts")
-    vlm: str | None = Field(None, description="local image-to-text model dir for captions")
+    splitter: Literal["color", "stride", "transnetv2"] = Field(_D.splitter, description="detector")
+    min_len_s: float = Field(
+        _D.min_len_s, ge=0, description="shortest clip, seconds (shorter shots are rejects)"
+    )
+    max_len_s: float | None = Field(
+        _D.max_len_s, gt=0, description="longest clip, seconds (None: no limit)"
+    )
+    out_width: int | None = Field(_D.out_width, gt=0, description="clip width (None: source)")
+    out_fps: float | None = Field(_D.out_fps, gt=0, description="clip frame rate (None: source)")
+    stitch: bool = Field(_D.stitch, description="merge false cuts")
+    vlm: str | None = Field(_D.vlm, description="local image-to-text model dir for captions")
     encoder: Literal["auto", "libx264", "h264_nvenc"] = Field(
-        "auto", description="H.264 encoder (auto: NVENC where it opens, else libx264)"
+        _D.encoder, description="H.264 encoder (auto: NVENC where it opens, else libx264)"
     )
     semdedup: float | None = Field(
-        None,
+        _D.semdedup.threshold,
         gt=0,
         le=1,
         description="remove near-duplicate clips at this cosine similarity of "
@@ -87,7 +94,8 @@ def curate_flow(params: CurateParams) -> dict[str, Any]:
     summary = write_manifests_task(refs, dst, cfg, results)
     print(
         f"curated {summary['n_inputs']} videos ({summary['n_skipped']} already done): "
-        f"{summary['n_clips']} clips, {summary['n_rejects']} rejects -> {summary['clips']}"
+        f"{summary['n_clips']} clips ({summary['clip_s']:.1f} s), {summary['n_rejects']} "
+        f"rejects ({summary['rejected_s']:.1f} s rejected) -> {summary['clips']}"
     )
     return summary
 

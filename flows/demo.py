@@ -16,9 +16,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from vfm_core.infra_env import use_running_services
 from vfm_core.recipes import FAMILIES
+
+if TYPE_CHECKING:
+    from flows.pipeline import PipelineParams
 
 DEMO_OVERRIDES = [
     "optim.lr=0.001",
@@ -35,23 +39,21 @@ DEMO_OVERRIDES = [
 """What the diffusion demo trains with on top of the recipe (measured: benchmarks/objective.py)."""
 
 
-def main() -> int:
-    used = use_running_services()  # before prefect is imported: it reads its settings then
-    from flows.pipeline import PipelineParams, pipeline_flow
-    from vfm_core.tracking import tool_command, ui_hint
+def demo_params(family: str) -> PipelineParams:
+    """The demo's pipeline parameters for ``family`` (call after `use_running_services`)."""
+    from flows.pipeline import PipelineParams
+    from vfm_core.video.sample_set import SAMPLE_MAX_LEN_S, SAMPLE_MIN_LEN_S
 
-    t0 = time.time()
-    family = os.environ.get("VFM_DEMO_FAMILY", "diffusion")
-    if family not in FAMILIES:
-        print(f"VFM_DEMO_FAMILY={family!r}: expected one of {', '.join(FAMILIES)}", file=sys.stderr)
-        return 2
-    params = PipelineParams(
+    return PipelineParams(
         name="demo" if family == "diffusion" else "demo-ar",
         family=family,
         # 384 captioned clips: every training combination on both backgrounds, many times; the
         # Fréchet distance on all 384 (two halves of the data: 0.53 apart at 48 clips, 0.18 at
         # 192: the estimate's floor falls as 1/N, measured)
         sample_videos=48 if family == "diffusion" else 3,
+        # the sample's short shots, not the curation defaults (2-20 s)
+        min_len_s=SAMPLE_MIN_LEN_S,
+        max_len_s=SAMPLE_MAX_LEN_S,
         eval_samples=384 if family == "diffusion" else 16,
         train_steps=int(os.environ.get("VFM_DEMO_STEPS", "1000")),
         tokenizer_steps=int(os.environ.get("VFM_DEMO_TOKENIZER_STEPS", "1500")),
@@ -60,6 +62,19 @@ def main() -> int:
         latent_grid=(5, 8, 8) if family == "diffusion" else (3, 8, 8),
         experiment="vfm-demo",
     )
+
+
+def main() -> int:
+    used = use_running_services()  # before prefect is imported: it reads its settings then
+    from flows.pipeline import pipeline_flow
+    from vfm_core.tracking import tool_command, ui_hint
+
+    t0 = time.time()
+    family = os.environ.get("VFM_DEMO_FAMILY", "diffusion")
+    if family not in FAMILIES:
+        print(f"VFM_DEMO_FAMILY={family!r}: expected one of {', '.join(FAMILIES)}", file=sys.stderr)
+        return 2
+    params = demo_params(family)
     out = pipeline_flow(params)
     tr = out["train"]
     print("\n" + "=" * 78)

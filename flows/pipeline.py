@@ -44,6 +44,7 @@ from tasks.pipeline import (
 from tasks.shard import encode_latents
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
+from vfm_core.curate.config import CurateConfig
 from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri, ui_hint
 
 
@@ -59,8 +60,15 @@ class PipelineParams(BaseModel):
     sample_videos: int = Field(3, ge=1, le=256, description="built-in sample size (src = '')")
     work_dir: str = Field("", description="outputs ('' = data/pipeline/NAME)")
     splitter: str = Field("color", pattern="^(color|stride|transnetv2)$", description="shots")
-    min_len_s: float = Field(1.0, ge=0, description="shortest clip, seconds")
-    max_len_s: float = Field(6.0, gt=0, description="longest clip, seconds")
+    min_len_s: float = Field(
+        CurateConfig().min_len_s,
+        ge=0,
+        description="shortest clip, seconds (curation default; the demo passes the built-in "
+        "sample's: vfm_core.video.sample_set.SAMPLE_MIN_LEN_S)",
+    )
+    max_len_s: float | None = Field(
+        CurateConfig().max_len_s, gt=0, description="longest clip, seconds (None: no limit)"
+    )
     tokenizer: str = Field("", description="tokenizer dir ('' = train tok-tiny on the shards)")
     tokenizer_steps: int = Field(150, ge=1, description="tokenizer training steps")
     family: Family = family_field()

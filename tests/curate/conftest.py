@@ -1,4 +1,5 @@
-"""A source folder of tiny synthetic videos (with sidecar captions) plus every bad input."""
+"""A source folder of tiny synthetic videos (with sidecar captions) plus every bad input, and
+`assert_covered`: every second of every probed input is in a clip or a reject row."""
 
 from __future__ import annotations
 
@@ -8,11 +9,29 @@ from pathlib import Path
 
 import pytest
 
+from vfm_core import storage
+from vfm_core.contracts import AnnotatedClips, Rejects, VideoManifest, read_manifest
 from vfm_core.curate import CurateConfig
+from vfm_core.curate.coverage import coverage_gaps
 from vfm_core.video.synthetic import BAD_KINDS, GroundTruth, demo_spec, make_bad_input, make_video
 
 # tiny test videos are 2 s long: keep 1 s shots
 CFG = CurateConfig(min_len_s=1.0)
+
+
+def assert_covered(dst: str | Path, *, frames: float = 2.0) -> None:
+    """The coverage invariant of a curation output: each probed input's duration is covered by
+    its clip and reject rows, up to `frames` frames at a boundary."""
+    dst = str(dst)
+    clips = read_manifest(storage.join(dst, "clips.parquet"), AnnotatedClips)
+    rejects = read_manifest(storage.join(dst, "rejects.parquet"), Rejects)
+    videos = read_manifest(storage.join(dst, "videos.parquet"), VideoManifest)
+    durations = dict(zip(videos["source_uri"], videos["duration_s"], strict=True))
+    tol = {u: frames / f for u, f in zip(videos["source_uri"], videos["fps"], strict=True)}
+    gaps = coverage_gaps(clips, rejects, durations, tol_s=tol)
+    assert not gaps, "seconds in no clip and no reject: " + "; ".join(map(str, gaps))
+    timed = rejects.filter(rejects["source_uri"].is_in(list(durations)))
+    assert timed["start_s"].is_not_null().all() and timed["end_s"].is_not_null().all(), timed
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.curate.conftest import CFG
+from tests.curate.conftest import CFG, assert_covered
 from vfm_core.curate.balance import (
     BatchEvent,
     busy_timeline,
@@ -96,6 +96,7 @@ def test_ray_run_records_every_stage(tmp_path, monkeypatch):
     out = curate(str(src), str(tmp_path / "dst"), config=CFG, executor=ex)
     stages = ["probe", "split", "stitch", "transcode", "annotate"]
     assert out["n_clips"] + out["n_rejects"] == 2
+    assert_covered(tmp_path / "dst")
     assert stage_order(ex.events) == stages
     s = summarize(ex.events)
     batches = {k: v.batches for k, v in s.items()}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.curate.conftest import CFG
+from tests.curate.conftest import CFG, assert_covered
 from vfm_core.contracts import Rejects, read_manifest
 from vfm_core.curate import curate
 from vfm_core.curate.pipeline import read_clips
@@ -63,6 +63,7 @@ def test_fifo_named_like_a_video_is_rejected_unopened(tiny_video, tmp_path):
     stage, reason = _rejects(dst)["x.mp4"]
     assert stage == "probe" and "not a regular file (a named pipe (FIFO))" in reason
     assert {Path(u).name for u in read_clips(str(dst))["source_uri"]} == {"good.mp4"}
+    assert_covered(dst)
     # the FIFO alone as SRC: one input, rejected the same way
     alone = _curate_within(src / "x.mp4", tmp_path / "alone")
     assert alone["n_inputs"] == 1 and alone["n_rejects"] == 1
@@ -95,3 +96,4 @@ def test_a_decode_past_its_timeout_is_a_reject_with_the_reason(tiny_video, tmp_p
     out = _curate_within(src, tmp_path / "at-split")
     stage, reason = _rejects(tmp_path / "at-split")["slow.mp4"]
     assert out["n_clips"] == 0 and stage == "split" and "decode exceeded its 0 s timeout" in reason
+    assert_covered(tmp_path / "at-split")  # the whole probed video is the reject

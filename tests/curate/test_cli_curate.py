@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from tests.curate.conftest import assert_covered
 from vfm_core.contracts import AnnotatedClips, Rejects, read_manifest
 
 VFM = [sys.executable, "-m", "vfm_core.cli"]
@@ -38,8 +39,12 @@ def test_vfm_curate_folder(good_dir, bad_dir, tmp_path):
         clips.columns
     )
     assert all((tmp_path / u).exists() for u in clips["uri"])
+    assert_covered(tmp_path / "out")
+    rejected = summary["rejected_s"]
+    assert rejected > 0 and summary["coverage_gaps"] == []
     again = _run("curate", "raw", "out", "--min-len", "1", cwd=tmp_path)
     assert again.returncode == 0 and "(3 already done)" in again.stdout
+    assert f"rejects ({rejected:.1f} s rejected)" in again.stdout, again.stdout
     assert pl.read_parquet(tmp_path / "out" / "clips.parquet").height == clips.height
 
 

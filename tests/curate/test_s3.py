@@ -7,7 +7,7 @@ import socket
 import polars as pl
 import pytest
 
-from tests.curate.conftest import CFG
+from tests.curate.conftest import CFG, assert_covered
 from vfm_core import storage
 from vfm_core.contracts import Rejects, read_manifest
 from vfm_core.curate import curate, discover
@@ -65,6 +65,7 @@ def test_curate_s3_to_s3(s3, good_dir, bad_dir, tmp_path):
     inputs = {r.source_uri for r in refs}
     assert set(clips["source_uri"]) | set(rejects["source_uri"]) == inputs
     assert out["n_clips"] == clips.height > 10
+    assert_covered("s3://vfm/out")
     by_stage = dict(zip(rejects["source_uri"], rejects["stage"], strict=False))
     assert by_stage["s3://vfm/raw/bad/gone.mp4"] == "read"
     assert by_stage["s3://vfm/raw/bad/zero_byte.mp4"] == "probe"

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from tests.curate.conftest import assert_covered
 from vfm_core.curate import CurateConfig, curate
 from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
 from vfm_core.video.synthetic import demo_spec, make_video
@@ -64,6 +65,8 @@ def test_curation_moves_a_reencoded_copy_to_the_rejects(tmp_path):
     on = dataclasses.replace(base, semdedup=SemDedupConfig(threshold=0.95))
     out = curate(str(src), str(tmp_path / "dedup"), config=on, progress=False)
     assert plain["n_clips"] == out["n_clips"] + (out["n_rejects"] - plain["n_rejects"])
+    assert_covered(tmp_path / "plain")
+    assert_covered(tmp_path / "dedup")  # a removed clip's seconds are in its reject row
     rejects = pl.read_parquet(out["rejects"]).filter(pl.col("stage") == "semdedup")
     assert rejects.height >= plain["n_clips"] // 2 - 1  # most of the copy's clips
     clips = pl.read_parquet(out["clips"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.curate.conftest import CFG
+from tests.curate.conftest import CFG, assert_covered
 from vfm_core.curate import curate
 from vfm_core.curate.pipeline import read_clips
 
@@ -31,4 +31,5 @@ def test_damaged_state_is_reported_and_rebuilt_from_the_manifests(
     assert lines[0].endswith("rebuilt from the manifests")
     assert again["n_skipped"] == 2 and again["n_clips"] == first["n_clips"]
     assert read_clips(dst).equals(before)
+    assert_covered(dst)
     assert state.read_bytes() != b"" and curate(src, dst, config=CFG)["n_skipped"] == 2

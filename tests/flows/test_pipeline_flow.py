@@ -10,6 +10,7 @@ import pytest
 
 from flows.pipeline import PipelineParams, PipelineStageError, pipeline_flow
 from tasks.pipeline import stage_marker
+from vfm_core.video.sample_set import SAMPLE_MAX_LEN_S, SAMPLE_MIN_LEN_S
 
 TINY = ["data.batch_size=2"]
 
@@ -22,6 +23,8 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
         name="t-pipe",
         work_dir=str(tmp_path),
         sample_videos=1,
+        min_len_s=SAMPLE_MIN_LEN_S,
+        max_len_s=SAMPLE_MAX_LEN_S,
         tokenizer_steps=3,
         train_steps=2,
         latent_grid=(2, 4, 4),
@@ -148,6 +151,8 @@ def test_pipeline_autoregressive_family(prefect_api, tmp_path):
         family="autoregressive",
         work_dir=str(tmp_path),
         sample_videos=1,
+        min_len_s=SAMPLE_MIN_LEN_S,
+        max_len_s=SAMPLE_MAX_LEN_S,
         tokenizer_steps=3,
         train_steps=3,
         latent_grid=(2, 4, 4),

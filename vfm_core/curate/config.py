@@ -1,4 +1,9 @@
-"""`CurateConfig`: the settings of every curation stage, JSON-able for Prefect parameters."""
+"""`CurateConfig`: the settings of every curation stage, JSON-able for Prefect parameters.
+
+Its field defaults are the one set of curation defaults: `vfm curate` (CLI) and the curation
+flow's form take theirs from here; a caller that wants other values (the demo pipeline's short
+clips) passes them as named parameters.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ from vfm_core.video.shots import (
 )
 from vfm_core.video.transnet import TransNetV2Splitter
 
+_ROWS = 2
+"""What a finished video's state holds, in the settings hash so older states are redone:
+2 = reject rows for every dropped range (short shot, transition, black), with start / end."""
+
 
 @dataclass(kw_only=True, slots=True)
 class CurateConfig:
@@ -27,7 +36,7 @@ class CurateConfig:
     splitter: Literal["color", "stride", "transnetv2"] = "color"
     """Shot detector: colour change (default), fixed stride, or TransNetV2."""
     min_len_s: float = 2.0
-    """Shorter shots are dropped."""
+    """Shorter shots are not clips: each is a reject row with its start, end and length."""
     max_len_s: float | None = 20.0
     """Longer shots are cut into equal windows no longer than this (None: no limit)."""
     stride_s: float = 10.0
@@ -76,7 +85,7 @@ class CurateConfig:
         assembly-time ``semdedup`` is not one of them)."""
         d = dataclasses.asdict(self)
         d.pop("semdedup")
-        text = json.dumps(d, sort_keys=True)
+        text = json.dumps(d | {"_rows": _ROWS}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
     DST/clips/{clip_id}.mp4     accepted clips (clip_id = hash(video_id, span, clip settings))
     DST/clips.parquet           AnnotatedClips (the shard writer's input)
-    DST/rejects.parquet         Rejects: source_uri, stage, reason (+ video_id, span times)
+    DST/rejects.parquet         Rejects: source_uri, stage, reason, start_s / end_s (+ video_id)
     DST/videos.parquet          VideoManifest of the readable inputs
     DST/_state/{key}.json       one per finished input video: its clip and reject rows
 
@@ -11,7 +11,9 @@ written atomically. A rerun skips inputs whose state file matches (same source, 
 settings) and re-runs the rest; clip ids are deterministic, so a clip written before a crash is
 overwritten, never duplicated. Inputs that failed to be read (stage "read", e.g. a transient S3
 error) are not marked finished and are retried. The manifests are rebuilt from the state files of
-the current inputs, so accepted ∪ rejected = inputs, always.
+the current inputs, so accepted ∪ rejected = inputs, always; and within each probed input, its clips
+and rejects together cover its whole duration (`coverage`: a short shot, a transition, a filtered
+clip is a reject row with its start / end seconds and reason; the summary counts those seconds).
 
 A damaged state file (truncated, corrupt bytes, not a state object) never stops a run: it is
 reported in one warning line and rebuilt from the manifests of the last finished run when
@@ -46,6 +48,7 @@ from vfm_core.contracts import (
     validate,
     write_manifest,
 )
+from vfm_core.curate.coverage import coverage_gaps, seconds
 from vfm_core.curate.executors import Executor, get_executor
 from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
 from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
@@ -245,7 +248,11 @@ def assemble(
     dst: str, states: Iterable[dict], semdedup: SemDedupConfig | None = None
 ) -> dict[str, Any]:
     """Write clips / rejects / videos manifests (sorted, validated) from per-video states; with
-    ``semdedup`` on, near-duplicate clips move to the rejects naming the clip they duplicate."""
+    ``semdedup`` on, near-duplicate clips move to the rejects naming the clip they duplicate.
+
+    Returns the manifest URLs, row counts, the seconds of source in clips (``clip_s``) and in
+    rejects (``rejected_s``), and ``coverage_gaps``: ranges of a probed input in no row (logged
+    as a warning; empty unless a stage lost a range)."""
     clips, rejects, videos = [], [], []
     first_of: dict[str, str] = {}  # video_id -> first source_uri with that content
     for st in states:
@@ -257,8 +264,8 @@ def assemble(
                     "video_id": vid,
                     "stage": "probe",
                     "reason": f"duplicate: same content as {first_of[vid]}",
-                    "start_s": None,
-                    "end_s": None,
+                    "start_s": 0.0,
+                    "end_s": float(st["video"].get("duration_s") or 0.0),
                 }
             )
             continue
@@ -282,6 +289,18 @@ def assemble(
     vdf = _frame(videos, VideoManifest)
     if vdf.height:
         vdf = vdf.sort("source_uri")
+    gaps = coverage_gaps(
+        cdf,
+        rdf,
+        {v["source_uri"]: v["duration_s"] for v in videos},
+        tol_s={v["source_uri"]: 2.0 / v["fps"] for v in videos},
+    )
+    if gaps:
+        log.warning(
+            "curation: %d range(s) of the inputs are in no clip and no reject: %s",
+            len(gaps),
+            "; ".join(map(str, gaps[:5])),
+        )
     out = {
         "clips": write_manifest(cdf, storage.join(dst, "clips.parquet"), AnnotatedClips),
         "rejects": write_manifest(rdf, storage.join(dst, "rejects.parquet"), Rejects),
@@ -289,6 +308,9 @@ def assemble(
         "n_clips": cdf.height,
         "n_rejects": rdf.height,
         "n_videos": vdf.height,
+        "clip_s": round(seconds(cdf), 3),
+        "rejected_s": round(seconds(rdf), 3),
+        "coverage_gaps": [str(g) for g in gaps],
     }
     return out
 

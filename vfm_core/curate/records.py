@@ -3,9 +3,11 @@
     VideoRef --probe--> ProbedVideo --split--> SplitVideo --stitch--> SpanTask (one per span)
              --transcode--> ClipTask --annotate/filter--> AnnotatedClip
 
-Any stage may emit a `RejectRow` instead of its output; later stages pass rejects through. Every
-final item (AnnotatedClip or RejectRow) carries `n_parts`, the number of final items its video
-yields, so a streaming consumer knows when a video is complete (resumability).
+Any stage may emit a `RejectRow` instead of its output; later stages pass rejects through. The
+stitch stage also emits one `RejectRow` per range the splitter dropped (short shot, transition,
+black), so a video's clips and rejects together cover its whole duration. Every final item
+(AnnotatedClip or RejectRow) carries `n_parts`, the number of final items its video yields, so a
+streaming consumer knows when a video is complete (resumability).
 
 Items are plain dataclasses of JSON types; `to_json` / `from_json` move them across process
 boundaries (Ray actors) without pickle.
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vfm_core.video.io import VideoInfo
-from vfm_core.video.shots import Span
+from vfm_core.video.shots import DroppedSpan, Span
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,6 +68,8 @@ class SplitVideo:
 
     video: ProbedVideo
     spans: list[Span] = field(default_factory=list)
+    dropped: list[DroppedSpan] = field(default_factory=list)
+    """Ranges in no span, with the reason (each becomes a reject row)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -74,8 +78,8 @@ class SpanTask:
 
     video: ProbedVideo
     span_index: int
-    n_spans: int
-    """Number of spans of this video (= its number of final items)."""
+    n_parts: int
+    """Final items of this video: its clip candidates plus its dropped ranges."""
     start_frame: int
     end_frame: int
     start_s: float
@@ -117,7 +121,7 @@ class AnnotatedClip:
 
     @property
     def n_parts(self) -> int:
-        return self.clip.span.n_spans
+        return self.clip.span.n_parts
 
     def manifest_row(self) -> dict[str, Any]:
         c, s, v = self.clip, self.clip.span, self.clip.span.video
@@ -155,9 +159,12 @@ class RejectRow:
     reason: str
     video_id: str | None = None
     start_s: float | None = None
+    """Start of the rejected range in the source, seconds (0 for a whole probed video; None when
+    the input could not be read, so its duration is unknown)."""
     end_s: float | None = None
+    """End of the rejected range (the duration for a whole probed video)."""
     n_parts: int = 1
-    """Final items of this video (1 for a video-level reject, n_spans for a span's reject)."""
+    """Final items of this video (1 for a video-level reject, else `SpanTask.n_parts`)."""
     video: ProbedVideo | None = None
     """The probed video when the reject happened after probing (for the video manifest)."""
 
@@ -171,7 +178,17 @@ class RejectRow:
 Item = VideoRef | ProbedVideo | SplitVideo | SpanTask | ClipTask | AnnotatedClip | RejectRow
 TYPES: dict[str, type] = {
     t.__name__: t
-    for t in (VideoRef, ProbedVideo, SplitVideo, SpanTask, ClipTask, AnnotatedClip, RejectRow, Span)
+    for t in (
+        VideoRef,
+        ProbedVideo,
+        SplitVideo,
+        SpanTask,
+        ClipTask,
+        AnnotatedClip,
+        RejectRow,
+        Span,
+        DroppedSpan,
+    )
 }
 
 

@@ -4,16 +4,18 @@ The order (see `records` for the items):
 
     probe      VideoRef    -> ProbedVideo     read (download s3://), content hash, probe
     split      ProbedVideo -> SplitVideo      shot detection (colour change / stride / TransNetV2)
-    stitch     SplitVideo  -> SpanTask*       merge false cuts; one item per clip candidate
+    stitch     SplitVideo  -> SpanTask*       merge false cuts; one item per clip candidate, and
+                                              a reject per dropped range (short shot, transition)
     transcode  SpanTask    -> ClipTask        H.264 MP4 at DST/clips/{clip_id}.mp4
     annotate   ClipTask    -> AnnotatedClip   embedding, caption, filter scores (or a reject)
 
 A stage turns every user-caused failure (bad file, unreadable object, undecodable span, a path
 that is no regular file such as a FIFO, a decode past `video.io.DECODE_TIMEOUT`) into a
 `RejectRow` with its stage and reason; rejects from earlier stages pass through unchanged, so
-every input ends as accepted clips or rejects. A storage failure after the input was read (e.g.
-uploading a clip) is not the input's fault: it raises, and the resumable run is retried. Stages
-are plain picklable objects: the same instances run in-process or inside Ray actors.
+every input ends as accepted clips or rejects, and every second of a probed video is in exactly
+one clip or reject row (`vfm_core.curate.coverage`). A storage failure after the input was read
+(e.g. uploading a clip) is not the input's fault: it raises, and the resumable run is retried.
+Stages are plain picklable objects: the same instances run in-process or inside Ray actors.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from vfm_core.curate.records import (
     VideoRef,
 )
 from vfm_core.video.io import VideoError, decode_frames, not_regular, probe
+from vfm_core.video.shots import DroppedSpan, Segmentation
 from vfm_core.video.stitch import stitch
 from vfm_core.video.transcode import select_encoder, transcode_span
 
@@ -126,9 +129,9 @@ class _MapStage:
             video_id=video.video_id,
             stage=stage,
             reason=reason,
-            start_s=span.start_s if span else None,
-            end_s=span.end_s if span else None,
-            n_parts=span.n_spans if span else 1,
+            start_s=span.start_s if span else 0.0,  # no span: the whole probed video
+            end_s=span.end_s if span else video.duration_s,
+            n_parts=span.n_parts if span else 1,
             video=video,
         )
 
@@ -190,7 +193,8 @@ def _local_video(v: ProbedVideo, work_dir: str) -> str:
 
 @dataclass(kw_only=True)
 class SplitStage(_MapStage):
-    """ProbedVideo -> SplitVideo (or a reject when no shot is long enough)."""
+    """ProbedVideo -> SplitVideo: spans plus every dropped range with its reason (or one reject
+    of the whole video when no shot is long enough)."""
 
     name = "split"
     reject_as = "split"
@@ -202,18 +206,51 @@ class SplitStage(_MapStage):
     def one(self, item: ProbedVideo) -> list[Item]:
         if self._splitter is None:
             self.setup()
-        spans = self._splitter.split(_local_video(item, self.work_dir), fps=item.fps)
-        if not spans:
-            raise ValueError(
-                f"no shot of at least {self.cfg.min_len_s:g} s "
-                f"(video is {item.duration_s:.2f} s, {item.n_frames} frames)"
-            )
-        return [SplitVideo(video=item, spans=spans)]
+        seg = self._splitter.segment(_local_video(item, self.work_dir), fps=item.fps)
+        if not seg.spans:
+            raise ValueError(_no_shot_reason(seg, item, self.cfg.min_len_s))
+        dropped = seg.dropped + _undecoded(seg, item)
+        return [SplitVideo(video=item, spans=seg.spans, dropped=dropped)]
+
+
+def _no_shot_reason(seg: Segmentation, v: ProbedVideo, min_len_s: float) -> str:
+    """One reason for a video without a clip candidate (its whole duration is rejected)."""
+    head = f"no shot of at least {min_len_s:g} s"
+    tail = f"video is {v.duration_s:.2f} s, {v.n_frames} frames"
+    short = [d for d in seg.dropped if d.reason.startswith("shot ")]
+    if short:
+        longest = max(d.duration_s for d in short)
+        n = len(short)
+        return f"{head}: all {n} shot(s) shorter (longest {longest:.2f} s; {tail})"
+    kinds = sorted({d.reason for d in seg.dropped})
+    return f"{head} ({tail}; {', '.join(kinds) or 'no frames'})"
+
+
+def _undecoded(seg: Segmentation, v: ProbedVideo) -> list[DroppedSpan]:
+    """Ranges of the stated duration with no decoded frame (before the first or after the last;
+    more than two frames), so they are accounted for too."""
+    parts = [*seg.spans, *seg.dropped]
+    first = min(p.start_s for p in parts)
+    last = max(p.end_s for p in parts)
+    tol = 2.0 / v.fps
+    out = []
+    if first > tol:
+        why = f"no decoded frame before {first:.2f} s"
+        out.append(DroppedSpan(start_frame=0, end_frame=0, start_s=0.0, end_s=first, reason=why))
+    if v.duration_s - last > tol:
+        why = f"no decoded frame after {last:.2f} s (the stream states {v.duration_s:.2f} s)"
+        n = seg.n_frames
+        out.append(
+            DroppedSpan(start_frame=n, end_frame=n, start_s=last, end_s=v.duration_s, reason=why)
+        )
+    return out
 
 
 @dataclass(kw_only=True)
 class StitchStage(_MapStage):
-    """SplitVideo -> one SpanTask per clip candidate, after merging false cuts."""
+    """SplitVideo -> one SpanTask per clip candidate, after merging false cuts, and one reject per
+    dropped range. Short shots are not merged into a neighbour: each is a reject with its length.
+    """
 
     name = "stitch"
     reject_as = "split"
@@ -230,11 +267,12 @@ class StitchStage(_MapStage):
                 max_frames=max_f,
                 width=self.cfg.analysis_width,
             )
-        return [
+        v, n_parts = item.video, len(spans) + len(item.dropped)
+        tasks: list[Item] = [
             SpanTask(
-                video=item.video,
+                video=v,
                 span_index=i,
-                n_spans=len(spans),
+                n_parts=n_parts,
                 start_frame=s.start_frame,
                 end_frame=s.end_frame,
                 start_s=s.start_s,
@@ -242,6 +280,20 @@ class StitchStage(_MapStage):
             )
             for i, s in enumerate(spans)
         ]
+        rejects: list[Item] = [
+            RejectRow(
+                source_uri=v.source_uri,
+                video_id=v.video_id,
+                stage="split",
+                reason=d.reason,
+                start_s=d.start_s,
+                end_s=d.end_s,
+                n_parts=n_parts,
+                video=v,
+            )
+            for d in item.dropped
+        ]
+        return tasks + rejects
 
 
 @dataclass(kw_only=True)
@@ -364,7 +416,7 @@ class AnnotateStage(_MapStage):
                     reason="; ".join(reasons),
                     start_s=span.start_s,
                     end_s=span.end_s,
-                    n_parts=span.n_spans,
+                    n_parts=span.n_parts,
                     video=span.video,
                 )
             ]

@@ -7,8 +7,10 @@ and the executors call them, never PyAV directly.
 from vfm_core.video.io import VideoError, VideoInfo, decode_frames, iter_frames, probe
 from vfm_core.video.shots import (
     ColorChangeSplitter,
+    DroppedSpan,
     FixedStrideSplitter,
     LengthRules,
+    Segmentation,
     Span,
     Splitter,
 )
@@ -24,9 +26,11 @@ from vfm_core.video.transnet import TransNetV2Splitter
 
 __all__ = [
     "ColorChangeSplitter",
+    "DroppedSpan",
     "EncoderError",
     "FixedStrideSplitter",
     "LengthRules",
+    "Segmentation",
     "Span",
     "Splitter",
     "TransNetV2Splitter",

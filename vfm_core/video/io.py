@@ -35,6 +35,8 @@ MAX_PIXELS = 8192 * 8192
 """Largest declared frame (width * height) probe accepts; bigger is rejected as a bogus header."""
 
 _VFR_PACKETS = 64  # packets whose timestamps decide "variable frame rate"
+_VFR_REORDER = 32  # extra packets read so the first _VFR_PACKETS in presentation order are all
+# there: B-frames arrive after the later frame they reference (H.264 reorders at most 16 deep)
 _VFR_TOLERANCE = 0.1  # relative spread of timestamp deltas still counted as constant rate
 
 
@@ -232,7 +234,7 @@ def probe(
             raise VideoError(name, f"declared frame size {w}x{h} exceeds {max_pixels} pixels")
         _check_complete(src, s, name)
         tb = s.time_base
-        # timestamps of the first packets -> variable frame rate flag
+        # timestamps of the first packets (in decode order) -> variable frame rate flag
         pts: list[int] = []
         first: av.VideoFrame | None = None
         deadline = _Deadline(name, timeout_s, _media_seconds(c, s))
@@ -240,13 +242,13 @@ def probe(
         try:
             for packet in c.demux(s):
                 deadline.check()
-                if packet.pts is not None and len(pts) < _VFR_PACKETS:
+                if packet.pts is not None and len(pts) < _VFR_PACKETS + _VFR_REORDER:
                     pts.append(packet.pts)
                 if first is None:
                     for frame in packet.decode():
                         first = frame
                         break
-                if first is not None and len(pts) >= _VFR_PACKETS:
+                if first is not None and len(pts) >= _VFR_PACKETS + _VFR_REORDER:
                     break
         except av.FFmpegError as e:
             if first is None:
@@ -309,11 +311,21 @@ def _check_complete(src: Source, stream: av.VideoStream, name: str) -> None:
         )
 
 
-def _is_vfr(pts: list[int]) -> bool:
-    """Irregular presentation-time deltas among the first packets (B-frame reordering is sorted)."""
+def _is_vfr(pts: list[int], *, reorder: int = _VFR_REORDER) -> bool:
+    """Irregular presentation-time deltas among the first packets.
+
+    `pts` are in decode order; with B-frames that is not presentation order (I0 P3 B1 B2 ...), so
+    the deltas are taken after sorting. The last `reorder` packets read may have been decoded
+    ahead of frames not read yet (P3 before B1, B2): only the earliest ``len(pts) - reorder``
+    presentation times are used, otherwise a constant-rate stream shows a false gap at the end.
+    A short stream (fewer packets than that) was read whole and is used whole.
+    """
     if len(pts) < 4:
         return False
-    d = np.diff(np.sort(np.asarray(pts, dtype=np.int64)))
+    p = np.sort(np.asarray(pts, dtype=np.int64))
+    if len(pts) >= _VFR_PACKETS + reorder:
+        p = p[: len(pts) - reorder]
+    d = np.diff(p)
     d = d[d > 0]
     if d.size < 3:
         return False

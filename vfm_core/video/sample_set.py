@@ -10,6 +10,12 @@ from pathlib import Path
 from vfm_core.video.captioned import captioned_spec
 from vfm_core.video.synthetic import make_video
 
+SAMPLE_MIN_LEN_S = 1.0
+"""Shortest clip to curate the sample with: its shots are 32 frames (2.7 s at 12 fps) less the
+frames of a dissolve, below the curation default of 2 s once a dissolve takes its share."""
+SAMPLE_MAX_LEN_S = 6.0
+"""Longest clip for the sample (short training clips)."""
+
 
 def write_sample_videos(
     dst: str | Path,

@@ -7,7 +7,11 @@ and are in order. They cover the video except where a documented rule drops fram
 - frames inside a detected gradual transition (dissolve / fade) belong to no span;
 - black segments become their own span, dropped when `drop_black` is set;
 - spans shorter than `min_len_s` are dropped; spans longer than `max_len_s` are cut into equal
-  windows no longer than `max_len_s` (so a long take yields several clips).
+  windows no longer than `max_len_s` (so a long take yields several clips, and no remainder).
+
+`Splitter.segment` returns both: the kept `Span`s and every dropped range as a `DroppedSpan` with
+its reason (e.g. "shot 1.20 s < min 2.00 s"), so together they cover every decoded frame once and
+curation can account for every second (`split` is `segment(...).spans`).
 
 `ColorChangeSplitter` (the default, vfm's own) works on analysis-size frames (64 px wide, decoded
 without the deblocking loop filter and sampled from the YUV planes) and scores each frame by
@@ -63,12 +67,37 @@ class Span:
         return cls(start_frame=start, end_frame=end, start_s=start / fps, end_s=end / fps)
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DroppedSpan(Span):
+    """Frames [start_frame, end_frame) that are in no span, and why (a curation reject row)."""
+
+    reason: str
+    """E.g. "shot 1.20 s < min 2.00 s", "gradual transition (dissolve / fade)", "black"."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Segmentation:
+    """A splitter's full answer: kept spans and dropped ranges, each ordered, together covering
+    frames [0, n_frames) exactly once."""
+
+    spans: list[Span]
+    """Clip candidates."""
+    dropped: list[DroppedSpan]
+    """Everything else, with its reason."""
+    n_frames: int
+    """Frames the splitter saw."""
+
+
 @runtime_checkable
 class Splitter(Protocol):
     """Anything that splits a video into ordered, non-overlapping `Span`s."""
 
     def split(self, source: FramesOrSource, *, fps: float | None = None) -> list[Span]:
         """Spans of `source` (a path / file object, or RGB uint8 frames (T, H, W, 3) + `fps`)."""
+        ...
+
+    def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
+        """`split`'s spans plus every dropped range with its reason."""
         ...
 
 
@@ -85,17 +114,29 @@ class LengthRules:
         self, spans: list[tuple[int, int]], fps: float, times: np.ndarray | None = None
     ) -> list[Span]:
         """Drop short spans, window long ones; seconds from `times` (T,) (exact for VFR) or fps."""
+        return self.partition(spans, fps, times)[0]
+
+    def partition(
+        self, spans: list[tuple[int, int]], fps: float, times: np.ndarray | None = None
+    ) -> tuple[list[Span], list[DroppedSpan]]:
+        """`apply`'s spans, and the shots it dropped as too short (with the reason)."""
         min_f = int(math.ceil(self.min_len_s * fps - 1e-6))
         max_f = None if self.max_len_s is None else max(1, int(self.max_len_s * fps + 1e-6))
         out: list[Span] = []
+        short: list[DroppedSpan] = []
         for a, b in spans:
             n = b - a
-            if n <= 0 or n < min_f:
+            if n <= 0:
+                continue
+            if n < min_f:
+                s = _span(a, b, fps, times)
+                why = f"shot {s.duration_s:.2f} s < min {self.min_len_s:.2f} s"
+                short.append(_dropped(s, why))
                 continue
             k = 1 if max_f is None else -(-n // max_f)
             edges = [a + (n * i) // k for i in range(k + 1)]
             out += [_span(s, e, fps, times) for s, e in zip(edges[:-1], edges[1:], strict=True)]
-        return out
+        return out, short
 
 
 def _span(start: int, end: int, fps: float, times: np.ndarray | None) -> Span:
@@ -103,6 +144,38 @@ def _span(start: int, end: int, fps: float, times: np.ndarray | None) -> Span:
         return Span.of(start, end, fps)
     t_end = float(times[end]) if end < len(times) else float(times[-1]) + 1.0 / fps
     return Span(start_frame=start, end_frame=end, start_s=float(times[start]), end_s=t_end)
+
+
+def _dropped(span: Span, reason: str) -> DroppedSpan:
+    return DroppedSpan(
+        start_frame=span.start_frame,
+        end_frame=span.end_frame,
+        start_s=span.start_s,
+        end_s=span.end_s,
+        reason=reason,
+    )
+
+
+def segmentation(
+    spans: list[Span],
+    dropped: list[DroppedSpan],
+    n_frames: int,
+    fps: float,
+    times: np.ndarray | None = None,
+    *,
+    other: str = "in no shot",
+) -> Segmentation:
+    """Sorted spans and dropped ranges; any frames still in neither become a dropped range with
+    reason `other`, so the result covers [0, n_frames) exactly."""
+    dropped = sorted(dropped, key=lambda d: d.start_frame)
+    taken = sorted([(s.start_frame, s.end_frame) for s in [*spans, *dropped]])
+    pos, rest = 0, []
+    for a, b in [*taken, (n_frames, n_frames)]:
+        if a > pos:
+            rest.append(_dropped(_span(pos, a, fps, times), other))
+        pos = max(pos, b)
+    dropped = sorted([*dropped, *rest], key=lambda d: d.start_frame)
+    return Segmentation(spans=spans, dropped=dropped, n_frames=n_frames)
 
 
 def transitions_from_spans(spans: list[Span]) -> list[tuple[int, int]]:
@@ -377,34 +450,56 @@ class ColorChangeSplitter:
     def split(self, source: FramesOrSource, *, fps: float | None = None) -> list[Span]:
         return self.split_features(source, fps=fps)[0]
 
+    def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
+        fps_ = _fps_of(source, fps)
+        feats = self._features(source)
+        return self.segmentation(self.detect(feats, fps_), fps_, times=feats.times)
+
     def split_features(
         self, source: FramesOrSource, *, fps: float | None = None
     ) -> tuple[list[Span], FrameFeatures]:
         """`split`, also returning the per-frame features (stitching reuses them: no re-decode)."""
         fps_ = _fps_of(source, fps)
-        opts = SKIP_LOOP_FILTER if self.skip_loop_filter else None
-        feats = compute_features(source, width=self.analysis_width, decoder_options=opts)
+        feats = self._features(source)
         return self.spans(self.detect(feats, fps_), fps_, times=feats.times), feats
+
+    def _features(self, source: FramesOrSource) -> FrameFeatures:
+        opts = SKIP_LOOP_FILTER if self.skip_loop_filter else None
+        return compute_features(source, width=self.analysis_width, decoder_options=opts)
 
     def spans(self, det: Detection, fps: float, times: np.ndarray | None = None) -> list[Span]:
         """Turn a detection into spans under the drop/length rules."""
+        return self.segmentation(det, fps, times).spans
+
+    def segmentation(
+        self, det: Detection, fps: float, times: np.ndarray | None = None
+    ) -> Segmentation:
+        """Turn a detection into spans and dropped ranges (transitions, black, short shots)."""
         cuts: list[tuple[int, int]] = [(c, c) for c in det.cuts] + det.gradual
         black = det.black
         for a, b in black:
             cuts += [(a, a), (b, b)]
         cuts = sorted(c for c in cuts if 0 < c[1] and c[0] < det.n_frames)
         raw: list[tuple[int, int]] = []
+        dropped: list[DroppedSpan] = []
         pos = 0
         for a, b in cuts:
             if a > pos:
                 raw.append((pos, a))
+            if b > max(a, pos):  # a gradual transition's blended frames
+                span = _span(max(a, pos), b, fps, times)
+                dropped.append(_dropped(span, "gradual transition (dissolve / fade)"))
             pos = max(pos, b)
         if pos < det.n_frames:
             raw.append((pos, det.n_frames))
         if self.drop_black:
             bset = set(black)
+            dropped += [
+                _dropped(_span(a, b, fps, times), "black segment") for a, b in raw if (a, b) in bset
+            ]
             raw = [r for r in raw if r not in bset]
-        return self.lengths.apply(raw, fps, times)
+        spans, short = self.lengths.partition(raw, fps, times)
+        return segmentation(spans, dropped + short, det.n_frames, fps, times)
 
     def detect(self, feats: FrameFeatures, fps: float) -> Detection:
         """Hard cuts, gradual transitions and black runs from per-frame features."""
@@ -491,10 +586,15 @@ class FixedStrideSplitter:
     """Min / max clip length rules (the stride already bounds the length)."""
 
     def split(self, source: FramesOrSource, *, fps: float | None = None) -> list[Span]:
+        return self.segment(source, fps=fps).spans
+
+    def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
         fps_ = _fps_of(source, fps)
         if isinstance(source, np.ndarray):
             n = len(source)
         else:
             n = probe(source).n_frames
         step = max(1, int(round(self.stride_s * fps_)))
-        return self.lengths.apply([(a, min(a + step, n)) for a in range(0, n, step)], fps_)
+        windows = [(a, min(a + step, n)) for a in range(0, n, step)]
+        spans, short = self.lengths.partition(windows, fps_)
+        return segmentation(spans, short, n, fps_)

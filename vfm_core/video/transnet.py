@@ -9,7 +9,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vfm_core.video.io import iter_frames
-from vfm_core.video.shots import FramesOrSource, LengthRules, Span, _fps_of, _runs
+from vfm_core.video.shots import (
+    FramesOrSource,
+    LengthRules,
+    Segmentation,
+    Span,
+    _dropped,
+    _fps_of,
+    _runs,
+    _span,
+    segmentation,
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,9 +75,16 @@ class TransNetV2Splitter:
         return single.float().numpy(), times
 
     def split(self, source: FramesOrSource, *, fps: float | None = None) -> list[Span]:
+        return self.segment(source, fps=fps).spans
+
+    def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
         fps_ = _fps_of(source, fps)
         p, times = self.predict(source)
-        return self.lengths.apply(_runs(~(p > self.threshold)), fps_, times)
+        hot = p > self.threshold
+        spans, short = self.lengths.partition(_runs(~hot), fps_, times)
+        why = f"shot transition (TransNetV2 p > {self.threshold:g})"
+        trans = [_dropped(_span(a, b, fps_, times), why) for a, b in _runs(hot)]
+        return segmentation(spans, trans + short, len(p), fps_, times)
 
 
 def _resize_nn(frame: np.ndarray, w: int, h: int) -> np.ndarray:

@@ -1,0 +1,74 @@
+"""One set of curation defaults (issue #27, case 20): `vfm curate`, the curation flow's form and
+the pipeline flow take theirs from `CurateConfig`; `--help` shows them; the demo's short clips
+are passed by name."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from vfm_core.curate import CurateConfig
+from vfm_core.curate import cli as curate_cli
+
+D = CurateConfig()
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vfm")
+    sub = ap.add_subparsers(dest="cmd")
+    return curate_cli.add_parser(sub)
+
+
+def test_cli_defaults_are_the_config_defaults():
+    args = curate_cli.resolve_defaults(_parser().parse_args(["SRC", "DST"]))
+    assert (args.splitter, args.min_len, args.max_len) == (D.splitter, D.min_len_s, D.max_len_s)
+    assert (args.width, args.fps, args.stitch, args.encoder) == (
+        D.out_width,
+        D.out_fps,
+        D.stitch,
+        D.encoder,
+    )
+    assert (args.vlm, args.image_model, args.semdedup) == (D.vlm, D.image_model, None)
+    assert not _parser().parse_args(["SRC", "DST", "--no-stitch"]).stitch
+    assert (
+        curate_cli.resolve_defaults(_parser().parse_args(["S", "D", "--min-len", "3"])).min_len == 3
+    )
+
+
+def test_building_the_parser_does_not_import_the_curation_config():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, vfm_core.cli as c; c.build_parser(); "
+        "print('vfm_core.curate.config' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # `vfm --help` stays fast
+
+
+def test_help_shows_the_defaults():
+    text = " ".join(_parser().format_help().split())
+    assert f"shorter shots are rejects (default: {D.min_len_s})" in text
+    assert f"(0: no limit; default: {D.max_len_s})" in text
+    assert f"shot detector (default: {D.splitter})" in text
+    assert f"(default: {D.encoder})" in text
+
+
+def test_flows_use_the_same_defaults():
+    from flows.curate import CurateParams
+    from flows.pipeline import PipelineParams
+
+    form = CurateParams(src="a", dst="b")
+    assert form.config() == dataclasses.replace(D)  # every setting the form has: the defaults
+    p = PipelineParams()
+    assert (p.min_len_s, p.max_len_s) == (D.min_len_s, D.max_len_s)
+
+
+def test_demo_passes_its_short_clip_lengths_by_name():
+    from flows.demo import demo_params
+    from vfm_core.video.sample_set import SAMPLE_MAX_LEN_S, SAMPLE_MIN_LEN_S
+
+    for family in ("diffusion", "autoregressive"):
+        p = demo_params(family)
+        assert (p.min_len_s, p.max_len_s) == (SAMPLE_MIN_LEN_S, SAMPLE_MAX_LEN_S) == (1.0, 6.0)
