@@ -8,7 +8,11 @@ variable the user set, so ``make demo``, ``vfm ...`` and the flows log to the ML
 Prefect server a user has open; with nothing running they keep the embedded defaults (a sqlite
 store under the data dir, an ephemeral Prefect API). ``VFM_NO_SERVICES=1`` opts out.
 
-Call it before ``prefect`` is imported: Prefect reads its settings at import time. No torch,
+Without a server a flow starts Prefect's temporary API, which needs ``$PREFECT_HOME`` (its sqlite
+database) to exist and more than Prefect's 20 s to start on a busy machine:
+:func:`prefect_without_server` sees to both (the ``flows`` package calls it on import).
+
+Call these before ``prefect`` is imported: Prefect reads its settings at import time. No torch,
 prefect or mlflow import here.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -95,4 +100,47 @@ def use_running_services(root: Path | None = None) -> dict[str, str]:
             if var in env and var not in os.environ:
                 chosen[var] = str(env[var])
     os.environ.update(chosen)
+    return chosen
+
+
+PREFECT_DEFAULTS: dict[str, str] = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+"""Prefect settings for a flow without a server: the temporary API took 10-22 s to start on a
+2-core machine (Prefect's timeout: 20 s), and its telemetry job logs "database is locked"."""
+
+
+def prefect_profile() -> dict[str, str]:
+    """The settings of the active Prefect profile (``$PREFECT_PROFILE`` or the file's
+    ``active``) in ``$PREFECT_PROFILES_PATH`` (default ``$PREFECT_HOME/profiles.toml``)."""
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    name = os.environ.get("PREFECT_PROFILE") or doc.get("active", "ephemeral")
+    profile = doc.get("profiles", {}).get(name, {})
+    return {k: str(v) for k, v in profile.items()} if isinstance(profile, dict) else {}
+
+
+def prefect_without_server() -> dict[str, str]:
+    """Let a flow run on Prefect's temporary API (no ``PREFECT_API_URL``): the settings of
+    :data:`PREFECT_DEFAULTS` the user set neither in the environment nor in the active profile,
+    and the directories of ``$PREFECT_HOME`` and of a sqlite database URL, created (Prefect does
+    neither). Returns the variables it set."""
+    profile = prefect_profile()
+    chosen = {k: v for k, v in PREFECT_DEFAULTS.items() if k not in os.environ and k not in profile}
+    os.environ.update(chosen)
+    folders = [Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()]
+    for var in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL"):
+        url = os.environ.get(var) or profile.get(var, "")
+        if url.startswith("sqlite") and ":///" in url and ":memory:" not in url:
+            folders.append(Path(url.split(":///", 1)[1].split("?")[0]).expanduser().parent)
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # Prefect names the folder it cannot use
     return chosen

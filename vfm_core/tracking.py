@@ -1,7 +1,10 @@
 """MLflow plumbing shared by the trainer and the Prefect layer (no torch import here).
 
 Default store: sqlite under the project data dir (``$VFM_DATA_DIR`` or ``./data``), artifacts beside
-it — the MLflow 3.17 file store is in maintenance mode and refuses by default.
+it — the MLflow 3.17 file store is in maintenance mode and refuses by default. Any other URI a user
+sets works or fails in one line (:func:`open_store`): a file store (``file:./mlruns`` or a plain
+path) is opted into with ``MLFLOW_ALLOW_FILE_STORE=true`` and a one-line note; a server that does
+not answer, an unknown scheme or a missing database driver is a :class:`TrackingStoreError`.
 """
 
 from __future__ import annotations
@@ -9,10 +12,15 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 import warnings
 from pathlib import Path
 
 from vfm_core.config import TrackingConfig
+from vfm_core.errors import UserError
 
 STUDY_TAG = "vfm.study"
 """MLflow tag naming the scaling study a run belongs to."""
@@ -51,12 +59,98 @@ def tracking_uri(cfg: TrackingConfig | None = None) -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
+class TrackingStoreError(UserError, RuntimeError):
+    """The MLflow tracking URI names a store this process cannot use: a server that does not
+    answer, an unknown scheme, a database driver that is not installed."""
+
+
+FILE_STORE_OPT_IN = "MLFLOW_ALLOW_FILE_STORE"
+"""MLflow 3's opt-in to its file store (in maintenance mode: refused without it)."""
+_OPENED: set[str] = set()
+"""URIs :func:`open_store` checked in this process (checked, and noted, once)."""
+
+
+def is_file_store(uri: str) -> bool:
+    """``file:...`` or a plain path: MLflow's file store."""
+    if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's scheme-less names
+        return False
+    return urllib.parse.urlparse(uri).scheme in ("", "file")
+
+
+def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI") -> None:
+    """Make the tracking store at ``uri`` usable before MLflow touches it, or raise a one-line
+    :class:`TrackingStoreError` naming ``uri`` (set by ``source``) and the fix: a file store is
+    opted into (``MLFLOW_ALLOW_FILE_STORE=true``, unless the user set it; one note line), an
+    http(s) server must answer (a short probe instead of MLflow's minutes of retries), and MLflow
+    must know the scheme and have its driver."""
+    if uri in _OPENED:
+        return
+    scheme = urllib.parse.urlparse(uri).scheme
+    if is_file_store(uri) and FILE_STORE_OPT_IN not in os.environ:
+        os.environ[FILE_STORE_OPT_IN] = "true"  # before MLflow builds the store; ranks inherit it
+        print(
+            f"note: MLflow tracking URI {uri} is MLflow's file store, which MLflow 3 keeps in "
+            f"maintenance mode: set {FILE_STORE_OPT_IN}=true for it (a sqlite:///PATH.db URI "
+            "needs no opt-in)",
+            file=sys.stderr,
+        )
+    fix = (
+        f"point {source} at a running server (http://HOST:PORT), a sqlite:///PATH.db or "
+        "file:PATH store, or unset it for the sqlite store under the data dir"
+    )
+    if scheme in ("http", "https"):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10).close()
+        except urllib.error.HTTPError:
+            pass  # a server answered (a proxy or an auth wall may refuse /health)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            why = getattr(e, "reason", e)
+            raise TrackingStoreError(
+                f"MLflow tracking URI {uri} ({source}): no server answers ({why}); start one "
+                f"({tool_command('mlflow')} server --host 127.0.0.1 --port PORT, or make up) or "
+                f"{fix}"
+            ) from None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        mlflow.MlflowClient(uri)  # builds the store: the scheme, the driver, the file store
+    except UnsupportedModelRegistryStoreURIException:
+        raise TrackingStoreError(
+            f"MLflow tracking URI {uri} ({source}): MLflow has no store for the scheme "
+            f"{scheme!r}; {fix}"
+        ) from None
+    except ImportError as e:
+        raise TrackingStoreError(
+            f"MLflow tracking URI {uri} ({source}): its store needs the Python package "
+            f"{e.name!r}, which is not installed (pip install it, or {fix})"
+        ) from None
+    except MlflowException as e:
+        first = str(e.message).strip().split(". ")[0][:300]
+        if is_file_store(uri):  # the user's own MLFLOW_ALLOW_FILE_STORE says no
+            first = (
+                f"{FILE_STORE_OPT_IN}={os.environ.get(FILE_STORE_OPT_IN)} refuses the file store"
+            )
+            fix = f"set {FILE_STORE_OPT_IN}=true, or {fix}"
+        raise TrackingStoreError(f"MLflow tracking URI {uri} ({source}): {first}; {fix}") from None
+    _OPENED.add(uri)
+
+
+def open_tracking_store(cfg: TrackingConfig) -> str:
+    """:func:`open_store` on the configured URI (naming where it was set); returns the URI."""
+    uri = tracking_uri(cfg)
+    source = "tracking.tracking_uri" if cfg.tracking_uri else "MLFLOW_TRACKING_URI"
+    open_store(uri, source=source)
+    return uri
+
+
 def ensure_experiment(cfg: TrackingConfig) -> str:
     """Point MLflow at the store and return the experiment id, creating the experiment with an
     explicit artifact location next to a sqlite store."""
     import mlflow
 
-    uri = tracking_uri(cfg)
+    uri = open_tracking_store(cfg)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(cfg.experiment)
     if exp is not None:
@@ -156,9 +250,10 @@ def ui_hint(cfg: TrackingConfig | None = None) -> str:
     uri = tracking_uri(cfg)
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
+    opt_in = f"{FILE_STORE_OPT_IN}=true " if is_file_store(uri) else ""
     return (
-        f"{tool_command('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-        ", then open http://127.0.0.1:5000"
+        f"{opt_in}{tool_command('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 "
+        "--port 5000, then open http://127.0.0.1:5000"
     )
 
 

@@ -87,9 +87,12 @@ def study_runs(study: str, *, tracking_uri: str | None = None, warmup: int = 2) 
     """The finished runs tagged ``vfm.study=study``, as rows (no derived columns yet)."""
     import mlflow
 
+    from vfm_core.tracking import open_store
     from vfm_core.tracking import tracking_uri as default_uri
 
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri or default_uri())
+    uri = tracking_uri or default_uri()
+    open_store(uri)
+    client = mlflow.MlflowClient(tracking_uri=uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(
         exps, filter_string=f"tags.`{STUDY_TAG}` = '{study}' and attributes.status = 'FINISHED'"

@@ -33,7 +33,14 @@ from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, 
 from vfm_core.errors import UserError
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
-from vfm_core.tracking import CHECKPOINT_TAG, LAYOUT_TAG, STAGE_TAG, layout_label, train_run_name
+from vfm_core.tracking import (
+    CHECKPOINT_TAG,
+    LAYOUT_TAG,
+    STAGE_TAG,
+    layout_label,
+    open_tracking_store,
+    train_run_name,
+)
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, resolve_device
@@ -127,6 +134,8 @@ def run_training(
             "continue, or choose a new --out"
         )
     check_out_dir(out)  # every rank writes checkpoint files there
+    if cfg.tracking.mlflow and os.environ.get("RANK", "0") == "0":  # rank 0 logs
+        open_tracking_store(cfg.tracking)  # a store it cannot use: one line before any work
     created = init_world(resolve_device(cfg.train.device))
     try:
         return _train(cfg, out, ckpt, resume=resume, resume_from=resume_from, progress=progress)

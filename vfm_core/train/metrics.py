@@ -1,8 +1,9 @@
 """Metric loggers: metrics.jsonl (the run's own record), console progress bar, MLflow.
 
 Metric keys are one vocabulary everywhere: ``loss``, ``grad_norm``, ``lr``, ``tokens_per_s``,
-``tflops``, ``mfu``, ``data_wait``, ``step_time``, ``peak_mem_gb``, and with a blend of datasets
-``data/samples/<name>`` (samples drawn from each so far). Only rank 0 logs.
+``tflops``, ``mfu``, ``data_wait``, ``step_time``, ``peak_mem_gb``, with a blend of datasets
+``data/samples/<name>`` (samples drawn from each so far), and from shards ``captions_cut``
+(captions longer than ``model.text_len`` tokens, cut, so far in this process). Only rank 0 logs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""A flow run as users run it without servers (``python -m flows.X``): no ``PREFECT_API_URL``,
+a ``PREFECT_HOME`` that does not exist yet, Prefect's settings untouched
+(:func:`vfm_core.infra_env.prefect_without_server`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.flows.test_shard_flow import curation_output
+from vfm_core.data.index import read_index
+from vfm_core.infra_env import PREFECT_DEFAULTS, prefect_without_server
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
+
+def test_setup_creates_the_folders_and_keeps_what_the_user_set(tmp_path, monkeypatch):
+    home = tmp_path / "not" / "yet" / "prefect"
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    monkeypatch.delenv(TIMEOUT, raising=False)
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")  # the user's: kept
+    db = tmp_path / "db" / "dir" / "prefect.db"
+    monkeypatch.setenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{db}")
+    assert prefect_without_server() == {TIMEOUT: PREFECT_DEFAULTS[TIMEOUT]}
+    assert home.is_dir() and db.parent.is_dir()
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
+    # a setting in the active profile is the user's too
+    monkeypatch.delenv(TIMEOUT)
+    (home / "profiles.toml").write_text(f'active = "mine"\n[profiles.mine]\n{TIMEOUT} = 300\n')
+    assert prefect_without_server() == {}
+    assert TIMEOUT not in os.environ
+
+
+@pytest.mark.slow
+def test_a_flow_entry_point_runs_without_a_server_or_prefect_home(tmp_path):
+    src = curation_output(tmp_path / "cur", n=2)
+    home = tmp_path / "no" / "prefect-home"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PREFECT_API_URL", TIMEOUT, "PREFECT_SERVER_ANALYTICS_ENABLED")
+    }
+    env.update(PREFECT_HOME=str(home), OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [sys.executable, "-m", "flows.shard", str(src), str(tmp_path / "shards")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "unable to open database file" not in r.stderr
+    assert len(read_index(str(tmp_path / "shards"))) == 2
+    assert (home / "prefect.db").is_file()  # the temporary API's database, in PREFECT_HOME

@@ -1,0 +1,95 @@
+"""MLflow tracking URIs as users set them: the classic file store (``file:./mlruns``, a plain
+path) works with a one-line note; a server that does not answer and an unknown scheme are one
+line naming the URI and the fix, before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from vfm_core.cli import main as vfm_main
+from vfm_core.tracking import FILE_STORE_OPT_IN, TrackingStoreError, open_store
+
+PACKED = [  # dit-tiny on the mixed shards, whose captions of 9-11 words are cut to 8 tokens
+    "model.hidden=64",
+    "model.depth=2",
+    "model.text_dim=16",
+    "train.device=cpu",
+    "data.batch_size=2",
+    "data.max_tokens=32",
+    "data.source=shards",
+    "train.log_every=1",
+    "tracking.experiment=file-store",
+]
+TINY = ["model.hidden=64", "model.depth=2", "data.batch_size=2", "train.device=cpu"]
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [a for s in overrides for a in ("--set", s)]
+
+
+@pytest.mark.slow
+def test_vfm_train_logs_to_a_file_store(tmp_path, mixed_shards, monkeypatch):
+    import mlflow
+
+    shards = mixed_shards.write(tmp_path / "shards")
+    env = {k: v for k, v in os.environ.items() if k != FILE_STORE_OPT_IN}
+    env.update(MLFLOW_TRACKING_URI="file:./mlruns", OMP_NUM_THREADS="1")
+    args = ["train", "--steps", "4", "--out", "run", *_sets([*PACKED, f"data.shards={shards}"])]
+    r = subprocess.run(
+        [sys.executable, "-m", "vfm_core.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"set {FILE_STORE_OPT_IN}=true" in r.stderr  # the one-line note
+    assert f"{FILE_STORE_OPT_IN}=true " in r.stdout  # how to open the store in the UI
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert rows[-1]["captions_cut"] > 0
+    monkeypatch.setenv(FILE_STORE_OPT_IN, "true")
+    client = mlflow.MlflowClient((tmp_path / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("file-store").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["captions_cut"] == rows[-1]["captions_cut"]
+    assert run.data.metrics["loss"] == rows[-1]["loss"]
+
+
+def test_a_plain_path_is_the_file_store_opted_into(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(FILE_STORE_OPT_IN, raising=False)
+    open_store(str(tmp_path / "plain"))
+    assert os.environ[FILE_STORE_OPT_IN] == "true"
+    assert capsys.readouterr().err.count("\n") == 1  # one note line
+    monkeypatch.setenv(FILE_STORE_OPT_IN, "false")  # the user's own "no": one line saying so
+    with pytest.raises(
+        TrackingStoreError, match=f"refuses the file store; set {FILE_STORE_OPT_IN}"
+    ):
+        open_store(str(tmp_path / "other"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["unreachable", "unknown scheme"])
+def test_a_store_it_cannot_use_is_one_line_before_any_work(kind, tmp_path, monkeypatch, capsys):
+    uri = f"http://127.0.0.1:{_free_port()}" if kind == "unreachable" else "foo://bar/mlruns"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # in case MLflow asks it anyway
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    out = tmp_path / "run"
+    assert vfm_main(["train", "--steps", "1", "--out", str(out), *_sets(TINY)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and uri in err, err
+    want = "no server answers" if kind == "unreachable" else "no store for the scheme 'foo'"
+    assert want in err and "unset it for the sqlite store" in err
+    assert not (out / "metrics.jsonl").exists()
