@@ -75,8 +75,8 @@ def bits_per_token(model, cfg) -> float:
     src = SyntheticTokens(held.data, held.model)
     src.load_state_dict({**src.state_dict(), "position": 10**7})  # far past anything trained on
     batch = src.next_batch()
-    logits = model(batch.latents, batch.text)
-    return next_token_loss(logits, batch.latents.flatten(1)).item() / math.log(2)
+    logits = model(batch.token_ids, batch.text)
+    return next_token_loss(logits, batch.token_ids.flatten(1)).item() / math.log(2)
 
 
 def cp_rows(tokens: int = 12800, kv_dim: int = 8 * 128) -> list[dict]:

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vfm_core.config import apply_overrides  # noqa: E402
-from vfm_core.data.samples import LatentBatch  # noqa: E402
+from vfm_core.data.samples import TrainBatch  # noqa: E402
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8  # noqa: E402
 from vfm_core.models.layers import set_attention_backend  # noqa: E402
 from vfm_core.models.te_adapter import resolve_attention_backend  # noqa: E402
@@ -83,10 +83,12 @@ def run(recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, devi
     opt, _ = build_optimizer(params, cfg.optim, 100)
     ema = EMA(layout.parts, 0.999)
     g = torch.Generator().manual_seed(0)
-    batch = LatentBatch(
+    batch = TrainBatch(
         latents=torch.randn(1, m.in_channels, t, h, w, generator=g) * 0.5,
         text=torch.randn(1, m.text_len, m.text_dim, generator=g),
+        text_lengths=torch.full((1,), m.text_len),
         keys=["x"],
+        positions=[0],
     )
     grid = (t // m.patch[0], h // m.patch[1], w // m.patch[2])
     tokens = math.prod(grid)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vfm_core.errors import UserError
+
 Grid = tuple[int, int, int]  # latent token grid (t, h, w) after patchify
 
 
@@ -163,3 +165,71 @@ def attention_groups(layout: PackLayout, kind: str) -> torch.Tensor:
         key = offset[s] + local  # (N,)
     unique_pad = -1 - torch.arange(len(ids), dtype=torch.int64)  # (N,)
     return torch.where(pad, unique_pad, key)
+
+
+# ------------------------------------------------------------------ patches and packs
+class ShapeError(UserError, ValueError):
+    """A tensor's shape does not fit the model (e.g. latent size not divisible by the patch)."""
+
+
+def patchify(x: torch.Tensor, patch: Grid) -> tuple[torch.Tensor, Grid]:
+    """(B, C, T, H, W) latents -> (B, N, C*pt*ph*pw) tokens in (t, h, w) raster order, plus the
+    grid."""
+    if x.ndim != 5:
+        raise ShapeError(f"latents must be (B, C, T, H, W), got shape {tuple(x.shape)}")
+    b, c, t, h, w = x.shape
+    pt, ph, pw = patch
+    if t % pt or h % ph or w % pw:
+        raise ShapeError(
+            f"latent shape (T, H, W)=({t}, {h}, {w}) is not divisible by the patch {tuple(patch)}"
+        )
+    gt, gh, gw = t // pt, h // ph, w // pw
+    x = x.reshape(b, c, gt, pt, gh, ph, gw, pw)  # (B, C, gt, pt, gh, ph, gw, pw)
+    x = x.permute(0, 2, 4, 6, 1, 3, 5, 7)  # (B, gt, gh, gw, C, pt, ph, pw)
+    return x.reshape(b, gt * gh * gw, c * pt * ph * pw), (gt, gh, gw)  # (B, N, C*P)
+
+
+def unpatchify(tokens: torch.Tensor, grid: Grid, patch: Grid, channels: int) -> torch.Tensor:
+    """(B, N, C*pt*ph*pw) tokens -> (B, C, T, H, W); exact inverse of :func:`patchify`."""
+    b = tokens.shape[0]
+    gt, gh, gw = grid
+    pt, ph, pw = patch
+    x = tokens.reshape(b, gt, gh, gw, channels, pt, ph, pw)
+    x = x.permute(0, 4, 1, 5, 2, 6, 3, 7)  # (B, C, gt, pt, gh, ph, gw, pw)
+    return x.reshape(b, channels, gt * pt, gh * ph, gw * pw)
+
+
+def pack_latents(
+    latents: Sequence[torch.Tensor],
+    patch: Grid,
+    length: int | None = None,
+    *,
+    layout: PackLayout | None = None,
+) -> tuple[torch.Tensor, PackLayout]:
+    """Per-sample latents [(C, T_s, H_s, W_s)] -> packed patch tokens (length, C*P) (zero padded
+    up to ``length``, default: no padding) and their layout; ``layout``: the pack's layout when
+    it was already built (the loader's plan), checked against the latents' grids."""
+    if not latents:
+        raise ValueError("pack_latents: no latents to pack")
+    tokens, grids = [], []
+    for i, z in enumerate(latents):
+        if z.ndim != 4:
+            raise ShapeError(f"latents[{i}]: expected (C, T, H, W), got {tuple(z.shape)}")
+        tok, grid = patchify(z[None], patch)  # (1, n_s, C*P)
+        tokens.append(tok[0])
+        grids.append(grid)
+    if layout is None:
+        layout = PackLayout.from_grids(grids, length)
+    elif [tuple(g) for g in layout.grids] != grids:
+        raise ShapeError(f"latent grids {grids} do not match the pack's layout {layout.grids}")
+    return pack_tokens(tokens, layout), layout  # (length, C*P)
+
+
+def unpack_latents(
+    tokens: torch.Tensor, layout: PackLayout, patch: Grid, channels: int
+) -> list[torch.Tensor]:
+    """Inverse of :func:`pack_latents`: (length, C*P) -> [(C, T_s, H_s, W_s)]."""
+    return [
+        unpatchify(t[None], grid, patch, channels)[0]  # (C, T, H, W)
+        for t, grid in zip(unpack_tokens(tokens, layout), layout.grids)
+    ]

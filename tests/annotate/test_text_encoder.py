@@ -157,7 +157,7 @@ def test_run_on_t5_shards_drops_to_the_null_caption_and_generates_with_t5(
     obj = tr.objective  # caption dropout is the objective's
     null = torch.from_numpy(enc.null()[0])  # the record keeps 6 decimals
     assert obj.null_length == 1 and torch.allclose(obj.null_text[0], null, atol=1e-5)
-    pack = tr.source.next_batch().packs[0]
+    pack = tr.source.next_batch().packs()[0]
     keep = torch.tensor([1.0] + [0.0] * (len(pack.keys) - 1))
     text, lengths = obj.drop_captions(pack.text, keep, pack.text_lengths)
     assert torch.equal(text[0], pack.text[0]) and lengths[0] == pack.text_lengths[0]

@@ -9,15 +9,12 @@ import os
 import sys
 from datetime import timedelta
 
-import numpy as np
-
 
 def batch_digest(batch) -> str:
-    """sha256 over everything a batch holds (keys, pixels, latents, embeddings, sigma, packs)."""
+    """sha256 over everything a batch holds (keys, pixels, latents, embeddings, packs)."""
     h = hashlib.sha256()
     for s in batch.samples:
         h.update(s.key.encode())
-        h.update(np.float64(s.sigma).tobytes())
         h.update(s.txt_emb.tobytes())
         for a in (s.frames, s.latent):
             if a is not None:

@@ -17,7 +17,6 @@ import pytest
 from vfm_core.config import ConfigError, apply_overrides, parse_blend, validate
 from vfm_core.data.blend import POSITION_STRIDE
 from vfm_core.data.loader import LoaderStateError
-from vfm_core.data.samples import PackedLatentBatch
 from vfm_core.data.shard_source import ShardLatentSource
 from vfm_core.recipes import get_recipe
 from vfm_core.train.checkpoint import CheckpointManager
@@ -64,17 +63,13 @@ def _source(*extra: str, **kw) -> ShardLatentSource:
 
 def _content(batch) -> list[tuple]:
     """(key, draw key or None, latent bytes) of every sample of a step, in order."""
-    if isinstance(batch, PackedLatentBatch):
-        return [
-            (k, pos, z.numpy().tobytes())
-            for p in batch.packs
-            for k, pos, z in zip(p.keys, p.positions, p.latents, strict=True)
-        ]
-    return [(k, None, z.numpy().tobytes()) for k, z in zip(batch.keys, batch.latents, strict=True)]
+    values = [z.numpy().tobytes() for z in batch.sample_values()]
+    positions = batch.positions if batch.packed else [None] * batch.n_samples
+    return list(zip(batch.keys, positions, values, strict=True))
 
 
 def _n(batch) -> int:
-    return batch.n_samples if isinstance(batch, PackedLatentBatch) else len(batch.keys)
+    return batch.n_samples
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> None:

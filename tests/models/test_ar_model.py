@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from vfm_core.config import ModelConfig
+from vfm_core.geometry import ShapeError
 from vfm_core.models.ar import CausalVideoTransformer, next_token_loss
-from vfm_core.models.layers import ShapeError
 
 CFG = ModelConfig(
     arch="ar", vocab_size=50, hidden=64, depth=2, heads=4, kv_heads=2, text_dim=16, text_len=3

@@ -12,9 +12,7 @@ from model_init import random_model
 from vfm_core.config import DiffusionConfig, ModelConfig
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
-from vfm_core.geometry import PackLayout, attention_groups
-from vfm_core.models.layers import ShapeError
-from vfm_core.models.packed import pack_latents, unpack_latents
+from vfm_core.geometry import PackLayout, ShapeError, attention_groups, pack_latents, unpack_latents
 
 TOL = 1e-10
 ARCHS = {

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vfm_core.config import apply_overrides
-from vfm_core.data.samples import LatentBatch
+from vfm_core.data.samples import TrainBatch
 from vfm_core.models.dit import build_model
 from vfm_core.parallel.apply import apply_layout
 from vfm_core.parallel.layout import validate_layout
@@ -51,11 +51,13 @@ def test_bf16_step_on_cuda_from_a_meta_built_model():
     ema = EMA(layout.parts, 0.5)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     d = cfg.data
-    batch = LatentBatch(
+    batch = TrainBatch(
         latents=torch.randn(2, m.in_channels, d.latent_frames, d.latent_height, d.latent_width)
         * 0.5,
         text=torch.randn(2, m.text_len, m.text_dim),
+        text_lengths=torch.full((2,), m.text_len),
         keys=["a", "b"],
+        positions=[0, 1],
     )
     (mb,) = obj.microbatches(batch, step=0, weight=1.0, splits=1)
     with torch.autocast("cuda", dtype=torch.bfloat16):

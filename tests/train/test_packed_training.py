@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from vfm_core.config import ConfigError, apply_overrides, validate
-from vfm_core.data.samples import PackedLatentBatch
 from vfm_core.data.shard_source import ShardLatentSource
+from vfm_core.geometry import unpack_latents
 from vfm_core.perf.flops import train_flops
 from vfm_core.recipes import get_recipe
 from vfm_core.train.trainer import Trainer
 
 MAX_TOKENS = 32
+PATCH = (1, 2, 2)  # dit-tiny's
 SMALL = [
     "model.hidden=64",
     "model.depth=2",
@@ -87,13 +88,15 @@ def test_source_packs_images_and_videos_at_their_native_sizes(shards, mixed_shar
     seen, positions, keys = set(), [], set()
     for _ in range(6):  # 6 steps of 2 packs: more than one epoch of 12 samples
         batch = src.next_batch()
-        assert isinstance(batch, PackedLatentBatch) and 1 <= len(batch.packs) <= 2
-        for p in batch.packs:
-            s = len(p.keys)
+        assert batch.packed and 1 <= len(batch.layouts) <= 2
+        assert batch.values.shape == (len(batch.layouts), MAX_TOKENS, 16)  # (P, length, C*p)
+        for p in batch.packs():
+            s, (layout,) = p.n_samples, p.layouts
             assert p.text.shape == (s, 8, 16) and p.text_lengths.shape == (s,)
-            assert p.length == MAX_TOKENS
+            assert layout.length == MAX_TOKENS
             tokens = 0
-            for z, key, n in zip(p.latents, p.keys, p.text_lengths.tolist(), strict=True):
+            latents = unpack_latents(p.values[0], layout, PATCH, 4)
+            for z, key, n in zip(latents, p.keys, p.text_lengths.tolist(), strict=True):
                 c, t, h, w = z.shape
                 assert c == 4 and h % 2 == 0 and w % 2 == 0
                 want = mixed_shards.LATENTS[int(key[-3:])]
@@ -116,19 +119,18 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
     tr = Trainer(cfg)
     for _ in range(12):  # a batch with padding, so real tokens and padded tokens differ
         batch = tr.source.next_batch()
-        if sum(p.length for p in batch.packs) > sum(
-            z[0].numel() // 4 for p in batch.packs for z in p.latents
-        ):
+        if any(layout.n_tokens < layout.length for layout in batch.layouts):
             break
     obj = tr.objective  # counter-based: the draws train_step will make at this step
     want = []
     with torch.no_grad():
-        for p in batch.packs:
+        for p in batch.packs():
             z_sigma, noise, keep = obj.pack_draws(p, tr.step, noise=True)
             mean, std = obj.edm.log_sigma_normal()
             sigma = (mean + std * z_sigma).exp().float()
-            assert sigma.shape == keep.shape == (len(p.keys),)
-            for i, z in enumerate(p.latents):
+            assert sigma.shape == keep.shape == (p.n_samples,)
+            noise = unpack_latents(noise, p.layouts[0], PATCH, 4)  # [(C, T, H, W)]
+            for i, z in enumerate(unpack_latents(p.values[0], p.layouts[0], PATCH, 4)):
                 n = int(p.text_lengths[i])
                 text = p.text[i : i + 1, :n] * keep[i]  # (1, n, Dt)
                 loss = obj.edm.loss(
@@ -141,9 +143,9 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
     assert tr.step == 1 and np.isfinite(out["grad_norm"]) and out["grad_norm"] > 0
 
     # throughput and MFU from the real tokens, each sample's FLOPs at its own length
-    grids = [(z.shape[1], z.shape[2] // 2, z.shape[3] // 2) for p in batch.packs for z in p.latents]
+    grids = [g for layout in batch.layouts for g in layout.grids]
     real = sum(t * h * w for t, h, w in grids)
-    assert real < sum(p.length for p in batch.packs)  # padding is not counted
+    assert real < sum(layout.length for layout in batch.layouts)  # padding is not counted
     flops = sum(
         train_flops(tr.cfg.model, seq_lens=g[0] * g[1] * g[2], grid=g, text_len=8)["total"]
         for g in grids
@@ -152,6 +154,8 @@ def test_packed_step_is_the_mean_of_each_sample_alone_and_counts_real_tokens(sha
     assert m["tokens_per_s"] == pytest.approx(real / 2.0)
     assert m["mfu"] == pytest.approx(flops / 2.0 / tr.peak_flops, rel=1e-9)
     assert m["data_wait"] == 0.25
+    # captions of 9-11 words, cut to dit-tiny's text_len of 8: counted (all ranks, so far)
+    assert m["captions_cut"] == tr.source.captions_cut > 0
 
 
 def vfm(*args: str) -> subprocess.CompletedProcess:
@@ -195,8 +199,9 @@ def test_packs_from_clips_through_the_tokenizer(tmp_path, mixed_shards):
     cfg = _cfg(clips, f"data.tokenizer={tmp_path / 'tok'}")
     tr = Trainer(cfg)
     batch = tr.source.next_batch()
-    for p in batch.packs:
-        for z, key in zip(p.latents, p.keys, strict=True):
+    for p in batch.packs():
+        latents = unpack_latents(p.values[0], p.layouts[0], PATCH, 4)
+        for z, key in zip(latents, p.keys, strict=True):
             want = mixed_shards.LATENTS[int(key[-3:])]
             assert tuple(z.shape) == (4, want[1], want[2] // 2 * 2, want[3] // 2 * 2)
             assert torch.isfinite(z).all()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vfm_core.config import apply_overrides
-from vfm_core.data.samples import LatentBatch
+from vfm_core.data.samples import TrainBatch
 from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.recipes import get_recipe
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager
@@ -114,7 +114,7 @@ def test_resume_with_other_model_shape_fails_clearly(tmp_path):
 
 
 class _NaNSource(SyntheticLatents):
-    def next_batch(self) -> LatentBatch:
+    def next_batch(self) -> TrainBatch:
         batch = super().next_batch()
         batch.latents[0, 0, 0, 0, 0] = float("nan")
         return batch

@@ -1,14 +1,13 @@
 """The savable, rank-aware loader over shards: ``build_loader(shards=..., seed=..., ...)``.
 
-Stage order of one step (see :mod:`vfm_core.data.plan` for the ordering rule):
-plan (global, from the index only) → take this DP rank's groups → read the samples' byte ranges
-(model-parallel group: each of k ranks reads 1/k and the group all-gathers the raw bytes) →
-checksum (the index's per-sample sha256: flipped bytes in any member) → parse + check (tar member
-names, npy dtype/shape/NaN) → decode the clip (optional; it must decode to the index's size and
-to the frames its token grid or bucket needs) → per-sample sigma from (seed, position) →
-:class:`Batch` (with a :class:`PackLayout` per pack when packing). A sample failing any check is
-skipped for this rank only: one warning line naming its shard, key and reason, counted in
-``skipped_total`` and listed in ``Batch.skipped`` / ``Batch.skip_reasons``.
+Stage order of one step (see :mod:`vfm_core.data.plan` for the ordering rule): plan (global, from
+the index only) → take this DP rank's groups → read the samples' byte ranges (model-parallel group:
+each of k ranks reads 1/k and the group all-gathers the raw bytes) → checksum (the index's
+per-sample sha256: flipped bytes in any member) → parse + check (tar member names, npy
+dtype/shape/NaN) → decode the clip (optional; it must decode to the index's size and to the frames
+its token grid or bucket needs) → :class:`Batch` (with a :class:`PackLayout` per pack when packing).
+A sample failing any check is skipped for this rank only: one warning line naming its shard, key and
+reason, counted in ``skipped_total`` and listed in ``Batch.skipped`` / ``Batch.skip_reasons``.
 
 Integrity (:func:`build_loader`'s ``verify``, ``"sample"`` by default): shard sizes at start and
 every sample's checksum as it is read; its cost is measured in ``benchmarks/loader.py``. An index
@@ -74,14 +73,13 @@ class NoSampleFitsError(UserError, ValueError):
 class ShardLoader:
     """Iterable loader; see the module docstring. Use :func:`build_loader`.
 
-    ``batch_size``: samples (unpacked) or packs (``max_tokens``) per step and DP rank.
-    ``decode``: ``"frames"`` decodes clips to uint8 (T, H, W, 3) unless the shard has latents;
-    ``"none"`` hands out the encoded mp4. ``patch`` / ``compression``: turn a sample's geometry
-    into its token grid (for packing). ``buffer_size`` / ``slack``: packing buffer and fill
-    target. ``on_error``: skip (count, log) or raise on a bad sample. ``p_mean`` / ``p_std``:
-    log-normal sigma per sample. ``mp_group``: model-parallel group that reads 1/k each and
-    all-gathers. ``buckets``: same-shape batches (unpacked). ``prefetch``: steps built ahead in a
-    background thread (not with ``mp_group``); never changes batches or state. ``checksums``:
+    ``batch_size``: samples (unpacked) or packs (``max_tokens``) per step and DP rank. ``decode``:
+    ``"frames"`` decodes clips to uint8 (T, H, W, 3) unless the shard has latents; ``"none"`` hands
+    out the encoded mp4. ``patch`` / ``compression``: turn a sample's geometry into its token grid
+    (for packing). ``buffer_size`` / ``slack``: packing buffer and fill target. ``on_error``: skip
+    (count, log) or raise on a bad sample. ``mp_group``: model-parallel group that reads 1/k each
+    and all-gathers. ``buckets``: same-shape batches (unpacked). ``prefetch``: steps built ahead in
+    a background thread (not with ``mp_group``); never changes batches or state. ``checksums``:
     check every sample against its checksum in the index (where it has one).
     """
 
@@ -101,8 +99,6 @@ class ShardLoader:
         buffer_size: int = 64,
         slack: float = 0.03,
         on_error: Literal["skip", "raise"] = "skip",
-        p_mean: float = -1.2,
-        p_std: float = 1.2,
         mp_group: Any = None,
         buckets: BucketSpec | None = None,
         prefetch: int = 0,
@@ -118,7 +114,6 @@ class ShardLoader:
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.num_workers, self.decode, self.on_error = num_workers, decode, on_error
         self.patch, self.compression = patch, compression
-        self.p_mean, self.p_std = p_mean, p_std
         self.mp_group, self.checksums = mp_group, checksums
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.buffer_size, self.slack = buffer_size, slack
@@ -253,11 +248,6 @@ class ShardLoader:
         f, h, w = rows[int(np.argmax(rows.prod(1)))].tolist()
         return int(f), int(h), int(w)
 
-    def sigma(self, position: int) -> float:
-        """log-normal sigma (EDM) drawn from (seed, position): resumable, layout independent."""
-        rng = np.random.Generator(np.random.PCG64([self.seed, 0x5167, position]))
-        return float(np.exp(self.p_mean + self.p_std * rng.standard_normal()))
-
     # ------------------------------------------------------------------ reading
     def _mp(self) -> tuple[int, int]:
         if self.mp_group is None:
@@ -316,7 +306,6 @@ class ShardLoader:
             meta=s.meta,
             txt_emb=s.txt_emb,
             grid=self.grid(i),
-            sigma=self.sigma(position),
             frames=frames,
             mp4=mp4,
             latent=s.latent,

@@ -25,8 +25,6 @@ class Sample:
     """(L, D) float32 caption embedding."""
     grid: Grid
     """Latent token grid (t, h, w) after tokenizer and patchify, from the index."""
-    sigma: float
-    """Training noise level of this sample, log-normal, a pure function of (seed, position)."""
     frames: np.ndarray | None = None
     """(T, H, W, 3) uint8 decoded clip (``decode="frames"``)."""
     mp4: bytes | None = None

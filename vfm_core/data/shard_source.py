@@ -2,17 +2,17 @@
 (``data.source: shards``).
 
 Stage order of :meth:`ShardLatentSource.next_batch`: loader step (one bucket = the configured
-training shape, so every sample of a batch has it; smaller samples are skipped for every rank
-alike) → per sample: ``latent.npy`` cropped to (T, H, W) when the shard has latents, else the
-decoded clip's first frames, centre-cropped, to [-1, 1] and encoded with the tokenizer →
-caption embedding padded / cut to ``model.text_len`` → :class:`LatentBatch`. Time spent waiting
+training shape, so every sample of a batch has it; smaller samples are skipped for every rank alike)
+→ per sample: ``latent.npy`` cropped to (T, H, W) when the shard has latents, else the decoded
+clip's first frames, centre-cropped, to [-1, 1] and encoded with the tokenizer → caption embedding
+padded / cut to ``model.text_len`` → :class:`~vfm_core.data.samples.TrainBatch`. Time spent waiting
 for data is accumulated in ``data_wait_s`` (the trainer logs its fraction of each step).
 
 Packed (``data.max_tokens > 0``): the loader packs samples of their native sizes (images = one
 latent frame, videos of several sizes) into ``data.batch_size`` packs of at most ``max_tokens``
 tokens; every latent is cropped to its token grid times the patch (first frames, centre of H and
-W), and a step is a :class:`PackedLatentBatch` (per sample: latent, caption with its length,
-loader position).
+W), patchified and laid out in the pack by the loader's :class:`~vfm_core.geometry.PackLayout`
+(built once, by the plan); token ids (arch ar) fill the pack in the same order.
 
 Bad data: a bad sample is skipped by the loader (named, counted; see :mod:`vfm_core.data.loader`);
 a step whose samples were all bad, and a dataset none of whose clips is as large as the training
@@ -45,8 +45,9 @@ from vfm_core.data.loader import (
     ShardLoader,
     build_loader,
 )
-from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
+from vfm_core.data.samples import TrainBatch
 from vfm_core.data.shard_reader import ShardError
+from vfm_core.geometry import pack_latents
 
 log = logging.getLogger(__name__)
 
@@ -282,24 +283,34 @@ class ShardLatentSource:
     def _text_length(self, s: Sample) -> int:
         return max(1, min(int(s.txt_emb.shape[0]), self.model.text_len))
 
-    def _packs(self, batch) -> PackedLatentBatch:
+    def _packs(self, batch) -> TrainBatch:
+        """The step's packs: patch tokens (P, length, C*p) or token ids (P, length), each laid
+        out by the loader's layout of the pack."""
         offset = batch.source * POSITION_STRIDE  # unique draw keys over a blend's datasets
-        packs = []
-        for members in batch.pack_members:
+        rows, layouts, samples = [], [], []
+        for members, layout in zip(batch.pack_members, batch.packs, strict=True):
             if not members:  # every sample of this pack was bad (skipped, logged)
                 continue
             ss = [batch.samples[m] for m in members]
-            packs.append(
-                LatentPack(
-                    latents=[self._as_ids(self._packed_latent(s)) for s in ss],  # [(C,T,H,W)]
-                    text=torch.stack([self._text(s) for s in ss]),  # (S, L, Dt)
-                    text_lengths=torch.tensor([self._text_length(s) for s in ss]),  # (S,)
-                    keys=[s.key for s in ss],
-                    positions=[s.position + offset for s in ss],
-                    length=self.data.max_tokens,
-                )
-            )
-        return PackedLatentBatch(packs=packs)
+            latents = [self._packed_latent(s) for s in ss]  # [(C, t, h, w)]
+            if self.model.arch == "ar":  # one token per latent cell, raster order
+                ids = torch.zeros(layout.length, dtype=torch.long)  # padding id 0 (ignored)
+                ids[: layout.n_tokens] = torch.cat([self._as_ids(z).flatten() for z in latents])
+                rows.append(ids)  # (length,)
+            else:
+                rows.append(pack_latents(latents, self.model.patch, layout=layout)[0])
+            layouts.append(layout)
+            samples += ss
+        values = torch.stack(rows)  # (P, length, C*p) | (P, length)
+        return TrainBatch(
+            latents=None if self.model.arch == "ar" else values,
+            token_ids=values if self.model.arch == "ar" else None,
+            text=torch.stack([self._text(s) for s in samples]),  # (S, L, Dt)
+            text_lengths=torch.tensor([self._text_length(s) for s in samples]),  # (S,)
+            keys=[s.key for s in samples],
+            positions=[s.position + offset for s in samples],
+            layouts=layouts,
+        )
 
     def _latent(self, s: Sample) -> torch.Tensor:
         d = self.data
@@ -336,20 +347,26 @@ class ShardLatentSource:
         e = torch.from_numpy(np.asarray(s.txt_emb[:L], dtype=np.float32))  # (l, Dt)
         return torch.cat([e, e.new_zeros(L - e.shape[0], e.shape[1])])  # (L, Dt) zero padded
 
-    def next_batch(self) -> LatentBatch | PackedLatentBatch:
+    def next_batch(self) -> TrainBatch:
         t0 = time.perf_counter()
         batch = self.stream.next_batch()
         if not batch.samples:
             raise self._all_bad(batch)
         if self.packed:
-            packed = self._packs(batch)
-            self.data_wait_s += time.perf_counter() - t0
-            return packed
-        out = LatentBatch(  # latents (B, C, T, H, W), or token ids (B, T, H, W) for arch ar
-            latents=torch.stack([self._as_ids(self._latent(s)) for s in batch.samples]),
-            text=torch.stack([self._text(s) for s in batch.samples]),  # (B, L, Dt)
-            keys=batch.keys,
-        )
+            out = self._packs(batch)
+        else:
+            ss = batch.samples
+            values = torch.stack([self._as_ids(self._latent(s)) for s in ss])
+            ar = self.model.arch == "ar"
+            offset = batch.source * POSITION_STRIDE
+            out = TrainBatch(  # latents (B, C, T, H, W), or token ids (B, T, H, W) for arch ar
+                latents=None if ar else values,
+                token_ids=values if ar else None,
+                text=torch.stack([self._text(s) for s in ss]),  # (B, L, Dt)
+                text_lengths=torch.tensor([self._text_length(s) for s in ss]),  # (B,)
+                keys=[s.key for s in ss],
+                positions=[s.position + offset for s in ss],
+            )
         self.data_wait_s += time.perf_counter() - t0
         return out
 

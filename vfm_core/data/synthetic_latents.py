@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from vfm_core.config import DataConfig, ModelConfig
-from vfm_core.data.samples import LatentBatch
+from vfm_core.data.samples import TrainBatch
 
 STATE_VERSION = 1
 
@@ -54,13 +54,16 @@ class SyntheticLatents:
         latent = latent * self.sigma_data  # unit-scale pattern -> ~sigma_data std (EDM scaling)
         return latent, self.text_emb[k], f"synthetic-{d.seed}-{index:09d}-c{k}"
 
-    def next_batch(self) -> LatentBatch:
-        items = [self.sample(self.position + i) for i in range(self.data.batch_size)]
-        self.position += self.data.batch_size
-        return LatentBatch(
+    def next_batch(self) -> TrainBatch:
+        first, b = self.position, self.data.batch_size
+        items = [self.sample(first + i) for i in range(b)]
+        self.position += b
+        return TrainBatch(
             latents=torch.stack([x for x, _, _ in items]),  # (B, C, T, H, W)
             text=torch.stack([e for _, e, _ in items]),  # (B, L, Dt)
+            text_lengths=torch.full((b,), self.model.text_len),  # (B,) every token valid
             keys=[key for _, _, key in items],
+            positions=list(range(first, first + b)),
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -121,7 +121,7 @@ def _heldout_batches(
     lat, txt = [], []
     while sum(len(x) for x in lat) < n:
         b = source.next_batch()
-        lat.append(b.latents)
+        lat.append(b.values)
         txt.append(b.text)
     null = getattr(source, "null_text", None)  # (L, Dt) or None
     m = cfg.model
@@ -162,10 +162,10 @@ def heldout_bits(model: torch.nn.Module, cfg: Config, ec: EvalConfig) -> dict[st
     source = make_source(data, cfg.model)
     total, count = 0.0, 0
     while count < ec.loss_samples:
-        b = source.next_batch()  # latents: token ids (B, T, H, W)
-        logits = model(b.latents, b.text.float())  # (B, N, V)
-        total += next_token_loss(logits, b.latents.flatten(1)).item() * len(b.latents)
-        count += len(b.latents)
+        b = source.next_batch()  # token ids (B, T, H, W)
+        logits = model(b.token_ids, b.text.float())  # (B, N, V)
+        total += next_token_loss(logits, b.token_ids.flatten(1)).item() * b.n_samples
+        count += b.n_samples
     nats = total / count
     return {
         "heldout_loss": nats,

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vfm_core.config import ModelConfig
-from vfm_core.geometry import Grid, PackLayout, per_sample_mean, rope_angles
+from vfm_core.geometry import Grid, PackLayout, ShapeError, per_sample_mean, rope_angles
 from vfm_core.models.attention import Attention, KVCache
 from vfm_core.models.init import Init, linear_rule
-from vfm_core.models.layers import ShapeError, SwiGLU, rope_3d
+from vfm_core.models.layers import SwiGLU, rope_3d
 from vfm_core.models.packed import TokenPack, token_pack
 
 

@@ -20,19 +20,16 @@ import torch
 from torch import nn
 
 from vfm_core.config import ModelConfig
-from vfm_core.geometry import Grid, PackLayout, rope_angles
+from vfm_core.geometry import Grid, PackLayout, ShapeError, patchify, rope_angles, unpatchify
 from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
 from vfm_core.models.attention import Attention, Layout
 from vfm_core.models.init import Init, init_parameters, linear_rule
 from vfm_core.models.layers import (
-    ShapeError,
     TimestepEmbedder,
     grid_positions,
     make_mlp,
     make_norm,
-    patchify,
     rope_3d,
-    unpatchify,
     with_positions,
 )
 from vfm_core.models.packed import TokenPack, token_pack

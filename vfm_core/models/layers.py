@@ -13,40 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vfm_core.errors import UserError
 from vfm_core.geometry import Grid, rope_dims
-
-
-class ShapeError(UserError, ValueError):
-    """A tensor's shape does not fit the model (e.g. latent size not divisible by the patch)."""
-
-
-# ----------------------------------------------------------------------------------------- patchify
-def patchify(x: torch.Tensor, patch: Grid) -> tuple[torch.Tensor, Grid]:
-    """(B, C, T, H, W) latents -> (B, N, C*pt*ph*pw) tokens in (t, h, w) raster order, plus the
-    grid."""
-    if x.ndim != 5:
-        raise ShapeError(f"latents must be (B, C, T, H, W), got shape {tuple(x.shape)}")
-    b, c, t, h, w = x.shape
-    pt, ph, pw = patch
-    if t % pt or h % ph or w % pw:
-        raise ShapeError(
-            f"latent shape (T, H, W)=({t}, {h}, {w}) is not divisible by the patch {tuple(patch)}"
-        )
-    gt, gh, gw = t // pt, h // ph, w // pw
-    x = x.reshape(b, c, gt, pt, gh, ph, gw, pw)  # (B, C, gt, pt, gh, ph, gw, pw)
-    x = x.permute(0, 2, 4, 6, 1, 3, 5, 7)  # (B, gt, gh, gw, C, pt, ph, pw)
-    return x.reshape(b, gt * gh * gw, c * pt * ph * pw), (gt, gh, gw)  # (B, N, C*P)
-
-
-def unpatchify(tokens: torch.Tensor, grid: Grid, patch: Grid, channels: int) -> torch.Tensor:
-    """(B, N, C*pt*ph*pw) tokens -> (B, C, T, H, W); exact inverse of :func:`patchify`."""
-    b = tokens.shape[0]
-    gt, gh, gw = grid
-    pt, ph, pw = patch
-    x = tokens.reshape(b, gt, gh, gw, channels, pt, ph, pw)
-    x = x.permute(0, 4, 1, 5, 2, 6, 3, 7)  # (B, C, gt, pt, gh, ph, gw, pw)
-    return x.reshape(b, channels, gt * pt, gh * ph, gw * pw)
 
 
 def grid_positions(grid: Grid, device=None) -> torch.Tensor:

@@ -8,8 +8,8 @@ besides the tokens:
   (modulation and gates are computed once per sample, (S, D), then gathered per token, so each
   sample keeps its own c_noise), the attention group ids of each self-attention layout over the
   *whole* pack, and the cross-attention mask (a token sees its own sample's caption only);
-* :func:`pack_latents` / :func:`unpack_latents` — latents [(C, T, H, W)] <-> packed patch tokens
-  (length, C*P) plus their :class:`~vfm_core.data.packing.PackLayout`.
+(:func:`~vfm_core.geometry.pack_latents` / :func:`~vfm_core.geometry.unpack_latents` turn
+latents [(C, T, H, W)] into packed patch tokens (length, C*P) and back: token geometry.)
 
 Self-attention in a pack is full attention under the mask ``groups[:, None] == groups[None, :]``
 (:func:`~vfm_core.data.packing.attention_groups`): the sample for full attention, (sample, t) for
@@ -26,15 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vfm_core.geometry import (
-    Grid,
-    PackLayout,
-    attention_groups,
-    cross_attention_mask,
-    pack_tokens,
-    unpack_tokens,
-)
-from vfm_core.models.layers import ShapeError, patchify, unpatchify
+from vfm_core.geometry import PackLayout, attention_groups, cross_attention_mask
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,31 +67,3 @@ def token_pack(
         },
         cross_mask=cross_attention_mask(ids.cpu(), text_lengths.cpu()).to(device),
     )
-
-
-def pack_latents(
-    latents: Sequence[torch.Tensor], patch: Grid, length: int | None = None
-) -> tuple[torch.Tensor, PackLayout]:
-    """Per-sample latents [(C, T_s, H_s, W_s)] -> packed patch tokens (length, C*P) (zero padded
-    up to ``length``, default: no padding) and their layout."""
-    if not latents:
-        raise ValueError("pack_latents: no latents to pack")
-    tokens, grids = [], []
-    for i, z in enumerate(latents):
-        if z.ndim != 4:
-            raise ShapeError(f"latents[{i}]: expected (C, T, H, W), got {tuple(z.shape)}")
-        tok, grid = patchify(z[None], patch)  # (1, n_s, C*P)
-        tokens.append(tok[0])
-        grids.append(grid)
-    layout = PackLayout.from_grids(grids, length)
-    return pack_tokens(tokens, layout), layout  # (length, C*P)
-
-
-def unpack_latents(
-    tokens: torch.Tensor, layout: PackLayout, patch: Grid, channels: int
-) -> list[torch.Tensor]:
-    """Inverse of :func:`pack_latents`: (length, C*P) -> [(C, T_s, H_s, W_s)]."""
-    return [
-        unpatchify(t[None], grid, patch, channels)[0]  # (C, T, H, W)
-        for t, grid in zip(unpack_tokens(tokens, layout), layout.grids)
-    ]

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from vfm_core.config import ConfigError, DataConfig, ModelConfig
-from vfm_core.data.samples import LatentBatch
+from vfm_core.data.samples import TrainBatch
 from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.tokenizer.fsq import FSQ
 
@@ -51,11 +51,11 @@ class SyntheticTokens:
     def position(self) -> int:
         return self.latents.position
 
-    def next_batch(self) -> LatentBatch:
+    def next_batch(self) -> TrainBatch:
         batch = self.latents.next_batch()  # latents (B, C, T, H, W) ~ unit scale
-        z = batch.latents.movedim(1, -1) * 2.0  # (B, T, H, W, C): spread over the grid
+        z = batch.values.movedim(1, -1) * 2.0  # (B, T, H, W, C): spread over the grid
         ids = self.fsq.codes_to_indices(self.fsq(z))  # (B, T, H, W) int64
-        return LatentBatch(latents=ids, text=batch.text, keys=batch.keys)
+        return dataclasses.replace(batch, latents=None, token_ids=ids)
 
     def state_dict(self) -> dict[str, Any]:
         return self.latents.state_dict()

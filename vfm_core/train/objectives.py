@@ -20,7 +20,8 @@ gradient-accumulation passes and pipeline microbatches.
   (vocabulary-parallel logits under tensor parallelism: :meth:`Objective.context`).
 
 Unpacked batches are cut into equal microbatches of samples; packed batches (``data.max_tokens``)
-give one microbatch per pack, each with its :class:`~vfm_core.data.packing.PackLayout`.
+give one microbatch per pack, each with the :class:`~vfm_core.geometry.PackLayout` the loader
+built for it.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from vfm_core.config import Config
-from vfm_core.data.samples import LatentBatch, LatentPack, PackedLatentBatch
+from vfm_core.data.samples import TrainBatch
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_training_pair
-from vfm_core.geometry import PackLayout, per_sample_mean
-from vfm_core.models.packed import pack_latents
+from vfm_core.geometry import PackLayout, pack_tokens, patchify, per_sample_mean
 from vfm_core.parallel.rng import StepRNG, counter_generator
 
 
@@ -101,13 +101,13 @@ class Objective:
 
     # ------------------------------------------------------------------ batches
     def microbatches(
-        self, batch: LatentBatch | PackedLatentBatch, *, step: int, weight: float, splits: int
+        self, batch: TrainBatch, *, step: int, weight: float, splits: int
     ) -> list[Microbatch]:
         """This rank's part of the step as microbatches: ``splits`` equal cuts of its samples,
         or one per pack. ``batch``: this rank's samples (unpacked) or packs; ``weight``: dp /
         samples of the global step."""
-        if isinstance(batch, PackedLatentBatch):
-            return [self.packed(p, step=step, weight=weight) for p in batch.packs]
+        if batch.packed:
+            return [self.packed(p, step=step, weight=weight) for p in batch.packs()]
         whole = self.batched(batch, step=step, weight=weight)
         n = whole.n_samples
         if n % splits:
@@ -129,9 +129,10 @@ class Objective:
         null_len = torch.full_like(lengths, self.null_length)
         return text, torch.where(keep > 0, lengths, null_len)  # (n,)
 
-    def pack_draws(self, pack: LatentPack, step: int, *, noise: bool) -> tuple:
-        """(sigma (S,) float64, noise [per-sample like its latents] | None, keep (S,) bool) of a
-        pack, keyed by (train seed, step, each sample's loader position)."""
+    def pack_draws(self, pack: TrainBatch, step: int, *, noise: bool) -> tuple:
+        """(sigma (S,) float64, noise (length, C*p) like the pack's tokens | None, keep (S,)
+        bool) of a one-pack batch, keyed by (train seed, step, each sample's loader position);
+        each sample's noise is drawn in its latent shape (C, T, H, W), then patchified."""
         seed = self.draws.seed
         gens = {
             what: [counter_generator(seed, what, step, pos) for pos in pack.positions]
@@ -141,16 +142,27 @@ class Objective:
         u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens["keep"]])
         eps = None
         if noise:
-            eps = [
-                torch.randn(z.shape, generator=g)
-                for z, g in zip(pack.latents, gens["noise"], strict=True)
-            ]
+            (layout,) = pack.layouts  # type: ignore[misc]
+            m = self.cfg.model
+            shapes = [
+                (m.in_channels, *(g * p for g, p in zip(grid, m.patch, strict=True)))
+                for grid in layout.grids
+            ]  # (C, T, H, W) of each sample
+            eps = pack_tokens(
+                [
+                    patchify(torch.randn(shape, generator=g)[None], m.patch)[0][0]  # (n_s, C*p)
+                    for shape, g in zip(shapes, gens["noise"], strict=True)
+                ],
+                layout,
+            )  # (length, C*p)
         return n, eps, u >= self.cfg.diffusion.cond_dropout
 
-    def batched(self, batch: LatentBatch, *, step: int, weight: float) -> Microbatch:
+    def batched(self, batch: TrainBatch, *, step: int, weight: float) -> Microbatch:
+        """An unpacked batch's one microbatch (cut by :meth:`microbatches`)."""
         raise NotImplementedError
 
-    def packed(self, pack: LatentPack, *, step: int, weight: float) -> Microbatch:
+    def packed(self, pack: TrainBatch, *, step: int, weight: float) -> Microbatch:
+        """A one-pack batch's microbatch."""
         raise NotImplementedError
 
     def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
@@ -175,9 +187,9 @@ class DiffusionObjective(Objective):
         super().__init__(cfg, **kw)
         self.edm = create_diffusion(cfg.diffusion)
 
-    def batched(self, batch: LatentBatch, *, step: int, weight: float) -> Microbatch:
+    def batched(self, batch: TrainBatch, *, step: int, weight: float) -> Microbatch:
         b = self.local_batch
-        x0 = batch.latents.to(self.device, torch.float32)  # (n, C, T, H, W)
+        x0 = batch.values.to(self.device, torch.float32)  # (n, C, T, H, W)
         n = x0.shape[0]  # below b when the loader skipped bad samples: the first n draws
         d = self.cfg.diffusion
         keep = self.draws.keep_caption(step, b, d.cond_dropout)[:n].to(self.device)  # (n,)
@@ -195,15 +207,14 @@ class DiffusionObjective(Objective):
             weight=torch.full((n,), weight, device=self.device),
         )
 
-    def packed(self, pack: LatentPack, *, step: int, weight: float) -> Microbatch:
-        dev, patch = self.device, self.cfg.model.patch
+    def packed(self, pack: TrainBatch, *, step: int, weight: float) -> Microbatch:
+        dev = self.device
         z, eps, keep = self.pack_draws(pack, step, noise=True)
         mean, std = self.edm.log_sigma_normal()
         sigma = (mean + std * z).exp().to(dev, torch.float32)  # (S,)
-        x0, layout = pack_latents(
-            [x.to(dev, torch.float32) for x in pack.latents], patch, pack.length
-        )
-        noise, _ = pack_latents([e.to(dev) for e in eps], patch, pack.length)  # (length, C*P)
+        (layout,) = pack.layouts  # type: ignore[misc]
+        x0 = pack.values[0].to(dev, torch.float32)  # (length, C*P)
+        noise = eps.to(dev)  # (length, C*P)
         ids = layout.sample_ids.to(dev)
         x_in, target = packed_training_pair(self.edm, x0, sigma, noise, ids)  # (length, C*P)
         text, lengths = self.drop_captions(
@@ -220,7 +231,7 @@ class DiffusionObjective(Objective):
             kwargs=kwargs,
             target=target,
             layout=layout,
-            weight=torch.full((len(pack.keys),), weight, device=dev),
+            weight=torch.full((pack.n_samples,), weight, device=dev),
         )
 
     def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
@@ -235,9 +246,9 @@ class NextTokenObjective(Objective):
         DTensor): the cross-entropy reduces across the TP ranks without gathering them."""
         return loss_parallel() if self.tensor_parallel else contextlib.nullcontext()
 
-    def batched(self, batch: LatentBatch, *, step: int, weight: float) -> Microbatch:
+    def batched(self, batch: TrainBatch, *, step: int, weight: float) -> Microbatch:
         b = self.local_batch
-        ids = batch.latents.to(self.device)  # (n, T, H, W) token ids
+        ids = batch.values.to(self.device)  # (n, T, H, W) token ids
         n = ids.shape[0]
         keep = self.draws.keep_caption(step, b, self.cfg.diffusion.cond_dropout)[:n]
         text = self.drop_captions(batch.text.to(self.device), keep.to(self.device))
@@ -248,13 +259,11 @@ class NextTokenObjective(Objective):
             weight=torch.full((n,), weight, device=self.device),
         )
 
-    def packed(self, pack: LatentPack, *, step: int, weight: float) -> Microbatch:
+    def packed(self, pack: TrainBatch, *, step: int, weight: float) -> Microbatch:
         dev = self.device
         _, _, keep = self.pack_draws(pack, step, noise=False)
-        layout = PackLayout.from_grids([tuple(z.shape) for z in pack.latents], pack.length)
-        ids = torch.zeros(pack.length, dtype=torch.long)
-        ids[: layout.n_tokens] = torch.cat([z.flatten() for z in pack.latents])
-        ids = ids.to(dev)  # (length,) padding id 0 (ignored)
+        (layout,) = pack.layouts  # type: ignore[misc]
+        ids = pack.values[0].to(dev)  # (length,) padding id 0 (ignored)
         text, lengths = self.drop_captions(
             pack.text.to(dev), keep.to(dev), pack.text_lengths.to(dev)
         )
@@ -262,7 +271,7 @@ class NextTokenObjective(Objective):
             inputs=ids[None],
             kwargs={"text": text, "text_lengths": lengths, "layout": layout},
             target=ids,
-            weight=torch.full((len(pack.keys),), weight, device=dev),
+            weight=torch.full((pack.n_samples,), weight, device=dev),
             layout=layout,
         )
 

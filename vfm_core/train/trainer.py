@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from vfm_core.config import Config, ConfigError, to_dict
-from vfm_core.data.samples import LatentBatch, LatentSource, PackedLatentBatch
+from vfm_core.data.samples import LatentSource, TrainBatch
 from vfm_core.models.dit import build_model, count_params
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8
 from vfm_core.models.layers import set_attention_backend
@@ -160,6 +160,9 @@ class Trainer:
         self.step = 0
         self.step_work: tuple[float, float] = (0.0, 0.0)
         """(real tokens, training FLOPs) of the global step, for its metrics."""
+        self.captions_cut = 0.0
+        """Captions of all data-parallel ranks cut to ``model.text_len`` since this process
+        started (sources that cut captions count them: ``source.captions_cut``)."""
 
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict[str, Any]:
@@ -214,7 +217,7 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, batch: LatentBatch | PackedLatentBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on the global batch (this rank's part of it; module docstring)."""
         batch = self.local_part(batch)
         weight = self.step_weight(batch)
@@ -238,12 +241,12 @@ class Trainer:
                     total += loss.detach().double()
         return self.finish_step(total)
 
-    def splits(self, batch: LatentBatch | PackedLatentBatch) -> int:
+    def splits(self, batch: TrainBatch) -> int:
         """Microbatches of an unpacked batch: ``grad_accum`` passes x the pipeline's
         microbatches (a short batch, the loader having skipped bad samples, runs as one pass)."""
-        if isinstance(batch, PackedLatentBatch):
+        if batch.packed:
             return 1
-        n, full = len(batch.latents), self.local_batch_size
+        n, full = batch.n_samples, self.local_batch_size
         parts = self.cfg.train.grad_accum * max(1, self.micro)
         if n == full:
             return parts
@@ -258,46 +261,40 @@ class Trainer:
         )
         return 1
 
-    def local_part(self, batch: LatentBatch | PackedLatentBatch):
+    def local_part(self, batch: TrainBatch) -> TrainBatch:
         """This rank's data-parallel slice of a global batch, or the batch itself when the
         source already gives per-rank batches (shards)."""
-        if self.local_batches or isinstance(batch, PackedLatentBatch):
+        if self.local_batches or batch.packed:
             return batch
         b, r = self.local_batch_size, self.dims.dp_rank()
-        return LatentBatch(
-            latents=batch.latents[r * b : (r + 1) * b],
-            text=batch.text[r * b : (r + 1) * b],
-            keys=batch.keys[r * b : (r + 1) * b],
-        )
+        return batch.rows(r * b, (r + 1) * b)
 
-    def step_weight(self, batch: LatentBatch | PackedLatentBatch) -> float:
+    def step_weight(self, batch: TrainBatch) -> float:
         """dp / (samples of the global step): each sample's loss weight, so that the
         data-parallel gradient average is the mean over all samples. Sets :attr:`step_work` to
         the global step's (real tokens, FLOPs)."""
         n, tokens, flops = self.batch_work(batch)
-        counts = torch.tensor([n, tokens, flops], dtype=torch.float64, device=self.device)
+        cut = getattr(self.source, "captions_cut", 0)  # this rank's, since the process started
+        counts = torch.tensor([n, tokens, flops, cut], dtype=torch.float64, device=self.device)
         dist.all_reduce(counts)  # every dp slice counted once per rank of its model-parallel group
         counts = (counts / (self.world // self.dims.dp)).tolist()
         self.step_work = (counts[1], counts[2])
+        self.captions_cut = counts[3]
         return self.dims.dp / counts[0]
 
-    def batch_work(self, batch: LatentBatch | PackedLatentBatch) -> tuple[int, float, float]:
+    def batch_work(self, batch: TrainBatch) -> tuple[int, float, float]:
         """(samples, unpadded tokens, training FLOPs) of this rank's batch: packed samples each
         at its own length."""
         m = self.cfg.model
-        if not isinstance(batch, PackedLatentBatch):
-            n = len(batch.latents)
+        if not batch.packed:
+            n = batch.n_samples
             tokens = n * self.tokens_per_sample
             return n, tokens, tokens * self.flops_per_token
         tokens = flops = 0.0
-        for p in batch.packs:
-            if m.arch == "ar":  # token ids (T, H, W): one token per cell
-                grids = [tuple(z.shape) for z in p.latents]
-            else:
-                grids = [tuple(s // q for s, q in zip(z.shape[1:], m.patch)) for z in p.latents]
-            lens = [g[0] * g[1] * g[2] for g in grids]
+        for layout in batch.layouts or []:
+            lens = [g[0] * g[1] * g[2] for g in layout.grids]
             tokens += sum(lens)
-            flops += train_flops(m, seq_lens=lens, grid=grids, text_len=m.text_len)["total"]
+            flops += train_flops(m, seq_lens=lens, grid=layout.grids, text_len=m.text_len)["total"]
         return batch.n_samples, tokens, flops
 
     def autocast(self):
@@ -348,7 +345,8 @@ class Trainer:
     ) -> dict[str, float]:
         """Throughput of the global step (real tokens, every sample's own FLOPs); TFLOPS and MFU
         per process; with a blend of datasets, the samples drawn from each so far
-        (``data/samples/<name>``)."""
+        (``data/samples/<name>``); from a source that cuts captions to ``model.text_len``, the
+        captions cut so far in this process (``captions_cut``)."""
         drawn = getattr(self.source, "dataset_samples", {})  # blend: over all dp ranks
         tokens_per_s = self.step_work[0] / step_time
         achieved = self.step_work[1] / step_time  # FLOP/s
@@ -371,6 +369,7 @@ class Trainer:
             "step_time": step_time,
             "peak_mem_gb": peak_memory_gb(self.device),
             **{f"data/samples/{name}": float(n) for name, n in drawn.items()},
+            **({"captions_cut": self.captions_cut} if hasattr(self.source, "captions_cut") else {}),
         }
 
     def fit(self, *, loggers: list, checkpoint=None) -> dict[str, float]:
