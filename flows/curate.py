@@ -16,6 +16,7 @@ from prefect import flow, unmapped
 from pydantic import BaseModel, Field, model_validator
 
 from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
+from vfm_core.curate.cli import summary_line
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
 from vfm_core.curate.semdedup import SemDedupConfig
@@ -49,6 +50,11 @@ class CurateParams(BaseModel):
         le=1,
         description="remove near-duplicate clips at this cosine similarity of "
         "their embeddings (SemDeDup; e.g. 0.95; None: off)",
+    )
+    recaption: bool = Field(
+        False,
+        description="caption the clips of finished videos again (after adding or fixing caption "
+        "sidecars), without splitting or encoding; a changed vlm recaptions anyway",
     )
     executor: Literal["local", "ray"] = Field(
         "local", description="local: one task per video here; ray: all videos on Ray Data"
@@ -87,16 +93,16 @@ def curate_flow(params: CurateParams) -> dict[str, Any]:
     dst = params.dst
     refs = discover_task(params.src)
     if params.executor == "ray":
-        results = curate_ray_task(refs, dst, cfg, address=params.ray_address)
+        results = curate_ray_task(
+            refs, dst, cfg, address=params.ray_address, recaption=params.recaption
+        )
     else:
-        futures = curate_video_task.map(refs, dst=unmapped(dst), config=unmapped(cfg))
+        futures = curate_video_task.map(
+            refs, dst=unmapped(dst), config=unmapped(cfg), recaption=unmapped(params.recaption)
+        )
         results = [f.result() for f in futures]
     summary = write_manifests_task(refs, dst, cfg, results)
-    print(
-        f"curated {summary['n_inputs']} videos ({summary['n_skipped']} already done): "
-        f"{summary['n_clips']} clips ({summary['clip_s']:.1f} s), {summary['n_rejects']} "
-        f"rejects ({summary['rejected_s']:.1f} s rejected) -> {summary['clips']}"
-    )
+    print(f"{summary_line(summary)} -> {summary['clips']}")
     return summary
 
 

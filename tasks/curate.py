@@ -23,6 +23,7 @@ from vfm_core.curate.pipeline import (
     discover,
     load_state,
     process,
+    recaption_finished,
     resolve_dst,
     rows_valid,
 )
@@ -51,7 +52,20 @@ def _process(refs: list[VideoRef], dst: str, cfg: CurateConfig, executor) -> dic
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def _result(r: VideoRef, dst: str, cfg: CurateConfig, state: dict, skipped: bool) -> dict:
+def _recaption(
+    refs: list[VideoRef], states: dict[str, dict], dst: str, cfg: CurateConfig, force: bool
+) -> tuple[dict[str, dict], list[VideoRef]]:
+    """Finished videos recaptioned where asked or needed: (new states, videos to curate again)."""
+    work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
+    try:
+        return recaption_finished(refs, states, dst, cfg=cfg, force=force, work_dir=work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _result(
+    r: VideoRef, dst: str, cfg: CurateConfig, state: dict, skipped: bool, recaptioned: bool
+) -> dict:
     """Check the contract of one video's state; its counts (+ the state if not persisted)."""
     rows_valid(state["clips"], AnnotatedClips, what=f"clips of {r.source_uri}")
     rows_valid(state["rejects"], Rejects, what=f"rejects of {r.source_uri}")
@@ -62,6 +76,7 @@ def _result(r: VideoRef, dst: str, cfg: CurateConfig, state: dict, skipped: bool
         "n_clips": len(state["clips"]),
         "n_rejects": len(state["rejects"]),
         "skipped": skipped,
+        "recaptioned": recaptioned,
         "state": None if persisted else state,  # unreadable inputs are not persisted
     }
     task_logger().info(
@@ -69,20 +84,28 @@ def _result(r: VideoRef, dst: str, cfg: CurateConfig, state: dict, skipped: bool
         r.source_uri,
         out["n_clips"],
         out["n_rejects"],
-        " (already done)" if skipped else "",
+        (" (already done, recaptioned)" if recaptioned else " (already done)") if skipped else "",
     )
     return out
 
 
 @task(name="curate-video", retries=2, retry_delay_seconds=2)
-def curate_video_task(ref: dict[str, str], dst: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Curate one video into `dst` (skipped when already finished); returns its counts."""
+def curate_video_task(
+    ref: dict[str, str], dst: str, config: dict[str, Any], recaption: bool = False
+) -> dict[str, Any]:
+    """Curate one video into `dst` (skipped when already finished; its clips captioned again
+    with `recaption` or changed caption settings); returns its counts."""
     r, cfg, dst = _ref(ref), CurateConfig.from_dict(config), resolve_dst(dst)
     state = load_state(dst, r, cfg)
+    recaptioned = False
+    if state is not None:
+        new, again = _recaption([r], {r.source_uri: state}, dst, cfg, recaption)
+        recaptioned = r.source_uri in new
+        state = None if again else new.get(r.source_uri, state)
     skipped = state is not None
     if state is None:
         state = _process([r], dst, cfg, LocalExecutor())[r.source_uri]
-    return _result(r, dst, cfg, state, skipped)  # contract: valid rows covering its input
+    return _result(r, dst, cfg, state, skipped, recaptioned)  # contract: valid rows, covered
 
 
 def _retry_unless_no_cluster(task, task_run, state) -> bool:
@@ -100,12 +123,21 @@ def _retry_unless_no_cluster(task, task_run, state) -> bool:
     name="curate-ray", retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_unless_no_cluster
 )
 def curate_ray_task(
-    refs: list[dict[str, str]], dst: str, config: dict[str, Any], address: str | None = None
+    refs: list[dict[str, str]],
+    dst: str,
+    config: dict[str, Any],
+    address: str | None = None,
+    recaption: bool = False,
 ) -> list[dict[str, Any]]:
     """Curate all unfinished videos in one Ray Data run (address None: a local Ray instance);
-    returns per-video counts like `curate_video_task`. A retry skips the videos that finished."""
+    returns per-video counts like `curate_video_task`. A retry skips the videos that finished;
+    finished videos are recaptioned here (with `recaption` or changed caption settings)."""
     vrefs, cfg, dst = [_ref(d) for d in refs], CurateConfig.from_dict(config), resolve_dst(dst)
     done = {r.source_uri: load_state(dst, r, cfg) for r in vrefs}
+    finished = [r for r in vrefs if done[r.source_uri] is not None]
+    new, again = _recaption(finished, done, dst, cfg, recaption)
+    done.update(new)
+    done.update({r.source_uri: None for r in again})
     todo = [r for r in vrefs if done[r.source_uri] is None]
     task_logger().info(
         "%d of %d videos to curate on Ray (%s)", len(todo), len(vrefs), address or "local instance"
@@ -114,7 +146,8 @@ def curate_ray_task(
     out = []
     for r in vrefs:
         skipped = done[r.source_uri] is not None
-        out.append(_result(r, dst, cfg, done[r.source_uri] or states[r.source_uri], skipped))
+        state = done[r.source_uri] or states[r.source_uri]
+        out.append(_result(r, dst, cfg, state, skipped, r.source_uri in new))
     return out
 
 
@@ -132,5 +165,9 @@ def write_manifests_task(
     vrefs = [_ref(d) for d in refs]
     check_coverage(vrefs, states)  # accepted ∪ rejected = inputs
     out = assemble(dst, [states[r.source_uri] for r in vrefs], cfg.semdedup)
-    out.update(n_inputs=len(refs), n_skipped=sum(bool(x.get("skipped")) for x in results))
+    out.update(
+        n_inputs=len(refs),
+        n_skipped=sum(bool(x.get("skipped")) for x in results),
+        n_recaptioned=sum(bool(x.get("recaptioned")) for x in results),
+    )
     return out

@@ -102,11 +102,19 @@ class AnnotatedClips(ClipManifest):
     """Accepted clips with caption and filter scores (`clips.parquet`, read by the shard writer)."""
 
     caption: str = pa.Field(nullable=False)
-    caption_source: str = pa.Field(isin=["sidecar", "vlm", "none"])
+    """Empty exactly when ``caption_source`` is ``none``."""
+    caption_source: str = pa.Field(isin=["segment", "sidecar", "vlm", "none"])
+    """Where the caption came from: a sidecar segment covering > 50 % of the clip, the sidecar's
+    whole-video caption, the VLM, or nothing (`vfm_core.annotate.caption`)."""
     motion: float = pa.Field(ge=0)
     static_frac: float = pa.Field(ge=0, le=1)
     black_frac: float = pa.Field(ge=0, le=1)
     blank_frac: float = pa.Field(ge=0, le=1)
+
+    @pa.dataframe_check
+    def caption_empty_iff_source_none(cls, data) -> pl.LazyFrame:
+        none = pl.col("caption_source") == "none"
+        return data.lazyframe.select(none == (pl.col("caption").str.strip_chars() == ""))
 
 
 class Rejects(_Base):

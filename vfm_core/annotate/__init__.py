@@ -4,7 +4,9 @@ from vfm_core.annotate.caption import (
     Caption,
     Captioner,
     ChainCaptioner,
+    CurateCaptioner,
     SidecarCaptioner,
+    SidecarError,
     VLMCaptioner,
 )
 from vfm_core.annotate.embed import (
@@ -22,11 +24,13 @@ __all__ = [
     "Captioner",
     "ChainCaptioner",
     "ColorThumbEmbedder",
+    "CurateCaptioner",
     "Embedder",
     "FilterConfig",
     "FilterScores",
     "HFImageEmbedder",
     "SidecarCaptioner",
+    "SidecarError",
     "VLMCaptioner",
     "clip_embedding",
     "reject_reasons",

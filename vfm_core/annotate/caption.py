@@ -1,13 +1,26 @@
-"""Captions through one `Captioner` protocol: sidecar text files, or a VLM from a local directory.
+"""Captions through one `Captioner` protocol: sidecar files, or a VLM from a local directory.
 
-- `SidecarCaptioner`: `<stem>.txt` (the whole file is the caption) or `<stem>.json` next to the
-  video (`{"caption": "..."}`, optionally `{"segments": [{"start_s", "end_s", "caption"}]}`: the
-  segment overlapping the clip most wins). Works for local paths and `s3://` URLs.
+- `SidecarCaptioner`: a caption file beside the video, same stem (`clip.mp4` -> `clip.txt` or
+  `clip.json`; `.txt` wins when both exist), local or `s3://`, UTF-8 (a BOM is allowed):
+
+  - `<stem>.txt`: the whole file (stripped) is the caption of every clip of the video.
+  - `<stem>.json`: an object ``{"caption": "the whole video", "segments": [{"start_s": 0.0,
+    "end_s": 4.2, "caption": "a red circle moving right"}, ...]}``; both keys are optional,
+    times are seconds of the source video. A segment's caption is a clip's caption only when the
+    segment covers the majority (> 50 %) of the clip's duration (`segment_caption`); otherwise
+    the clip gets the video's ``caption`` (or none).
+
+  A sidecar that is not UTF-8, not JSON, or has wrong fields raises `SidecarError` naming the file.
 - `VLMCaptioner`: an image-to-text model through `transformers` (`VisionEncoderDecoderModel`,
   BLIP, GIT, or any `AutoModelForImageTextToText` with a processor) loaded from a local path; the
   clip's middle frame is captioned, with an optional text prompt. Nothing is downloaded.
 - `ChainCaptioner`: the first captioner that returns something (e.g. sidecar, then VLM).
+- `CurateCaptioner`: what curation runs: the sidecar, then the VLM if one is set; always returns a
+  `Caption` (source ``none`` when nothing captions the clip) whose ``problem`` names an unusable
+  sidecar, which is then passed over (the clip is kept, without that caption).
 
+Every caption carries its provenance, the manifest's ``caption_source``: ``segment`` (a sidecar
+segment), ``sidecar`` (the sidecar's whole-video caption or `.txt`), ``vlm`` or ``none``.
 `setup()` loads models once per worker; `caption(...)` returns a `Caption` or None.
 """
 
@@ -16,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -23,8 +37,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from vfm_core import storage
+from vfm_core.errors import UserError
 
-CaptionSource = Literal["sidecar", "vlm", "none"]
+CaptionSource = Literal["sidecar", "segment", "vlm", "none"]
+CAPTION_SOURCES: tuple[str, ...] = ("sidecar", "segment", "vlm", "none")
+"""Values of the manifest's ``caption_source`` column."""
+
+SIDECAR_SUFFIXES = (".txt", ".json")
+"""Sidecar caption files beside a video, in the order they are looked for."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -32,9 +52,19 @@ class Caption:
     """A caption and where it came from."""
 
     text: str
-    """The caption text (stripped)."""
+    """The caption text (stripped; empty only when ``source`` is ``none``)."""
     source: CaptionSource
-    """sidecar | vlm | none."""
+    """segment | sidecar | vlm | none."""
+    problem: str | None = None
+    """Why a sidecar was passed over (e.g. not UTF-8), naming the file; None when it was fine."""
+
+
+class SidecarError(UserError, ValueError):
+    """A sidecar caption file that cannot be used: not UTF-8, not JSON, or wrong fields."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url, self.reason = url, reason
+        super().__init__(f"sidecar caption {url}: {reason}")
 
 
 @runtime_checkable
@@ -59,39 +89,106 @@ def _stem_url(uri: str) -> str:
     return str(Path(uri.removeprefix("file://")).with_suffix(""))
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Segment:
+    """A time range of the source video with its caption (a JSON sidecar's ``segments`` entry)."""
+
+    start_s: float
+    end_s: float
+    caption: str
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Sidecar:
+    """A parsed sidecar: the whole-video caption and the segment captions."""
+
+    caption: str
+    """Whole-video caption ('' when there is none)."""
+    segments: tuple[Segment, ...] = ()
+
+
+def parse_sidecar(url: str, data: bytes) -> Sidecar:
+    """The caption(s) of a `.txt` or `.json` sidecar's bytes; `SidecarError` names what is wrong."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        bad = data[e.start : e.start + 1].hex()
+        raise SidecarError(
+            url, f"not UTF-8 text (byte 0x{bad} at offset {e.start}); save it as UTF-8"
+        ) from None
+    if not url.endswith(".json"):
+        return Sidecar(caption=text.strip())
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SidecarError(url, f"invalid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise SidecarError(url, f"expected a JSON object, got {type(obj).__name__}")
+    caption = obj.get("caption", "")
+    if not isinstance(caption, str):
+        raise SidecarError(url, f'"caption" must be a string, got {type(caption).__name__}')
+    raw = obj.get("segments") or []
+    if not isinstance(raw, list):
+        raise SidecarError(url, f'"segments" must be a list, got {type(raw).__name__}')
+    segments = []
+    for i, seg in enumerate(raw):
+        where = f"segments[{i}]"
+        if not isinstance(seg, dict):
+            raise SidecarError(url, f"{where} must be an object with start_s, end_s, caption")
+        start, end, cap = seg.get("start_s"), seg.get("end_s"), seg.get("caption", "")
+        if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in (start, end)):
+            raise SidecarError(url, f"{where} needs numbers start_s and end_s (seconds)")
+        if not end > start:
+            raise SidecarError(url, f"{where}: end_s {end} must be after start_s {start}")
+        if not isinstance(cap, str):
+            raise SidecarError(url, f"{where}: caption must be a string")
+        segments.append(Segment(start_s=float(start), end_s=float(end), caption=cap.strip()))
+    return Sidecar(caption=caption.strip(), segments=tuple(segments))
+
+
+def segment_caption(segments: Sequence[Segment], start_s: float, end_s: float) -> str | None:
+    """The caption of the segment that covers the majority (> 50 %) of [start_s, end_s), or
+    None: a segment that overlaps a clip only a little (a 0.16 s shot boundary) does not caption
+    it. With overlapping segments, the one covering most of the clip wins."""
+    need = 0.5 * (end_s - start_s)
+    best, best_overlap = None, need
+    for seg in segments:
+        overlap = min(end_s, seg.end_s) - max(start_s, seg.start_s)
+        if overlap > best_overlap and seg.caption:
+            best, best_overlap = seg.caption, overlap
+    return best
+
+
 class SidecarCaptioner:
-    """Caption from `<stem>.txt` / `<stem>.json` next to the source video."""
+    """Caption from `<stem>.txt` / `<stem>.json` beside the source video (see the module doc)."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, Any] = {}
+        self._cache: dict[str, Sidecar | SidecarError | None] = {}
 
     def setup(self) -> None:
         return None
 
-    def _load(self, uri: str) -> Any:
-        if uri in self._cache:
-            return self._cache[uri]
-        stem = _stem_url(uri)
-        found: Any = None
-        for ext in (".txt", ".json"):
-            url = stem + ext
-            if not storage.exists(url):
-                continue
-            text = storage.read_bytes(url).decode("utf-8", errors="replace")
-            if ext == ".txt":
-                found = text.strip() or None
-            else:
-                try:
-                    found = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"sidecar caption {url}: invalid JSON ({e})") from None
-                if not isinstance(found, dict):
-                    raise ValueError(f"sidecar caption {url}: expected a JSON object")
-            break
-        if len(self._cache) > 256:
-            self._cache.clear()
-        self._cache[uri] = found
+    def _load(self, uri: str) -> Sidecar | None:
+        if uri not in self._cache:
+            if len(self._cache) > 256:
+                self._cache.clear()
+            self._cache[uri] = self._read(uri)
+        found = self._cache[uri]
+        if isinstance(found, SidecarError):
+            raise found
         return found
+
+    @staticmethod
+    def _read(uri: str) -> Sidecar | SidecarError | None:
+        stem = _stem_url(uri)
+        for ext in SIDECAR_SUFFIXES:
+            url = stem + ext
+            if storage.exists(url):
+                try:
+                    return parse_sidecar(url, storage.read_bytes(url))
+                except SidecarError as e:
+                    return e
+        return None
 
     def caption(
         self, *, source_uri: str, start_s: float, end_s: float, frames: np.ndarray
@@ -99,15 +196,10 @@ class SidecarCaptioner:
         found = self._load(source_uri)
         if found is None:
             return None
-        if isinstance(found, str):
-            return Caption(text=found, source="sidecar")
-        best, best_overlap = None, 0.0
-        for seg in found.get("segments") or []:
-            ov = min(end_s, float(seg["end_s"])) - max(start_s, float(seg["start_s"]))
-            if ov > best_overlap and str(seg.get("caption", "")).strip():
-                best, best_overlap = str(seg["caption"]).strip(), ov
-        text = best or str(found.get("caption", "")).strip()
-        return Caption(text=text, source="sidecar") if text else None
+        seg = segment_caption(found.segments, start_s, end_s)
+        if seg:
+            return Caption(text=seg, source="segment")
+        return Caption(text=found.caption, source="sidecar") if found.caption else None
 
 
 class VLMCaptioner:
@@ -199,3 +291,38 @@ class ChainCaptioner:
             if cap is not None and cap.text:
                 return cap
         return None
+
+
+class CurateCaptioner:
+    """The captioner of curation: the sidecar, then the VLM at `vlm` (if set). `caption` always
+    returns a `Caption`: source ``none`` and empty text when nothing captions the clip. A sidecar
+    that cannot be used is passed over (the VLM, if any, is asked) and named in ``problem``."""
+
+    def __init__(self, vlm: str | os.PathLike[str] | None = None) -> None:
+        self.sidecar = SidecarCaptioner()
+        self.vlm = VLMCaptioner(vlm) if vlm else None
+
+    @property
+    def needs_frames(self) -> bool:
+        """Whether `caption` looks at the frames (only a VLM does)."""
+        return self.vlm is not None
+
+    def setup(self) -> None:
+        if self.vlm is not None:
+            self.vlm.setup()
+
+    def caption(
+        self, *, source_uri: str, start_s: float, end_s: float, frames: np.ndarray
+    ) -> Caption:
+        kw: dict[str, Any] = dict(source_uri=source_uri, start_s=start_s, end_s=end_s)
+        kw["frames"] = frames
+        problem = None
+        try:
+            cap = self.sidecar.caption(**kw)
+        except SidecarError as e:
+            cap, problem = None, str(e)
+        if (cap is None or not cap.text) and self.vlm is not None:
+            cap = self.vlm.caption(**kw)
+        if cap is None or not cap.text:
+            return Caption(text="", source="none", problem=problem)
+        return Caption(text=cap.text, source=cap.source, problem=problem)

@@ -2,7 +2,8 @@
 
 SRC is a local folder, an s3:// prefix or one video file; DST a local folder or s3:// prefix.
 Writes DST/clips/*.mp4, DST/clips.parquet, DST/rejects.parquet, DST/videos.parquet; a rerun
-skips finished videos. Exit status 2 with a one-line message for user errors.
+skips finished videos; `--recaption` captions their clips again (new or fixed sidecars) without
+splitting or encoding. Exit status 2 with a one-line message for user errors.
 """
 
 from __future__ import annotations
@@ -126,6 +127,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="remove near-duplicate clips at this embedding cosine similarity "
         "(SemDeDup, e.g. 0.95; default: off)",
     )
+    cu.add_argument(
+        "--recaption",
+        action="store_true",
+        help="caption the clips of finished videos again (after adding or fixing caption "
+        "sidecars); clips are not split or encoded again. A changed --vlm recaptions anyway",
+    )
     cu.add_argument("--json", action="store_true", help="print the summary as JSON")
     cu.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return cu
@@ -137,12 +144,21 @@ def _positive(name: str, v: float | None, *, zero_ok: bool = False) -> None:
 
 
 def summary_line(out: dict) -> str:
-    """One line: inputs, clips and rejects with the seconds of source each holds."""
+    """One line: inputs, clips (and how many have no caption) and rejects with the seconds of
+    source each holds, recaptioned videos and unusable caption sidecars."""
+    done = f"{out['n_skipped']} already done"
+    if out.get("n_recaptioned"):
+        done += f", {out['n_recaptioned']} recaptioned"
+    took = f" in {out['wall_s']:.1f} s" if "wall_s" in out else ""
     line = (
-        f"curated {out['n_inputs']} videos ({out['n_skipped']} already done) in "
-        f"{out['wall_s']:.1f} s: {out['n_clips']} clips ({out['clip_s']:.1f} s), "
-        f"{out['n_rejects']} rejects ({out['rejected_s']:.1f} s rejected)"
+        f"curated {out['n_inputs']} videos ({done}){took}: "
+        f"{out['n_clips']} clips ({out['clip_s']:.1f} s, {out.get('n_uncaptioned', 0)} without "
+        f"caption), {out['n_rejects']} rejects ({out['rejected_s']:.1f} s rejected)"
     )
+    problems = out.get("caption_problems") or []
+    if problems:
+        more = f" (+{len(problems) - 1} more, see the log)" if len(problems) > 1 else ""
+        line += f"; unusable caption sidecar: {problems[0]}{more}"
     if out.get("coverage_gaps"):
         line += f"; {len(out['coverage_gaps'])} range(s) unaccounted for (see the log)"
     return line
@@ -183,7 +199,14 @@ def run(args: argparse.Namespace) -> int:
             if args.executor == "ray"
             else "local"
         )
-        out = curate(args.src, args.dst, executor=executor, config=cfg, progress=args.progress)
+        out = curate(
+            args.src,
+            args.dst,
+            executor=executor,
+            config=cfg,
+            progress=args.progress,
+            recaption=args.recaption,
+        )
     except (
         StorageError,
         ContractError,

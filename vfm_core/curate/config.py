@@ -28,6 +28,11 @@ _ROWS = 2
 """What a finished video's state holds, in the settings hash so older states are redone:
 2 = reject rows for every dropped range (short shot, transition, black), with start / end."""
 
+_CAPTIONS = 2
+"""How captions are chosen, in `caption_settings` so older captions are redone (recaptioned, the
+clips are kept): 2 = a sidecar segment captions a clip only when it covers > 50 % of it, and
+``caption_source`` tells segment from sidecar."""
+
 
 @dataclass(kw_only=True, slots=True)
 class CurateConfig:
@@ -81,12 +86,27 @@ class CurateConfig:
         return json.dumps(d, sort_keys=True)
 
     def settings_hash(self) -> str:
-        """Hash of the per-video settings (a finished video is redone when this changes; the
-        assembly-time ``semdedup`` is not one of them)."""
+        """Hash of the per-video settings (a finished video is redone when this changes). The
+        assembly-time ``semdedup`` is not one of them, nor the captioner (`caption_settings`:
+        a finished video is recaptioned, its clips kept, when that changes)."""
+        d = dataclasses.asdict(self)
+        d.pop("semdedup")
+        d.pop("vlm")
+        text = json.dumps(d | {"_rows": _ROWS}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def legacy_settings_hash(self) -> str:
+        """`settings_hash` as it was while the captioner was one of the settings (states written
+        then are still finished videos; they are recaptioned, not curated again)."""
         d = dataclasses.asdict(self)
         d.pop("semdedup")
         text = json.dumps(d | {"_rows": _ROWS}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def caption_settings(self) -> str:
+        """What chooses a clip's caption (the VLM and the caption rules); a finished video whose
+        captions were made otherwise is recaptioned."""
+        return json.dumps({"vlm": self.vlm, "_captions": _CAPTIONS}, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (Prefect parameters, task arguments)."""

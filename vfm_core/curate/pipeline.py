@@ -19,6 +19,13 @@ A damaged state file (truncated, corrupt bytes, not a state object) never stops 
 reported in one warning line and rebuilt from the manifests of the last finished run when
 ``DST/_state/_manifests.json`` says they were made with the same settings from the same input
 bytes; otherwise the video is curated again.
+
+Captions can be redone: ``recaption=True`` (`vfm curate --recaption`) captions the clips of every
+finished video again (new or fixed sidecars) and a finished video whose captions were made with
+other caption settings (another VLM) is recaptioned anyway; clips are neither split nor encoded
+again (`vfm_core.curate.recaption`). A sidecar that cannot be used (not UTF-8, not JSON) is passed
+over: the clips are kept without its caption (``caption_source`` none), and the run names the file
+and the reason (a warning, ``caption_problems`` in the result, and the summary line).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from vfm_core.contracts import (
 )
 from vfm_core.curate.coverage import coverage_gaps, seconds
 from vfm_core.curate.executors import Executor, get_executor
+from vfm_core.curate.recaption import recaption_all
 from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
 from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
 from vfm_core.curate.stages import CurateConfig, build_stages
@@ -114,7 +122,7 @@ def _state_from_manifests(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[st
         rec = json.loads(storage.read_bytes(storage.join(dst, "_state", _ASSEMBLED)))
         sizes = rec["sizes"]
         if (
-            rec["settings"] != cfg.settings_hash()
+            rec["settings"] not in (cfg.settings_hash(), cfg.legacy_settings_hash())
             or ref.source_uri not in sizes
             or sizes[ref.source_uri] != _size(ref.url)
         ):
@@ -136,6 +144,7 @@ def _state_from_manifests(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[st
     return {
         "source_uri": ref.source_uri,
         "settings": cfg.settings_hash(),
+        "captioner": rec.get("captioner"),
         "size_bytes": _size(ref.url),
         "video": (rows["videos"] or [None])[0],
         "clips": rows["clips"],
@@ -170,7 +179,7 @@ def load_state(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[str, Any] | N
         storage.write_bytes(url, json.dumps(state).encode())
     same = (
         state.get("source_uri") == ref.source_uri
-        and state.get("settings") == cfg.settings_hash()
+        and state.get("settings") in (cfg.settings_hash(), cfg.legacy_settings_hash())
         and state.get("size_bytes") == _size(ref.url)
     )
     return state if same else None
@@ -185,9 +194,12 @@ def _write_state(dst: str, ref: VideoRef, cfg: CurateConfig, finals: list[Item])
         if isinstance(x, AnnotatedClip) or x.video is not None
     ]
     video = probed[0].manifest_row() if probed else None
+    problems = {x.caption_problem for x in finals if isinstance(x, AnnotatedClip)} - {None}
     state = {
         "source_uri": ref.source_uri,
         "settings": cfg.settings_hash(),
+        "captioner": cfg.caption_settings(),
+        "caption_problems": sorted(problems),
         "size_bytes": _size(ref.url),
         "video": video,
         "clips": clips,
@@ -229,6 +241,27 @@ def process(
     return states
 
 
+def recaption_finished(
+    refs: list[VideoRef],
+    states: dict[str, dict],
+    dst: str,
+    *,
+    cfg: CurateConfig,
+    force: bool,
+    work_dir: str,
+) -> tuple[dict[str, dict], list[VideoRef]]:
+    """Recaption the finished videos among `refs` (their `states`) that need it (`force`, or
+    other caption settings): (their new states, the videos to curate again instead)."""
+    return recaption_all(
+        refs,
+        states,
+        cfg=cfg,
+        force=force,
+        work_dir=work_dir,
+        state_url=lambda uri: _state_url(dst, uri),
+    )
+
+
 def _bar(total: int, enabled: bool):
     from tqdm import tqdm
 
@@ -253,7 +286,7 @@ def assemble(
     Returns the manifest URLs, row counts, the seconds of source in clips (``clip_s``) and in
     rejects (``rejected_s``), and ``coverage_gaps``: ranges of a probed input in no row (logged
     as a warning; empty unless a stage lost a range)."""
-    clips, rejects, videos = [], [], []
+    clips, rejects, videos, problems = [], [], [], []
     first_of: dict[str, str] = {}  # video_id -> first source_uri with that content
     for st in states:
         vid = (st.get("video") or {}).get("video_id")
@@ -273,6 +306,7 @@ def assemble(
             first_of[vid] = st["source_uri"]
         clips += st["clips"]
         rejects += st["rejects"]
+        problems += st.get("caption_problems") or []
         if st.get("video"):
             videos.append(st["video"])
     if semdedup is not None and semdedup.threshold is not None:
@@ -301,6 +335,8 @@ def assemble(
             len(gaps),
             "; ".join(map(str, gaps[:5])),
         )
+    for p in problems:
+        log.warning("%s: its clips have no caption from it (fix it, then --recaption)", p)
     out = {
         "clips": write_manifest(cdf, storage.join(dst, "clips.parquet"), AnnotatedClips),
         "rejects": write_manifest(rdf, storage.join(dst, "rejects.parquet"), Rejects),
@@ -308,6 +344,8 @@ def assemble(
         "n_clips": cdf.height,
         "n_rejects": rdf.height,
         "n_videos": vdf.height,
+        "n_uncaptioned": int((cdf["caption_source"] == "none").sum()) if cdf.height else 0,
+        "caption_problems": problems,
         "clip_s": round(seconds(cdf), 3),
         "rejected_s": round(seconds(rdf), 3),
         "coverage_gaps": [str(g) for g in gaps],
@@ -361,11 +399,13 @@ def curate(
     config: CurateConfig | None = None,
     progress: bool | None = None,
     refs: list[VideoRef] | None = None,
+    recaption: bool = False,
 ) -> dict[str, Any]:
     """Curate every video under `src` into `dst`; returns counts and manifest URLs.
 
     `refs` replaces discovery (e.g. a subset of inputs). Finished inputs (state files from an
-    earlier run with the same settings) are skipped.
+    earlier run with the same settings) are skipped; with `recaption` their clips are captioned
+    again (also without it when the caption settings changed), never split or encoded again.
     """
     cfg = config or CurateConfig()
     dst = resolve_dst(dst)
@@ -385,11 +425,19 @@ def curate(
             todo.append(r)
         else:
             states[r.source_uri] = st
-    skipped = len(refs) - len(todo)
     if progress is None:
         progress = sys.stderr.isatty()
     work_dir = tempfile.mkdtemp(prefix="vfm-curate-")
     try:
+        finished = [r for r in refs if r.source_uri in states]
+        recaptioned, again = recaption_finished(
+            finished, states, dst, cfg=cfg, force=recaption, work_dir=work_dir
+        )
+        states.update(recaptioned)
+        for r in again:
+            del states[r.source_uri]
+        todo = [r for r in refs if r.source_uri not in states]
+        skipped = len(refs) - len(todo)
         states.update(
             process(todo, dst, cfg=cfg, executor=ex, work_dir=work_dir, progress=progress)
         )
@@ -399,10 +447,22 @@ def curate(
     out = assemble(dst, [states[r.source_uri] for r in refs], cfg.semdedup)
     record = {
         "settings": cfg.settings_hash(),
+        "captioner": cfg.caption_settings(),
         "sizes": {r.source_uri: states[r.source_uri].get("size_bytes") for r in refs},
     }
     storage.write_bytes(storage.join(dst, "_state", _ASSEMBLED), json.dumps(record).encode())
-    out.update(n_inputs=len(refs), n_skipped=skipped, wall_s=round(time.perf_counter() - t0, 3))
+    out.update(
+        n_inputs=len(refs),
+        n_skipped=skipped,
+        n_recaptioned=len(recaptioned),
+        wall_s=round(time.perf_counter() - t0, 3),
+    )
+    if out["n_clips"] and out["n_uncaptioned"] == out["n_clips"]:
+        log.warning(
+            "curation: none of the %d clips has a caption: put a caption sidecar (.txt / .json) "
+            "beside each video or pass a VLM, then vfm curate --recaption (see the README)",
+            out["n_clips"],
+        )
     return out
 
 
@@ -428,6 +488,7 @@ __all__ = [
     "load_state",
     "process",
     "read_clips",
+    "recaption_finished",
     "resolve_dst",
     "rows_valid",
 ]

@@ -114,6 +114,9 @@ class AnnotatedClip:
     black_frac: float
     blank_frac: float
     embedding: list[float]
+    caption_problem: str | None = None
+    """Why the video's sidecar was passed over (names the file), kept in the video's state and
+    reported by the run; not a manifest column."""
 
     @property
     def source_uri(self) -> str:

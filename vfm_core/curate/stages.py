@@ -32,7 +32,7 @@ import av
 import numpy as np
 
 from vfm_core import storage
-from vfm_core.annotate.caption import Captioner, ChainCaptioner, SidecarCaptioner, VLMCaptioner
+from vfm_core.annotate.caption import Caption, CurateCaptioner
 from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedder, clip_embedding
 from vfm_core.annotate.filters import reject_reasons, sample_indices, score_frames
 from vfm_core.curate.config import CurateConfig
@@ -369,11 +369,8 @@ class AnnotateStage(_MapStage):
         self._embedder: Embedder = (
             HFImageEmbedder(cfg.image_model) if cfg.image_model else ColorThumbEmbedder()
         )
-        cap: Captioner = SidecarCaptioner()
-        if cfg.vlm:
-            cap = ChainCaptioner(cap, VLMCaptioner(cfg.vlm))
-        cap.setup()
-        self._captioner = cap
+        self._captioner = CurateCaptioner(cfg.vlm)
+        self._captioner.setup()
 
     def one(self, item: ClipTask) -> list[Item]:
         if self._embedder is None:
@@ -394,20 +391,12 @@ class AnnotateStage(_MapStage):
             duration_s=item.duration_s,
             cfg=cfg.filters,
         )
-        cap_frames = sampled
-        if cfg.vlm:  # the VLM sees the middle frame at full clip size
-            mid = item.duration_s / 2
-            cap_frames = decode_frames(path, start_s=mid, end_s=mid + 1.0 / item.fps)
-        cap = self._captioner.caption(
-            source_uri=span.video.source_uri,
-            start_s=span.start_s,
-            end_s=span.end_s,
-            frames=cap_frames,
-        )
-        if cap is None and cfg.require_caption:
-            reasons.append("no caption (sidecar or VLM)")
+        times = dict(start_s=span.start_s, end_s=span.end_s, duration_s=item.duration_s)
+        cap = caption_clip(self._captioner, span.video.url, times | {"fps": item.fps}, path)
+        if cap.source == "none" and cfg.require_caption:
+            reasons.append(no_caption_reason(cap))
         if reasons:
-            _remove(item.uri)
+            remove_clip(item.uri)
             return [
                 RejectRow(
                     source_uri=span.video.source_uri,
@@ -424,8 +413,9 @@ class AnnotateStage(_MapStage):
         return [
             AnnotatedClip(
                 clip=item,
-                caption=cap.text if cap else "",
-                caption_source=cap.source if cap else "none",
+                caption=cap.text,
+                caption_source=cap.source,
+                caption_problem=cap.problem,
                 motion=scores.motion,
                 static_frac=scores.static_frac,
                 black_frac=scores.black_frac,
@@ -435,7 +425,29 @@ class AnnotateStage(_MapStage):
         ]
 
 
-def _remove(uri: str) -> None:
+def caption_clip(
+    captioner: CurateCaptioner, video_url: str, clip: dict[str, Any], clip_path: str
+) -> Caption:
+    """Caption of a clip (its `start_s`, `end_s` in the video at `video_url`, whose sidecar is
+    beside it; its `duration_s`, `fps`): a VLM sees the middle frame of `clip_path` at full size.
+    """
+    frames = np.zeros((0, 1, 1, 3), np.uint8)  # (0, H, W, 3): a sidecar needs no frames
+    if captioner.needs_frames:
+        mid = clip["duration_s"] / 2
+        end = mid + 1.0 / clip["fps"]
+        frames = decode_frames(clip_path, start_s=mid, end_s=end)  # (1, H, W, 3)
+    return captioner.caption(
+        source_uri=video_url, start_s=clip["start_s"], end_s=clip["end_s"], frames=frames
+    )
+
+
+def no_caption_reason(cap: Caption) -> str:
+    """The filter reason of a clip without a caption when captions are required."""
+    why = f": {cap.problem}" if cap.problem else ""
+    return f"no caption (sidecar or VLM){why}"
+
+
+def remove_clip(uri: str) -> None:
     """Delete a rejected clip so DST/clips holds exactly the accepted clips."""
     fs, path = storage.filesystem(uri)
     if fs.exists(path):
