@@ -2,8 +2,9 @@
 and metrics of one MLflow run.
 
 Thin by design: parameters are a pydantic model (the Prefect UI renders it as a form); each video
-is one task running ``vfm generate`` (torchrun with ``nproc`` context-parallel ranks), the
-evaluation one task, MLflow logging one task. Never imports torch.
+is one task calling the generation library (the request built from the form's fields; torchrun
+with ``nproc`` context-parallel ranks through the one launcher), the evaluation one task, MLflow
+logging one task. Never imports torch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ class GenerateParams(BaseModel):
 
     checkpoint: str = Field(..., description="run directory written by `vfm train`")
     prompts: list[str] = Field(..., min_length=1, description="one video per prompt")
-    frames: int = Field(13, ge=1, le=1025, description="frames (rounded up to 1 + 4k)")
+    frames: int = Field(
+        13,
+        ge=1,
+        le=1025,
+        description="frames (rounded up to 1 + t·k, t the tokenizer's temporal factor)",
+    )
     size: str = Field("64x64", description="HxW in pixels")
     seed: int = Field(0, ge=0, description="noise seed (prompt i uses seed + i)")
     steps: int | None = Field(None, ge=1, le=1000, description="sampler steps (None: config)")

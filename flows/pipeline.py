@@ -39,6 +39,7 @@ from tasks.pipeline import (
     mark_stage,
     sample_videos_task,
     stage_key,
+    tokenizer_geometry,
     tokenizer_task,
 )
 from tasks.shard import encode_latents
@@ -202,6 +203,36 @@ def headline_metrics(out: dict[str, Any]) -> dict[str, float]:
     return got
 
 
+def train_settings(
+    p: PipelineParams, *, latents: str, tokenizer: str, geometry: dict[str, int]
+) -> dict[str, Any]:
+    """The training form's config values (typed, by dotted key) for the pipeline's own data:
+    the encoded shards, the tokenizer, the latent grid, the tokenizer's latent channels
+    (diffusion), a checkpoint every 100 steps; ``p.overrides`` still win over them."""
+    t, h, w = p.latent_grid
+    settings: dict[str, Any] = {
+        "data.source": "shards",
+        "data.shards": latents,
+        "data.tokenizer": tokenizer,
+        "data.latent_frames": t,
+        "data.latent_height": h,
+        "data.latent_width": w,
+        "diffusion.sigma_data": 1.0,  # encode-shards writes unit-variance latents
+        "train.ckpt_every": 100,
+    }
+    if p.family == "diffusion":  # the DiT denoises the tokenizer's latents
+        settings["model.in_channels"] = geometry["latent_channels"]
+    return settings
+
+
+def pixel_shape(latent_grid: tuple[int, int, int], geometry: dict[str, int]) -> tuple[int, str]:
+    """(frames, "HxW") of videos whose latent is ``latent_grid`` (T, H, W) under the tokenizer's
+    ``geometry`` (:func:`tasks.pipeline.tokenizer_geometry`): 1 + t·(T - 1) frames of s·H x s·W."""
+    t, h, w = latent_grid
+    t_c, s = geometry["temporal_factor"], geometry["spatial_factor"]
+    return 1 + t_c * (t - 1), f"{s * h}x{s * w}"
+
+
 def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
     out: dict[str, Any] = {"work_dir": work, "reused": []}
     reused = out["reused"]  # stages finished by an earlier run of this pipeline, skipped now
@@ -281,23 +312,15 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
     )
     out["encode"] = enc
 
-    t, h, w = p.latent_grid
-    data = [
-        "data.source=shards",
-        f"data.shards={enc['dir']}",
-        f"data.tokenizer={tok_dir}",
-        f"data.latent_frames={t}",
-        f"data.latent_height={h}",
-        f"data.latent_width={w}",
-        "diffusion.sigma_data=1.0",
-    ]  # encode-shards writes unit-variance latents
+    geometry = tokenizer_geometry(tok_dir)  # the tokenizer's own saved config
     train_params = TrainParams(
         family=p.family,
         recipe=p.recipe,
         steps=p.train_steps,
         out_dir=f"{work}/train",
         experiment=p.experiment,
-        overrides=data + ["train.ckpt_every=100"] + p.overrides,
+        settings=train_settings(p, latents=enc["dir"], tokenizer=tok_dir, geometry=geometry),
+        overrides=p.overrides,
     )
 
     def run_train() -> dict[str, Any]:
@@ -321,11 +344,12 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
     out["train"] = train
 
     if p.prompts:
+        frames, size = pixel_shape(p.latent_grid, geometry)
         gen_params = GenerateParams(
             checkpoint=f"{work}/train",
             prompts=p.prompts,
-            frames=1 + 4 * (t - 1),
-            size=f"{8 * h}x{8 * w}",
+            frames=frames,
+            size=size,
             steps=p.generate_steps,
             tokenizer=tok_dir,
             out_dir=f"{work}/generated",

@@ -1,7 +1,8 @@
 """Training flow: validate parameters, create the MLflow run, run the trainer.
 
-Thin by design: parameters are a pydantic model (the Prefect UI renders it as a form), the work is
-one task that launches the trainer process. Never imports torch.
+Thin by design: parameters are a pydantic model (the Prefect UI renders it as a form) whose fields
+map to the typed run config (:func:`flows.forms.form_config`), the work is one task that launches
+the trainer process. Never imports torch.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from flows.forms import form_config, nested
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
-from vfm_core.config import DEGREES, ConfigError, apply_overrides, merge, validate
+from vfm_core.config import DEGREES, Config, ConfigError
 from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import (
     LAYOUT_TAG,
@@ -71,8 +73,13 @@ class TrainParams(BaseModel):
     out_dir: str = Field(
         "", description="output dir ('' = data/runs/RECIPE/FLOW_RUN_NAME: a new one per run)"
     )
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="config values by dotted key, typed (e.g. data.source: shards, "
+        "data.latent_frames: 5); on top of the recipe, under overrides and the other fields",
+    )
     overrides: list[str] = Field(
-        default_factory=list, description="section.field=value config overrides"
+        default_factory=list, description="section.field=value config overrides (power users)"
     )
     resume: bool = Field(
         False, description="continue from the latest checkpoint in out_dir (needs out_dir)"
@@ -101,6 +108,12 @@ class TrainParams(BaseModel):
 
     _family = model_validator(mode="after")(settle_family)
 
+    @field_validator("settings")
+    @classmethod
+    def _dotted(cls, v: dict[str, Any]) -> dict[str, Any]:
+        nested(v)  # every key section.field (the builder checks that they exist, and the types)
+        return v
+
     @model_validator(mode="after")
     def _nodes(self) -> TrainParams:
         if self.nnodes > 1 and self.launcher != "slurm":
@@ -111,22 +124,20 @@ class TrainParams(BaseModel):
 
     _known_recipe = field_validator("recipe")(known_recipe)
 
-    def to_config(self):
-        cfg = apply_overrides(get_recipe(self.recipe), self.overrides)
-        return validate(
-            merge(
-                cfg,
-                {
-                    "train": {
-                        "steps": self.steps,
-                        "seed": self.seed,
-                        "out_dir": self.resolved_out(),
-                    },
-                    "tracking": {"experiment": self.experiment},
-                    "parallel": self.degrees(),
-                },
-            )
-        )
+    def to_config(self) -> Config:
+        """The typed run config (:func:`flows.forms.form_config`): the recipe, ``settings``,
+        ``overrides``, then the form's named fields."""
+        return form_config(self.recipe, self.settings, self.overrides, self.field_values())
+
+    def field_values(self) -> dict[str, Any]:
+        """The form's named fields as config values by dotted key."""
+        return {
+            "train.steps": self.steps,
+            "train.seed": self.seed,
+            "train.out_dir": self.resolved_out(),
+            "tracking.experiment": self.experiment,
+            **{f"parallel.{k}": v for k, v in self.degrees().items()},
+        }
 
     def degrees(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in DEGREES}

@@ -1,12 +1,11 @@
-"""Prefect tasks around generation: one ``vfm generate`` subprocess per video (torchrun inside when
-``nproc`` > 1), one in-process evaluation of the checkpoint, and one MLflow logging step. Each
-returns small serialisable results (paths, metric dicts, run ids)."""
+"""Prefect tasks around generation: one call of the generation library per video (in this process,
+or torchrun ranks through the one launcher when ``nproc`` > 1), one in-process evaluation of the
+checkpoint, and one MLflow logging step. Each returns small serialisable results (paths, metric
+dicts, run ids)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from prefect import task
 
 from tasks.logs import log_lines, task_logger
 from vfm_core.config import TrackingConfig
+from vfm_core.errors import UserError
 
 
 @task(name="generate-video")  # no retries: a failure is a user error or a bug, not transient
@@ -30,41 +30,43 @@ def generate_video(
     tokenizer: str | None = None,
     nproc: int = 1,
 ) -> dict[str, Any]:
-    """``vfm generate`` for one prompt; returns its JSON result (paths, shapes, timings)."""
+    """One video for ``prompt`` (:func:`vfm_core.infer.generate.generate_request`: in this process,
+    or ``nproc`` context-parallel ranks through the one launcher, their output logged); returns
+    its result (paths, shapes, timings). Bad input fails the task with its one-line message."""
+    from vfm_core.infer.generate import GenerateRequest, generate_request
+    from vfm_core.infer.shapes import parse_size
+
     logger = task_logger()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vfm_core.cli",
-        "generate",
-        "--checkpoint",
-        checkpoint,
-        "--prompt",
-        prompt,
-        "--frames",
-        str(frames),
-        "--size",
-        size,
-        "--seed",
-        str(seed),
-        "--out",
-        out,
-        "--nproc",
-        str(nproc),
-        "--json",
-    ]
-    for flag, value in (("--steps", steps), ("--guidance", guidance), ("--tokenizer", tokenizer)):
-        if value is not None:
-            cmd += [flag, str(value)]
-    logger.info("launching: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    for line in log_lines(proc.stderr)[-20:]:
-        logger.info(line)
-    if proc.returncode != 0:
-        errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
-        reason = "\n".join(errors) or proc.stderr.strip()[-1500:]
-        raise RuntimeError(f"vfm generate exited with code {proc.returncode}: {reason}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def log(line: str) -> None:  # the ranks' output (nproc > 1), without progress redraws
+        for clean in log_lines(line):
+            logger.info(clean)
+
+    try:
+        height, width = parse_size(size)
+        request = GenerateRequest(
+            prompt=prompt,
+            frames=frames,
+            height=height,
+            width=width,
+            seed=seed,
+            steps=steps,
+            guidance=guidance,
+            progress=False,  # no redraws in the flow run's log
+        )
+        logger.info("generating %r -> %s on %d rank(s)", prompt, out, nproc)
+        result = generate_request(
+            checkpoint,
+            request,
+            out,
+            tokenizer=tokenizer,
+            nproc=nproc,
+            on_line=log,
+        )
+    except UserError as e:  # a bad input: its one line, as `vfm generate` prints it
+        logger.error("vfm generate: error: %s", e)
+        raise e.with_traceback(None) from None  # the message, not the library's frames
+    return result.to_dict()
 
 
 @task(name="evaluate-checkpoint")

@@ -1,6 +1,6 @@
 """Prefect tasks of the end-to-end pipeline that are not a stage flow of their own: the built-in
-sample, the tokenizer trained on the shards, stage markers (resume after the last finished stage)
-and the dataset lineage of the training run in MLflow."""
+sample, the tokenizer trained on the shards and its geometry, stage markers (resume after the last
+finished stage) and the dataset lineage of the training run in MLflow."""
 
 from __future__ import annotations
 
@@ -95,6 +95,27 @@ def tokenizer_task(
         "ssim": m.ssim,
         "baseline_ssim": m.baseline_ssim,
         "codebook_usage": m.codebook_usage,
+    }
+
+
+@task(name="tokenizer-geometry")
+def tokenizer_geometry(tokenizer: str) -> dict[str, int]:
+    """The tokenizer's compression from its own saved config (no weights are read):
+    ``temporal_factor`` t (1 + t·k frames -> 1 + k latent frames), ``spatial_factor`` s (H x W
+    -> H/s x W/s) and ``latent_channels``."""
+    from vfm_core.infer.request import tokenizer_config
+    from vfm_core.tokenizer.config import TokenizerConfigError
+
+    cfg = tokenizer_config(tokenizer)
+    if cfg is None:
+        raise TokenizerConfigError(
+            f"tokenizer {tokenizer}: no readable config (tokenizer.safetensors metadata or "
+            "config.json); name a tokenizer directory written by vfm tokenizer train"
+        )
+    return {
+        "temporal_factor": cfg.temporal_factor,
+        "spatial_factor": cfg.spatial_factor,
+        "latent_channels": cfg.latent_channels,
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import log_lines, task_logger
-from vfm_core.config import Config, save_yaml
+from vfm_core.config import Config
 
 
 @task(name="train")
@@ -33,9 +33,8 @@ def train_model(
     parallel section, its output logged), or submit it to Slurm (``launcher="slurm"``: ``nnodes``
     nodes of ``nproc`` processes, the cluster template); the layout is checked first (one clear
     error before any process starts); raise with its last log lines if it fails."""
-    from vfm_core.parallel.layout import validate_layout, with_degrees
-    from vfm_core.train.launch import Launch, launch_training
-    from vfm_core.train.main import check_restartable
+    from vfm_core.parallel.layout import with_degrees
+    from vfm_core.train.launch import Launch, launch_training, prepare_training
 
     logger = task_logger()
     if launcher not in ("local", "slurm"):
@@ -46,11 +45,9 @@ def train_model(
     cfg = with_degrees(cfg, **(degrees or {}))
     out = Path(out_dir)
     if launcher == "slurm":
-        validate_layout(cfg, nproc * nnodes)
-        check_restartable(cfg, max_restarts)
-        out.mkdir(parents=True, exist_ok=True)
-        cfg_path = out / "run.yaml"
-        save_yaml(cfg, cfg_path)  # the layout's degrees included: Slurm's ranks read them
+        # what every launch does first, for the whole job: the layout over nnodes x nproc ranks
+        # checked, out checked, out/run.yaml written (Slurm's ranks read the degrees from it)
+        cfg_path = prepare_training(cfg, out, world_size=nproc * nnodes, max_restarts=max_restarts)
         from vfm_core.train.slurm import SlurmOptions, submit_training
 
         env = {"MLFLOW_RUN_ID": mlflow_run_id} if mlflow_run_id else {}

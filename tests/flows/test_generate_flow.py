@@ -12,6 +12,7 @@ from tasks.generate import generate_video
 from tasks.shard import encode_latents
 from tasks.train import train_model
 from vfm_core.config import apply_overrides
+from vfm_core.errors import UserError
 from vfm_core.recipes import get_recipe
 
 TINY = [
@@ -120,10 +121,7 @@ def test_failing_generation_marks_run_failed(prefect_api, trained, tmp_path):
         out_dir=str(tmp_path / "gen"),
         experiment="test-generate-flow",
     )
-    with pytest.raises(
-        RuntimeError,
-        match="exited with code 2: vfm generate: error: --checkpoint .*missing: no such directory",
-    ):
+    with pytest.raises(UserError, match=r"^--checkpoint .*missing: no such directory$"):
         generate_flow(params)
     exp = mlflow.get_experiment_by_name("test-generate-flow")
     runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.checkpoint LIKE '%missing'")
@@ -139,7 +137,7 @@ def test_generate_task_fn_names_tokenizer_mismatch(trained, tmp_path):
         CausalVideoAutoencoder(TokenizerConfig(base_channels=16, latent_channels=8)),
         tmp_path / "tok8",
     )
-    with pytest.raises(RuntimeError, match="8 latent channels, expected 4"):
+    with pytest.raises(UserError, match="8 latent channels, expected 4"):
         generate_video.fn(
             run,
             "a cat",
@@ -149,6 +147,37 @@ def test_generate_task_fn_names_tokenizer_mismatch(trained, tmp_path):
             seed=0,
             tokenizer=str(tmp_path / "tok8"),
         )
+
+
+def test_generate_task_fn_calls_the_library_in_process(trained, tmp_path, monkeypatch):
+    """nproc 1: the task runs the generation library in its own process (no subprocess, no
+    stdout to parse); bad input fails it with the library's one-line message."""
+    import subprocess
+
+    from vfm_core.infer.generate import read_result, result_path
+
+    run, tok = trained
+
+    def boom(*_a, **_k):
+        raise AssertionError("the task started a process")
+
+    monkeypatch.setattr(subprocess, "Popen", boom)
+    out = tmp_path / "v.mp4"
+    kw = dict(frames=5, size="64x64", seed=2, steps=1, tokenizer=tok)
+    res = generate_video.fn(run, "a cat", str(out), **kw)
+    assert res["ranks"] == 1 and res["seed"] == 2 and res["mp4"] == str(out)
+    assert res == read_result(result_path(out)).to_dict()
+    for bad, msg in (
+        (dict(size="64"), r"^--size '64': expected HxW"),
+        (dict(nproc=0), r"^--nproc: must be >= 1, got 0$"),
+        (dict(guidance=31.0), r"^--guidance 31.0: must be a number in \[0, 30\]"),
+    ):
+        with pytest.raises(UserError, match=msg) as e:
+            generate_video.fn(run, "a cat", str(tmp_path / "b.mp4"), **{**kw, **bad})
+        tb = e.value.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        assert tb.tb_frame.f_code.co_name == "generate_video"  # not the library's frames
 
 
 def test_encode_shards_task_fn(trained, tmp_path):

@@ -1,8 +1,12 @@
-"""Launch the one training entry point (:mod:`vfm_core.train.main`) under torchrun.
+"""Launch the entry points under torchrun: training (:mod:`vfm_core.train.main`) and
+generation (:mod:`vfm_core.infer.main`), one design with the entry point as the parameter.
 
-:func:`torchrun_argv` is the command line every launcher uses: ``vfm train --nproc N``, the
-Prefect training task, and the cluster templates in ``infra/`` (Slurm, Kubernetes), which fill in
-the node count, node rank and rendezvous endpoint from their own variables.
+:func:`torchrun_argv` is the command line every training launcher uses: ``vfm train --nproc N``,
+the Prefect training task, and the cluster templates in ``infra/`` (Slurm, Kubernetes), which fill
+in the node count, node rank and rendezvous endpoint from their own variables;
+:func:`run_launch` starts and waits for the ranks of either entry point (:func:`launch_training`,
+:func:`launch_generation`), and :func:`prepare_training` is what every training launch, Slurm's
+included, does before its ranks start.
 
 * one node: ``--standalone`` (a private rendezvous on a free local port);
 * several nodes: a c10d rendezvous on ``--rdzv-endpoint HOST:PORT``; node rank 0 hosts the
@@ -99,6 +103,26 @@ def wait_for_rendezvous(launch: Launch) -> None:
             time.sleep(0.5)
 
 
+def torchrun_prefix(launch: Launch, *, rdzv_id: str = "vfm-train") -> list[str]:
+    """``python -m torch.distributed.run ...`` up to the entry point: this node's ranks, a private
+    rendezvous on one node, the c10d rendezvous ``rdzv_id`` on several."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
+    if launch.nnodes == 1:
+        argv += ["--standalone"]
+    else:
+        host_conf = "is_host=true" if launch.node_rank == 0 else "is_host=false"
+        argv += [
+            f"--nnodes={launch.nnodes}",
+            f"--node-rank={launch.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={launch.rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf={host_conf},join_timeout={launch.rdzv_timeout},"
+            f"read_timeout={launch.rdzv_timeout}",
+        ]
+    return argv + [f"--max-restarts={launch.max_restarts}", "--monitor-interval=1"]
+
+
 def torchrun_argv(
     launch: Launch | int,
     *,
@@ -112,21 +136,7 @@ def torchrun_argv(
     ``degrees`` (e.g. ``tp=2``) override the config's parallel section."""
     if isinstance(launch, int):
         launch = Launch(nproc=launch)
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
-    if launch.nnodes == 1:
-        argv += ["--standalone"]
-    else:
-        host_conf = "is_host=true" if launch.node_rank == 0 else "is_host=false"
-        argv += [
-            f"--nnodes={launch.nnodes}",
-            f"--node-rank={launch.node_rank}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={launch.rdzv_endpoint}",
-            "--rdzv-id=vfm-train",
-            f"--rdzv-conf={host_conf},join_timeout={launch.rdzv_timeout},"
-            f"read_timeout={launch.rdzv_timeout}",
-        ]
-    argv += [f"--max-restarts={launch.max_restarts}", "--monitor-interval=1"]
+    argv = torchrun_prefix(launch)
     argv += ["-m", ENTRY, "--config", str(config), "--out", str(out), "--no-progress"]
     for name, value in degrees.items():
         if name not in DEGREES:
@@ -163,9 +173,82 @@ class LaunchResult:
     returncode: int
     """The launcher's exit code (0: every rank finished)."""
     summary: dict | None
-    """The entry point's JSON summary line (rank 0's last stdout line), when it wrote one."""
+    """What the entry point reported: the JSON of its ``result`` file when the launch named one
+    (generation), else its JSON summary line (rank 0's last stdout line, training), when it
+    wrote one."""
     lines: list[str]
     """The output lines, when they were captured (``on_line`` given), else []."""
+
+    def error_line(self) -> str:
+        """The ranks' one-line error (``error: ...``, a user error) from the captured output,
+        or ''."""
+        return next((ln.strip() for ln in reversed(self.lines) if "error:" in ln), "")
+
+
+class LaunchError(RuntimeError):
+    """Launched ranks exited with a non-zero code (their one-line error, when captured)."""
+
+    def __init__(self, what: str, returncode: int, reason: str = "") -> None:
+        self.returncode, self.reason = returncode, reason
+        super().__init__(f"{what} failed (exit {returncode})" + (f": {reason}" if reason else ""))
+
+
+def run_launch(
+    argv: list[str],
+    *,
+    result: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    on_line=None,
+) -> LaunchResult:
+    """Run a launch command and report how it ended: the one place ranks are started and waited
+    for (training and generation). ``result``: a JSON file the entry point writes when it
+    finishes, read as the summary (removed first, so an earlier run's is never taken for this
+    one's); without it the summary is the last JSON line of the captured output. ``on_line(line)``
+    receives every output line (the tasks log them); without it the ranks share this process's
+    terminal (progress bars, one-line errors)."""
+    import subprocess
+
+    if result is not None:
+        Path(result).unlink(missing_ok=True)
+    if on_line is None:
+        code = subprocess.run(argv, env=env).returncode
+        lines: list[str] = []
+    else:
+        popen = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        lines = []
+        assert popen.stdout is not None
+        for line in popen.stdout:
+            lines.append(line.rstrip("\n"))
+            on_line(line)
+        code = popen.wait()
+    if result is not None:
+        path = Path(result)
+        summary = json.loads(path.read_text()) if code == 0 and path.is_file() else None
+    else:
+        summary = next((json.loads(ln) for ln in reversed(lines) if ln.startswith("{")), None)
+    return LaunchResult(returncode=code, summary=summary, lines=lines)
+
+
+def prepare_training(
+    cfg, out: str | Path, *, world_size: int, max_restarts: int = 0, name: str = "run.yaml"
+) -> Path:
+    """Everything before a training run's ranks start, wherever they start (this node, or the
+    Slurm template): the layout over ``world_size`` ranks and the restarts checked (one clear
+    error, nothing started), ``out`` checked writable, and the run config written there as
+    ``name`` (the layout's degrees included: every rank reads them from it). Returns its path."""
+    from vfm_core.config import save_yaml
+    from vfm_core.parallel.layout import validate_layout
+    from vfm_core.train.main import check_out_dir, check_restartable
+
+    validate_layout(cfg, world_size)
+    check_restartable(cfg, max_restarts)
+    out = Path(out)
+    check_out_dir(out)  # a file, or a read-only place: one line naming --out, nothing started
+    config = out / name
+    save_yaml(cfg, config)
+    return config
 
 
 def launch_training(
@@ -180,38 +263,35 @@ def launch_training(
     on_line=None,
 ) -> LaunchResult:
     """The one way a run is launched on this node (``vfm train --nproc``, the Prefect training
-    task; the cluster templates run the same entry point): the layout checked first (one clear
-    error, nothing started), the rendezvous waited for on joining nodes, ``out/run.yaml`` (per
-    node with several) written, then the entry point started. ``on_line(line)`` receives every
-    output line (the task logs them); without it the run shares this process's terminal (progress
-    bars, one-line errors)."""
-    import subprocess
-
-    from vfm_core.config import save_yaml
-    from vfm_core.parallel.layout import validate_layout
-    from vfm_core.train.main import check_out_dir, check_restartable
-
-    validate_layout(cfg, launch.world_size)
-    check_restartable(cfg, launch.max_restarts)
-    out = Path(out)
-    check_out_dir(out)  # a file, or a read-only place: one line naming --out, nothing started
+    task; the Slurm path of that task prepares the run with :func:`prepare_training` and the
+    cluster template runs the same entry point): :func:`prepare_training`, the rendezvous waited
+    for on joining nodes, then the entry point started (:func:`run_launch`)."""
+    name = f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else "run.yaml"
+    config = prepare_training(
+        cfg, out, world_size=launch.world_size, max_restarts=launch.max_restarts, name=name
+    )
     wait_for_rendezvous(launch)
-    config = out / (f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else "run.yaml")
-    save_yaml(cfg, config)  # the layout's degrees included: every rank reads them from here
     argv = entry_argv(
         launch, config=config, out=out, resume=resume, resume_from=resume_from, debug=debug
     )
-    if on_line is None:
-        proc = subprocess.run(argv, env=env)
-        return LaunchResult(returncode=proc.returncode, summary=None, lines=[])
-    popen = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    lines: list[str] = []
-    assert popen.stdout is not None
-    for line in popen.stdout:
-        lines.append(line.rstrip("\n"))
-        on_line(line)
-    code = popen.wait()
-    summary = next((json.loads(ln) for ln in reversed(lines) if ln.startswith("{")), None)
-    return LaunchResult(returncode=code, summary=summary, lines=lines)
+    return run_launch(argv, env=env, on_line=on_line)
+
+
+GENERATE_ENTRY = "vfm_core.infer.main"
+
+
+def launch_generation(
+    nproc: int,
+    args: list[str],
+    *,
+    result: str | Path,
+    env: dict[str, str] | None = None,
+    on_line=None,
+) -> LaunchResult:
+    """``nproc`` generation ranks on this node (``vfm generate --nproc``, the Prefect generation
+    task, through :func:`vfm_core.infer.generate.generate_request`): torchrun over
+    :mod:`vfm_core.infer.main` with ``args`` (its flags); the result is the JSON file ``result``
+    rank 0 writes beside the video (:func:`run_launch`)."""
+    launch = Launch(nproc=nproc)
+    argv = torchrun_prefix(launch, rdzv_id="vfm-generate") + ["-m", GENERATE_ENTRY, *args]
+    return run_launch(argv, result=result, env=env, on_line=on_line)

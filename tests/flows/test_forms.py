@@ -1,0 +1,121 @@
+"""Issue #25: flow forms map their fields to the typed run config through one function
+(``flows.forms.form_config``: dotted keys with typed values through the config builder, validated
+like a YAML file), never through ``section.field=value`` strings; the pipeline takes the tokenizer
+geometry from the tokenizer's own saved config. No Prefect API needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from flows.forms import form_config, nested
+from flows.pipeline import PipelineParams, pixel_shape, train_settings
+from flows.train import TrainParams
+from tasks.pipeline import tokenizer_geometry
+from vfm_core.config import ConfigError, apply_overrides, to_dict, validate
+from vfm_core.recipes import get_recipe
+from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError
+
+
+def test_form_config_is_the_override_config_with_typed_values():
+    got = form_config(
+        "dit-tiny",
+        {"data.source": "shards", "data.shards": "s3://b/x", "data.latent_frames": 5},
+        ["data.latent_frames=3", "model.depth=2"],  # a power user's free-form overrides
+        {"train.steps": 7, "diffusion.sigma_data": 1},  # an int where a float goes: coerced
+    )
+    want = apply_overrides(
+        get_recipe("dit-tiny"),
+        [
+            "data.source=shards",
+            "data.shards=s3://b/x",
+            "data.latent_frames=3",
+            "model.depth=2",
+            "train.steps=7",
+            "diffusion.sigma_data=1.0",
+        ],
+    )
+    assert to_dict(got) == to_dict(validate(want))
+    assert got.diffusion.sigma_data == 1.0 and isinstance(got.diffusion.sigma_data, float)
+    # a string that YAML would read as a number stays the string it is
+    assert form_config("dit-tiny", {"data.shards": "1e3"}).data.shards == "1e3"
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"model.hiden": 3}, "model.hiden: unknown key"),
+        ({"train.steps": "7"}, "train.steps: expected an integer, got '7'"),
+        ({"data.source": "nope"}, "data.source: expected one of"),
+        ({"train": 7}, "train: expected section.field"),
+        ({"model.heads": 5}, "model.heads: 5 does not divide model.hidden"),  # validate()
+    ],
+)
+def test_form_config_names_the_bad_key(values, needle):
+    with pytest.raises(ConfigError, match=needle):
+        form_config("dit-tiny", values)
+
+
+def test_nested_groups_dotted_keys_by_section():
+    assert nested({"data.shards": "s", "train.steps": 2, "data.seed": 1}) == {
+        "data": {"shards": "s", "seed": 1},
+        "train": {"steps": 2},
+    }
+
+
+def test_train_form_fields_map_to_the_config(tmp_path):
+    params = TrainParams(
+        recipe="dit-tiny",
+        steps=3,
+        seed=4,
+        out_dir=str(tmp_path),
+        experiment="e",
+        tp=2,
+        settings={"data.batch_size": 2, "train.steps": 99},  # the form's steps field wins
+        overrides=["model.depth=2"],
+    )
+    cfg = params.to_config()
+    assert (cfg.train.steps, cfg.train.seed, cfg.train.out_dir) == (3, 4, str(tmp_path))
+    assert (cfg.tracking.experiment, cfg.parallel.tp, cfg.parallel.dp_shard) == ("e", 2, -1)
+    assert (cfg.data.batch_size, cfg.model.depth) == (2, 2)
+    with pytest.raises(ValidationError, match="train: expected section.field"):
+        TrainParams(settings={"train": 1})
+    assert "settings" in TrainParams.model_json_schema()["properties"]
+    json.dumps(params.model_dump())  # a Prefect parameter: JSON
+
+
+def test_pipeline_train_settings_are_typed_and_user_overrides_win(tmp_path):
+    p = PipelineParams(latent_grid=(2, 4, 4), overrides=["train.ckpt_every=10"])
+    geometry = {"temporal_factor": 2, "spatial_factor": 16, "latent_channels": 8}
+    settings = train_settings(p, latents="L", tokenizer="T", geometry=geometry)
+    assert settings["data.latent_frames"] == 2 and settings["diffusion.sigma_data"] == 1.0
+    assert not any(isinstance(k, str) and "=" in k for k in settings)
+    cfg = TrainParams(
+        recipe=p.recipe, out_dir=str(tmp_path), settings=settings, overrides=p.overrides
+    ).to_config()
+    d, m = cfg.data, cfg.model
+    assert (d.source, d.shards, d.tokenizer) == ("shards", "L", "T")
+    assert (d.latent_frames, d.latent_height, d.latent_width) == (2, 4, 4)
+    assert m.in_channels == 8  # the tokenizer's latent channels
+    assert cfg.train.ckpt_every == 10  # p.overrides over the pipeline's settings
+    ar = PipelineParams(family="autoregressive")
+    assert "model.in_channels" not in train_settings(
+        ar, latents="L", tokenizer="T", geometry=geometry
+    )
+
+
+def test_pipeline_video_shape_comes_from_the_tokenizer_config(tmp_path):
+    for cfg in (
+        TokenizerConfig(),
+        TokenizerConfig(temporal_factor=2, spatial_factor=16, channel_mult=(1, 2, 2)),
+    ):
+        (tmp_path / "tok").mkdir(exist_ok=True)
+        (tmp_path / "tok" / "config.json").write_text(json.dumps(cfg.to_dict()))
+        geometry = tokenizer_geometry.fn(str(tmp_path / "tok"))
+        t, s = cfg.temporal_factor, cfg.spatial_factor
+        assert geometry == {"temporal_factor": t, "spatial_factor": s, "latent_channels": 4}
+        assert pixel_shape((5, 8, 6), geometry) == (1 + 4 * t, f"{8 * s}x{6 * s}")
+    with pytest.raises(TokenizerConfigError, match="no readable config"):
+        tokenizer_geometry.fn(str(tmp_path / "missing"))
