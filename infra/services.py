@@ -34,7 +34,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfm_core.infra_env import healthy, pid_alive, read_services, services_file
+from vfm_core.infra_env import (
+    EXTRA_LOGGERS,
+    LIBRARY_LOGGER,
+    extra_loggers_with,
+    healthy,
+    pid_alive,
+    read_services,
+    services_file,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -197,6 +205,8 @@ def _env(s: Settings) -> dict[str, str]:
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["RAY_USAGE_STATS_ENABLED"] = "0"  # nothing leaves the machine
     env["PREFECT_UI_API_URL"] = s.prefect_api
+    # the worker's flow runs send the library's log lines (progress) to the run log
+    env[EXTRA_LOGGERS] = extra_loggers_with(LIBRARY_LOGGER, env.get(EXTRA_LOGGERS, ""))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("VFM_DATA_DIR", str(ROOT / "data"))
     env.setdefault("HF_HUB_OFFLINE", "1")

@@ -55,12 +55,5 @@ def encode_latents(src: str, dst: str, *, tokenizer: str, overwrite: bool = Fals
 
     from vfm_core.tokenizer.encode_shards import encode_shards
 
-    logger = task_logger()
-
-    def progress(done: int, total: int) -> None:
-        if done == total or done % 100 == 0:
-            logger.info("encoded %d/%d samples", done, total)
-
-    return asdict(
-        encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite, progress=progress)
-    )
+    # progress: the library's "encoding latents" lines (the vfm_core logger is in the run log)
+    return asdict(encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite))

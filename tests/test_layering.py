@@ -68,6 +68,7 @@ VFM_CORE_LAYERS = [
         "geometry",
         "errors",
         "cli_types",
+        "progress",
     ),
 ]
 

@@ -304,6 +304,9 @@ class TrackingConfig:
     """MLflow experiment name."""
     run_name: str = ""
     """MLflow run name ('' = generated)."""
+    system_metrics: bool = True
+    """Log the machine's CPU, memory, disk, network (and GPU) use to the training run as
+    ``system/...`` metrics (every $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL s, default 10)."""
 
 
 @dataclass(kw_only=True, slots=True)

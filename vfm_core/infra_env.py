@@ -10,7 +10,9 @@ store under the data dir, an ephemeral Prefect API). ``VFM_NO_SERVICES=1`` opts 
 
 Without a server a flow starts Prefect's temporary API, which needs ``$PREFECT_HOME`` (its sqlite
 database) to exist and more than Prefect's 20 s to start on a busy machine:
-:func:`prefect_without_server` sees to both (the ``flows`` package calls it on import).
+:func:`prefect_without_server` sees to both (the ``flows`` package calls it on import). The
+library's own log lines (the progress of long steps, :mod:`vfm_core.progress`) reach the Prefect
+run log through :func:`prefect_logs_library`, called there too.
 
 Call these before ``prefect`` is imported: Prefect reads its settings at import time. No torch,
 prefect or mlflow import here.
@@ -19,7 +21,9 @@ prefect or mlflow import here.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 import tomllib
 import urllib.error
 import urllib.request
@@ -144,3 +148,30 @@ def prefect_without_server() -> dict[str, str]:
         except OSError:
             pass  # Prefect names the folder it cannot use
     return chosen
+
+
+EXTRA_LOGGERS = "PREFECT_LOGGING_EXTRA_LOGGERS"
+LIBRARY_LOGGER = "vfm_core"
+
+
+def extra_loggers_with(name: str, current: str) -> str:
+    """``current`` (Prefect's comma-separated extra loggers) with ``name`` added once."""
+    names = [n.strip() for n in current.split(",") if n.strip()]
+    return ",".join(names if name in names else [*names, name])
+
+
+def prefect_logs_library(name: str = LIBRARY_LOGGER) -> None:
+    """The library's INFO lines (progress) in the Prefect run log and on its console: ``name``
+    added to ``PREFECT_LOGGING_EXTRA_LOGGERS`` (the user's list, from the environment or the
+    active profile, kept), the logger at INFO unless a level was set for it, and, where Prefect
+    was imported first (its settings already read: a worker's flow-run process), Prefect's API
+    handler attached to it as Prefect's ``setup_logging`` does for the loggers it names."""
+    current = os.environ.get(EXTRA_LOGGERS) or prefect_profile().get(EXTRA_LOGGERS, "")
+    os.environ[EXTRA_LOGGERS] = extra_loggers_with(name, current)
+    lib = logging.getLogger(name)
+    if lib.level == logging.NOTSET:
+        lib.setLevel(logging.INFO)
+    if "prefect" in sys.modules:
+        for handler in logging.getLogger("prefect.extra").handlers:
+            if handler not in lib.handlers:
+                lib.addHandler(handler)

@@ -82,3 +82,24 @@ def test_shard_flow_with_a_query_shards_only_the_matching_clips(prefect_api, tmp
     assert summary["n_samples"] == len(index) == 2
     assert sorted(index.samples["key"]) == ["c1", "c3"]
     assert (out / "_query" / "clips.parquet").exists() and (out / "_query" / "search.json").exists()
+
+
+@pytest.mark.slow
+def test_library_progress_lines_reach_the_flow_run_log(prefect_api, tmp_path):
+    """The library's progress (``vfm_core`` loggers, not the task's own logger) is in the run
+    log that the Prefect UI shows: the flows add ``vfm_core`` to Prefect's extra loggers."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    src = curation_output(tmp_path / "cur")
+    params = ShardParams(clips_dir=str(src), shards_dir=str(tmp_path / "s"), target_shard_mb=0.01)
+    state = shard_flow(params, return_state=True)
+    assert state.is_completed()
+    APILogHandler().flush()  # the batched log worker: everything sent
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
+    lines = {(log.name, log.message.split(",")[0]) for log in logs}
+    assert ("vfm_core.data.shards", "writing shards: 4/4 clips (100%)") in lines, lines

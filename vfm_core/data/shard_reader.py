@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import tarfile
 import time
@@ -35,6 +36,7 @@ import numpy as np
 from vfm_core import storage
 from vfm_core.data.index import DatasetIndex
 from vfm_core.errors import UserError
+from vfm_core.progress import Progress
 
 EXTENSIONS = ("json", "mp4", "txt_emb.npy", "latent.npy", "tokens.npy")
 """tokens.npy: int32 (T, h, w) ids of a discrete tokenizer, written beside its codes in
@@ -311,6 +313,9 @@ def verify_shards(index: DatasetIndex, *, checksum: bool = True) -> None:
     tables = [(index.shards, index.shard_url, "shard")]
     if index.sidecars is not None:
         tables.append((index.sidecars, index.sidecar_url, "sidecar"))
+    files = sum(len(t) for t, _, _ in tables)
+    log = logging.getLogger(__name__)
+    bar = Progress(files, desc="verifying shards", unit="file", delay_s=2.0, logger=log)
     for table, url_of, what in tables:
         for i in range(len(table)):
             url = url_of(i)
@@ -330,6 +335,8 @@ def verify_shards(index: DatasetIndex, *, checksum: bool = True) -> None:
                     h.update(chunk)
                 if h.hexdigest() != table.at[i, "sha256"]:
                     raise ShardError(url, "sha256 checksum does not match the index")
+            bar.update()
+    bar.close()
 
 
 def iter_tar_keys(data: bytes) -> Iterable[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -48,9 +49,11 @@ from vfm_core.data.shard_reader import (  # noqa: F401  (re-exported: the readin
     sample_checksum,
     verify_shards,
 )
+from vfm_core.progress import Progress
 
 KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 MANIFEST_COLUMNS = ("clip_id", "uri", "caption")
+_log = logging.getLogger(__name__)
 
 
 Embedder = Callable[[list[str]], "np.ndarray | list[np.ndarray]"]
@@ -111,9 +114,11 @@ def embed_captions(captions: list[str], embed: Embedder, batch: int) -> list[np.
     """One (L, D) float32 array per caption: pooled embedders give (N, D) -> L = 1, per-token
     encoders a list of (L_i, D) (ragged) or (N, L, D)."""
     out: list[np.ndarray] = []
+    bar = Progress(len(captions), desc="embedding captions", unit="caption", logger=_log)
     for i in range(0, len(captions), batch):
         part = captions[i : i + batch]
         got = embed(part)
+        bar.update(len(part))
         arrays = [np.asarray(e, dtype=np.float32) for e in got]
         if arrays and all(a.ndim == 1 for a in arrays):
             arrays = [a[None] for a in arrays]  # (1, D): one pooled vector per caption
@@ -130,6 +135,7 @@ def embed_captions(captions: list[str], embed: Embedder, batch: int) -> list[np.
                 f"{len(part)} captions, expected (N, D) or N x (L, D)",
             )
         out.extend(arrays)
+    bar.close()
     return out
 
 
@@ -265,7 +271,11 @@ def write_shards(
     dim = int(embs[0].shape[-1])
 
     sample_rows: list[dict[str, Any]] = []
-    with ShardWriter(out_url, prefix=cfg.prefix, target_bytes=cfg.target_shard_bytes) as writer:
+    bar = Progress(len(rows), desc="writing shards", unit="clip", logger=_log)
+    with (
+        bar,
+        ShardWriter(out_url, prefix=cfg.prefix, target_bytes=cfg.target_shard_bytes) as writer,
+    ):
         for row, key, emb in zip(rows, keys, embs):
             uri = str(row["uri"])
             if base_url and not storage.is_remote(uri) and not os.path.isabs(uri):
@@ -300,6 +310,7 @@ def write_shards(
                     "latent_shape": None if lat is None else list(lat.shape),
                 }
             )
+            bar.update()
     shard_rows = writer.shards
     for r, placed in zip(sample_rows, writer.samples, strict=True):
         r["checksum"] = placed["checksum"]

@@ -23,6 +23,7 @@ the autoregressive family the held-out bits per token (:func:`heldout_bits`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.generate import PREVIEW_FACTORS, load_decoder, sample_latent
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
+from vfm_core.progress import Progress
 from vfm_core.tokenizer.sources import make_source
 
 __all__ = [
@@ -47,6 +49,8 @@ __all__ = [
     "heldout_loss",
     "log_evaluation",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -131,20 +135,30 @@ def _heldout_batches(
 
 @torch.no_grad()
 def heldout_loss(
-    model: torch.nn.Module, cfg: Config, latents: torch.Tensor, text: torch.Tensor, ec: EvalConfig
+    model: torch.nn.Module,
+    cfg: Config,
+    latents: torch.Tensor,
+    text: torch.Tensor,
+    ec: EvalConfig,
+    *,
+    desc: str = "held-out loss",
 ) -> dict[str, float]:
-    """Mean EDM loss per fixed sigma (keys ``loss_sigma_<s>``) and their mean (``heldout_loss``)."""
+    """Mean EDM loss per fixed sigma (keys ``loss_sigma_<s>``) and their mean (``heldout_loss``);
+    ``desc`` names its progress lines."""
     edm = create_diffusion(cfg.diffusion)
     g = torch.Generator().manual_seed(ec.seed)
     noise = torch.randn(latents.shape, generator=g)  # (N, C, T, H, W): same for every checkpoint
     out: dict[str, float] = {}
+    bar = Progress(len(ec.sigmas) * len(latents), desc=desc, unit="sample", logger=_log)
     for s in ec.sigmas:
         total = 0.0
         for i in range(0, len(latents), ec.batch):
             x0, t, e = latents[i : i + ec.batch], text[i : i + ec.batch], noise[i : i + ec.batch]
             sigma = torch.full((len(x0),), float(s))  # (b,)
             total += edm.loss(model, x0, t, sigma=sigma, noise=e).sum().item()
+            bar.update(len(x0))
         out[f"loss_sigma_{s:g}"] = total / len(latents)
+    bar.close()
     out["heldout_loss"] = float(np.mean([out[f"loss_sigma_{s:g}"] for s in ec.sigmas]))
     return out
 
@@ -161,11 +175,14 @@ def heldout_bits(model: torch.nn.Module, cfg: Config, ec: EvalConfig) -> dict[st
         data = dataclasses.replace(data, shards=ec.heldout_shards)
     source = make_source(data, cfg.model)
     total, count = 0.0, 0
+    bar = Progress(ec.loss_samples, desc="held-out loss", unit="sample", logger=_log)
     while count < ec.loss_samples:
         b = source.next_batch()  # token ids (B, T, H, W)
         logits = model(b.token_ids, b.text.float())  # (B, N, V)
         total += next_token_loss(logits, b.token_ids.flatten(1)).item() * b.n_samples
         count += b.n_samples
+        bar.update(b.n_samples)
+    bar.close()
     nats = total / count
     return {
         "heldout_loss": nats,
@@ -214,11 +231,12 @@ def evaluate(
 
     ref_features = _clip_features(decode(ref), ec.frames_per_clip)
 
-    def fd_of(m: torch.nn.Module) -> float:
-        fake = _generate(m, cfg, ec, text[: ec.fd_samples], null, ref.shape)  # (m, C, T, H, W)
+    def fd_of(m: torch.nn.Module, which: str) -> float:
+        desc = f"FD clips ({which})"
+        fake = _generate(m, cfg, ec, text[: ec.fd_samples], null, ref.shape, desc=desc)
         return frechet_distance(_clip_features(decode(fake), ec.frames_per_clip), ref_features)
 
-    metrics["frechet_distance"] = fd_of(model)
+    metrics["frechet_distance"] = fd_of(model, "trained")
     metrics["fd_samples"] = float(len(ref))
     half = len(ref_features) // 2
     if half >= 2:  # what sampling alone gives: the data against itself, half vs half
@@ -230,16 +248,27 @@ def evaluate(
     if follow:
         metrics.update(
             _prompt_following(
-                model, cfg, ec, loaded.text, null, decode, ref.shape[1:], sheet=ec.contact_sheet
+                model,
+                cfg,
+                ec,
+                loaded.text,
+                null,
+                decode,
+                ref.shape[1:],
+                sheet=ec.contact_sheet,
+                which="trained",
             )
         )
     if ec.untrained_baseline:  # the same measures of the run's initialisation: what training won
         init = _untrained(cfg)
-        base = heldout_loss(init, cfg, latents[: ec.loss_samples], text[: ec.loss_samples], ec)
+        lat, txt = latents[: ec.loss_samples], text[: ec.loss_samples]
+        base = heldout_loss(init, cfg, lat, txt, ec, desc="held-out loss (untrained)")
         metrics["untrained_heldout_loss"] = base["heldout_loss"]
-        metrics["untrained_frechet_distance"] = fd_of(init)
+        metrics["untrained_frechet_distance"] = fd_of(init, "untrained")
         if follow:
-            untrained = _prompt_following(init, cfg, ec, loaded.text, null, decode, ref.shape[1:])
+            untrained = _prompt_following(
+                init, cfg, ec, loaded.text, null, decode, ref.shape[1:], which="untrained"
+            )
             metrics.update(
                 {f"untrained_{k}": v for k, v in untrained.items() if k != "prompt_n_scored"}
             )
@@ -262,10 +291,11 @@ def _prompt_following(
     grid: tuple[int, ...],
     *,
     sheet: str = "",
+    which: str = "trained",
 ) -> dict[str, float]:
     """Clips of every vocabulary prompt (fixed noise, the run's latent ``grid`` (C, T, H, W)),
     decoded and read back: ``prompt_*`` accuracies (see :class:`EvalConfig`); a contact sheet
-    of them at ``sheet`` when given."""
+    of them at ``sheet`` when given. ``which`` model it is, in the progress lines."""
     from vfm_core.infer.generate import prompt_encoder, text_condition
     from vfm_core.infer.prompt_follow import score_frames, vocabulary_prompts
 
@@ -277,7 +307,8 @@ def _prompt_following(
             for e in prompt_encoder(record).encode(prompts)
         ]
     )  # (n, L, Dt)
-    latents = _generate(model, cfg, ec, text, null, torch.Size((len(prompts), *grid)))
+    shape = torch.Size((len(prompts), *grid))
+    latents = _generate(model, cfg, ec, text, null, shape, desc=f"prompt following ({which})")
     clips = [to_uint8_frames(v) for v in decode(latents)]  # [(F, H, W, 3)]
     if sheet:
         from vfm_core.video.contact_sheet import contact_sheet
@@ -302,12 +333,16 @@ def _generate(
     text: torch.Tensor,
     null: torch.Tensor,
     shape: torch.Size,
+    *,
+    desc: str = "sampling clips",
 ) -> torch.Tensor:
-    """Latents sampled from fixed noise (seed ``ec.seed + 1``) for ``text``: (m, C, T, H, W)."""
+    """Latents sampled from fixed noise (seed ``ec.seed + 1``) for ``text``: (m, C, T, H, W);
+    ``desc`` names the progress lines."""
     guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
     g = torch.Generator().manual_seed(ec.seed + 1)
     noise = torch.randn(shape, generator=g)  # (m, C, T, H, W)
     out = []
+    bar = Progress(shape[0], desc=desc, unit="clip", logger=_log)
     for i in range(0, shape[0], ec.batch):
         out.append(
             sample_latent(
@@ -320,6 +355,8 @@ def _generate(
                 null_text=null,
             )
         )
+        bar.update(len(out[-1]))
+    bar.close()
     return torch.cat(out)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,13 @@ from vfm_core import storage
 from vfm_core.data.index import DatasetIndex, read_index, write_index
 from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
 from vfm_core.data.shards import ShardWriter, npy_bytes
+from vfm_core.progress import Progress
 from vfm_core.tokenizer.autoencoder import TokenizerShapeError
 from vfm_core.video.io import VideoError, decode_frames
 
 __all__ = ["EncodeShardsResult", "encode_shards"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,11 +74,10 @@ def encode_shards(
     *,
     tokenizer: str | Path,
     overwrite: bool = False,
-    progress: Any = None,
 ) -> EncodeShardsResult:
-    """Write a copy of the shard dataset ``src`` under ``dst`` with latents (module docstring).
-
-    ``progress``: optional callable ``(done, total)`` for logging."""
+    """Write a copy of the shard dataset ``src`` under ``dst`` with latents (module docstring);
+    a progress line every few seconds through :mod:`logging` (:class:`vfm_core.progress.Progress`).
+    """
     import time
 
     from vfm_core.tokenizer import load_tokenizer
@@ -86,8 +89,9 @@ def encode_shards(
     tok = load_tokenizer(tokenizer)
     rows: list[dict[str, Any]] = []
     encoded = 0
+    bar = Progress(len(index), desc="encoding latents", unit="sample", logger=_log)
     # the one shard writer, one output shard per source shard (same names)
-    with ShardWriter(dst, target_bytes=1 << 62) as writer:
+    with bar, ShardWriter(dst, target_bytes=1 << 62) as writer:
         for shard_id, shard in index.shards.iterrows():
             writer.new_shard(str(shard["name"]))
             for i in np.flatnonzero(index.samples["shard"].to_numpy() == shard_id):
@@ -123,8 +127,7 @@ def encode_shards(
                         "placed": placed,
                     }
                 )
-                if progress is not None:
-                    progress(len(rows), len(index))
+                bar.update()
     shard_rows = writer.shards
     rows = [{**r.pop("placed"), **r} for r in rows]  # shard, offset, length, checksum
     samples = pd.DataFrame(rows)[

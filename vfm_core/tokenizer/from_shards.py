@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from vfm_core.config import ConfigError
+from vfm_core.progress import Progress
 from vfm_core.tokenizer.autoencoder import pixels_from_uint8
 from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError, get_tokenizer_config
 from vfm_core.tokenizer.fsq import FSQError, check_levels
@@ -103,11 +105,13 @@ def train_tokenizer_on_shards(
     # decode every clip once and cycle the decoded batches (decoding dominates otherwise); a
     # large dataset is capped at ``max_batches`` of them
     n = min(max_batches, -(-len(read_index(shards)) // batch_size))
-    stream = list(
-        itertools.islice(
-            shard_clips(shards, frames=frames, size=size, batch_size=batch_size, seed=seed), n
-        )
-    )
+    batches = shard_clips(shards, frames=frames, size=size, batch_size=batch_size, seed=seed)
+    stream = []
+    log = logging.getLogger(__name__)
+    with Progress(n, desc="decoding tokenizer clips", unit="batch", logger=log) as bar:
+        for batch in itertools.islice(batches, n):
+            stream.append(batch)
+            bar.update()
     try:
         held = list(
             itertools.islice(

@@ -14,8 +14,8 @@ constant velocity over linear colour gradients (the real video decoder lives in 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from vfm_core.progress import Progress
 from vfm_core.tokenizer.autoencoder import (
     CausalVideoAutoencoder,
     compute_latent_stats,
@@ -40,6 +40,8 @@ __all__ = [
     "synthetic_clips",
     "train_tokenizer",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 def synthetic_clips(
@@ -210,7 +212,9 @@ def train_tokenizer(
     is re-iterable (a list); a one-shot iterator ends training early when exhausted.
     ``held_out``: clips for PSNR after training. ``stats_batches``: batches of ``clips`` used for
     the latent mean/std. ``out_dir``: write ``tokenizer.safetensors`` + ``config.json`` there.
-    ``progress``: tqdm bar (None = only when stderr is a terminal). ``max_seconds``: stop early
+    ``progress``: a tqdm bar when stderr is a terminal (None: whenever it is one); otherwise, and
+    with ``False``, a progress line through :mod:`logging` every few seconds
+    (:class:`vfm_core.progress.Progress`). ``max_seconds``: stop early
     after this much training time (for time-boxed benchmarks).
     """
     if steps < 1:
@@ -221,11 +225,12 @@ def train_tokenizer(
     gen = torch.Generator().manual_seed(seed + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, warmup))
-    show = sys.stderr.isatty() if progress is None else progress
     metrics = TokenizerTrainMetrics(steps=0)
     frames = 0
     t0 = time.perf_counter()
-    bar = tqdm(total=steps, desc="tokenizer", unit="step", disable=not show, dynamic_ncols=True)
+    bar = Progress(
+        steps, desc="tokenizer training", unit="step", bar=progress is not False, logger=_log
+    )
     for x in itertools.islice(_batches(clips), steps):
         out = model(x, generator=gen)
         err = out.recon - x  # (B, 3, T, H, W)
@@ -240,8 +245,7 @@ def train_tokenizer(
         metrics.losses.append(loss.item())
         metrics.steps += 1
         frames += x.shape[0] * x.shape[2]
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics.losses[-1]:.4f}", refresh=False)
+        bar.update(note=f"loss {metrics.losses[-1]:.4f}")
         if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
             break
     bar.close()

@@ -185,6 +185,7 @@ def _train(
                     STAGE_TAG: "train",
                     LAYOUT_TAG: layout_label(degrees, trainer.world),
                 },
+                system_metrics=cfg.tracking.system_metrics,
             )
             mlf.log_params(
                 {

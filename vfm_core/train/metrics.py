@@ -9,6 +9,7 @@ Metric keys are one vocabulary everywhere: ``loss``, ``grad_norm``, ``lr``, ``to
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -143,7 +144,9 @@ class MLflowLogger:
     $MLFLOW_RUN_ID (set by a flow that created the run), or a new run. A resumed run whose MLflow
     run is not in the current store (the run started against a tracking server that is gone) goes
     on in $MLFLOW_RUN_ID's run or a new one, tagged ``vfm.previous_run_id`` with the old id, and
-    says so in one warning line."""
+    says so in one warning line. ``system_metrics``: the machine's CPU, memory, disk, network
+    (and GPU) use logged as ``system/...`` metrics by MLflow's monitor thread while the run is
+    open (every $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL s, default 10; needs psutil)."""
 
     def __init__(
         self,
@@ -152,6 +155,7 @@ class MLflowLogger:
         run_id: str | None = None,
         tags: dict | None = None,
         name: str | None = None,
+        system_metrics: bool = False,
     ):
         import mlflow
 
@@ -178,6 +182,9 @@ class MLflowLogger:
             )
         self.client.update_run(self.run_id, status="RUNNING")
         self.ui_hint = ui_hint(cfg)
+        self.monitor = None
+        if system_metrics:
+            self.monitor = _system_metrics_monitor(self.run_id, tracking_uri(cfg))
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -202,7 +209,26 @@ class MLflowLogger:
         self.client.set_tag(self.run_id, key, value)
 
     def close(self, status: str = "FINISHED") -> None:
+        if self.monitor is not None:  # its last samples written before the run ends
+            self.monitor.finish()
+            self.monitor = None
         self.client.set_terminated(self.run_id, status=status)
+
+
+def _system_metrics_monitor(run_id: str, uri: str):
+    """MLflow's system-metrics thread for ``run_id``, started (None, with one warning line,
+    where psutil is missing); its "started / stopping" INFO lines are left out."""
+    try:
+        import psutil  # noqa: F401  (the monitors need it; mlflow does not depend on it)
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError as e:
+        print(f"warning: no system metrics for MLflow run {run_id} ({e})", file=sys.stderr)
+        return None
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+    # a resumed run goes on after its last system/ step
+    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=uri)
+    monitor.start()
+    return monitor
 
 
 def fit_and_close(

@@ -1,0 +1,121 @@
+"""vfm_core.progress: one line per ``every_s`` seconds at most and one at the end, through
+logging; the flows' Prefect logging names the library's logger."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import types
+
+import pytest
+
+from vfm_core import infra_env
+from vfm_core.progress import Progress, format_duration
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "vfm_core.progress"]
+
+
+def test_lines_are_rate_limited_and_the_end_is_logged(caplog):
+    clock = Clock()
+    caplog.set_level(logging.INFO, logger="vfm_core")
+    with Progress(100, desc="work", unit="clip", every_s=10, clock=clock) as bar:
+        for _ in range(99):
+            clock.t += 0.5  # 2 units a second: a line at 10 s, 20 s, ... (not one per unit)
+            bar.update()
+    lines = _lines(caplog)
+    assert len(lines) == 4 + 1, lines  # 10, 20, 30, 40 s, then the end (49.5 s)
+    assert lines[0] == "work: 20/100 clips (20%), 10 s, 2 clip/s, about 40 s left"
+    assert lines[-1].startswith("work: 99/100 clips (99%), 50 s, 2 clip/s")
+
+
+def test_the_last_unit_logs_once_at_once(caplog):
+    clock = Clock()
+    caplog.set_level(logging.INFO, logger="vfm_core")
+    bar = Progress(3, desc="steps", unit="step", every_s=10, clock=clock)
+    clock.t = 1.0
+    bar.update(2, note="loss 0.5")
+    assert _lines(caplog) == []  # 1 s < 10 s
+    clock.t = 2.0
+    bar.update(note="loss 0.25")
+    bar.close()
+    assert _lines(caplog) == ["steps: 3/3 steps (100%), 2 s, 1.5 step/s, about 0 s left, loss 0.25"]
+
+
+def test_delay_keeps_a_short_loop_quiet(caplog):
+    clock = Clock()
+    caplog.set_level(logging.INFO, logger="vfm_core")
+    with Progress(5, desc="short", delay_s=3, every_s=1, clock=clock) as bar:
+        for _ in range(5):
+            clock.t += 0.5
+            bar.update()
+    assert _lines(caplog) == []
+    with Progress(None, desc="open-ended", unit="batch", delay_s=3, every_s=1, clock=clock) as bar:
+        for _ in range(10):
+            clock.t += 0.5
+            bar.update()
+    assert _lines(caplog)[-1] == "open-ended: 10 batches, 5 s, 2 batch/s"
+
+
+def test_every_s_from_the_environment_and_disabled(monkeypatch, caplog):
+    monkeypatch.setenv("VFM_PROGRESS_EVERY_S", "0.5")
+    assert Progress(4, desc="x").every == 0.5
+    caplog.set_level(logging.INFO, logger="vfm_core")
+    with Progress(4, desc="off", enabled=False) as bar:
+        bar.update(4)
+    assert _lines(caplog) == []
+
+
+def test_file_sink_and_named_logger(caplog):
+    clock = Clock()
+    out = io.StringIO()
+    with Progress(2, desc="gen", unit="call", file=out, clock=clock) as bar:
+        clock.t = 4
+        bar.update(2)
+    assert out.getvalue() == "gen: 2/2 calls (100%), 4 s, 0.5 call/s, about 0 s left\n"
+    caplog.set_level(logging.INFO, logger="vfm_core")
+    with Progress(1, desc="mine", logger=logging.getLogger("vfm_core.data.x")) as bar:
+        bar.update()
+    assert [r.name for r in caplog.records] == ["vfm_core.data.x"]
+
+
+@pytest.mark.parametrize(
+    "s, text", [(0.4, "0 s"), (59, "59 s"), (200, "3 min 20 s"), (7500, "2 h 05 min")]
+)
+def test_format_duration(s, text):
+    assert format_duration(s) == text
+
+
+def test_prefect_logs_library_keeps_the_users_loggers(monkeypatch):
+    monkeypatch.setenv(infra_env.EXTRA_LOGGERS, "mylib, other")
+    infra_env.prefect_logs_library()
+    assert infra_env.os.environ[infra_env.EXTRA_LOGGERS] == "mylib,other,vfm_core"
+    infra_env.prefect_logs_library()  # once
+    assert infra_env.os.environ[infra_env.EXTRA_LOGGERS] == "mylib,other,vfm_core"
+    assert logging.getLogger("vfm_core").getEffectiveLevel() <= logging.INFO
+
+
+def test_prefect_imported_first_gets_its_api_handler_on_the_library(monkeypatch):
+    """A worker's flow-run process imports prefect before the flows package: the handler that
+    prefect's setup_logging gives its extra loggers is attached afterwards, once."""
+    if "prefect" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "prefect", types.ModuleType("prefect"))
+    monkeypatch.delenv(infra_env.EXTRA_LOGGERS, raising=False)
+    lib = logging.getLogger("vfm_core")
+    api = logging.Handler()
+    extra = logging.getLogger("prefect.extra")
+    monkeypatch.setattr(extra, "handlers", [api])
+    monkeypatch.setattr(lib, "handlers", [])
+    infra_env.prefect_logs_library()
+    infra_env.prefect_logs_library()
+    assert lib.handlers == [api]

@@ -1,0 +1,21 @@
+"""Tokenizer training says how far it is, also with ``progress=False`` (no bar: what the
+pipeline's tokenizer task passes): progress lines with the loss, through logging."""
+
+from __future__ import annotations
+
+import logging
+
+from vfm_core.tokenizer.config import TokenizerConfig
+from vfm_core.tokenizer.train import synthetic_clips, train_tokenizer
+
+
+def test_tokenizer_training_logs_progress(caplog, monkeypatch):
+    monkeypatch.setenv("VFM_PROGRESS_EVERY_S", "0")
+    caplog.set_level(logging.INFO, logger="vfm_core")
+    clips = [synthetic_clips(2, frames=5, size=16, seed=i) for i in range(2)]
+    train_tokenizer(TokenizerConfig(), clips, steps=4, progress=False)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vfm_core.tokenizer.train"]
+    assert [ln.split(",")[0] for ln in lines] == [
+        f"tokenizer training: {i}/4 step{'s' * (i > 1)} ({i / 4:.0%})" for i in range(1, 5)
+    ]
+    assert " step/s, about " in lines[-1] and "loss " in lines[-1]
