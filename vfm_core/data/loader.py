@@ -291,7 +291,9 @@ class ShardLoader:
             from vfm_core.video.io import VideoError, decode_frames
 
             try:
-                frames = decode_frames(io.BytesIO(s.mp4))  # (T, H, W, 3) uint8
+                # slice threads only: frame threading's start-up costs more than a short training
+                # clip's decode (measured ~1.8x samples/s, benchmarks/peers.py loader row)
+                frames = decode_frames(io.BytesIO(s.mp4), threads="SLICE")  # (T, H, W, 3) uint8
             except VideoError as e:
                 raise SampleError(
                     f"{where} sample {key}", f"clip does not decode ({e.reason})"

@@ -29,14 +29,14 @@ def clip_grad_norm(
     """
     world = dist.get_world_size()
     total = torch.zeros((), dtype=torch.float64)
-    grads = []
+    grads: list[torch.Tensor] = []  # the local pieces
+    by_weight: dict[float, list[torch.Tensor]] = {}
     modules = [model] if isinstance(model, nn.Module) else list(model)
     named = [item for m in modules for item in m.named_parameters()]
     for name, p in named:
         g = p.grad
         if g is None:
             continue
-        grads.append(g)
         shards = 1
         if isinstance(g, DTensor):
             for i, pl in enumerate(g.placements):
@@ -44,13 +44,20 @@ def clip_grad_norm(
                     shards *= g.device_mesh.size(i)
             g = g.to_local()
         parts = holders(name) if holders is not None else 1
-        total += g.double().square().sum().cpu() * shards * parts / world
+        grads.append(g)
+        by_weight.setdefault(shards * parts / world, []).append(g)
+    for weight, pieces in by_weight.items():  # one fused norm kernel per group, not per tensor
+        norms = torch._foreach_norm(pieces, 2, dtype=torch.float32)  # [()] per piece
+        total += torch.stack(norms).double().square().sum().cpu() * weight
     device = grads[0].device if grads else torch.device("cpu")
     total = total.to(device)
     dist.all_reduce(total)
     norm = total.sqrt()
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    if torch.isfinite(norm):
+    if torch.isfinite(norm) and grads:
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
         for g in grads:
-            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+            by_kind.setdefault((g.device, g.dtype), []).append(g)
+        for (dev, dtype), pieces in by_kind.items():
+            torch._foreach_mul_(pieces, coef.to(dev, dtype))
     return norm.float()

@@ -104,7 +104,7 @@ def encode_shards(
                 latent = s.latent
                 if latent is None or overwrite:
                     try:
-                        frames = decode_frames(io.BytesIO(s.mp4))  # (F, H, W, 3)
+                        frames = decode_frames(io.BytesIO(s.mp4), threads="SLICE")  # (F, H, W, 3)
                     except VideoError as e:
                         raise ShardError(where, f"cannot decode the clip ({e})") from None
                     latent = encode_clip(tok, frames, where=where)

@@ -13,8 +13,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from vfm_core.config import OptimConfig
+
+_IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
+"""Parameter-group keys that say how the update runs, not what it computes: never restored."""
 
 
 def lr_lambda(optim: OptimConfig, total_steps: int):
@@ -37,10 +41,13 @@ def lr_lambda(optim: OptimConfig, total_steps: int):
 def build_optimizer(
     params: Iterable[torch.nn.Parameter], o: OptimConfig, total_steps: int
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``params`` and its warm-up / decay schedule (not ``foreach``: the parameters
-    may live on different meshes, FSDP and TP, or none; same math either way)."""
+    """AdamW over ``params`` and its warm-up / decay schedule. Plain tensors (one process, or
+    replicated data parallelism) update in one ``foreach`` pass; DTensors (FSDP, TP: possibly on
+    different meshes) one tensor at a time. Same math either way."""
+    params = list(params)
+    foreach = not any(isinstance(p, DTensor) for p in params)
     opt = torch.optim.AdamW(
-        list(params), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=False
+        params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=foreach
     )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, total_steps))
 
@@ -66,7 +73,11 @@ def load_optimizer_state(
     missing = [n for n in names if n not in saved]
     if missing:
         raise KeyError(f"optimizer state lacks {missing[0]} (and {len(missing) - 1} more)")
+    # hyper-parameters from the checkpoint; how the update runs (foreach, fused, ...) from ``opt``
     hyper = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
+    for k in _IMPLEMENTATION:
+        if k in opt.param_groups[0]:
+            hyper[k] = opt.param_groups[0][k]
     if "betas" in hyper:
         hyper["betas"] = tuple(hyper["betas"])
     seen: set[str] = set()

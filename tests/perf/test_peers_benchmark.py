@@ -1,0 +1,44 @@
+"""benchmarks/peers.py: a tiny DiT row against a local facebookresearch/DiT checkout (where one
+exists), and the one-line skip of every comparison whose checkout is not given."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "peers.py"
+DIT_REPO = Path("/tmp/peers/facebookresearch+DiT")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+
+
+def test_skips_each_comparison_without_its_checkout_in_one_line():
+    r = run("--only", "ar")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["skipped: AR vs karpathy/nanoGPT (no --nanogpt-repo)"]
+
+
+def test_tiny_dit_row_against_the_reference_checkout():
+    if not (DIT_REPO / "models.py").is_file():
+        pytest.skip(f"no facebookresearch/DiT checkout at {DIT_REPO}")
+    r = run(*"--rounds 1 --steps 1 --warmup 0 --width 64 --only dit --json".split(),
+            "--dit-repo", str(DIT_REPO))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout[r.stdout.index("{") :])
+    rows = {row["row"]: row for row in out["rows"]}
+    assert set(rows) == {"DiT plain loop", "DiT trainer vs peer loop", "vfm trainer / plain"}
+    peer = out["contestants"]["facebookresearch/DiT"]
+    # forward + backward of 4 blocks of 18 D^2 weights at D = 64: 6 * 295k = 1.8 MFLOP per token
+    assert 1.5e6 < peer["flops_per_unit"] < 3e6 and peer["rate"] > 0
+    for row in rows.values():
+        assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
+    assert len(peer["top_ops"]) == 5 and all(o["op"].startswith("aten::") for o in peer["top_ops"])
