@@ -30,10 +30,11 @@ def generate_video(
     tokenizer: str | None = None,
     nproc: int = 1,
 ) -> dict[str, Any]:
-    """One video for ``prompt`` (:func:`vfm_core.infer.generate.generate_request`: in this process,
+    """One video for ``prompt`` (:func:`vfm_core.infer.run.generate_request`: in this process,
     or ``nproc`` context-parallel ranks through the one launcher, their output logged); returns
     its result (paths, shapes, timings). Bad input fails the task with its one-line message."""
-    from vfm_core.infer.generate import GenerateRequest, generate_request
+    from vfm_core.infer.generate import GenerateRequest
+    from vfm_core.infer.run import generate_request
     from vfm_core.infer.shapes import parse_size
 
     logger = task_logger()

@@ -16,13 +16,8 @@ from conftest import PROMPT
 from vfm_core.cli import main as vfm_main
 from vfm_core.infer.args import add_generate_args, request_from_args
 from vfm_core.infer.budget import GenerateBounds
-from vfm_core.infer.generate import (
-    GenerateRequest,
-    generate_request,
-    rank_args,
-    read_result,
-    result_path,
-)
+from vfm_core.infer.generate import GenerateRequest, read_result, result_path
+from vfm_core.infer.run import generate_request, rank_args
 from vfm_core.infer.shapes import GenerateError
 from vfm_core.train import launch
 from vfm_core.train.launch import LaunchError, run_launch

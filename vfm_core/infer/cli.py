@@ -11,7 +11,7 @@ memory and time are estimated from the run's config (:mod:`vfm_core.infer.budget
 over a bound is refused in one line (``--force`` runs it anyway, with a warning).
 
 A thin wrapper: the flags become a :class:`~vfm_core.infer.request.GenerateRequest` and
-:func:`vfm_core.infer.generate.generate_request` (what the Prefect generation task calls too) does
+:func:`vfm_core.infer.run.generate_request` (what the Prefect generation task calls too) does
 the work. ``--nproc 1`` (default) runs in this process. ``--nproc N`` embeds the prompt here (the
 text model loads once), then launches ``torchrun --standalone --nproc-per-node N -m
 vfm_core.infer.main`` (:func:`vfm_core.train.launch.launch_generation`) so N context-parallel
@@ -56,7 +56,7 @@ def _report(result: dict, as_json: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``vfm generate``; user errors raise GenerateError / CheckpointError (exit 2 upstream),
     failed ranks exit with their code (their own error line is on the terminal)."""
-    from vfm_core.infer.generate import generate_request
+    from vfm_core.infer.run import generate_request
     from vfm_core.train.launch import LaunchError
 
     request = request_from_args(args)

@@ -1,0 +1,120 @@
+"""The library's one entry for a generation request: what ``vfm generate`` and the Prefect
+generation task call (:func:`generate_request`), and the flags it hands to ``nproc`` ranks
+(:func:`rank_args`). The generation itself is :func:`vfm_core.infer.generate.generate`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from vfm_core.infer.generate import (
+    GenerateRequest,
+    GenerateResult,
+    embed_prompt,
+    generate,
+    read_result,
+    result_path,
+)
+from vfm_core.infer.request import ar_prompt_ids, check_guidance, check_prompt
+from vfm_core.infer.shapes import GenerateError
+from vfm_core.infer.video_out import check_writable
+
+
+def generate_request(
+    checkpoint: str | Path,
+    request: GenerateRequest,
+    out: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> GenerateResult:
+    """Generate one video for ``request`` from the run at ``checkpoint`` on ``nproc``
+    context-parallel ranks: what ``vfm generate`` and the Prefect generation task call.
+
+    The cheap checks come first, before the text model, the weights or any rank: prompt,
+    guidance, ``nproc``, that ``out`` can be written, the run's config, then the plan and its
+    estimated memory and time against ``request.bounds`` (:func:`~vfm_core.infer.request.
+    preflight`); an autoregressive run's token prompt is read and checked here too. The prompt is
+    embedded once (the text model loads here, not on every rank); ``nproc`` 1 then runs
+    :func:`generate` in this process, ``nproc`` N starts N ranks through the one launcher
+    (:func:`vfm_core.train.launch.launch_generation`; ``env``, ``on_line`` as there) and reads
+    their result from ``OUT.result.json``. Bad input raises a :class:`~vfm_core.errors.UserError`
+    (GenerateError, CheckpointError); ranks that fail raise
+    :class:`~vfm_core.train.launch.LaunchError`."""
+    import tempfile
+
+    from vfm_core.config import ConfigError, load_yaml, validate
+    from vfm_core.infer.dit_checkpoint import read_text_record, resolve_checkpoint
+    from vfm_core.infer.request import preflight
+    from vfm_core.train.checkpoint import CheckpointError
+    from vfm_core.train.launch import LaunchError, launch_generation
+
+    # cheap checks first, before the text model, the weights and the ranks are loaded/started
+    check_prompt(request.prompt)
+    if request.guidance is not None:
+        check_guidance(request.guidance)
+    if nproc < 1:
+        raise GenerateError(f"--nproc: must be >= 1, got {nproc}")
+    check_writable(out)
+    run_dir, _ = resolve_checkpoint(checkpoint, check=False)  # verified when loaded
+    try:
+        cfg = validate(load_yaml(run_dir / "config.yaml"))
+    except ConfigError as e:
+        raise CheckpointError(f"--checkpoint {run_dir}: {e}") from None
+    # the plan and its estimated memory / time against the bounds, from the config alone
+    preflight(cfg, request, tokenizer=tokenizer, world=nproc)
+    ids = None  # an autoregressive run's token prompt (K, h, w), read and checked here
+    if request.prompt_tokens or request.prompt_video:
+        ids = ar_prompt_ids(cfg, request, tokenizer=tokenizer)
+    # (l, Dt) as the run's captions were embedded (RUN/text.json); empty prompt -> GenerateError
+    emb = embed_prompt(request.prompt, record=read_text_record(run_dir))
+    with tempfile.TemporaryDirectory(prefix="vfm-generate-") as tmp:
+        emb_path, ids_path = Path(tmp) / "prompt.npy", Path(tmp) / "prompt.tokens.npy"
+        if ids is not None:  # the checked ids go on as the prompt (a video is encoded once)
+            np.save(ids_path, ids, allow_pickle=False)
+            request = replace(request, prompt_tokens=str(ids_path), prompt_video=None)
+        if nproc == 1:
+            return generate(checkpoint, request, out, tokenizer=tokenizer, text_emb=emb)
+        np.save(emb_path, emb, allow_pickle=False)
+        args = rank_args(checkpoint, request, out, text_emb=emb_path, tokenizer=tokenizer)
+        res = launch_generation(nproc, args, result=result_path(out), env=env, on_line=on_line)
+    if res.returncode != 0:
+        raise LaunchError(f"{nproc} ranks", res.returncode, res.error_line())
+    if res.summary is None:
+        raise LaunchError(f"{nproc} ranks", 1, f"no {result_path(out)} written")
+    return read_result(result_path(out))
+
+
+def rank_args(
+    checkpoint: str | Path,
+    request: GenerateRequest,
+    out: str | Path,
+    *,
+    text_emb: str | Path,
+    tokenizer: str | Path | None = None,
+) -> list[str]:
+    """The flags of :mod:`vfm_core.infer.main` for ``request`` (every rank parses the same):
+    ``text_emb``, the prompt's embedding (l, Dt) .npy written by the launcher."""
+    r, b = request, request.bounds
+    argv = ["--checkpoint", str(checkpoint), "--prompt", r.prompt]
+    argv += ["--frames", str(r.frames), "--size", f"{r.height}x{r.width}", "--seed", str(r.seed)]
+    argv += ["--out", str(out), "--fps", str(r.fps), "--text-emb", str(text_emb)]
+    argv += ["--temperature", repr(r.temperature), "--top-k", str(r.top_k)]
+    argv += ["--top-p", repr(r.top_p), "--max-minutes", repr(b.max_minutes)]
+    if r.prompt_tokens is not None:  # the checked ids (K, h, w) of an autoregressive run
+        argv += ["--prompt-tokens", r.prompt_tokens, "--prompt-frames", str(r.prompt_frames)]
+    for flag, value in (
+        ("--steps", r.steps),
+        ("--guidance", r.guidance),
+        ("--tokenizer", tokenizer),
+        ("--max-memory-gib", b.max_memory_gib),
+        ("--device-tflops", b.device_tflops),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + (["--no-gif"] if not r.gif else []) + (["--force"] if b.force else [])
