@@ -89,8 +89,9 @@ def timm_standin() -> types.ModuleType:
             return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
 
     class Attention(nn.Module):
-        def __init__(self, dim, num_heads=8, qkv_bias=False, proj_bias=True, attn_drop=0.0,
-                     proj_drop=0.0):  # fmt: skip
+        def __init__(
+            self, dim, num_heads=8, qkv_bias=False, proj_bias=True, attn_drop=0.0, proj_drop=0.0
+        ):
             super().__init__()
             self.num_heads, self.head_dim = num_heads, dim // num_heads
             self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
@@ -107,8 +108,15 @@ def timm_standin() -> types.ModuleType:
             return self.proj_drop(self.proj(x.transpose(1, 2).reshape(b, n, c)))  # (B, N, C)
 
     class Mlp(nn.Module):
-        def __init__(self, in_features, hidden_features=None, out_features=None,
-                     act_layer=nn.GELU, bias=True, drop=0.0):  # fmt: skip
+        def __init__(
+            self,
+            in_features,
+            hidden_features=None,
+            out_features=None,
+            act_layer=nn.GELU,
+            bias=True,
+            drop=0.0,
+        ):
             super().__init__()
             hidden, out = hidden_features or in_features, out_features or in_features
             self.fc1 = nn.Linear(in_features, hidden, bias=bias)
@@ -220,8 +228,16 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
         Contestant(name="vfm DiT trainer", step=lambda: trainer.train_step(batch), units=tokens)
     )
     if dit_mod is not None:
-        peer = dit_mod.DiT(input_size=32, patch_size=2, in_channels=4, hidden_size=w, depth=4,
-                           num_heads=w // 64, learn_sigma=False, num_classes=1000)  # fmt: skip
+        peer = dit_mod.DiT(
+            input_size=32,
+            patch_size=2,
+            in_channels=4,
+            hidden_size=w,
+            depth=4,
+            num_heads=w // 64,
+            learn_sigma=False,
+            num_classes=1000,
+        )
         px = torch.randn(b, 4, 32, 32, generator=g)  # (B, C, H, W)
         t, y = torch.randint(0, 1000, (b,), generator=g), torch.randint(0, 1000, (b,), generator=g)
         ptarget = torch.randn(b, 4, 32, 32, generator=g)
@@ -258,8 +274,15 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
             units=b * n,
         )
     ]
-    conf = gpt_mod.GPTConfig(block_size=n, vocab_size=m.vocab_size, n_layer=4, n_head=heads,
-                             n_embd=w, dropout=0.0, bias=False)  # fmt: skip
+    conf = gpt_mod.GPTConfig(
+        block_size=n,
+        vocab_size=m.vocab_size,
+        n_layer=4,
+        n_head=heads,
+        n_embd=w,
+        dropout=0.0,
+        bias=False,
+    )
     with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
         gpt = gpt_mod.GPT(conf)
         opt = gpt.configure_optimizers(

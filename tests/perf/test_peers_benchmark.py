@@ -30,8 +30,11 @@ def test_skips_each_comparison_without_its_checkout_in_one_line():
 def test_tiny_dit_row_against_the_reference_checkout():
     if not (DIT_REPO / "models.py").is_file():
         pytest.skip(f"no facebookresearch/DiT checkout at {DIT_REPO}")
-    r = run(*"--rounds 1 --steps 1 --warmup 0 --width 64 --only dit --json".split(),
-            "--dit-repo", str(DIT_REPO))  # fmt: skip
+    r = run(
+        *"--rounds 1 --steps 1 --warmup 0 --width 64 --only dit --json".split(),
+        "--dit-repo",
+        str(DIT_REPO),
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout[r.stdout.index("{") :])
     rows = {row["row"]: row for row in out["rows"]}

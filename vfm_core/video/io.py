@@ -28,6 +28,8 @@ from typing import IO, Literal
 import av
 import numpy as np
 
+from vfm_core.errors import UserError
+
 Source = str | os.PathLike[str] | IO[bytes]
 """A local path or a readable binary file object (seekable for MP4)."""
 
@@ -64,7 +66,7 @@ DECODE_TIMEOUT = DecodeTimeout()
 """The limit every decode of this module uses unless given ``timeout_s`` (read at call time)."""
 
 
-class VideoError(Exception):
+class VideoError(UserError):
     """A video that cannot be used, with the source and a short reason (for reject manifests)."""
 
     def __init__(self, path: object, reason: str) -> None:
