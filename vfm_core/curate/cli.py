@@ -121,11 +121,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     cu.add_argument(
         "--semdedup",
-        type=float,
+        type=_cosine_or_auto,
+        nargs="?",
+        const="auto",
         default=None,
         metavar="COSINE",
-        help="remove near-duplicate clips at this embedding cosine similarity "
-        "(SemDeDup, e.g. 0.95; default: off)",
+        help="remove near-duplicate clips at this embedding cosine similarity (SemDeDup); "
+        "without a value: the threshold calibrated for the colour embedding (0.995); "
+        "with --image-model give the one measured for the model (default: off)",
     )
     cu.add_argument(
         "--recaption",
@@ -136,6 +139,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cu.add_argument("--json", action="store_true", help="print the summary as JSON")
     cu.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return cu
+
+
+def _cosine_or_auto(text: str) -> float | str:
+    return text if text == "auto" else float(text)
 
 
 def _positive(name: str, v: float | None, *, zero_ok: bool = False) -> None:
@@ -169,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     from vfm_core.curate.config import CurateConfig
     from vfm_core.curate.executors import RayClusterError, RayExecutor
     from vfm_core.curate.pipeline import curate
-    from vfm_core.curate.semdedup import SemDedupConfig
+    from vfm_core.curate.semdedup import SemDedupConfig, default_threshold
     from vfm_core.storage import StorageError
     from vfm_core.video.transcode import EncoderError, select_encoder
 
@@ -189,7 +196,11 @@ def run(args: argparse.Namespace) -> int:
             vlm=args.vlm,
             image_model=args.image_model,
             encoder=args.encoder,
-            semdedup=SemDedupConfig(threshold=args.semdedup),
+            semdedup=SemDedupConfig(
+                threshold=default_threshold(args.image_model)
+                if args.semdedup == "auto"
+                else args.semdedup
+            ),
         )
         select_encoder(cfg.encoder, setting="--encoder")  # fail before any work
         if args.ray_address and args.executor != "ray":

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from vfm_core.annotate.filters import FilterConfig
 from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.video.io import MAX_PIXELS
+from vfm_core.video.quality import PictureConfig
 from vfm_core.video.shots import (
     ColorChangeSplitter,
     FixedStrideSplitter,
@@ -66,6 +67,8 @@ class CurateConfig:
     """H.264 encoder: auto = h264_nvenc where it opens here (GPU build + GPU), else libx264."""
     filters: FilterConfig = field(default_factory=FilterConfig)
     """Filter thresholds."""
+    picture: PictureConfig = field(default_factory=PictureConfig)
+    """Black-bar crop and the blockiness filter, decided per span before it is encoded."""
     embed_frames: int = 4
     """Frames averaged into a clip embedding."""
     image_model: str | None = None
@@ -83,6 +86,7 @@ class CurateConfig:
         d = dataclasses.asdict(self)
         for k in ("filters", "embed_frames", "image_model", "vlm", "require_caption", "semdedup"):
             d.pop(k)
+        d["picture"].pop("max_blockiness")  # a filter: it never changes a written clip
         return json.dumps(d, sort_keys=True)
 
     def settings_hash(self) -> str:
@@ -126,6 +130,12 @@ class CurateConfig:
             if bad:
                 raise ValueError(f"CurateConfig.filters: unknown setting(s) {bad}")
             d["filters"] = FilterConfig(**d["filters"])
+        if isinstance(d.get("picture"), dict):
+            pnames = {f.name for f in dataclasses.fields(PictureConfig)}
+            bad = sorted(set(d["picture"]) - pnames)
+            if bad:
+                raise ValueError(f"CurateConfig.picture: unknown setting(s) {bad}")
+            d["picture"] = PictureConfig(**d["picture"])
         if isinstance(d.get("semdedup"), dict):
             snames = {f.name for f in dataclasses.fields(SemDedupConfig)}
             bad = sorted(set(d["semdedup"]) - snames)

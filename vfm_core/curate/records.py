@@ -100,6 +100,14 @@ class ClipTask:
     fps: float
     n_frames: int
     duration_s: float
+    crop_x: int = 0
+    """The source box the clip shows (upright source pixels): the picture inside black bars."""
+    crop_y: int = 0
+    crop_w: int = 0
+    """Box width (0 in items from before crops were recorded: the whole frame)."""
+    crop_h: int = 0
+    blockiness: float = 0.0
+    """Compression blocking of the span's source pictures (`vfm_core.video.quality`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -143,6 +151,11 @@ class AnnotatedClip:
             "fps": c.fps,
             "n_frames": c.n_frames,
             "duration_s": c.duration_s,
+            "crop_x": c.crop_x,
+            "crop_y": c.crop_y,
+            "crop_w": c.crop_w,
+            "crop_h": c.crop_h,
+            "blockiness": c.blockiness,
             "caption": self.caption,
             "caption_source": self.caption_source,
             "motion": self.motion,

@@ -47,6 +47,7 @@ from vfm_core.curate.records import (
     VideoRef,
 )
 from vfm_core.video.io import VideoError, decode_frames, not_regular, probe
+from vfm_core.video.quality import PictureReport, inspect_span
 from vfm_core.video.shots import DroppedSpan, Segmentation
 from vfm_core.video.stitch import stitch
 from vfm_core.video.transcode import select_encoder, transcode_span
@@ -223,6 +224,9 @@ def _no_shot_reason(seg: Segmentation, v: ProbedVideo, min_len_s: float) -> str:
         n = len(short)
         return f"{head}: all {n} shot(s) shorter (longest {longest:.2f} s; {tail})"
     kinds = sorted({d.reason for d in seg.dropped})
+    black = sum(d.duration_s for d in seg.dropped if d.reason.startswith("black"))
+    if seg.dropped and black >= 0.9 * sum(d.duration_s for d in seg.dropped):
+        return f"entirely black: no picture ({tail}; {', '.join(kinds)})"
     return f"{head} ({tail}; {', '.join(kinds) or 'no frames'})"
 
 
@@ -312,6 +316,14 @@ class TranscodeStage(_MapStage):
         if self._encoder is None:
             self.setup()
         v, cfg = item.video, self.cfg
+        src = _local_video(v, self.work_dir)
+        look = self._inspect(item, src)
+        unfit = unfit_reason(look, cfg)
+        if unfit is not None:  # decided before encoding: no work spent on the span
+            return [_span_reject(item, stage="filter", reason=unfit)]
+        up_w, up_h = (v.height, v.width) if (v.rotation // 90) % 2 else (v.width, v.height)
+        crop = look.crop if look is not None else None
+        box = None if crop is None or crop.is_full(up_w, up_h) else crop
         cid = clip_id_of(v.video_id, item.start_frame, item.end_frame, cfg.clip_settings())
         uri = storage.join(self.dst, "clips", f"{cid}.mp4")
         remote = storage.is_remote(uri)
@@ -320,7 +332,7 @@ class TranscodeStage(_MapStage):
         tmp = final.with_name(f".{cid}.{os.getpid()}.part.mp4")
         try:
             r = transcode_span(
-                _local_video(v, self.work_dir),
+                src,
                 tmp,
                 item.start_s,
                 item.end_s,
@@ -331,6 +343,7 @@ class TranscodeStage(_MapStage):
                 crf=cfg.crf,
                 preset=cfg.preset,
                 encoder=self._encoder,
+                crop=None if box is None else (box.x, box.y, box.w, box.h),
             )
             os.replace(tmp, final)
         finally:
@@ -351,8 +364,69 @@ class TranscodeStage(_MapStage):
                 fps=r.fps,
                 n_frames=r.n_frames,
                 duration_s=r.duration_s,
+                crop_x=crop.x if crop else 0,
+                crop_y=crop.y if crop else 0,
+                crop_w=crop.w if crop else up_w,
+                crop_h=crop.h if crop else up_h,
+                blockiness=look.blockiness if look is not None else 0.0,
             )
         ]
+
+    def _inspect(self, item: SpanTask, src: str) -> PictureReport | None:
+        """Bars and blockiness of the span's source pictures (None when both are off)."""
+        pic, v = self.cfg.picture, item.video
+        if not pic.enabled:
+            return None
+        return inspect_span(
+            src,
+            item.start_s,
+            item.end_s,
+            n_frames=item.end_frame - item.start_frame,
+            width=v.width,
+            height=v.height,
+            rotation=v.rotation,
+            cfg=pic,
+        )
+
+
+def unfit_reason(look: PictureReport | None, cfg: CurateConfig) -> str | None:
+    """Why a span is not fit for training before it is encoded (None: fit): no picture inside
+    black bars, a picture inside them below the filters' minimum size, or blocky compression."""
+    if look is None:
+        return None
+    pic, f = cfg.picture, cfg.filters
+    n = pic.sample_frames
+    if look.crop is None:
+        return (
+            f"entirely black bars: no picture (every line of {n} sampled frames dark, flat and "
+            f"still: mean luma <= bar_level={pic.bar_level:g}, std <= bar_std={pic.bar_std:g})"
+        )
+    c = look.crop
+    if c.w < f.min_width or c.h < f.min_height:
+        return (
+            f"picture inside black bars {c.w}x{c.h} at ({c.x}, {c.y}) below minimum "
+            f"{f.min_width}x{f.min_height}"
+        )
+    if pic.max_blockiness is not None and look.blockiness > pic.max_blockiness:
+        return (
+            f"blocky: compression blockiness {look.blockiness:.2f} above max_blockiness="
+            f"{pic.max_blockiness:g} (excess luma step on the 8x8 block grid, {n} sampled frames)"
+        )
+    return None
+
+
+def _span_reject(item: SpanTask, *, stage: str, reason: str) -> RejectRow:
+    v = item.video
+    return RejectRow(
+        source_uri=v.source_uri,
+        video_id=v.video_id,
+        stage=stage,
+        reason=reason,
+        start_s=item.start_s,
+        end_s=item.end_s,
+        n_parts=item.n_parts,
+        video=v,
+    )
 
 
 @dataclass(kw_only=True)

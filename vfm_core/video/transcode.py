@@ -224,6 +224,7 @@ def transcode_span(
     rotation: int = 0,
     cfr: bool = False,
     encoder: Encoder = "auto",
+    crop: tuple[int, int, int, int] | None = None,
 ) -> TranscodeResult:
     """Write the frames of [start_s, end_s) of `src` as an H.264 MP4 starting on a keyframe.
 
@@ -234,7 +235,9 @@ def transcode_span(
     counter-clockwise, `VideoInfo.rotation`) is applied to the pixels, so the clip is upright
     without a display matrix; `width` / `height` are then the upright size. `encoder` "auto"
     uses h264_nvenc where it opens, else libx264 (see `select_encoder`). Raises `VideoError` if
-    the span is empty, `EncoderError` for an encoder that is unknown or unavailable.
+    the span is empty, `EncoderError` for an encoder that is unknown or unavailable. `crop`
+    (x, y, w, h in upright source pixels, e.g. the picture inside black bars from
+    `vfm_core.video.quality`) keeps only that box; sizes then apply to the box.
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = _name(src)
@@ -245,6 +248,11 @@ def transcode_span(
     k = (rotation // 90) % 4
     if k % 2:
         w0, h0 = h0, w0  # upright size
+    if crop is not None:
+        cx, cy, cw_, ch_ = crop
+        if cw_ < 2 or ch_ < 2 or cx < 0 or cy < 0 or cx + cw_ > w0 or cy + ch_ > h0:
+            raise VideoError(name, f"crop {crop} is not inside the {w0}x{h0} picture")
+        w0, h0 = cw_, ch_
     if height is None:
         w, h = analysis_size(w0, h0, width) if width else (w0, h0)
     else:
@@ -268,7 +276,13 @@ def transcode_span(
         for t, frame in _iter_av_frames(
             src, start_s=start_s, end_s=end_s, threads=threads, name=name
         ):
-            if k:
+            if crop is not None:
+                a = frame.to_ndarray(format="rgb24")  # (H0, W0, 3) coded orientation
+                a = np.rot90(a, k) if k else a  # upright
+                a = a[cy : cy + ch_, cx : cx + cw_]  # (ch_, cw_, 3) the picture inside the box
+                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(a), "rgb24")
+                vf = vf.reformat(width=w, height=h, format="yuv420p")
+            elif k:
                 # rotate the coded picture upright: (h0', w0', 3) -> np.rot90 is counter-clockwise
                 cw, ch = (h, w) if k % 2 else (w, h)
                 a = frame.to_ndarray(format="rgb24", width=cw, height=ch)
