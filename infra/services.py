@@ -198,6 +198,62 @@ def _create_pools(s: Settings, env: dict[str, str]) -> None:
             raise InfraError(f"cannot create work pool {pool}: {r.stdout[-500:]}{r.stderr[-500:]}")
 
 
+ZOMBIE_AUTOMATION = "vfm-crash-silent-flow-runs"
+HEARTBEAT_S = 30
+"""Seconds between a flow run's heartbeats (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``; Prefect
+3.8.8's minimum is 30)."""
+
+
+def crash_silent_flow_runs(api: str, *, within_s: int = 3 * HEARTBEAT_S) -> str:
+    """Create (once) the server automation that marks a flow run CRASHED when its heartbeats
+    stop for ``within_s`` seconds without it ending: a worker or node that died with the run.
+    Prefect 3.8.8's server has no other zombie detection (its foreman only marks workers
+    offline; the runs stay RUNNING forever). Flow runs send heartbeats only with
+    ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` set (the worker's environment). Returns its id."""
+    import urllib.request
+    from datetime import timedelta
+
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    def call(method: str, url: str, body: dict | None = None) -> object:
+        req = urllib.request.Request(
+            url,
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read() or b"null")
+
+    found = call("POST", f"{api}/automations/filter", {"limit": 200})
+    for a in found if isinstance(found, list) else []:
+        if a.get("name") == ZOMBIE_AUTOMATION:
+            return a["id"]
+    ended = ("Completed", "Failed", "Cancelled", "Crashed")
+    automation = AutomationCore(
+        name=ZOMBIE_AUTOMATION,
+        description="A flow run whose heartbeats stopped (its worker or node died) is CRASHED.",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{x}" for x in ended)},
+            match={"prefect.resource.id": ["prefect.flow-run.*"]},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=within_s),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=f"no heartbeat for {within_s} s: its worker or node died",
+            )
+        ],
+    )
+    return call("POST", f"{api}/automations/", automation.model_dump(mode="json"))["id"]
+
+
 def _env(s: Settings) -> dict[str, str]:
     env = dict(os.environ)
     env.update(s.client_env())
@@ -205,6 +261,8 @@ def _env(s: Settings) -> dict[str, str]:
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["RAY_USAGE_STATS_ENABLED"] = "0"  # nothing leaves the machine
     env["PREFECT_UI_API_URL"] = s.prefect_api
+    # flow runs send heartbeats: the automation of crash_silent_flow_runs sees a dead worker
+    env.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", str(HEARTBEAT_S))
     # the worker's flow runs send the library's log lines (progress) to the run log
     env[EXTRA_LOGGERS] = extra_loggers_with(LIBRARY_LOGGER, env.get(EXTRA_LOGGERS, ""))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -262,6 +320,10 @@ def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str,
             raise InfraError(f"{name}: port {s.host}:{port} is taken; set {var} to another port")
         if name == "worker":
             _create_pools(s, env)
+            try:  # a run whose worker dies is CRASHED, not RUNNING forever (its heartbeats stop)
+                crash_silent_flow_runs(s.prefect_api)
+            except Exception as e:  # the server without automations: say so, keep going
+                print(f"worker: no crash detection for silent flow runs ({e})")
         log = s.run_dir / f"{name}.log"
         with log.open("ab") as f:
             proc = subprocess.Popen(

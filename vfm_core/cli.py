@@ -20,6 +20,7 @@ vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --ou
              [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
 vfm tokenizer train --shards DIR --out DIR [--preset tok-tiny] [--steps N] [--frames F] [--size S]
 vfm report --study NAME [--out DIR] [--json]
+vfm track backfill RUN_DIR [--tracking-uri URI] [--json]
 vfm search CLIPS_DIR "QUERY" [--top K] [--json] [--like CLIP_ID] [--sheet OUT.png] [--exact]
 vfm sample DST [--videos N] [--seed S] [--held-out] [--json]
 """
@@ -189,6 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="also write report.md, rows.json and PNG plots here")
     rp.add_argument("--tracking-uri", help="MLflow tracking URI (default: the project store)")
     rp.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+    tk = sub.add_parser("track", help="MLflow tracking of training runs")
+    tks = tk.add_subparsers(dest="track_cmd", required=True, parser_class=_Parser)
+    bf = tks.add_parser(
+        "backfill",
+        help="send what a run could not send to its MLflow server (metrics.jsonl, tags, status)",
+    )
+    bf.add_argument("run_dir", metavar="RUN_DIR", help="the training run's --out directory")
+    bf.add_argument("--tracking-uri", help="MLflow tracking URI (default: the run's own)")
+    bf.add_argument("--json", action="store_true", help="print the counts as JSON")
 
     from vfm_core.data.cli import add_parsers as add_data_parsers
     from vfm_core.search.cli import add_parser as add_search_parser
@@ -499,6 +510,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_track(args: argparse.Namespace) -> int:
+    """``vfm track backfill RUN_DIR``: the steps of metrics.jsonl the MLflow run lacks, the
+    tags, artifacts and end status a server outage left unsent (vfm_core.train.mlflow_backlog)."""
+    from vfm_core.train.mlflow_backlog import backfill
+
+    done = backfill(args.run_dir, tracking_uri=args.tracking_uri)
+    if args.json:
+        print(json.dumps(done))
+    else:
+        status = f", ended {done['status']}" if done["status"] else ""
+        print(
+            f"MLflow run {done['run_id']} at {done['tracking_uri']}: sent {done['metrics']} "
+            f"metric values, {done['tags']} tags, {done['artifacts']} artifacts{status}"
+        )
+    return 0
+
+
 def cmd_shard(args: argparse.Namespace) -> int:
     from vfm_core.data.cli import run_shard
 
@@ -563,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             "plan": cmd_plan,
             "recipes": cmd_recipes,
             "report": cmd_report,
+            "track": cmd_track,
             "tokenizer": cmd_tokenizer,
             "shard": cmd_shard,
             "index": cmd_index,

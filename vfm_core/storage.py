@@ -6,7 +6,8 @@ comes from ``AWS_ENDPOINT_URL`` (or ``VFM_S3_ENDPOINT``) so tests can point it a
 S3-protocol server.
 
 Writes are atomic: a reader never sees half a manifest or half a shard (local: write to a temporary
-sibling then ``os.replace``; S3: a PUT is atomic by itself).
+sibling then ``os.replace``, the sibling removed when the write fails, e.g. on a full disk; S3: a
+PUT is atomic by itself).
 """
 
 from __future__ import annotations
@@ -92,9 +93,13 @@ def write_bytes(url: str, data: bytes) -> str:
     if not is_remote(url):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:  # a full disk (ENOSPC) or a kill: no half-written sibling left
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return url
     with fs.open(path, "wb") as f:
         f.write(data)
@@ -108,10 +113,14 @@ def put_file(local: str | os.PathLike[str], url: str) -> str:
     if not is_remote(url):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(local, "rb") as src, open(tmp, "wb") as dst:
-            while chunk := src.read(_CHUNK):
-                dst.write(chunk)
-        os.replace(tmp, path)
+        try:
+            with open(local, "rb") as src, open(tmp, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+            os.replace(tmp, path)
+        except BaseException:  # a full disk (ENOSPC): no half-written sibling left
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return url
     fs.put_file(str(local), path)
     return url

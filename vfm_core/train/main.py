@@ -43,6 +43,7 @@ from vfm_core.tracking import (
 )
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
+from vfm_core.train.mlflow_backlog import BACKLOG_FILE
 from vfm_core.train.trainer import Trainer, resolve_device
 
 
@@ -186,6 +187,7 @@ def _train(
                     LAYOUT_TAG: layout_label(degrees, trainer.world),
                 },
                 system_metrics=cfg.tracking.system_metrics,
+                backlog=out / BACKLOG_FILE,  # what a server outage left unsent at the end
             )
             mlf.log_params(
                 {

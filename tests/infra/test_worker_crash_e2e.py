@@ -1,0 +1,124 @@
+"""The Prefect worker killed mid-flow (#27 part 2, c), on a real ``prefect server start`` and
+process worker (infra/services.py): the worker and the flow run's process are SIGKILLed while the
+second of two stages runs (a node lost). With flow-run heartbeats on and the server automation of
+:func:`infra.services.crash_silent_flow_runs`, the server marks the run CRASHED; a new run of the
+deployment on a new worker takes the finished stage from Prefect's cache (persisted result) and
+runs only the stage that did not finish."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+WITHIN_S = 40  # heartbeats every 30 s (Prefect's minimum): silent 40 s -> CRASHED
+
+PREFECT_YAML = """\
+name: vfm-crash-e2e
+prefect-version: 3.8.8
+pull:
+  - prefect.deployments.steps.set_working_directory:
+      directory: "{repo}"
+deployments:
+  - name: crash
+    entrypoint: tests/infra/crash_flow.py:crash_resume
+    work_pool:
+      name: {pool}
+      work_queue_name: default
+"""
+
+
+@pytest.fixture
+def server_and_worker(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))
+    from test_deployment_e2e import _free_port
+
+    from infra.services import HEARTBEAT_S, Settings, down, up
+
+    for key, value in {
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+        "PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY": "PT5S",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }.items():
+        monkeypatch.setenv(key, value)
+    s = Settings(run_dir=tmp_path / "infra", prefect_port=_free_port(), pool="vfm-crash-e2e")
+    try:
+        up(s, ["prefect", "worker"], timeout=180)
+        env = dict(os.environ, **s.client_env(), PREFECT_HOME=str(tmp_path / "client-prefect"))
+        yield s, env
+    finally:
+        down(s)
+
+
+def _wait_state(api: str, run_id: str, want: tuple[str, ...], timeout: float) -> dict:
+    from test_deployment_e2e import _api
+
+    deadline = time.monotonic() + timeout
+    run = _api("GET", f"{api}/flow_runs/{run_id}")[1]
+    while run["state"]["type"] not in want and time.monotonic() < deadline:
+        time.sleep(2)
+        run = _api("GET", f"{api}/flow_runs/{run_id}")[1]
+    return run
+
+
+@pytest.mark.slow
+def test_killed_worker_run_is_crashed_and_a_rerun_resumes(server_and_worker, tmp_path):
+    from test_deployment_e2e import _api
+
+    from infra.services import crash_silent_flow_runs, read_services, up
+
+    s, env = server_and_worker
+    api = s.prefect_api
+    crash_silent_flow_runs(api, within_s=WITHIN_S)
+    (tmp_path / "prefect.yaml").write_text(PREFECT_YAML.format(repo=REPO, pool=s.pool))
+    deploy = subprocess.run(
+        [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file"]
+        + [str(tmp_path / "prefect.yaml")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    code, dep = _api("GET", f"{api}/deployments/name/crash-resume/crash", timeout=120)
+    assert code == 200, dep
+    run_dir = tmp_path / "stages"
+    run_dir.mkdir()
+    worker_log = s.run_dir / "worker.log"
+
+    def start(hold_s: float) -> dict:
+        body = {"parameters": {"run_dir": str(run_dir), "hold_s": hold_s}}
+        code, run = _api("POST", f"{api}/deployments/{dep['id']}/create_flow_run", body)
+        assert code == 201, run
+        return run
+
+    first = start(600)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "work.log").exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert (run_dir / "work.log").exists(), worker_log.read_text()[-3000:]
+    # the node is lost: the worker and the flow run's process (a session of its own) die
+    flow_pid = int((run_dir / "work.log").read_text().split()[0])
+    worker_pid = int(read_services(s.run_dir)["services"]["worker"]["pid"])
+    os.killpg(worker_pid, signal.SIGKILL)
+    os.killpg(os.getpgid(flow_pid), signal.SIGKILL)
+
+    crashed = _wait_state(api, first["id"], FINAL, timeout=WITHIN_S + 90)
+    assert crashed["state"]["type"] == "CRASHED", crashed["state"]
+    assert "heartbeat" in (crashed["state"].get("message") or ""), crashed["state"]
+
+    up(s, ["worker"], timeout=180)  # a new worker (another node)
+    second = _wait_state(api, start(0)["id"], FINAL, timeout=240)
+    assert second["state"]["type"] == "COMPLETED", worker_log.read_text()[-3000:]
+    assert len((run_dir / "prepare.log").read_text().split()) == 1  # from the cache
+    assert len((run_dir / "work.log").read_text().split()) == 2  # the unfinished stage again
