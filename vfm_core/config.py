@@ -422,6 +422,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if origin is tuple:
         args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+            if not isinstance(value, list | tuple):
+                raise ConfigError(f"{key}: expected a list, got {value!r}")
+            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{key}: expected a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
@@ -454,6 +458,13 @@ def _name(tp: Any) -> str:
 
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def build_settings(cls: type, values: dict[str, Any], *, prefix: str = "") -> Any:
+    """Any settings dataclass (the run config's sections, the tokenizer's, curation's) from a
+    (partial) mapping: every key known, every value of its field's type (YAML 1.2 numbers,
+    lists -> tuples), errors as one :class:`ConfigError` naming ``prefix.key``."""
+    return _build(cls, values, prefix)
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:

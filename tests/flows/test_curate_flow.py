@@ -60,7 +60,7 @@ def test_tasks_directly(raw, tmp_path):
     assert summary["n_clips"] == sum(x["n_clips"] for x in results)
     with pytest.raises(ValueError, match="expected a video ref"):
         curate_video_task.fn({"url": "x"}, dst, cfg)
-    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['colour'\]"):
+    with pytest.raises(ValueError, match=r"curate.colour: unknown key"):
         curate_video_task.fn(refs[0], dst, {**cfg, "colour": 1})
     # a video lost between curation and the manifest step breaks the coverage contract
     with pytest.raises(ContractError, match="inputs with no clip and no reject"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vfm_core.config import ConfigError
 from vfm_core.tokenizer import (
     CausalVideoAutoencoder,
     TokenizerConfig,
@@ -90,8 +91,11 @@ def test_bad_latent_and_config():
         TokenizerConfig(channel_mult=(1, 3))
     with pytest.raises(TokenizerConfigError, match="patch_t must be a power of two dividing"):
         TokenizerConfig(temporal_factor=1)
-    with pytest.raises(TokenizerConfigError, match="unknown tokenizer config keys"):
+    # the one settings builder: the key named with its section, the known keys listed
+    with pytest.raises(ConfigError, match=r"tokenizer.latent_chanels: unknown key \(known: "):
         TokenizerConfig.from_dict({"latent_chanels": 4})
+    with pytest.raises(ConfigError, match=r"tokenizer.channel_mult\[1\]: expected an integer"):
+        TokenizerConfig.from_dict({"channel_mult": [1, "2"]})
     with pytest.raises(TokenizerConfigError, match="known"):
         get_tokenizer_config("nope")
 

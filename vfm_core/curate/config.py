@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vfm_core.annotate.filters import FilterConfig
+from vfm_core.config import build_settings
 from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.video.io import MAX_PIXELS
 from vfm_core.video.quality import PictureConfig
@@ -118,31 +119,10 @@ class CurateConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CurateConfig:
-        """Inverse of `to_dict`; unknown keys raise ValueError naming them."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"CurateConfig: unknown setting(s) {unknown}")
-        d = dict(d)
-        if isinstance(d.get("filters"), dict):
-            fnames = {f.name for f in dataclasses.fields(FilterConfig)}
-            bad = sorted(set(d["filters"]) - fnames)
-            if bad:
-                raise ValueError(f"CurateConfig.filters: unknown setting(s) {bad}")
-            d["filters"] = FilterConfig(**d["filters"])
-        if isinstance(d.get("picture"), dict):
-            pnames = {f.name for f in dataclasses.fields(PictureConfig)}
-            bad = sorted(set(d["picture"]) - pnames)
-            if bad:
-                raise ValueError(f"CurateConfig.picture: unknown setting(s) {bad}")
-            d["picture"] = PictureConfig(**d["picture"])
-        if isinstance(d.get("semdedup"), dict):
-            snames = {f.name for f in dataclasses.fields(SemDedupConfig)}
-            bad = sorted(set(d["semdedup"]) - snames)
-            if bad:
-                raise ValueError(f"CurateConfig.semdedup: unknown setting(s) {bad}")
-            d["semdedup"] = SemDedupConfig(**d["semdedup"])
-        return cls(**d)
+        """Inverse of `to_dict`, through the run config's builder (:func:`~vfm_core.config.
+        build_settings`): an unknown key or a wrong type is one ConfigError naming
+        ``curate.<section>.<key>``."""
+        return build_settings(cls, d, prefix="curate")
 
     def splitter_obj(self) -> Splitter:
         lengths = LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)

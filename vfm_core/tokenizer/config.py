@@ -14,13 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vfm_core.errors import UserError
+from vfm_core.config import ConfigError, build_settings
 
 __all__ = ["TOKENIZER_PRESETS", "TokenizerConfig", "TokenizerConfigError", "get_tokenizer_config"]
 
 
-class TokenizerConfigError(UserError, ValueError):
-    """A tokenizer configuration value is invalid; the message names the field."""
+class TokenizerConfigError(ConfigError):
+    """A tokenizer configuration value is invalid; the message names the field (a
+    :class:`~vfm_core.config.ConfigError`: the one settings dialect)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -162,17 +163,10 @@ class TokenizerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TokenizerConfig:
-        """Build from a dict; unknown keys raise :class:`TokenizerConfigError` naming them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise TokenizerConfigError(f"unknown tokenizer config keys: {unknown}")
-        d = dict(d)
-        if "channel_mult" in d:
-            d["channel_mult"] = tuple(int(m) for m in d["channel_mult"])
-        if "fsq_levels" in d:
-            d["fsq_levels"] = tuple(int(m) for m in d["fsq_levels"])
-        return cls(**d)
+        """Build from a dict with the run config's builder (:func:`~vfm_core.config.
+        build_settings`): unknown keys and wrong types raise a ConfigError naming
+        ``tokenizer.<key>``; invalid combinations :class:`TokenizerConfigError`."""
+        return build_settings(cls, d, prefix="tokenizer")
 
 
 # shared by the paper-scale presets: 16 latent channels, 2x2x2 patching, 128 base channels

@@ -27,9 +27,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from vfm_core.config import ConfigError
 from vfm_core.errors import UserError
 from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
-from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError
+from vfm_core.tokenizer.config import TokenizerConfig
 
 __all__ = [
     "CONFIG_FILE",
@@ -183,7 +184,7 @@ def load_tokenizer(
         )
     try:
         cfg = TokenizerConfig.from_dict(json.loads(meta["config"]))
-    except (TokenizerConfigError, json.JSONDecodeError, TypeError) as e:
+    except (ConfigError, json.JSONDecodeError, TypeError) as e:
         raise TokenizerLoadError(f"{weights}: bad tokenizer config in metadata: {e}") from e
     _check_latent_channels(cfg, expected_latent_channels, weights)
     model = CausalVideoAutoencoder(cfg)
@@ -243,7 +244,7 @@ def load_external_tokenizer(
             raise TypeError("the config must be a JSON object")
         stats = {k: raw.pop(k) for k in _STATS if k in raw}
         cfg = TokenizerConfig.from_dict(raw)
-    except (TokenizerConfigError, json.JSONDecodeError, TypeError) as e:
+    except (ConfigError, json.JSONDecodeError, TypeError) as e:
         raise TokenizerLoadError(f"{cfg_path}: bad tokenizer config: {e}") from e
     _check_latent_channels(cfg, expected_latent_channels, cfg_path)
 
