@@ -16,6 +16,7 @@ from prefect import flow, unmapped
 from pydantic import BaseModel, Field, model_validator
 
 from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
+from tasks.events import emit_stage_completed
 from vfm_core.curate.cli import summary_line
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
@@ -103,6 +104,9 @@ def curate_flow(params: CurateParams) -> dict[str, Any]:
         results = [f.result() for f in futures]
     summary = write_manifests_task(refs, dst, cfg, results)
     print(f"{summary_line(summary)} -> {summary['clips']}")
+    emit_stage_completed(
+        "curate", {"dst": dst, "clips": summary["clips"], "n_clips": summary["n_clips"]}
+    )
     return summary
 
 

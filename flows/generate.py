@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow
 from pydantic import BaseModel, Field, field_validator
 
+from tasks.events import emit_stage_completed
 from tasks.generate import evaluate_checkpoint, generate_video, log_evaluation, log_generation
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
@@ -25,7 +26,11 @@ from vfm_core.tracking import STAGE_TAG, data_dir, ui_hint
 class GenerateParams(BaseModel):
     """Form of the generation flow."""
 
-    checkpoint: str = Field(..., description="run directory written by `vfm train`")
+    checkpoint: str = Field(
+        ...,
+        description="run directory written by `vfm train`, or a registered version: "
+        "models:/vfm-dit-tiny@champion, models:/NAME/VERSION",
+    )
     prompts: list[str] = Field(..., min_length=1, description="one video per prompt")
     frames: int = Field(
         13,
@@ -143,6 +148,15 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
             "evaluation: "
             + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "checkpoint_step")
         )
+    emit_stage_completed(
+        "generate",
+        {
+            "out_dir": str(out),
+            "mlflow_run_id": run_id,
+            "eval_run_id": done_eval,
+            "metrics": metrics,
+        },
+    )
     return {
         "mlflow_run_id": run_id,
         "videos": videos,

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from tasks.events import emit_stage_completed
 from tasks.search import search_subset_task
 from tasks.shard import write_shards_task
 
@@ -49,6 +50,15 @@ def shard_flow(params: ShardParams) -> dict[str, Any]:
         text_mode=params.text_mode,
     )
     print(f"{summary['n_samples']} samples in {summary['n_shards']} shards -> {summary['index']}")
+    emit_stage_completed(
+        "shard",
+        {
+            "shards_dir": params.shards_dir,
+            "index": summary["index"],
+            "clips_dir": clips_dir,
+            "n_samples": summary["n_samples"],
+        },
+    )
     return summary
 
 

@@ -15,6 +15,7 @@ from prefect import flow
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from flows.forms import form_config, nested
+from tasks.events import emit_stage_completed
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
 from vfm_core.config import DEGREES, Config, ConfigError
@@ -202,6 +203,15 @@ def train_flow(
         f"MFU {final.get('mfu', 0):.1%}"
     )
     print(f"MLflow run {summary['mlflow_run_id']} -> {ui_hint(cfg.tracking)}")
+    emit_stage_completed(
+        "train",
+        {
+            "out_dir": cfg.train.out_dir,
+            "recipe": cfg.recipe,
+            "step": summary["step"],
+            "mlflow_run_id": summary["mlflow_run_id"],
+        },
+    )
     return summary
 
 

@@ -1,0 +1,42 @@
+"""Stage events: a flow announces what it wrote when it finishes, so that the next stage can start
+from it (the deployment triggers in ``deployments/prefect.yaml``; README "Event-driven chain").
+
+Chain, each arrow a ``DeploymentEventTrigger`` on the upstream stage's event::
+
+    curate-nightly --vfm.curate.completed--> shard-nightly --vfm.shard.completed-->
+    train-nightly --vfm.train.completed--> generate-nightly (videos + evaluation)
+
+The event is sent as the flow's last step, so a flow that fails sends none and the chain stops
+there (the failure is the flow run's state in the UI). Its payload holds only what the next stage
+needs (output paths, counts, run ids: small, JSON); the Prefect client attaches the flow run, its
+flow and its deployment as related resources, which is what the triggers match on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Stage = Literal["curate", "shard", "train", "generate"]
+
+
+def event_name(stage: Stage) -> str:
+    """``vfm.STAGE.completed``: the event a finished ``stage`` flow emits."""
+    return f"vfm.{stage}.completed"
+
+
+def emit_stage_completed(stage: Stage, payload: dict[str, Any]) -> str | None:
+    """Emit ``vfm.STAGE.completed`` about this flow run with ``payload``; the event's id, or None
+    where events go nowhere (no API configured)."""
+    from prefect.events import emit_event
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id() or "local"
+    event = emit_event(
+        event=event_name(stage),
+        resource={
+            "prefect.resource.id": f"vfm.{stage}.{run_id}",
+            "prefect.resource.name": f"{stage} {flow_run.get_name() or run_id}",
+        },
+        payload=payload,
+    )
+    return None if event is None else str(event.id)

@@ -1,0 +1,292 @@
+"""The nightly chain of ``deployments/prefect.yaml`` (README "Event-driven chain"):
+curate-nightly -> shard-nightly -> train-nightly -> generate-nightly, each link a deployment
+trigger on the ``vfm.STAGE.completed`` event the upstream flow emits as its last step
+(tasks/events.py), with the downstream parameters rendered from the event's payload.
+
+Fast: every link names the upstream deployment and the event its flow emits, and the trigger's
+parameters, rendered with such a payload, are a valid form of the downstream flow. Slow, on real
+servers (``prefect server start``, MLflow, a process worker, as ``make up``): the chain's
+deployments (the repository's triggers, tiny parameters) run one curation of one sample video to a
+generated video, every downstream run created by an automation; a curation whose only video is
+broken completes with no clips, its shard run fails with the reason as its state message, and no
+training run follows.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+CHAIN = ["curate-nightly", "shard-nightly", "train-nightly", "generate-nightly"]
+STAGE = {"curate-nightly": "curate", "shard-nightly": "shard", "train-nightly": "train"}
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+PAYLOAD = {  # what each flow's emit_stage_completed sends (tasks/events.py)
+    "curate": {"dst": "/d/curated", "clips": "/d/curated/clips.parquet", "n_clips": 3},
+    "shard": {"shards_dir": "/d/shards", "index": "/d/shards/index.json", "clips_dir": "/d/c"},
+    "train": {"out_dir": "/d/runs/x", "recipe": "dit-tiny", "step": 2, "mlflow_run_id": "r"},
+}
+
+
+def chain_deployments() -> dict[str, dict[str, Any]]:
+    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    found = {d["name"]: d for d in spec["deployments"] if d["name"] in CHAIN}
+    assert sorted(found) == sorted(CHAIN)
+    return found
+
+
+def render(value: Any, event: dict[str, Any]) -> Any:
+    """The trigger's parameters with every ``{{ ... }}`` rendered against ``event``."""
+    import jinja2
+
+    if isinstance(value, dict):
+        return {k: render(v, event) for k, v in value.items()}
+    if isinstance(value, list):
+        return [render(v, event) for v in value]
+    if isinstance(value, str) and "{{" in value:
+        return jinja2.Template(value).render(event=event)
+    return value
+
+
+def test_each_link_triggers_on_the_upstream_deployments_event():
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+
+    from flows.generate import GenerateParams
+    from flows.shard import ShardParams
+    from flows.train import TrainParams
+    from tasks.events import event_name
+
+    forms = {"shard-nightly": ShardParams, "train-nightly": TrainParams}
+    forms["generate-nightly"] = GenerateParams
+    deps = chain_deployments()
+    assert "triggers" not in deps["curate-nightly"] and deps["curate-nightly"]["schedules"]
+    for upstream, downstream in zip(CHAIN, CHAIN[1:], strict=False):
+        (spec,) = deps[downstream]["triggers"]
+        trigger = DeploymentEventTrigger.model_validate(spec)
+        assert trigger.expect == {event_name(STAGE[upstream])}, downstream
+        assert trigger.after == set()  # only completion events: a failed run sends none
+        # the upstream *deployment*: the same flow run as a subflow of the pipeline, or by
+        # hand without a deployment, starts nothing
+        role = {"prefect.resource.role": "deployment", "prefect.resource.name": upstream}
+        assert spec["match_related"] == role, downstream
+        payload = PAYLOAD[STAGE[upstream]]
+        params = render(spec["parameters"], {"payload": payload})["params"]
+        form = forms[downstream].model_validate(params)
+        if downstream == "train-nightly":
+            form.to_config()  # every setting a known, typed config value
+        # the deployment's own defaults (a run by hand) are a valid form too
+        forms[downstream].model_validate(deps[downstream]["parameters"]["params"])
+    shard, train, gen = (
+        render(deps[d]["triggers"][0]["parameters"], {"payload": PAYLOAD[STAGE[u]]})["params"]
+        for u, d in zip(CHAIN, CHAIN[1:], strict=False)
+    )
+    assert shard["clips_dir"] == "/d/curated"
+    assert train["settings"]["data.shards"] == "/d/shards"
+    assert gen["checkpoint"] == "/d/runs/x"
+
+
+# ---------------------------------------------------------------------------------------------
+# real servers
+
+
+def _tiny_chain(tmp: Path, pool: str, tokenizer: Path) -> str:
+    """prefect.yaml of the chain's four deployments from the repository's file (its triggers,
+    their event templates untouched) with tiny sizes, paths in ``tmp``, no schedule."""
+    deps = copy.deepcopy(chain_deployments())
+    for d in deps.values():
+        d["work_pool"] = {"name": pool, "work_queue_name": "default"}
+        d.pop("schedules", None)
+    deps["curate-nightly"]["parameters"]["params"].update(
+        src=str(tmp / "raw"), dst=str(tmp / "curated"), min_len_s=1.0
+    )
+    shard_trigger = deps["shard-nightly"]["triggers"][0]["parameters"]["params"]
+    for params in (deps["shard-nightly"]["parameters"]["params"], shard_trigger):
+        params["shards_dir"] = str(tmp / "shards")
+    train = deps["train-nightly"]["triggers"][0]["parameters"]["params"]
+    train.update(steps=2, experiment="vfm-chain-e2e")
+    train["settings"].update(
+        {
+            "data.tokenizer": str(tokenizer),
+            "data.latent_frames": 2,  # 5 frames of 64x64
+            "data.batch_size": 2,
+            "diffusion.num_steps": 2,
+        }
+    )
+    gen = deps["generate-nightly"]["triggers"][0]["parameters"]["params"]
+    gen.update(
+        prompts=["a red circle moving right"],
+        frames=5,
+        steps=2,
+        eval_samples=2,
+        eval_prompts=0,
+        experiment="vfm-chain-e2e",
+    )
+    templates = [
+        shard_trigger["clips_dir"],
+        train["settings"]["data.shards"],
+        gen["checkpoint"],
+    ]
+    assert all(t.startswith("{{ event.payload.") for t in templates), templates
+    spec = {
+        "name": "vfm-chain-e2e",
+        "prefect-version": "3.8.8",
+        "pull": [
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}},
+        ],
+        "deployments": [deps[name] for name in CHAIN],
+    }
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """Prefect server, MLflow server and a process worker (infra/services.py, free loopback
+    ports, everything under a temporary directory), the chain deployed; yields (api, root)."""
+    sys.path[:0] = [str(REPO), str(REPO / "tests" / "infra")]
+    from test_deployment_e2e import _api, _free_port
+
+    from infra.services import Settings, down, up
+
+    root = tmp_path_factory.mktemp("chain")
+    saved = dict(os.environ)
+    os.environ.update(
+        VFM_DATA_DIR=str(root / "data"),  # the worker's flow runs: train's run directories
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        HF_HUB_OFFLINE="1",
+    )
+    s = Settings(
+        run_dir=root / "infra",
+        prefect_port=_free_port(),
+        mlflow_port=_free_port(),
+        pool="vfm-chain-e2e",
+    )
+    try:
+        up(s, ["prefect", "mlflow", "worker"], timeout=180)
+        env = dict(os.environ, **s.client_env(), PREFECT_HOME=str(root / "client-prefect"))
+
+        import torch
+
+        from vfm_core.tokenizer import CausalVideoAutoencoder, get_tokenizer_config, save_tokenizer
+
+        torch.manual_seed(0)  # an untrained tok-tiny: the chain, not the quality, is tested
+        save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny")), root / "tok")
+        prefect_yaml = root / "prefect.yaml"
+        prefect_yaml.write_text(_tiny_chain(root, s.pool, root / "tok"))
+        argv = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file"]
+        deploy = subprocess.run(
+            [*argv, str(prefect_yaml)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        code, autos = _api("POST", f"{s.prefect_api}/automations/filter", {}, timeout=120)
+        assert code == 200, autos
+        names = {a["name"] for a in autos}
+        assert {"curate-nightly -> shard-nightly", "train-nightly -> generate-nightly"} <= names
+        yield s.prefect_api, root
+    finally:
+        _quiesce(s.prefect_api, s.pool)
+        down(s)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _quiesce(api: str, pool: str) -> None:
+    from test_schedule_e2e import _quiesce as quiesce
+
+    quiesce(api, pool)
+
+
+def _dep_id(api: str, name: str) -> str:
+    from test_deployment_e2e import _api
+
+    flow = {**STAGE, "generate-nightly": "generate"}[name]  # @flow(name=...) of each stage
+    code, dep = _api("GET", f"{api}/deployments/name/{flow}/{name}", None, 120)
+    assert code == 200, dep
+    return dep["id"]
+
+
+def _runs(api: str, name: str) -> list[dict]:
+    from test_deployment_e2e import _api
+
+    body = {"deployments": {"id": {"any_": [_dep_id(api, name)]}}, "sort": "START_TIME_ASC"}
+    code, runs = _api("POST", f"{api}/flow_runs/filter", body, timeout=120)
+    assert code == 200, runs
+    return runs
+
+
+def _wait_for(api: str, name: str, n: int, root: Path, timeout: float = 420) -> dict:
+    """The ``n``-th flow run of deployment ``name`` once it has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = _runs(api, name)
+        if len(runs) >= n and runs[n - 1]["state"]["type"] in FINAL:
+            return runs[n - 1]
+        time.sleep(2)
+    log = (root / "infra" / "worker.log").read_text(errors="replace")[-4000:]
+    raise AssertionError(f"no ended run #{n} of {name} after {timeout:.0f} s\n{log}")
+
+
+def _start_curation(api: str, root: Path, src: Path, dst: Path) -> dict:
+    from test_deployment_e2e import _run_deployment
+
+    env = {"PREFECT_API_URL": api}
+    params = {"params": {"src": str(src), "dst": str(dst), "min_len_s": 1.0}}
+    state, run = _run_deployment(env, _dep_id(api, "curate-nightly"), params)
+    assert state == "COMPLETED", run["state"]
+    return run
+
+
+@pytest.mark.slow
+def test_a_completed_curation_runs_shard_train_and_generate(chain):
+    from vfm_core.video.sample_set import write_sample_videos
+
+    api, root = chain
+    write_sample_videos(root / "raw", n=1)
+    _start_curation(api, root, root / "raw", root / "curated")
+
+    shard = _wait_for(api, "shard-nightly", 1, root)
+    train = _wait_for(api, "train-nightly", 1, root)
+    gen = _wait_for(api, "generate-nightly", 1, root)
+    for run in (shard, train, gen):  # created by the deployment triggers' automations
+        assert run["state"]["type"] == "COMPLETED", (run["name"], run["state"])
+        assert run["created_by"]["type"] == "AUTOMATION", run["created_by"]
+    # each stage's parameters came from the upstream run's event
+    assert shard["parameters"]["params"]["clips_dir"] == str(root / "curated")
+    settings = train["parameters"]["params"]["settings"]
+    assert settings["data.shards"] == str(root / "shards")
+    out_dir = root / "data" / "runs" / "dit-tiny" / train["name"]  # train's own run directory
+    assert gen["parameters"]["params"]["checkpoint"] == str(out_dir)
+    assert (out_dir / "checkpoints").is_dir()
+    videos = sorted((root / "data" / "generated" / train["name"]).glob("video_*.mp4"))
+    assert len(videos) == 1 and videos[0].stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_failing_shard_stage_stops_the_chain(chain):
+    api, root = chain
+    n_shard, n_train = len(_runs(api, "shard-nightly")), len(_runs(api, "train-nightly"))
+    (root / "broken").mkdir()
+    (root / "broken" / "broken.mp4").write_bytes(os.urandom(4096))
+    # the curation completes: its only video is a reject, it writes an empty clips manifest
+    _start_curation(api, root, root / "broken", root / "curated-broken")
+
+    shard = _wait_for(api, "shard-nightly", n_shard + 1, root)
+    assert shard["parameters"]["params"]["clips_dir"] == str(root / "curated-broken")
+    assert shard["state"]["type"] == "FAILED", shard["state"]
+    assert "no clips to shard" in shard["state"]["message"]  # what the UI shows for the run
+    time.sleep(20)  # time enough for an automation to act (the good chain's took seconds)
+    assert len(_runs(api, "train-nightly")) == n_train
