@@ -14,7 +14,11 @@ if TYPE_CHECKING:
 
 def add_generate_args(ap: argparse.ArgumentParser) -> None:
     """The flags shared by ``vfm generate`` and this entry point."""
-    ap.add_argument("--checkpoint", required=True, help="run dir of `vfm train` (or a step dir)")
+    ap.add_argument(
+        "--checkpoint",
+        required=True,
+        help="run dir of `vfm train` (or a step dir), or models:/NAME@ALIAS | models:/NAME/VERSION",
+    )
     ap.add_argument("--prompt", required=True, help="text prompt")
     ap.add_argument("--frames", type=int, default=13, help="frames (rounded up to 1 + t_c*k)")
     ap.add_argument("--size", default="64x64", help="HxW in pixels")

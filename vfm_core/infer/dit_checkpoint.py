@@ -1,11 +1,13 @@
 """Load a DiT for inference from a training run directory written by ``vfm train``.
 
 Accepted paths: the run directory (``DIR/config.yaml`` + ``DIR/checkpoints/step_*/``; the latest
-checkpoint is used) or one checkpoint folder ``DIR/checkpoints/step_XXXXXXXX`` (the config is read
-from ``DIR/config.yaml``). Before any tensor is read, the model section of ``config.yaml`` is
-compared with the one recorded in the checkpoint's ``state.json`` and every tensor name and shape
-the architecture needs is checked against the safetensors headers, so a checkpoint of another
-architecture is refused with a message naming the differing fields / tensors. Tensors are read
+checkpoint is used), one checkpoint folder ``DIR/checkpoints/step_XXXXXXXX`` (the config is read
+from ``DIR/config.yaml``) or a registered version (``models:/NAME@ALIAS``,
+``models:/NAME/VERSION``: downloaded once into a local cache by :mod:`vfm_core.registry`).
+Before any tensor is read, the model section of ``config.yaml`` is compared with the one
+recorded in the checkpoint's ``state.json`` and every tensor name and shape the architecture
+needs is checked against the safetensors headers, so a checkpoint of another architecture is
+refused with a message naming the differing fields / tensors. Tensors are read
 with DCP's HuggingFace (safetensors) reader in no-dist mode, which also reassembles checkpoints
 written sharded by the parallel trainer. Nothing is unpickled.
 """
@@ -53,8 +55,12 @@ class LoadedDiT:
 def resolve_checkpoint(path: str | Path, *, check: bool = True) -> tuple[Path, Path]:
     """(run directory, checkpoint folder) for a run directory or a ``step_*`` folder.
     ``check=False``: only the layout (cheap, for early argument checks); the folder returned
-    is then the newest finished one, not yet verified."""
-    p = Path(path)
+    is then the newest finished one, not yet verified. A registry URI (``models:/NAME@ALIAS``,
+    ``models:/NAME/VERSION``) is first resolved to its local copy
+    (:func:`vfm_core.registry.resolve_model_uri`)."""
+    from vfm_core.registry.uri import local_checkpoint
+
+    p = Path(local_checkpoint(path))
     if not p.exists():
         raise CheckpointError(f"--checkpoint {p}: no such directory")
     if (p / STATE_FILE).is_file():  # a step folder: DIR/checkpoints/step_X

@@ -33,7 +33,8 @@ def generate_request(
     env: dict[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> GenerateResult:
-    """Generate one video for ``request`` from the run at ``checkpoint`` on ``nproc``
+    """Generate one video for ``request`` from the run at ``checkpoint`` (or the registered
+    version ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION``, resolved here once) on ``nproc``
     context-parallel ranks: what ``vfm generate`` and the Prefect generation task call.
 
     The cheap checks come first, before the text model, the weights or any rank: prompt,
@@ -51,6 +52,7 @@ def generate_request(
     from vfm_core.config import ConfigError, load_yaml, validate
     from vfm_core.infer.dit_checkpoint import read_text_record, resolve_checkpoint
     from vfm_core.infer.request import preflight
+    from vfm_core.registry.uri import local_checkpoint
     from vfm_core.train.checkpoint import CheckpointError
     from vfm_core.train.launch import LaunchError, launch_generation
 
@@ -61,6 +63,7 @@ def generate_request(
     if nproc < 1:
         raise GenerateError(f"--nproc: must be >= 1, got {nproc}")
     check_writable(out)
+    checkpoint = local_checkpoint(checkpoint)  # models:/NAME@ALIAS: resolved (downloaded) once
     run_dir, _ = resolve_checkpoint(checkpoint, check=False)  # verified when loaded
     try:
         cfg = validate(load_yaml(run_dir / "config.yaml"))

@@ -1,0 +1,238 @@
+"""The registry with real parts: a checkpoint trained for 2 steps registered into a sqlite store
+(metrics, source run, lineage, checkpoint URI as version tags), the champion alias moved only
+when the rule holds, and ``models:/`` URIs used by ``vfm generate``, ``load_dit``, the Prefect
+generation task and ``mlflow.pyfunc.load_model``."""
+
+from __future__ import annotations
+
+import base64
+
+import mlflow
+import numpy as np
+import pytest
+import yaml
+from registry_support import SMALL, training_run
+
+from vfm_core.registry import (
+    RegistryError,
+    promote,
+    register_checkpoint,
+    resolve_model_uri,
+)
+from vfm_core.video.io import decode_frames, probe
+
+NAME = "vfm-dit-tiny"
+GOOD = {"prompt_colour_acc": 0.5, "prompt_direction_acc": 0.5, "frechet_distance": 10.0}
+
+
+def _register(run, store, metrics, **kw):
+    return register_checkpoint(
+        run, run_id=training_run(store), tracking=store, metrics=metrics, **kw
+    )
+
+
+def test_register_records_metrics_lineage_source_run_and_first_is_champion(trained_run, store):
+    reg = _register(trained_run, store, {**GOOD, "heldout_loss": 0.7}, eval_run_id="e1")
+    assert (reg.name, reg.version, reg.model_uri) == (NAME, 1, f"models:/{NAME}/1")
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version(NAME, "1")
+    assert mv.run_id == reg.run_id  # the training run is the version's source run
+    tags = mv.tags
+    assert float(tags["eval.frechet_distance"]) == 10.0
+    assert float(tags["eval.heldout_loss"]) == 0.7
+    assert tags["vfm.source_run"] == reg.run_id and tags["vfm.eval_run"] == "e1"
+    assert tags["vfm.checkpoint"] == str(trained_run / "checkpoints" / "step_00000002")
+    assert tags["vfm.checkpoint_step"] == "2" and tags["vfm.recipe"] == "dit-tiny"
+    assert tags["vfm.data_source"] == "synthetic" and tags["vfm.tokenizer"]
+    # the run shows the logged model
+    assert [o.model_id for o in client.get_run(reg.run_id).outputs.model_outputs] == [reg.model_id]
+    assert client.get_run(reg.run_id).info.status == "FINISHED"  # status kept
+
+    out = promote(NAME, 1)
+    assert out["promoted"] and "first version" in out["reason"]
+    mv = client.get_model_version_by_alias(NAME, "champion")
+    assert str(mv.version) == "1" and mv.tags["vfm.promotion"] == "promoted"
+    assert "first version" in mv.description
+    # registering the same checkpoint from the same run again: the same version
+    again = register_checkpoint(
+        trained_run, run_id=reg.run_id, tracking=store, metrics={**GOOD, "frechet_distance": 9.0}
+    )
+    assert again.version == 1 and len(client.search_model_versions(f"name='{NAME}'")) == 1
+    assert float(client.get_model_version(NAME, "1").tags["eval.frechet_distance"]) == 9.0
+
+
+def test_shard_lineage_records_index_path_and_sha(tmp_path):
+    import hashlib
+    import json
+
+    from vfm_core.config import apply_overrides, validate
+    from vfm_core.recipes import get_recipe
+    from vfm_core.registry.register import lineage_tags
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "index.json").write_text(json.dumps({"shards": []}))
+    cfg = validate(apply_overrides(get_recipe("dit-tiny"), ["data.source=shards"]))
+    cfg.data.shards = str(shards)
+    tags = lineage_tags(cfg)
+    assert tags["vfm.shards_index"].endswith("shards/index.json")
+    want = hashlib.sha256((shards / "index.json").read_bytes()).hexdigest()
+    assert tags["vfm.shards_index_sha256"] == want
+
+
+def test_promotion_moves_alias_only_when_rule_holds(trained_run, store):
+    client = mlflow.MlflowClient()
+    _register(trained_run, store, GOOD)
+    assert promote(NAME, 1)["champion"] == 1
+    worse = _register(trained_run, store, {**GOOD, "frechet_distance": 12.0})
+    out = promote(NAME, worse.version)
+    assert not out["promoted"] and out["champion"] == 1
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "1"
+    tags = client.get_model_version(NAME, str(worse.version)).tags
+    assert (
+        tags["vfm.promotion"] == "rejected"
+        and "frechet_distance 12 vs 10" in tags["vfm.promotion_reason"]
+    )
+    better = _register(trained_run, store, {**GOOD, "prompt_direction_acc": 0.75})
+    out = promote(NAME, better.version)
+    assert out["promoted"] and (out["champion"], out["previous"]) == (better.version, 1)
+    mv = client.get_model_version_by_alias(NAME, "champion")
+    assert str(mv.version) == str(better.version) and mv.tags["vfm.previous_champion"] == "1"
+    assert "prompt_direction_acc 0.75 vs 0.5" in mv.description
+
+
+def test_models_uri_resolves_to_a_cached_run_dir(trained_run, store, tmp_path):
+    from vfm_core.infer.dit_checkpoint import load_dit
+
+    _register(trained_run, store, GOOD)
+    promote(NAME, 1)
+    res = resolve_model_uri(f"models:/{NAME}@champion")
+    assert res.version == 1 and res.root.is_relative_to(tmp_path / "cache")
+    assert (res.checkpoint / "checkpoints" / "step_00000002" / "manifest.json").is_file()
+    cfg = yaml.safe_load((res.checkpoint / "config.yaml").read_text())
+    assert cfg["data"]["tokenizer"] == str(res.tokenizer)  # the copied tokenizer
+    assert resolve_model_uri(f"models:/{NAME}/1").root == res.root  # cached: one folder
+    loaded = load_dit(f"models:/{NAME}@champion")  # what evaluation loads
+    assert loaded.step == 2 and loaded.checkpoint.is_relative_to(res.root)
+
+
+@pytest.mark.parametrize(
+    "uri, match",
+    [
+        (f"models:/{NAME}@nope", "has no alias @nope \\(versions \\[1\\], aliases @champion\\)"),
+        (f"models:/{NAME}/7", "has no that version|has no"),
+        ("models:/vfm-other@champion", "no registered model 'vfm-other'"),
+        ("models:/bad uri/x/y", "expected models:/NAME@ALIAS"),
+    ],
+)
+def test_unknown_uri_is_one_line(trained_run, store, uri, match):
+    _register(trained_run, store, GOOD)
+    promote(NAME, 1)
+    with pytest.raises(RegistryError, match=match):
+        resolve_model_uri(uri)
+
+
+def test_vfm_generate_and_the_prefect_task_take_models_uris(trained_run, store, tmp_path, capsys):
+    from tasks.generate import generate_video
+    from vfm_core.cli import main
+
+    _register(trained_run, store, GOOD)
+    promote(NAME, 1)
+    for i, uri in enumerate([f"models:/{NAME}@champion", f"models:/{NAME}/1"]):
+        out = tmp_path / f"cli_{i}.mp4"
+        argv = ["generate", "--checkpoint", uri, "--prompt", "a red circle moving right"]
+        argv += ["--frames", "5", "--size", "32x32", "--steps", "2", "--out", str(out)]
+        assert main(argv) == 0, capsys.readouterr().err
+        info = probe(str(out))
+        assert (info.width, info.height) == (32, 32) and len(decode_frames(str(out))) == 5
+        assert "decoder tokenizer:" in capsys.readouterr().out  # decoded, not a preview
+    # the generate deployment's default checkpoint (deployments/prefect.yaml), as its task runs it
+    default = _deployment_checkpoint("generate")
+    assert default == f"models:/{NAME}@champion"
+    res = generate_video.fn(
+        default,
+        "a blue square moving left",
+        str(tmp_path / "task.mp4"),
+        frames=5,
+        size="32x32",
+        seed=0,
+        steps=2,
+    )
+    assert res["step"] == 2 and probe(res["mp4"]).width == 32
+
+
+def _deployment_checkpoint(name: str) -> str:
+    from pathlib import Path
+
+    from flows.generate import GenerateParams
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "deployments/prefect.yaml").read_text())
+    (dep,) = [d for d in spec["deployments"] if d["name"] == name]
+    return GenerateParams(**dep["parameters"]["params"]).checkpoint  # the form accepts it
+
+
+def test_pyfunc_load_model_predict_returns_videos(trained_run, store, tmp_path):
+    import pandas as pd
+
+    _register(trained_run, store, GOOD)
+    promote(NAME, 1)
+    model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+    prompts = ["a red circle moving right", "a green square moving up"]
+    out = model.predict(pd.DataFrame({"prompt": prompts, **{k: [v] * 2 for k, v in SMALL.items()}}))
+    assert list(out["prompt"]) == prompts and list(out["frames"]) == [5, 5]
+    for i, b64 in enumerate(out["mp4_base64"]):
+        path = tmp_path / f"p{i}.mp4"
+        path.write_bytes(base64.b64decode(b64))
+        frames = decode_frames(str(path))
+        assert frames.shape == (5, 32, 32, 3) and np.isfinite(frames).all()
+    # a dict of scalars, the defaults for the rest
+    one = model.predict({"prompt": "a red circle moving right", "steps": 2})
+    assert len(one) == 1 and one["checkpoint_step"][0] == 2
+
+
+def test_register_and_promote_task(trained_run, store):
+    from tasks.registry import register_and_promote
+
+    first = register_and_promote.fn(
+        str(trained_run), store, train_run_id=training_run(store), metrics=GOOD
+    )
+    assert first["promoted"] and first["champion_uri"] == f"models:/{NAME}@champion"
+    second = register_and_promote.fn(
+        str(trained_run),
+        store,
+        train_run_id=training_run(store),
+        metrics={**GOOD, "frechet_distance": 10.4},
+        rule={"tolerance": 0.05},
+    )
+    assert second["promoted"] and second["version"] == 2 and "tolerance 0.05" in second["reason"]
+    with pytest.raises(RegistryError, match="unknown keys"):
+        register_and_promote.fn(
+            str(trained_run), store, train_run_id=None, metrics=GOOD, rule={"fd_max": 1}
+        )
+
+
+def test_a_version_outlives_its_run_and_tokenizer_folders(
+    trained_run, tokenizer_dir, store, tmp_path
+):
+    """The registered version carries everything: with the run and the tokenizer folder gone,
+    ``vfm generate`` and the pyfunc model still decode with the shipped tokenizer."""
+    import shutil
+
+    from vfm_core.cli import main
+
+    run, tok = tmp_path / "run", tmp_path / "tok"
+    shutil.copytree(trained_run, run)
+    shutil.copytree(tokenizer_dir, tok)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"]["tokenizer"] = str(tok)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    _register(run, store, GOOD)
+    promote(NAME, 1)
+    shutil.rmtree(run)
+    shutil.rmtree(tok)
+    out = tmp_path / "gone.mp4"
+    argv = ["generate", "--checkpoint", f"models:/{NAME}@champion", "--prompt", "a red disc"]
+    assert main([*argv, "--frames", "5", "--size", "32x32", "--steps", "2", "--out", str(out)]) == 0
+    assert decode_frames(str(out)).shape == (5, 32, 32, 3)
+    model = mlflow.pyfunc.load_model(f"models:/{NAME}/1")
+    assert model.predict({"prompt": "a red disc", "steps": 2})["frames"][0] == 5

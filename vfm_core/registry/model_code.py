@@ -1,0 +1,8 @@
+"""The model logged from code for a registered DiT (MLflow "models from code": this file is
+copied into the model folder and run at load time; nothing is unpickled)."""
+
+import mlflow.models
+
+from vfm_core.registry.pyfunc import VideoModel
+
+mlflow.models.set_model(VideoModel())

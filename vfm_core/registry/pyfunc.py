@@ -1,0 +1,124 @@
+"""The pyfunc face of a registered DiT: ``mlflow.pyfunc.load_model("models:/vfm-dit-tiny@champion")
+.predict({"prompt": [...]})`` and ``mlflow models serve`` generate videos.
+
+Artifacts (:func:`stage_artifacts`): ``checkpoint``, a run directory holding ``config.yaml``,
+``text.json`` (how captions were embedded) and the one checkpoint registered; ``tokenizer``, the
+decoder the run generates with (absent for runs on synthetic latents: a latent preview is
+written). :class:`VideoModel` is logged from code (``model_code.py``): the model folder holds no
+pickle.
+
+``predict`` input: a DataFrame (or dict of lists / list of records) with a ``prompt`` column and
+optional ``frames``, ``size`` (``HxW``), ``seed``, ``steps``, ``guidance`` per row. Output: one
+row per prompt with the MP4 as base64 (``mp4_base64``) and what was generated (``frames``,
+``height``, ``width``, ``seed``, ``steps``, ``guidance``, ``checkpoint_step``).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+import pandas as pd
+
+__all__ = ["MODEL_CODE", "VideoModel", "stage_artifacts"]
+
+MODEL_CODE = Path(__file__).with_name("model_code.py")
+"""The models-from-code file logged as ``python_model``."""
+DEFAULTS = {"frames": 5, "size": "32x32", "seed": 0, "steps": None, "guidance": None}
+"""Per-row defaults of ``predict`` (a small, fast clip)."""
+
+
+def stage_artifacts(run_dir: Path, ckpt: Path, dst: Path, *, tokenizer: str | None) -> dict:
+    """Copy the parts of a run a registered version needs into ``dst``: ``dst/checkpoint`` (the
+    run's ``config.yaml``, ``text.json`` and ``checkpoints/<ckpt.name>``) and ``dst/tokenizer``;
+    returns the pyfunc ``artifacts`` mapping."""
+    from vfm_core.annotate.text_encoder import TEXT_RECORD
+
+    out = dst / "checkpoint"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copy2(run_dir / "config.yaml", out / "config.yaml")
+    if (run_dir / TEXT_RECORD).is_file():
+        shutil.copy2(run_dir / TEXT_RECORD, out / TEXT_RECORD)
+    shutil.copytree(ckpt, out / "checkpoints" / ckpt.name)
+    artifacts = {"checkpoint": str(out)}
+    if tokenizer:
+        shutil.copytree(tokenizer, dst / "tokenizer")
+        artifacts["tokenizer"] = str(dst / "tokenizer")
+    return artifacts
+
+
+def _rows(model_input: Any) -> list[dict[str, Any]]:
+    """DataFrame / dict of lists / dict of scalars / list of records -> records."""
+    if isinstance(model_input, dict):
+        model_input = pd.DataFrame(
+            model_input
+            if any(isinstance(v, list | tuple) for v in model_input.values())
+            else [model_input]
+        )
+    elif isinstance(model_input, list):
+        model_input = pd.DataFrame(model_input)
+    if not isinstance(model_input, pd.DataFrame) or "prompt" not in model_input.columns:
+        from vfm_core.infer.shapes import GenerateError
+
+        raise GenerateError("predict: expected a table with a 'prompt' column")
+    rows = []
+    for rec in model_input.to_dict("records"):
+        row = {**DEFAULTS, **{k: v for k, v in rec.items() if not _missing(v)}}
+        rows.append(row)
+    return rows
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+class VideoModel(mlflow.pyfunc.PythonModel):
+    """Text -> MP4 with the registered DiT (loaded once in :meth:`load_context`)."""
+
+    def load_context(self, context) -> None:
+        from vfm_core.infer.dit_checkpoint import load_dit
+
+        self.loaded = load_dit(context.artifacts["checkpoint"])
+        self.tokenizer = context.artifacts.get("tokenizer")
+
+    # a DataFrame hint: MLflow infers no schema from it (dicts and records pass through too)
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        from vfm_core.infer.generate import GenerateRequest, generate
+        from vfm_core.infer.shapes import parse_size
+
+        out = []
+        with tempfile.TemporaryDirectory(prefix="vfm-pyfunc-") as tmp:
+            for i, row in enumerate(_rows(model_input)):
+                height, width = parse_size(str(row["size"]))
+                request = GenerateRequest(
+                    prompt=str(row["prompt"]),
+                    frames=int(row["frames"]),
+                    height=height,
+                    width=width,
+                    seed=int(row["seed"]),
+                    steps=None if row["steps"] is None else int(row["steps"]),
+                    guidance=None if row["guidance"] is None else float(row["guidance"]),
+                    gif=False,
+                    progress=False,
+                )
+                mp4 = Path(tmp) / f"video_{i:03d}.mp4"
+                res = generate(self.loaded, request, mp4, tokenizer=self.tokenizer)
+                out.append(
+                    {
+                        "prompt": request.prompt,
+                        "mp4_base64": base64.b64encode(mp4.read_bytes()).decode("ascii"),
+                        "frames": res.frames,
+                        "height": res.size[0],
+                        "width": res.size[1],
+                        "seed": res.seed,
+                        "steps": res.steps,
+                        "guidance": res.guidance,
+                        "checkpoint_step": res.step,
+                    }
+                )
+        return pd.DataFrame(out)
