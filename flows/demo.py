@@ -2,9 +2,10 @@
 
 sample videos → curate → shard → tokenizer → encode latents → train dit-tiny → generate → report,
 as one Prefect flow (flows/pipeline.py) with every run in MLflow. A second ``make demo`` resumes:
-finished stages are skipped (``make clean`` starts over). ``VFM_DEMO_STEPS`` sets the training
-steps; ``make demo FAMILY=autoregressive`` (``VFM_DEMO_FAMILY``) runs the autoregressive family
-instead: a discrete (FSQ) tokenizer and ar-tiny, the causal transformer over its tokens.
+finished stages come from Prefect's cache (their task runs are ``Cached``), a changed setting
+reruns the stages that depend on it (``make clean`` starts over). ``VFM_DEMO_STEPS`` sets the
+training steps; ``make demo FAMILY=autoregressive`` (``VFM_DEMO_FAMILY``) runs the autoregressive
+family instead: a discrete (FSQ) tokenizer and ar-tiny, the causal transformer over its tokens.
 
 When the servers of ``make up`` are running the demo uses them (its flow runs appear in that Prefect
 UI, its MLflow runs in that MLflow server); otherwise an embedded Prefect API and the sqlite store

@@ -1,24 +1,28 @@
 """The whole pipeline as one Prefect DAG: sample → curate → shard → tokenizer → encode latents →
 train → generate → report. Each stage is a flow (or task) usable alone; this flow only composes
-them.
+them, each through a stage task cached by Prefect.
 
-Resumable: a finished stage leaves ``WORK/stages/<stage>.json`` (its summary and outputs), and a
-rerun skips every stage whose marker and outputs are still there, so a crash in ``train`` keeps
-the clips, shards and tokenizer and the rerun starts at ``train``. A failing stage fails the flow
-with the stage named. Hand-overs are URIs checked against the pandera contracts by the stage
-tasks (clips.parquet → shard index → checkpoint). The training run in MLflow carries the dataset
-lineage (clips manifest and shard index as MLflow dataset inputs). Never imports torch.
+Resumable through Prefect's own caching (:func:`tasks.pipeline.stage_cache`): a stage's cache key
+covers its inputs (the parameters and typed configs it is given) and the contents of what it reads
+(the sha256 of the shards' and latents' ``index.json``; the listing with sizes and mtimes of the
+source videos, clips, tokenizer and checkpoint folders); its summary is persisted as JSON under
+``WORK/stages/``. A rerun with the same key answers from the cache (task state ``Cached``: the
+stage is skipped and listed in ``reused``), so a crash in ``train`` keeps the clips, shards and
+tokenizer and the rerun starts at ``train``; a changed input reruns the stages that read it,
+directly or through an upstream output whose content changed; a stage whose output is gone runs
+again and refreshes its cache entry. A failing stage fails the flow with the stage named.
+Hand-overs are URIs checked against the pandera contracts by the stage tasks (clips.parquet →
+shard index → checkpoint). The training run in MLflow carries the dataset lineage (clips manifest
+and shard index as MLflow dataset inputs). Never imports torch.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+import shutil
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
-from prefect.artifacts import create_markdown_artifact
+from prefect import Task, flow, task
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from flows.curate import CurateParams, curate_flow
@@ -34,19 +38,22 @@ from flows.train import (
     train_flow,
 )
 from tasks.pipeline import (
-    finished_stage,
+    STAGE_RESULTS,
+    encode_stage,
     lineage_task,
-    mark_stage,
     sample_videos_task,
-    stage_key,
+    stage_cache,
     tokenizer_geometry,
     tokenizer_task,
 )
-from tasks.shard import encode_latents
+from tasks.registry import register_and_promote
+from tasks.report import pipeline_report_task
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
+from vfm_core import storage
 from vfm_core.config import TrackingConfig
 from vfm_core.curate.config import CurateConfig
-from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri, ui_hint
+from vfm_core.pipeline_report import headline_metrics
+from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri
 
 
 class PipelineStageError(RuntimeError):
@@ -112,36 +119,6 @@ class PipelineParams(BaseModel):
         return self.work_dir or str(data_dir() / "pipeline" / self.name)
 
 
-def _stage(
-    work: str,
-    name: str,
-    inputs: dict[str, Any],
-    run: Callable[[], dict[str, Any]],
-    outputs: Callable[[dict[str, Any]], list[str]],
-    *,
-    reused: list[str],
-) -> dict[str, Any]:
-    """Run one stage unless a finished run with the same ``inputs`` left its outputs (its name
-    then goes to ``reused``). A stage that made an MLflow run records the store it is in."""
-    key = stage_key(inputs)
-    done = finished_stage(work, name, key)
-    if done is not None:
-        print(f"stage {name}: done in an earlier run, skipped")
-        reused.append(name)
-        return done
-    try:
-        summary = run()
-    except Exception as e:
-        raise PipelineStageError(
-            f"pipeline stage '{name}' failed: {type(e).__name__}: {e} (outputs of the earlier "
-            f"stages are kept under {work}; rerun to resume at '{name}')"
-        ) from e
-    if summary.get("mlflow_run_id"):  # where its run is, for a later pipeline run that reuses it
-        summary = {**summary, "tracking_uri": tracking_uri()}
-    mark_stage(work, name, key, summary, outputs(summary))
-    return summary
-
-
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     p = params or PipelineParams()
@@ -170,37 +147,6 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     )
     end_mlflow_run(tracking, parent)
     return out
-
-
-HEADLINE = (
-    "prompt_colour_acc",
-    "prompt_direction_acc",
-    "prompt_colour_acc_held_out",
-    "prompt_direction_acc_held_out",
-    "untrained_prompt_colour_acc",
-    "untrained_prompt_direction_acc",
-    "fd_ratio_untrained",
-    "loss_reduction",
-    "frechet_distance",
-    "untrained_frechet_distance",
-    "fd_data_halves",
-    "heldout_loss",
-    "heldout_bits_per_token",
-)
-"""Evaluation metrics repeated on the pipeline's own MLflow run (compare pipelines at a glance)."""
-
-
-def headline_metrics(out: dict[str, Any]) -> dict[str, float]:
-    """The pipeline run's metrics: :data:`HEADLINE` of the evaluation and the tokenizer's PSNR /
-    SSIM next to their mean-colour baselines."""
-    m = out.get("generate", {}).get("metrics") or {}
-    got = {k: float(m[k]) for k in HEADLINE if k in m}
-    tok = out.get("tokenizer", {})
-    for k in ("psnr", "baseline_psnr", "ssim", "baseline_ssim"):
-        v = tok.get(k)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            got[f"tokenizer_{k}"] = float(v)
-    return got
 
 
 def train_settings(
@@ -233,120 +179,159 @@ def pixel_shape(latent_grid: tuple[int, int, int], geometry: dict[str, int]) -> 
     return 1 + t_c * (t - 1), f"{s * h}x{s * w}"
 
 
-def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"work_dir": work, "reused": []}
-    reused = out["reused"]  # stages finished by an earlier run of this pipeline, skipped now
+@task(name="curate-stage", cache_policy=stage_cache("params.src"), **STAGE_RESULTS)
+def curate_stage(params: CurateParams) -> dict[str, Any]:
+    """The curate flow, cached on its parameters and the source videos' listing."""
+    return curate_flow(params)
 
+
+@task(name="shard-stage", cache_policy=stage_cache("params.clips_dir"), **STAGE_RESULTS)
+def shard_stage(params: ShardParams) -> dict[str, Any]:
+    """The shard flow, cached on its parameters and the clips' listing."""
+    return shard_flow(params)
+
+
+@task(
+    name="train-stage",
+    cache_policy=stage_cache("latents", "tokenizer", exclude=("parent_run_id",)),
+    **STAGE_RESULTS,
+)
+def train_stage(
+    params: TrainParams,
+    *,
+    latents: str,
+    tokenizer: str,
+    clips: str,
+    shards: str,
+    parent_run_id: str,
+) -> dict[str, Any]:
+    """The train flow (its MLflow run nested under the pipeline's ``parent_run_id``, which is not
+    part of the cache key) and the run's dataset lineage; cached on the training form and the
+    contents of the latents and the tokenizer it trains on. It runs only when no finished run
+    matches, so a checkpoint folder already there is stale: it trains from scratch."""
+    if Path(params.out_dir).exists():  # an earlier run's, for other inputs (or crashed)
+        print(f"stage train: {params.out_dir} holds an earlier run's checkpoints, starting over")
+        shutil.rmtree(params.out_dir)
+    summary = train_flow(params, parent_run_id=parent_run_id)
+    if summary.get("mlflow_run_id"):
+        lineage_task(
+            summary["mlflow_run_id"],
+            params.experiment,
+            clips=clips,
+            shards=shards,
+            tokenizer=tokenizer,
+        )
+        summary = {**summary, "tracking_uri": tracking_uri()}  # where a later reuse finds it
+    return summary
+
+
+@task(
+    name="generate-stage",
+    cache_policy=stage_cache("params.checkpoint", "params.tokenizer", exclude=("parent_run_id",)),
+    **STAGE_RESULTS,
+)
+def generate_stage(params: GenerateParams, parent_run_id: str) -> dict[str, Any]:
+    """The generate flow (runs nested under ``parent_run_id``), cached on its form and the
+    contents of the checkpoint folder and the tokenizer."""
+    summary = generate_flow(params, parent_run_id=parent_run_id)
+    return {**summary, "tracking_uri": tracking_uri()}  # where a later reuse finds its run
+
+
+class StageRunner:
+    """Runs the pipeline's stage tasks through Prefect's cache (module docstring) with their
+    results under ``WORK/stages/``; ``reused`` names the stages answered from the cache."""
+
+    def __init__(self, work: str) -> None:
+        self.work = work
+        self.reused: list[str] = []
+
+    def run(self, name: str, stage: Task[..., Any], output: str, **inputs: Any) -> Any:
+        """Run ``stage`` on ``inputs``: from the cache when it ran before with the same key and
+        its ``output`` still exists; otherwise (output gone: the cache entry is refreshed) it runs.
+        A failure raises :class:`PipelineStageError` naming the stage."""
+        refresh = None if storage.exists(output) else True  # None: Prefect's setting decides
+        stage = stage.with_options(result_storage=Path(self.work, "stages"), refresh_cache=refresh)
+        state = stage(**inputs, return_state=True)
+        try:
+            result = state.result()
+        except Exception as e:
+            raise PipelineStageError(
+                f"pipeline stage '{name}' failed: {type(e).__name__}: {e} (outputs of the earlier "
+                f"stages are kept under {self.work}; rerun to resume at '{name}')"
+            ) from e
+        if state.name == "Cached":
+            print(f"stage {name}: done in an earlier run, skipped")
+            self.reused.append(name)
+        return result
+
+
+def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
+    stages = StageRunner(work)
+    out: dict[str, Any] = {"work_dir": work, "reused": stages.reused}
     src = p.src or f"{work}/raw"
     if not p.src:
-        _stage(
-            work,
-            "sample",
-            {"n": p.sample_videos},
-            lambda: {"dir": sample_videos_task(src, p.sample_videos)},
-            lambda s: [s["dir"]],
-            reused=reused,
-        )
-
-    curate_in = {"src": src, "splitter": p.splitter, "min": p.min_len_s, "max": p.max_len_s}
-    curate = _stage(
-        work,
-        "curate",
-        curate_in,
-        lambda: curate_flow(
-            CurateParams(
-                src=src,
-                dst=f"{work}/curated",
-                splitter=p.splitter,
-                min_len_s=p.min_len_s,
-                max_len_s=p.max_len_s,
-            )
-        ),
-        lambda s: [s["clips"]],
-        reused=reused,
+        stages.run("sample", sample_videos_task, src, dst=src, n=p.sample_videos)
+    curate = CurateParams(
+        src=src,
+        dst=f"{work}/curated",
+        splitter=p.splitter,
+        min_len_s=p.min_len_s,
+        max_len_s=p.max_len_s,
     )
-    out["curate"] = curate
-    shard = _stage(
-        work,
-        "shard",
-        {"curate": curate},
-        lambda: shard_flow(ShardParams(clips_dir=f"{work}/curated", shards_dir=f"{work}/shards")),
-        lambda s: [s["index"]],
-        reused=reused,
-    )
-    out["shard"] = shard
+    out["curate"] = stages.run("curate", curate_stage, curate.dst, params=curate)
+    shards = f"{work}/shards"
+    shard = ShardParams(clips_dir=curate.dst, shards_dir=shards)
+    out["shard"] = stages.run("shard", shard_stage, f"{shards}/index.json", params=shard)
 
     tok_dir = p.tokenizer
     if not tok_dir:
         # the tokenizer is fully convolutional and causal: it trains on small crops (5 frames of
         # 32 x 32) and encodes clips of any 1 + 4k frames and multiple-of-8 size
-        tok_in = {"shard": shard, "steps": p.tokenizer_steps, "preset": p.tokenizer_preset()}
-        tok = _stage(
-            work,
+        tok_dir = f"{work}/tokenizer"
+        out["tokenizer"] = stages.run(
             "tokenizer",
-            tok_in,
-            lambda: tokenizer_task(
-                f"{work}/shards",
-                f"{work}/tokenizer",
-                preset=p.tokenizer_preset(),
-                steps=p.tokenizer_steps,
-                frames=5,
-                size=32,
-            ),
-            lambda s: [s["dir"]],
-            reused=reused,
+            tokenizer_task,
+            tok_dir,
+            shards=shards,
+            out_dir=tok_dir,
+            preset=p.tokenizer_preset(),
+            steps=p.tokenizer_steps,
+            frames=5,
+            size=32,
         )
-        out["tokenizer"] = tok
-        tok_dir = tok["dir"]
 
-    enc = _stage(
-        work,
-        "encode",
-        {"shard": shard, "tokenizer": out.get("tokenizer", tok_dir)},
-        lambda: {
-            **encode_latents(f"{work}/shards", f"{work}/latents", tokenizer=tok_dir),
-            "dir": f"{work}/latents",
-        },
-        lambda s: [s["index"]],
-        reused=reused,
+    latents = f"{work}/latents"
+    enc = stages.run(
+        "encode", encode_stage, f"{latents}/index.json", src=shards, dst=latents, tokenizer=tok_dir
     )
-    out["encode"] = enc
+    out["encode"] = {**enc, "dir": latents}
 
     geometry = tokenizer_geometry(tok_dir)  # the tokenizer's own saved config
-    train_params = TrainParams(
+    train = TrainParams(
         family=p.family,
         recipe=p.recipe,
         steps=p.train_steps,
         out_dir=f"{work}/train",
         experiment=p.experiment,
-        settings=train_settings(p, latents=enc["dir"], tokenizer=tok_dir, geometry=geometry),
+        settings=train_settings(p, latents=latents, tokenizer=tok_dir, geometry=geometry),
         overrides=p.overrides,
     )
-
-    def run_train() -> dict[str, Any]:
-        summary = train_flow(train_params, parent_run_id=parent)
-        if summary.get("mlflow_run_id"):
-            lineage_task(
-                summary["mlflow_run_id"],
-                p.experiment,
-                clips=curate["clips"],
-                shards=shard["index"],
-                tokenizer=tok_dir,
-            )
-        return summary
-
-    train_in = {
-        "shard": enc,
-        "tokenizer": out.get("tokenizer", tok_dir),
-        "params": train_params.model_dump(),
-    }
-    train = _stage(work, "train", train_in, run_train, lambda s: [s["checkpoint"]], reused=reused)
-    out["train"] = train
+    out["train"] = stages.run(
+        "train",
+        train_stage,
+        train.out_dir,
+        params=train,
+        latents=latents,
+        tokenizer=tok_dir,
+        clips=out["curate"]["clips"],
+        shards=out["shard"]["index"],
+        parent_run_id=parent,
+    )
 
     if p.prompts:
         frames, size = pixel_shape(p.latent_grid, geometry)
-        gen_params = GenerateParams(
-            checkpoint=f"{work}/train",
+        generate = GenerateParams(
+            checkpoint=train.out_dir,
             prompts=p.prompts,
             frames=frames,
             size=size,
@@ -357,148 +342,30 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
             eval_samples=p.eval_samples,
             eval_prompts=p.eval_prompts,
         )
-        out["generate"] = _stage(
-            work,
-            "generate",
-            {"train": train, "params": gen_params.model_dump()},
-            lambda: generate_flow(gen_params, parent_run_id=parent),
-            lambda s: [v["mp4"] for v in s["videos"]],
-            reused=reused,
+        out["generate"] = stages.run(
+            "generate", generate_stage, generate.out_dir, params=generate, parent_run_id=parent
         )
+        gen = out["generate"]
+        if gen.get("metrics"):  # evaluated: a model version of vfm-RECIPE, maybe the champion
+            out["registry"] = register_and_promote(
+                train.out_dir,
+                TrackingConfig(experiment=p.experiment),
+                train_run_id=out["train"].get("mlflow_run_id"),
+                metrics=gen["metrics"],
+                eval_run_id=gen.get("eval_run_id"),
+                tokenizer=tok_dir,
+            )
+            reg = out["registry"]
+            print(
+                f"registered {reg['model_uri']}: "
+                f"{'champion' if reg['promoted'] else 'not promoted'} ({reg['reason']})"
+            )
 
-    report = _report(p, out, parent)
-    out["report"] = report
-    print(report)
+    out["report"] = pipeline_report_task(
+        out, name=p.name, recipe=p.recipe, experiment=p.experiment, parent_run_id=parent
+    )
+    print(out["report"])
     return out
-
-
-def _report(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
-    tr = out["train"]
-    final = tr.get("final", {})
-    lines = [
-        f"# vfm pipeline `{p.name}`",
-        "",
-        "| stage | result |",
-        "|---|---|",
-        f"| curate | {out['curate']['n_clips']} clips, {out['curate']['n_rejects']} rejects: "
-        f"`{out['curate']['clips']}` |",
-        f"| shard | {out['shard']['n_samples']} samples in {out['shard']['n_shards']} shards: "
-        f"`{out['shard']['index']}` |",
-    ]
-    if "tokenizer" in out:
-        tk = out["tokenizer"]
-        ssim = (
-            f", SSIM {tk['ssim']:.3f} (baseline {tk['baseline_ssim']:.3f})" if "ssim" in tk else ""
-        )
-        usage = tk.get("codebook_usage")
-        if usage is not None and not math.isnan(usage):  # a discrete tokenizer
-            ssim += f", {usage:.1%} of the codebook used"
-        lines.append(
-            f"| tokenizer | {tk['preset']}, PSNR {tk['psnr']:.1f} dB "
-            f"(mean-colour baseline {tk['baseline_psnr']:.1f}){ssim}: `{tk['dir']}` |"
-        )
-    lines.append(
-        f"| train | {p.recipe} {tr['step']} steps, loss {final.get('loss', float('nan')):.4f}, "
-        f"MFU {final.get('mfu', 0):.1%}, MLflow run `{tr.get('mlflow_run_id')}` |"
-    )
-    if "generate" in out:
-        g = out["generate"]
-        m = g.get("metrics") or {}
-        videos = ", ".join(f"`{v['mp4']}`" for v in g["videos"])
-        if "heldout_bits_per_token" in m:  # autoregressive
-            evaluation = (
-                f"; held-out {m['heldout_bits_per_token']:.2f} bits/token (uniform "
-                f"{m['uniform_bits_per_token']:.2f})"
-            )
-        elif m:
-            evaluation = (
-                f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance "
-                f"{m['frechet_distance']:.3f}"
-            )
-            if "fd_ratio_untrained" in m:
-                evaluation += (
-                    f" ({m['fd_ratio_untrained']:.1f}x lower than untrained "
-                    f"{m['untrained_frechet_distance']:.3f}"
-                )
-                if "fd_data_halves" in m:  # the floor of this sample size
-                    evaluation += (
-                        f"; two halves of the data: {m['fd_data_halves']:.3f} at "
-                        f"{int(m['fd_samples']) // 2} clips each"
-                    )
-                evaluation += f"; held-out loss {m['loss_reduction']:.0%} lower)"
-        else:
-            evaluation = ""
-        lines.append(f"| generate | {len(g['videos'])} videos{evaluation}: {videos} |")
-        if "prompt_colour_acc" in m:
-            lines.append(_following_row(m, g.get("prompt_sheet")))
-        if g.get("prompt_following"):
-            pf = g["prompt_following"]
-            held = (
-                f"; held-out combinations: colour {pf['colour_acc_held_out']:.0%}, direction "
-                f"{pf['direction_acc_held_out']:.0%}"
-                if "colour_acc_held_out" in pf
-                else ""
-            )
-            lines.append(
-                f"| your prompts | {int(pf['n_scored'])} generated videos read back from "
-                f"the pixels: colour {pf['colour_acc']:.0%}, direction "
-                f"{pf['direction_acc']:.0%}{held} |"
-            )
-        if g.get("contact_sheet"):
-            lines.append(f"| contact sheet | one row per prompt: `{g['contact_sheet']}` |")
-    lines += ["", _runs_line(p, out, parent)]
-    text = "\n".join(lines)
-    Path(out["work_dir"], "report.md").write_text(text + "\n")
-    create_markdown_artifact(
-        text,
-        key=f"pipeline-{p.name.lower().replace('_', '-')}".replace(".", "-"),
-        description="vfm pipeline summary",
-    )
-    return text
-
-
-def _following_row(m: dict[str, float], sheet: str | None) -> str:
-    """Report row of the evaluation's vocabulary prompts: accuracies, trained vs untrained."""
-
-    def pair(key: str) -> str:
-        base = m.get(f"untrained_{key}")
-        return f"{m[key]:.0%}" + (f" (untrained {base:.0%})" if base is not None else "")
-
-    text = (
-        f"| prompt following | {int(m.get('prompt_n_scored', 0))} vocabulary prompts, "
-        f"colour and direction read back from the pixels: colour {pair('prompt_colour_acc')},"
-        f" direction {pair('prompt_direction_acc')}"
-    )
-    if "prompt_colour_acc_held_out" in m:
-        text += (
-            f"; held-out combinations: colour {m['prompt_colour_acc_held_out']:.0%}, "
-            f"direction {m['prompt_direction_acc_held_out']:.0%}"
-        )
-    return text + (f"; one row per prompt: `{sheet}` |" if sheet else " |")
-
-
-def _runs_line(p: PipelineParams, out: dict[str, Any], parent: str) -> str:
-    """Where the runs are: the stages' MLflow runs are nested under this pipeline run when this
-    run made them; a stage reused from an earlier run keeps its run where that run logged it."""
-    made = [s for s in ("train", "generate") if s in out and s not in out["reused"]]
-    head = f"Runs: {ui_hint()} (experiment `{p.experiment}`, pipeline run `{parent}`"
-    nested = {"train": "train", "generate": "evaluate / generate"}
-    if made:
-        head += " with the " + " and ".join(nested[s] for s in made) + " runs nested under it"
-    earlier = []
-    for s in ("train", "generate"):
-        summary = out.get(s, {})
-        if s in out["reused"] and summary.get("mlflow_run_id"):
-            uri = summary.get("tracking_uri")
-            where = "" if uri in (None, tracking_uri()) else f" in the store {uri}"
-            earlier.append(f"{s} run `{summary['mlflow_run_id']}`{where}")
-    if earlier:
-        head += (
-            "; reused from an earlier run of this pipeline, not nested here: "
-            + ", ".join(earlier)
-            + "; `make clean` starts over"
-        )
-    return head + ")"
 
 
 if __name__ == "__main__":

@@ -1,63 +1,98 @@
-"""Prefect tasks of the end-to-end pipeline that are not a stage flow of their own: the built-in
-sample, the tokenizer trained on the shards and its geometry, stage markers (resume after the last
-finished stage) and the dataset lineage of the training run in MLflow."""
+"""Prefect tasks of the end-to-end pipeline that are not a stage flow of their own (the built-in
+sample, the tokenizer trained on the shards and its geometry, the latents encoded with it, the
+dataset lineage of the training run in MLflow) and the stages' cache.
+
+The cache is Prefect's own: a stage task's cache key (:func:`stage_cache`) covers its inputs
+(parameters, typed configs), its source, and the contents of the folders and files it reads
+(:func:`fingerprint`); its result is persisted as JSON (never pickle) with :data:`STAGE_RESULTS`.
+A changed input, or an upstream output whose content changed, gives a new key and the stage runs;
+the same key answers from the cache (task state ``Cached``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
+from prefect.context import TaskRunContext
+from prefect.utilities.hashing import hash_objects
 
 from tasks.logs import task_logger
+from tasks.shard import encode_latents
+from vfm_core import storage
 from vfm_core.tracking import log_lineage
 
-
-def stage_marker(work_dir: str, stage: str) -> Path:
-    return Path(work_dir) / "stages" / f"{stage}.json"
-
-
-def stage_key(inputs: dict[str, Any]) -> str:
-    """Fingerprint of what a stage depends on (its parameters and its upstream summaries)."""
-    blob = json.dumps(inputs, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+STAGE_RESULTS: dict[str, Any] = {"persist_result": True, "result_serializer": "json"}
+"""Task options of every stage: its result (a small summary dict) persisted as JSON, so that a
+later run with the same cache key reads it back instead of running the stage. No expiration: a
+stage stays done until an input changes or its output is deleted (``make clean`` starts over).
+The results of the subflows and tasks a stage runs land there too (Prefect persists the results
+of what runs inside a persisting task), as JSON as well."""
 
 
-def finished_stage(work_dir: str, stage: str, key: str) -> dict[str, Any] | None:
-    """The summary a finished ``stage`` left for the same inputs ``key``, or None (never run,
-    run with other inputs, or its outputs are gone)."""
-    path = stage_marker(work_dir, stage)
-    if not path.exists():
-        return None
-    done = json.loads(path.read_text())
-    if done.get("key") != key:
-        return None
-    if any(not Path(p).exists() for p in done.get("outputs", [])):
-        return None  # outputs deleted since: run the stage again
-    return done["summary"]
+def fingerprint(url: str) -> str:
+    """Content fingerprint of a file or folder a stage reads, cheap enough for every run: a folder
+    with an ``index.json`` (shards, latents) -> the sha256 of that index (written last, it carries
+    every shard's sha256: rewriting the same samples keeps the fingerprint); any other folder or
+    file (local or ``s3://``) -> its file listing with sizes and mtimes (ETags on S3);
+    ``"missing"`` when there is nothing at ``url``."""
+    fs, path = storage.filesystem(url)
+    if not fs.exists(path):
+        return "missing"
+    index = storage.join(url, "index.json")
+    if fs.isdir(path) and storage.exists(index):
+        return "index.json " + storage.content_hash(index, length=64)
+    listing = sorted(
+        (
+            name.removeprefix(path),
+            info.get("size"),
+            str(info.get("mtime", info.get("LastModified", ""))),
+            str(info.get("ETag", "")),
+        )
+        for name, info in fs.find(path, detail=True).items()
+    )
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def mark_stage(
-    work_dir: str, stage: str, key: str, summary: dict[str, Any], outputs: list[str]
-) -> None:
-    path = stage_marker(work_dir, stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "stage": stage,
-        "key": key,
-        "finished": time.time(),
-        "outputs": outputs,
-        "summary": summary,
-    }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    tmp.replace(path)
+@dataclass
+class ContentsOf(CachePolicy):
+    """Cache-key part: the :func:`fingerprint` of every path the task reads, named by argument
+    (``"shards"``) or by an attribute of one (``"params.src"``); None / "" values are skipped."""
+
+    reads: tuple[str, ...] = field(default_factory=tuple)
+
+    def compute_key(
+        self,
+        task_ctx: TaskRunContext,
+        inputs: dict[str, Any],
+        flow_parameters: dict[str, Any],
+        **kwargs: Any,
+    ) -> str | None:
+        prints = {}
+        for name in self.reads:
+            arg, *attrs = name.split(".")
+            value = inputs.get(arg)
+            for attr in attrs:
+                value = getattr(value, attr)
+            if value:
+                prints[name] = fingerprint(str(value))
+        return hash_objects(prints, raise_on_failure=True) if prints else None
 
 
-@task(name="sample-videos")
+def stage_cache(*reads: str, exclude: tuple[str, ...] = ()) -> CachePolicy:
+    """Cache policy of a pipeline stage: its inputs (less ``exclude``: values that differ on every
+    run, such as the pipeline's MLflow run id), its source and the contents of ``reads``."""
+    inputs = INPUTS
+    for name in exclude:
+        inputs = inputs - name
+    return inputs + TASK_SOURCE + ContentsOf(reads=reads)
+
+
+@task(name="sample-videos", cache_policy=stage_cache(), **STAGE_RESULTS)
 def sample_videos_task(dst: str, n: int) -> str:
     """Write the built-in synthetic sample (videos with known cuts and sidecar captions)."""
     from vfm_core.video.sample_set import write_sample_videos
@@ -67,7 +102,13 @@ def sample_videos_task(dst: str, n: int) -> str:
     return dst
 
 
-@task(name="train-tokenizer", retries=1, retry_delay_seconds=2)
+@task(
+    name="train-tokenizer",
+    retries=1,
+    retry_delay_seconds=2,
+    cache_policy=stage_cache("shards"),
+    **STAGE_RESULTS,
+)
 def tokenizer_task(
     shards: str, out_dir: str, *, preset: str, steps: int, frames: int, size: int
 ) -> dict[str, Any]:
@@ -96,6 +137,12 @@ def tokenizer_task(
         "baseline_ssim": m.baseline_ssim,
         "codebook_usage": m.codebook_usage,
     }
+
+
+encode_stage = encode_latents.with_options(
+    name="encode-latents", cache_policy=stage_cache("src", "tokenizer"), **STAGE_RESULTS
+)
+"""The latents stage: :func:`tasks.shard.encode_latents` cached on the shards and tokenizer read."""
 
 
 @task(name="tokenizer-geometry")

@@ -1,5 +1,7 @@
-"""Prefect task around the scaling report: one call of :func:`vfm_core.perf.report.build_report`,
-its files logged as artifacts of a report run in MLflow; returns the small summary."""
+"""Prefect tasks around the reports, each one call of its vfm_core builder: the scaling report
+(:func:`vfm_core.perf.report.build_report`, its files logged as artifacts of a report run in
+MLflow; returns the small summary) and the end-to-end pipeline's report
+(:func:`vfm_core.pipeline_report.pipeline_report`: ``report.md`` and a Prefect artifact)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 
 from tasks.logs import task_logger
 from vfm_core.config import TrackingConfig
+from vfm_core.pipeline_report import pipeline_report
 from vfm_core.tracking import ensure_experiment
 
 
@@ -36,3 +40,21 @@ def scaling_report_task(
         client.log_table(run_id, data=pd.DataFrame(rows), artifact_file="report/scaling.json")
     logger.info("scaling study %s:\n%s", study, summary["table"])
     return {**summary, "report_run_id": run_id}
+
+
+@task(name="pipeline-report")
+def pipeline_report_task(
+    stages: dict[str, Any], *, name: str, recipe: str, experiment: str, parent_run_id: str
+) -> str:
+    """Write the pipeline's report (:func:`vfm_core.pipeline_report.pipeline_report`) to
+    ``WORK/report.md`` and as a Prefect markdown artifact; returns its text."""
+    text = pipeline_report(
+        stages, name=name, recipe=recipe, experiment=experiment, parent_run_id=parent_run_id
+    )
+    Path(stages["work_dir"], "report.md").write_text(text + "\n")
+    create_markdown_artifact(
+        text,
+        key=f"pipeline-{name.lower().replace('_', '-')}".replace(".", "-"),
+        description="vfm pipeline summary",
+    )
+    return text

@@ -1,24 +1,39 @@
 """The end-to-end DAG on the built-in sample under a real (ephemeral) Prefect API: a failing stage
-fails the flow with the stage named and keeps what came before; the rerun resumes at that stage;
-the training run carries the dataset lineage in MLflow."""
+fails the flow with the stage named and keeps what came before; the rerun resumes at that stage
+(Prefect's cache: the finished stages' task runs are ``Cached``); a changed input reruns only the
+stages that depend on it, a deleted output its stage; the training run carries the dataset lineage
+in MLflow."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import time
+from pathlib import Path
 
 import pytest
+from prefect import flow, task
 
-from flows.pipeline import PipelineParams, PipelineStageError, pipeline_flow
-from tasks.pipeline import stage_marker
+from flows.pipeline import PipelineParams, PipelineStageError, StageRunner, pipeline_flow
+from tasks.pipeline import STAGE_RESULTS, fingerprint, stage_cache
 from vfm_core.video.sample_set import SAMPLE_MAX_LEN_S, SAMPLE_MIN_LEN_S
 
 TINY = ["data.batch_size=2"]
 
+STAGE_TASKS = {
+    "sample": "sample-videos",
+    "curate": "curate-stage",
+    "shard": "shard-stage",
+    "tokenizer": "train-tokenizer",
+    "encode": "encode-latents",
+    "train": "train-stage",
+    "generate": "generate-stage",
+}
+"""Pipeline stage -> the name of its task."""
 
-@pytest.mark.slow
-def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, tmp_path):
-    import mlflow
 
+def small(tmp_path: Path, **changes) -> PipelineParams:
+    """The pipeline on one sample video, a few steps each, one generated video."""
     base = dict(
         name="t-pipe",
         work_dir=str(tmp_path),
@@ -33,20 +48,50 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
         generate_steps=2,
         eval_prompts=3,
         eval_samples=4,
+        overrides=TINY,
     )
-    bad = PipelineParams(**base, overrides=TINY + ["model.in_channels=7"])  # != tokenizer latents
-    with pytest.raises(PipelineStageError, match="pipeline stage 'train' failed"):
-        pipeline_flow(bad)
-    kept = {
-        s: stage_marker(str(tmp_path), s)
-        for s in ("sample", "curate", "shard", "tokenizer", "encode")
-    }
-    assert all(p.exists() for p in kept.values())
-    assert not stage_marker(str(tmp_path), "train").exists()
-    mtimes = {s: p.stat().st_mtime_ns for s, p in kept.items()}
+    return PipelineParams(**{**base, **changes})
 
-    out = pipeline_flow(PipelineParams(**base, overrides=TINY))
-    assert {s: p.stat().st_mtime_ns for s, p in kept.items()} == mtimes  # not rerun
+
+def stage_states(state, stages=STAGE_TASKS) -> dict[str, str]:
+    """{stage: state name of its task run} in the flow run that ended in ``state``, read through
+    the Prefect client (task run states reach the API as events: wait for every stage's)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_run = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    deadline = time.monotonic() + 60
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=flow_run)
+        by_task = {r.name.rsplit("-", 1)[0]: r.state for r in runs if r.state is not None}
+        got = {s: by_task[t] for s, t in stages.items() if t in by_task}
+        if (set(got) == set(stages) and all(st.is_final() for st in got.values())) or (
+            time.monotonic() > deadline
+        ):
+            return {s: st.name for s, st in got.items()}
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, tmp_path):
+    import mlflow
+
+    bad = small(tmp_path, overrides=TINY + ["model.in_channels=7"])  # != tokenizer latents
+    crashed = pipeline_flow(bad, return_state=True)
+    with pytest.raises(PipelineStageError, match="pipeline stage 'train' failed"):
+        crashed.result()
+    kept = ("sample", "curate", "shard", "tokenizer", "encode")
+    assert stage_states(crashed) == {**dict.fromkeys(kept, "Completed"), "train": "Failed"}
+
+    resumed = pipeline_flow(small(tmp_path), return_state=True)
+    out = resumed.result()
+    assert stage_states(resumed) == {
+        **dict.fromkeys(kept, "Cached"),  # not rerun
+        "train": "Completed",
+        "generate": "Completed",
+    }
+    assert out["reused"] == list(kept)
     assert out["curate"]["n_clips"] > 0 and out["shard"]["n_samples"] == out["curate"]["n_clips"]
     assert out["train"]["step"] == 2
     assert out["encode"]["encoded"] == out["shard"]["n_samples"]  # trained on latents
@@ -99,7 +144,7 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
         if r.data.tags.get("vfm.stage") == "pipeline"
     )
 
-    again = pipeline_flow(PipelineParams(**base, overrides=TINY))  # everything done: no work
+    again = pipeline_flow(small(tmp_path))  # everything done: no work
     assert again["train"]["mlflow_run_id"] == out["train"]["mlflow_run_id"]
     # the new pipeline run has no children: its report and tag say where the reused runs are
     assert again["reused"] == [
@@ -121,8 +166,12 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     assert "nested under it" in out["report"].splitlines()[-1]
     tags = client.get_run(again["mlflow_run_id"]).data.tags
     assert tags["vfm.reused_stages"] == ",".join(again["reused"])
-    marker = json.loads(stage_marker(str(tmp_path), "train").read_text())
-    assert marker["outputs"] == [out["train"]["checkpoint"]]
+    # the stages' results are Prefect result records in JSON (no pickle), under WORK/stages/
+    records = [json.loads(f.read_text()) for f in (tmp_path / "stages").iterdir()]
+    results = [json.loads(r["result"]) for r in records if isinstance(r, dict) and "metadata" in r]
+    assert out["train"]["checkpoint"] in [
+        r.get("checkpoint") for r in results if isinstance(r, dict)
+    ]
 
 
 def test_pipeline_form_rejects_bad_values():
@@ -175,3 +224,93 @@ def test_pipeline_autoregressive_family(prefect_api, tmp_path):
     assert "of the codebook used" in report and 0 < out["tokenizer"]["codebook_usage"] <= 1
     run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])
     assert run.info.run_name == "ar-tiny 1proc 3 steps" and run.data.metrics["loss"] > 0
+
+
+@pytest.mark.slow
+def test_pipeline_reruns_only_what_changed(prefect_api, tmp_path):
+    """A second run is all Cached; a changed training setting reruns train and generate only; a
+    deleted output folder reruns its stage, and the stages after it only if its content changed."""
+    first = pipeline_flow(small(tmp_path, name="t-cache"), return_state=True)
+    out = first.result()
+    assert stage_states(first) == dict.fromkeys(STAGE_TASKS, "Completed")
+
+    again = pipeline_flow(small(tmp_path, name="t-cache"), return_state=True)
+    assert stage_states(again) == dict.fromkeys(STAGE_TASKS, "Cached")
+    assert again.result()["reused"] == list(STAGE_TASKS)
+    assert again.result()["train"]["checkpoint"] == out["train"]["checkpoint"]  # read back
+
+    changed = pipeline_flow(small(tmp_path, name="t-cache", train_steps=3), return_state=True)
+    upstream = ("sample", "curate", "shard", "tokenizer", "encode")
+    assert stage_states(changed) == {
+        **dict.fromkeys(upstream, "Cached"),
+        "train": "Completed",
+        "generate": "Completed",
+    }
+    assert changed.result()["train"]["step"] == 3
+
+    index = (tmp_path / "latents" / "index.json").read_bytes()
+    shutil.rmtree(tmp_path / "latents")
+    deleted = pipeline_flow(small(tmp_path, name="t-cache", train_steps=3), return_state=True)
+    states = stage_states(deleted)
+    assert states["encode"] == "Completed"
+    assert {states[s] for s in ("sample", "curate", "shard", "tokenizer")} == {"Cached"}
+    # the same shards and tokenizer give the same latents: their index (the fingerprint the
+    # training stage is keyed on) is unchanged, so training and generation stay cached
+    assert (tmp_path / "latents" / "index.json").read_bytes() == index
+    assert states["train"] == states["generate"] == "Cached"
+
+
+def test_fingerprint_of_folders_and_indexed_shards(tmp_path):
+    assert fingerprint(str(tmp_path / "nothing")) == "missing"
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "a.mp4").write_bytes(b"12")
+    before = fingerprint(str(tmp_path / "clips"))
+    (tmp_path / "clips" / "a.mp4").write_bytes(b"123")  # size (and mtime) changed
+    assert fingerprint(str(tmp_path / "clips")) != before
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "index.json").write_text('{"shards": []}')
+    (shards / "shard-0.tar").write_bytes(b"x")
+    indexed = fingerprint(str(shards))
+    (shards / "index.json").write_text('{"shards": []}')  # rewritten, same content
+    assert fingerprint(str(shards)) == indexed
+    (shards / "index.json").write_text('{"shards": [1]}')
+    assert fingerprint(str(shards)) != indexed
+
+
+@task(name="toy-copy", cache_policy=stage_cache("src"), **STAGE_RESULTS)
+def _toy_copy(src: str, dst: str) -> dict:
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return {"n": len(list(Path(dst).iterdir()))}
+
+
+@task(name="toy-count", cache_policy=stage_cache("src", exclude=("run_id",)), **STAGE_RESULTS)
+def _toy_count(src: str, dst: str, run_id: str) -> dict:
+    Path(dst).mkdir(exist_ok=True)
+    return {"bytes": sum(f.stat().st_size for f in Path(src).iterdir())}
+
+
+@flow(name="toy-stages")
+def _toy_pipeline(src: str, work: str) -> list[str]:
+    stages = StageRunner(work)
+    stages.run("copy", _toy_copy, f"{work}/copy", src=src, dst=f"{work}/copy")
+    stages.run(
+        "count", _toy_count, f"{work}/count", src=f"{work}/copy", dst=f"{work}/count", run_id=work
+    )
+    return stages.reused
+
+
+def test_stages_come_from_the_cache_until_an_input_or_an_output_changes(prefect_api, tmp_path):
+    src, work = tmp_path / "src", str(tmp_path / "work")
+    src.mkdir()
+    (src / "a").write_bytes(b"1")
+    assert _toy_pipeline(str(src), work) == []
+    assert _toy_pipeline(str(src), work) == ["copy", "count"]  # same inputs: Cached
+    shutil.rmtree(f"{work}/count")
+    assert _toy_pipeline(str(src), work) == ["copy"]  # its output gone: the stage reruns
+    assert Path(work, "count").is_dir()
+    assert _toy_pipeline(str(src), work) == ["copy", "count"]  # and its cache entry is fresh
+    (src / "b").write_bytes(b"22")
+    assert _toy_pipeline(str(src), work) == []  # new input: copy reruns, so does count
+    with pytest.raises(PipelineStageError, match="pipeline stage 'copy' failed"):
+        _toy_pipeline(str(tmp_path / "missing"), work)
