@@ -160,9 +160,16 @@ def ensure_experiment(cfg: TrackingConfig) -> str:
     location = None
     if uri.startswith("sqlite:///"):
         location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
-    return mlflow.create_experiment(
-        cfg.experiment, artifact_location=location, tags={KIND_TAG: TRAINING_KIND}
-    )
+    try:
+        return mlflow.create_experiment(
+            cfg.experiment, artifact_location=location, tags={KIND_TAG: TRAINING_KIND}
+        )
+    except mlflow.exceptions.MlflowException:
+        # runs started at once race to create it: the losers use the winner's experiment
+        exp = mlflow.get_experiment_by_name(cfg.experiment)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 TRAINING_KIND = "custom_model_development"

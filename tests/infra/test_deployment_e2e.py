@@ -271,3 +271,51 @@ def test_require_names_make_up():
 
     with pytest.raises(InfraError, match="make up"):
         require(f"http://127.0.0.1:{_free_port()}/api/health", "the Prefect API")
+
+
+@pytest.mark.slow
+def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(
+    servers, tmp_path, monkeypatch
+):
+    """The load test (#27 part 3) at CI size: flow runs of the train deployment submitted at once
+    (``python infra/load.py --runs 20`` is the full one) all complete, each with its own run
+    directory and MLflow run, and the servers log no error while they drain."""
+    import mlflow
+
+    monkeypatch.syspath_prepend(str(REPO))
+    from infra.load import submit_and_drain
+
+    env = servers
+    api = env["PREFECT_API_URL"]
+    if _api("GET", f"{api}/deployments/name/train/train")[0] == 404:
+        deploy = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all"]
+        deploy += ["--prefect-file", "deployments/prefect.yaml"]
+        d = subprocess.run(deploy, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert d.returncode == 0, d.stdout[-3000:] + d.stderr[-3000:]
+    n = int(os.environ.get("VFM_LOAD_RUNS", "4"))
+    params = [
+        {
+            "parameters": {
+                "params": {
+                    "steps": 2,
+                    "out_dir": str(tmp_path / f"load-{i}"),
+                    "experiment": "vfm-load",
+                }
+            }
+        }
+        for i in range(n)
+    ]
+    infra_dir = Path(env["VFM_INFRA_DIR"])
+    report = submit_and_drain(api, "train/train", params, infra_dir=infra_dir, timeout_s=900)
+    print(f"load: {n} runs, submit {report.submit_s:.1f} s, drain {report.drain_s:.1f} s")
+    assert report.states == {"COMPLETED": n}, (report, _worker_log(env))
+    for i in range(n):
+        assert len((tmp_path / f"load-{i}" / "metrics.jsonl").read_text().splitlines()) == 2
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("vfm-load")
+    found = client.search_runs([exp.experiment_id])
+    ids = {r.data.tags["vfm.prefect_flow_run_id"] for r in found}
+    assert ids == set(report.flow_run_ids) and all(r.info.status == "FINISHED" for r in found)
+    if any(report.log_errors.values()):  # the whole log, to see what a traceback was about
+        print((infra_dir / "prefect.log").read_text(errors="replace")[-20000:])
+    assert report.log_errors == {"prefect": [], "worker": [], "mlflow": []}, report.log_errors

@@ -1,0 +1,228 @@
+"""Load test of the scale-out servers (#27): N flow runs of a deployment submitted at once, as N
+users pressing Run in the Prefect UI, then drained.
+
+    python infra/load.py --runs 20 [--steps 2] [--deployment train/train] [--json]
+
+Starts its own servers (``infra/services.py up``: Prefect server + process worker + MLflow +
+S3 on free ports in a temporary ``VFM_INFRA_DIR``), deploys ``deployments/prefect.yaml``,
+submits the runs through the REST API the UI uses, waits until every run has ended, and
+reports: time to submit, time to drain, states, each run's own directory and MLflow run, and
+the error lines of the servers' logs (sqlite lock contention that the client retried is counted
+apart: it is not a failure). :func:`submit_and_drain` is what the CI test calls with fewer runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+_STAMP = re.compile(r"^(\d{2}:\d{2}:\d{2}\.\d+ \||\[?\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2})")
+"""The start of a log entry: Prefect's ``HH:MM:SS.mmm |`` or a dated line (MLflow, uvicorn)."""
+LOGS = ("prefect", "worker", "mlflow")
+
+
+@dataclass(kw_only=True)
+class LoadReport:
+    runs: int
+    submit_s: float
+    """Seconds to create every flow run (server answers, 503 retries included)."""
+    drain_s: float
+    """Seconds from the first submission until the last run ended."""
+    states: dict[str, int]
+    run_dirs: list[str]
+    flow_run_ids: list[str]
+    busy_retries: int
+    """Create requests the busy server answered 503 (retried, as the UI's button does)."""
+    log_errors: dict[str, list[str]] = field(default_factory=dict)
+    """Service -> error lines of its log (sqlite lock contention left out, counted below)."""
+    locked: dict[str, int] = field(default_factory=dict)
+    """Service -> 'database is locked' lines (retried by the client)."""
+
+
+def _api(method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def log_errors(path: Path, start: int = 0) -> tuple[list[str], int]:
+    """(first lines of the error entries, entries about sqlite lock contention) of one service
+    log from byte ``start``. An entry is a line with a timestamp and what follows it (its
+    traceback); one whose text says "database is locked" is lock contention of the sqlite
+    store, which the server retries, counted apart."""
+    if not path.exists():
+        return [], 0
+    with path.open("rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    entries: list[list[str]] = []
+    for line in lines:
+        if _STAMP.match(line) or not entries:
+            entries.append([line])
+        else:
+            entries[-1].append(line)
+    bad, locked = [], 0
+    for entry in entries:
+        text = "\n".join(entry)
+        if not any(w in text for w in ("ERROR", "Traceback", "Exception")):
+            continue
+        if "database is locked" in text:
+            locked += 1
+        else:
+            bad.append(entry[0])
+    return bad, locked
+
+
+def submit_and_drain(
+    api: str,
+    deployment: str,
+    params: list[dict],
+    *,
+    infra_dir: Path,
+    timeout_s: float = 1800,
+) -> LoadReport:
+    """Create one flow run of ``deployment`` ("flow/deployment") per parameter dict at once,
+    wait until all have ended; the report of :class:`LoadReport`."""
+    code, dep = _api("GET", f"{api}/deployments/name/{deployment}")
+    if code != 200:
+        raise RuntimeError(f"deployment {deployment}: {code} {dep}")
+    logs = {name: infra_dir / f"{name}.log" for name in LOGS}
+    start = {name: p.stat().st_size if p.exists() else 0 for name, p in logs.items()}
+    t0 = time.monotonic()
+    runs, busy = [], 0
+    for p in params:
+        for _ in range(20):
+            code, run = _api("POST", f"{api}/deployments/{dep['id']}/create_flow_run", p)
+            if code != 503:
+                break
+            busy += 1
+            time.sleep(2)
+        if code != 201:
+            raise RuntimeError(f"create_flow_run: {code} {run}")
+        runs.append(run)
+    submit_s = time.monotonic() - t0
+    pending = {r["id"]: r for r in runs}
+    deadline = t0 + timeout_s
+    while time.monotonic() < deadline:
+        for rid in list(pending):
+            code, r = _api("GET", f"{api}/flow_runs/{rid}")
+            if code == 200 and r["state"]["type"] in FINAL:
+                pending.pop(rid)
+                runs[[x["id"] for x in runs].index(rid)] = r
+        if not pending:
+            break
+        time.sleep(3)
+    drain_s = time.monotonic() - t0
+    states: dict[str, int] = {}
+    for r in runs:
+        key = r["state"]["type"] if r["id"] not in pending else "NOT ENDED"
+        states[key] = states.get(key, 0) + 1
+    report = LoadReport(
+        runs=len(runs),
+        submit_s=submit_s,
+        drain_s=drain_s,
+        states=states,
+        run_dirs=[p["parameters"]["params"].get("out_dir", "") for p in params],
+        flow_run_ids=[r["id"] for r in runs],
+        busy_retries=busy,
+    )
+    for name, path in logs.items():  # only what was written during this load
+        report.log_errors[name], report.locked[name] = log_errors(path, start[name])
+    return report
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--deployment", default="train/train")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.runs < 1 or args.steps < 1:
+        ap.error("--runs and --steps must be >= 1")
+    root = Path(tempfile.mkdtemp(prefix="vfm-load-"))
+    env = dict(os.environ)
+    env.update(
+        VFM_PREFECT_PORT=str(_free_port()),
+        VFM_MLFLOW_PORT=str(_free_port()),
+        VFM_S3_PORT=str(_free_port()),
+        VFM_INFRA_DIR=str(root / "infra"),
+        VFM_DATA_DIR=str(root / "data"),
+        PREFECT_HOME=str(root / "client-prefect"),
+    )
+    services = [sys.executable, str(ROOT / "infra" / "services.py")]
+    up = subprocess.run(services + ["up"], env=env, capture_output=True, text=True, timeout=600)
+    if up.returncode != 0:
+        print(up.stdout + up.stderr, file=sys.stderr)
+        return 1
+    try:
+        for line in (root / "infra" / "env.sh").read_text().splitlines():
+            key, _, value = line.removeprefix("export ").partition("=")
+            env[key] = value.strip("'")
+        deploy = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all"]
+        deploy += ["--prefect-file", "deployments/prefect.yaml"]
+        d = subprocess.run(deploy, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if d.returncode != 0:
+            print(d.stdout[-3000:] + d.stderr[-3000:], file=sys.stderr)
+            return 1
+        params = [
+            {
+                "parameters": {
+                    "params": {
+                        "steps": args.steps,
+                        "out_dir": str(root / "runs" / f"load-{i:03d}"),
+                        "experiment": "vfm-load",
+                    }
+                }
+            }
+            for i in range(args.runs)
+        ]
+        report = submit_and_drain(
+            env["PREFECT_API_URL"], args.deployment, params, infra_dir=root / "infra"
+        )
+    finally:
+        subprocess.run(services + ["down"], env=env, capture_output=True, text=True, timeout=120)
+    if args.json:
+        print(json.dumps(asdict(report)))
+        return 0
+    print(f"## {report.runs} flow runs of {args.deployment} submitted at once ({args.steps} steps)")
+    print("| submit s | drain s | states | 503 retries | log errors | sqlite locked |")
+    print("|---|---|---|---|---|---|")
+    errors = {k: len(v) for k, v in report.log_errors.items()}
+    print(
+        f"| {report.submit_s:.1f} | {report.drain_s:.1f} | {report.states} | "
+        f"{report.busy_retries} | {errors} | {report.locked} |"
+    )
+    for name, lines in report.log_errors.items():
+        for x in lines[:5]:
+            print(f"{name}: {x}")
+    return 0 if report.states == {"COMPLETED": report.runs} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
