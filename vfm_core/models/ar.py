@@ -22,7 +22,7 @@ from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid, PackLayout, ShapeError, per_sample_mean, rope_angles
 from vfm_core.models.attention import Attention, KVCache
 from vfm_core.models.init import Init, linear_rule
-from vfm_core.models.layers import SwiGLU, rope_3d
+from vfm_core.models.layers import RMSNorm, SwiGLU, rope_3d
 from vfm_core.models.packed import TokenPack, token_pack
 
 
@@ -31,7 +31,7 @@ class ARBlock(nn.Module):
         super().__init__()
         d, eps = cfg.hidden, cfg.norm_eps
         attn = dict(kv_heads=cfg.kv_heads, qk_norm=cfg.qk_norm, eps=eps)
-        self.norms = nn.ModuleList(nn.RMSNorm(d, eps=eps) for _ in range(3))
+        self.norms = nn.ModuleList(RMSNorm(d, eps=eps) for _ in range(3))
         # one causal pass; a list like the DiT block's passes, so the TP plan serves both
         self.layouts = ("causal",)
         self.self_attn = nn.ModuleList([Attention(d, cfg.heads, **attn)])
@@ -73,7 +73,7 @@ class CausalVideoTransformer(nn.Module):
         self.bos = cfg.vocab_size  # one extra embedding row: the start of every video
         self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)
         self.blocks = nn.ModuleDict({str(i): ARBlock(cfg) for i in range(cfg.depth)})
-        self.norm = nn.RMSNorm(cfg.hidden, eps=cfg.norm_eps)
+        self.norm = RMSNorm(cfg.hidden, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
 
     @staticmethod

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from vfm_core.geometry import Grid
-from vfm_core.models.layers import apply_rope, attention
+from vfm_core.models.layers import RMSNorm, apply_rope, attention
 
 Layout = Literal["full", "spatial", "temporal"]
 
@@ -120,8 +120,8 @@ class Attention(nn.Module):
         self.v = nn.Linear(context_dim or dim, kv_heads * self.head_dim, bias=False)
         self.o = nn.Linear(heads * self.head_dim, dim, bias=False)
         if qk_norm:  # per-head RMSNorm: normalises each head's d-vector, so it commutes with TP
-            self.q_norm: nn.Module = nn.RMSNorm(self.head_dim, eps=eps)
-            self.k_norm: nn.Module = nn.RMSNorm(self.head_dim, eps=eps)
+            self.q_norm: nn.Module = RMSNorm(self.head_dim, eps=eps)
+            self.k_norm: nn.Module = RMSNorm(self.head_dim, eps=eps)
         else:
             self.q_norm = self.k_norm = nn.Identity()
         # replaceable core (q, k, v, *, grid, layout[, sample_ids]) -> (B, Hq, N, d), set by

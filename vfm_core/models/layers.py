@@ -65,11 +65,23 @@ class TimestepEmbedder(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------- norms
+class RMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` whose weight follows the input's dtype: under bf16 autocast the fused
+    kernel runs (torch falls back to the unfused one for a bf16 input with an fp32 weight);
+    fp32 inputs compute exactly as ``nn.RMSNorm``. Same parameters, same checkpoints."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if w is not None and w.dtype != x.dtype:
+            w = w.to(x.dtype)
+        return F.rms_norm(x, self.normalized_shape, w, self.eps)
+
+
 def make_norm(kind: str, dim: int, eps: float, affine: bool = False) -> nn.Module:
     """Pre-norm before AdaLN modulation: affine=False since shift/scale come from the
     conditioning."""
     if kind == "rms":
-        return nn.RMSNorm(dim, eps=eps, elementwise_affine=affine)
+        return RMSNorm(dim, eps=eps, elementwise_affine=affine)
     return nn.LayerNorm(dim, eps=eps, elementwise_affine=affine)
 
 
