@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.curate.conftest import CFG, assert_covered
 from vfm_core import storage
 
 
@@ -63,8 +64,6 @@ def _big(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_video_that_met_a_full_disk_is_curated_again(small_disk, tmp_path):
-    from conftest import CFG, assert_covered
-
     from vfm_core.contracts import Rejects, read_manifest
     from vfm_core.curate.pipeline import curate
     from vfm_core.video.synthetic import demo_spec, make_video

@@ -30,7 +30,9 @@ def test_transnet_wheel_video(tmp_path):
     clips = read_clips(str(tmp_path / "o"))
     assert out["n_inputs"] == 1 and clips.height >= 10
     assert_covered(tmp_path / "o")
-    assert (clips["width"].unique().to_list(), clips["height"].unique().to_list()) == ([160], [90])
+    # the 160x90 picture has dark pillarbox bars: cropped to the 116 px picture between them
+    assert (clips["width"].unique().to_list(), clips["height"].unique().to_list()) == ([116], [90])
+    assert clips["crop_x"].unique().to_list() == [22]
     # no accepted clip of the first 12 s straddles a known cut (clips are continuous shots)
     early = clips.filter(clips["end_frame"] <= 300)
     assert early.height >= 5

@@ -202,6 +202,7 @@ def test_s3_transient_errors_retried_then_clear(s3_server, tmp_path, monkeypatch
             read_range(shard, *span, retries=2, backoff=0.05)
     finally:
         server.start()
+        s3fs.S3FileSystem.clear_instance_cache()  # no client of 1 attempt left for later tests
 
 
 def test_index_latent_shape_is_checked(tmp_path):

@@ -88,10 +88,12 @@ class RawSample:
 
 
 def read_range(
-    url: str, offset: int, length: int, *, retries: int = 3, backoff: float = 0.2
+    url: str, offset: int, length: int, *, retries: int = 5, backoff: float = 0.5
 ) -> bytes:
     """``length`` bytes of ``url`` from ``offset`` (one range request on S3), retried with
-    exponential backoff on transient I/O errors; a short read (truncated shard) is an error."""
+    exponential backoff on transient I/O errors (default: waits of 0.5 .. 8 s, ~15 s in all, on
+    top of the S3 client's own retries: an endpoint restart is waited out); a short read
+    (truncated shard) is an error."""
     fs, path = storage.filesystem(url)
     last: Exception | None = None
     for attempt in range(retries + 1):
