@@ -191,3 +191,17 @@ def token_shards(tmp_path_factory):
     ).parent
     encode_shards(str(root / "src"), str(root / "dst"), tokenizer=tok)
     return root, tok
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_tracking_uri_restored():
+    """A test that points MLflow's process-global tracking URI at its own (short-lived) server
+    must not leave it there for the next test (``MlflowClient()`` without a URI reads it)."""
+    import sys
+
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    before = getattr(utils, "_tracking_uri", None)
+    yield
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    if utils is not None and getattr(utils, "_tracking_uri", None) != before:
+        utils._tracking_uri = before

@@ -15,7 +15,9 @@ def test_tokenizer_training_logs_progress(caplog, monkeypatch):
     clips = [synthetic_clips(2, frames=5, size=16, seed=i) for i in range(2)]
     train_tokenizer(TokenizerConfig(), clips, steps=4, progress=False)
     lines = [r.getMessage() for r in caplog.records if r.name == "vfm_core.tokenizer.train"]
-    assert [ln.split(",")[0] for ln in lines] == [
-        f"tokenizer training: {i}/4 step{'s' * (i > 1)} ({i / 4:.0%})" for i in range(1, 5)
-    ]
+    want = [f"tokenizer training: {i}/4 step{'s' * (i > 1)} ({i / 4:.0%})" for i in range(1, 5)]
+    got = [ln.split(",")[0] for ln in lines]
+    # every line one of the steps, in order, the last one at 100% (a slow first step may fall in
+    # the quiet start-up delay, so the first lines are not all promised)
+    assert got and got[-1] == want[-1] and got == [w for w in want if w in got], got
     assert " step/s, about " in lines[-1] and "loss " in lines[-1]
