@@ -196,12 +196,20 @@ def token_shards(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _mlflow_tracking_uri_restored():
     """A test that points MLflow's process-global tracking URI at its own (short-lived) server
-    must not leave it there for the next test (``MlflowClient()`` without a URI reads it)."""
+    must not leave it there for the next test: ``mlflow.set_tracking_uri`` sets the module global
+    and ``MLFLOW_TRACKING_URI`` in the environment, which the next run would read."""
+    import os
     import sys
 
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     before = getattr(utils, "_tracking_uri", None)
+    env = os.environ.get("MLFLOW_TRACKING_URI")  # mlflow.set_tracking_uri sets it too
     yield
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     if utils is not None and getattr(utils, "_tracking_uri", None) != before:
         utils._tracking_uri = before
+    if os.environ.get("MLFLOW_TRACKING_URI") != env:
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = env
