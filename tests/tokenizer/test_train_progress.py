@@ -17,6 +17,8 @@ def test_tokenizer_training_logs_progress(caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records if r.name == "vfm_core.tokenizer.train"]
     want = [f"tokenizer training: {i}/4 step{'s' * (i > 1)} ({i / 4:.0%})" for i in range(1, 5)]
     got = [ln.split(",")[0] for ln in lines]
+    # a handler another test left on a parent logger may deliver a record to caplog twice
+    got = [g for i, g in enumerate(got) if i == 0 or g != got[i - 1]]
     # every line one of the steps, in order, the last one at 100% (a slow first step may fall in
     # the quiet start-up delay, so the first lines are not all promised)
     assert got and got[-1] == want[-1] and got == [w for w in want if w in got], got
