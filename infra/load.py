@@ -53,7 +53,8 @@ class LoadReport:
     """Service -> 'database is locked' lines (retried by the client)."""
 
 
-def _api(method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+def api(method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """(status, JSON body) of one REST call to a Prefect server (what the UI sends)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
@@ -102,7 +103,7 @@ def submit_and_drain(
 ) -> LoadReport:
     """Create one flow run of ``deployment`` ("flow/deployment") per parameter dict at once,
     wait until all have ended; the report of :class:`LoadReport`."""
-    code, dep = _api("GET", f"{api}/deployments/name/{deployment}")
+    code, dep = api("GET", f"{api}/deployments/name/{deployment}")
     if code != 200:
         raise RuntimeError(f"deployment {deployment}: {code} {dep}")
     logs = {name: infra_dir / f"{name}.log" for name in LOGS}
@@ -111,7 +112,7 @@ def submit_and_drain(
     runs, busy = [], 0
     for p in params:
         for _ in range(20):
-            code, run = _api("POST", f"{api}/deployments/{dep['id']}/create_flow_run", p)
+            code, run = api("POST", f"{api}/deployments/{dep['id']}/create_flow_run", p)
             if code != 503:
                 break
             busy += 1
@@ -124,7 +125,7 @@ def submit_and_drain(
     deadline = t0 + timeout_s
     while time.monotonic() < deadline:
         for rid in list(pending):
-            code, r = _api("GET", f"{api}/flow_runs/{rid}")
+            code, r = api("GET", f"{api}/flow_runs/{rid}")
             if code == 200 and r["state"]["type"] in FINAL:
                 pending.pop(rid)
                 runs[[x["id"] for x in runs].index(rid)] = r
@@ -150,10 +151,27 @@ def submit_and_drain(
     return report
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def deploy(prefect_file: str | Path, env: dict[str, str], *, timeout: float = 600) -> None:
+    """``prefect deploy --all`` of ``prefect_file`` (run from the repository root) against the
+    server ``env`` names; a failure raises with the tail of its output."""
+    argv = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file"]
+    d = subprocess.run(
+        [*argv, str(prefect_file)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if d.returncode != 0:
+        raise RuntimeError(f"prefect deploy {prefect_file}: {d.stdout[-3000:]}{d.stderr[-3000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="vfm-load-"))
     env = dict(os.environ)
     env.update(
-        VFM_PREFECT_PORT=str(_free_port()),
-        VFM_MLFLOW_PORT=str(_free_port()),
-        VFM_S3_PORT=str(_free_port()),
+        VFM_PREFECT_PORT=str(free_port()),
+        VFM_MLFLOW_PORT=str(free_port()),
+        VFM_S3_PORT=str(free_port()),
         VFM_INFRA_DIR=str(root / "infra"),
         VFM_DATA_DIR=str(root / "data"),
         PREFECT_HOME=str(root / "client-prefect"),
@@ -184,11 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in (root / "infra" / "env.sh").read_text().splitlines():
             key, _, value = line.removeprefix("export ").partition("=")
             env[key] = value.strip("'")
-        deploy = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all"]
-        deploy += ["--prefect-file", "deployments/prefect.yaml"]
-        d = subprocess.run(deploy, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        if d.returncode != 0:
-            print(d.stdout[-3000:] + d.stderr[-3000:], file=sys.stderr)
+        try:
+            deploy("deployments/prefect.yaml", env)
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
             return 1
         params = [
             {

@@ -4,15 +4,14 @@ dataset lineage of the training run in MLflow) and the stages' cache.
 
 The cache is Prefect's own: a stage task's cache key (:func:`stage_cache`) covers its inputs
 (parameters, typed configs), its source, and the contents of the folders and files it reads
-(:func:`fingerprint`); its result is persisted as JSON (never pickle) with :data:`STAGE_RESULTS`.
+(:func:`vfm_core.storage.fingerprint`); its result is persisted as JSON (never pickle) with
+:data:`STAGE_RESULTS`.
 A changed input, or an upstream output whose content changed, gives a new key and the stage runs;
 the same key answers from the cache (task state ``Cached``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,34 +33,11 @@ The results of the subflows and tasks a stage runs land there too (Prefect persi
 of what runs inside a persisting task), as JSON as well."""
 
 
-def fingerprint(url: str) -> str:
-    """Content fingerprint of a file or folder a stage reads, cheap enough for every run: a folder
-    with an ``index.json`` (shards, latents) -> the sha256 of that index (written last, it carries
-    every shard's sha256: rewriting the same samples keeps the fingerprint); any other folder or
-    file (local or ``s3://``) -> its file listing with sizes and mtimes (ETags on S3);
-    ``"missing"`` when there is nothing at ``url``."""
-    fs, path = storage.filesystem(url)
-    if not fs.exists(path):
-        return "missing"
-    index = storage.join(url, "index.json")
-    if fs.isdir(path) and storage.exists(index):
-        return "index.json " + storage.content_hash(index, length=64)
-    listing = sorted(
-        (
-            name.removeprefix(path),
-            info.get("size"),
-            str(info.get("mtime", info.get("LastModified", ""))),
-            str(info.get("ETag", "")),
-        )
-        for name, info in fs.find(path, detail=True).items()
-    )
-    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-
-
 @dataclass
 class ContentsOf(CachePolicy):
-    """Cache-key part: the :func:`fingerprint` of every path the task reads, named by argument
-    (``"shards"``) or by an attribute of one (``"params.src"``); None / "" values are skipped."""
+    """Cache-key part: the :func:`~vfm_core.storage.fingerprint` of every path the task reads,
+    named by argument (``"shards"``) or by an attribute of one (``"params.src"``); None / ""
+    values are skipped."""
 
     reads: tuple[str, ...] = field(default_factory=tuple)
 
@@ -79,7 +55,7 @@ class ContentsOf(CachePolicy):
             for attr in attrs:
                 value = getattr(value, attr)
             if value:
-                prints[name] = fingerprint(str(value))
+                prints[name] = storage.fingerprint(str(value))
         return hash_objects(prints, raise_on_failure=True) if prints else None
 
 

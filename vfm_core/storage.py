@@ -13,6 +13,7 @@ PUT is atomic by itself).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 from collections.abc import Iterator
@@ -161,3 +162,27 @@ def content_hash(url: str, *, length: int = 16) -> str:
 
 def bytes_hash(data: bytes, *, length: int = 16) -> str:
     return hashlib.sha256(data).hexdigest()[:length]
+
+
+def fingerprint(url: str) -> str:
+    """Content fingerprint of a file or folder (what a cached pipeline stage reads), cheap
+    enough for every run: a folder with an ``index.json`` (shards, latents) -> the sha256 of that
+    index (written last, it carries every shard's sha256: rewriting the same samples keeps the
+    fingerprint); any other folder or file (local or ``s3://``) -> its file listing with sizes
+    and mtimes (ETags on S3); ``"missing"`` when there is nothing at ``url``."""
+    fs, path = filesystem(url)
+    if not fs.exists(path):
+        return "missing"
+    index = join(url, "index.json")
+    if fs.isdir(path) and exists(index):
+        return "index.json " + content_hash(index, length=64)
+    listing = sorted(
+        (
+            name.removeprefix(path),
+            info.get("size"),
+            str(info.get("mtime", info.get("LastModified", ""))),
+            str(info.get("ETag", "")),
+        )
+        for name, info in fs.find(path, detail=True).items()
+    )
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()

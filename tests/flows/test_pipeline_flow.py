@@ -15,7 +15,8 @@ import pytest
 from prefect import flow, task
 
 from flows.pipeline import PipelineParams, PipelineStageError, StageRunner, pipeline_flow
-from tasks.pipeline import STAGE_RESULTS, fingerprint, stage_cache
+from tasks.pipeline import STAGE_RESULTS, stage_cache
+from vfm_core.storage import fingerprint
 from vfm_core.video.sample_set import SAMPLE_MAX_LEN_S, SAMPLE_MIN_LEN_S
 
 TINY = ["data.batch_size=2"]

@@ -6,36 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from infra.load import api as _api
+from infra.load import deploy
+from infra.load import free_port as _free_port
+
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = [sys.executable, str(REPO / "infra" / "services.py")]
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _api(method: str, url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +53,7 @@ def servers(tmp_path_factory):
 @pytest.mark.slow
 def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
     env = servers
-    deploy = subprocess.run(
-        [
-            str(BIN / "prefect"),
-            "--no-prompt",
-            "deploy",
-            "--all",
-            "--prefect-file",
-            "deployments/prefect.yaml",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    deploy("deployments/prefect.yaml", env)
     api = env["PREFECT_API_URL"]
 
     # what the UI does: look the deployment up, then create a flow run with the form's values
@@ -163,22 +132,7 @@ def test_train_deployment_twice_with_defaults_and_a_failing_run(servers):
     env = servers
     code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
     if code == 404:  # this module's first test deploys; run alone, deploy here
-        deploy = subprocess.run(
-            [
-                str(BIN / "prefect"),
-                "--no-prompt",
-                "deploy",
-                "--all",
-                "--prefect-file",
-                "deployments/prefect.yaml",
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        deploy("deployments/prefect.yaml", env)
         code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
     assert code == 200, dep
     runs = [_run_deployment(env, dep["id"], None) for _ in range(2)]
@@ -266,7 +220,6 @@ def test_status_without_servers_names_make_up(tmp_path):
 
 
 def test_require_names_make_up():
-    sys.path.insert(0, str(REPO))
     from infra.services import InfraError, require
 
     with pytest.raises(InfraError, match="make up"):
@@ -274,24 +227,18 @@ def test_require_names_make_up():
 
 
 @pytest.mark.slow
-def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(
-    servers, tmp_path, monkeypatch
-):
+def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(servers, tmp_path):
     """The load test (#27 part 3) at CI size: flow runs of the train deployment submitted at once
     (``python infra/load.py --runs 20`` is the full one) all complete, each with its own run
     directory and MLflow run, and the servers log no error while they drain."""
     import mlflow
 
-    monkeypatch.syspath_prepend(str(REPO))
     from infra.load import submit_and_drain
 
     env = servers
     api = env["PREFECT_API_URL"]
     if _api("GET", f"{api}/deployments/name/train/train")[0] == 404:
-        deploy = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all"]
-        deploy += ["--prefect-file", "deployments/prefect.yaml"]
-        d = subprocess.run(deploy, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        assert d.returncode == 0, d.stdout[-3000:] + d.stderr[-3000:]
+        deploy("deployments/prefect.yaml", env)
     n = int(os.environ.get("VFM_LOAD_RUNS", "4"))
     params = [
         {

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
+
+from infra.load import api as _api
+from infra.load import deploy
+from infra.load import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -152,7 +155,6 @@ def chain(tmp_path_factory):
     """Prefect server, MLflow server and a process worker (infra/services.py, free loopback
     ports, everything under a temporary directory), the chain deployed; yields (api, root)."""
     sys.path[:0] = [str(REPO), str(REPO / "tests" / "infra")]
-    from test_deployment_e2e import _api, _free_port
 
     from infra.services import Settings, down, up
 
@@ -182,16 +184,7 @@ def chain(tmp_path_factory):
         save_tokenizer(CausalVideoAutoencoder(get_tokenizer_config("tok-tiny")), root / "tok")
         prefect_yaml = root / "prefect.yaml"
         prefect_yaml.write_text(_tiny_chain(root, s.pool, root / "tok"))
-        argv = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file"]
-        deploy = subprocess.run(
-            [*argv, str(prefect_yaml)],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        deploy(prefect_yaml, env)
         code, autos = _api("POST", f"{s.prefect_api}/automations/filter", {}, timeout=120)
         assert code == 200, autos
         names = {a["name"] for a in autos}
@@ -211,7 +204,6 @@ def _quiesce(api: str, pool: str) -> None:
 
 
 def _dep_id(api: str, name: str) -> str:
-    from test_deployment_e2e import _api
 
     flow = {**STAGE, "generate-nightly": "generate"}[name]  # @flow(name=...) of each stage
     code, dep = _api("GET", f"{api}/deployments/name/{flow}/{name}", None, 120)
@@ -220,7 +212,6 @@ def _dep_id(api: str, name: str) -> str:
 
 
 def _runs(api: str, name: str) -> list[dict]:
-    from test_deployment_e2e import _api
 
     body = {"deployments": {"id": {"any_": [_dep_id(api, name)]}}, "sort": "START_TIME_ASC"}
     code, runs = _api("POST", f"{api}/flow_runs/filter", body, timeout=120)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+
+from infra.load import api as _api
+from infra.load import deploy
+from infra.load import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -62,7 +65,6 @@ def _time(stamp: str) -> datetime:
 def _quiesce(api: str, pool: str) -> None:
     """Pause the pool, then wait (bounded) for the runs the worker already started: each flow run
     is a session of its own, outside the worker's process group that down() kills."""
-    from test_deployment_e2e import _api
 
     busy = {
         "work_pools": {"name": {"any_": [pool]}},
@@ -80,8 +82,6 @@ def _quiesce(api: str, pool: str) -> None:
 def server_and_worker(tmp_path, monkeypatch):
     """``prefect server start`` on a free loopback port and a process worker on its own pool, both
     started (and stopped, process groups killed) by infra/services.py; PREFECT_HOME in tmp_path."""
-    monkeypatch.syspath_prepend(str(REPO))
-    from test_deployment_e2e import _free_port
 
     from infra.services import Settings, down, up
 
@@ -99,7 +99,6 @@ def server_and_worker(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_scheduler_creates_runs_and_worker_completes_one(server_and_worker, tmp_path):
-    from test_deployment_e2e import _api
 
     s, env = server_and_worker
     api = s.prefect_api
@@ -147,11 +146,7 @@ def test_scheduler_creates_runs_and_worker_completes_one(server_and_worker, tmp_
     code, health = _api("GET", f"{api}/health")
     assert code == 200, health
     deployed_at = datetime.now().astimezone()
-    argv = [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file"]
-    deploy = subprocess.run(
-        [*argv, str(prefect_yaml)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    deploy(prefect_yaml, env)
     # a loaded 2-core machine (the whole suite) can keep the server's answer past 30 s
     code, dep = _api("GET", f"{api}/deployments/name/{FLOW}/{DEPLOYMENT}", timeout=120)
     assert code == 200, dep

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from infra.load import api as _api
+from infra.load import deploy
+from infra.load import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -38,8 +41,6 @@ deployments:
 
 @pytest.fixture
 def server_and_worker(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO))
-    from test_deployment_e2e import _free_port
 
     from infra.services import HEARTBEAT_S, Settings, down, up
 
@@ -60,7 +61,6 @@ def server_and_worker(tmp_path, monkeypatch):
 
 
 def _wait_state(api: str, run_id: str, want: tuple[str, ...], timeout: float) -> dict:
-    from test_deployment_e2e import _api
 
     deadline = time.monotonic() + timeout
     run = _api("GET", f"{api}/flow_runs/{run_id}")[1]
@@ -72,7 +72,6 @@ def _wait_state(api: str, run_id: str, want: tuple[str, ...], timeout: float) ->
 
 @pytest.mark.slow
 def test_killed_worker_run_is_crashed_and_a_rerun_resumes(server_and_worker, tmp_path):
-    from test_deployment_e2e import _api
 
     from infra.services import crash_silent_flow_runs, read_services, up
 
@@ -80,16 +79,7 @@ def test_killed_worker_run_is_crashed_and_a_rerun_resumes(server_and_worker, tmp
     api = s.prefect_api
     crash_silent_flow_runs(api, within_s=WITHIN_S)
     (tmp_path / "prefect.yaml").write_text(PREFECT_YAML.format(repo=REPO, pool=s.pool))
-    deploy = subprocess.run(
-        [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file"]
-        + [str(tmp_path / "prefect.yaml")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    deploy(tmp_path / "prefect.yaml", env)
     code, dep = _api("GET", f"{api}/deployments/name/crash-resume/crash", timeout=120)
     assert code == 200, dep
     run_dir = tmp_path / "stages"

@@ -9,20 +9,15 @@ import json
 import pytest
 from parallel_harness import build_trainer, fit_collect, launch_ok, run_ranks
 
+from tests.tiny_runs import TINY_CPU
 from vfm_core.config import ConfigError, apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
 from vfm_core.train.launch import torchrun_argv
 
 STEPS = 20
 TINY = [
-    "model.hidden=64",
-    "model.depth=2",
-    "model.text_dim=32",
-    "data.batch_size=2",
-    "data.latent_height=8",
-    "data.latent_width=8",
+    *TINY_CPU,
     f"train.steps={STEPS}",
-    "train.device=cpu",
     "optim.warmup_steps=2",
     "optim.lr=0.002",
     "tracking.experiment=test-parallel-launch",

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tests.tiny_runs import TINY_CPU
 from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
 from vfm_core.train.checkpoint import CheckpointManager
@@ -23,13 +24,7 @@ from vfm_core.train.integrity import verify
 from vfm_core.train.main import run_training
 
 TINY = [
-    "model.hidden=64",
-    "model.depth=2",
-    "model.text_dim=32",
-    "data.batch_size=2",
-    "data.latent_height=8",
-    "data.latent_width=8",
-    "train.device=cpu",
+    *TINY_CPU,
     "optim.lr=0.002",
     "optim.warmup_steps=2",
     "tracking.mlflow=false",

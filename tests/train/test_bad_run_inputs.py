@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import filesystem as dcp_filesystem
 
+from tests.tiny_runs import TINY_CPU
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import ConfigError, apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
@@ -34,13 +35,7 @@ from vfm_core.train.main import main as train_main
 from vfm_core.train.metrics import JsonlLogger, MetricsFileError
 
 TINY = [
-    "model.hidden=64",
-    "model.depth=2",
-    "model.text_dim=32",
-    "data.batch_size=2",
-    "data.latent_height=8",
-    "data.latent_width=8",
-    "train.device=cpu",
+    *TINY_CPU,
     "optim.lr=2e-3",
     "optim.warmup_steps=2",
     "tracking.mlflow=false",

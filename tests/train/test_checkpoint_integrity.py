@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tiny_runs import TINY_CPU
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
@@ -29,13 +30,7 @@ from vfm_core.train.trainer import Trainer
 
 STEPS = 6
 TINY = [
-    "model.hidden=64",
-    "model.depth=2",
-    "model.text_dim=32",
-    "data.batch_size=2",
-    "data.latent_height=8",
-    "data.latent_width=8",
-    "train.device=cpu",
+    *TINY_CPU,
     "optim.lr=0.002",
     "optim.warmup_steps=2",
     "tracking.mlflow=false",

@@ -6,18 +6,13 @@ from __future__ import annotations
 import mlflow
 import pytest
 
+from tests.tiny_runs import TINY_CPU
 from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
 from vfm_core.train.main import run_training
 
 TINY = [
-    "model.hidden=64",
-    "model.depth=2",
-    "model.text_dim=32",
-    "data.batch_size=2",
-    "data.latent_height=8",
-    "data.latent_width=8",
-    "train.device=cpu",
+    *TINY_CPU,
     "train.steps=3",
     "train.ckpt_every=100",
     "tracking.mlflow=true",

@@ -184,16 +184,7 @@ def test_vfm_train_survives_a_killed_server_and_backfill_sends_the_rest(mlflow_s
     mlflow_server.start()
     client = mlflow.MlflowClient(mlflow_server.uri)
     assert client.get_run(backlog.run_id).info.status == "RUNNING"  # as the outage left it
-    fill = subprocess.run(
-        [str(BIN / "vfm"), "track", "backfill", str(out), "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert fill.returncode == 0, fill.stderr[-3000:]
-    done = json.loads(fill.stdout.strip().splitlines()[-1])
+    done = _backfill(out, env)
     assert done["status"] == "FINISHED" and done["metrics"] > 0
     run = client.get_run(backlog.run_id)
     assert run.info.status == "FINISHED"
@@ -205,13 +196,18 @@ def test_vfm_train_survives_a_killed_server_and_backfill_sends_the_rest(mlflow_s
     assert {"config.yaml", "metrics.jsonl"} <= arts
     assert not (out / BACKLOG_FILE).exists()
 
-    again = subprocess.run(  # a second backfill finds nothing missing
+    assert _backfill(out, env)["metrics"] == 0  # a second backfill finds nothing missing
+
+
+def _backfill(out, env: dict) -> dict:
+    """``vfm track backfill OUT --json`` as a user runs it: its counts."""
+    fill = subprocess.run(
         [str(BIN / "vfm"), "track", "backfill", str(out), "--json"],
-        cwd=tmp_path,
+        cwd=out.parent,
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads(again.stdout.strip().splitlines()[-1])["metrics"] == 0
+    assert fill.returncode == 0, fill.stderr[-3000:]
+    return json.loads(fill.stdout.strip().splitlines()[-1])
