@@ -251,6 +251,9 @@ def _mp_rank(rank: int, world: int, port: int, shards: str, out: str, steps: int
     Path(out, f"rank{rank}.json").write_text(json.dumps({"bytes": ld.bytes_read, "s": dt}))
     dist.barrier()
     dist.destroy_process_group()
+    from vfm_core.parallel.world import exit_process
+
+    exit_process(0)  # a gloo worker thread may outlive finalisation (see exit_process)
 
 
 def bytes_per_rank(shards: Path, steps: int, tmp: Path) -> dict:

@@ -7,7 +7,6 @@ the trainer process. Never imports torch.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Literal
 
@@ -18,7 +17,7 @@ from flows.forms import form_config, nested
 from tasks.events import emit_stage_completed
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
-from vfm_core.config import DEGREES, Config, ConfigError
+from vfm_core.config import DEGREES, Config, ConfigError, resolve_degrees
 from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import (
     LAYOUT_TAG,
@@ -144,12 +143,9 @@ class TrainParams(BaseModel):
         return {k: getattr(self, k) for k in DEGREES}
 
     def resolved_degrees(self) -> dict[str, int]:
-        """The degrees with dp_shard = -1 worked out from the rank count."""
-        d = self.degrees()
-        if d["dp_shard"] == -1:
-            rest = math.prod(v for k, v in d.items() if k != "dp_shard")
-            d["dp_shard"] = max(1, self.nproc * self.nnodes // rest)
-        return d
+        """The degrees on nproc x nnodes ranks, dp_shard = -1 worked out (a bad layout is a
+        ConfigError here, before anything launches)."""
+        return resolve_degrees(self.degrees(), self.nproc * self.nnodes)
 
     def resolved_out(self) -> str:
         """out_dir, or a new directory per flow run: data/runs/RECIPE/FLOW_RUN_NAME."""

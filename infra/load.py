@@ -94,7 +94,7 @@ def log_errors(path: Path, start: int = 0) -> tuple[list[str], int]:
 
 
 def submit_and_drain(
-    api: str,
+    api_url: str,
     deployment: str,
     params: list[dict],
     *,
@@ -103,7 +103,7 @@ def submit_and_drain(
 ) -> LoadReport:
     """Create one flow run of ``deployment`` ("flow/deployment") per parameter dict at once,
     wait until all have ended; the report of :class:`LoadReport`."""
-    code, dep = api("GET", f"{api}/deployments/name/{deployment}")
+    code, dep = api("GET", f"{api_url}/deployments/name/{deployment}")
     if code != 200:
         raise RuntimeError(f"deployment {deployment}: {code} {dep}")
     logs = {name: infra_dir / f"{name}.log" for name in LOGS}
@@ -112,7 +112,7 @@ def submit_and_drain(
     runs, busy = [], 0
     for p in params:
         for _ in range(20):
-            code, run = api("POST", f"{api}/deployments/{dep['id']}/create_flow_run", p)
+            code, run = api("POST", f"{api_url}/deployments/{dep['id']}/create_flow_run", p)
             if code != 503:
                 break
             busy += 1
@@ -125,7 +125,7 @@ def submit_and_drain(
     deadline = t0 + timeout_s
     while time.monotonic() < deadline:
         for rid in list(pending):
-            code, r = api("GET", f"{api}/flow_runs/{rid}")
+            code, r = api("GET", f"{api_url}/flow_runs/{rid}")
             if code == 200 and r["state"]["type"] in FINAL:
                 pending.pop(rid)
                 runs[[x["id"] for x in runs].index(rid)] = r

@@ -253,12 +253,49 @@ class ParallelConfig:
     """Microbatches per pipeline schedule run (0 = pp, one per stage); each data-parallel rank's
     share of the batch (divided by train.grad_accum) is split into this many."""
 
+    def degrees(self) -> dict[str, int]:
+        """The declared degrees (dp_shard may be -1)."""
+        return {k: getattr(self, k) for k in DEGREES}
+
+    def resolve(self, world_size: int) -> dict[str, int]:
+        """The degrees on ``world_size`` ranks, dp_shard=-1 worked out (:func:`resolve_degrees`)."""
+        return resolve_degrees(self.degrees(), world_size)
+
     def data_parallel(self, world_size: int) -> int:
-        """Data-parallel ranks (distinct batch slices) of this layout on ``world_size`` ranks,
-        dp_shard=-1 resolved (validation is ParallelDims's)."""
-        rest = self.cp * self.tp * self.pp * self.dp_replicate
-        shard = self.dp_shard if self.dp_shard > 0 else max(1, world_size // rest)
-        return self.dp_replicate * shard
+        """Data-parallel ranks (distinct batch slices) of this layout on ``world_size`` ranks."""
+        d = self.resolve(world_size)
+        return d["dp_replicate"] * d["dp_shard"]
+
+
+def resolve_degrees(degrees: dict[str, int], world_size: int) -> dict[str, int]:
+    """The one place parallel degrees are checked and ``dp_shard=-1`` is resolved: every degree
+    an integer >= 1 (dp_shard also -1 = whatever is left), their product the world size.
+    Raises :class:`ConfigError` naming the degree and the problem."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
+        raise ConfigError(f"parallel: world size must be positive, got {world_size!r}")
+    out = {k: degrees.get(k, -1 if k == "dp_shard" else 1) for k in DEGREES}
+    for name, value in out.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if name == "dp_shard" and value == -1:
+                continue
+            allowed = "an integer >= 1 or -1" if name == "dp_shard" else "an integer >= 1"
+            raise ConfigError(f"parallel.{name}: must be {allowed}, got {value!r}")
+    if out["dp_shard"] == -1:
+        others = math.prod(v for k, v in out.items() if k != "dp_shard")
+        if world_size % others:
+            raise ConfigError(
+                f"parallel: dp_replicate*cp*tp*pp = {out['dp_replicate']}*{out['cp']}*"
+                f"{out['tp']}*{out['pp']} = {others} does not divide the world size "
+                f"{world_size}, so parallel.dp_shard=-1 cannot be inferred"
+            )
+        out["dp_shard"] = world_size // others
+    product = math.prod(out.values())
+    if product != world_size:
+        shown = "*".join(f"{k}={v}" for k, v in out.items() if v > 1) or "every degree 1"
+        raise ConfigError(
+            f"parallel: {shown} = {product} ranks, but the world size is {world_size}"
+        )
+    return out
 
 
 @dataclass(kw_only=True, slots=True)

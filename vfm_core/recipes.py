@@ -140,6 +140,45 @@ def get_recipe(name: str) -> Config:
         ) from None
 
 
+# ------------------------------------------------------------------ tokenizer presets
+# Settings of vfm_core.tokenizer.TokenizerConfig (built there by the config builder, so this
+# layer names no tokenizer type). Shared by the paper-scale presets: 16 latent channels, 2x2x2
+# patching, 128 base channels.
+_PAPER_SCALE: dict = dict(
+    latent_channels=16, patch_t=2, patch_s=2, base_channels=128, num_res_blocks=2, norm_groups=32
+)
+_FSQ_64K = (8, 8, 8, 5, 5, 5)
+_DISCRETE: dict = {**_PAPER_SCALE, "latent_channels": 6, "shortcuts": False}
+
+TOKENIZER_RECIPES: dict[str, dict] = {
+    # CPU: 4x8x8, 4 latent channels (dit-tiny's in_channels); patch 2x4x4 then one 2x2x2 stage
+    "tok-tiny": {},
+    # paper scale (Cosmos CV4x8x8 / CV8x8x8, 16 channels; dit-7b/28b use 8x8x8); 2x2x2 patching
+    # in front as Cosmos' Haar-wavelet step, then 2 (or 3) conv stages
+    "tok-4x8x8": {**_PAPER_SCALE, "channel_mult": (1, 2, 4)},
+    "tok-8x8x8": {**_PAPER_SCALE, "temporal_factor": 8, "channel_mult": (1, 2, 4)},
+    "tok-8x16x16": {
+        **_PAPER_SCALE,
+        "temporal_factor": 8,
+        "spatial_factor": 16,
+        "channel_mult": (1, 2, 4, 4),
+    },
+    # discrete (FSQ) for the autoregressive family: CPU 4x8x8 with 4 channels 8,5,5,5 = 1,000
+    # ids; Cosmos-like DV4x8x8 / DV8x16x16 with 6 channels 8,8,8,5,5,5 = 64,000 ids (6 does not
+    # divide the bottleneck width, so no latent shortcut)
+    "tok-tiny-discrete": {"fsq_levels": (8, 5, 5, 5)},
+    "tok-dv4x8x8": {**_DISCRETE, "channel_mult": (1, 2, 4), "fsq_levels": _FSQ_64K},
+    "tok-dv8x16x16": {
+        **_DISCRETE,
+        "temporal_factor": 8,
+        "spatial_factor": 16,
+        "channel_mult": (1, 2, 4, 4),
+        "fsq_levels": _FSQ_64K,
+    },
+}
+"""Named tokenizer presets, beside the run recipes above: the one preset registry."""
+
+
 FAMILIES = ("diffusion", "autoregressive")
 """Model families: a DiT over continuous latents, a causal transformer over discrete tokens."""
 DEFAULT_RECIPE = {"diffusion": "dit-tiny", "autoregressive": "ar-tiny"}

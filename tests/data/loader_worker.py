@@ -61,6 +61,9 @@ def mp_rank_main(rank: int, world: int, port: int, shards: str, out_dir: str, st
         json.dump({"digests": digests, "bytes": sizes, "total": loader.bytes_read}, f)
     dist.barrier()
     dist.destroy_process_group()
+    from vfm_core.parallel.world import exit_process
+
+    exit_process(0)  # a gloo worker thread may outlive finalisation (see exit_process)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from vfm_core.parallel.world import exit_process
+
 TINY_RUN = [
     "model.hidden=64",
     "model.depth=2",
@@ -55,6 +57,7 @@ def _entry(rank: int, world: int, store: str, out: str, fn: Callable, args: tupl
         raise
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # a gloo worker thread may outlive finalisation (see exit_process)
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:

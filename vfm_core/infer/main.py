@@ -25,6 +25,7 @@ import torch.distributed as dist
 from vfm_core.errors import UserError
 from vfm_core.infer.args import add_generate_args, request_from_args
 from vfm_core.infer.generate import generate
+from vfm_core.parallel.world import exit_process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.exit(main())
+    exit_process(main())  # not sys.exit: see exit_process

@@ -13,14 +13,13 @@ in the project computes ranks by hand: ask :meth:`ParallelDims.coord` or the sub
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from vfm_core.config import ConfigError, ParallelConfig
+from vfm_core.config import ConfigError, ParallelConfig, resolve_degrees
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """Mesh dimension names, outermost first."""
@@ -48,46 +47,13 @@ class ParallelDims:
     """The FSDP mesh (see :meth:`fsdp_mesh`)."""
 
     def __post_init__(self) -> None:
-        if self.world_size <= 0:
-            raise ConfigError(f"parallel: world size must be positive, got {self.world_size}")
-        for name in ("dp_replicate", "cp", "tp", "pp"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"parallel.{name}: must be an integer >= 1, got {value!r}")
-        if self.dp_shard == -1:
-            others = self.dp_replicate * self.cp * self.tp * self.pp
-            if self.world_size % others:
-                raise ConfigError(
-                    f"parallel: dp_replicate*cp*tp*pp = {self.dp_replicate}*{self.cp}*{self.tp}*"
-                    f"{self.pp} = {others} does not divide the world size {self.world_size}, so "
-                    "parallel.dp_shard=-1 cannot be inferred"
-                )
-            self.dp_shard = self.world_size // others
-        elif (
-            isinstance(self.dp_shard, bool)
-            or not isinstance(self.dp_shard, int)
-            or (self.dp_shard < 1)
-        ):
-            raise ConfigError(
-                f"parallel.dp_shard: must be an integer >= 1 or -1, got {self.dp_shard!r}"
-            )
-        product = math.prod(self.degrees.values())
-        if product != self.world_size:
-            shown = "*".join(f"{k}={v}" for k, v in self.degrees.items())
-            raise ConfigError(
-                f"parallel: {shown} = {product} ranks, but the world size is {self.world_size}"
-            )
+        degrees = {name: getattr(self, name) for name in MESH_DIMS}
+        for name, value in resolve_degrees(degrees, self.world_size).items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_config(cls, cfg: ParallelConfig, world_size: int) -> ParallelDims:
-        return cls(
-            dp_replicate=cfg.dp_replicate,
-            dp_shard=cfg.dp_shard,
-            cp=cfg.cp,
-            tp=cfg.tp,
-            pp=cfg.pp,
-            world_size=world_size,
-        )
+        return cls(**cfg.degrees(), world_size=world_size)
 
     # ------------------------------------------------------------------ degrees
     @property

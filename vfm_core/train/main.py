@@ -32,7 +32,7 @@ from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, validate
 from vfm_core.errors import UserError
 from vfm_core.parallel.layout import with_degrees
-from vfm_core.parallel.world import broadcast_str, init_world, is_rank0
+from vfm_core.parallel.world import broadcast_str, exit_process, init_world, is_rank0
 from vfm_core.tracking import (
     CHECKPOINT_TAG,
     LAYOUT_TAG,
@@ -277,4 +277,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.exit(main())
+    exit_process(main())  # not sys.exit: see exit_process
