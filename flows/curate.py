@@ -13,10 +13,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from prefect import flow, unmapped
+from prefect.futures import as_completed
 from pydantic import BaseModel, Field, model_validator
 
 from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
 from tasks.events import emit_stage_completed
+from tasks.progress import ProgressArtifact
 from vfm_core.curate.cli import summary_line
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
@@ -101,6 +103,9 @@ def curate_flow(params: CurateParams) -> dict[str, Any]:
         futures = curate_video_task.map(
             refs, dst=unmapped(dst), config=unmapped(cfg), recaption=unmapped(params.recaption)
         )
+        bar = ProgressArtifact("curate-progress", len(refs), description=f"videos curated ({dst})")
+        for done, _ in enumerate(as_completed(futures), 1):  # the run page's bar
+            bar.update(done)
         results = [f.result() for f in futures]
     summary = write_manifests_task(refs, dst, cfg, results)
     print(f"{summary_line(summary)} -> {summary['clips']}")

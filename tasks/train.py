@@ -12,6 +12,7 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import log_lines, task_logger
+from tasks.progress import ProgressArtifact
 from vfm_core.config import Config
 
 
@@ -64,11 +65,15 @@ def train_model(
     if mlflow_run_id:
         env["MLFLOW_RUN_ID"] = mlflow_run_id
     lines: list[str] = []
+    bar = ProgressArtifact(
+        "train-progress", cfg.train.steps, description=f"training {cfg.recipe}: steps done ({out})"
+    )
 
     def log(line: str) -> None:
         for clean in log_lines(line):  # no progress-bar redraws in the flow run's log
             lines.append(clean)
             logger.info(clean)
+            bar.feed_line(clean)  # the run page's bar follows the trainer's step lines
 
     logger.info("launching %d process(es) in %s", launch.world_size, out)
     res = launch_training(cfg, out, launch=launch, resume=resume, env=env, on_line=log)
@@ -78,5 +83,6 @@ def train_model(
         reason = next((ln.strip() for ln in reversed(lines) if "error:" in ln), "")
         raise RuntimeError(f"training exited with code {res.returncode}: {reason}\n{tail}")
     if res.summary is not None:  # the trainer's last stdout line is its JSON summary
+        bar.update(bar.total)
         return res.summary
     raise RuntimeError(f"training finished without a summary line:\n{chr(10).join(lines[-15:])}")

@@ -86,5 +86,9 @@ def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
     }
     assert rejects.filter(pl.col("source_uri") == "in/empty.mp4")["stage"].to_list() == ["probe"]
     assert all(os.path.exists(u) for u in clips["uri"])
+    from prefect.artifacts import Artifact  # the run page's bar counted the 3 videos
+
+    bar = Artifact.get("curate-progress")
+    assert bar is not None and bar.type == "progress" and float(bar.data) == 100.0
     again = curate_flow(params)
     assert again["n_skipped"] == 3 and again["n_clips"] == summary["n_clips"]

@@ -37,6 +37,10 @@ def test_train_flow_runs_trainer_and_links_mlflow(prefect_api, tmp_path):
     assert run.data.tags["source"] == "prefect"  # the flow created the run, the trainer attached
     assert run.info.status == "FINISHED"
     assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "mfu")) == 4
+    from prefect.artifacts import Artifact  # the run page's bar followed the step lines to 100%
+
+    bar = Artifact.get("train-progress")
+    assert bar is not None and bar.type == "progress" and float(bar.data) == 100.0
 
 
 def test_bad_flow_overrides_fail_clearly(prefect_api, tmp_path):
