@@ -39,6 +39,7 @@ from flows.train import (
 )
 from tasks.pipeline import (
     STAGE_RESULTS,
+    caption_tokens,
     encode_stage,
     lineage_task,
     sample_videos_task,
@@ -149,12 +150,24 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     return out
 
 
+MAX_TEXT_LEN = 256
+"""The most caption tokens the pipeline sizes ``model.text_len`` to (longer captions are cut,
+and counted as ``captions_cut``)."""
+
+
 def train_settings(
-    p: PipelineParams, *, latents: str, tokenizer: str, geometry: dict[str, int]
+    p: PipelineParams,
+    *,
+    latents: str,
+    tokenizer: str,
+    geometry: dict[str, int],
+    caption_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The training form's config values (typed, by dotted key) for the pipeline's own data:
     the encoded shards, the tokenizer, the latent grid, the tokenizer's latent channels
-    (diffusion), a checkpoint every 100 steps; ``p.overrides`` still win over them."""
+    (diffusion), ``model.text_len`` sized to the longest caption of the data
+    (``caption_tokens``, at most :data:`MAX_TEXT_LEN`), a checkpoint every 100 steps;
+    ``p.overrides`` still win over them."""
     t, h, w = p.latent_grid
     settings: dict[str, Any] = {
         "data.source": "shards",
@@ -168,6 +181,8 @@ def train_settings(
     }
     if p.family == "diffusion":  # the DiT denoises the tokenizer's latents
         settings["model.in_channels"] = geometry["latent_channels"]
+    if caption_tokens:  # no caption cut that the data does not force
+        settings["model.text_len"] = min(int(caption_tokens), MAX_TEXT_LEN)
     return settings
 
 
@@ -313,7 +328,13 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
         steps=p.train_steps,
         out_dir=f"{work}/train",
         experiment=p.experiment,
-        settings=train_settings(p, latents=latents, tokenizer=tok_dir, geometry=geometry),
+        settings=train_settings(
+            p,
+            latents=latents,
+            tokenizer=tok_dir,
+            geometry=geometry,
+            caption_tokens=caption_tokens(latents),
+        ),
         overrides=p.overrides,
     )
     out["train"] = stages.run(

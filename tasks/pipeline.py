@@ -142,6 +142,16 @@ def tokenizer_geometry(tokenizer: str) -> dict[str, int]:
     }
 
 
+def caption_tokens(index_root: str) -> int | None:
+    """The longest caption, in embedding tokens, of the shards at ``index_root`` (their index's
+    ``caption_tokens`` meta, written by the shard writer and kept by the latent encoder); None
+    for shards written without it."""
+    from vfm_core.data.index import read_index
+
+    stats = read_index(index_root).meta.get("caption_tokens")
+    return int(stats["max"]) if isinstance(stats, dict) and "max" in stats else None
+
+
 @task(name="lineage", retries=2, retry_delay_seconds=2)
 def lineage_task(
     run_id: str, experiment: str, *, clips: str, shards: str, tokenizer: str | None

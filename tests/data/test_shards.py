@@ -30,6 +30,8 @@ def test_layout_index_and_roundtrip(shard_dir, clips_dir):
     assert len(index.shards) >= 3  # ~20 kB target -> several shards
     assert index.shards["n_samples"].sum() == 24
     assert index.embedding_dim == 16
+    # pooled caption vectors: one token each (a trainer sizes model.text_len from this)
+    assert index.meta["caption_tokens"] == {"max": 1, "p95": 1, "mean": 1.0, "n": 24}
     verify_shards(index, checksum=True)
     # every tar is a plain WebDataset tar: members grouped by key, known extensions
     keys_in_tars = []

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from flows.forms import form_config, nested
-from flows.pipeline import PipelineParams, pixel_shape, train_settings
+from flows.pipeline import MAX_TEXT_LEN, PipelineParams, pixel_shape, train_settings
 from flows.train import TrainParams
 from tasks.pipeline import tokenizer_geometry
 from vfm_core.config import ConfigError, apply_overrides, to_dict, validate
@@ -100,6 +100,11 @@ def test_pipeline_train_settings_are_typed_and_user_overrides_win(tmp_path):
     assert (d.latent_frames, d.latent_height, d.latent_width) == (2, 4, 4)
     assert m.in_channels == 8  # the tokenizer's latent channels
     assert cfg.train.ckpt_every == 10  # p.overrides over the pipeline's settings
+    assert "model.text_len" not in settings  # shards that say nothing about their captions
+    sized = train_settings(p, latents="L", tokenizer="T", geometry=geometry, caption_tokens=11)
+    assert sized["model.text_len"] == 11  # the longest caption of the data: nothing cut
+    huge = train_settings(p, latents="L", tokenizer="T", geometry=geometry, caption_tokens=5000)
+    assert huge["model.text_len"] == MAX_TEXT_LEN
     ar = PipelineParams(family="autoregressive")
     assert "model.in_channels" not in train_settings(
         ar, latents="L", tokenizer="T", geometry=geometry

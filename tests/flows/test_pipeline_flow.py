@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from prefect import flow, task
 
 from flows.pipeline import PipelineParams, PipelineStageError, StageRunner, pipeline_flow
@@ -113,6 +114,13 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
     assert run.data.tags["vfm.shards_index"] == out["shard"]["index"]
     names = {d.dataset.name for d in run.inputs.dataset_inputs}
     assert names == {"clips", "shards"}
+    # model.text_len sized from the data: the longest caption in tokens, so none was cut
+    from vfm_core.data.index import read_index
+
+    longest = read_index(str(tmp_path / "shards")).meta["caption_tokens"]["max"]
+    saved = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")
+    cfg = yaml.safe_load(Path(saved).read_text())
+    assert cfg["model"]["text_len"] == longest and run.data.metrics["captions_cut"] == 0
 
     # MLflow: one parent run per pipeline, a child run per stage, linked to the Prefect flow run
     client = mlflow.MlflowClient()

@@ -322,10 +322,27 @@ def write_shards(
         shards=pd.DataFrame(shard_rows),
         samples=samples,
         embedding_dim=dim,
-        meta={"writer": "vfm_core.data.shards", **(meta or {})},
+        meta={
+            "writer": "vfm_core.data.shards",
+            "caption_tokens": caption_token_stats(embs),
+            **(meta or {}),
+        },
     )
     write_index(index, format=index_format)
     return index
+
+
+def caption_token_stats(embs: list[np.ndarray]) -> dict[str, float]:
+    """Caption lengths in embedding tokens (rows of each (L, D) embedding): ``max``, ``p95``,
+    ``mean`` and ``n``. Kept in the index's meta so a trainer can size ``model.text_len`` from
+    the data (what the pipeline does) instead of cutting captions it never looked at."""
+    lengths = np.array([e.shape[0] for e in embs], dtype=np.int64)
+    return {
+        "max": int(lengths.max()),
+        "p95": int(np.ceil(np.percentile(lengths, 95))),
+        "mean": round(float(lengths.mean()), 2),
+        "n": int(lengths.size),
+    }
 
 
 def _geometry(row, mp4: bytes, uri: str, probe, video_error) -> tuple[int, int, int]:
