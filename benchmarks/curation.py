@@ -43,14 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
+from vfm_core.video.frame_features import compute_features, hsv_histograms
 from vfm_core.video.io import SKIP_LOOP_FILTER, iter_frames, probe
-from vfm_core.video.shots import (
-    ColorChangeSplitter,
-    LengthRules,
-    compute_features,
-    hsv_histograms,
-    transitions_from_spans,
-)
+from vfm_core.video.shots import ColorChangeSplitter
+from vfm_core.video.spans import LengthRules, transitions_from_spans
 from vfm_core.video.stitch import span_ends, stitch
 from vfm_core.video.synthetic import (
     GroundTruth,
@@ -160,7 +156,8 @@ SETTINGS = (
 def _decode_with(path: Path, st: DecodeSetting) -> int:
     import av
 
-    from vfm_core.video.io import _PlaneSampler, analysis_size
+    from vfm_core.video.io import analysis_size
+    from vfm_core.video.plane_sampler import _PlaneSampler
 
     if st.output == "split":
         return len(_vfm(path))

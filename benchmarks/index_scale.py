@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vfm_core.data.columnar import ROW_GROUP_SIZE
+from vfm_core.data.columnar_writer import ROW_GROUP_SIZE
 
 PER_SHARD = 1000
 SAMPLE_BYTES = 70_000
@@ -73,7 +73,7 @@ def _chunk(start: int, stop: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from vfm_core.data.columnar import arrow_schema
+    from vfm_core.data.columnar_writer import arrow_schema
 
     i = np.arange(start, stop, dtype=np.int64)
     rng = np.random.default_rng(start)
@@ -95,7 +95,7 @@ def _chunk(start: int, stop: int):
 
 def write_parquet(root: Path, n: int, row_group_size: int) -> float:
     from vfm_core import storage
-    from vfm_core.data.columnar import write_samples
+    from vfm_core.data.columnar_writer import write_samples
     from vfm_core.data.index import INDEX_NAME, columnar_doc
 
     t0 = time.perf_counter()

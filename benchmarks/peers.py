@@ -31,37 +31,25 @@ SDPA restricted to its math backend (the CPU flash kernel has no FLOP formula in
 and would count 0); it counts matmuls, convolutions and attention only, so the optimizer adds
 nothing: the count is that of forward + backward. Top ops: ``torch.profiler`` of one step by
 self CPU time (models); ``cProfile`` by own time for the loaders, whose work is Python and
-PyAV, not aten ops.
-
-DiT's ``models.py`` imports ``timm.models.vision_transformer``; where that import fails (timm
-absent, or its import chain needing torchvision) a stand-in of the three classes DiT uses is
-installed under that name, written to timm 1.0's semantics, and one line says so.
+PyAV, not aten ops. The contestants (and the peers' source, with a stand-in for timm where DiT's
+import of it fails) are built in ``benchmarks/peer_contestants.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import importlib.util
-import io
 import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import types
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
@@ -69,267 +57,17 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.peer_contestants import (  # noqa: E402
+    Contestant,
+    ar_contestants,
+    commit,
+    dit_contestants,
+    ensure_timm,
+    load_peer,
+    loader_contestants,
+)
+
 SECTIONS = ("dit", "ar", "loader")
-
-
-# ------------------------------------------------------------------------ peers' source
-def timm_standin() -> types.ModuleType:
-    """``PatchEmbed``, ``Attention``, ``Mlp`` as timm 1.0 defines them (timm/layers/
-    patch_embed.py, attention.py, mlp.py), with only the options DiT uses."""
-
-    class PatchEmbed(nn.Module):
-        def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, bias=True):
-            super().__init__()
-            self.img_size, self.patch_size = (img_size, img_size), (patch_size, patch_size)
-            self.grid_size = (img_size // patch_size, img_size // patch_size)
-            self.num_patches = self.grid_size[0] * self.grid_size[1]
-            self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, bias=bias)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W)
-            return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
-
-    class Attention(nn.Module):
-        def __init__(
-            self, dim, num_heads=8, qkv_bias=False, proj_bias=True, attn_drop=0.0, proj_drop=0.0
-        ):
-            super().__init__()
-            self.num_heads, self.head_dim = num_heads, dim // num_heads
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-            self.attn_drop = nn.Dropout(attn_drop)
-            self.proj = nn.Linear(dim, dim, bias=proj_bias)
-            self.proj_drop = nn.Dropout(proj_drop)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, C)
-            b, n, c = x.shape
-            qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv.unbind(0)  # (B, H, N, d) each
-            p = self.attn_drop.p if self.training else 0.0
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, d)
-            return self.proj_drop(self.proj(x.transpose(1, 2).reshape(b, n, c)))  # (B, N, C)
-
-    class Mlp(nn.Module):
-        def __init__(
-            self,
-            in_features,
-            hidden_features=None,
-            out_features=None,
-            act_layer=nn.GELU,
-            bias=True,
-            drop=0.0,
-        ):
-            super().__init__()
-            hidden, out = hidden_features or in_features, out_features or in_features
-            self.fc1 = nn.Linear(in_features, hidden, bias=bias)
-            self.act = act_layer()
-            self.drop1 = nn.Dropout(drop)
-            self.fc2 = nn.Linear(hidden, out, bias=bias)
-            self.drop2 = nn.Dropout(drop)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
-
-    mod = types.ModuleType("timm.models.vision_transformer")
-    mod.PatchEmbed, mod.Attention, mod.Mlp = PatchEmbed, Attention, Mlp
-    return mod
-
-
-def ensure_timm() -> None:
-    """Import timm's ViT layers, or install :func:`timm_standin` in their place (one line)."""
-    try:
-        import timm.models.vision_transformer  # noqa: F401
-
-        return
-    except Exception as e:  # absent, or timm's own imports failing (torchvision)
-        reason = f"{type(e).__name__}: {e}"
-    for name in ("timm", "timm.models"):
-        sys.modules[name] = types.ModuleType(name)
-    sys.modules["timm.models.vision_transformer"] = standin = timm_standin()
-    sys.modules["timm.models"].vision_transformer = standin
-    print(
-        f"timm.models.vision_transformer not importable ({reason}): using the stand-in "
-        "PatchEmbed/Attention/Mlp written to timm 1.0's semantics"
-    )
-
-
-def load_peer(repo: str, file: str, name: str, flag: str) -> types.ModuleType:
-    """Import ``file`` of the checkout ``repo`` as module ``name`` (its source, not a copy)."""
-    path = Path(repo).expanduser() / file
-    if not path.is_file():
-        raise SystemExit(f"{flag} {repo}: no {file} there (expected a checkout of that repo)")
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    with contextlib.redirect_stdout(io.StringIO()):  # nanoGPT prints its parameter count
-        spec.loader.exec_module(mod)
-    return mod
-
-
-def commit(repo: str) -> str:
-    r = subprocess.run(
-        ["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return r.stdout.strip() or "not a git checkout"
-
-
-# ------------------------------------------------------------------------ contestants
-@dataclass(kw_only=True, slots=True)
-class Contestant:
-    name: str
-    step: Callable[[], object]
-    """One training step (models) or one batch of 8 (loaders)."""
-    units: int
-    """Tokens (models) or samples (loaders) per step."""
-    unit: str = "tok"
-
-
-def plain_loop(model: nn.Module, forward: Callable[[], torch.Tensor], loss_fn) -> Callable:
-    """zero_grad, forward, loss, backward, step with torch's default AdamW."""
-    opt = torch.optim.AdamW(model.parameters())
-    model.train()
-
-    def step() -> None:
-        opt.zero_grad()
-        loss_fn(forward()).backward()
-        opt.step()
-
-    return step
-
-
-def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) -> list:
-    from vfm_core.config import apply_overrides
-    from vfm_core.models.dit import build_model
-    from vfm_core.recipes import get_recipe
-    from vfm_core.train.trainer import Trainer
-
-    w, b = args.width, 8
-    over = (
-        f"model.hidden={w} model.depth=4 model.heads={w // 64} model.in_channels=4 "
-        f"model.patch=[1,2,2] data.source=synthetic data.batch_size={b} data.latent_frames=1 "
-        "data.latent_height=32 data.latent_width=32 train.ema_decay=0 train.device=cpu "
-        "tracking.mlflow=false"
-    )
-    cfg = apply_overrides(get_recipe("dit-tiny"), over.split())
-    m, tokens = cfg.model, b * 16 * 16
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(b, 4, 1, 32, 32, generator=g)  # (B, C, T, H, W)
-    c_noise, text = torch.randn(b, generator=g), torch.randn(b, m.text_len, m.text_dim, generator=g)
-    vfm = build_model(m)
-    target = torch.randn(b, 4, 1, 32, 32, generator=g)
-    out = [
-        Contestant(
-            name="vfm DiT plain",
-            step=plain_loop(vfm, lambda: vfm(x, c_noise, text), lambda o: F.mse_loss(o, target)),
-            units=tokens,
-        )
-    ]
-    trainer = Trainer(cfg)
-    batch = trainer.source.next_batch()  # the same batch every step, as the plain loops
-    out.append(
-        Contestant(name="vfm DiT trainer", step=lambda: trainer.train_step(batch), units=tokens)
-    )
-    if dit_mod is not None:
-        peer = dit_mod.DiT(
-            input_size=32,
-            patch_size=2,
-            in_channels=4,
-            hidden_size=w,
-            depth=4,
-            num_heads=w // 64,
-            learn_sigma=False,
-            num_classes=1000,
-        )
-        px = torch.randn(b, 4, 32, 32, generator=g)  # (B, C, H, W)
-        t, y = torch.randint(0, 1000, (b,), generator=g), torch.randint(0, 1000, (b,), generator=g)
-        ptarget = torch.randn(b, 4, 32, 32, generator=g)
-        fwd = lambda: peer(px, t, y)  # noqa: E731
-        out.append(
-            Contestant(
-                name="facebookresearch/DiT",
-                step=plain_loop(peer, fwd, lambda o: F.mse_loss(o, ptarget)),
-                units=tokens,
-            )
-        )
-    return out
-
-
-def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
-    from vfm_core.config import apply_overrides
-    from vfm_core.models.ar import next_token_loss
-    from vfm_core.models.dit import build_model
-    from vfm_core.recipes import get_recipe
-
-    w, b, heads, grid = args.width, 4, args.width // 64, (3, 8, 8)
-    over = [f"model.hidden={w}", "model.depth=4", f"model.heads={heads}", f"model.kv_heads={heads}"]
-    m = apply_overrides(get_recipe("ar-tiny"), over + ["model.vocab_size=1000"]).model
-    n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
-    ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g)  # (B, T, H, W)
-    text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
-    vfm = build_model(m)
-    out = [
-        Contestant(
-            name="vfm AR plain",
-            step=plain_loop(
-                vfm, lambda: vfm(ids, text), lambda o: next_token_loss(o, ids.flatten(1))
-            ),
-            units=b * n,
-        )
-    ]
-    conf = gpt_mod.GPTConfig(
-        block_size=n,
-        vocab_size=m.vocab_size,
-        n_layer=4,
-        n_head=heads,
-        n_embd=w,
-        dropout=0.0,
-        bias=False,
-    )
-    with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
-        gpt = gpt_mod.GPT(conf)
-        opt = gpt.configure_optimizers(
-            weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.95), device_type="cpu"
-        )
-    idx = torch.randint(0, m.vocab_size, (b, n), generator=g)  # (B, N)
-    tgt = torch.randint(0, m.vocab_size, (b, n), generator=g)
-    gpt.train()
-
-    def gpt_step() -> None:
-        opt.zero_grad()
-        _, loss = gpt(idx, tgt)
-        loss.backward()
-        opt.step()
-
-    return out + [Contestant(name="karpathy/nanoGPT", step=gpt_step, units=b * n)]
-
-
-def loader_contestants(shards: Path) -> list:
-    import av
-    import webdataset as wds
-
-    from vfm_core.data.loader import build_loader
-
-    out = []
-    for workers in (0, 2):
-        ld = build_loader(shards=str(shards), seed=0, batch_size=8, num_workers=workers)
-        out.append(
-            Contestant(name=f"vfm loader w{workers}", step=ld.next_batch, units=8, unit="samples")
-        )
-
-    def decode(sample: dict) -> tuple:
-        with av.open(io.BytesIO(sample["mp4"])) as c:
-            frames = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
-        emb = np.load(io.BytesIO(sample["txt_emb.npy"]), allow_pickle=False)
-        return frames, emb, json.loads(sample["json"])  # frames (T, H, W, 3) uint8
-
-    urls = sorted(str(p) for p in shards.glob("*.tar"))
-    ds = wds.WebDataset(urls, shardshuffle=False).map(decode)
-
-    def forever() -> Iterator:
-        while True:
-            yield from ds
-
-    it = forever()
-    batch8 = lambda: [next(it) for _ in range(8)]  # noqa: E731
-    return out + [Contestant(name="webdataset+PyAV", step=batch8, units=8, unit="samples")]
 
 
 # ------------------------------------------------------------------------ measurement

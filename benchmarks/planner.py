@@ -35,7 +35,8 @@ from vfm_core.models.dit import build_model
 from vfm_core.perf.calibrate import calibrate
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, gpu_spec
 from vfm_core.perf.memory import measure_saved_bytes, model_saved_bytes, param_count
-from vfm_core.perf.planner import explain_plan, format_table, plan
+from vfm_core.perf.plan_format import explain_plan, format_table
+from vfm_core.perf.planner import plan
 from vfm_core.perf.timing import Layout, step_time, workload
 from vfm_core.recipes import get_recipe
 
@@ -290,8 +291,8 @@ MEMORY_ROWS = [  # the paper's four layouts (Table 1), checked at 64 and 256 GPU
 def memory_check_table() -> None:
     """``vfm plan --check`` on the paper's layouts: the real model built under each layout at
     64 / 256 ranks (fake process group, meta shards) vs the planner's memory model."""
+    from vfm_core.perf.layout_rules import trainer_config
     from vfm_core.perf.memory_check import GiB, busiest, measure_states
-    from vfm_core.perf.planner import trainer_config
 
     print("## Memory check: model states of the busiest rank, built for real vs planned (GiB)\n")
     print(

@@ -5,29 +5,30 @@ Unknown keys, values of the wrong type and values out of range (:func:`validate`
 :class:`ConfigError` naming the dotted key, so a typo in a YAML file or on the command line never
 silently falls back to a default.
 
-Scalars in YAML files and ``--set`` values follow the YAML 1.2 core schema (:class:`YamlLoader`),
-not PyYAML's YAML 1.1: ``1e-3``, ``5E+2`` and ``.5`` are numbers, only ``true`` / ``false`` are
-booleans (``train.fp8=off`` is the string ``'off'``), ``010`` is ten.
+The typed builder, the YAML 1.2 dialect and :class:`ConfigError` live in
+:mod:`vfm_core.config_build`, the range and cross-field checks in :mod:`vfm_core.config_validate`;
+both are re-exported here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from vfm_core.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A user-supplied configuration value is wrong; the message names the key."""
+from vfm_core.config_build import (  # noqa: F401  (re-exported: ConfigError, build_settings)
+    ConfigError,
+    YamlDumper,
+    _build,
+    build_settings,
+    parse_override,
+    parse_yaml,
+    to_dict,
+)
+from vfm_core.config_validate import RANGES, validate  # noqa: F401  (re-exported)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -372,151 +373,6 @@ class Config:
         return out
 
 
-_BOOL, _INT, _FLOAT = (f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float"))
-_YAML12 = (  # YAML 1.2.2 section 10.3.2, the core schema: (tag, pattern, first characters)
-    (_BOOL, r"true|True|TRUE|false|False|FALSE", "tTfF"),
-    (_INT, r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),
-    (
-        _FLOAT,
-        r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)",
-        "-+.0123456789",
-    ),
-)
-
-
-def _resolvers(base: dict, *, keep_yaml11: bool) -> dict:
-    """``base``'s implicit resolvers with the YAML 1.2 core bool / int / float ones appended;
-    the YAML 1.1 ones of those tags dropped unless ``keep_yaml11``."""
-    out = {
-        ch: [(tag, rx) for tag, rx in arms if keep_yaml11 or tag not in (_BOOL, _INT, _FLOAT)]
-        for ch, arms in base.items()
-    }
-    for tag, pattern, first in _YAML12:
-        for ch in first:
-            out.setdefault(ch, []).append((tag, re.compile(f"^(?:{pattern})$")))
-    return out
-
-
-class YamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` reading plain scalars by the YAML 1.2 core schema (module docstring)."""
-
-    yaml_implicit_resolvers = _resolvers(yaml.SafeLoader.yaml_implicit_resolvers, keep_yaml11=False)
-
-    def construct_yaml12_int(self, node: yaml.ScalarNode) -> int:
-        text = str(self.construct_scalar(node))
-        if text.startswith(("0o", "0x")):
-            return int(text[2:], 8 if text[1] == "o" else 16)
-        return int(text)
-
-    def construct_yaml12_bool(self, node: yaml.ScalarNode) -> bool:
-        return str(self.construct_scalar(node)).lower() == "true"
-
-
-YamlLoader.add_constructor(_INT, YamlLoader.construct_yaml12_int)
-YamlLoader.add_constructor(_BOOL, YamlLoader.construct_yaml12_bool)
-
-
-class YamlDumper(yaml.SafeDumper):
-    """``yaml.SafeDumper`` that quotes every string a YAML 1.1 or 1.2 reader would take for
-    another type (``'1e3'``, ``'off'``), so a saved config reads back the same with either."""
-
-    yaml_implicit_resolvers = _resolvers(yaml.SafeDumper.yaml_implicit_resolvers, keep_yaml11=True)
-
-
-def parse_yaml(text: str) -> Any:
-    """``text`` parsed as YAML with the YAML 1.2 core schema (:class:`YamlLoader`)."""
-    return yaml.load(text, Loader=YamlLoader)  # a SafeLoader: no Python objects
-
-
-def to_dict(obj: Any) -> Any:
-    """Dataclass -> plain dict of YAML/JSON-friendly values (tuples become lists)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, tuple | list):
-        return [to_dict(v) for v in obj]
-    return obj
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against annotation ``tp``; return it converted (list->tuple, int->float)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        errors = []
-        for arm in typing.get_args(tp):
-            if arm is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return _coerce(value, arm, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{key}: expected {_name(tp)}, got {value!r}")
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            choices = ", ".join(repr(c) for c in typing.get_args(tp))
-            raise ConfigError(f"{key}: expected one of {choices}, got {value!r}")
-        return value
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
-            if not isinstance(value, list | tuple):
-                raise ConfigError(f"{key}: expected a list, got {value!r}")
-            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-        if not isinstance(value, list | tuple) or len(value) != len(args):
-            raise ConfigError(f"{key}: expected a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of fields, got {value!r}")
-        return _build(tp, value, key)
-    raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover - programming error
-
-
-def _name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def build_settings(cls: type, values: dict[str, Any], *, prefix: str = "") -> Any:
-    """Any settings dataclass (the run config's sections, the tokenizer's, curation's) from a
-    (partial) mapping: every key known, every value of its field's type (YAML 1.2 numbers,
-    lists -> tuples), errors as one :class:`ConfigError` naming ``prefix.key``."""
-    return _build(cls, values, prefix)
-
-
-def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a (partial) mapping, validating every key and type."""
-    hints = _hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for k, v in values.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if k not in known:
-            raise ConfigError(f"{key}: unknown key (known: {', '.join(sorted(known))})")
-        kwargs[k] = _coerce(v, hints[k], key)
-    return cls(**kwargs)
-
-
 def merge(cfg: Config, values: dict[str, Any]) -> Config:
     """Return a new Config with the nested mapping ``values`` applied on top of ``cfg``."""
     base = to_dict(cfg)
@@ -530,21 +386,6 @@ def merge(cfg: Config, values: dict[str, Any]) -> Config:
         else:
             base[k] = v
     return _build(Config, base)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"model.hidden=512"`` -> (["model", "hidden"], 512); the value is parsed as YAML."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected section.field=value")
-    key, raw = text.split("=", 1)
-    parts = key.strip().lstrip("-").split(".")
-    if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"override {text!r}: key must be section.field, e.g. model.hidden=512")
-    try:
-        value = parse_yaml(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
-    return parts, value
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
@@ -575,181 +416,3 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
 
 def save_yaml(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.dump(to_dict(cfg), Dumper=YamlDumper, sort_keys=False))
-
-
-def _validate_packing(cfg: Config) -> None:
-    """``data.max_tokens``: a non-negative pack length, only from shards, divisible by the
-    ranks that split a pack's tokens (cp * tp; twice that for causal CP). Whether the
-    largest sample fits is checked against the shard index by the shard source."""
-    d, p = cfg.data, cfg.parallel
-    if d.max_tokens < 0:
-        raise ConfigError(f"data.max_tokens: must be >= 0 (0 = no packing), got {d.max_tokens}")
-    if not d.max_tokens:
-        return
-    if d.source != "shards":
-        raise ConfigError(
-            f"data.max_tokens={d.max_tokens}: packing needs data.source='shards' (got {d.source!r})"
-        )
-    split, what = p.cp * p.tp, "parallel.cp * parallel.tp"
-    if cfg.model.arch == "ar" and p.cp > 1:  # balanced causal chunks: 2 per CP rank
-        split, what = 2 * split, "2 x parallel.cp * parallel.tp (two causal chunks per CP rank)"
-    if d.max_tokens % split:
-        raise ConfigError(
-            f"data.max_tokens={d.max_tokens} is not a multiple of {what} = {split} (every pack is "
-            "cut into equal token chunks over those ranks)"
-        )
-
-
-def _validate_blend(d: DataConfig) -> None:
-    """``data.blend``: entries ``DIR:WEIGHT`` with weights > 0, not with ``data.shards``, only
-    from shards. The datasets themselves (index.json, caption width, latent channels) are checked
-    against the model by the shard source when it opens them."""
-    if not d.blend:
-        return
-    d.datasets()
-    if d.source != "shards":
-        raise ConfigError(f"data.blend: needs data.source='shards' (got {d.source!r})")
-
-
-RANGES: tuple[tuple[str, str], ...] = (
-    # (key, allowed values): "> x", ">= x" or "in [lo, hi)" with ( ) open, [ ] closed ends;
-    # every element of a tuple field; None (model.kv_heads unset) is not checked
-    ("model.in_channels", ">= 1"),
-    ("model.patch", ">= 1"),
-    ("model.hidden", ">= 1"),
-    ("model.depth", ">= 1"),
-    ("model.heads", ">= 1"),
-    ("model.kv_heads", ">= 1"),
-    ("model.mlp_ratio", "> 0"),
-    ("model.text_dim", ">= 1"),
-    ("model.text_len", ">= 1"),
-    ("model.rope_theta", "> 0"),
-    ("model.abs_pos", ">= 0"),
-    ("model.stdit_full_every", ">= 0"),
-    ("model.freq_dim", ">= 2"),
-    ("model.norm_eps", "> 0"),
-    ("diffusion.sigma_data", "> 0"),
-    ("diffusion.p_std", ">= 0"),
-    ("diffusion.sigma_min", "> 0"),
-    ("diffusion.sigma_max", "> 0"),
-    ("diffusion.rho", "> 0"),
-    ("diffusion.num_steps", ">= 1"),
-    ("diffusion.guidance", ">= 0"),
-    ("diffusion.cond_dropout", "in [0, 1]"),
-    ("diffusion.logit_std", ">= 0"),
-    ("diffusion.shift", "> 0"),
-    ("optim.lr", "> 0"),
-    ("optim.weight_decay", ">= 0"),
-    ("optim.betas", "in [0, 1)"),
-    ("optim.eps", "> 0"),
-    ("optim.warmup_steps", ">= 0"),
-    ("optim.decay_steps", ">= 0"),
-    ("optim.min_lr_ratio", "in [0, 1]"),
-    ("optim.grad_clip", ">= 0"),
-    ("data.batch_size", ">= 1"),
-    ("data.num_captions", ">= 1"),
-    ("data.seed", "in [0, 2**63)"),
-    ("data.num_workers", ">= 0"),
-    ("train.steps", ">= 0"),
-    ("train.seed", "in [0, 2**63)"),
-    ("train.log_every", ">= 1"),
-    ("train.ckpt_every", ">= 1"),
-    ("train.keep_ckpts", ">= 0"),
-    ("train.ema_decay", "in [0, 1)"),
-    ("train.grad_accum", ">= 1"),
-)
-"""The allowed range of every numeric setting, outside of which a value is nonsense (a negative
-learning rate, a beta of 1, a zero epsilon); :func:`validate` checks each, and that every float is
-finite."""
-
-_RANGE = re.compile(r"^(?:(>=?) (\S+)|in ([\[(])(\S+), (\S+)([\])]))$")
-
-
-def _bound(text: str) -> float:
-    base, _, power = text.partition("**")
-    return float(base) ** int(power) if power else float(base)
-
-
-def _in_range(value: float, rule: str) -> bool:
-    m = _RANGE.match(rule)
-    assert m is not None, rule  # a typo in RANGES
-    op, lo, lo_end, lo2, hi, hi_end = m.groups()
-    if op:
-        return value > _bound(lo) if op == ">" else value >= _bound(lo)
-    lo_ok = value > _bound(lo2) if lo_end == "(" else value >= _bound(lo2)
-    hi_ok = value < _bound(hi) if hi_end == ")" else value <= _bound(hi)
-    return lo_ok and hi_ok
-
-
-def _values(cfg: Config, key: str) -> list[tuple[str, Any]]:
-    """(key, value) of a dotted key, ``key[i]`` per element of a tuple field."""
-    section, name = key.split(".")
-    value = getattr(getattr(cfg, section), name)
-    if isinstance(value, tuple):
-        return [(f"{key}[{i}]", v) for i, v in enumerate(value)]
-    return [(key, value)]
-
-
-def _validate_ranges(cfg: Config) -> None:
-    """Every float finite, every key of :data:`RANGES` inside its range."""
-    for section in (f.name for f in dataclasses.fields(cfg)):
-        if not dataclasses.is_dataclass(getattr(cfg, section)):
-            continue  # recipe
-        for f in dataclasses.fields(getattr(cfg, section)):
-            for k, v in _values(cfg, f"{section}.{f.name}"):
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise ConfigError(f"{k}: must be a finite number, got {v}")
-    for key, rule in RANGES:
-        for k, v in _values(cfg, key):
-            if v is not None and not _in_range(v, rule):
-                raise ConfigError(f"{k}: must be {rule}, got {v}")
-
-
-def validate(cfg: Config) -> Config:
-    """Cross-field checks that a single type cannot express; raises ConfigError naming the key."""
-    _validate_ranges(cfg)
-    m, d, t = cfg.model, cfg.data, cfg.train
-    if m.hidden % m.heads:
-        raise ConfigError(f"model.heads: {m.heads} does not divide model.hidden={m.hidden}")
-    if m.abs_pos % 6:
-        raise ConfigError(
-            f"model.abs_pos: must be a multiple of 6 (sin and cos per axis), got {m.abs_pos}"
-        )
-    if m.head_dim % 2:
-        raise ConfigError(f"model.heads: head_dim {m.head_dim} must be even for RoPE")
-    if m.heads % m.n_kv_heads:
-        raise ConfigError(f"model.kv_heads: {m.kv_heads} does not divide model.heads={m.heads}")
-    if m.freq_dim % 2:
-        raise ConfigError(
-            f"model.freq_dim: must be even (a cosine and a sine per frequency), got {m.freq_dim}"
-        )
-    if m.arch == "ar":
-        if m.vocab_size < 2:
-            raise ConfigError(f"model.vocab_size: must be >= 2 for arch 'ar', got {m.vocab_size}")
-        if tuple(m.patch) != (1, 1, 1):
-            raise ConfigError(
-                f"model.patch: arch 'ar' predicts one token per latent cell, needs (1, 1, 1), "
-                f"got {tuple(m.patch)}"
-            )
-    if m.adaln == "lora" and m.adaln_lora_rank <= 0:
-        raise ConfigError(f"model.adaln_lora_rank: must be positive, got {m.adaln_lora_rank}")
-    for name, size, p in (
-        ("latent_frames", d.latent_frames, m.patch[0]),
-        ("latent_height", d.latent_height, m.patch[1]),
-        ("latent_width", d.latent_width, m.patch[2]),
-    ):
-        if size <= 0 or size % p:
-            raise ConfigError(f"data.{name}: {size} is not a positive multiple of the patch {p}")
-    if cfg.diffusion.sigma_max <= cfg.diffusion.sigma_min:
-        raise ConfigError(
-            f"diffusion.sigma_max: must be > diffusion.sigma_min={cfg.diffusion.sigma_min}, got "
-            f"{cfg.diffusion.sigma_max}"
-        )
-    _validate_blend(d)
-    _validate_packing(cfg)
-    if t.fp8 == "on" and cfg.parallel.tp > 1:
-        raise ConfigError(
-            f"train.fp8: 'on' cannot combine with parallel.tp={cfg.parallel.tp} (DTensor tensor "
-            "parallelism shards torch linears, not transformer-engine ones); use 'auto' or tp=1"
-        )
-    return cfg

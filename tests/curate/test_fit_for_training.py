@@ -100,7 +100,7 @@ def test_all_black_video_is_one_reject_with_a_reason(tmp_path):
 
 def test_black_bars_only_span_is_rejected_before_encoding(tmp_path):
     """The stage's own check (the splitter's black detection off): no picture inside the bars."""
-    from vfm_core.curate.stages import unfit_reason
+    from vfm_core.curate.clip_stages import unfit_reason
     from vfm_core.video.quality import PictureReport
 
     why = unfit_reason(PictureReport(crop=None, blockiness=0.0), CFG)

@@ -14,7 +14,8 @@ from datagen import hash_embed
 from loader_worker import batch_digest
 
 from vfm_core.cli import main
-from vfm_core.data.columnar import ParquetIndex, arrow_schema
+from vfm_core.data.columnar import ParquetIndex
+from vfm_core.data.columnar_writer import arrow_schema
 from vfm_core.data.index import DatasetIndexError, migrate_index, read_index
 from vfm_core.data.loader import build_loader
 

@@ -13,16 +13,9 @@ from vfm_core.config import ConfigError
 from vfm_core.perf.calibrate import calibrate, load_runs
 from vfm_core.perf.flops import train_flops_per_token
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, PEAKS, Efficiency, gpu_spec
-from vfm_core.perf.planner import (
-    Layout,
-    check_layout,
-    evaluate,
-    explain_plan,
-    explain_rejections,
-    format_table,
-    parse_fixed,
-    plan,
-)
+from vfm_core.perf.layout_rules import check_layout, parse_fixed
+from vfm_core.perf.plan_format import explain_plan, format_table
+from vfm_core.perf.planner import Layout, evaluate, explain_rejections, plan
 from vfm_core.perf.timing import bubble_fraction, step_time, workload
 from vfm_core.recipes import get_recipe
 

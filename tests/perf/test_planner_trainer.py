@@ -18,7 +18,8 @@ from vfm_core.parallel.layout import validate_layout
 from vfm_core.parallel.parallelize import _check
 from vfm_core.perf.flops import default_grid
 from vfm_core.perf.hardware import gpu_spec
-from vfm_core.perf.planner import Layout, check_layout, global_batch, plan, trainer_config
+from vfm_core.perf.layout_rules import check_layout, global_batch, trainer_config
+from vfm_core.perf.planner import Layout, plan
 from vfm_core.recipes import get_recipe
 
 CASES = [

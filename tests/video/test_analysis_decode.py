@@ -4,13 +4,10 @@ import dataclasses
 
 import numpy as np
 
+from vfm_core.video.frame_features import compute_features
 from vfm_core.video.io import SKIP_LOOP_FILTER, iter_frames
-from vfm_core.video.shots import (
-    ColorChangeSplitter,
-    LengthRules,
-    compute_features,
-    transitions_from_spans,
-)
+from vfm_core.video.shots import ColorChangeSplitter
+from vfm_core.video.spans import LengthRules, transitions_from_spans
 from vfm_core.video.synthetic import demo_spec, make_video, score_transitions
 
 ALL = LengthRules(min_len_s=0.0, max_len_s=None)

@@ -4,7 +4,8 @@ import av
 import numpy as np
 import pytest
 
-from vfm_core.video.io import _SAMPLED_FORMATS, _PlaneSampler, iter_frames
+from vfm_core.video.io import iter_frames
+from vfm_core.video.plane_sampler import _SAMPLED_FORMATS, _PlaneSampler
 
 
 def _reference(frame: av.VideoFrame, w: int, h: int) -> np.ndarray:

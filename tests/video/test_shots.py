@@ -5,14 +5,8 @@ import numpy as np
 import pytest
 
 from vfm_core.video.io import decode_frames, iter_frames, probe
-from vfm_core.video.shots import (
-    ColorChangeSplitter,
-    FixedStrideSplitter,
-    LengthRules,
-    Span,
-    Splitter,
-    transitions_from_spans,
-)
+from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
+from vfm_core.video.spans import LengthRules, Span, transitions_from_spans
 from vfm_core.video.stitch import stitch
 from vfm_core.video.synthetic import score_transitions
 from vfm_core.video.transnet import TransNetV2Splitter

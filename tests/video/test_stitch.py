@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
+from vfm_core.video.frame_features import compute_features
 from vfm_core.video.io import decode_frames
-from vfm_core.video.shots import ColorChangeSplitter, Span, compute_features
+from vfm_core.video.shots import ColorChangeSplitter
+from vfm_core.video.spans import Span
 from vfm_core.video.stitch import color_thumb_embed, span_ends, stitch
 
 

@@ -5,8 +5,8 @@ import logging
 import av
 import pytest
 
+from vfm_core.curate.clip_stages import TranscodeStage
 from vfm_core.curate.config import CurateConfig
-from vfm_core.curate.stages import TranscodeStage
 from vfm_core.video.io import decode_frames, probe
 from vfm_core.video.transcode import (
     EncoderError,

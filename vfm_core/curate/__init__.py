@@ -20,7 +20,7 @@ _EXPORTS = {
     "discover": "pipeline",
     "process": "pipeline",
     "CurateConfig": "config",
-    "Stage": "stages",
+    "Stage": "stage_base",
     "build_stages": "stages",
 }
 

@@ -18,12 +18,8 @@ from vfm_core.config import build_settings
 from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.video.io import MAX_PIXELS
 from vfm_core.video.quality import PictureConfig
-from vfm_core.video.shots import (
-    ColorChangeSplitter,
-    FixedStrideSplitter,
-    LengthRules,
-    Splitter,
-)
+from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
+from vfm_core.video.spans import LengthRules
 from vfm_core.video.transnet import TransNetV2Splitter
 
 _ROWS = 2

@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from vfm_core.curate.balance import BatchEvent, EventLog, ray_actor_events
 from vfm_core.curate.records import Item, from_json, to_json
-from vfm_core.curate.stages import Stage
+from vfm_core.curate.stage_base import Stage
 from vfm_core.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,10 @@ from typing import Any
 
 from vfm_core import storage
 from vfm_core.annotate.caption import CurateCaptioner
+from vfm_core.curate.clip_stages import caption_clip, no_caption_reason, remove_clip
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import VideoRef
-from vfm_core.curate.stages import caption_clip, local_copy, no_caption_reason, remove_clip
+from vfm_core.curate.stage_base import local_copy
 from vfm_core.video.io import VideoError
 
 log = logging.getLogger(__name__)

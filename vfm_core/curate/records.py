@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vfm_core.video.io import VideoInfo
-from vfm_core.video.shots import DroppedSpan, Span
+from vfm_core.video.spans import DroppedSpan, Span
 
 
 @dataclass(kw_only=True, slots=True)

@@ -388,7 +388,7 @@ def write_index(index: DatasetIndex, *, format: str = "json", row_group_size: in
     validate_tables(index.shards, index.samples, where=url, sidecars=index.sidecars)
     if format == "json":
         return storage.write_bytes(url, index.to_json().encode())
-    from vfm_core.data.columnar import SAMPLES_NAME, frame_to_arrow, write_samples
+    from vfm_core.data.columnar_writer import SAMPLES_NAME, frame_to_arrow, write_samples
 
     foreign = index.sidecars is not None
     stats = write_samples(
@@ -416,7 +416,7 @@ def columnar_doc(
     stats: dict[str, Any],
 ) -> dict[str, Any]:
     """The small ``index.json`` of the columnar form."""
-    from vfm_core.data.columnar import SAMPLES_NAME
+    from vfm_core.data.columnar_writer import SAMPLES_NAME
 
     doc = {
         "schema_version": COLUMNAR_VERSION,

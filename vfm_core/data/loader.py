@@ -8,6 +8,9 @@ dtype/shape/NaN) → decode the clip (optional; it must decode to the index's si
 its token grid or bucket needs) → :class:`Batch` (with a :class:`PackLayout` per pack when packing).
 A sample failing any check is skipped for this rank only: one warning line naming its shard, key and
 reason, counted in ``skipped_total`` and listed in ``Batch.skipped`` / ``Batch.skip_reasons``.
+Reading, checking and decoding one sample: :mod:`vfm_core.data.loader_reading`; token grids,
+buckets and the dataset's extremes: :mod:`vfm_core.data.loader_geometry` (mixins of
+:class:`ShardLoader`).
 
 Integrity (:func:`build_loader`'s ``verify``, ``"sample"`` by default): shard sizes at start and
 every sample's checksum as it is read; its cost is measured in ``benchmarks/loader.py``. An index
@@ -22,7 +25,6 @@ gives bit-identical batches; it is valid for any ``dp_size`` / ``num_workers``.
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 from collections import deque
@@ -30,20 +32,13 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-import numpy as np
-
 from vfm_core.data.blend import BucketPlanner, BucketSpec, assign_bucket
 from vfm_core.data.index import DatasetIndex, read_index
+from vfm_core.data.loader_geometry import LoaderGeometry
+from vfm_core.data.loader_reading import LoaderReading
 from vfm_core.data.plan import GlobalOrder, Planner
 from vfm_core.data.shard_batch import Batch, Sample
-from vfm_core.data.shard_reader import (
-    SampleError,
-    ShardError,
-    check_sample,
-    parse_indexed,
-    read_raw,
-    verify_shards,
-)
+from vfm_core.data.shard_reader import SampleError, verify_shards
 from vfm_core.errors import UserError
 from vfm_core.geometry import Grid, PackLayout
 
@@ -70,7 +65,7 @@ class NoSampleFitsError(UserError, ValueError):
         self.largest = largest
 
 
-class ShardLoader:
+class ShardLoader(LoaderGeometry, LoaderReading):
     """Iterable loader; see the module docstring. Use :func:`build_loader`.
 
     ``batch_size``: samples (unpacked) or packs (``max_tokens``) per step and DP rank. ``decode``:
@@ -180,160 +175,6 @@ class ShardLoader:
         use = prefetch > 0 and mp_group is None
         self._ahead_pool = ThreadPoolExecutor(1, "vfm-prefetch") if use else None
 
-    # ------------------------------------------------------------------ geometry
-    def _all_grids(self) -> list[Grid]:
-        """Token grid (t, h, w) of every sample of an in-memory (JSON) index, vectorised."""
-        grids = np.concatenate([self._grids_of(g) for g in self.index.iter_geometries()])
-        return [(int(a), int(b), int(c)) for a, b, c in grids]
-
-    def _grids_of(self, geom: np.ndarray) -> np.ndarray:
-        """Token grids (n, 3) of geometry rows (n, 7) (frames, height, width, latent C, T, H, W;
-        C = 0 without a stored latent): the same formula as :meth:`_all_grids`."""
-        geom = np.asarray(geom, np.int64).reshape(-1, 7)
-        ct, ch, cw = self.compression
-        thw = np.stack([1 + (geom[:, 0] - 1) // ct, geom[:, 1] // ch, geom[:, 2] // cw], 1)
-        lat = geom[:, 3] > 0
-        thw[lat] = geom[lat, 4:7]
-        return np.maximum(1, thw // np.array(self.patch, np.int64))  # (n, 3)
-
-    def grid(self, i: int) -> Grid:
-        """Token grid (t, h, w) of sample ``i``."""
-        if self._grids is not None:
-            return self._grids[i]
-        hit = self._grid_cache.get(i)  # the packer asks again for every sample in its buffer
-        if hit is not None:
-            return hit
-        a, b, c = self._grids_of(self.index.geometry(i))[0].tolist()
-        g = (a, b, c)
-        if len(self._grid_cache) >= 1 << 16:
-            self._grid_cache.clear()
-        self._grid_cache[i] = g
-        return g
-
-    def tokens(self, i: int) -> int:
-        g = self.grid(i)
-        return g[0] * g[1] * g[2]
-
-    def bucket_of(self, i: int) -> int | None:
-        """Bucket of sample ``i`` (``buckets`` only)."""
-        assert self.buckets is not None
-        if self._bucket_of is not None:
-            return self._bucket_of[i]
-        f, h, w = (int(x) for x in self.index.geometry(i)[:3])
-        return assign_bucket(f, h, w, self.buckets)
-
-    def token_extremes(self) -> tuple[int, int, int]:
-        """(fewest tokens of any sample, most tokens, the first sample with the most): from the
-        index's summary stats when it has them, else a scan of every sample."""
-        geoms = (self.index.stats or {}).get("geometries")
-        if geoms is not None:
-            a = np.array(geoms, np.int64).reshape(-1, 9)  # geometry, count, first row
-            tok = self._grids_of(a[:, :7]).prod(1)
-            top = tok == tok.max()
-            return int(tok.min()), int(tok.max()), int(a[top, 8].min())
-        if self._grids is not None:
-            tok = np.array([g[0] * g[1] * g[2] for g in self._grids], np.int64)
-        else:
-            tok = np.concatenate([self._grids_of(c).prod(1) for c in self.index.iter_geometries()])
-        return int(tok.min()), int(tok.max()), int(tok.argmax())
-
-    def largest_sample(self) -> tuple[int, int, int]:
-        """(frames, height, width) of the sample with the most pixels over time (from the index's
-        stats when it has them, else a scan)."""
-        geoms = (self.index.stats or {}).get("geometries")
-        if geoms is not None:
-            rows = np.array(geoms, np.int64).reshape(-1, 9)[:, :3]
-        else:
-            rows = np.concatenate([g[:, :3] for g in self.index.iter_geometries()])
-        f, h, w = rows[int(np.argmax(rows.prod(1)))].tolist()
-        return int(f), int(h), int(w)
-
-    # ------------------------------------------------------------------ reading
-    def _mp(self) -> tuple[int, int]:
-        if self.mp_group is None:
-            return 0, 1
-        import torch.distributed as dist
-
-        return dist.get_rank(self.mp_group), dist.get_world_size(self.mp_group)
-
-    def _read_all(self, idx: list[int]) -> list[bytes | Exception]:
-        """Raw tar records of samples ``idx``; with a model-parallel group each rank reads every
-        k-th one and the group all-gathers (everyone ends with all of them)."""
-        mp_rank, k = self._mp()
-        mine = [j for j in range(len(idx)) if j % k == mp_rank]
-
-        def read(j: int) -> bytes | Exception:
-            try:
-                return read_raw(self.index, idx[j])
-            except ShardError as e:
-                return e
-
-        got = list(self._pool.map(read, mine)) if self._pool else [read(j) for j in mine]
-        self.bytes_read += sum(len(g) for g in got if isinstance(g, bytes))
-        if k == 1:
-            return got
-        from vfm_core.data.gather import all_gather_bytes
-
-        return all_gather_bytes(got, n_total=len(idx), group=self.mp_group)
-
-    def _load(self, position: int, raw: bytes | Exception) -> Sample:
-        i = self.order.sample(position)
-        row = self.index.row(i)
-        key = str(row["key"])
-        if isinstance(raw, Exception):
-            raise raw
-        where = self.index.shard_url(int(row["shard"]))
-        if self.checksums:
-            check_sample(raw, row.get("checksum"), where=where, key=key)
-        s = parse_indexed(self.index, i, raw, where=where)  # foreign: + its sidecar range
-        frames = mp4 = None
-        if self.decode == "frames" and s.latent is None:
-            from vfm_core.video.io import VideoError, decode_frames
-
-            try:
-                # slice threads only: frame threading's start-up costs more than a short training
-                # clip's decode (measured ~1.8x samples/s, benchmarks/peers.py loader row)
-                frames = decode_frames(io.BytesIO(s.mp4), threads="SLICE")  # (T, H, W, 3) uint8
-            except VideoError as e:
-                raise SampleError(
-                    f"{where} sample {key}", f"clip does not decode ({e.reason})"
-                ) from None
-            self._check_decoded(frames, row, i, f"{where} sample {key}")
-        elif self.decode == "none":
-            mp4 = s.mp4
-        return Sample(
-            key=key,
-            position=position,
-            index=i,
-            meta=s.meta,
-            txt_emb=s.txt_emb,
-            grid=self.grid(i),
-            frames=frames,
-            mp4=mp4,
-            latent=s.latent,
-            bucket=None if self.buckets is None else self._bucket_list[self.bucket_of(i)],
-        )
-
-    def _check_decoded(self, frames: np.ndarray, row: dict[str, Any], i: int, where: str) -> None:
-        """A decoded clip has the index's height and width and at least the frames that its
-        bucket or token grid takes (a damaged clip decodes to fewer: skipped here, named, rather
-        than failing the tokenizer with a shape error)."""
-        t, h, w = frames.shape[:3]
-        if (h, w) != (int(row["height"]), int(row["width"])):
-            raise SampleError(
-                where, f"clip decodes to {h}x{w} px, the index says {row['height']}x{row['width']}"
-            )
-        if self.buckets is not None:
-            need = self._bucket_list[self.bucket_of(i)][2]
-        else:  # the latent frames of its token grid, in pixel frames (causal: 1 + ct * (n - 1))
-            need = 1 + self.compression[0] * (self.grid(i)[0] * self.patch[0] - 1)
-            need = min(need, int(row["frames"]))
-        if t < need:
-            raise SampleError(
-                where,
-                f"clip decodes to {t} of its {row['frames']} frames (damaged), {need} are needed",
-            )
-
     # ------------------------------------------------------------------ iteration
     def _build(self, plan: list[list[int]], step: int, global_samples: int) -> Batch:
         """Read, check and decode the samples of one planned step (this rank's groups);
@@ -384,32 +225,6 @@ class ShardLoader:
             bytes_read=self.bytes_read - before,
             global_samples=global_samples,
         )
-
-    def _prefetch_grids(self) -> None:
-        """Columnar index, packed: the grids of the positions the packer will likely walk this
-        step (as many as last step, plus a margin), their row groups read in one call rather
-        than one read per sample as the packer asks."""
-        if self._grids is not None or not isinstance(self.planner, Planner):
-            return
-        if self.max_tokens is None or not hasattr(self.index, "geometries"):
-            return
-        start = self.planner.state.position
-        k = self._walked or self.dp_size * self.batch_size * 4 + self.buffer_size
-        pos = np.arange(start, start + k + k // 4 + 8, dtype=np.int64)
-        n = self.order.n
-        ids = np.concatenate(
-            [
-                self.order.epoch_order(int(e)).map(pos[pos // n == e] % n)
-                for e in np.unique(pos // n)
-            ]
-        )
-        fresh = np.array([i for i in ids.tolist() if i not in self._grid_cache], np.int64)
-        if len(fresh):
-            grids = self._grids_of(self.index.geometries(fresh))  # (n, 3)
-            if len(self._grid_cache) + len(fresh) >= 1 << 16:
-                self._grid_cache.clear()
-            for i, g in zip(fresh.tolist(), grids.tolist()):
-                self._grid_cache[i] = (g[0], g[1], g[2])
 
     def _plan(self) -> tuple[dict[str, Any], tuple[list[list[int]], int, int]]:
         """(planner state before, (this rank's groups, step, samples of the step on all ranks))."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from vfm_core.config import ConfigError, ModelConfig
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
-from vfm_core.perf.planner import LAYOUT_KEYS, parse_fixed
+from vfm_core.perf.layout_rules import LAYOUT_KEYS, parse_fixed
 from vfm_core.perf.timing import (
     Layout,
     Workload,

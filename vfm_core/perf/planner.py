@@ -26,10 +26,10 @@ full sharding with more memory and a larger replica all-reduce, so they never ra
 Throughput is ranked at whatever global batch a layout implies (micro_batch · microbatches · dp):
 more micro-batches always shrink the pipeline bubble, so pipelined layouts rank at 4·pp.
 
-:func:`check_layout` mirrors the trainer's ``vfm_core.parallel.layout.validate_layout`` (tested
-both ways in tests/perf/test_planner_trainer.py) and :func:`trainer_config` writes the run config
-of a layout; :func:`explain_rejections` summarises why layouts were rejected; fitting the
-efficiency constants to measured runs lives in :mod:`vfm_core.perf.calibrate`.
+Which layouts are valid (``check_layout``), the ``--fixed`` pins and the trainer config of a
+layout live in :mod:`vfm_core.perf.layout_rules`; the table and the step-time breakdown in
+:mod:`vfm_core.perf.plan_format`. :func:`explain_rejections` summarises why layouts were
+rejected; fitting the efficiency constants to measured runs lives in :mod:`vfm_core.perf.calibrate`.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vfm_core.config import Config, ConfigError, ModelConfig
+from vfm_core.config import ConfigError, ModelConfig
 from vfm_core.geometry import Grid
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
+from vfm_core.perf.layout_rules import LAYOUT_KEYS, check_layout, parse_fixed
 from vfm_core.perf.memory import (
     RECOMPUTE_MODES,
     MemoryEstimate,
@@ -57,13 +58,11 @@ from vfm_core.perf.timing import (
     Layout,
     StepTime,
     Workload,
-    bubble_fraction,
     step_time,
     tokens_per_step_per_gpu,
     workload,
 )
 
-LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(Layout))
 MICRO_BATCHES = (1, 2, 4, 8)
 PP_MICROBATCHES = (1, 2, 4)
 """Searched pipeline micro-batches per step, in multiples of pp (pp > 1; pp == 1 searches no
@@ -178,160 +177,6 @@ def _with_time(
         mfu=tflops / gpu.bf16_tflops,
         flops_per_token=work.flops_per_token,
     )
-
-
-# ------------------------------------------------------------------------------------- validity
-def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -> str | None:
-    """Why ``lay`` cannot run ``cfg`` at ``seq_len`` (None: it can). World size is not checked."""
-    for key in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "micro_batch", "microbatches", "vpp"):
-        if getattr(lay, key) < 1:
-            return f"{key}={getattr(lay, key)} must be >= 1"
-    if lay.tp > cfg.heads:
-        return f"tp={lay.tp} exceeds heads={cfg.heads}"
-    if lay.tp > gpu.gpus_per_node:
-        return f"tp={lay.tp} > {gpu.gpus_per_node} GPUs per node (TP/SP stay inside a node)"
-    if cfg.heads % lay.tp:
-        return f"tp={lay.tp} does not divide heads={cfg.heads}"
-    if cfg.n_kv_heads % lay.tp:
-        return f"tp={lay.tp} does not divide kv_heads={cfg.n_kv_heads}"
-    if lay.sp and lay.tp == 1:
-        return "sp=true needs tp > 1"
-    if cfg.depth % lay.pp:  # stricter than the trainer (uneven stages): the model prices equal ones
-        return f"pp={lay.pp} does not divide depth={cfg.depth}"
-    why = _pipeline_reason(cfg, lay)
-    if why:
-        return why
-    if cfg.arch == "ar" and lay.cp > 1:  # the causal video transformer (vfm_core.parallel.layout)
-        if lay.cp_mode != "ring":
-            return "the autoregressive family's context parallelism is a balanced causal ring"
-        chunks = 2 * lay.cp * (lay.tp if lay.sp else 1)
-        if seq_len % chunks:
-            return f"balanced causal cp={lay.cp} needs the {seq_len} tokens in {chunks} chunks"
-    if seq_len % lay.cp:
-        return f"cp={lay.cp} does not divide the sequence of {seq_len} tokens"
-    if lay.cp > 1 and (lay.cp_mode == "a2a" or cfg.arch == "stdit"):  # ST-DiT: hybrid a2a
-        hq, hkv = cfg.heads // lay.tp, cfg.n_kv_heads // lay.tp
-        if hq % lay.cp or hkv % lay.cp:
-            return (
-                f"all-to-all cp={lay.cp} needs heads per TP rank ({hq} q, {hkv} kv) divisible by cp"
-            )
-    if lay.recompute not in RECOMPUTE_MODES:
-        return f"recompute={lay.recompute!r} (choose from {', '.join(RECOMPUTE_MODES)})"
-    if lay.cp_mode not in ("ring", "a2a"):
-        return f"cp_mode={lay.cp_mode!r} (choose ring or a2a)"
-    return None
-
-
-def _pipeline_reason(cfg: ModelConfig, lay: Layout) -> str | None:
-    """The schedule rules of ``vfm_core.parallel.layout.pipeline_microbatches`` for a layout:
-    ``microbatches`` is ``parallel.pp_microbatches`` with pp > 1 (``train.grad_accum`` with
-    pp == 1, any count), ``vpp`` is ``parallel.pp_virtual_stages`` (interleaved 1F1B)."""
-    pp, v, m = lay.pp, lay.vpp, lay.microbatches
-    if pp == 1:
-        if v > 1:  # the trainer ignores virtual stages without a pipeline; say so instead
-            return f"vpp={v} (parallel.pp_virtual_stages) needs pp > 1"
-        return None
-    if cfg.depth % (pp * v):
-        return (
-            f"vpp={v} (parallel.pp_virtual_stages): the {cfg.depth} blocks (depth) cannot be cut "
-            f"into pp x vpp = {pp * v} equal stages"
-        )
-    if m < pp:
-        return (
-            f"microbatches={m} (parallel.pp_microbatches) is below pp={pp}: 1F1B needs at least "
-            "one microbatch per stage"
-        )
-    rounds = max(1, m // pp)
-    if v > 1 and m % rounds:
-        return (
-            f"microbatches={m} (parallel.pp_microbatches): interleaved 1F1B runs them in "
-            f"{rounds} rounds of about pp={pp}; use a multiple of {rounds}"
-        )
-    return None
-
-
-def trainer_config(base: Config, lay: Layout) -> Config:
-    """The run config that trains ``lay``: ``base`` with its parallel degrees, SP, CP mode,
-    activation checkpointing and pipeline schedule set, and ``data.batch_size`` the layout's
-    global batch (micro_batch · microbatches · dp_replicate · dp_shard). With pp > 1 the
-    layout's micro-batches are ``parallel.pp_microbatches`` of a 1F1B schedule (interleaved 1F1B
-    over ``pp_virtual_stages = vpp`` when vpp > 1) and ``train.grad_accum`` is 1; with pp == 1
-    they are ``train.grad_accum``. ST-DiT ``ring`` is the trainer's ``hybrid`` (ring for full
-    attention, all-to-all for spatial / temporal). ``validate_layout(trainer_config(...),
-    lay.world)`` accepts every layout :func:`plan` returns (tests/perf/test_planner_trainer.py)."""
-    stdit = base.model.arch == "stdit"
-    mode = "alltoall" if lay.cp_mode == "a2a" else ("hybrid" if stdit else "ring")
-    parallel = dataclasses.replace(
-        base.parallel,
-        dp_replicate=lay.dp_replicate,
-        dp_shard=lay.dp_shard,
-        tp=lay.tp,
-        cp=lay.cp,
-        pp=lay.pp,
-        sequence_parallel=lay.sp,
-        cp_mode=mode,
-        activation_checkpointing=lay.recompute != "none",
-        activation_checkpointing_mode="full" if lay.recompute == "none" else lay.recompute,
-        pp_schedule="interleaved_1f1b" if lay.vpp > 1 else "1f1b",
-        pp_virtual_stages=lay.vpp,
-        pp_microbatches=lay.microbatches if lay.pp > 1 else 0,
-    )
-    data = dataclasses.replace(base.data, batch_size=global_batch(lay))
-    train = dataclasses.replace(base.train, grad_accum=1 if lay.pp > 1 else lay.microbatches)
-    return dataclasses.replace(base, parallel=parallel, data=data, train=train)
-
-
-def global_batch(lay: Layout) -> int:
-    """Samples per optimiser step over all data-parallel ranks."""
-    return lay.micro_batch * lay.microbatches * lay.dp_replicate * lay.dp_shard
-
-
-def parse_fixed(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
-    """``"tp=1,cp=1,sp=false"`` (or a mapping) -> typed values; unknown keys and bad values raise
-    :class:`ConfigError`."""
-    if not text:
-        return {}
-    items = (
-        text.items()
-        if isinstance(text, Mapping)
-        else (part.split("=", 1) if "=" in part else (part, None) for part in text.split(","))
-    )
-    out: dict[str, Any] = {}
-    types = {f.name: f.type for f in dataclasses.fields(Layout)}
-    for key, value in items:
-        key = key.strip()
-        if key not in types:
-            raise ConfigError(f"--fixed: unknown key {key!r} (known: {', '.join(LAYOUT_KEYS)})")
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise ConfigError(f"--fixed: {key} needs a value ({key}=...)")
-        raw = value.strip() if isinstance(value, str) else value
-        if key == "sp":
-            if isinstance(raw, bool):
-                out[key] = raw
-            elif str(raw).lower() in ("1", "true", "yes", "on"):
-                out[key] = True
-            elif str(raw).lower() in ("0", "false", "no", "off"):
-                out[key] = False
-            else:
-                raise ConfigError(f"--fixed: sp expects true/false, got {raw!r}")
-        elif key == "recompute":
-            if raw not in RECOMPUTE_MODES:
-                raise ConfigError(
-                    f"--fixed: recompute expects one of {', '.join(RECOMPUTE_MODES)}, got {raw!r}"
-                )
-            out[key] = raw
-        elif key == "cp_mode":
-            if raw not in ("ring", "a2a"):
-                raise ConfigError(f"--fixed: cp_mode expects ring or a2a, got {raw!r}")
-            out[key] = raw
-        else:
-            try:
-                out[key] = int(raw)
-            except (TypeError, ValueError):
-                raise ConfigError(f"--fixed: {key} expects an integer, got {raw!r}") from None
-            if out[key] < 1:
-                raise ConfigError(f"--fixed: {key} must be >= 1, got {out[key]}")
-    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -538,84 +383,3 @@ def explain_rejections(result: PlanResult, *, examples: int = 2) -> list[str]:
         for lay, why in entries[:examples]:
             lines.append(f"         e.g. {_fmt(_short(lay))}: {rejection_reason((lay, why))}")
     return lines
-
-
-# ------------------------------------------------------------------------------------- output
-def format_table(result: PlanResult, *, top: int | None = None) -> str:
-    """Readable table: layout, memory, step-time breakdown, TFLOPS/GPU, MFU, tokens/s/GPU."""
-    head = (
-        f"{'#':>3} {'dp_r':>4} {'dp_s':>4} {'tp':>2} {'sp':>2} {'cp':>3} {'mode':>4} {'pp':>2} "
-        f"{'v':>1} {'mb':>2} {'m':>3} {'gbs':>5} {'recomp':>9} {'mem GiB':>8} {'fits':>4} "
-        f"{'step s':>8} {'compute':>8} {'comm':>7} {'bubble':>7} {'TFLOPS':>7} {'MFU':>6} "
-        f"{'tok/s/GPU':>10}"
-    )
-    lines = [head, "-" * len(head)]
-    for i, p in enumerate(result.plans[:top] if top else result.plans, 1):
-        lay, t = p.layout, p.time
-        lines.append(
-            f"{i:>3} {lay.dp_replicate:>4} {lay.dp_shard:>4} {lay.tp:>2} "
-            f"{'y' if lay.sp else 'n':>2} {lay.cp:>3} {lay.cp_mode if lay.cp > 1 else '-':>4} "
-            f"{lay.pp:>2} {lay.vpp:>1} "
-            f"{lay.micro_batch:>2} {lay.microbatches:>3} {global_batch(lay):>5} {lay.recompute:>9} "
-            f"{p.memory.total_gib:>8.1f} {'yes' if p.fits else 'NO':>4} {t.step_s:>8.3f} "
-            f"{t.compute_s:>8.3f} {t.exposed_comm_s:>7.3f} {t.bubble_s:>7.3f} "
-            f"{p.tflops_per_gpu:>7.1f} {p.mfu:>6.1%} {p.tokens_per_s_per_gpu:>10.0f}"
-        )
-    return "\n".join(lines)
-
-
-LEGEND = """\
-columns: dp_r = replicated data parallel (DDP / HSDP outer), dp_s = FSDP shards, tp = tensor
-parallel, sp = sequence parallel inside TP, cp = context parallel, mode = CP attention (ring P2P or
-a2a all-to-all; ST-DiT ring = the trainer's hybrid), pp = pipeline stages, v = virtual stages per
-GPU (v > 1: interleaved 1F1B), mb = samples per micro-batch per replica, m = micro-batches per step
-(pp > 1: the 1F1B schedule's, >= pp; pp = 1: gradient accumulation), gbs = global batch (samples
-per optimiser step = mb x m x dp_r x dp_s), recomp = activation checkpointing (none | selective |
-full), mem GiB = predicted peak memory per GPU, fits = within usable HBM, step s = predicted step
-time, compute = GEMM + attention + element-wise + recompute seconds, comm = exposed communication
-(TP/SP, CP, PP sends, FSDP/DP not hidden, contention of hidden collectives), bubble = pipeline
-fill/drain ((pp-1)/(v*m+pp-1) of the pipelined time), TFLOPS = model TFLOP/s per GPU, MFU =
-TFLOPS / dense bf16 peak, tok/s/GPU = video tokens per second per GPU."""
-
-
-def explain_plan(p: Plan) -> str:
-    """The step-time breakdown of one plan (``vfm plan --explain``): seconds per step and share."""
-    t, lay = p.time, p.layout
-    parts = t.parts
-    if lay.pp > 1:
-        sched = f"interleaved 1F1B, v={lay.vpp}" if lay.vpp > 1 else "1F1B"
-        frac = bubble_fraction(lay.pp, lay.microbatches, lay.vpp)
-        bubble = f"pipeline bubble ({sched}, m={lay.microbatches}, {frac:.1%})"
-        sends = f"PP stage sends ({2 * lay.vpp} per micro-batch)"
-        tail = "overlap, end-of-step reduction"
-    else:
-        bubble, sends = "pipeline bubble (no pipeline)", "PP stage sends"
-        tail = "phase overlap, last-layer tail"
-    rows = [
-        ("GEMMs", parts["gemm"]),
-        ("attention", parts["attention"]),
-        ("element-wise (norms, modulation, RoPE, copies)", parts["pointwise"]),
-        (f"recompute ({lay.recompute})", parts["recompute"]),
-        ("conditioning (every rank / stage recomputes it)", parts["conditioning"]),
-        ("TP/SP collectives (exposed)", parts["tp"]),
-        ("CP ring / all-to-all (exposed)", parts["cp"]),
-        (sends, parts["pp_p2p"]),
-        (f"FSDP/DP not hidden ({tail})", parts["fsdp_dp_exposed"]),
-        ("contention of hidden collectives", parts["contention"]),
-        (bubble, t.bubble_s),
-        ("optimizer step (AdamW, memory-bound)", t.optimizer_s),
-    ]
-    lines = [
-        f"  dp {lay.dp_replicate}x{lay.dp_shard} tp {lay.tp}{' sp' if lay.sp else ''} "
-        f"cp {lay.cp}{' ' + lay.cp_mode if lay.cp > 1 else ''} pp {lay.pp}"
-        f"{f' vpp {lay.vpp}' if lay.vpp > 1 else ''} mb {lay.micro_batch} m {lay.microbatches} "
-        f"gbs {global_batch(lay)} recompute {lay.recompute}"
-    ]
-    for name, sec in rows:
-        lines.append(f"    {name:52s} {sec:9.4f} s {sec / t.step_s:7.1%}")
-    lines.append(f"    {'total step':52s} {t.step_s:9.4f} s")
-    lines.append(
-        f"    -> {p.tokens_per_s_per_gpu:,.0f} tok/s/GPU, {p.tflops_per_gpu:.1f} TFLOP/s/GPU, "
-        f"MFU {p.mfu:.1%}"
-    )
-    return "\n".join(lines)

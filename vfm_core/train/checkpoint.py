@@ -59,10 +59,11 @@ from torch.distributed.checkpoint import (
     HuggingFaceStorageReader,
     HuggingFaceStorageWriter,
 )
-from torch.distributed.tensor import DTensor
 
-from vfm_core.data.loader import LoaderStateError
 from vfm_core.parallel.world import all_gather_bytes, barrier, is_rank0
+from vfm_core.train.checkpoint_failures import _local_bytes, _mismatch, _os_error, _size, _summary
+from vfm_core.train.checkpoint_layout import FORMAT_VERSION, STATE_FILE
+from vfm_core.train.checkpoint_trainer import load_trainer, save_trainer
 from vfm_core.train.errors import CheckpointError
 from vfm_core.train.integrity import MANIFEST_FILE, verify, write_manifest
 from vfm_core.train.state_tree import (
@@ -83,8 +84,6 @@ __all__ = [
     "save_trainer",
 ]
 
-STATE_FILE = "state.json"
-FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _LEFTOVER = re.compile(r"^step_\d{8}\.(tmp|del|old)$")
 
@@ -389,115 +388,3 @@ class CheckpointManager:
                 ) from e
         mine = restrict_skeleton(skeleton, set(tensors))
         return restore_int_keys(join_state(mine, buffers), template)
-
-
-def _local_bytes(t: torch.Tensor) -> int:
-    """Bytes of this rank's part of ``t`` (its local shard for a DTensor)."""
-    local = t.to_local() if isinstance(t, DTensor) else t
-    return local.numel() * local.element_size()
-
-
-def _size(n: int) -> str:
-    """``65214000`` -> ``'65,214,000 bytes (62.2 MiB)'``."""
-    scaled, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if scaled < 1024 or unit == "TiB":
-            break
-        scaled /= 1024
-    return f"{n:,} bytes" if unit == "B" else f"{n:,} bytes ({scaled:.1f} {unit})"
-
-
-def _os_error(error: BaseException) -> OSError | None:
-    """The OSError behind ``error``: itself, its cause or context, or a rank's failure inside
-    DCP's CheckpointException (which wraps every rank's exception)."""
-    todo: list[BaseException | None] = [error]
-    seen: set[int] = set()
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError):
-            return e
-        todo += [e.__cause__, e.__context__]
-        if isinstance(e, CheckpointException):
-            todo += [exc for exc, _ in e.failures.values()]
-    return None
-
-
-def _summary(problems: list) -> str:
-    more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-    return f"{problems[0]}{more}"
-
-
-def _mismatch(path: Path, missing: set[str], extra: set[str]) -> str:
-    """One line for tensors that do not match: the optimizer's, or the model's."""
-    paths = missing | extra
-    if all(p.startswith("optim.") for p in paths):
-
-        def kinds(ps):
-            return sorted({p.rsplit(".", 1)[-1] for p in ps})
-
-        return (
-            f"checkpoint {path}: {STATE_FILE}: optimizer state of another optimizer (saved "
-            f"{kinds(extra) or 'none'}, this trainer's optimizer holds {kinds(missing) or 'none'})"
-        )
-    return (
-        f"checkpoint {path}: {STATE_FILE}: tensors do not match this trainer (missing "
-        f"{sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}; another model?)"
-    )
-
-
-def init_optimizer_state(trainer) -> None:
-    """Create the optimizer moments (zero, weights unchanged) so a fresh trainer has every tensor
-    a checkpoint holds and DCP can load them in place: one step with zero gradients and lr = 0."""
-    opt = trainer.optimizer
-    if opt.state:
-        return
-    lrs = [g["lr"] for g in opt.param_groups]
-    for g in opt.param_groups:
-        g["lr"] = 0.0
-        for p in g["params"]:
-            p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    for g, lr in zip(opt.param_groups, lrs):
-        g["lr"] = lr
-
-
-def save_trainer(ckpt: CheckpointManager, trainer, *, meta: dict[str, Any] | None = None) -> Path:
-    return ckpt.save(trainer.step, trainer.state_dict(), meta={**trainer.meta(), **(meta or {})})
-
-
-def load_trainer(
-    ckpt: CheckpointManager, trainer, path: Path | None = None, *, verified: bool = False
-) -> Path:
-    """Restore ``trainer`` (any layout) from ``path`` or the newest intact checkpoint (damaged
-    ones skipped with a warning, :meth:`CheckpointManager.choose`). ``verified``: ``path`` was
-    already checked against its manifest."""
-    if path is None or not verified:
-        path = ckpt.choose(path)
-    saved = ckpt.read_meta(path)["meta"].get("model", {})
-    current = trainer.meta()["model"]
-    diff = [k for k in current if saved.get(k) != current[k]]
-    if diff:
-        shown = ", ".join(
-            f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff[:4]
-        )
-        raise CheckpointError(
-            f"checkpoint {path} ({STATE_FILE}) was trained with another model shape ({shown})"
-        )
-    init_optimizer_state(trainer)
-    try:
-        trainer.load_state_dict(ckpt.load(path, trainer.state_dict()))
-    except LoaderStateError as e:  # data position saved for another dataset / batch layout
-        raise CheckpointError(f"checkpoint {path}: {STATE_FILE}: data position: {e}") from e
-    except (KeyError, ValueError, RuntimeError, TypeError) as e:
-        if isinstance(e, CheckpointError):
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise CheckpointError(
-            f"checkpoint {path}: {STATE_FILE}: the saved state does not fit this trainer "
-            f"({type(e).__name__}: {first})"
-        ) from e
-    return path

@@ -5,15 +5,8 @@ and the executors call them, never PyAV directly.
 """
 
 from vfm_core.video.io import VideoError, VideoInfo, decode_frames, iter_frames, probe
-from vfm_core.video.shots import (
-    ColorChangeSplitter,
-    DroppedSpan,
-    FixedStrideSplitter,
-    LengthRules,
-    Segmentation,
-    Span,
-    Splitter,
-)
+from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
+from vfm_core.video.spans import DroppedSpan, LengthRules, Segmentation, Span
 from vfm_core.video.stitch import color_thumb_embed, stitch
 from vfm_core.video.transcode import (
     EncoderError,

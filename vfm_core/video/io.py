@@ -2,36 +2,41 @@
 
 Every function takes a path or a binary file-like object (what `av.open` accepts), so an fsspec
 file (`fsspec.open("s3://...").open()`) works as well as a local path. Every failure a user's file
-can cause (empty, truncated, not a video, audio only, undecodable) raises `VideoError` with the
-source and a one-line reason; callers turn it into a reject row.
+can cause raises `VideoError` (opening a source and its checks live in `video.container`);
+callers turn it into a reject row.
 
 Timestamps are seconds relative to the stream's first timestamp (`stream.start_time`), so a clip's
 `start_s` / `end_s` mean the same thing in `probe`, `iter_frames` and `transcode.transcode_span`.
 
-Two guards keep one bad input from stalling a run: a path that is not a regular file (a FIFO, a
-device, a directory) is refused before it is opened (opening a FIFO blocks until a writer comes),
-and every decode (`probe`, `iter_frames`, `decode_frames`, `count_frames`, the transcoder's decode
-loop) runs under a wall-clock limit (`DECODE_TIMEOUT`, checked between packets) whose excess is a
-`VideoError` like any other bad video.
+Two guards keep one bad input from stalling a run: a path that is not a regular file is refused
+before it is opened (`video.container.open_container`), and every decode (`probe`, `iter_frames`,
+`decode_frames`, `count_frames`, the transcoder's decode loop) runs under a wall-clock limit
+(`DECODE_TIMEOUT`, checked between packets) whose excess is a `VideoError` like any other bad
+video.
 """
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 import av
 import numpy as np
 
-from vfm_core.errors import UserError
-
-Source = str | os.PathLike[str] | IO[bytes]
-"""A local path or a readable binary file object (seekable for MP4)."""
+from vfm_core.video.container import (
+    Source,
+    VideoError,
+    _check_complete,
+    _ffmpeg_reason,
+    _media_seconds,
+    _name,
+    _t0,
+    _video_stream,
+    open_container,
+)
+from vfm_core.video.plane_sampler import _SAMPLED_FORMATS, _PlaneSampler
 
 MAX_PIXELS = 8192 * 8192
 """Largest declared frame (width * height) probe accepts; bigger is rejected as a bogus header."""
@@ -66,15 +71,6 @@ DECODE_TIMEOUT = DecodeTimeout()
 """The limit every decode of this module uses unless given ``timeout_s`` (read at call time)."""
 
 
-class VideoError(UserError):
-    """A video that cannot be used, with the source and a short reason (for reject manifests)."""
-
-    def __init__(self, path: object, reason: str) -> None:
-        self.path = str(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
-
-
 @dataclass(kw_only=True, slots=True, frozen=True)
 class VideoInfo:
     """What `probe` learns about the first video stream of a container."""
@@ -101,35 +97,6 @@ class VideoInfo:
     """False for audio-only containers (only with `probe(..., require_video=False)`)."""
 
 
-def _name(src: Source) -> str:
-    if isinstance(src, (str, os.PathLike)):
-        return os.fspath(src)
-    return str(getattr(src, "name", None) or getattr(src, "path", None) or repr(src))
-
-
-_KINDS = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def not_regular(path: str | os.PathLike[str]) -> str | None:
-    """Why ``path`` (links followed) is no regular file, e.g. "a named pipe (FIFO)"; None for a
-    regular file. Only ``stat``: the file is never opened (opening a FIFO blocks)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "file not found"
-    except OSError as e:
-        return f"cannot stat ({e.strerror or e})"
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
-
-
 class _Deadline:
     """The wall-clock end of one decode (see `DecodeTimeout`)."""
 
@@ -145,54 +112,6 @@ class _Deadline:
                 f"decode exceeded its {self.seconds:.3g} s timeout (stalled or far too slow; "
                 "vfm_core.video.io.DECODE_TIMEOUT)",
             )
-
-
-def _media_seconds(c: av.container.InputContainer, s: av.VideoStream | None) -> float | None:
-    """Duration the container states for stream ``s`` (or itself); None when it states none."""
-    if s is not None and s.duration is not None and s.time_base is not None:
-        return float(s.duration * s.time_base)
-    if c.duration is not None:
-        return float(c.duration / av.time_base)
-    return None
-
-
-def open_container(src: Source) -> av.container.InputContainer:
-    """`av.open` for reading, with user-caused failures turned into `VideoError`; a path that is
-    not a regular file (FIFO, device, directory) is refused without opening it."""
-    name = _name(src)
-    if isinstance(src, (str, os.PathLike)):
-        p = Path(src)
-        if not p.exists():
-            raise VideoError(name, "file not found")
-        kind = not_regular(p)
-        if kind is not None:
-            raise VideoError(name, f"not a regular file ({kind}): refused without opening it")
-        if p.stat().st_size == 0:
-            raise VideoError(name, "empty file (0 bytes)")
-    elif hasattr(src, "seek"):
-        src.seek(0)  # file objects are read from the start on every open
-    try:
-        return av.open(src if not isinstance(src, os.PathLike) else os.fspath(src), mode="r")
-    except av.FFmpegError as e:
-        raise VideoError(name, f"not a readable media file ({_ffmpeg_reason(e)})") from e
-    except (OSError, ValueError) as e:
-        raise VideoError(name, f"unreadable ({e})") from e
-
-
-def _ffmpeg_reason(e: BaseException) -> str:
-    msg = getattr(e, "strerror", None) or str(e)
-    return msg.split(":")[0].strip() if msg else type(e).__name__
-
-
-def _video_stream(container: av.container.InputContainer, name: str) -> av.VideoStream:
-    if not container.streams.video:
-        kinds = sorted({s.type for s in container.streams}) or ["no streams"]
-        raise VideoError(name, f"no video stream ({', '.join(kinds)} only)")
-    return container.streams.video[0]
-
-
-def _t0(stream: av.VideoStream) -> int:
-    return stream.start_time if stream.start_time is not None else 0
 
 
 def probe(
@@ -278,38 +197,6 @@ def probe(
             rotation=int(round(first.rotation or 0)) % 360,
             n_frames=max(n_frames, 1),
             has_video=True,
-        )
-
-
-def _source_size(src: Source) -> int | None:
-    if isinstance(src, (str, os.PathLike)):
-        return Path(src).stat().st_size
-    size = getattr(src, "size", None)
-    if isinstance(size, int):
-        return size
-    try:
-        pos = src.tell()
-        end = src.seek(0, os.SEEK_END)
-        src.seek(pos)
-        return int(end)
-    except (OSError, AttributeError, ValueError):
-        return None
-
-
-def _check_complete(src: Source, stream: av.VideoStream, name: str) -> None:
-    """Raise if the sample index (MP4/MOV/MKV) points past the end of the file (truncated)."""
-    try:
-        entries = stream.index_entries
-        n = len(entries)
-    except (AttributeError, av.FFmpegError):
-        return
-    if n == 0:
-        return
-    last = entries[n - 1]
-    size = _source_size(src)
-    if size is not None and last.pos > 0 and last.pos + last.size > size:
-        raise VideoError(
-            name, f"truncated: sample index needs {last.pos + last.size} bytes, file has {size}"
         )
 
 
@@ -409,68 +296,6 @@ def iter_frames(
                 t,
                 frame.to_ndarray(format="rgb24", width=w, height=h, interpolation=interpolation),
             )
-
-
-_SAMPLED_FORMATS = {"yuv420p": 2, "yuvj420p": 2, "yuv444p": 1, "yuvj444p": 1}
-
-
-def _yuv_luts(full_range: bool) -> tuple[np.ndarray, ...]:
-    """BT.601 terms per 8-bit code as float32: (y', 1.402 v', 0.344136 u', 0.714136 v', 1.772 u').
-
-    Each entry is the exact float32 the per-pixel formula computes for that code, so gathering
-    them and adding in the formula's order gives bit-identical RGB at a fraction of the work.
-    """
-    a = np.arange(256, dtype=np.float32)
-    c = a - 128.0
-    if full_range:
-        y = a
-    else:
-        y = (a - 16.0) * (255.0 / 219.0)
-        c = c * (255.0 / 224.0)
-    return y, 1.402 * c, 0.344136 * c, 0.714136 * c, 1.772 * c
-
-
-class _PlaneSampler:
-    """Point-sample Y/U/V planes of a frame on a (h, w) grid and convert to RGB (BT.601).
-
-    Luma is the rounded mean of the 2x2 pixels at each grid point, chroma the co-sited sample.
-    Reads go straight into the decoder's plane buffers through flat gather indices (cached per
-    line size), never copying a full frame; RGB comes from per-code float32 tables.
-    """
-
-    def __init__(self, src_w: int, src_h: int, w: int, h: int) -> None:
-        self.ys = ((np.arange(h) + 0.5) * src_h / h).astype(np.intp).clip(0, src_h - 2)
-        self.xs = ((np.arange(w) + 0.5) * src_w / w).astype(np.intp).clip(0, src_w - 2)
-        self.w, self.h = w, h
-        self._index: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
-        self._luts = {full: _yuv_luts(full) for full in (False, True)}
-
-    def _indices(self, sub: int, ls: int, cls: int) -> tuple[np.ndarray, ...]:
-        key = (sub, ls, cls)
-        if key not in self._index:
-            i00 = (self.ys[:, None] * ls + self.xs[None, :]).ravel()  # (h*w,) top-left luma
-            ic = ((self.ys // sub)[:, None] * cls + (self.xs // sub)[None, :]).ravel()  # (h*w,)
-            self._index[key] = (i00, i00 + 1, i00 + ls, i00 + ls + 1, ic)
-        return self._index[key]
-
-    def __call__(self, frame: av.VideoFrame) -> np.ndarray:
-        name = frame.format.name
-        p0, p1, p2 = frame.planes[:3]
-        i00, i01, i10, i11, ic = self._indices(_SAMPLED_FORMATS[name], p0.line_size, p1.line_size)
-        lum = np.frombuffer(p0, np.uint8)
-        y = (lum[i00].astype(np.uint16) + lum[i01] + lum[i10] + lum[i11] + 2) >> 2  # (h*w,)
-        u = np.frombuffer(p1, np.uint8)[ic]  # (h*w,)
-        v = np.frombuffer(p2, np.uint8)[ic]  # (h*w,)
-        ly, rv, gu, gv, bu = self._luts[name.startswith("yuvj")]
-        yf = ly[y]
-        rgb = np.empty((self.h * self.w, 3), np.float32)  # (h*w, 3)
-        np.add(yf, rv[v], out=rgb[:, 0])
-        np.subtract(yf, gu[u], out=rgb[:, 1])
-        rgb[:, 1] -= gv[v]
-        np.add(yf, bu[u], out=rgb[:, 2])
-        rgb += 0.5
-        np.clip(rgb, 0, 255, out=rgb)
-        return rgb.astype(np.uint8).reshape(self.h, self.w, 3)  # (h, w, 3)
 
 
 def decode_frames(

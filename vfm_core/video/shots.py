@@ -27,65 +27,28 @@ d1[t] = 0.7 x half-L1 distance of the joint HSV histograms (16 x 4 x 4 bins) of 
    candidates inside a gradual run are its own steps and are absorbed;
 3. black runs: >= `min_black_frames` frames whose 98th-percentile luma is below `black_level`.
 
-All of it is vectorised numpy over (T, bins) arrays; decoding dominates the cost. Span times come
-from the decoded frame timestamps (exact for variable frame rate), or frame / fps for arrays.
+All of it is vectorised numpy over (T, bins) arrays; decoding dominates the cost. The span types
+and length rules live in `video.spans`, the per-frame features in `video.frame_features`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from vfm_core.video.io import SKIP_LOOP_FILTER, Source, iter_frames, probe
-
-FramesOrSource = Source | np.ndarray
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Span:
-    """A clip candidate: frames [start_frame, end_frame) = seconds [start_s, end_s)."""
-
-    start_frame: int
-    end_frame: int
-    start_s: float
-    end_s: float
-
-    @property
-    def n_frames(self) -> int:
-        return self.end_frame - self.start_frame
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
-
-    @classmethod
-    def of(cls, start: int, end: int, fps: float) -> Span:
-        return cls(start_frame=start, end_frame=end, start_s=start / fps, end_s=end / fps)
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class DroppedSpan(Span):
-    """Frames [start_frame, end_frame) that are in no span, and why (a curation reject row)."""
-
-    reason: str
-    """E.g. "shot 1.20 s < min 2.00 s", "gradual transition (dissolve / fade)", "black"."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Segmentation:
-    """A splitter's full answer: kept spans and dropped ranges, each ordered, together covering
-    frames [0, n_frames) exactly once."""
-
-    spans: list[Span]
-    """Clip candidates."""
-    dropped: list[DroppedSpan]
-    """Everything else, with its reason."""
-    n_frames: int
-    """Frames the splitter saw."""
+from vfm_core.video.frame_features import FrameFeatures, FramesOrSource, compute_features
+from vfm_core.video.io import SKIP_LOOP_FILTER, probe
+from vfm_core.video.spans import (
+    DroppedSpan,
+    LengthRules,
+    Segmentation,
+    Span,
+    _dropped,
+    _span,
+    segmentation,
+)
 
 
 @runtime_checkable
@@ -99,268 +62,6 @@ class Splitter(Protocol):
     def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
         """`split`'s spans plus every dropped range with its reason."""
         ...
-
-
-@dataclass(kw_only=True, slots=True)
-class LengthRules:
-    """Clip length limits shared by every splitter."""
-
-    min_len_s: float = 2.0
-    """Spans shorter than this are dropped (0 keeps all)."""
-    max_len_s: float | None = 60.0
-    """Longer spans are cut into equal windows no longer than this (None: no limit)."""
-
-    def apply(
-        self, spans: list[tuple[int, int]], fps: float, times: np.ndarray | None = None
-    ) -> list[Span]:
-        """Drop short spans, window long ones; seconds from `times` (T,) (exact for VFR) or fps."""
-        return self.partition(spans, fps, times)[0]
-
-    def partition(
-        self, spans: list[tuple[int, int]], fps: float, times: np.ndarray | None = None
-    ) -> tuple[list[Span], list[DroppedSpan]]:
-        """`apply`'s spans, and the shots it dropped as too short (with the reason)."""
-        min_f = int(math.ceil(self.min_len_s * fps - 1e-6))
-        max_f = None if self.max_len_s is None else max(1, int(self.max_len_s * fps + 1e-6))
-        out: list[Span] = []
-        short: list[DroppedSpan] = []
-        for a, b in spans:
-            n = b - a
-            if n <= 0:
-                continue
-            if n < min_f:
-                s = _span(a, b, fps, times)
-                why = f"shot {s.duration_s:.2f} s < min {self.min_len_s:.2f} s"
-                short.append(_dropped(s, why))
-                continue
-            k = 1 if max_f is None else -(-n // max_f)
-            edges = [a + (n * i) // k for i in range(k + 1)]
-            out += [_span(s, e, fps, times) for s, e in zip(edges[:-1], edges[1:], strict=True)]
-        return out, short
-
-
-def _span(start: int, end: int, fps: float, times: np.ndarray | None) -> Span:
-    if times is None or len(times) == 0:
-        return Span.of(start, end, fps)
-    t_end = float(times[end]) if end < len(times) else float(times[-1]) + 1.0 / fps
-    return Span(start_frame=start, end_frame=end, start_s=float(times[start]), end_s=t_end)
-
-
-def _dropped(span: Span, reason: str) -> DroppedSpan:
-    return DroppedSpan(
-        start_frame=span.start_frame,
-        end_frame=span.end_frame,
-        start_s=span.start_s,
-        end_s=span.end_s,
-        reason=reason,
-    )
-
-
-def segmentation(
-    spans: list[Span],
-    dropped: list[DroppedSpan],
-    n_frames: int,
-    fps: float,
-    times: np.ndarray | None = None,
-    *,
-    other: str = "in no shot",
-) -> Segmentation:
-    """Sorted spans and dropped ranges; any frames still in neither become a dropped range with
-    reason `other`, so the result covers [0, n_frames) exactly."""
-    dropped = sorted(dropped, key=lambda d: d.start_frame)
-    taken = sorted([(s.start_frame, s.end_frame) for s in [*spans, *dropped]])
-    pos, rest = 0, []
-    for a, b in [*taken, (n_frames, n_frames)]:
-        if a > pos:
-            rest.append(_dropped(_span(pos, a, fps, times), other))
-        pos = max(pos, b)
-    dropped = sorted([*dropped, *rest], key=lambda d: d.start_frame)
-    return Segmentation(spans=spans, dropped=dropped, n_frames=n_frames)
-
-
-def transitions_from_spans(spans: list[Span]) -> list[tuple[int, int]]:
-    """Boundaries between consecutive spans as intervals (end_i, start_i+1): (c, c) for a cut."""
-    return [(a.end_frame, b.start_frame) for a, b in zip(spans[:-1], spans[1:], strict=True)]
-
-
-# --- features -------------------------------------------------------------------------------
-
-HUE_BINS, SAT_BINS, VAL_BINS = 16, 4, 4
-N_BINS = HUE_BINS * SAT_BINS * VAL_BINS
-
-
-def _hsv_bins(x: np.ndarray) -> np.ndarray:
-    """Joint HSV bin (0..N_BINS-1) of RGB values (..., 3) -> (...) int32."""
-    x = x.astype(np.int16)
-    r, g, b = x[..., 0], x[..., 1], x[..., 2]
-    mx = np.maximum(np.maximum(r, g), b)
-    mn = np.minimum(np.minimum(r, g), b)
-    c = (mx - mn).astype(np.float32)
-    cs = np.where(c == 0, 1.0, c)
-    hue = np.where(
-        mx == r, ((g - b) / cs) % 6.0, np.where(mx == g, (b - r) / cs + 2.0, (r - g) / cs + 4.0)
-    )  # in [0, 6)
-    hq = np.minimum((hue * (HUE_BINS / 6.0)).astype(np.int32), HUE_BINS - 1)
-    sat = c / np.maximum(mx, 1).astype(np.float32)
-    sq = np.minimum((sat * SAT_BINS).astype(np.int32), SAT_BINS - 1)
-    vq = (mx.astype(np.int32) * VAL_BINS) >> 8
-    hq = np.where(sq == 0, 0, hq)  # hue is noise for grey pixels
-    return (hq * SAT_BINS + sq) * VAL_BINS + vq
-
-
-_BIN_LUT: np.ndarray | None = None
-
-
-def _bin_lut() -> np.ndarray:
-    """HSV bin of every 24-bit RGB colour (16 MiB, built once per process in ~0.5 s)."""
-    global _BIN_LUT
-    if _BIN_LUT is None:
-        lut = np.empty(1 << 24, np.uint8)
-        gb = np.arange(1 << 16, dtype=np.int32)
-        g, b = gb >> 8, gb & 255
-        for r in range(256):
-            rgb = np.stack([np.full_like(g, r), g, b], axis=-1)  # (65536, 3)
-            lut[r << 16 : (r + 1) << 16] = _hsv_bins(rgb)
-        _BIN_LUT = lut
-    return _BIN_LUT
-
-
-def hsv_histograms(frames: np.ndarray) -> np.ndarray:
-    """Normalised joint HSV histograms of RGB uint8 frames (T, H, W, 3) -> (T, N_BINS) float32.
-
-    uint8 frames go through a lookup table of every colour's bin (exactly `_hsv_bins`, ~8x
-    faster per frame); other dtypes are binned directly.
-    """
-    t = frames.shape[0]
-    x = frames.reshape(t, -1, 3)  # (T, P, 3)
-    if x.dtype == np.uint8:
-        # (r << 16) | (g << 8) | b built in place: one int32 temporary instead of five
-        idx = x[..., 0].astype(np.int32)  # (T, P)
-        idx <<= 8
-        idx |= x[..., 1]
-        idx <<= 8
-        idx |= x[..., 2]
-        bins = _bin_lut()[idx].astype(np.int32)  # (T, P)
-    else:
-        bins = _hsv_bins(x)  # (T, P)
-    bins += (np.arange(t, dtype=np.int32) * N_BINS)[:, None]
-    hist = np.bincount(bins.ravel(), minlength=t * N_BINS).reshape(t, N_BINS)
-    return (hist / x.shape[1]).astype(np.float32)  # (T, N_BINS), rows sum to 1
-
-
-THUMB = 8
-
-
-def thumbnails(frames: np.ndarray) -> np.ndarray:
-    """(T, H, W, 3) -> (T, THUMB, THUMB, 3): point samples at the cell centres (stitch embedder)."""
-    h, w = frames.shape[1:3]
-    ys = ((np.arange(THUMB) + 0.5) * h / THUMB).astype(np.intp)
-    xs = ((np.arange(THUMB) + 0.5) * w / THUMB).astype(np.intp)
-    return frames[:, ys[:, None], xs[None, :]]  # (T, THUMB, THUMB, 3)
-
-
-def _luma(frames: np.ndarray) -> np.ndarray:
-    """(T, H, W, 3) uint8 -> (T, H, W) float32 luma (BT.601)."""
-    f = frames.astype(np.float32)
-    return f[..., 0] * 0.299 + f[..., 1] * 0.587 + f[..., 2] * 0.114
-
-
-@dataclass(kw_only=True, slots=True)
-class FrameFeatures:
-    """Per-frame signals the colour-change splitter thresholds."""
-
-    hist: np.ndarray
-    """(T, N_BINS) HSV histograms."""
-    dpix: np.ndarray
-    """(T,) mean |luma[t] - luma[t-1]| / 255 (0 at t=0)."""
-    bright: np.ndarray
-    """(T,) 98th-percentile luma (0..255)."""
-    times: np.ndarray | None = None
-    """(T,) presentation times in seconds when decoded from a video (None for arrays)."""
-    thumbs: np.ndarray | None = None
-    """(T, THUMB, THUMB, 3) uint8 thumbnails: with `hist`, the stitch embedder's input."""
-
-
-class _FeatureAccumulator:
-    """Streams frame chunks into `FrameFeatures` (keeps only the previous frame's luma)."""
-
-    def __init__(self) -> None:
-        self.hist: list[np.ndarray] = []
-        self.dpix: list[np.ndarray] = []
-        self.bright: list[np.ndarray] = []
-        self.thumbs: list[np.ndarray] = []
-        self.times: list[float] = []
-        self.prev: np.ndarray | None = None
-
-    def add(self, frames: np.ndarray, times: list[float] | None = None) -> None:
-        if times is not None:
-            self.times += times
-        y = _luma(frames)  # (B, H, W)
-        self.hist.append(hsv_histograms(frames))
-        self.thumbs.append(thumbnails(frames))
-        prev = y[:1] if self.prev is None else self.prev[None]
-        yy = np.concatenate([prev, y], 0)  # (B + 1, H, W)
-        self.dpix.append(np.abs(np.diff(yy, axis=0)).mean(axis=(1, 2)) / 255.0)
-        flat = y.reshape(y.shape[0], -1)
-        k = int(0.98 * (flat.shape[1] - 1))
-        self.bright.append(np.partition(flat, k, axis=1)[:, k])
-        self.prev = y[-1]
-
-    def result(self) -> FrameFeatures:
-        if not self.hist:
-            return FrameFeatures(
-                hist=np.zeros((0, N_BINS), np.float32), dpix=np.zeros(0), bright=np.zeros(0)
-            )
-        return FrameFeatures(
-            hist=np.concatenate(self.hist),
-            dpix=np.concatenate(self.dpix),
-            bright=np.concatenate(self.bright),
-            times=np.asarray(self.times) if self.times else None,
-            thumbs=np.concatenate(self.thumbs),
-        )
-
-
-def _chunks(
-    source: FramesOrSource,
-    width: int,
-    chunk: int,
-    threads: str = "AUTO",
-    decoder_options: Mapping[str, str] | None = None,
-) -> Iterator[tuple[np.ndarray, list[float] | None]]:
-    """(frames (B, H, W, 3), their times or None for arrays) in chunks of `chunk` frames."""
-    if isinstance(source, np.ndarray):
-        for i in range(0, len(source), chunk):
-            yield source[i : i + chunk], None
-        return
-    buf: list[np.ndarray] = []
-    ts: list[float] = []
-    frames = iter_frames(
-        source, width=width, resize="sample", threads=threads, decoder_options=decoder_options
-    )
-    for t, a in frames:
-        buf.append(a)
-        ts.append(t)
-        if len(buf) == chunk:
-            yield np.stack(buf), ts
-            buf, ts = [], []
-    if buf:
-        yield np.stack(buf), ts
-
-
-def compute_features(
-    source: FramesOrSource,
-    *,
-    width: int = 64,
-    chunk: int = 256,
-    threads: str = "AUTO",
-    decoder_options: Mapping[str, str] | None = None,
-) -> FrameFeatures:
-    """Features of every frame of `source` (decoded at `width` px wide when it is a video, with
-    FFmpeg `threads` and `decoder_options`, e.g. `io.SKIP_LOOP_FILTER`; see `iter_frames`)."""
-    acc = _FeatureAccumulator()
-    for c, ts in _chunks(source, width, chunk, threads, decoder_options):
-        acc.add(c, ts)
-    return acc.result()
 
 
 def _fps_of(source: FramesOrSource, fps: float | None) -> float:

@@ -21,8 +21,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from vfm_core.video.frame_features import FrameFeatures, hsv_histograms, thumbnails
 from vfm_core.video.io import Source, decode_frames
-from vfm_core.video.shots import FrameFeatures, Span, hsv_histograms, thumbnails
+from vfm_core.video.spans import Span
 
 Embedder = Callable[[np.ndarray], np.ndarray]
 """RGB uint8 frames (N, H, W, 3) -> embeddings (N, D)."""

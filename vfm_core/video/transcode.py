@@ -21,15 +21,8 @@ from typing import Any, Literal
 import av
 import numpy as np
 
-from vfm_core.video.io import (
-    Source,
-    VideoError,
-    _iter_av_frames,
-    _name,
-    _video_stream,
-    analysis_size,
-    open_container,
-)
+from vfm_core.video.container import Source, VideoError, _name, _video_stream, open_container
+from vfm_core.video.io import _iter_av_frames, analysis_size
 
 log = logging.getLogger(__name__)
 

@@ -8,15 +8,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vfm_core.video.frame_features import FramesOrSource
 from vfm_core.video.io import iter_frames
-from vfm_core.video.shots import (
-    FramesOrSource,
+from vfm_core.video.shots import _fps_of, _runs
+from vfm_core.video.spans import (
     LengthRules,
     Segmentation,
     Span,
     _dropped,
-    _fps_of,
-    _runs,
     _span,
     segmentation,
 )

@@ -1,0 +1,191 @@
+"""The ``vfm`` command's argparse parser: every subcommand and its flags (:func:`build_parser`).
+
+The forms are the stable contract listed in :mod:`vfm_core.cli`'s docstring; the handlers live
+there and in :mod:`vfm_core.cli_sizing`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vfm_core.cli_types import int_at_least
+from vfm_core.recipes import RECIPES
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="vfm", description="vfm: raw videos to a trained video DiT")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    tr = sub.add_parser("train", help="train a DiT (one process, or --nproc N under torchrun)")
+    tr.add_argument("--recipe", default="dit-tiny", help=f"preset ({', '.join(RECIPES)})")
+    tr.add_argument("--config", help="YAML config applied on top of the recipe")
+    tr.add_argument("--steps", type=int_at_least("--steps"), required=True, help="total steps")
+    tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
+    tr.add_argument("--seed", type=int_at_least("--seed"), help="seed for init, sigma and noise")
+    tr.add_argument(
+        "--resume", action="store_true", help="continue from the newest intact checkpoint"
+    )
+    tr.add_argument(
+        "--resume-from",
+        metavar="CKPT_DIR",
+        help="continue from this checkpoint folder (implies --resume)",
+    )
+    tr.add_argument("--debug", action="store_true", help="show the traceback behind an error")
+    tr.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config field (repeatable)",
+    )
+    tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    tr.add_argument(
+        "--nproc",
+        type=int_at_least("--nproc"),
+        default=1,
+        help="processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)",
+    )
+    for degree in ("dp-replicate", "dp-shard", "tp", "cp", "pp"):
+        tr.add_argument(
+            f"--{degree}",
+            type=int_at_least(f"--{degree}"),
+            help=f"parallel.{degree.replace('-', '_')} degree",
+        )
+    tr.add_argument(
+        "--nnodes",
+        type=int_at_least("--nnodes"),
+        default=1,
+        help="nodes of a multi-node run (torchrun c10d rendezvous)",
+    )
+    tr.add_argument(
+        "--node-rank",
+        type=int_at_least("--node-rank"),
+        default=0,
+        help="this node's index (0 hosts the rendezvous)",
+    )
+    tr.add_argument(
+        "--rdzv-endpoint",
+        default="",
+        metavar="HOST:PORT",
+        help="rendezvous endpoint of a multi-node run",
+    )
+    tr.add_argument(
+        "--rdzv-timeout",
+        type=int_at_least("--rdzv-timeout"),
+        default=300,
+        help="seconds to wait for the other nodes before giving up",
+    )
+    tr.add_argument(
+        "--max-restarts",
+        type=int_at_least("--max-restarts"),
+        default=0,
+        help="restart all ranks after one dies, from the last checkpoint",
+    )
+
+    fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
+    fl.add_argument("--recipe", required=True)
+    fl.add_argument("--seq", type=int_at_least("--seq"), required=True, help="video tokens/sample")
+    fl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    fl.add_argument("--json", action="store_true", help="print one JSON object")
+
+    pl = sub.add_parser("plan", help="predict memory/TFLOPS/MFU and rank 4D-parallel layouts")
+    pl.add_argument("--recipe", required=True)
+    pl.add_argument("--seq", type=int_at_least("--seq"), required=True, help="video tokens/sample")
+    pl.add_argument("--gpus", type=int_at_least("--gpus"), required=True, help="GPU count")
+    pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
+    pl.add_argument("--fixed", default="", metavar="KEY=VALUE,...", help="pin layout keys")
+    pl.add_argument(
+        "--top", type=int_at_least("--top"), default=10, help="layouts to show (0: all)"
+    )
+    pl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    pl.add_argument("--json", action="store_true", help="print a JSON list, best first")
+    pl.add_argument(
+        "--explain",
+        action="store_true",
+        help="column legend, step-time breakdown per shown layout, why layouts were rejected",
+    )
+    pl.add_argument("--calibrate", metavar="RUNS", help="JSON/JSONL measured runs to fit")
+    pl.add_argument(
+        "--check",
+        action="store_true",
+        help="build the real model under the best (--fixed) layout at --gpus ranks in this "
+        "process (fake process group, meta tensors) and print its per-rank bytes of "
+        "parameters, gradients, optimizer state and EMA beside the planner's memory model",
+    )
+
+    sub.add_parser("recipes", help="list presets")
+
+    ck = sub.add_parser("checkpoint", help="training checkpoints")
+    cks = ck.add_subparsers(dest="ckpt_cmd", required=True, parser_class=_Parser)
+    cv = cks.add_parser("verify", help="check checkpoints against their manifests (sha256)")
+    cv.add_argument("path", help="a run directory (every checkpoint) or one step_* folder")
+    cv.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
+
+    tk = sub.add_parser("tokenizer", help="causal video tokenizer")
+    tks = tk.add_subparsers(dest="tok_cmd", required=True, parser_class=_Parser)
+    tt = tks.add_parser("train", help="train a tokenizer on the clips in shards")
+    tt.add_argument("--shards", required=True, help="shard directory with index.json")
+    tt.add_argument("--out", required=True, help="where tokenizer.safetensors + config go")
+    tt.add_argument("--preset", default="tok-tiny", help="tokenizer preset")
+    tt.add_argument("--steps", type=int_at_least("--steps"), default=200)
+    tt.add_argument("--frames", type=int_at_least("--frames"), default=5, help="1 + 4k frames")
+    tt.add_argument("--size", type=int_at_least("--size"), default=32, help="square crop, pixels")
+    tt.add_argument("--seed", type=int_at_least("--seed"), default=0)
+    tt.add_argument(
+        "--discrete",
+        nargs="?",
+        const="8,5,5,5",
+        metavar="LEVELS",
+        help="discrete tokens: FSQ levels per channel (default 8,5,5,5 = 1000 ids)",
+    )
+
+    sp = sub.add_parser("sample", help="write the built-in captioned sample videos")
+    sp.add_argument("dst", help="folder for sample_XX.mp4 and their per-shot caption sidecars")
+    sp.add_argument("--videos", type=int_at_least("--videos", 1), default=3, help="how many videos")
+    sp.add_argument("--seed", type=int_at_least("--seed"), default=0, help="first video's seed")
+    sp.add_argument(
+        "--held-out",
+        action="store_true",
+        help="only the combinations held out of training (an evaluation set)",
+    )
+    sp.add_argument("--json", action="store_true", help="print the written paths as JSON")
+
+    rp = sub.add_parser("report", help="scaling-study table from MLflow runs (+ plots with --out)")
+    rp.add_argument("--study", required=True, help="study name (MLflow tag vfm.study)")
+    rp.add_argument("--out", help="also write report.md, rows.json and PNG plots here")
+    rp.add_argument("--tracking-uri", help="MLflow tracking URI (default: the project store)")
+    rp.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+    tk = sub.add_parser("track", help="MLflow tracking of training runs")
+    tks = tk.add_subparsers(dest="track_cmd", required=True, parser_class=_Parser)
+    bf = tks.add_parser(
+        "backfill",
+        help="send what a run could not send to its MLflow server (metrics.jsonl, tags, status)",
+    )
+    bf.add_argument("run_dir", metavar="RUN_DIR", help="the training run's --out directory")
+    bf.add_argument("--tracking-uri", help="MLflow tracking URI (default: the run's own)")
+    bf.add_argument("--json", action="store_true", help="print the counts as JSON")
+
+    from vfm_core.data.cli import add_parsers as add_data_parsers
+    from vfm_core.search.cli import add_parser as add_search_parser
+
+    add_data_parsers(sub)
+    add_search_parser(sub)
+
+    from vfm_core.curate.cli import add_parser as add_curate_parser
+
+    add_curate_parser(sub)
+
+    from vfm_core.infer.cli import add_parser as add_generate_parser
+
+    add_generate_parser(sub)
+    return ap

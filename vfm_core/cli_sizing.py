@@ -1,0 +1,148 @@
+"""The ``vfm`` sizing commands: ``vfm flops``, ``vfm plan`` (with ``--check``), ``vfm recipes``.
+
+Parameters and FLOPs of a preset, the planner's ranked parallel layouts, and the preset list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vfm_core.config import ConfigError, apply_overrides
+from vfm_core.recipes import RECIPES, get_recipe
+
+
+def cmd_flops(args: argparse.Namespace) -> int:
+    from vfm_core.models.dit import build_model, count_params
+    from vfm_core.perf.flops import train_flops_per_token
+
+    cfg = apply_overrides(get_recipe(args.recipe), args.set)
+    if args.seq <= 0:
+        raise ConfigError(f"--seq must be positive, got {args.seq}")
+    params = count_params(build_model(cfg.model, device="meta"))
+    fpt = train_flops_per_token(cfg.model, seq_len=args.seq, text_len=cfg.model.text_len)
+    if args.json:
+        print(
+            json.dumps(
+                {"recipe": cfg.recipe, "seq": args.seq, "params": params, "flops_per_token": fpt}
+            )
+        )
+    else:
+        print(
+            f"{cfg.recipe}: {params / 1e9:.3f} B params, {fpt / 1e9:.2f} GFLOPs/token "
+            f"(training, seq {args.seq}), {fpt / params:.2f} x params"
+        )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from vfm_core.perf.calibrate import calibrate
+    from vfm_core.perf.hardware import DEFAULT_EFFICIENCY
+    from vfm_core.perf.plan_format import LEGEND, explain_plan, format_table
+    from vfm_core.perf.planner import explain_rejections, plan
+
+    cfg = apply_overrides(get_recipe(args.recipe), args.set)
+    eff = DEFAULT_EFFICIENCY
+    if args.calibrate:
+        cal = calibrate(args.calibrate, hardware=args.hardware)
+        eff = cal.efficiency
+        fitted = ", ".join(f"{k}={v:.3f}" for k, v in cal.fitted.items())
+        print(
+            f"calibrated on {cal.runs} run(s): {fitted} (rms log error "
+            f"{cal.rms_log_error_before:.3f} -> {cal.rms_log_error_after:.3f})",
+            file=sys.stderr,
+        )
+    result = plan(
+        cfg.model,
+        seq_len=args.seq,
+        gpus=args.gpus,
+        hardware=args.hardware,
+        fixed=args.fixed,
+        efficiency=eff,
+    )
+    if args.check:
+        return plan_check(cfg, result, args)
+    top = args.top or None
+    if args.json:
+        print(json.dumps([p.to_dict() for p in result.plans[:top]]))
+    else:
+        gpu = result.gpu
+        print(
+            f"{cfg.recipe} at {args.seq} tokens on {args.gpus} x {gpu.name} "
+            f"({gpu.bf16_tflops:.0f} TFLOP/s bf16, {gpu.hbm_gb:.0f} GB): "
+            f"{len(result.plans)} layouts ranked, {result.evaluated} evaluated, "
+            f"{len(result.rejected)} rejected"
+        )
+        print(format_table(result, top=top))
+    if args.explain:
+        out = sys.stderr if args.json else sys.stdout
+        print(LEGEND, file=out)
+        print("step-time breakdown (busiest GPU, one optimiser step):", file=out)
+        for i, p in enumerate(result.plans[:top], 1):
+            print(f"#{i}", explain_plan(p).lstrip(), file=out)
+        print("rejected layouts, by reason:", file=out)
+        for line in explain_rejections(result) or ["  (none)"]:
+            print(line, file=out)
+    return 0
+
+
+def plan_check(cfg, result, args: argparse.Namespace) -> int:
+    """``vfm plan --check``: the planner's best layout (with the --fixed pins) built for real at
+    ``--gpus`` ranks; measured vs planned model-state bytes of the busiest rank."""
+    import dataclasses
+
+    from vfm_core.perf.layout_rules import trainer_config
+    from vfm_core.perf.memory_check import (
+        busiest,
+        check_report,
+        format_check,
+        measure_states,
+        planned_states,
+    )
+
+    if not result.plans:
+        raise ConfigError("vfm plan --check: no layout to build (see vfm plan --explain)")
+    best = result.plans[0]
+    run = trainer_config(cfg, best.layout)
+    measured = measure_states(run, args.gpus)
+    rank, mine = busiest(measured)
+    planned = planned_states(best.memory)
+    if not run.train.ema_decay:
+        planned = dataclasses.replace(planned, ema=0.0)
+    report = check_report(mine, planned)
+    lay = {k: v for k, v in dataclasses.asdict(best.layout).items()}
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "recipe": cfg.recipe,
+                    "seq": args.seq,
+                    "gpus": args.gpus,
+                    "layout": lay,
+                    "pp_rank": rank,
+                    "components": report,
+                    "per_pp_rank": [m.as_dict() for m in measured],
+                }
+            )
+        )
+        return 0
+    shown = " ".join(f"{k}={v}" for k, v in lay.items())
+    print(f"{cfg.recipe} at {args.seq} tokens on {args.gpus} GPUs, layout {shown}")
+    print(f"model states of the busiest rank (pipeline rank {rank}), built for real vs planned:")
+    print(format_check(report))
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from vfm_core.models.dit import build_model, count_params
+
+    for name in RECIPES:
+        cfg = get_recipe(name)
+        n = count_params(build_model(cfg.model, device="meta"))
+        m = cfg.model
+        print(
+            f"{name:16s} {m.arch:9s} {n / 1e6:10.1f}M  depth {m.depth:3d}  hidden {m.hidden:5d}  "
+            f"heads {m.heads:3d}/{m.n_kv_heads:<3d} adaln {m.adaln}"
+        )
+    return 0

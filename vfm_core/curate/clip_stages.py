@@ -1,0 +1,260 @@
+"""The per-clip curation stages: `TranscodeStage` (SpanTask -> ClipTask: the span's picture
+checked for black bars and blockiness, then encoded as H.264 MP4 at DST/clips/{clip_id}.mp4) and
+`AnnotateStage` (ClipTask -> AnnotatedClip: embedding, caption, filter scores, or a reject), with
+the caption helpers `curate.recaption` shares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vfm_core import storage
+from vfm_core.annotate.caption import Caption, CurateCaptioner
+from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedder, clip_embedding
+from vfm_core.annotate.filters import reject_reasons, sample_indices, score_frames
+from vfm_core.curate.config import CurateConfig
+from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
+from vfm_core.curate.stage_base import _local_video, _MapStage, local_copy
+from vfm_core.video.io import decode_frames
+from vfm_core.video.quality import PictureReport, inspect_span
+from vfm_core.video.transcode import select_encoder, transcode_span
+
+
+def clip_id_of(video_id: str, start_frame: int, end_frame: int, settings: str) -> str:
+    """hash(video, span, settings): the same clip always gets the same id (no duplicates)."""
+    key = f"{video_id}:{start_frame}:{end_frame}:{settings}".encode()
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+@dataclass(kw_only=True)
+class TranscodeStage(_MapStage):
+    """SpanTask -> ClipTask: H.264 MP4 at DST/clips/{clip_id}.mp4 (keyframe first)."""
+
+    name = "transcode"
+    reject_as = "transcode"
+    _encoder: str | None = field(default=None, init=False, repr=False)
+
+    def setup(self) -> None:
+        # once per worker; an unusable encoder setting fails the run (EncoderError), not a clip
+        self._encoder = select_encoder(self.cfg.encoder, setting="CurateConfig.encoder")
+
+    def one(self, item: SpanTask) -> list[Item]:
+        if self._encoder is None:
+            self.setup()
+        v, cfg = item.video, self.cfg
+        src = _local_video(v, self.work_dir)
+        look = self._inspect(item, src)
+        unfit = unfit_reason(look, cfg)
+        if unfit is not None:  # decided before encoding: no work spent on the span
+            return [_span_reject(item, stage="filter", reason=unfit)]
+        up_w, up_h = (v.height, v.width) if (v.rotation // 90) % 2 else (v.width, v.height)
+        crop = look.crop if look is not None else None
+        box = None if crop is None or crop.is_full(up_w, up_h) else crop
+        cid = clip_id_of(v.video_id, item.start_frame, item.end_frame, cfg.clip_settings())
+        uri = storage.join(self.dst, "clips", f"{cid}.mp4")
+        remote = storage.is_remote(uri)
+        final = Path(self.work_dir) / "clips" / f"{cid}.mp4" if remote else Path(uri)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{cid}.{os.getpid()}.part.mp4")
+        try:
+            r = transcode_span(
+                src,
+                tmp,
+                item.start_s,
+                item.end_s,
+                width=cfg.out_width,
+                fps=cfg.out_fps or (v.fps if v.vfr else None),
+                cfr=v.vfr,
+                rotation=v.rotation,
+                crf=cfg.crf,
+                preset=cfg.preset,
+                encoder=self._encoder,
+                crop=None if box is None else (box.x, box.y, box.w, box.h),
+            )
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        if remote:
+            try:
+                storage.put_file(final, uri)
+            except OSError as e:
+                raise storage.StorageError(uri, f"upload failed ({e})") from None
+        return [
+            ClipTask(
+                span=item,
+                clip_id=cid,
+                uri=uri,
+                local_path=str(final),
+                width=r.width,
+                height=r.height,
+                fps=r.fps,
+                n_frames=r.n_frames,
+                duration_s=r.duration_s,
+                crop_x=crop.x if crop else 0,
+                crop_y=crop.y if crop else 0,
+                crop_w=crop.w if crop else up_w,
+                crop_h=crop.h if crop else up_h,
+                blockiness=look.blockiness if look is not None else 0.0,
+            )
+        ]
+
+    def _inspect(self, item: SpanTask, src: str) -> PictureReport | None:
+        """Bars and blockiness of the span's source pictures (None when both are off)."""
+        pic, v = self.cfg.picture, item.video
+        if not pic.enabled:
+            return None
+        return inspect_span(
+            src,
+            item.start_s,
+            item.end_s,
+            n_frames=item.end_frame - item.start_frame,
+            width=v.width,
+            height=v.height,
+            rotation=v.rotation,
+            cfg=pic,
+        )
+
+
+def unfit_reason(look: PictureReport | None, cfg: CurateConfig) -> str | None:
+    """Why a span is not fit for training before it is encoded (None: fit): no picture inside
+    black bars, a picture inside them below the filters' minimum size, or blocky compression."""
+    if look is None:
+        return None
+    pic, f = cfg.picture, cfg.filters
+    n = pic.sample_frames
+    if look.crop is None:
+        return (
+            f"entirely black bars: no picture (every line of {n} sampled frames dark, flat and "
+            f"still: mean luma <= bar_level={pic.bar_level:g}, std <= bar_std={pic.bar_std:g})"
+        )
+    c = look.crop
+    if c.w < f.min_width or c.h < f.min_height:
+        return (
+            f"picture inside black bars {c.w}x{c.h} at ({c.x}, {c.y}) below minimum "
+            f"{f.min_width}x{f.min_height}"
+        )
+    if pic.max_blockiness is not None and look.blockiness > pic.max_blockiness:
+        return (
+            f"blocky: compression blockiness {look.blockiness:.2f} above max_blockiness="
+            f"{pic.max_blockiness:g} (excess luma step on the 8x8 block grid, {n} sampled frames)"
+        )
+    return None
+
+
+def _span_reject(item: SpanTask, *, stage: str, reason: str) -> RejectRow:
+    v = item.video
+    return RejectRow(
+        source_uri=v.source_uri,
+        video_id=v.video_id,
+        stage=stage,
+        reason=reason,
+        start_s=item.start_s,
+        end_s=item.end_s,
+        n_parts=item.n_parts,
+        video=v,
+    )
+
+
+@dataclass(kw_only=True)
+class AnnotateStage(_MapStage):
+    """ClipTask -> AnnotatedClip (embedding, caption, scores) or a filter reject."""
+
+    name = "annotate"
+    reject_as = "annotate"
+    _embedder: Any = field(default=None, init=False, repr=False)
+    _captioner: Any = field(default=None, init=False, repr=False)
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self._embedder: Embedder = (
+            HFImageEmbedder(cfg.image_model) if cfg.image_model else ColorThumbEmbedder()
+        )
+        self._captioner = CurateCaptioner(cfg.vlm)
+        self._captioner.setup()
+
+    def one(self, item: ClipTask) -> list[Item]:
+        if self._embedder is None:
+            self.setup()
+        cfg, span = self.cfg, item.span
+        path = (
+            item.local_path
+            if os.path.exists(item.local_path)
+            else local_copy(item.uri, self.work_dir)
+        )
+        frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
+        sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
+        scores = score_frames(sampled, cfg.filters)
+        reasons = reject_reasons(
+            scores,
+            width=item.width,
+            height=item.height,
+            duration_s=item.duration_s,
+            cfg=cfg.filters,
+        )
+        times = dict(start_s=span.start_s, end_s=span.end_s, duration_s=item.duration_s)
+        cap = caption_clip(self._captioner, span.video.url, times | {"fps": item.fps}, path)
+        if cap.source == "none" and cfg.require_caption:
+            reasons.append(no_caption_reason(cap))
+        if reasons:
+            remove_clip(item.uri)
+            return [
+                RejectRow(
+                    source_uri=span.video.source_uri,
+                    video_id=span.video.video_id,
+                    stage="filter",
+                    reason="; ".join(reasons),
+                    start_s=span.start_s,
+                    end_s=span.end_s,
+                    n_parts=span.n_parts,
+                    video=span.video,
+                )
+            ]
+        emb = clip_embedding(self._embedder, sampled, n=cfg.embed_frames)
+        return [
+            AnnotatedClip(
+                clip=item,
+                caption=cap.text,
+                caption_source=cap.source,
+                caption_problem=cap.problem,
+                motion=scores.motion,
+                static_frac=scores.static_frac,
+                black_frac=scores.black_frac,
+                blank_frac=scores.blank_frac,
+                embedding=[float(x) for x in np.asarray(emb, np.float32)],
+            )
+        ]
+
+
+def caption_clip(
+    captioner: CurateCaptioner, video_url: str, clip: dict[str, Any], clip_path: str
+) -> Caption:
+    """Caption of a clip (its `start_s`, `end_s` in the video at `video_url`, whose sidecar is
+    beside it; its `duration_s`, `fps`): a VLM sees the middle frame of `clip_path` at full size.
+    """
+    frames = np.zeros((0, 1, 1, 3), np.uint8)  # (0, H, W, 3): a sidecar needs no frames
+    if captioner.needs_frames:
+        mid = clip["duration_s"] / 2
+        end = mid + 1.0 / clip["fps"]
+        frames = decode_frames(clip_path, start_s=mid, end_s=end)  # (1, H, W, 3)
+    return captioner.caption(
+        source_uri=video_url, start_s=clip["start_s"], end_s=clip["end_s"], frames=frames
+    )
+
+
+def no_caption_reason(cap: Caption) -> str:
+    """The filter reason of a clip without a caption when captions are required."""
+    why = f": {cap.problem}" if cap.problem else ""
+    return f"no caption (sidecar or VLM){why}"
+
+
+def remove_clip(uri: str) -> None:
+    """Delete a rejected clip so DST/clips holds exactly the accepted clips."""
+    fs, path = storage.filesystem(uri)
+    if fs.exists(path):
+        fs.rm(path)

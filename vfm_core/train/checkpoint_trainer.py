@@ -1,0 +1,72 @@
+"""Checkpointing a trainer: :func:`save_trainer`, :func:`load_trainer` (which refuses a checkpoint
+of another model shape or data position in one line) and :func:`init_optimizer_state`, on top of
+:class:`~vfm_core.train.checkpoint.CheckpointManager`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vfm_core.data.loader import LoaderStateError
+from vfm_core.train.checkpoint_layout import STATE_FILE
+from vfm_core.train.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from vfm_core.train.checkpoint import CheckpointManager
+
+
+def init_optimizer_state(trainer) -> None:
+    """Create the optimizer moments (zero, weights unchanged) so a fresh trainer has every tensor
+    a checkpoint holds and DCP can load them in place: one step with zero gradients and lr = 0."""
+    opt = trainer.optimizer
+    if opt.state:
+        return
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    for g, lr in zip(opt.param_groups, lrs):
+        g["lr"] = lr
+
+
+def save_trainer(ckpt: CheckpointManager, trainer, *, meta: dict[str, Any] | None = None) -> Path:
+    return ckpt.save(trainer.step, trainer.state_dict(), meta={**trainer.meta(), **(meta or {})})
+
+
+def load_trainer(
+    ckpt: CheckpointManager, trainer, path: Path | None = None, *, verified: bool = False
+) -> Path:
+    """Restore ``trainer`` (any layout) from ``path`` or the newest intact checkpoint (damaged
+    ones skipped with a warning, :meth:`CheckpointManager.choose`). ``verified``: ``path`` was
+    already checked against its manifest."""
+    if path is None or not verified:
+        path = ckpt.choose(path)
+    saved = ckpt.read_meta(path)["meta"].get("model", {})
+    current = trainer.meta()["model"]
+    diff = [k for k in current if saved.get(k) != current[k]]
+    if diff:
+        shown = ", ".join(
+            f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff[:4]
+        )
+        raise CheckpointError(
+            f"checkpoint {path} ({STATE_FILE}) was trained with another model shape ({shown})"
+        )
+    init_optimizer_state(trainer)
+    try:
+        trainer.load_state_dict(ckpt.load(path, trainer.state_dict()))
+    except LoaderStateError as e:  # data position saved for another dataset / batch layout
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE}: data position: {e}") from e
+    except (KeyError, ValueError, RuntimeError, TypeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path}: {STATE_FILE}: the saved state does not fit this trainer "
+            f"({type(e).__name__}: {first})"
+        ) from e
+    return path

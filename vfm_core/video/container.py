@@ -1,0 +1,141 @@
+"""Opening a video source: the `Source` type, `VideoError`, `open_container` and the checks made
+before anything is decoded (shared by `video.io` and `video.transcode`).
+
+Every failure a user's file can cause (empty, truncated, not a video, audio only, undecodable)
+raises `VideoError` with the source and a one-line reason; callers turn it into a reject row. A
+path that is not a regular file (a FIFO, a device, a directory) is refused before it is opened
+(opening a FIFO blocks until a writer comes), and a sample index (MP4/MOV/MKV) that points past
+the end of the file is a truncated file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import IO
+
+import av
+
+from vfm_core.errors import UserError
+
+Source = str | os.PathLike[str] | IO[bytes]
+"""A local path or a readable binary file object (seekable for MP4)."""
+
+
+class VideoError(UserError):
+    """A video that cannot be used, with the source and a short reason (for reject manifests)."""
+
+    def __init__(self, path: object, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def _name(src: Source) -> str:
+    if isinstance(src, (str, os.PathLike)):
+        return os.fspath(src)
+    return str(getattr(src, "name", None) or getattr(src, "path", None) or repr(src))
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def not_regular(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` (links followed) is no regular file, e.g. "a named pipe (FIFO)"; None for a
+    regular file. Only ``stat``: the file is never opened (opening a FIFO blocks)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as e:
+        return f"cannot stat ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def open_container(src: Source) -> av.container.InputContainer:
+    """`av.open` for reading, with user-caused failures turned into `VideoError`; a path that is
+    not a regular file (FIFO, device, directory) is refused without opening it."""
+    name = _name(src)
+    if isinstance(src, (str, os.PathLike)):
+        p = Path(src)
+        if not p.exists():
+            raise VideoError(name, "file not found")
+        kind = not_regular(p)
+        if kind is not None:
+            raise VideoError(name, f"not a regular file ({kind}): refused without opening it")
+        if p.stat().st_size == 0:
+            raise VideoError(name, "empty file (0 bytes)")
+    elif hasattr(src, "seek"):
+        src.seek(0)  # file objects are read from the start on every open
+    try:
+        return av.open(src if not isinstance(src, os.PathLike) else os.fspath(src), mode="r")
+    except av.FFmpegError as e:
+        raise VideoError(name, f"not a readable media file ({_ffmpeg_reason(e)})") from e
+    except (OSError, ValueError) as e:
+        raise VideoError(name, f"unreadable ({e})") from e
+
+
+def _ffmpeg_reason(e: BaseException) -> str:
+    msg = getattr(e, "strerror", None) or str(e)
+    return msg.split(":")[0].strip() if msg else type(e).__name__
+
+
+def _video_stream(container: av.container.InputContainer, name: str) -> av.VideoStream:
+    if not container.streams.video:
+        kinds = sorted({s.type for s in container.streams}) or ["no streams"]
+        raise VideoError(name, f"no video stream ({', '.join(kinds)} only)")
+    return container.streams.video[0]
+
+
+def _t0(stream: av.VideoStream) -> int:
+    return stream.start_time if stream.start_time is not None else 0
+
+
+def _media_seconds(c: av.container.InputContainer, s: av.VideoStream | None) -> float | None:
+    """Duration the container states for stream ``s`` (or itself); None when it states none."""
+    if s is not None and s.duration is not None and s.time_base is not None:
+        return float(s.duration * s.time_base)
+    if c.duration is not None:
+        return float(c.duration / av.time_base)
+    return None
+
+
+def _source_size(src: Source) -> int | None:
+    if isinstance(src, (str, os.PathLike)):
+        return Path(src).stat().st_size
+    size = getattr(src, "size", None)
+    if isinstance(size, int):
+        return size
+    try:
+        pos = src.tell()
+        end = src.seek(0, os.SEEK_END)
+        src.seek(pos)
+        return int(end)
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def _check_complete(src: Source, stream: av.VideoStream, name: str) -> None:
+    """Raise if the sample index (MP4/MOV/MKV) points past the end of the file (truncated)."""
+    try:
+        entries = stream.index_entries
+        n = len(entries)
+    except (AttributeError, av.FFmpegError):
+        return
+    if n == 0:
+        return
+    last = entries[n - 1]
+    size = _source_size(src)
+    if size is not None and last.pos > 0 and last.pos + last.size > size:
+        raise VideoError(
+            name, f"truncated: sample index needs {last.pos + last.size} bytes, file has {size}"
+        )
