@@ -1,0 +1,161 @@
+"""Screenshots of what a user sees in the UIs: the MLflow Model Registry page of a model with two
+evaluated versions and the ``champion`` alias, and the Prefect automations that chain the
+deployments (``deployments/prefect.yaml``'s triggers), taken with headless Chromium.
+
+    python infra/screenshots.py [--out docs/screenshots] [--chromium chromium]
+
+It starts its own Prefect and MLflow servers on free loopback ports (``infra/services.py``, state
+in a temporary folder), registers the deployments, trains two 2-step dit-tiny runs, registers both
+checkpoints with evaluation metrics and applies the promotion rule (the second version is better
+on every metric, so it becomes the champion), then saves one PNG per page and stops the servers.
+Chromium comes from the system (``apt-get install chromium``); without it the script says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from infra.load import ROOT, api, deploy, free_port  # noqa: E402
+
+PAGES = {
+    "mlflow-registry-model": "{mlflow}/#/models/{model}",
+    "mlflow-registry-version": "{mlflow}/#/models/{model}/versions/{champion}",
+    "prefect-automations": "{prefect}/automations",
+    "prefect-deployments": "{prefect}/deployments",
+}
+"""Screenshot name -> page URL (the SPA routes of MLflow 3 and Prefect 3)."""
+
+TINY = [
+    "--set",
+    "model.hidden=64",
+    "--set",
+    "model.depth=2",
+    "--set",
+    "model.heads=4",
+    "--set",
+    "data.batch_size=2",
+]
+
+
+def _env_from(root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for line in (root / "infra" / "env.sh").read_text().splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value.strip("'")
+    return env
+
+
+def _train(out: Path, seed: int, env: dict[str, str]) -> dict:
+    """A 2-step dit-tiny run logged to the server; its JSON summary."""
+    argv = [sys.executable, "-m", "vfm_core.cli", "train", "--recipe", "dit-tiny"]
+    argv += ["--steps", "2", "--out", str(out), "--set", f"train.seed={seed}", *TINY]
+    argv += ["--set", "tracking.experiment=vfm-screenshots"]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if p.returncode != 0:
+        raise RuntimeError(f"training for the screenshots failed:\n{p.stderr[-2000:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def _register(root: Path, env: dict[str, str]) -> tuple[str, str]:
+    """Two evaluated versions, the second promoted; (model name, champion version)."""
+    code = (
+        "import json, sys\n"
+        "from vfm_core.config import TrackingConfig\n"
+        "from vfm_core.registry.promotion import promote\n"
+        "from vfm_core.registry.register import register_checkpoint\n"
+        "runs = json.loads(sys.argv[1])\n"
+        "t = TrackingConfig(experiment='vfm-screenshots')\n"
+        "out = None\n"
+        "for (ckpt, run_id), m in zip(runs, ({'prompt_colour_acc': 0.60, "
+        "'prompt_direction_acc': 0.55, 'frechet_distance': 0.40}, {'prompt_colour_acc': 0.98, "
+        "'prompt_direction_acc': 1.0, 'frechet_distance': 0.14})):\n"
+        "    v = register_checkpoint(ckpt, run_id=run_id, tracking=t, metrics=m)\n"
+        "    out = promote(v.name, v.version, tracking=t)\n"
+        "print(json.dumps(out))\n"
+    )
+    runs = []
+    for seed in (0, 1):
+        out = root / "runs" / f"seed{seed}"
+        summary = _train(out, seed, env)
+        runs.append([str(out), summary["mlflow_run_id"]])
+    p = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(runs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    if p.returncode != 0:
+        raise RuntimeError(f"registering for the screenshots failed:\n{p.stderr[-2000:]}")
+    decision = json.loads(p.stdout.strip().splitlines()[-1])
+    return decision["name"], str(decision["champion"])
+
+
+def shoot(chromium: str, url: str, png: Path, *, wait_ms: int = 12000) -> None:
+    """One page as a 1400x900 PNG after ``wait_ms`` of (virtual) time for the SPA to render."""
+    argv = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    argv += ["--window-size=1400,900", f"--virtual-time-budget={wait_ms}"]
+    argv += [f"--user-data-dir={png.parent / '.chromium'}", f"--screenshot={png}", url]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    if p.returncode != 0 or not png.exists():
+        raise RuntimeError(f"chromium could not capture {url}: {p.stderr[-1500:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    ap.add_argument("--chromium", default="chromium")
+    args = ap.parse_args(argv)
+    chromium = shutil.which(args.chromium)
+    if chromium is None:
+        print(f"{args.chromium}: not found (apt-get install chromium)", file=sys.stderr)
+        return 1
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="vfm-shots-"))
+    env = dict(os.environ)
+    env.update(
+        VFM_PREFECT_PORT=str(free_port()),
+        VFM_MLFLOW_PORT=str(free_port()),
+        VFM_INFRA_DIR=str(root / "infra"),
+        VFM_DATA_DIR=str(root / "data"),
+        PREFECT_HOME=str(root / "client-prefect"),
+    )
+    services = [sys.executable, str(ROOT / "infra" / "services.py")]
+    up = services + ["up", "--only", "prefect,worker,mlflow"]
+    p = subprocess.run(up, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if p.returncode != 0:
+        print(p.stdout + p.stderr, file=sys.stderr)
+        return 1
+    try:
+        env = _env_from(root)
+        deploy("deployments/prefect.yaml", env)
+        model, champion = _register(root, env)
+        prefect = env["PREFECT_API_URL"].removesuffix("/api")
+        mlflow = env["MLFLOW_TRACKING_URI"].rstrip("/")
+        code, autos = api("POST", f"{env['PREFECT_API_URL']}/automations/filter", {})
+        n = len(autos) if code == 200 else "?"
+        print(f"{n} automations; model {model}, champion version {champion}")
+        time.sleep(2)
+        for name, page in PAGES.items():
+            url = page.format(mlflow=mlflow, prefect=prefect, model=model, champion=champion)
+            shoot(chromium, url, out / f"{name}.png")
+            print(f"{name}: {url} -> {out / name}.png")
+    finally:
+        subprocess.run(services + ["down"], env=env, capture_output=True, text=True, timeout=120)
+        shutil.rmtree(out / ".chromium", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
