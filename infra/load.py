@@ -51,6 +51,8 @@ class LoadReport:
     """Service -> error lines of its log (sqlite lock contention left out, counted below)."""
     locked: dict[str, int] = field(default_factory=dict)
     """Service -> 'database is locked' lines (retried by the client)."""
+    poll_timeouts: int = 0
+    """State polls the busy server did not answer within 60 s (polled again, as a browser does)."""
 
 
 def api(method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -122,10 +124,14 @@ def submit_and_drain(
         runs.append(run)
     submit_s = time.monotonic() - t0
     pending = {r["id"]: r for r in runs}
-    deadline = t0 + timeout_s
+    deadline, timeouts = t0 + timeout_s, 0
     while time.monotonic() < deadline:
         for rid in list(pending):
-            code, r = api("GET", f"{api_url}/flow_runs/{rid}")
+            try:
+                code, r = api("GET", f"{api_url}/flow_runs/{rid}")
+            except (TimeoutError, urllib.error.URLError):  # a saturated server: ask again
+                timeouts += 1
+                continue
             if code == 200 and r["state"]["type"] in FINAL:
                 pending.pop(rid)
                 runs[[x["id"] for x in runs].index(rid)] = r
@@ -145,6 +151,7 @@ def submit_and_drain(
         run_dirs=[p["parameters"]["params"].get("out_dir", "") for p in params],
         flow_run_ids=[r["id"] for r in runs],
         busy_retries=busy,
+        poll_timeouts=timeouts,
     )
     for name, path in logs.items():  # only what was written during this load
         report.log_errors[name], report.locked[name] = log_errors(path, start[name])
@@ -228,12 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(report)))
         return 0
     print(f"## {report.runs} flow runs of {args.deployment} submitted at once ({args.steps} steps)")
-    print("| submit s | drain s | states | 503 retries | log errors | sqlite locked |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| submit s | drain s | states | 503 retries | poll timeouts | log errors | sqlite locked |"
+    )
+    print("|---|---|---|---|---|---|---|")
     errors = {k: len(v) for k, v in report.log_errors.items()}
     print(
         f"| {report.submit_s:.1f} | {report.drain_s:.1f} | {report.states} | "
-        f"{report.busy_retries} | {errors} | {report.locked} |"
+        f"{report.busy_retries} | {report.poll_timeouts} | {errors} | {report.locked} |"
     )
     for name, lines in report.log_errors.items():
         for x in lines[:5]:
