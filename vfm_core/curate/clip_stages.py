@@ -1,13 +1,20 @@
 """The per-clip curation stages: `TranscodeStage` (SpanTask -> ClipTask: the span's picture
-checked for black bars and blockiness, then encoded as H.264 MP4 at DST/clips/{clip_id}.mp4) and
-`AnnotateStage` (ClipTask -> AnnotatedClip: embedding, caption, filter scores, or a reject), with
-the caption helpers `curate.recaption` shares.
+checked for black bars and blockiness, then encoded as H.264 MP4) and `AnnotateStage` (ClipTask ->
+AnnotatedClip: embedding, caption, filter scores, or a reject), with the caption helpers
+`curate.recaption` shares, and the commit of a video's clips.
+
+A clip is encoded to DST/_pending/{clip_id}.mp4 and only moved to its final name
+DST/clips/{clip_id}.mp4 (`commit_clips`, one rename each) when its video is finished and its
+state is about to be written; so an interrupted run (Ctrl-C, a kill, a full disk) leaves its
+clips in DST/_pending, never in DST/clips, and `discard_pending` (at the start and end of every
+run and on failure) deletes them: DST/clips holds no clip that no state names.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +39,61 @@ def clip_id_of(video_id: str, start_frame: int, end_frame: int, settings: str) -
     return hashlib.sha256(key).hexdigest()[:16]
 
 
+PENDING = "_pending"
+"""Under DST: clips encoded but not committed (their video not finished yet)."""
+
+
+def clip_uri(dst: str, clip_id: str) -> str:
+    """Where a committed clip lives (the uri its manifest row names)."""
+    return storage.join(dst, "clips", f"{clip_id}.mp4")
+
+
+def pending_uri(dst: str, clip_id: str) -> str:
+    """Where a clip waits, once encoded, until its video is committed."""
+    return storage.join(dst, PENDING, f"{clip_id}.mp4")
+
+
+def commit_clips(dst: str, clip_ids: list[str]) -> None:
+    """Move the clips' pending files to their final names (a rename each: atomic on a local
+    disk; copy + delete on an object store). A clip with no pending file was committed before
+    (a rerun of a state that was lost after the rename) or is a rejected clip: nothing to do."""
+    fs, _ = storage.filesystem(dst)
+    for cid in clip_ids:
+        src, final = pending_uri(dst, cid), clip_uri(dst, cid)
+        _, src_path = storage.filesystem(src)
+        _, final_path = storage.filesystem(final)
+        if storage.is_remote(dst):
+            if fs.exists(src_path):
+                fs.mv(src_path, final_path)
+            continue
+        Path(final_path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(src_path, final_path)
+        except FileNotFoundError:
+            pass
+
+
+def discard_pending(dst: str) -> int:
+    """Delete every uncommitted clip under DST/_pending (the clips of videos an interrupted or
+    failed run did not finish, and those of rejects); returns how many. One run per DST at a
+    time: a concurrent run's pending clips would be deleted too."""
+    url = storage.join(dst, PENDING)
+    fs, path = storage.filesystem(url)
+    if not fs.exists(path):
+        return 0
+    files = storage.list_files(url)
+    for f in files:
+        _, p = storage.filesystem(f)
+        fs.rm(p)
+    if not storage.is_remote(dst):
+        shutil.rmtree(path, ignore_errors=True)  # the empty folder (and stray .part files)
+    return len(files)
+
+
 @dataclass(kw_only=True)
 class TranscodeStage(_MapStage):
-    """SpanTask -> ClipTask: H.264 MP4 at DST/clips/{clip_id}.mp4 (keyframe first)."""
+    """SpanTask -> ClipTask: H.264 MP4 at DST/_pending/{clip_id}.mp4 (keyframe first), moved to
+    DST/clips/{clip_id}.mp4 (the ClipTask's `uri`) when its video is committed."""
 
     name = "transcode"
     reject_as = "transcode"
@@ -57,9 +116,9 @@ class TranscodeStage(_MapStage):
         crop = look.crop if look is not None else None
         box = None if crop is None or crop.is_full(up_w, up_h) else crop
         cid = clip_id_of(v.video_id, item.start_frame, item.end_frame, cfg.clip_settings())
-        uri = storage.join(self.dst, "clips", f"{cid}.mp4")
+        uri, pending = clip_uri(self.dst, cid), pending_uri(self.dst, cid)
         remote = storage.is_remote(uri)
-        final = Path(self.work_dir) / "clips" / f"{cid}.mp4" if remote else Path(uri)
+        final = Path(self.work_dir) / "clips" / f"{cid}.mp4" if remote else Path(pending)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{cid}.{os.getpid()}.part.mp4")
         try:
@@ -82,7 +141,7 @@ class TranscodeStage(_MapStage):
             tmp.unlink(missing_ok=True)
         if remote:
             try:
-                storage.put_file(final, uri)
+                storage.put_file(final, pending)
             except OSError as e:
                 raise storage.StorageError(uri, f"upload failed ({e})") from None
         return [
@@ -178,15 +237,22 @@ class AnnotateStage(_MapStage):
         self._captioner = CurateCaptioner(cfg.vlm)
         self._captioner.setup()
 
+    def _clip_file(self, item: ClipTask) -> str:
+        """A local file of the clip: the encoder's output on this machine, else the pending
+        object (another worker encoded it), else the committed one (a duplicate video's twin
+        committed it first)."""
+        if os.path.exists(item.local_path):
+            return item.local_path
+        pending = pending_uri(self.dst, item.clip_id)
+        if storage.is_remote(pending):
+            return local_copy(pending if storage.exists(pending) else item.uri, self.work_dir)
+        return pending if os.path.exists(pending) else local_copy(item.uri, self.work_dir)
+
     def one(self, item: ClipTask) -> list[Item]:
         if self._embedder is None:
             self.setup()
         cfg, span = self.cfg, item.span
-        path = (
-            item.local_path
-            if os.path.exists(item.local_path)
-            else local_copy(item.uri, self.work_dir)
-        )
+        path = self._clip_file(item)
         frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
         sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
         scores = score_frames(sampled, cfg.filters)
@@ -202,7 +268,8 @@ class AnnotateStage(_MapStage):
         if cap.source == "none" and cfg.require_caption:
             reasons.append(no_caption_reason(cap))
         if reasons:
-            remove_clip(item.uri)
+            remove_clip(pending_uri(self.dst, item.clip_id))
+            remove_clip(item.uri)  # committed by an earlier run with other filter settings
             return [
                 RejectRow(
                     source_uri=span.video.source_uri,

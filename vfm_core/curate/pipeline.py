@@ -5,14 +5,19 @@
     DST/rejects.parquet         Rejects: source_uri, stage, reason, start_s / end_s (+ video_id)
     DST/videos.parquet          VideoManifest of the readable inputs
     DST/_state/{key}.json       one per finished input video: its clip and reject rows
+    DST/_pending/               clips of unfinished videos, only while a run is going
 
-Resumability: a video is finished when all of its final items arrived; its state file is then
-written atomically. A rerun skips inputs whose state file matches (same source, size and
-settings) and re-runs the rest; clip ids are deterministic, so a clip written before a crash is
-overwritten, never duplicated. Inputs that failed to be read (stage "read", e.g. a transient S3
-error) are not marked finished and are retried. The manifests are rebuilt from the state files of
-the current inputs, so accepted ∪ rejected = inputs, always; and within each probed input, its clips
-and rejects together cover its whole duration (`coverage`: a short shot, a transition, a filtered
+Resumability: a video is finished when all of its final items arrived; its clips are then
+committed (moved from DST/_pending, where the encoder writes them, to DST/clips) and its state
+file is written atomically. A run discards DST/_pending at its start, at its end and when it
+fails (Ctrl-C included), so an interrupted run leaves no clip that no state names (a kill in
+the few renames just before a state write excepted: the rerun curates that video again). A rerun
+skips inputs whose state file matches (same source, size and settings) and re-runs the rest; clip
+ids are deterministic, so a clip committed before a crash is overwritten, never duplicated.
+Inputs that failed to be read (stage "read", e.g. a transient S3 error) are not marked finished
+and are retried. The manifests are rebuilt from the state files of the current inputs, so
+accepted ∪ rejected = inputs, always; and within each probed input, its clips and rejects
+together cover its whole duration (`coverage`: a short shot, a transition, a filtered
 clip is a reject row with its start / end seconds and reason; the summary counts those seconds).
 
 A damaged state file (truncated, corrupt bytes, not a state object) never stops a run: it is
@@ -55,6 +60,7 @@ from vfm_core.contracts import (
     validate,
     write_manifest,
 )
+from vfm_core.curate.clip_stages import commit_clips, discard_pending
 from vfm_core.curate.coverage import coverage_gaps, seconds
 from vfm_core.curate.executors import Executor, get_executor
 from vfm_core.curate.recaption import recaption_all
@@ -205,6 +211,9 @@ def _write_state(dst: str, ref: VideoRef, cfg: CurateConfig, finals: list[Item])
         "clips": clips,
         "rejects": rejects,
     }
+    # clips first: every state names only committed clips (a kill between the two leaves
+    # committed clips without a state; the rerun curates the video into the same clip ids)
+    commit_clips(dst, [c["clip_id"] for c in clips])
     if any(r["stage"] == "read" for r in rejects):
         return state  # unreadable now: retry on the next run
     storage.write_bytes(_state_url(dst, ref.source_uri), json.dumps(state).encode())
@@ -239,6 +248,20 @@ def process(
         missing = sorted(parts)
         raise RuntimeError(f"curation lost items of {len(missing)} video(s): {missing[:5]}")
     return states
+
+
+def _discard_pending(dst: str, whose: str, *, quiet: bool = False) -> None:
+    """`discard_pending`, logged; `quiet`: on the way out of a failure, whose own error must
+    not be hidden by a second one."""
+    try:
+        n = discard_pending(dst)
+    except Exception:  # noqa: BLE001 - the next run's start discards them again
+        if not quiet:
+            raise
+        log.warning("curation: could not delete the uncommitted clips under %s", dst)
+        return
+    if n:
+        log.info("curation: deleted %d uncommitted clip(s) of %s under %s/_pending", n, whose, dst)
 
 
 def recaption_finished(
@@ -438,11 +461,19 @@ def curate(
             del states[r.source_uri]
         todo = [r for r in refs if r.source_uri not in states]
         skipped = len(refs) - len(todo)
+        if todo:
+            _discard_pending(dst, "an interrupted run")
+            if not storage.is_remote(dst):  # DST/clips exists even when no clip is committed
+                Path(dst, "clips").mkdir(parents=True, exist_ok=True)
         states.update(
             process(todo, dst, cfg=cfg, executor=ex, work_dir=work_dir, progress=progress)
         )
+    except BaseException:  # a failure or Ctrl-C: the unfinished videos' clips go
+        _discard_pending(dst, "this failed run", quiet=True)
+        raise
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
+    _discard_pending(dst, "rejected clips")  # e.g. a clip whose annotation failed
     check_coverage(refs, states)
     out = assemble(dst, [states[r.source_uri] for r in refs], cfg.semdedup)
     record = {
