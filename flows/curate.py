@@ -33,7 +33,9 @@ class CurateParams(BaseModel):
 
     src: str = Field(..., description="input folder, s3:// prefix or video file")
     dst: str = Field(..., description="output folder or s3:// prefix")
-    splitter: Literal["color", "stride", "transnetv2"] = Field(_D.splitter, description="detector")
+    splitter: Literal["hybrid", "color", "stride", "transnetv2"] = Field(
+        _D.splitter, description="detector"
+    )
     min_len_s: float = Field(
         _D.min_len_s, ge=0, description="shortest clip, seconds (shorter shots are rejects)"
     )

@@ -68,7 +68,11 @@ class PipelineParams(BaseModel):
     src: str = Field("", description="raw videos: folder or s3:// prefix ('' = built-in sample)")
     sample_videos: int = Field(3, ge=1, le=256, description="built-in sample size (src = '')")
     work_dir: str = Field("", description="outputs ('' = data/pipeline/NAME)")
-    splitter: str = Field("color", pattern="^(color|stride|transnetv2)$", description="shots")
+    splitter: str = Field(
+        CurateConfig().splitter,
+        pattern="^(hybrid|color|stride|transnetv2)$",
+        description="shots (curation default)",
+    )
     min_len_s: float = Field(
         CurateConfig().min_len_s,
         ge=0,

@@ -120,7 +120,7 @@ def test_dropped_ranges_cross_process_boundaries_as_json(short_between, tmp_path
 
 @pytest.mark.parametrize(
     "splitter",
-    ["color", "stride", pytest.param("transnetv2", marks=pytest.mark.slow)],  # ~30 s (torch)
+    ["hybrid", "color", "stride", pytest.param("transnetv2", marks=pytest.mark.slow)],  # torch
 )
 def test_every_splitter_accounts_for_every_frame(short_between, splitter):
     """Spans and dropped ranges of `segment` tile the frames exactly once, in order."""

@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     cu.add_argument(
         "--splitter",
-        choices=["color", "stride", "transnetv2"],
+        choices=["hybrid", "color", "stride", "transnetv2"],
         default=d("splitter"),
         help="shot detector (default: %(default)s)",
     )

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from vfm_core.annotate.filters import FilterConfig
 from vfm_core.config import build_settings
 from vfm_core.curate.semdedup import SemDedupConfig
+from vfm_core.video.hybrid_splitter import HybridSplitter
 from vfm_core.video.io import MAX_PIXELS
 from vfm_core.video.quality import PictureConfig
 from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
@@ -36,8 +37,9 @@ clips are kept): 2 = a sidecar segment captions a clip only when it covers > 50 
 class CurateConfig:
     """Settings of every curation stage."""
 
-    splitter: Literal["color", "stride", "transnetv2"] = "color"
-    """Shot detector: colour change (default), fixed stride, or TransNetV2."""
+    splitter: Literal["hybrid", "color", "stride", "transnetv2"] = "hybrid"
+    """Shot detector: colour change + layout cue (default; also finds cuts between two shots of
+    one set, see `video.hybrid_splitter`), colour change only, fixed stride, or TransNetV2."""
     min_len_s: float = 2.0
     """Shorter shots are not clips: each is a reject row with its start, end and length."""
     max_len_s: float | None = 20.0
@@ -122,6 +124,9 @@ class CurateConfig:
 
     def splitter_obj(self) -> Splitter:
         lengths = LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)
+        if self.splitter == "hybrid":
+            color = ColorChangeSplitter(analysis_width=self.analysis_width)
+            return HybridSplitter(color=color, lengths=lengths)
         if self.splitter == "color":
             return ColorChangeSplitter(analysis_width=self.analysis_width, lengths=lengths)
         if self.splitter == "stride":
@@ -129,5 +134,6 @@ class CurateConfig:
         if self.splitter == "transnetv2":
             return TransNetV2Splitter(lengths=lengths)
         raise ValueError(
-            f"CurateConfig.splitter: unknown {self.splitter!r}; expected color, stride, transnetv2"
+            f"CurateConfig.splitter: unknown {self.splitter!r}; expected hybrid, color, stride,"
+            " transnetv2"
         )

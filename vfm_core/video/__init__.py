@@ -4,6 +4,7 @@ The curation stages (split -> stitch -> transcode -> annotate) build on these fu
 and the executors call them, never PyAV directly.
 """
 
+from vfm_core.video.hybrid_splitter import HybridSplitter
 from vfm_core.video.io import VideoError, VideoInfo, decode_frames, iter_frames, probe
 from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
 from vfm_core.video.spans import DroppedSpan, LengthRules, Segmentation, Span
@@ -22,6 +23,7 @@ __all__ = [
     "DroppedSpan",
     "EncoderError",
     "FixedStrideSplitter",
+    "HybridSplitter",
     "LengthRules",
     "Segmentation",
     "Span",
