@@ -44,7 +44,9 @@ class CurateParams(BaseModel):
     )
     out_width: int | None = Field(_D.out_width, gt=0, description="clip width (None: source)")
     out_fps: float | None = Field(_D.out_fps, gt=0, description="clip frame rate (None: source)")
-    stitch: bool = Field(_D.stitch, description="merge false cuts")
+    stitch: bool | None = Field(
+        _D.stitch, description="merge false cuts (empty: on unless the splitter is hybrid)"
+    )
     vlm: str | None = Field(_D.vlm, description="local image-to-text model dir for captions")
     encoder: Literal["auto", "libx264", "h264_nvenc"] = Field(
         _D.encoder, description="H.264 encoder (auto: NVENC where it opens, else libx264)"

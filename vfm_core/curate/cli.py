@@ -86,11 +86,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--fps", type=float, default=d("out_fps"), help="clip frame rate (default: source)"
     )
     cu.add_argument(
-        "--no-stitch",
+        "--stitch",
         dest="stitch",
-        action="store_false",
+        action=argparse.BooleanOptionalAction,
         default=d("stitch"),
-        help="keep every detected cut (default: merge cuts whose two sides look alike)",
+        help="merge cuts whose two sides look alike; --no-stitch keeps every detected cut"
+        " (default: on, except with the hybrid splitter, whose cuts are verified twice)",
     )
     cu.add_argument(
         "--encoder",

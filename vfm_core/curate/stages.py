@@ -138,7 +138,7 @@ class StitchStage(_MapStage):
 
     def one(self, item: SplitVideo) -> list[Item]:
         spans = item.spans
-        if self.cfg.stitch and len(spans) > 1:
+        if self.cfg.stitches() and len(spans) > 1:
             v = item.video
             max_f = None if self.cfg.max_len_s is None else int(self.cfg.max_len_s * v.fps + 1e-6)
             spans = stitch(
