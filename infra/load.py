@@ -24,6 +24,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -181,16 +183,13 @@ def deploy(prefect_file: str | Path, env: dict[str, str], *, timeout: float = 60
         raise RuntimeError(f"prefect deploy {prefect_file}: {d.stdout[-3000:]}{d.stderr[-3000:]}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--deployment", default="train/train")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    if args.runs < 1 or args.steps < 1:
-        ap.error("--runs and --steps must be >= 1")
-    root = Path(tempfile.mkdtemp(prefix="vfm-load-"))
+@contextmanager
+def own_servers(prefix: str, *, only: str = "") -> Iterator[tuple[Path, dict[str, str]]]:
+    """``infra/services.py up`` on free loopback ports, its state in a new temporary folder:
+    yields (that folder, the environment of a client of these servers, read from its
+    ``env.sh``) and stops the servers on exit. ``only``: comma list of services (default: all
+    but ray). A failed start raises RuntimeError with its output."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     env = dict(os.environ)
     env.update(
         VFM_PREFECT_PORT=str(free_port()),
@@ -201,36 +200,50 @@ def main(argv: list[str] | None = None) -> int:
         PREFECT_HOME=str(root / "client-prefect"),
     )
     services = [sys.executable, str(ROOT / "infra" / "services.py")]
-    up = subprocess.run(services + ["up"], env=env, capture_output=True, text=True, timeout=600)
-    if up.returncode != 0:
-        print(up.stdout + up.stderr, file=sys.stderr)
-        return 1
+    up = services + ["up"] + (["--only", only] if only else [])
+    p = subprocess.run(up, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     try:
+        if p.returncode != 0:
+            raise RuntimeError(f"infra/services.py up failed:\n{p.stdout}{p.stderr}")
+        client = dict(env)
         for line in (root / "infra" / "env.sh").read_text().splitlines():
             key, _, value = line.removeprefix("export ").partition("=")
-            env[key] = value.strip("'")
-        try:
-            deploy("deployments/prefect.yaml", env)
-        except RuntimeError as e:
-            print(e, file=sys.stderr)
-            return 1
-        params = [
-            {
-                "parameters": {
-                    "params": {
-                        "steps": args.steps,
-                        "out_dir": str(root / "runs" / f"load-{i:03d}"),
-                        "experiment": "vfm-load",
-                    }
-                }
-            }
-            for i in range(args.runs)
-        ]
-        report = submit_and_drain(
-            env["PREFECT_API_URL"], args.deployment, params, infra_dir=root / "infra"
-        )
+            client[key] = value.strip("'")
+        yield root, client
     finally:
         subprocess.run(services + ["down"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--deployment", default="train/train")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.runs < 1 or args.steps < 1:
+        ap.error("--runs and --steps must be >= 1")
+    try:  # a failed start, deploy or submission: its message, exit 1
+        with own_servers("vfm-load-") as (root, env):
+            deploy("deployments/prefect.yaml", env)
+            params = [
+                {
+                    "parameters": {
+                        "params": {
+                            "steps": args.steps,
+                            "out_dir": str(root / "runs" / f"load-{i:03d}"),
+                            "experiment": "vfm-load",
+                        }
+                    }
+                }
+                for i in range(args.runs)
+            ]
+            report = submit_and_drain(
+                env["PREFECT_API_URL"], args.deployment, params, infra_dir=root / "infra"
+            )
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(asdict(report)))
         return 0

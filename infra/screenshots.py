@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from infra.load import ROOT, api, deploy, free_port  # noqa: E402
+from infra.load import ROOT, api, deploy, own_servers  # noqa: E402
 
 PAGES = {
     "mlflow-registry-model": "{mlflow}/#/models/{model}",
@@ -44,14 +42,6 @@ TINY = [
     "--set",
     "data.batch_size=2",
 ]
-
-
-def _env_from(root: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    for line in (root / "infra" / "env.sh").read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        env[key] = value.strip("'")
-    return env
 
 
 def _train(out: Path, seed: int, env: dict[str, str]) -> dict:
@@ -122,37 +112,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="vfm-shots-"))
-    env = dict(os.environ)
-    env.update(
-        VFM_PREFECT_PORT=str(free_port()),
-        VFM_MLFLOW_PORT=str(free_port()),
-        VFM_INFRA_DIR=str(root / "infra"),
-        VFM_DATA_DIR=str(root / "data"),
-        PREFECT_HOME=str(root / "client-prefect"),
-    )
-    services = [sys.executable, str(ROOT / "infra" / "services.py")]
-    up = services + ["up", "--only", "prefect,worker,mlflow"]
-    p = subprocess.run(up, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    if p.returncode != 0:
-        print(p.stdout + p.stderr, file=sys.stderr)
-        return 1
     try:
-        env = _env_from(root)
-        deploy("deployments/prefect.yaml", env)
-        model, champion = _register(root, env)
-        prefect = env["PREFECT_API_URL"].removesuffix("/api")
-        mlflow = env["MLFLOW_TRACKING_URI"].rstrip("/")
-        code, autos = api("POST", f"{env['PREFECT_API_URL']}/automations/filter", {})
-        n = len(autos) if code == 200 else "?"
-        print(f"{n} automations; model {model}, champion version {champion}")
-        time.sleep(2)
-        for name, page in PAGES.items():
-            url = page.format(mlflow=mlflow, prefect=prefect, model=model, champion=champion)
-            shoot(chromium, url, out / f"{name}.png")
-            print(f"{name}: {url} -> {out / name}.png")
+        with own_servers("vfm-shots-", only="prefect,worker,mlflow") as (root, env):
+            deploy("deployments/prefect.yaml", env)
+            model, champion = _register(root, env)
+            prefect = env["PREFECT_API_URL"].removesuffix("/api")
+            mlflow = env["MLFLOW_TRACKING_URI"].rstrip("/")
+            code, autos = api("POST", f"{env['PREFECT_API_URL']}/automations/filter", {})
+            n = len(autos) if code == 200 else "?"
+            print(f"{n} automations; model {model}, champion version {champion}")
+            time.sleep(2)
+            for name, page in PAGES.items():
+                url = page.format(mlflow=mlflow, prefect=prefect, model=model, champion=champion)
+                shoot(chromium, url, out / f"{name}.png")
+                print(f"{name}: {url} -> {out / name}.png")
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
     finally:
-        subprocess.run(services + ["down"], env=env, capture_output=True, text=True, timeout=120)
         shutil.rmtree(out / ".chromium", ignore_errors=True)
     return 0
 
