@@ -34,12 +34,13 @@ HEADLINE = (
 
 
 def headline_metrics(stages: dict[str, Any]) -> dict[str, float]:
-    """The pipeline run's metrics: :data:`HEADLINE` of the evaluation and the tokenizer's PSNR /
-    SSIM next to their mean-colour baselines."""
+    """The pipeline run's metrics, the same keys for both families where both have them:
+    :data:`HEADLINE` of the evaluation and the tokenizer's PSNR / SSIM next to their mean-colour
+    baselines (and its codebook usage when it is discrete)."""
     m = stages.get("generate", {}).get("metrics") or {}
     got = {k: float(m[k]) for k in HEADLINE if k in m}
     tok = stages.get("tokenizer", {})
-    for k in ("psnr", "baseline_psnr", "ssim", "baseline_ssim"):
+    for k in ("psnr", "baseline_psnr", "ssim", "baseline_ssim", "codebook_usage"):
         v = tok.get(k)
         if isinstance(v, (int, float)) and math.isfinite(v):
             got[f"tokenizer_{k}"] = float(v)
@@ -121,16 +122,23 @@ def _generate_rows(g: dict[str, Any]) -> list[str]:
 
 
 def _evaluation(m: dict[str, float]) -> str:
-    """The evaluation's part of the generate row: held-out bits per token (autoregressive) or
-    held-out loss and Fréchet distance against the untrained model and the data's own floor."""
+    """The evaluation's part of the generate row, one form for both families: the held-out loss
+    (EDM loss, or bits per token for the autoregressive family against a uniform guess) and the
+    Fréchet distance against the untrained model and the data's own floor."""
+    if not m:
+        return ""
     if "heldout_bits_per_token" in m:  # autoregressive
-        return (
+        text = (
             f"; held-out {m['heldout_bits_per_token']:.2f} bits/token (uniform "
             f"{m['uniform_bits_per_token']:.2f})"
         )
-    if not m:
-        return ""
-    text = f"; held-out loss {m['heldout_loss']:.4f}, Fréchet distance {m['frechet_distance']:.3f}"
+        lower = "bits/token"
+    else:
+        text = f"; held-out loss {m['heldout_loss']:.4f}"
+        lower = "held-out loss"
+    if "frechet_distance" not in m:  # an evaluation written before both families had it
+        return text
+    text += f", Fréchet distance {m['frechet_distance']:.3f}"
     if "fd_ratio_untrained" in m:
         text += (
             f" ({m['fd_ratio_untrained']:.1f}x lower than untrained "
@@ -141,7 +149,7 @@ def _evaluation(m: dict[str, float]) -> str:
                 f"; two halves of the data: {m['fd_data_halves']:.3f} at "
                 f"{int(m['fd_samples']) // 2} clips each"
             )
-        text += f"; held-out loss {m['loss_reduction']:.0%} lower)"
+        text += f"; {lower} {m['loss_reduction']:.0%} lower)"
     return text
 
 

@@ -148,6 +148,11 @@ _PAPER_SCALE: dict = dict(
     latent_channels=16, patch_t=2, patch_s=2, base_channels=128, num_res_blocks=2, norm_groups=32
 )
 _FSQ_64K = (8, 8, 8, 5, 5, 5)
+FSQ_L2: dict = {"regulariser": "l2", "reg_weight": 1e-3}
+"""What a discrete tokenizer trains with: the L2 of its pre-quantisation latent. Without it the
+encoder drives that latent to +-100, where tanh no longer responds and every channel sits on its
+two end levels (tok-tiny-discrete on the demo sample: 2% of the codebook used, PSNR 19.6 dB, green
+objects lost; with it 18%, 24.0 dB, every object's colour kept)."""
 _DISCRETE: dict = {**_PAPER_SCALE, "latent_channels": 6, "shortcuts": False}
 
 TOKENIZER_RECIPES: dict[str, dict] = {
@@ -166,7 +171,7 @@ TOKENIZER_RECIPES: dict[str, dict] = {
     # discrete (FSQ) for the autoregressive family: CPU 4x8x8 with 4 channels 8,5,5,5 = 1,000
     # ids; Cosmos-like DV4x8x8 / DV8x16x16 with 6 channels 8,8,8,5,5,5 = 64,000 ids (6 does not
     # divide the bottleneck width, so no latent shortcut)
-    "tok-tiny-discrete": {"fsq_levels": (8, 5, 5, 5)},
+    "tok-tiny-discrete": {"fsq_levels": (8, 5, 5, 5), **FSQ_L2},
     "tok-dv4x8x8": {**_DISCRETE, "channel_mult": (1, 2, 4), "fsq_levels": _FSQ_64K},
     "tok-dv8x16x16": {
         **_DISCRETE,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from vfm_core.config import apply_overrides
 from vfm_core.infer.generate import GenerateRequest, generate
@@ -58,3 +59,30 @@ def test_tokenizers_that_do_not_fit_are_refused(ar_run, tmp_path):
             tmp_path / "p.mp4",
             text_emb=EMB,
         )
+
+
+def test_evaluate_autoregressive_run(ar_run, tmp_path):
+    """One evaluation for both families: bits per token in place of the EDM loss, and the same
+    Fréchet distance and untrained baseline of clips sampled token by token, decoded by a
+    discrete tokenizer of the model's vocabulary (or the FSQ-code preview without one)."""
+    from vfm_core.infer.evaluate import EvalConfig, evaluate
+
+    ec = EvalConfig(loss_samples=4, fd_samples=4, batch=4, temperature=0.0)
+    m = evaluate(ar_run, config=ec)  # no tokenizer: the codes' latent preview
+    assert 0 < m["heldout_bits_per_token"] and m["uniform_bits_per_token"] == pytest.approx(
+        np.log2(1000)
+    )
+    assert m["frechet_distance"] > 0 and m["fd_samples"] == 4 and m["fd_data_halves"] >= 0
+    assert m["untrained_heldout_loss"] > 0 and m["untrained_frechet_distance"] > 0
+    assert m["loss_reduction"] == pytest.approx(1 - m["heldout_loss"] / m["untrained_heldout_loss"])
+    assert m["fd_ratio_untrained"] == pytest.approx(
+        m["untrained_frechet_distance"] / m["frechet_distance"]
+    )
+    torch.manual_seed(0)
+    tok = save_tokenizer(
+        CausalVideoAutoencoder(TokenizerConfig(base_channels=8, fsq_levels=(8, 5, 5, 5))),
+        tmp_path / "tok",
+    ).parent
+    m_tok = evaluate(ar_run, tokenizer=tok, config=ec)
+    assert m_tok["heldout_loss"] == m["heldout_loss"]  # the loss does not involve the decoder
+    assert m_tok["frechet_distance"] != m["frechet_distance"]  # decoded by the tokenizer

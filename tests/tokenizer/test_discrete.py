@@ -47,3 +47,17 @@ def test_discrete_config_errors():
     assert cfg.latent_channels == 6 and not cfg.shortcuts  # 512 % 6 != 0
     with pytest.raises(TokenizerShapeError, match="continuous"):
         CausalVideoAutoencoder(TokenizerConfig()).encode_tokens(torch.zeros(1, 3, 5, 16, 16))
+
+
+def test_discrete_preset_penalises_the_prequantisation_latent():
+    """tok-tiny-discrete trains with the L2 of the latent before FSQ (unpenalised it saturates
+    tanh and uses two levels per channel), and --discrete variants get the same."""
+    cfg = get_tokenizer_config("tok-tiny-discrete")
+    assert (cfg.regulariser, cfg.reg_weight) == ("l2", 1e-3)
+    assert discrete_variant(TokenizerConfig(), (8, 5, 5, 5)).regulariser == "l2"
+    torch.manual_seed(0)
+    model = CausalVideoAutoencoder(cfg)
+    x = torch.rand(1, 3, 5, 32, 32) * 2 - 1
+    out = model(x)
+    assert out.reg.item() == pytest.approx(model.encoder(x).square().mean().item(), rel=1e-5)
+    assert out.reg.requires_grad  # it trains the encoder

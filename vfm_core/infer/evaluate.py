@@ -1,6 +1,9 @@
 """Does a run learn? Held-out EDM loss at fixed noise levels and a Fréchet distance between
 generated and held-out clips in the built-in clip embedder's feature space, logged to MLflow; for
-the autoregressive family the held-out bits per token (:func:`heldout_bits`).
+the autoregressive family the held-out bits per token (:func:`heldout_bits`) in place of the EDM
+loss, and the same Fréchet distance, prompt following and untrained baseline of clips sampled
+token by token (:func:`vfm_core.infer.ar_sample.sample_tokens`) and decoded by the discrete
+tokenizer: one evaluation for both families, the model's sampler the only difference.
 
 * **Held-out loss** (:func:`heldout_loss`): the EDM loss (Karras et al. 2022, eq. 2 with the
   weighting of Table 1, :meth:`vfm_core.diffusion.edm.EDM.loss`) of held-out latents at each of
@@ -35,11 +38,15 @@ import torch
 
 from vfm_core.config import Config
 from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
-from vfm_core.infer.generate import PREVIEW_FACTORS, load_decoder, sample_latent
+from vfm_core.infer.generate import PREVIEW_FACTORS, sample_latent
+from vfm_core.infer.request import load_decoder, load_token_decoder
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
 from vfm_core.progress import Progress
+from vfm_core.tokenizer.fsq import FSQ
 from vfm_core.tokenizer.sources import make_source
+from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
 __all__ = [
     "EvalConfig",
@@ -69,6 +76,13 @@ class EvalConfig:
     """Guidance of the generated clips (None = the run's ``diffusion.guidance``)."""
     batch: int = 8
     """Latents per forward pass."""
+    sample_batch: int = 0
+    """Clips sampled per call (0 = ``batch``); the autoregressive sampler runs one position per
+    call, so a larger batch amortises its per-call overhead."""
+    temperature: float = 1.0
+    """Autoregressive family: softmax temperature of the token draws (0 = greedy)."""
+    top_k: int = 0
+    """Autoregressive family: draw among the k most likely tokens (0 = all)."""
     seed: int = 1234
     """Seed of the loss noise and of the generation noise."""
     heldout_seed: int = 1_000_003
@@ -130,7 +144,9 @@ def _heldout_batches(
     null = getattr(source, "null_text", None)  # (L, Dt) or None
     m = cfg.model
     null = torch.zeros(1, m.text_len, m.text_dim) if null is None else null[None].float()
-    return torch.cat(lat)[:n].float(), torch.cat(txt)[:n].float(), null
+    values = torch.cat(lat)[:n]  # latents (n, C, T, H, W), or token ids (n, T, H, W)
+    values = values if not values.dtype.is_floating_point else values.float()
+    return values, torch.cat(txt)[:n].float(), null
 
 
 @torch.no_grad()
@@ -164,26 +180,29 @@ def heldout_loss(
 
 
 @torch.no_grad()
-def heldout_bits(model: torch.nn.Module, cfg: Config, ec: EvalConfig) -> dict[str, float]:
-    """Autoregressive family: next-token cross-entropy of ``ec.loss_samples`` held-out token
-    grids (the run's source re-seeded, as for the DiT loss) in nats (``heldout_loss``) and in bits
-    per token (``heldout_bits_per_token``; log2 of the vocabulary for a uniform guess)."""
+def heldout_bits(
+    model: torch.nn.Module,
+    cfg: Config,
+    tokens: torch.Tensor,
+    text: torch.Tensor,
+    ec: EvalConfig,
+    *,
+    desc: str = "held-out loss",
+) -> dict[str, float]:
+    """Autoregressive family: next-token cross-entropy of held-out token grids ``tokens``
+    (N, T, H, W) with captions ``text`` (N, L, Dt) in nats (``heldout_loss``) and in bits per
+    token (``heldout_bits_per_token``; log2 of the vocabulary for a uniform guess)."""
     from vfm_core.models.ar import next_token_loss
 
-    data = dataclasses.replace(cfg.data, seed=ec.heldout_seed, batch_size=ec.batch)
-    if ec.heldout_shards:
-        data = dataclasses.replace(data, shards=ec.heldout_shards)
-    source = make_source(data, cfg.model)
-    total, count = 0.0, 0
-    bar = Progress(ec.loss_samples, desc="held-out loss", unit="sample", logger=_log)
-    while count < ec.loss_samples:
-        b = source.next_batch()  # token ids (B, T, H, W)
-        logits = model(b.token_ids, b.text.float())  # (B, N, V)
-        total += next_token_loss(logits, b.token_ids.flatten(1)).item() * b.n_samples
-        count += b.n_samples
-        bar.update(b.n_samples)
+    total = 0.0
+    bar = Progress(len(tokens), desc=desc, unit="sample", logger=_log)
+    for i in range(0, len(tokens), ec.batch):
+        ids, t = tokens[i : i + ec.batch], text[i : i + ec.batch]
+        logits = model(ids, t)  # (b, N, V)
+        total += next_token_loss(logits, ids.flatten(1)).item() * len(ids)
+        bar.update(len(ids))
     bar.close()
-    nats = total / count
+    nats = total / len(tokens)
     return {
         "heldout_loss": nats,
         "heldout_bits_per_token": nats / math.log(2),
@@ -205,30 +224,21 @@ def evaluate(
     tokenizer: str | Path | None = None,
     config: EvalConfig | None = None,
 ) -> dict[str, float]:
-    """Held-out loss and Fréchet distance of a checkpoint (see the module docstring)."""
+    """Held-out loss (bits per token for the autoregressive family), Fréchet distance, prompt
+    following and the untrained baseline of a checkpoint (see the module docstring)."""
     ec = config or EvalConfig()
     loaded = checkpoint if isinstance(checkpoint, LoadedDiT) else load_dit(checkpoint)
     cfg, model = loaded.cfg, loaded.model
-    if cfg.model.arch == "ar":  # the autoregressive family: held-out bits per token
-        return {**heldout_bits(model, cfg, ec), "checkpoint_step": float(loaded.step)}
+    ar = cfg.model.arch == "ar"
+    held_out = heldout_bits if ar else heldout_loss
     n = max(ec.loss_samples, ec.fd_samples)
-    latents, text, null = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W), (n, L, Dt), (1, L, Dt)
-    metrics = heldout_loss(model, cfg, latents[: ec.loss_samples], text[: ec.loss_samples], ec)
+    data, text, null = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W) | (n, T, H, W), (n, L, Dt)
+    metrics = held_out(model, cfg, data[: ec.loss_samples], text[: ec.loss_samples], ec)
 
     tok_path = tokenizer or cfg.data.tokenizer or None
-    decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels) if tok_path else None
-    ref = latents[: ec.fd_samples]  # (m, C, T, H, W)
-    scale = float(ref.std()) * 2  # one fixed preview scale for both sides
-
-    def decode(z: torch.Tensor) -> torch.Tensor:
-        if decoder is not None:
-            with torch.no_grad():
-                return torch.cat(
-                    [decoder.decode(z[i : i + ec.batch]) for i in range(0, len(z), ec.batch)]
-                )
-        t_c, s = PREVIEW_FACTORS
-        return latent_preview(z, temporal_factor=t_c, spatial_factor=s, scale=scale)
-
+    decoder = _load_decoder(cfg, tok_path) if tok_path else None
+    ref = data[: ec.fd_samples]  # (m, C, T, H, W) latents | (m, T, H, W) token ids
+    decode = _decoding(cfg, ec, decoder, ref)
     ref_features = _clip_features(decode(ref), ec.frames_per_clip)
 
     def fd_of(m: torch.nn.Module, which: str) -> float:
@@ -245,30 +255,22 @@ def evaluate(
         )
     metrics["checkpoint_step"] = float(loaded.step)
     follow = ec.prompt_following > 0 and decoder is not None and loaded.text is not None
-    if follow:
-        metrics.update(
-            _prompt_following(
-                model,
-                cfg,
-                ec,
-                loaded.text,
-                null,
-                decode,
-                ref.shape[1:],
-                sheet=ec.contact_sheet,
-                which="trained",
-            )
+
+    def prompt_following(m: torch.nn.Module, which: str, sheet: str = "") -> dict[str, float]:
+        return _prompt_following(
+            m, cfg, ec, loaded.text, null, decode, ref.shape[1:], sheet=sheet, which=which
         )
+
+    if follow:
+        metrics.update(prompt_following(model, "trained", ec.contact_sheet))
     if ec.untrained_baseline:  # the same measures of the run's initialisation: what training won
         init = _untrained(cfg)
-        lat, txt = latents[: ec.loss_samples], text[: ec.loss_samples]
-        base = heldout_loss(init, cfg, lat, txt, ec, desc="held-out loss (untrained)")
+        lat, txt = data[: ec.loss_samples], text[: ec.loss_samples]
+        base = held_out(init, cfg, lat, txt, ec, desc="held-out loss (untrained)")
         metrics["untrained_heldout_loss"] = base["heldout_loss"]
         metrics["untrained_frechet_distance"] = fd_of(init, "untrained")
         if follow:
-            untrained = _prompt_following(
-                init, cfg, ec, loaded.text, null, decode, ref.shape[1:], which="untrained"
-            )
+            untrained = prompt_following(init, "untrained")
             metrics.update(
                 {f"untrained_{k}": v for k, v in untrained.items() if k != "prompt_n_scored"}
             )
@@ -279,6 +281,37 @@ def evaluate(
     if not all(math.isfinite(v) for v in metrics.values()):
         raise FloatingPointError(f"evaluation produced non-finite metrics: {metrics}")
     return metrics
+
+
+def _load_decoder(cfg: Config, path: str | Path) -> Any:
+    """The run's tokenizer: a discrete one of the model's vocabulary (autoregressive), else one
+    with the DiT's latent channels."""
+    if cfg.model.arch == "ar":
+        return load_token_decoder(path, vocab_size=cfg.model.vocab_size)
+    return load_decoder(path, latent_channels=cfg.model.in_channels)
+
+
+def _decoding(cfg: Config, ec: EvalConfig, decoder: Any, ref: torch.Tensor) -> Any:
+    """``decode(x)``: latents (m, C, T, H, W) or token ids (m, T, H, W) -> videos (m, 3, F, H, W)
+    in ~[-1, 1], by the tokenizer in batches, else a latent preview at one fixed scale (token ids
+    through the run's synthetic FSQ grid first)."""
+    ar = cfg.model.arch == "ar"
+    fsq = FSQ(synthetic_levels(cfg.model)) if ar and decoder is None else None
+
+    def codes(x: torch.Tensor) -> torch.Tensor:
+        return fsq.indices_to_codes(x).movedim(-1, 1) if fsq is not None else x
+
+    scale = float(codes(ref).float().std()) * 2  # one fixed preview scale for both sides
+
+    def decode(x: torch.Tensor) -> torch.Tensor:
+        if decoder is not None:
+            run = decoder.decode_tokens if ar else decoder.decode
+            with torch.no_grad():
+                return torch.cat([run(x[i : i + ec.batch]) for i in range(0, len(x), ec.batch)])
+        t_c, s = PREVIEW_FACTORS
+        return latent_preview(codes(x), temporal_factor=t_c, spatial_factor=s, scale=scale)
+
+    return decode
 
 
 def _prompt_following(
@@ -336,25 +369,37 @@ def _generate(
     *,
     desc: str = "sampling clips",
 ) -> torch.Tensor:
-    """Latents sampled from fixed noise (seed ``ec.seed + 1``) for ``text``: (m, C, T, H, W);
+    """Clips of ``shape`` sampled for ``text`` from seed ``ec.seed + 1``: latents (m, C, T, H, W)
+    denoised from fixed noise, or token ids (m, T, H, W) drawn token by token (autoregressive);
     ``desc`` names the progress lines."""
     guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
-    g = torch.Generator().manual_seed(ec.seed + 1)
-    noise = torch.randn(shape, generator=g)  # (m, C, T, H, W)
-    out = []
-    bar = Progress(shape[0], desc=desc, unit="clip", logger=_log)
-    for i in range(0, shape[0], ec.batch):
-        out.append(
-            sample_latent(
-                model,
-                cfg.diffusion,
-                noise[i : i + ec.batch],
-                text[i : i + ec.batch],
-                steps=ec.steps,
-                guidance=guidance,
-                null_text=null,
-            )
+    ar = cfg.model.arch == "ar"
+    if ar:
+        sampling = SamplingConfig(
+            temperature=ec.temperature, top_k=ec.top_k, guidance=guidance, seed=ec.seed + 1
         )
+    else:
+        noise = torch.randn(shape, generator=torch.Generator().manual_seed(ec.seed + 1))
+    out = []
+    batch = ec.sample_batch or ec.batch
+    bar = Progress(shape[0], desc=desc, unit="clip", logger=_log)
+    for i in range(0, shape[0], batch):
+        t = text[i : i + batch]
+        if ar:  # (b, T, H, W) token ids; the draws of each call seeded apart
+            sampling.seed = ec.seed + 1 + i
+            out.append(sample_tokens(model, t, tuple(shape[1:]), sampling, null_text=null))
+        else:  # (b, C, T, H, W)
+            out.append(
+                sample_latent(
+                    model,
+                    cfg.diffusion,
+                    noise[i : i + batch],
+                    t,
+                    steps=ec.steps,
+                    guidance=guidance,
+                    null_text=null,
+                )
+            )
         bar.update(len(out[-1]))
     bar.close()
     return torch.cat(out)

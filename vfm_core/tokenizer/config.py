@@ -64,7 +64,8 @@ class TokenizerConfig:
     """Default temporal tile for encode/decode in latent frames (0 = no tiling)."""
     fsq_levels: tuple[int, ...] = ()
     """Discrete tokenizer: finite-scalar-quantisation levels per latent channel (e.g. 8,8,8,5,5,5
-    = 64,000 token ids; ``latent_channels`` must equal their count, regulariser none); empty =
+    = 64,000 token ids; ``latent_channels`` must equal their count, regulariser none or l2 (the
+    pre-quantisation latent's, :data:`vfm_core.recipes.FSQ_L2`)); empty =
     continuous latents."""
 
     def __post_init__(self) -> None:
@@ -79,8 +80,11 @@ class TokenizerConfig:
                     f"channels: latent_channels must be {len(self.fsq_levels)}, got "
                     f"{self.latent_channels}"
                 )
-            if self.regulariser != "none":
-                raise TokenizerConfigError("fsq_levels: discrete tokenizers need regulariser none")
+            if self.regulariser == "kl":
+                raise TokenizerConfigError(
+                    "fsq_levels: discrete tokenizers take regulariser none or l2 (kl samples a "
+                    "continuous posterior)"
+                )
         s, t = self.spatial_factor, self.temporal_factor
         if s < 1 or s & (s - 1):
             raise TokenizerConfigError(f"spatial_factor must be a power of two, got {s}")

@@ -21,6 +21,7 @@ import torch
 
 from vfm_core.config import ConfigError
 from vfm_core.progress import Progress
+from vfm_core.recipes import FSQ_L2
 from vfm_core.tokenizer.autoencoder import pixels_from_uint8
 from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError, get_tokenizer_config
 from vfm_core.tokenizer.fsq import FSQError, check_levels
@@ -28,8 +29,9 @@ from vfm_core.tokenizer.train import TokenizerTrainMetrics, train_tokenizer
 
 
 def discrete_variant(cfg: TokenizerConfig, levels: tuple[int, ...]) -> TokenizerConfig:
-    """``cfg`` with an FSQ bottleneck of ``levels`` (one latent channel per level, no
-    regulariser; the latent shortcut kept when the bottleneck width allows it)."""
+    """``cfg`` with an FSQ bottleneck of ``levels`` (one latent channel per level, the
+    pre-quantisation L2 of :data:`~vfm_core.recipes.FSQ_L2`; the latent shortcut kept
+    when the bottleneck width allows it)."""
     width = cfg.base_channels * cfg.channel_mult[-1]
     try:
         levels = check_levels(levels)
@@ -37,7 +39,7 @@ def discrete_variant(cfg: TokenizerConfig, levels: tuple[int, ...]) -> Tokenizer
             cfg,
             fsq_levels=levels,
             latent_channels=len(levels),
-            regulariser="none",
+            **FSQ_L2,
             shortcuts=cfg.shortcuts and width % len(levels) == 0,
         )
     except (TokenizerConfigError, FSQError) as e:
