@@ -73,7 +73,9 @@ class ModelConfig:
     fed to the patch embedding beside the latent values, so it learns an absolute position
     embedding on top of the relative RoPE, as Cosmos' DiT adds one (0 = RoPE only). RoPE alone is
     translation equivariant: a small model then cannot tell which frame is first or where in the
-    frame an object starts (diffusion models only)."""
+    frame an object starts. The autoregressive family (``arch='ar'``) takes any value > 0 as "on":
+    it adds a learned projection of the sin-cos of each input's RoPE angles (head_dim features) to
+    the token embedding."""
     stdit_full_every: int = 0
     """ST-DiT only: every k-th block uses full 3D attention not spatial+temporal (0 = never)."""
     attn_backend: Literal["auto", "sdpa", "math", "te"] = "auto"

@@ -198,44 +198,6 @@ def test_pipeline_form_rejects_bad_values():
 
 
 @pytest.mark.slow
-def test_pipeline_autoregressive_family(prefect_api, tmp_path):
-    """family=autoregressive: a discrete (FSQ) tokenizer, token shards, ar-tiny trained on them,
-    a generated video decoded from sampled tokens, held-out bits per token in the report."""
-    import mlflow
-    import numpy as np
-
-    params = PipelineParams(
-        name="t-ar",
-        family="autoregressive",
-        work_dir=str(tmp_path),
-        sample_videos=1,
-        min_len_s=SAMPLE_MIN_LEN_S,
-        max_len_s=SAMPLE_MAX_LEN_S,
-        tokenizer_steps=3,
-        train_steps=3,
-        latent_grid=(2, 4, 4),
-        experiment="t-pipeline-ar",
-        overrides=["data.batch_size=2", "model.depth=2"],
-        prompts=["a red circle moving right"],
-    )
-    out = pipeline_flow(params)
-    assert out["tokenizer"]["preset"] == "tok-tiny-discrete"
-    assert out["train"]["step"] == 3
-    (video,) = out["generate"]["videos"]
-    tokens = np.load(video["tokens"], allow_pickle=False)
-    assert tokens.shape == (2, 4, 4) and 0 <= tokens.min() and tokens.max() < 1000
-    m = out["generate"]["metrics"]
-    assert 0 < m["heldout_bits_per_token"] and m["uniform_bits_per_token"] == pytest.approx(
-        np.log2(1000)
-    )
-    report = (tmp_path / "report.md").read_text()
-    assert "| train | ar-tiny 3 steps" in report and "bits/token" in report
-    assert "of the codebook used" in report and 0 < out["tokenizer"]["codebook_usage"] <= 1
-    run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])
-    assert run.info.run_name == "ar-tiny 1proc 3 steps" and run.data.metrics["loss"] > 0
-
-
-@pytest.mark.slow
 def test_pipeline_reruns_only_what_changed(prefect_api, tmp_path):
     """A second run is all Cached; a changed training setting reruns train and generate only; a
     deleted output folder reruns its stage, and the stages after it only if its content changed."""

@@ -76,9 +76,10 @@ class EvalConfig:
     """Guidance of the generated clips (None = the run's ``diffusion.guidance``)."""
     batch: int = 8
     """Latents per forward pass."""
-    sample_batch: int = 0
-    """Clips sampled per call (0 = ``batch``); the autoregressive sampler runs one position per
-    call, so a larger batch amortises its per-call overhead."""
+    sample_batch: int = 32
+    """Clips per call of the autoregressive sampler: it runs one position per call, so a larger
+    batch amortises the per-call overhead (32: ~19 clips/s against ~11 at 8 for ar-tiny with
+    guidance, measured here). The DiT samples ``batch`` clips per call."""
     temperature: float = 1.0
     """Autoregressive family: softmax temperature of the token draws (0 = greedy)."""
     top_k: int = 0
@@ -381,7 +382,7 @@ def _generate(
     else:
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(ec.seed + 1))
     out = []
-    batch = ec.sample_batch or ec.batch
+    batch = ec.sample_batch if ar else ec.batch
     bar = Progress(shape[0], desc=desc, unit="clip", logger=_log)
     for i in range(0, shape[0], batch):
         t = text[i : i + batch]

@@ -60,7 +60,7 @@ class CausalVideoTransformer(nn.Module):
     stage is this module without the parts other stages own (as :class:`~vfm_core.models.dit.
     DiT`)."""
 
-    STAGE_FIRST = ("embed",)
+    STAGE_FIRST = ("embed", "pos_embed")
     """Modules only the first pipeline stage keeps."""
     STAGE_LAST = ("norm", "head")
     """Modules only the last pipeline stage keeps."""
@@ -72,6 +72,11 @@ class CausalVideoTransformer(nn.Module):
         self.cfg = cfg
         self.bos = cfg.vocab_size  # one extra embedding row: the start of every video
         self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)
+        # model.abs_pos > 0: a learned absolute position embedding, the projection of the sin-cos
+        # of each input's RoPE angles (the (t, h, w) cell it predicts), added to the token
+        # embedding (Cosmos-AR adds one to its 3D RoPE); RoPE alone leaves the causal model no
+        # easy way to tell where in the frame it is, so it cannot place what the caption asks for
+        self.pos_embed = nn.Linear(cfg.head_dim, cfg.hidden, bias=False) if cfg.abs_pos else None
         self.blocks = nn.ModuleDict({str(i): ARBlock(cfg) for i in range(cfg.depth)})
         self.norm = RMSNorm(cfg.hidden, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
@@ -116,7 +121,7 @@ class CausalVideoTransformer(nn.Module):
     ) -> torch.Tensor:
         """Logits (B, n, V) of the next token at each input position; with ``caches`` (one per
         block) the inputs continue the cached prefix (generation)."""
-        h = self.embed(inputs)  # (B, n, D)
+        h = self.embed_inputs(inputs, rope)  # (B, n, D)
         text = text.to(h.dtype)
         for i, block in enumerate(self.blocks.values()):
             cache = caches[i] if caches is not None else None
@@ -181,13 +186,23 @@ class CausalVideoTransformer(nn.Module):
             pack = token_pack(layout, text_lengths, ["causal"], device=x.device)
             lmax = int(text_lengths.max())
             text = text[:, :lmax].reshape(1, s * lmax, -1)  # (1, S*L, Dt)
-        h = self.embed(x) if self.embed is not None else x  # (B, N, D)
+        h = self.embed_inputs(x, rope) if self.embed is not None else x  # (B, N, D)
         text = text.to(h.dtype)
         for block in self.blocks.values():
             h = block(h, text, rope, pack=pack)  # (B, N, D)
         if self.head is None:
             return h
         return self.head(self.norm(h))  # (B, N, V)
+
+    def embed_inputs(self, ids: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        """Input ids (B, n) -> (B, n, D): the token embedding, plus the absolute position
+        embedding of the n positions' RoPE angles rope (n, d/2) when ``model.abs_pos`` > 0."""
+        h = self.embed(ids)  # (B, n, D)
+        if self.pos_embed is None:
+            return h
+        feats = torch.cat([rope.sin(), rope.cos()], dim=-1)[None]  # (1, n, d) fixed sin-cos
+        # (1, n, D): a sequence like the embedding's, so the parallel engine cuts both alike
+        return h + self.pos_embed(feats.to(self.pos_embed.weight.dtype))
 
     def packed_inputs(self, ids: torch.Tensor, layout: PackLayout) -> torch.Tensor:
         """(length,) target ids of a pack -> (length,) inputs: BOS at every sample's start (and

@@ -165,6 +165,10 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
             return split_seq(cp_part(out, 1), tp_group)
         return seq_chunk(cp_part(out, 1), tp_rank, tp)
 
+    def split_partial(_mod, _inp, out):  # (1, N, D) -> (1, N/(C*T), D): partial gradients
+        # of a replicated parameter, summed over CP (FSDP) and TP (GradSync) like the blocks'
+        return seq_chunk(cp_part(out, 1), tp_rank, tp)
+
     def rope_chunk(_mod, args):  # the block's RoPE angles (N, d/2) -> (N/C, d/2)
         args = list(args)
         args[rope_arg] = cp_part(args[rope_arg], 0)
@@ -201,6 +205,9 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
 
     if seq_in is not None:  # the first pipeline stage (or the whole model)
         seq_in.register_forward_hook(split)
+        pos = getattr(model, "pos_embed", None)  # the causal model's absolute positions
+        if pos is not None:  # (1, N, D), added to the embedding: cut alike
+            pos.register_forward_hook(split_partial)
     if cp > 1:
         for block in model.blocks.values():
             block.register_forward_pre_hook(rope_chunk)

@@ -1,0 +1,72 @@
+"""Both demos at reduced size, through `make demo`'s own entry point (flows.demo.main) and
+parameters: the same captioned sample, evaluation and report for the diffusion and the
+autoregressive family, and the same headline metrics on each pipeline's MLflow run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vfm_core.pipeline_report import HEADLINE
+
+REDUCED = {
+    "VFM_NO_SERVICES": "1",
+    "VFM_DEMO_VIDEOS": "2",
+    "VFM_DEMO_STEPS": "3",
+    "VFM_DEMO_TOKENIZER_STEPS": "3",
+    "VFM_DEMO_EVAL_SAMPLES": "4",
+    "VFM_DEMO_EVAL_PROMPTS": "2",
+}
+BOTH = {  # evaluation keys both families log (the loss differs: EDM loss vs bits per token)
+    "prompt_colour_acc",
+    "prompt_direction_acc",
+    "untrained_prompt_colour_acc",
+    "untrained_prompt_direction_acc",
+    "fd_ratio_untrained",
+    "loss_reduction",
+    "frechet_distance",
+    "untrained_frechet_distance",
+    "fd_data_halves",
+    "heldout_loss",
+    "tokenizer_psnr",
+    "tokenizer_baseline_psnr",
+    "tokenizer_ssim",
+    "tokenizer_baseline_ssim",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["diffusion", "autoregressive"])
+def test_demo_at_reduced_size(family, prefect_api, data_root, monkeypatch, capsys):
+    import mlflow
+
+    from flows.demo import main
+
+    for k, v in {**REDUCED, "VFM_DEMO_FAMILY": family}.items():
+        monkeypatch.setenv(k, v)
+    assert main() == 0
+    out = capsys.readouterr().out
+    name = "demo" if family == "diffusion" else "demo-ar"
+    work = data_root / "pipeline" / name
+    report = (work / "report.md").read_text()
+    assert report in out  # the demo prints its report, then where to look
+    assert "| prompt following | 2 vocabulary prompts" in report
+    assert "x lower than untrained" in report and "two halves of the data" in report
+    assert f"report:      {work}/report.md" in out and "MLflow UI:" in out
+    assert (work / "generated" / "prompt_following.png").stat().st_size > 0
+    runs = mlflow.search_runs(
+        experiment_names=["vfm-demo"],
+        filter_string=f"tags.`vfm.pipeline` = '{name}'",
+        output_format="list",
+    )
+    metrics = runs[0].data.metrics
+    assert BOTH <= set(metrics) <= set(HEADLINE) | {f"tokenizer_{k}" for k in BOTH_TOKENIZER}
+    if family == "autoregressive":
+        assert "| train | ar-tiny 3 steps" in report and "bits/token" in report
+        assert "of the codebook used" in report and 0 < metrics["tokenizer_codebook_usage"] <= 1
+        assert 0 < metrics["heldout_bits_per_token"]
+        tokens = np.load(work / "generated" / "video_000.tokens.npy", allow_pickle=False)
+        assert tokens.shape == (3, 8, 8) and 0 <= tokens.min() and tokens.max() < 1000
+
+
+BOTH_TOKENIZER = ("psnr", "baseline_psnr", "ssim", "baseline_ssim", "codebook_usage")
