@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import polars as pl
-from polars.testing import assert_frame_equal
 import pytest
+from polars.testing import assert_frame_equal
 
 from tests.curate.conftest import CFG, assert_covered
 from vfm_core.contracts import Rejects, VideoManifest, read_manifest

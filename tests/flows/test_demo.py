@@ -37,15 +37,22 @@ BOTH = {  # evaluation keys both families log (the loss differs: EDM loss vs bit
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["diffusion", "autoregressive"])
-def test_demo_at_reduced_size(family, prefect_api, data_root, monkeypatch, capsys):
+def test_demo_at_reduced_size(family, prefect_api, data_root, monkeypatch):
+    import contextlib
+    import io
+
     import mlflow
 
     from flows.demo import main
 
     for k, v in {**REDUCED, "VFM_DEMO_FAMILY": family}.items():
         monkeypatch.setenv(k, v)
-    assert main() == 0
-    out = capsys.readouterr().out
+    # not capsys: Prefect's console handler keeps the stream it first wrote to, and capsys
+    # closes its stream after each test
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main() == 0
+    out = buf.getvalue()
     name = "demo" if family == "diffusion" else "demo-ar"
     work = data_root / "pipeline" / name
     report = (work / "report.md").read_text()

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROMPT
 
+from tests.infer.conftest import PROMPT
 from vfm_core.cli import main as vfm_main
 from vfm_core.infer.args import add_generate_args, request_from_args
 from vfm_core.infer.budget import GenerateBounds

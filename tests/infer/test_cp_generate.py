@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import PROMPT
 
+from tests.infer.conftest import PROMPT
 from vfm_core.infer.generate import GenerateRequest, generate
 from vfm_core.tokenizer import load_tokenizer
 

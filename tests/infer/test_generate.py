@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import PROMPT, make_run
 
+from tests.infer.conftest import PROMPT, make_run
 from vfm_core.infer.dit_checkpoint import load_dit
 from vfm_core.infer.generate import (
     GenerateRequest,

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PROMPT
 
+from tests.infer.conftest import PROMPT
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides, save_yaml, to_dict, validate
 from vfm_core.infer import generate as gen
