@@ -25,7 +25,7 @@ import torch
 
 from vfm_core.config import apply_overrides
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
-from vfm_core.models.ar import next_token_loss
+from vfm_core.infer.evaluate import EvalConfig, heldout_bits
 from vfm_core.parallel.comm_stats import ring_bytes
 from vfm_core.parallel.context import causal_positions
 from vfm_core.perf.hardware import measure_cpu_peak
@@ -75,8 +75,8 @@ def bits_per_token(model, cfg) -> float:
     src = SyntheticTokens(held.data, held.model)
     src.load_state_dict({**src.state_dict(), "position": 10**7})  # far past anything trained on
     batch = src.next_batch()
-    logits = model(batch.token_ids, batch.text)
-    return next_token_loss(logits, batch.token_ids.flatten(1)).item() / math.log(2)
+    m = heldout_bits(model, cfg, batch.token_ids, batch.text, EvalConfig(batch=32))
+    return m["heldout_bits_per_token"]
 
 
 def cp_rows(tokens: int = 12800, kv_dim: int = 8 * 128) -> list[dict]:

@@ -31,6 +31,8 @@ HEADLINE = (
     "heldout_bits_per_token",
 )
 """Evaluation metrics repeated on the pipeline's own MLflow run (compare pipelines at a glance)."""
+TOKENIZER_HEADLINE = ("psnr", "baseline_psnr", "ssim", "baseline_ssim", "codebook_usage")
+"""Tokenizer figures repeated there as ``tokenizer_<key>`` (codebook usage: discrete only)."""
 
 
 def headline_metrics(stages: dict[str, Any]) -> dict[str, float]:
@@ -40,7 +42,7 @@ def headline_metrics(stages: dict[str, Any]) -> dict[str, float]:
     m = stages.get("generate", {}).get("metrics") or {}
     got = {k: float(m[k]) for k in HEADLINE if k in m}
     tok = stages.get("tokenizer", {})
-    for k in ("psnr", "baseline_psnr", "ssim", "baseline_ssim", "codebook_usage"):
+    for k in TOKENIZER_HEADLINE:
         v = tok.get(k)
         if isinstance(v, (int, float)) and math.isfinite(v):
             got[f"tokenizer_{k}"] = float(v)
