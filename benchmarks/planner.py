@@ -232,7 +232,7 @@ def paper_table() -> None:
         lay, after = p.layout, p.tflops_per_gpu
         choice = (
             f"dp {lay.dp_replicate}x{lay.dp_shard} mb {lay.micro_batch} m {lay.microbatches} "
-            f"{lay.recompute}, bubble {p.time.bubble_s / p.time.step_s:.0%}, "
+            f"{lay.recompute_label}, bubble {p.time.bubble_s / p.time.step_s:.0%}, "
             f"{p.memory.total_gib:.0f} GiB"
         )
         paper = f"{measured:>6.0f}" if measured else f"{'?':>6s}"

@@ -246,6 +246,11 @@ class ParallelConfig:
     """With activation_checkpointing: ``full`` keeps only each block's input; ``selective`` also
     keeps its matmul and attention outputs and recomputes the element-wise work (the planner's
     ``recompute``; vfm_core.parallel.recompute)."""
+    activation_checkpointing_blocks: int = 0
+    """With activation_checkpointing in mode ``full``: only the first this many blocks of each
+    model part (the whole model, or each pipeline stage) are recomputed whole, the others
+    selectively (Megatron's block-wise recompute, ``recompute_num_layers``): memory between the
+    two modes for a fraction of full's recompute. 0 = every block."""
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     """Pipeline schedule (pp > 1): GPipe, 1F1B, or interleaved 1F1B over virtual stages
     (Narayanan et al. 2021; smaller bubble, more stage-to-stage sends)."""

@@ -54,9 +54,13 @@ def small_dit() -> ModelConfig:
 @pytest.mark.parametrize("seq", [4096, 8192])
 @pytest.mark.parametrize("gpus", [16, 64])
 def test_fsdp_alone_wins_when_model_and_context_are_small(seq, gpus):
-    lay = best(small_dit(), seq, gpus).layout
-    assert (lay.tp, lay.cp, lay.pp) == (1, 1, 1)
-    assert lay.dp_shard > 1  # sharded states, not plain DDP
+    top = best(small_dit(), seq, gpus)
+    fsdp = best(small_dit(), seq, gpus, lambda x: (x.tp, x.cp, x.pp) == (1, 1, 1))
+    assert (top.layout.tp, top.layout.cp) == (1, 1)  # no tensor or context parallelism
+    assert fsdp.layout.dp_shard > 1  # sharded states, not plain DDP
+    # FSDP alone, or a tie: a pipeline over up to 16·pp micro-batches (a much larger global
+    # batch) gathers each stage once per step, which is all it gains
+    assert fsdp.tokens_per_s_per_gpu >= 0.99 * top.tokens_per_s_per_gpu
 
 
 @pytest.mark.parametrize("recipe", ["dit-7b", "llama-dit-7b"])

@@ -71,6 +71,7 @@ def _check_trainer_accepts(base, lay: Layout, seq: int) -> None:
     assert seq % split == 0
     mode = "none" if not p.activation_checkpointing else p.activation_checkpointing_mode
     assert mode == lay.recompute
+    assert p.activation_checkpointing_blocks == lay.recompute_blocks
 
 
 @pytest.mark.parametrize(("recipe", "seq", "gpus"), CASES)

@@ -20,21 +20,22 @@ from vfm_core.train.trainer import Trainer
 GRID = (4, 16, 16)  # latent (T, H, W)
 
 
-def _saved(recipe: str, mode: str) -> int:
+def _saved(recipe: str, mode: str, full_blocks: int = 0) -> int:
     cfg = get_recipe(recipe).model
     torch.manual_seed(0)
     model = build_model(cfg)
-    checkpoint_blocks(model.blocks, mode)
+    checkpoint_blocks(model.blocks, mode, full_blocks=full_blocks)
     x = torch.randn(2, cfg.in_channels, *GRID)
     c, text = torch.randn(2), torch.randn(2, cfg.text_len, cfg.text_dim)
     return live_saved_bytes(functools.partial(model, x, c, text), [*model.parameters(), x, c, text])
 
 
-def _predicted(recipe: str, mode: str) -> float:
+def _predicted(recipe: str, mode: str, full_blocks: int = 0) -> float:
     cfg = get_recipe(recipe).model
     seq = GRID[0] * GRID[1] * GRID[2] // (cfg.patch[0] * cfg.patch[1] * cfg.patch[2])
+    own = lambda i: "selective" if mode == "full" and 0 < full_blocks <= i else mode  # noqa: E731
     blocks = (
-        block_saved_elements(cfg, i, micro_batch=2, seq_len=seq, recompute=mode)
+        block_saved_elements(cfg, i, micro_batch=2, seq_len=seq, recompute=own(i))
         for i in range(cfg.depth)
     )
     return sum((e["act"] + e["stat"]) * 4 for e in blocks)  # CPU fp32
@@ -52,6 +53,14 @@ def test_recompute_memory_matches_the_planner_model(recipe):
         saved_p = predicted["none"] - predicted[mode]
         assert saved_m == pytest.approx(saved_p, rel=0.01), (mode, measured, predicted)
     assert measured["full"] < measured["selective"] < measured["none"]
+    # block-wise full (parallel.activation_checkpointing_blocks): the first block whole, the
+    # rest selective, in between
+    k = 1
+    part = _saved(recipe, "full", k)
+    assert measured["none"] - part == pytest.approx(
+        predicted["none"] - _predicted(recipe, "full", k), rel=0.01
+    )
+    assert measured["full"] < part < measured["selective"]
 
 
 def test_live_bytes_agree_with_saved_tensor_hooks_without_recompute():
@@ -79,8 +88,9 @@ def test_normalize_modes():
         normalize("some")
 
 
-def _losses(mode: str, recipe: str = "dit-tiny") -> list[float]:
+def _losses(mode: str, recipe: str = "dit-tiny", full_blocks: int = 0) -> list[float]:
     sets = [
+        f"parallel.activation_checkpointing_blocks={full_blocks}",
         "data.batch_size=2",
         "model.depth=2",
         "train.steps=3",
@@ -113,9 +123,48 @@ def test_selective_recompute_trains_the_same_losses(recipe):
     """One process, fp32 CPU: selective (and full) checkpointing change memory, not the math."""
     base = _losses("none", recipe)
     assert len(base) == 3
-    for mode in ("selective", "full"):
-        got = _losses(mode, recipe)
-        assert got == pytest.approx(base, abs=1e-6, rel=1e-6), mode
+    for mode, k in (("selective", 0), ("full", 0), ("full", 1)):
+        got = _losses(mode, recipe, k)
+        assert got == pytest.approx(base, abs=1e-6, rel=1e-6), (mode, k)
+
+
+@pytest.mark.parametrize(
+    "sets, match",
+    [
+        (["parallel.activation_checkpointing_blocks=-1"], "must be >= 0"),
+        (["parallel.activation_checkpointing_blocks=1"], "needs parallel.activation_checkpointing"),
+        (
+            [
+                "parallel.activation_checkpointing=true",
+                "parallel.activation_checkpointing_mode=selective",
+                "parallel.activation_checkpointing_blocks=1",
+            ],
+            "mode=full",
+        ),
+        (
+            [
+                "parallel.activation_checkpointing=true",
+                "parallel.activation_checkpointing_blocks=5",
+            ],
+            "exceeds the 2 blocks",
+        ),
+    ],
+)
+def test_block_wise_recompute_refuses_bad_settings(sets, match):
+    from vfm_core.config import ConfigError
+    from vfm_core.parallel.layout import validate_layout
+
+    cfg = apply_overrides(get_recipe("dit-tiny"), ["model.depth=2", *sets])
+    with pytest.raises(ConfigError, match=f"parallel.activation_checkpointing_blocks.*{match}"):
+        validate_layout(cfg, 1)
+
+
+def test_block_wise_recompute_reaches_the_blocks():
+    sets = ["parallel.activation_checkpointing=true", "parallel.activation_checkpointing_blocks=1"]
+    cfg = apply_overrides(get_recipe("dit-tiny"), ["model.depth=3", "train.device=cpu", *sets])
+    blocks = list(Trainer(cfg).model.blocks.values())
+    selective = ["context_fn" in getattr(b.forward, "keywords", {}) for b in blocks]
+    assert selective == [False, True, True]
 
 
 def test_config_field_reaches_the_blocks():

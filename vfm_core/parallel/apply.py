@@ -104,6 +104,7 @@ def build_parts(
             sequence_parallel=p.sequence_parallel,
             cp_mode=p.cp_mode,
             activation_checkpointing=ac,
+            full_recompute_blocks=p.activation_checkpointing_blocks,
             param_dtype=torch.bfloat16 if bf16 else None,
             reduce_dtype=torch.float32 if bf16 else None,
         )

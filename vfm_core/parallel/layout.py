@@ -58,7 +58,28 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"{m.n_kv_heads}"
         )
     pipeline_microbatches(cfg, dims)
+    _check_recompute_blocks(cfg, dims)
     return dims
+
+
+def _check_recompute_blocks(cfg: Config, dims: ParallelDims) -> None:
+    p, key = cfg.parallel, "parallel.activation_checkpointing_blocks"
+    n = p.activation_checkpointing_blocks
+    if n < 0:
+        raise ConfigError(f"{key}: must be >= 0 (0 = every block), got {n}")
+    if n == 0:
+        return
+    if not p.activation_checkpointing or p.activation_checkpointing_mode != "full":
+        raise ConfigError(
+            f"{key}={n} needs parallel.activation_checkpointing=true with "
+            "parallel.activation_checkpointing_mode=full (the other blocks run selective)"
+        )
+    part = cfg.model.depth // (dims.pp * p.pp_virtual_stages)  # the smallest model part
+    if n > part:
+        raise ConfigError(
+            f"{key}={n} exceeds the {part} blocks of each model part (model.depth="
+            f"{cfg.model.depth} over pp x virtual stages = {dims.pp * p.pp_virtual_stages})"
+        )
 
 
 def pipeline_microbatches(cfg: Config, dims: ParallelDims) -> int:

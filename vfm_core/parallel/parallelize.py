@@ -239,6 +239,7 @@ def parallelize_dit(
     sequence_parallel: bool = True,
     cp_mode: CPMode = "hybrid",
     activation_checkpointing: bool | str = False,
+    full_recompute_blocks: int = 0,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
@@ -286,7 +287,8 @@ def parallelize_dit(
         groups.append((dims.group("tp"), unsharded))
     model.vfm_grad_sync = GradSync(groups=groups)  # cp partial sums: FSDP's reduce-scatter
     # 3. activation checkpointing: recompute each block in backward (parameter names unchanged)
-    checkpoint_blocks(model.blocks, activation_checkpointing)  # False | True/"full" | "selective"
+    # False | True/"full" | "selective"; full on the first ``full_recompute_blocks`` only
+    checkpoint_blocks(model.blocks, activation_checkpointing, full_blocks=full_recompute_blocks)
     # 4. FSDP2 over the data-parallel x context-parallel ranks (HSDP when dp_replicate > 1).
     # Gradients are divided by dp only: averaged over the batch slices, summed over the CP ranks'
     # token chunks of the same samples.

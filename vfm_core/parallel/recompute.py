@@ -66,15 +66,20 @@ def normalize(mode: bool | str | None) -> Recompute:
     return mode  # type: ignore[return-value]
 
 
-def checkpoint_blocks(blocks: nn.ModuleDict | dict, mode: bool | str | None) -> None:
-    """Wrap each block's forward in ``mode`` checkpointing, in place (no-op for "none")."""
+def checkpoint_blocks(
+    blocks: nn.ModuleDict | dict, mode: bool | str | None, *, full_blocks: int = 0
+) -> None:
+    """Wrap each block's forward in ``mode`` checkpointing, in place (no-op for "none").
+    ``full_blocks`` > 0 with mode ``full``: only the first that many blocks are recomputed
+    whole, the rest selectively (``parallel.activation_checkpointing_blocks``)."""
     mode = normalize(mode)
     if mode == "none":
         return
-    kw = {"use_reentrant": False}
-    if mode == "selective":
-        kw["context_fn"] = _selective_context
-    for block in blocks.values():
+    for i, block in enumerate(blocks.values()):
+        own = "selective" if mode == "full" and 0 < full_blocks <= i else mode
+        kw = {"use_reentrant": False}
+        if own == "selective":
+            kw["context_fn"] = _selective_context
         block.forward = functools.partial(checkpoint, block.forward, **kw)
 
 

@@ -57,6 +57,12 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
             )
     if lay.recompute not in RECOMPUTE_MODES:
         return f"recompute={lay.recompute!r} (choose from {', '.join(RECOMPUTE_MODES)})"
+    if lay.recompute_blocks:
+        part = cfg.depth // (lay.pp * lay.vpp)
+        if lay.recompute != "full":
+            return f"recompute_blocks={lay.recompute_blocks} needs recompute=full"
+        if not 0 < lay.recompute_blocks <= part:
+            return f"recompute_blocks={lay.recompute_blocks}: each stage has {part} blocks"
     if lay.cp_mode not in ("ring", "a2a"):
         return f"cp_mode={lay.cp_mode!r} (choose ring or a2a)"
     return None
@@ -112,6 +118,7 @@ def trainer_config(base: Config, lay: Layout) -> Config:
         cp_mode=mode,
         activation_checkpointing=lay.recompute != "none",
         activation_checkpointing_mode="full" if lay.recompute == "none" else lay.recompute,
+        activation_checkpointing_blocks=lay.recompute_blocks,
         pp_schedule="interleaved_1f1b" if lay.vpp > 1 else "1f1b",
         pp_virtual_stages=lay.vpp,
         pp_microbatches=lay.microbatches if lay.pp > 1 else 0,
@@ -169,6 +176,7 @@ def parse_fixed(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
                 out[key] = int(raw)
             except (TypeError, ValueError):
                 raise ConfigError(f"--fixed: {key} expects an integer, got {raw!r}") from None
-            if out[key] < 1:
-                raise ConfigError(f"--fixed: {key} must be >= 1, got {out[key]}")
+            low = 0 if key == "recompute_blocks" else 1  # 0 = every block
+            if out[key] < low:
+                raise ConfigError(f"--fixed: {key} must be >= {low}, got {out[key]}")
     return out

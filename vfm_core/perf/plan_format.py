@@ -23,7 +23,8 @@ def format_table(result: PlanResult, *, top: int | None = None) -> str:
             f"{i:>3} {lay.dp_replicate:>4} {lay.dp_shard:>4} {lay.tp:>2} "
             f"{'y' if lay.sp else 'n':>2} {lay.cp:>3} {lay.cp_mode if lay.cp > 1 else '-':>4} "
             f"{lay.pp:>2} {lay.vpp:>1} "
-            f"{lay.micro_batch:>2} {lay.microbatches:>3} {global_batch(lay):>5} {lay.recompute:>9} "
+            f"{lay.micro_batch:>2} {lay.microbatches:>3} {global_batch(lay):>5} "
+            f"{lay.recompute_label:>9} "
             f"{p.memory.total_gib:>8.1f} {'yes' if p.fits else 'NO':>4} {t.step_s:>8.3f} "
             f"{t.compute_s:>8.3f} {t.exposed_comm_s:>7.3f} {t.bubble_s:>7.3f} "
             f"{p.tflops_per_gpu:>7.1f} {p.mfu:>6.1%} {p.tokens_per_s_per_gpu:>10.0f}"
@@ -38,7 +39,8 @@ a2a all-to-all; ST-DiT ring = the trainer's hybrid), pp = pipeline stages, v = v
 GPU (v > 1: interleaved 1F1B), mb = samples per micro-batch per replica, m = micro-batches per step
 (pp > 1: the 1F1B schedule's, >= pp; pp = 1: gradient accumulation), gbs = global batch (samples
 per optimiser step = mb x m x dp_r x dp_s), recomp = activation checkpointing (none | selective |
-full), mem GiB = predicted peak memory per GPU, fits = within usable HBM, step s = predicted step
+full | full:k = the first k blocks of each stage full, the rest selective), mem GiB = predicted
+peak memory per GPU, fits = within usable HBM, step s = predicted step
 time, compute = GEMM + attention + element-wise + recompute seconds, comm = exposed communication
 (TP/SP, CP, PP sends, FSDP/DP not hidden, contention of hidden collectives), bubble = pipeline
 fill/drain ((pp-1)/(v*m+pp-1) of the pipelined time), TFLOPS = model TFLOP/s per GPU, MFU =
@@ -62,7 +64,7 @@ def explain_plan(p: Plan) -> str:
         ("GEMMs", parts["gemm"]),
         ("attention", parts["attention"]),
         ("element-wise (norms, modulation, RoPE, copies)", parts["pointwise"]),
-        (f"recompute ({lay.recompute})", parts["recompute"]),
+        (f"recompute ({lay.recompute_label})", parts["recompute"]),
         ("conditioning (every rank / stage recomputes it)", parts["conditioning"]),
         ("TP/SP collectives (exposed)", parts["tp"]),
         ("CP ring / all-to-all (exposed)", parts["cp"]),
@@ -76,7 +78,7 @@ def explain_plan(p: Plan) -> str:
         f"  dp {lay.dp_replicate}x{lay.dp_shard} tp {lay.tp}{' sp' if lay.sp else ''} "
         f"cp {lay.cp}{' ' + lay.cp_mode if lay.cp > 1 else ''} pp {lay.pp}"
         f"{f' vpp {lay.vpp}' if lay.vpp > 1 else ''} mb {lay.micro_batch} m {lay.microbatches} "
-        f"gbs {global_batch(lay)} recompute {lay.recompute}"
+        f"gbs {global_batch(lay)} recompute {lay.recompute_label}"
     ]
     for name, sec in rows:
         lines.append(f"    {name:52s} {sec:9.4f} s {sec / t.step_s:7.1%}")

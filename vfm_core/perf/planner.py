@@ -16,7 +16,7 @@ train_flops_per_token / 1e12`` with the spine's FLOPs model (:mod:`vfm_core.perf
 Search choices (the public guidance this follows: torchtitan's 4D recipes, Megatron-LM's
 "Efficient Large-Scale Language Model Training", Narayanan et al. 2021 §2.2 and §3): TP with SP
 always on (SP only saves memory in this model, so ``sp=False`` is searched only when pinned);
-with PP, micro-batches per step ``pp, 2·pp, 4·pp`` (the trainer's ``parallel.pp_microbatches``)
+with PP, micro-batches per step ``pp, 2·pp ... 16·pp`` (the trainer's ``parallel.pp_microbatches``)
 and ``vpp`` 1, 2 or 4 virtual stages where pp·vpp divides the depth (interleaved 1F1B); without PP
 one micro-batch (``train.grad_accum`` > 1 only when pinned: it adds global batch, not
 throughput); micro-batch size 1, 2, 4, 8. When no recomputation fits, slower recompute modes are
@@ -24,7 +24,9 @@ not listed. FSDP groups that cross nodes but are smaller than the whole data-par
 are not searched (unless pinned): in this model they move the same InfiniBand bytes per GPU as
 full sharding with more memory and a larger replica all-reduce, so they never rank higher.
 Throughput is ranked at whatever global batch a layout implies (micro_batch · microbatches · dp):
-more micro-batches always shrink the pipeline bubble, so pipelined layouts rank at 4·pp.
+more micro-batches always shrink the pipeline bubble, so pipelined layouts rank at 16·pp.
+Recompute: none, selective, block-wise full with the fewest whole-recomputed blocks per stage that
+fit (``full:k``, the rest selective: ``parallel.activation_checkpointing_blocks``), then full.
 
 Which layouts are valid (``check_layout``), the ``--fixed`` pins and the trainer config of a
 layout live in :mod:`vfm_core.perf.layout_rules`; the table and the step-time breakdown in
@@ -64,9 +66,11 @@ from vfm_core.perf.timing import (
 )
 
 MICRO_BATCHES = (1, 2, 4, 8)
-PP_MICROBATCHES = (1, 2, 4)
+PP_MICROBATCHES = (1, 2, 4, 8, 16)
 """Searched pipeline micro-batches per step, in multiples of pp (pp > 1; pp == 1 searches no
-gradient accumulation: it adds no throughput in this model, only global batch)."""
+gradient accumulation: it adds no throughput in this model, only global batch). Up to 16·pp:
+Megatron-style runs take m = global batch / (micro-batch · dp), often >= 8·pp, to keep the bubble
+(p-1)/(m+p-1) and the per-step FSDP traffic small against the step."""
 VIRTUAL_STAGES = (1, 2, 4)
 """Searched virtual stages per GPU (interleaved 1F1B) where pp·v divides the depth."""
 
@@ -120,25 +124,16 @@ def evaluate(
 def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
     """:func:`estimate_memory` of a layout, memoised on the keys memory depends on."""
     key = ("mem", gpu.name, lay.tp, lay.sp, lay.cp, lay.pp, lay.dp_shard, lay.micro_batch)
-    key += (lay.microbatches, lay.recompute, lay.vpp)
+    key += (lay.microbatches, lay.recompute, lay.vpp, lay.recompute_blocks)
     if key not in work.cache:
-        skey = ("mem-saved", lay.tp, lay.sp, lay.cp, lay.pp, lay.recompute)
-        if skey not in work.cache:  # affine in the micro-batch size: a + b·mb
-            split = Split(tp=lay.tp, sp=lay.sp, cp=lay.cp)
-            kw = dict(seq_len=work.seq_len, text_len=work.text_len, split=split, kinds=work.kinds)
-            stage_layers = range(work.cfg.depth // lay.pp)
-            s1, s2 = (
-                stage_saved_bytes(
-                    work.cfg, stage_layers, micro_batch=k, recompute=lay.recompute, **kw
-                )
-                for k in (1, 2)
-            )
-            b1, b2 = (stage_saved_bytes(work.cfg, range(1), micro_batch=k, **kw) for k in (1, 2))
-            work.cache[skey] = (2 * s1 - s2, s2 - s1, 2 * b1 - b2, b2 - b1)
+        s0, s_mb, b0, b_mb = _saved(work, lay, lay.recompute)
+        full = lay.full_fraction(work.cfg.depth)
+        if 0 < full < 1:  # block-wise full: the other blocks selective
+            sel = _saved(work, lay, "selective")
+            s0, s_mb = full * s0 + (1 - full) * sel[0], full * s_mb + (1 - full) * sel[1]
         okey = ("owned", lay.tp, lay.pp, lay.vpp)
         if okey not in work.cache:
             work.cache[okey] = busiest_rank_params(work.cfg, tp=lay.tp, pp=lay.pp, vpp=lay.vpp)
-        s0, s_mb, b0, b_mb = work.cache[skey]
         mb = lay.micro_batch
         work.cache[key] = estimate_memory(
             work.cfg,
@@ -160,6 +155,23 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
             saved=(s0 + s_mb * mb, b0 + b_mb * mb),
         )
     return work.cache[key]
+
+
+def _saved(work: Workload, lay: Layout, recompute: str) -> tuple[float, float, float, float]:
+    """(a, b) of the stage's saved bytes a + b·mb under ``recompute``, and of one block's without
+    recompute (saved bytes are affine in the micro-batch size), memoised per query."""
+    skey = ("mem-saved", lay.tp, lay.sp, lay.cp, lay.pp, recompute)
+    if skey not in work.cache:
+        split = Split(tp=lay.tp, sp=lay.sp, cp=lay.cp)
+        kw = dict(seq_len=work.seq_len, text_len=work.text_len, split=split, kinds=work.kinds)
+        stage_layers = range(work.cfg.depth // lay.pp)
+        s1, s2 = (
+            stage_saved_bytes(work.cfg, stage_layers, micro_batch=k, recompute=recompute, **kw)
+            for k in (1, 2)
+        )
+        b1, b2 = (stage_saved_bytes(work.cfg, range(1), micro_batch=k, **kw) for k in (1, 2))
+        work.cache[skey] = (2 * s1 - s2, s2 - s1, 2 * b1 - b2, b2 - b1)
+    return work.cache[skey]
 
 
 def _with_time(
@@ -335,8 +347,7 @@ def _search_inner(cfg, work, gpu, eff, base, pins, options, keep_all, plans, rej
                             reject(why, probe)
                             break
                         fitted = False
-                        for rc in options("recompute", RECOMPUTE_MODES):
-                            lay = dataclasses.replace(probe, recompute=rc)
+                        for lay in _recompute_options(work, probe, gpu, pins, options):
                             count += 1
                             mem = memory_of(work, lay, gpu)
                             if mem.fits or keep_all:
@@ -350,6 +361,33 @@ def _search_inner(cfg, work, gpu, eff, base, pins, options, keep_all, plans, rej
                         if not fitted and not keep_all and "micro_batch" not in pins:
                             break  # a larger micro-batch needs more memory still
     return count
+
+
+def _recompute_options(work: Workload, probe: Layout, gpu: GpuSpec, pins, options):
+    """The layout under each recompute mode, cheapest first: none, selective, block-wise full
+    with the fewest whole-recomputed blocks per stage that fit (``full:k``), full."""
+    for rc in options("recompute", RECOMPUTE_MODES):
+        lay = dataclasses.replace(probe, recompute=rc)
+        if rc == "full" and "recompute_blocks" in pins:
+            lay = dataclasses.replace(lay, recompute_blocks=pins["recompute_blocks"])
+        elif rc == "full":
+            k = _fewest_full_blocks(work, lay, gpu)
+            if k:
+                yield dataclasses.replace(lay, recompute_blocks=k)
+        yield lay
+
+
+def _fewest_full_blocks(work: Workload, lay: Layout, gpu: GpuSpec) -> int:
+    """Smallest k < blocks per stage whose ``full:k`` fits (memory falls as k grows), 0: none."""
+    part = work.cfg.depth // (lay.pp * lay.vpp)
+    fits = lambda k: memory_of(work, dataclasses.replace(lay, recompute_blocks=k), gpu).fits  # noqa: E731
+    if part < 2 or not fits(part - 1):
+        return 0
+    lo, hi = 1, part - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    return lo
 
 
 def _short(lay: Layout | Mapping[str, Any]) -> dict[str, Any]:

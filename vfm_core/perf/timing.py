@@ -85,6 +85,10 @@ class Layout:
     """Sequence parallelism for the norms/residuals inside the TP group (needs tp > 1)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (element-wise ops) or full (whole blocks)."""
+    recompute_blocks: int = 0
+    """With ``recompute="full"``: only the first this many blocks of each (virtual) stage are
+    recomputed whole, the rest selectively (``parallel.activation_checkpointing_blocks``);
+    0 = every block."""
     micro_batch: int = 1
     """Samples per micro-batch per model replica."""
     microbatches: int = 1
@@ -100,6 +104,18 @@ class Layout:
     @property
     def world(self) -> int:
         return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+    @property
+    def recompute_label(self) -> str:
+        """``none`` | ``selective`` | ``full`` | ``full:k`` (block-wise, k blocks per stage)."""
+        return f"full:{self.recompute_blocks}" if self.recompute_blocks else self.recompute
+
+    def full_fraction(self, depth: int) -> float:
+        """Share of the blocks recomputed whole (1 for plain ``full``, 0 without it)."""
+        if self.recompute != "full":
+            return 0.0
+        part = depth // (self.pp * self.vpp)
+        return min(1.0, self.recompute_blocks / part) if self.recompute_blocks else 1.0
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -194,7 +210,7 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
     (all ``vpp`` virtual stages of the GPU). Independent of the data-parallel split and of the
     number of micro-batches, so memoised per query on the other degrees."""
     mkey = ("mb", gpu.name, eff, lay.tp, lay.cp, lay.pp, lay.sp, lay.micro_batch, lay.recompute)
-    mkey += (lay.cp_mode, lay.world // lay.pp, lay.vpp)
+    mkey += (lay.cp_mode, lay.world // lay.pp, lay.vpp, lay.recompute_blocks)
     if mkey in work.cache:
         return work.cache[mkey]
     cfg = work.cfg
@@ -256,11 +272,12 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
     const, per_mb = work.cache[key]
     saved = const + per_mb * mb
     pointwise = saved * eff.pointwise_passes / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    # full: the forward again (1/3 of fwd + bwd); selective: its element-wise work; block-wise
+    # full (recompute_blocks): full on that share of the blocks, selective on the rest
+    full = lay.full_fraction(cfg.depth)
     recompute = 0.0
-    if lay.recompute == "full":
-        recompute = (gemm + attn) / 3 + pointwise / 3
-    elif lay.recompute == "selective":
-        recompute = pointwise / 3
+    if lay.recompute != "none":
+        recompute = full * (gemm + attn) / 3 + pointwise / 3
 
     # --- TP/SP collectives (one micro-batch): AG + RS (or AR) forward and backward per sub-layer
     act_bytes = mb * work.seq_len / cp * d * 2
@@ -268,7 +285,7 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
     if tp > 1:
         bw = _link_bw(gpu, eff, size=tp, stride=1)
         per = 4 * act_bytes * (tp - 1) / tp / bw + 4 * eff.collective_latency_s
-        n_fwd = n_sub * (1.5 if lay.recompute == "full" else 1.0)  # full recompute: forward again
+        n_fwd = n_sub * (1 + 0.5 * full)  # full recompute: the forward's collectives again
         tp_s = per * n_fwd * (1 - eff.tp_overlap)
 
     # --- CP (one micro-batch)
