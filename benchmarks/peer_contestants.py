@@ -164,6 +164,7 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
         "tracking.mlflow=false"
     )
     cfg = apply_overrides(get_recipe("dit-tiny"), over.split())
+    cfg_c = apply_overrides(cfg, ["train.compile=on"])
     m, tokens = cfg.model, b * 16 * 16
     g = torch.Generator().manual_seed(0)
     x = torch.randn(b, 4, 1, 32, 32, generator=g)  # (B, C, T, H, W)
@@ -182,6 +183,26 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     out.append(
         Contestant(name="vfm DiT trainer", step=lambda: trainer.train_step(batch), units=tokens)
     )
+    if args.compile:  # regional compilation: the plain model's blocks, and train.compile=on
+        vfm_c = build_model(m)
+        for block in vfm_c.blocks.values():
+            block.compile()
+        fwd_c = lambda: vfm_c(x, c_noise, text)  # noqa: E731
+        out.append(
+            Contestant(
+                name="vfm DiT plain compiled",
+                step=plain_loop(vfm_c, fwd_c, lambda o: F.mse_loss(o, target)),
+                units=tokens,
+            )
+        )
+        trainer_c = Trainer(cfg_c)
+        out.append(
+            Contestant(
+                name="vfm DiT trainer compiled",
+                step=lambda: trainer_c.train_step(batch),
+                units=tokens,
+            )
+        )
     if dit_mod is not None:
         peer = dit_mod.DiT(
             input_size=32,
@@ -229,6 +250,19 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
             units=b * n,
         )
     ]
+    if args.compile:
+        vfm_c = build_model(m)
+        for block in vfm_c.blocks.values():
+            block.compile()
+        out.append(
+            Contestant(
+                name="vfm AR plain compiled",
+                step=plain_loop(
+                    vfm_c, lambda: vfm_c(ids, text), lambda o: next_token_loss(o, ids.flatten(1))
+                ),
+                units=b * n,
+            )
+        )
     conf = gpt_mod.GPTConfig(
         block_size=n,
         vocab_size=m.vocab_size,

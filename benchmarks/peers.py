@@ -120,8 +120,12 @@ def top_ops(c: Contestant, model: bool, k: int = 5) -> list[dict]:
 def measure(cs: list[Contestant], args: argparse.Namespace, steps: int, model: bool) -> dict:
     rates = race(cs, args.rounds, steps, warmup=args.warmup)
     res = {}
+    fpus: dict[str, float | None] = {}
+    for c in cs:  # a compiled contestant does the FLOPs of its eager twin (listed before it)
+        twin = c.name.removesuffix(" compiled")
+        fpus[c.name] = fpus[twin] if twin in fpus else (flops_per_unit(c) if model else None)
     for c in cs:
-        fpu = flops_per_unit(c) if model else None
+        fpu = fpus[c.name]
         rate = statistics.median(rates[c.name])
         res[c.name] = {
             "unit": c.unit,
@@ -189,6 +193,11 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=512, help="model width (heads: width / 64)")
     ap.add_argument("--clips", type=int, default=48, help="loader: clips (one epoch per round)")
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma list of dit, ar, loader")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also race vfm with each block compiled (train.compile=on; minutes of compiling)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -234,6 +243,21 @@ def main() -> int:
                 compare("DiT trainer vs peer loop", "vfm DiT trainer", "facebookresearch/DiT", res)
             )
         out["rows"].append(compare("vfm trainer / plain", "vfm DiT trainer", "vfm DiT plain", res))
+        if args.compile:
+            c_rows = [("vfm trainer / plain, compiled", "vfm DiT trainer", "vfm DiT plain")]
+            if dit is not None:
+                c_rows = [
+                    ("DiT plain loop, compiled", "vfm DiT plain", "facebookresearch/DiT"),
+                    (
+                        "DiT trainer vs peer loop, compiled",
+                        "vfm DiT trainer",
+                        "facebookresearch/DiT",
+                    ),
+                    *c_rows,
+                ]
+            for label, a, b in c_rows:
+                b = b + " compiled" if b.startswith("vfm") else b
+                out["rows"].append(compare(label, a + " compiled", b, res))
     if "ar" in only:
         if args.nanogpt_repo:
             gpt = load_peer(args.nanogpt_repo, "model.py", "peer_nanogpt_model", "--nanogpt-repo")
@@ -241,6 +265,11 @@ def main() -> int:
             res = measure(ar_contestants(args, gpt), args, args.steps, model=True)
             out["contestants"].update(res)
             out["rows"].append(compare("AR plain loop", "vfm AR plain", "karpathy/nanoGPT", res))
+            if args.compile:
+                row = compare(
+                    "AR plain loop, compiled", "vfm AR plain compiled", "karpathy/nanoGPT", res
+                )
+                out["rows"].append(row)
         else:
             skip("AR vs karpathy/nanoGPT (no --nanogpt-repo)")
     if "loader" in only:

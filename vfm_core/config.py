@@ -335,6 +335,11 @@ class TrainConfig:
     fp8: Literal["off", "auto", "on"] = "off"
     """FP8 GEMMs in the transformer blocks through transformer-engine (Ada/Hopper GPUs): 'auto'
     uses them when they can run and says why not otherwise, 'on' refuses to run without them."""
+    compile: Literal["off", "auto", "on"] = "auto"
+    """Regional ``torch.compile`` of each transformer block (torchtitan's ``apply_compile``:
+    after TP / CP / activation checkpointing, before FSDP): fused element-wise kernels, the same
+    parameters and checkpoints. 'auto' compiles on CUDA only (on this CPU build a block takes
+    tens of seconds to compile, more than short runs gain), 'on' everywhere, 'off' never."""
     out_dir: str = "runs/train"
     """Where metrics.jsonl and checkpoints go."""
 

@@ -137,8 +137,18 @@ def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     5x faster than the same rotation written as real products; it saves only the (N, hd/2)
     rotation, as the real form saved cos and sin."""
     dtype = torch.promote_types(x.dtype, torch.float32)
+    if torch.compiler.is_compiling():  # inductor has no complex kernels: real products, fused
+        return _rotate_real(x, angles.to(dtype))
     rot = torch.polar(torch.ones((), dtype=dtype, device=angles.device), angles.to(dtype))
     return _Rotate.apply(x, rot)
+
+
+def _rotate_real(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """The same rotation as :func:`_rotate` in real arithmetic (for compiled regions)."""
+    cos, sin = angles.cos(), angles.sin()  # (N, hd/2)
+    xf = x.to(angles.dtype).unflatten(-1, (-1, 2))  # (..., N, hd/2, 2)
+    a, b = xf[..., 0], xf[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------- MLPs

@@ -105,10 +105,16 @@ def build_parts(
             cp_mode=p.cp_mode,
             activation_checkpointing=ac,
             full_recompute_blocks=p.activation_checkpointing_blocks,
+            compile_blocks=compile_enabled(cfg.train.compile, dims.mesh.device_type),
             param_dtype=torch.bfloat16 if bf16 else None,
             reduce_dtype=torch.float32 if bf16 else None,
         )
     return parts
+
+
+def compile_enabled(mode: str, device_type: str) -> bool:
+    """``train.compile``: 'on' -> True, 'off' -> False, 'auto' -> compile on CUDA only."""
+    return mode == "on" or (mode == "auto" and device_type == "cuda")
 
 
 def apply_layout(

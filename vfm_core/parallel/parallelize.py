@@ -240,6 +240,7 @@ def parallelize_dit(
     cp_mode: CPMode = "hybrid",
     activation_checkpointing: bool | str = False,
     full_recompute_blocks: int = 0,
+    compile_blocks: bool = False,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
@@ -289,6 +290,9 @@ def parallelize_dit(
     # 3. activation checkpointing: recompute each block in backward (parameter names unchanged)
     # False | True/"full" | "selective"; full on the first ``full_recompute_blocks`` only
     checkpoint_blocks(model.blocks, activation_checkpointing, full_blocks=full_recompute_blocks)
+    if compile_blocks:  # regional compilation: each (checkpointed) block, before FSDP wraps it
+        for block in model.blocks.values():
+            block.compile()
     # 4. FSDP2 over the data-parallel x context-parallel ranks (HSDP when dp_replicate > 1).
     # Gradients are divided by dp only: averaged over the batch slices, summed over the CP ranks'
     # token chunks of the same samples.
