@@ -319,3 +319,94 @@ def loader_contestants(shards: Path) -> list:
     it = forever()
     batch8 = lambda: [next(it) for _ in range(8)]  # noqa: E731
     return out + [Contestant(name="webdataset+PyAV", step=batch8, units=8, unit="samples")]
+
+
+# ------------------------------------------------------------------------ generation
+def sampler_contestants(args: argparse.Namespace) -> list:
+    """vfm's DiT sampler (``sample_latent``: the run's Heun steps with classifier-free guidance
+    in one batch, the objective's preconditioning) vs a bare loop of exactly the model calls it
+    made (recorded once: the same inputs, replayed under ``no_grad``)."""
+    from vfm_core.config import apply_overrides
+    from vfm_core.infer.generate import sample_latent
+    from vfm_core.models.dit import build_model
+    from vfm_core.recipes import get_recipe
+
+    w, steps = args.width, 24
+    over = (
+        f"model.hidden={w} model.depth=4 model.heads={w // 64} model.in_channels=4 "
+        "model.patch=[1,2,2] diffusion.sampler=heun"
+    )
+    cfg = apply_overrides(get_recipe("dit-tiny"), over.split())
+    m = cfg.model
+    model = build_model(m).eval()
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(1, 4, 1, 32, 32, generator=g)  # (1, C, T, H, W): 256 tokens
+    text = torch.randn(1, m.text_len, m.text_dim, generator=g)
+    calls: list[tuple] = []
+
+    def record(_mod, a, kw):
+        calls.append(tuple(t.detach().clone() for t in a))
+
+    hook = model.register_forward_pre_hook(record, with_kwargs=True)
+    with torch.no_grad():
+        sample_latent(model, cfg.diffusion, noise, text, steps=steps, guidance=3.0)
+    hook.remove()
+
+    def sampler() -> None:
+        with torch.no_grad():
+            sample_latent(model, cfg.diffusion, noise, text, steps=steps, guidance=3.0)
+
+    def bare() -> None:
+        with torch.no_grad():
+            for a in calls:
+                model(*a)
+
+    tokens = 256  # one video of 256 latent tokens per step
+    return [
+        Contestant(name="vfm DiT sampler", step=sampler, units=tokens, unit="video tok"),
+        Contestant(name="bare loop of its model calls", step=bare, units=tokens, unit="video tok"),
+    ]
+
+
+def ar_generate_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType | None) -> list:
+    """vfm's ``sample_tokens`` (KV cache; and without it) vs nanoGPT's ``GPT.generate`` (no
+    cache: the whole prefix again for every token) at the same size: width W, depth 4, vocab
+    1000, 192 tokens, batch 4, temperature 1, no guidance, no top-k."""
+    from vfm_core.config import apply_overrides
+    from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
+    from vfm_core.models.dit import build_model
+    from vfm_core.recipes import get_recipe
+
+    w, b, heads, grid = args.width, 4, args.width // 64, (3, 8, 8)
+    over = [f"model.hidden={w}", "model.depth=4", f"model.heads={heads}", f"model.kv_heads={heads}"]
+    m = apply_overrides(get_recipe("ar-tiny"), over + ["model.vocab_size=1000"]).model
+    n = int(np.prod(grid))
+    vfm = build_model(m).eval()
+    text = torch.randn(b, m.text_len, m.text_dim, generator=torch.Generator().manual_seed(2))
+
+    def vfm_gen(cache: bool) -> Callable[[], object]:
+        def step() -> None:
+            with torch.no_grad():
+                sample_tokens(vfm, text, grid, SamplingConfig(seed=0, use_cache=cache))
+
+        return step
+
+    out = [
+        Contestant(name="vfm AR sample_tokens (KV cache)", step=vfm_gen(True), units=b * n),
+        Contestant(name="vfm AR sample_tokens (no cache)", step=vfm_gen(False), units=b * n),
+    ]
+    if gpt_mod is not None:
+        conf = gpt_mod.GPTConfig(
+            block_size=n, vocab_size=m.vocab_size, n_layer=4, n_head=heads, n_embd=w,
+            dropout=0.0, bias=False,
+        )  # fmt: skip
+        with contextlib.redirect_stdout(io.StringIO()):
+            gpt = gpt_mod.GPT(conf).eval()
+        start = torch.zeros(b, 1, dtype=torch.long)
+
+        def gpt_gen() -> None:
+            with torch.no_grad():
+                gpt.generate(start, max_new_tokens=n - 1)
+
+        out.append(Contestant(name="karpathy/nanoGPT generate", step=gpt_gen, units=b * n))
+    return out

@@ -1,7 +1,8 @@
 """vfm side by side with the public reference implementations, at matched configurations.
 
     .venv/bin/python benchmarks/peers.py --dit-repo DIR --nanogpt-repo DIR [--rounds 5]
-        [--steps 2] [--width 512] [--clips 48] [--threads 1] [--only dit,ar,loader] [--json]
+        [--steps 2] [--width 512] [--clips 48] [--threads 1] [--only dit,ar,loader,gen]
+        [--compile] [--json]
 
 One process, CPU fp32, one intra-op thread by default (on a shared machine a second OpenMP
 thread waits at every op's barrier for a free core: measured on 2 cores at load 11, a
@@ -25,6 +26,11 @@ comparison whose checkout is not given is skipped with one line.
    by ``benchmarks/loader.py``'s ``make_dataset``): vfm's shard loader (checksums on, its
    defaults) with 0 reader threads (its default) and with 2 vs ``webdataset.WebDataset`` +
    PyAV decode of every sample's mp4 to uint8 frames (+ its json and text embedding).
+
+5. Generation (``gen``): vfm's DiT sampler (24 Heun steps, guidance 3 in one batch) against a
+   bare loop of exactly the model calls it made, replayed (the sampler's overhead); the
+   autoregressive ``sample_tokens`` with its KV cache, and without it, beside nanoGPT's
+   ``generate`` (no cache) at the same size — tokens generated per second.
 
 FLOPs per token: ``torch.utils.flop_counter.FlopCounterMode`` over one training step with
 SDPA restricted to its math backend (the CPU flash kernel has no FLOP formula in torch 2.13
@@ -60,14 +66,16 @@ sys.path.insert(0, str(REPO))
 from benchmarks.peer_contestants import (  # noqa: E402
     Contestant,
     ar_contestants,
+    ar_generate_contestants,
     commit,
     dit_contestants,
     ensure_timm,
     load_peer,
     loader_contestants,
+    sampler_contestants,
 )
 
-SECTIONS = ("dit", "ar", "loader")
+SECTIONS = ("dit", "ar", "loader", "gen")
 
 
 # ------------------------------------------------------------------------ measurement
@@ -192,7 +200,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: default)")
     ap.add_argument("--width", type=int, default=512, help="model width (heads: width / 64)")
     ap.add_argument("--clips", type=int, default=48, help="loader: clips (one epoch per round)")
-    ap.add_argument("--only", default=",".join(SECTIONS), help="comma list of dit, ar, loader")
+    ap.add_argument("--only", default=",".join(SECTIONS), help="comma list of dit, ar, loader, gen")
     ap.add_argument(
         "--compile",
         action="store_true",
@@ -286,6 +294,30 @@ def main() -> int:
             for w in (0, 2):
                 row = f"loader, {w} workers" + (" (default)" if w == 0 else "")
                 out["rows"].append(compare(row, f"vfm loader w{w}", "webdataset+PyAV", res))
+    if "gen" in only:
+        res = measure(sampler_contestants(args), args, 1, model=False)
+        out["contestants"].update(res)
+        out["rows"].append(
+            compare(
+                "DiT sampler / bare model calls",
+                "vfm DiT sampler",
+                "bare loop of its model calls",
+                res,
+            )
+        )
+        gpt = None
+        if args.nanogpt_repo:
+            gpt = load_peer(args.nanogpt_repo, "model.py", "peer_nanogpt_model", "--nanogpt-repo")
+        else:
+            skip("AR generation vs karpathy/nanoGPT generate (no --nanogpt-repo)")
+        res = measure(ar_generate_contestants(args, gpt), args, 1, model=False)
+        out["contestants"].update(res)
+        cached, plain = "vfm AR sample_tokens (KV cache)", "vfm AR sample_tokens (no cache)"
+        out["rows"].append(compare("AR generation, KV cache / none", cached, plain, res))
+        if gpt is not None:
+            peer = "karpathy/nanoGPT generate"
+            out["rows"].append(compare("AR generation, KV cache vs nanoGPT", cached, peer, res))
+            out["rows"].append(compare("AR generation, no cache vs nanoGPT", plain, peer, res))
     if args.json:
         print(json.dumps(out, indent=1))
     else:

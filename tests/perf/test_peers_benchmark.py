@@ -45,3 +45,16 @@ def test_tiny_dit_row_against_the_reference_checkout():
     for row in rows.values():
         assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
     assert len(peer["top_ops"]) == 5 and all(o["op"].startswith("aten::") for o in peer["top_ops"])
+
+
+def test_generation_rows_time_the_sampler_against_its_own_model_calls():
+    r = run(*"--rounds 1 --warmup 0 --width 64 --only gen --json".split())
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout[r.stdout.index("{") :])
+    assert out["skipped"] == ["AR generation vs karpathy/nanoGPT generate (no --nanogpt-repo)"]
+    rows = {row["row"]: row for row in out["rows"]}
+    assert set(rows) == {"DiT sampler / bare model calls", "AR generation, KV cache / none"}
+    c = out["contestants"]
+    for name in ("vfm DiT sampler", "bare loop of its model calls"):
+        assert c[name]["rate"] > 0 and c[name]["unit"] == "video tok"
+    assert rows["AR generation, KV cache / none"]["ratio"] > 1  # the cache saves recomputation

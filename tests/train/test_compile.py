@@ -48,3 +48,27 @@ def test_compiled_blocks_train_the_eager_losses_and_resume_bit_identical(tmp_pat
     run_training(_cfg(recipe, "on", 2), out_dir=split, progress=False)
     run_training(_cfg(recipe, "on", 4), out_dir=split, resume=True, progress=False)
     assert _losses(split) == runs["on"]  # exact, every step
+
+
+def test_compiled_blocks_under_tensor_parallel_train_the_one_process_losses(tmp_path):
+    """torchrun-style 2 ranks, TP2 + SP over compiled blocks (DTensor inside the compiled
+    region) against one compiled process: the layout equality holds with compile on."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.tiny_runs import TINY_CPU
+
+    sets = [*TINY_CPU, "data.batch_size=4", "train.log_every=1", "train.compile=on"]
+    args = [a for s in sets for a in ("--set", s)]
+    runs = {}
+    for name, extra in (("one", []), ("tp2", ["--nproc", "2", "--tp", "2"])):
+        out = tmp_path / name
+        cmd = [sys.executable, "-m", "vfm_core.cli", "train", "--recipe", "dit-tiny"]
+        cmd += ["--steps", "3", "--no-mlflow", "--out", str(out), *extra, *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[name] = _losses(out)
+    assert len(runs["one"]) == 3
+    assert runs["tp2"] == pytest.approx(runs["one"], rel=1e-4)
