@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import io
 import json
@@ -150,6 +151,23 @@ def plain_loop(model: nn.Module, forward: Callable[[], torch.Tensor], loss_fn) -
     return step
 
 
+def plain_contestants(
+    name: str, build: Callable[[], nn.Module], fwd, loss_fn, units: int, compiled: bool
+) -> list:
+    """``name`` in a plain loop over a model from ``build()`` (``fwd(model)`` -> output), and
+    with ``compiled`` the same over a fresh model whose blocks are compiled (``train.compile``)."""
+    from vfm_core.parallel.parallelize import compile_each_block
+
+    out = []
+    for suffix in ("", " compiled") if compiled else ("",):
+        model = build()
+        if suffix:
+            compile_each_block(model)
+        step = plain_loop(model, functools.partial(fwd, model), loss_fn)
+        out.append(Contestant(name=name + suffix, step=step, units=units))
+    return out
+
+
 def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) -> list:
     from vfm_core.config import apply_overrides
     from vfm_core.models.dit import build_model
@@ -169,40 +187,23 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(b, 4, 1, 32, 32, generator=g)  # (B, C, T, H, W)
     c_noise, text = torch.randn(b, generator=g), torch.randn(b, m.text_len, m.text_dim, generator=g)
-    vfm = build_model(m)
     target = torch.randn(b, 4, 1, 32, 32, generator=g)
-    out = [
-        Contestant(
-            name="vfm DiT plain",
-            step=plain_loop(vfm, lambda: vfm(x, c_noise, text), lambda o: F.mse_loss(o, target)),
-            units=tokens,
-        )
-    ]
+    out = plain_contestants(
+        "vfm DiT plain",
+        lambda: build_model(m),
+        lambda model: model(x, c_noise, text),
+        lambda o: F.mse_loss(o, target),
+        tokens,
+        args.compile,
+    )
     trainer = Trainer(cfg)
     batch = trainer.source.next_batch()  # the same batch every step, as the plain loops
-    out.append(
-        Contestant(name="vfm DiT trainer", step=lambda: trainer.train_step(batch), units=tokens)
-    )
-    if args.compile:  # regional compilation: the plain model's blocks, and train.compile=on
-        vfm_c = build_model(m)
-        for block in vfm_c.blocks.values():
-            block.compile()
-        fwd_c = lambda: vfm_c(x, c_noise, text)  # noqa: E731
-        out.append(
-            Contestant(
-                name="vfm DiT plain compiled",
-                step=plain_loop(vfm_c, fwd_c, lambda o: F.mse_loss(o, target)),
-                units=tokens,
-            )
-        )
-        trainer_c = Trainer(cfg_c)
-        out.append(
-            Contestant(
-                name="vfm DiT trainer compiled",
-                step=lambda: trainer_c.train_step(batch),
-                units=tokens,
-            )
-        )
+    trainers = [("vfm DiT trainer", trainer)]
+    if args.compile:
+        trainers.append(("vfm DiT trainer compiled", Trainer(cfg_c)))
+    for name, tr in trainers:
+        step = functools.partial(tr.train_step, batch)
+        out.append(Contestant(name=name, step=step, units=tokens))
     if dit_mod is not None:
         peer = dit_mod.DiT(
             input_size=32,
@@ -228,52 +229,54 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     return out
 
 
-def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
+AR_BATCH, AR_GRID = 4, (3, 8, 8)
+"""The autoregressive rows' batch and token grid: 192 tokens per sample."""
+
+
+def ar_model_config(args: argparse.Namespace):
+    """vfm's causal video transformer at the peer's size: ar-tiny with width W, depth 4, W/64
+    heads (kv_heads = heads: multi-head like nanoGPT), vocabulary 1000."""
     from vfm_core.config import apply_overrides
-    from vfm_core.models.ar import next_token_loss
-    from vfm_core.models.dit import build_model
     from vfm_core.recipes import get_recipe
 
-    w, b, heads, grid = args.width, 4, args.width // 64, (3, 8, 8)
+    w, heads = args.width, args.width // 64
     over = [f"model.hidden={w}", "model.depth=4", f"model.heads={heads}", f"model.kv_heads={heads}"]
-    m = apply_overrides(get_recipe("ar-tiny"), over + ["model.vocab_size=1000"]).model
-    n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
-    ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g)  # (B, T, H, W)
-    text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
-    vfm = build_model(m)
-    out = [
-        Contestant(
-            name="vfm AR plain",
-            step=plain_loop(
-                vfm, lambda: vfm(ids, text), lambda o: next_token_loss(o, ids.flatten(1))
-            ),
-            units=b * n,
-        )
-    ]
-    if args.compile:
-        vfm_c = build_model(m)
-        for block in vfm_c.blocks.values():
-            block.compile()
-        out.append(
-            Contestant(
-                name="vfm AR plain compiled",
-                step=plain_loop(
-                    vfm_c, lambda: vfm_c(ids, text), lambda o: next_token_loss(o, ids.flatten(1))
-                ),
-                units=b * n,
-            )
-        )
+    return apply_overrides(get_recipe("ar-tiny"), over + ["model.vocab_size=1000"]).model
+
+
+def nanogpt(args: argparse.Namespace, gpt_mod: types.ModuleType, n: int, vocab: int) -> nn.Module:
+    """nanoGPT's ``GPT`` at the same size (block size ``n``, no dropout, no biases)."""
     conf = gpt_mod.GPTConfig(
         block_size=n,
-        vocab_size=m.vocab_size,
+        vocab_size=vocab,
         n_layer=4,
-        n_head=heads,
-        n_embd=w,
+        n_head=args.width // 64,
+        n_embd=args.width,
         dropout=0.0,
         bias=False,
     )
     with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
-        gpt = gpt_mod.GPT(conf)
+        return gpt_mod.GPT(conf)
+
+
+def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
+    from vfm_core.models.ar import next_token_loss
+    from vfm_core.models.dit import build_model
+
+    m, b, grid = ar_model_config(args), AR_BATCH, AR_GRID
+    n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
+    ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g)  # (B, T, H, W)
+    text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
+    out = plain_contestants(
+        "vfm AR plain",
+        lambda: build_model(m),
+        lambda model: model(ids, text),
+        lambda o: next_token_loss(o, ids.flatten(1)),
+        b * n,
+        args.compile,
+    )
+    gpt = nanogpt(args, gpt_mod, n, m.vocab_size)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
         opt = gpt.configure_optimizers(
             weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.95), device_type="cpu"
         )
@@ -372,14 +375,10 @@ def ar_generate_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType 
     """vfm's ``sample_tokens`` (KV cache; and without it) vs nanoGPT's ``GPT.generate`` (no
     cache: the whole prefix again for every token) at the same size: width W, depth 4, vocab
     1000, 192 tokens, batch 4, temperature 1, no guidance, no top-k."""
-    from vfm_core.config import apply_overrides
     from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
     from vfm_core.models.dit import build_model
-    from vfm_core.recipes import get_recipe
 
-    w, b, heads, grid = args.width, 4, args.width // 64, (3, 8, 8)
-    over = [f"model.hidden={w}", "model.depth=4", f"model.heads={heads}", f"model.kv_heads={heads}"]
-    m = apply_overrides(get_recipe("ar-tiny"), over + ["model.vocab_size=1000"]).model
+    m, b, grid = ar_model_config(args), AR_BATCH, AR_GRID
     n = int(np.prod(grid))
     vfm = build_model(m).eval()
     text = torch.randn(b, m.text_len, m.text_dim, generator=torch.Generator().manual_seed(2))
@@ -396,12 +395,7 @@ def ar_generate_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType 
         Contestant(name="vfm AR sample_tokens (no cache)", step=vfm_gen(False), units=b * n),
     ]
     if gpt_mod is not None:
-        conf = gpt_mod.GPTConfig(
-            block_size=n, vocab_size=m.vocab_size, n_layer=4, n_head=heads, n_embd=w,
-            dropout=0.0, bias=False,
-        )  # fmt: skip
-        with contextlib.redirect_stdout(io.StringIO()):
-            gpt = gpt_mod.GPT(conf).eval()
+        gpt = nanogpt(args, gpt_mod, n, m.vocab_size).eval()
         start = torch.zeros(b, 1, dtype=torch.long)
 
         def gpt_gen() -> None:

@@ -53,21 +53,16 @@ def test_compiled_blocks_train_the_eager_losses_and_resume_bit_identical(tmp_pat
 def test_compiled_blocks_under_tensor_parallel_train_the_one_process_losses(tmp_path):
     """torchrun-style 2 ranks, TP2 + SP over compiled blocks (DTensor inside the compiled
     region) against one compiled process: the layout equality holds with compile on."""
-    import os
-    import subprocess
-    import sys
-
     from tests.tiny_runs import TINY_CPU
+    from tests.train.test_trainer import vfm
 
     sets = [*TINY_CPU, "data.batch_size=4", "train.log_every=1", "train.compile=on"]
     args = [a for s in sets for a in ("--set", s)]
     runs = {}
     for name, extra in (("one", []), ("tp2", ["--nproc", "2", "--tp", "2"])):
         out = tmp_path / name
-        cmd = [sys.executable, "-m", "vfm_core.cli", "train", "--recipe", "dit-tiny"]
-        cmd += ["--steps", "3", "--no-mlflow", "--out", str(out), *extra, *args]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        run = ["train", "--recipe", "dit-tiny", "--steps", "3", "--no-mlflow", "--out", str(out)]
+        r = vfm(*run, *extra, *args)
         assert r.returncode == 0, r.stderr[-3000:]
         runs[name] = _losses(out)
     assert len(runs["one"]) == 3

@@ -232,6 +232,13 @@ def _packs_to(batched: Callable, packed: Callable) -> Callable:
     return attn_fn
 
 
+def compile_each_block(model: nn.Module) -> None:
+    """Regional compilation (``train.compile``, torchtitan's ``apply_compile``): each of the
+    model's blocks compiled in place, parameter names unchanged."""
+    for block in model.blocks.values():
+        block.compile()
+
+
 def parallelize_dit(
     model: nn.Module,
     *,
@@ -291,8 +298,7 @@ def parallelize_dit(
     # False | True/"full" | "selective"; full on the first ``full_recompute_blocks`` only
     checkpoint_blocks(model.blocks, activation_checkpointing, full_blocks=full_recompute_blocks)
     if compile_blocks:  # regional compilation: each (checkpointed) block, before FSDP wraps it
-        for block in model.blocks.values():
-            block.compile()
+        compile_each_block(model)
     # 4. FSDP2 over the data-parallel x context-parallel ranks (HSDP when dp_replicate > 1).
     # Gradients are divided by dp only: averaged over the batch slices, summed over the CP ranks'
     # token chunks of the same samples.

@@ -58,7 +58,7 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
     if lay.recompute not in RECOMPUTE_MODES:
         return f"recompute={lay.recompute!r} (choose from {', '.join(RECOMPUTE_MODES)})"
     if lay.recompute_blocks:
-        part = cfg.depth // (lay.pp * lay.vpp)
+        part = lay.stage_blocks(cfg.depth)
         if lay.recompute != "full":
             return f"recompute_blocks={lay.recompute_blocks} needs recompute=full"
         if not 0 < lay.recompute_blocks <= part:

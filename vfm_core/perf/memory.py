@@ -420,7 +420,6 @@ def estimate_memory(
     microbatches: int = 1,
     vpp: int = 1,
     recompute: Recompute = "none",
-    full_fraction: float = 1.0,
     ema: bool = True,
     text_len: int | None = None,
     act_bytes: int = 2,
@@ -437,9 +436,9 @@ def estimate_memory(
     when that is 1: plain DDP). Activations: the stage's ``depth/pp`` blocks × in-flight
     micro-batches (:func:`in_flight_microbatches`: 1F1B or interleaved over ``vpp`` virtual
     stages), plus for ``full`` recompute one block's complete activations (re-run during
-    backward; ``full_fraction`` < 1: that share of the blocks full, the rest selective —
-    ``parallel.activation_checkpointing_blocks``). ``hbm_gb`` is read as GiB (an "80 GB" H100
-    shows 79.6 GiB). ``owned``,
+    backward; block-wise full recompute, ``parallel.activation_checkpointing_blocks``, comes in
+    through ``saved``: the planner mixes the full and selective stage bytes). ``hbm_gb`` is read
+    as GiB (an "80 GB" H100 shows 79.6 GiB). ``owned``,
     ``layer_params`` (largest block) and ``kinds`` (block layouts) may be passed precomputed —
     the planner evaluates thousands of layouts per query — and so may ``saved``: (the stage's
     saved bytes per micro-batch under ``recompute``, one block's saved bytes without recompute).
@@ -468,11 +467,6 @@ def estimate_memory(
         stage = stage_saved_bytes(
             cfg, range(layers), recompute=recompute, act_bytes=act_bytes, **kw
         )
-        if recompute == "full" and full_fraction < 1:  # block-wise: the rest selective
-            sel = stage_saved_bytes(
-                cfg, range(layers), recompute="selective", act_bytes=act_bytes, **kw
-            )
-            stage = full_fraction * stage + (1 - full_fraction) * sel
         block = stage_saved_bytes(cfg, range(1), act_bytes=act_bytes, **kw)
     else:
         stage, block = saved

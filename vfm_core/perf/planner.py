@@ -379,8 +379,11 @@ def _recompute_options(work: Workload, probe: Layout, gpu: GpuSpec, pins, option
 
 def _fewest_full_blocks(work: Workload, lay: Layout, gpu: GpuSpec) -> int:
     """Smallest k < blocks per stage whose ``full:k`` fits (memory falls as k grows), 0: none."""
-    part = work.cfg.depth // (lay.pp * lay.vpp)
-    fits = lambda k: memory_of(work, dataclasses.replace(lay, recompute_blocks=k), gpu).fits  # noqa: E731
+    part = lay.stage_blocks(work.cfg.depth)
+
+    def fits(k: int) -> bool:
+        return memory_of(work, dataclasses.replace(lay, recompute_blocks=k), gpu).fits
+
     if part < 2 or not fits(part - 1):
         return 0
     lo, hi = 1, part - 1

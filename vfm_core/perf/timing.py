@@ -110,11 +110,15 @@ class Layout:
         """``none`` | ``selective`` | ``full`` | ``full:k`` (block-wise, k blocks per stage)."""
         return f"full:{self.recompute_blocks}" if self.recompute_blocks else self.recompute
 
+    def stage_blocks(self, depth: int) -> int:
+        """Blocks of each (virtual) pipeline stage of a ``depth``-block model."""
+        return depth // (self.pp * self.vpp)
+
     def full_fraction(self, depth: int) -> float:
         """Share of the blocks recomputed whole (1 for plain ``full``, 0 without it)."""
         if self.recompute != "full":
             return 0.0
-        part = depth // (self.pp * self.vpp)
+        part = self.stage_blocks(depth)
         return min(1.0, self.recompute_blocks / part) if self.recompute_blocks else 1.0
 
 
