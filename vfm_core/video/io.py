@@ -24,7 +24,6 @@ from typing import Literal
 
 import av
 import numpy as np
-from av.video.reformatter import VideoReformatter
 
 from vfm_core.video.container import (
     Source,
@@ -37,6 +36,7 @@ from vfm_core.video.container import (
     _video_stream,
     open_container,
 )
+from vfm_core.video.convert import FrameConverter
 from vfm_core.video.plane_sampler import _SAMPLED_FORMATS, _PlaneSampler
 
 MAX_PIXELS = 8192 * 8192
@@ -257,23 +257,21 @@ def iter_frames(
     """Yield (time_s, RGB uint8 (H, W, 3)) for the frames with start_s <= t < end_s.
 
     `width` alone keeps the aspect ratio (analysis size, e.g. 64); the scale to that size happens
-    inside FFmpeg's swscale (`frame.to_ndarray(width=..., height=...)`), not in numpy. Decoding uses
-    FFmpeg's frame/slice threads (`thread_type=threads`). `resize="sample"` instead reads the
-    decoded YUV planes in place and point-samples them on the output grid (2x2 luma average), then
-    converts the small picture to RGB through per-code tables: ~0.25 ms CPU per 720p frame on top
-    of decoding vs ~0.7 ms for swscale to 64 px, measured in the decode loop (8-bit 4:2:0 /
-    4:4:4 only; other formats fall back to swscale). `decoder_options` are FFmpeg decoder
-    options (AVOptions) set before the decoder opens, e.g. `SKIP_LOOP_FILTER` for analysis. With
-    `start_s`, the demuxer seeks to the previous keyframe and the frames before `start_s` are
-    decoded and skipped. The whole iteration (the caller's work between frames included) runs
-    under `timeout_s` (default: `DECODE_TIMEOUT` for the range's length); past it, `VideoError`.
+    inside FFmpeg's swscale (one context reused per conversion: `video.convert.FrameConverter`), not
+    in numpy. Decoding uses FFmpeg's frame/slice threads (`thread_type=threads`). `resize="sample"`
+    instead reads the decoded YUV planes in place and point-samples them on the output grid (2x2
+    luma average), then converts the small picture to RGB through per-code tables: ~0.25 ms CPU per
+    720p frame on top of decoding vs ~0.7 ms for swscale to 64 px, measured in the decode loop
+    (8-bit 4:2:0 / 4:4:4 only; other formats fall back to swscale). `decoder_options` are FFmpeg
+    decoder options (AVOptions) set before the decoder opens, e.g. `SKIP_LOOP_FILTER` for analysis.
+    With `start_s`, the demuxer seeks to the previous keyframe and the frames before `start_s` are
+    decoded and skipped. The whole iteration (the caller's work between frames included) runs under
+    `timeout_s` (default: `DECODE_TIMEOUT` for the range's length); past it, `VideoError`.
     """
     name = _name(src)
     size: tuple[int, int] | None = None
     sampler: _PlaneSampler | None = None
-    # one swscale context for the whole clip: a frame's own to_ndarray builds a new one per
-    # frame (~2x the decode's cost at 64 px; same pixels)
-    reformatter = VideoReformatter()
+    converter = FrameConverter()  # swscale contexts reused across the clip's frames
     frames = _iter_av_frames(
         src,
         start_s=start_s,
@@ -296,7 +294,7 @@ def iter_frames(
             yield t, sampler(frame)
         else:
             # scale + convert inside swscale: (h, w, 3) uint8
-            rgb = reformatter.reformat(
+            rgb = converter.convert(
                 frame, format="rgb24", width=w, height=h, interpolation=interpolation
             )
             yield t, rgb.to_ndarray()

@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import av
 import numpy as np
-from av.video.reformatter import VideoReformatter
 
 from vfm_core.video.container import Source, VideoError, _name, _video_stream, open_container
+from vfm_core.video.convert import FrameConverter
 from vfm_core.video.io import _iter_av_frames, analysis_size
 
 log = logging.getLogger(__name__)
@@ -265,26 +265,26 @@ def transcode_span(
         encoder=codec,
     )
     n = 0
-    rf = VideoReformatter()  # one swscale context per clip (a frame's own is built per frame)
+    fc = FrameConverter()  # swscale contexts reused across the span, one per conversion
     with out:
         resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
         for t, frame in _iter_av_frames(
             src, start_s=start_s, end_s=end_s, threads=threads, name=name
         ):
             if crop is not None:
-                a = rf.reformat(frame, format="rgb24").to_ndarray()  # (H0, W0, 3) coded
+                a = fc.convert(frame, format="rgb24").to_ndarray()  # (H0, W0, 3) coded
                 a = np.rot90(a, k) if k else a  # upright
                 a = a[cy : cy + ch_, cx : cx + cw_]  # (ch_, cw_, 3) the picture inside the box
                 vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(a), "rgb24")
-                vf = rf.reformat(vf, width=w, height=h, format="yuv420p")
+                vf = fc.convert(vf, width=w, height=h, format="yuv420p")
             elif k:
                 # rotate the coded picture upright: (h0', w0', 3) -> np.rot90 is counter-clockwise
                 cw, ch = (h, w) if k % 2 else (w, h)
-                a = rf.reformat(frame, format="rgb24", width=cw, height=ch).to_ndarray()
+                a = fc.convert(frame, format="rgb24", width=cw, height=ch).to_ndarray()
                 vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(a, k)), "rgb24")
-                vf = rf.reformat(vf, format="yuv420p")
+                vf = fc.convert(vf, format="yuv420p")
             else:
-                vf = rf.reformat(frame, width=w, height=h, format="yuv420p")
+                vf = fc.convert(frame, width=w, height=h, format="yuv420p")
             if resample:
                 # repeat/drop: emit output frames whose grid time falls before the next input frame
                 rel = t - start_s
