@@ -36,23 +36,36 @@ def test_vocabulary_and_held_out_split():
 
 
 def test_rendered_object_has_the_caption_colour_and_direction():
-    spec = captioned_spec(seed=3, shots=4)
+    """The object has the caption's colour, moves the caption's way, and starts near the centre
+    for every direction (its first frame does not give the direction away)."""
+    spec = captioned_spec(seed=3, shots=8)
     frames, gt = render_frames(spec)
     frames = list(frames)
+    h, w = frames[0].shape[:2]
+    starts = 0
     for seg, (a, b) in zip(spec.segments, gt.segments):
         if seg.kind != "object":
             continue
         colour, shape, direction, _ = seg.subject
         target = np.array(COLOURS[colour], dtype=np.float32)
         centres = []
-        for f in (frames[a + 10], frames[b - 1]):  # past a dissolve into the shot
+        for f in (frames[a + 10], frames[a], frames[b - 1]):  # past a dissolve, first, last
             mask = np.abs(f.astype(np.float32) - target).sum(-1) < 30  # (H, W)
-            assert mask.sum() > 50, seg.caption
+            assert mask.sum() > 50, seg.caption  # the caption's colour (a dissolve: not at a)
             ys, xs = np.nonzero(mask)
             centres.append((xs.mean(), ys.mean()))
+            if seg.transition != "cut":
+                break
+        if seg.transition != "cut":  # frames[a] blends in the last shot
+            continue
+        starts += 1
+        assert abs(centres[1][0] - w / 2) <= 0.1 * w + 1, seg.caption  # near the centre
+        assert abs(centres[1][1] - h / 2) <= 0.1 * h + 1, seg.caption
         dx, dy = DIRECTIONS[direction]
-        move = np.subtract(centres[1], centres[0])
-        assert move[0] * dx + move[1] * dy > 10, (seg.caption, move)
+        move = np.subtract(centres[2], centres[1])  # first -> last frame of the shot
+        assert move[0] * dx + move[1] * dy > 15, (seg.caption, move)
+        assert abs(move[0] * dy) + abs(move[1] * dx) < 1, (seg.caption, move)  # along its axis
+    assert starts >= 4
 
 
 def test_sample_curates_to_one_captioned_clip_per_shot(tmp_path):

@@ -88,9 +88,10 @@ def captioned_spec(
     (no caption) for the filters. Deterministic in ``seed``.
 
     The defaults are what the demo trains on: square 64 x 64 frames (the DiT's 8 x 8 latent grid
-    sees the whole frame, so no crop hides the object) and short shots of 32 frames (1.3 s at 24
-    fps), in which the object crosses the frame: the 17 frames of a 5-latent-frame training
-    window show it move by more than its own width."""
+    sees the whole frame, so no crop hides the object) and short shots of 32 frames, in which the
+    object moves from near the centre to the edge in its direction (1.4 px per frame): the 17
+    frames of a 5-latent-frame training window show it move by 1.5 times its own width, from a
+    first frame that does not give the direction away."""
     rng = np.random.default_rng(seed)
     pool = [s for s in all_subjects() if held_out(*s) != train]
     picks = rng.permutation(len(pool))[:shots]

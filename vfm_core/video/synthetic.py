@@ -25,6 +25,10 @@ import numpy as np
 
 from vfm_core.video.transcode import encode_h264
 
+OBJECT_MOVE_FRACTION = 0.57
+"""kind "object": the share of the segment its object moves for, centre to edge (then held): 18
+frames of a 32-frame shot, so a 17-frame training window from the shot's start shows all of it."""
+
 SegmentKind = Literal["moving", "pan", "static", "black", "object"]
 TransitionKind = Literal["cut", "dissolve"]
 BadKind = Literal[
@@ -172,6 +176,8 @@ class _Scene:
             vel = rng.normal(0, 1, 2) * speed * 2
             size = rng.uniform(0.06, 0.16) * min(w, h) * 1.5
             self.shapes.append((kind_s, pos, vel, size, rng.integers(0, 256, 3).astype(np.uint8)))
+        # kind "object": its start near the centre, drawn the same way for every direction
+        self.start = rng.uniform(-0.1, 0.1, 2) * min(w, h) if kind == "object" else np.zeros(2)
 
     def render(self, t: int) -> np.ndarray:
         """Frame t of this scene: (h, w, 3) uint8."""
@@ -204,10 +210,15 @@ class _Scene:
         return frame
 
     def _render_object(self, t: int) -> np.ndarray:
-        """One object of the subject's colour and shape crossing the whole frame in its
-        direction at constant speed (from 5% to 95% of the free path over the segment: short
-        shots make fast, plainly visible motion), on a plain dark colour or a darkened texture of
-        the scene's palette. Its size is a quarter of the frame's shorter side."""
+        """One object of the subject's colour and shape on a plain dark colour or a darkened
+        texture of the scene's palette, moving from near the centre (within 10% of the frame) out
+        in its direction at constant speed until it meets the edge, by 57% of the segment, and
+        held there. Its size is a quarter of the frame's shorter side.
+
+        The start is drawn alike for every direction, so a clip's first frame says nothing of
+        where the object goes: a model has to take the direction from the caption. (Crossing the
+        frame from the opposite edge, as before, let the first frame's position give the
+        direction away; an autoregressive model then ignored the caption's direction word.)"""
         from vfm_core.video.captioned import COLOURS, DIRECTIONS
 
         colour, shape, direction, background = self.subject or ("white", "square", "right", "plain")
@@ -219,9 +230,10 @@ class _Scene:
             frame = (self.texture[pad : pad + h, pad : pad + w] * 0.45).astype(np.uint8)
         size = 0.25 * min(w, h)
         dx, dy = DIRECTIONS[direction]
-        a = 0.05 + 0.9 * t / max(1, self.n_frames - 1)  # progress along the path
-        cx = w / 2 + dx * (a - 0.5) * (w - size)
-        cy = h / 2 + dy * (a - 0.5) * (h - size)
+        reach = 0.5 * (min(w, h) - size)  # centre -> edge
+        travel = min(1.0, t / max(1.0, OBJECT_MOVE_FRACTION * (self.n_frames - 1))) * reach
+        cx = float(np.clip(w / 2 + self.start[0] + dx * travel, size / 2, w - size / 2))
+        cy = float(np.clip(h / 2 + self.start[1] + dy * travel, size / 2, h - size / 2))
         r = size / 2
         yy, xx = np.ogrid[0:h, 0:w]
         if shape == "circle":
