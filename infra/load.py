@@ -69,6 +69,25 @@ def api(method: str, url: str, body: dict | None = None, timeout: float = 60) ->
         return e.code, json.loads(e.read() or b"{}")
 
 
+def create_flow_run(
+    api_url: str, deployment_id: str, body: dict, *, tries: int = 20, wait_s: float = 2.0
+) -> tuple[dict, int]:
+    """(the new flow run, how many times the server answered 503 first) for one run of a
+    deployment. A busy server (its sqlite store locked) answers 503 Service Unavailable; the
+    request is sent again after `wait_s`, as Prefect's own client retries 503. Any other failure,
+    or 503 `tries` times, raises RuntimeError."""
+    refused = 0
+    while True:
+        code, run = api("POST", f"{api_url}/deployments/{deployment_id}/create_flow_run", body)
+        if code != 503 or refused + 1 >= tries:
+            break
+        refused += 1
+        time.sleep(wait_s)
+    if code != 201:
+        raise RuntimeError(f"create_flow_run: {code} {run}")
+    return run, refused
+
+
 def log_errors(path: Path, start: int = 0) -> tuple[list[str], int]:
     """(first lines of the error entries, entries about sqlite lock contention) of one service
     log from byte ``start``. An entry is a line with a timestamp and what follows it (its
@@ -115,14 +134,8 @@ def submit_and_drain(
     t0 = time.monotonic()
     runs, busy = [], 0
     for p in params:
-        for _ in range(20):
-            code, run = api("POST", f"{api_url}/deployments/{dep['id']}/create_flow_run", p)
-            if code != 503:
-                break
-            busy += 1
-            time.sleep(2)
-        if code != 201:
-            raise RuntimeError(f"create_flow_run: {code} {run}")
+        run, refused = create_flow_run(api_url, dep["id"], p)
+        busy += refused
         runs.append(run)
     submit_s = time.monotonic() - t0
     pending = {r["id"]: r for r in runs}

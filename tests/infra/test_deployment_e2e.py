@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.load import api as _api
-from infra.load import deploy
+from infra.load import create_flow_run, deploy
 from infra.load import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,12 +108,8 @@ def _run_deployment(env: dict, dep_id: str, params: dict | None) -> tuple[str, d
     """What the UI's Run button does; waits for the flow run to end: (state type, flow run)."""
     api = env["PREFECT_API_URL"]
     body = {} if params is None else {"parameters": params}
-    for _ in range(10):  # a busy server's SQLite timeout answers 503: the UI's button retries too
-        code, run = _api("POST", f"{api}/deployments/{dep_id}/create_flow_run", body)
-        if code != 503:
-            break
-        time.sleep(3)
-    assert code == 201, run
+    # a busy server's SQLite timeout answers 503: sent again, as the UI's button is pressed again
+    run = create_flow_run(api, dep_id, body, tries=10, wait_s=3)[0]
     deadline = time.monotonic() + 600
     final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
     while run["state"]["type"] not in final and time.monotonic() < deadline:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.load import api as _api
-from infra.load import deploy
+from infra.load import create_flow_run, deploy
 from infra.load import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,9 +88,7 @@ def test_killed_worker_run_is_crashed_and_a_rerun_resumes(server_and_worker, tmp
 
     def start(hold_s: float) -> dict:
         body = {"parameters": {"run_dir": str(run_dir), "hold_s": hold_s}}
-        code, run = _api("POST", f"{api}/deployments/{dep['id']}/create_flow_run", body)
-        assert code == 201, run
-        return run
+        return create_flow_run(api, dep["id"], body)[0]  # a 503 of a busy server: sent again
 
     first = start(600)
     deadline = time.monotonic() + 180
