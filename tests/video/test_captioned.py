@@ -35,6 +35,15 @@ def test_vocabulary_and_held_out_split():
     assert parse_caption("moving shapes") is None
 
 
+def _centre(frame: np.ndarray, colour: str, caption: str) -> tuple[float, float]:
+    """(x, y) centroid of the pixels of `colour` in `frame` (H, W, 3); there must be an object."""
+    target = np.array(COLOURS[colour], dtype=np.float32)
+    mask = np.abs(frame.astype(np.float32) - target).sum(-1) < 30  # (H, W)
+    assert mask.sum() > 50, caption  # the caption's colour
+    ys, xs = np.nonzero(mask)
+    return xs.mean(), ys.mean()
+
+
 def test_rendered_object_has_the_caption_colour_and_direction():
     """The object has the caption's colour, moves the caption's way, and starts near the centre
     for every direction (its first frame does not give the direction away)."""
@@ -47,22 +56,16 @@ def test_rendered_object_has_the_caption_colour_and_direction():
         if seg.kind != "object":
             continue
         colour, shape, direction, _ = seg.subject
-        target = np.array(COLOURS[colour], dtype=np.float32)
-        centres = []
-        for f in (frames[a + 10], frames[a], frames[b - 1]):  # past a dissolve, first, last
-            mask = np.abs(f.astype(np.float32) - target).sum(-1) < 30  # (H, W)
-            assert mask.sum() > 50, seg.caption  # the caption's colour (a dissolve: not at a)
-            ys, xs = np.nonzero(mask)
-            centres.append((xs.mean(), ys.mean()))
-            if seg.transition != "cut":
-                break
+        _centre(frames[a + 10], colour, seg.caption)  # past a dissolve into the shot
         if seg.transition != "cut":  # frames[a] blends in the last shot
             continue
         starts += 1
-        assert abs(centres[1][0] - w / 2) <= 0.1 * w + 1, seg.caption  # near the centre
-        assert abs(centres[1][1] - h / 2) <= 0.1 * h + 1, seg.caption
+        first = _centre(frames[a], colour, seg.caption)
+        last = _centre(frames[b - 1], colour, seg.caption)
+        assert abs(first[0] - w / 2) <= 0.1 * w + 1, seg.caption  # near the centre
+        assert abs(first[1] - h / 2) <= 0.1 * h + 1, seg.caption
         dx, dy = DIRECTIONS[direction]
-        move = np.subtract(centres[2], centres[1])  # first -> last frame of the shot
+        move = np.subtract(last, first)  # first -> last frame of the shot
         assert move[0] * dx + move[1] * dy > 15, (seg.caption, move)
         assert abs(move[0] * dy) + abs(move[1] * dx) < 1, (seg.caption, move)  # along its axis
     assert starts >= 4

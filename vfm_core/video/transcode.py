@@ -167,10 +167,11 @@ def encode_h264(
         encoder=codec,
     )
     n = 0
+    fc = FrameConverter()  # one swscale context for every frame (a frame's own is built per call)
     with out:
         for arr in _chain(first, it):
             vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
-            vf = vf.reformat(width=w, height=h, format=pix_fmt)
+            vf = fc.convert(vf, width=w, height=h, format=pix_fmt)
             vf.pts, vf.time_base = n, st.codec_context.time_base
             out.mux(st.encode(vf))
             n += 1
