@@ -169,9 +169,9 @@ def train_settings(
 ) -> dict[str, Any]:
     """The training form's config values (typed, by dotted key) for the pipeline's own data:
     the encoded shards, the tokenizer, the latent grid, the tokenizer's latent channels
-    (diffusion), ``model.text_len`` sized to the longest caption of the data
-    (``caption_tokens``, at most :data:`MAX_TEXT_LEN`), a checkpoint every 100 steps;
-    ``p.overrides`` still win over them."""
+    (diffusion) or its token ids (autoregressive: ``model.vocab_size``), ``model.text_len``
+    sized to the longest caption of the data (``caption_tokens``, at most
+    :data:`MAX_TEXT_LEN`), a checkpoint every 100 steps; ``p.overrides`` still win over them."""
     t, h, w = p.latent_grid
     settings: dict[str, Any] = {
         "data.source": "shards",
@@ -185,6 +185,8 @@ def train_settings(
     }
     if p.family == "diffusion":  # the DiT denoises the tokenizer's latents
         settings["model.in_channels"] = geometry["latent_channels"]
+    elif geometry.get("vocab_size"):  # the causal model predicts the tokenizer's ids
+        settings["model.vocab_size"] = geometry["vocab_size"]
     if caption_tokens:  # no caption cut that the data does not force
         settings["model.text_len"] = min(int(caption_tokens), MAX_TEXT_LEN)
     return settings

@@ -12,6 +12,7 @@ the same key answers from the cache (task state ``Cached``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +126,8 @@ encode_stage = encode_latents.with_options(
 def tokenizer_geometry(tokenizer: str) -> dict[str, int]:
     """The tokenizer's compression from its own saved config (no weights are read):
     ``temporal_factor`` t (1 + t·k frames -> 1 + k latent frames), ``spatial_factor`` s (H x W
-    -> H/s x W/s) and ``latent_channels``."""
+    -> H/s x W/s), ``latent_channels`` and ``vocab_size`` (token ids of a discrete tokenizer: the
+    product of its FSQ levels; 0 for a continuous one)."""
     from vfm_core.infer.request import tokenizer_config
     from vfm_core.tokenizer.config import TokenizerConfigError
 
@@ -139,6 +141,7 @@ def tokenizer_geometry(tokenizer: str) -> dict[str, int]:
         "temporal_factor": cfg.temporal_factor,
         "spatial_factor": cfg.spatial_factor,
         "latent_channels": cfg.latent_channels,
+        "vocab_size": math.prod(cfg.fsq_levels) if cfg.fsq_levels else 0,
     }
 
 

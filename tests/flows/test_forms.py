@@ -106,8 +106,15 @@ def test_pipeline_train_settings_are_typed_and_user_overrides_win(tmp_path):
     huge = train_settings(p, latents="L", tokenizer="T", geometry=geometry, caption_tokens=5000)
     assert huge["model.text_len"] == MAX_TEXT_LEN
     ar = PipelineParams(family="autoregressive")
-    assert "model.in_channels" not in train_settings(
-        ar, latents="L", tokenizer="T", geometry=geometry
+    ar_settings = train_settings(ar, latents="L", tokenizer="T", geometry=geometry)
+    assert "model.in_channels" not in ar_settings
+    assert "model.vocab_size" not in ar_settings  # a continuous tokenizer: the recipe's
+    discrete = {**geometry, "vocab_size": 256}
+    assert (
+        train_settings(ar, latents="L", tokenizer="T", geometry=discrete)["model.vocab_size"] == 256
+    )  # the causal model predicts the tokenizer's ids
+    assert "model.vocab_size" not in train_settings(
+        p, latents="L", tokenizer="T", geometry=discrete
     )
 
 
@@ -120,7 +127,15 @@ def test_pipeline_video_shape_comes_from_the_tokenizer_config(tmp_path):
         (tmp_path / "tok" / "config.json").write_text(json.dumps(cfg.to_dict()))
         geometry = tokenizer_geometry.fn(str(tmp_path / "tok"))
         t, s = cfg.temporal_factor, cfg.spatial_factor
-        assert geometry == {"temporal_factor": t, "spatial_factor": s, "latent_channels": 4}
+        assert geometry == {
+            "temporal_factor": t,
+            "spatial_factor": s,
+            "latent_channels": 4,
+            "vocab_size": 0,  # continuous
+        }
         assert pixel_shape((5, 8, 6), geometry) == (1 + 4 * t, f"{8 * s}x{6 * s}")
+    fsq = TokenizerConfig(fsq_levels=(4, 4, 4, 4), regulariser="l2")
+    (tmp_path / "tok" / "config.json").write_text(json.dumps(fsq.to_dict()))
+    assert tokenizer_geometry.fn(str(tmp_path / "tok"))["vocab_size"] == 256  # 4^4 FSQ ids
     with pytest.raises(TokenizerConfigError, match="no readable config"):
         tokenizer_geometry.fn(str(tmp_path / "missing"))
