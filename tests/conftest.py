@@ -144,7 +144,7 @@ def mixed_shards() -> type[MixedShards]:
 def token_shards(tmp_path_factory):
     """(root, tokenizer dir): 4 real 64x64 H.264 clips of 9 frames encoded by a discrete
     tokenizer (tok-tiny-discrete) into shards of token ids under ``root / "dst"`` (grid 3x8x8,
-    192 tokens each; 1,000 ids), for the autoregressive family."""
+    192 tokens each; 256 ids), for the autoregressive family."""
     import numpy as np
     import pandas as pd
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from vfm_core.cli_types import int_at_least
-from vfm_core.recipes import RECIPES
+from vfm_core.recipes import RECIPES, TINY_FSQ_LEVELS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,9 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument(
         "--discrete",
         nargs="?",
-        const="8,5,5,5",
+        const=",".join(map(str, TINY_FSQ_LEVELS)),
         metavar="LEVELS",
-        help="discrete tokens: FSQ levels per channel (default 8,5,5,5 = 1000 ids)",
+        help="discrete tokens: FSQ levels per channel (default 4,4,4,4 = 256 ids, ar-tiny's "
+        "vocabulary; 8,5,5,5 = 1000)",
     )
 
     sp = sub.add_parser("sample", help="write the built-in captioned sample videos")

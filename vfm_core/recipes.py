@@ -37,7 +37,7 @@ _TINY_MODEL = dict(
 
 # the autoregressive family (Cosmos-AR style): Llama blocks over discrete tokens, 1 token per cell
 _AR_MODEL = dict(arch="ar", patch=(1, 1, 1), norm="rms", mlp="swiglu", mlp_ratio=4.0)
-# CPU: 9 frames of 64x64 through a 4x8x8 discrete tokenizer -> 3x8x8 = 192 tokens, 1000 ids
+# CPU: 9 frames of 64x64 through a 4x8x8 discrete tokenizer -> 3x8x8 = 192 tokens, 256 ids
 _AR_TINY_DATA = dict(latent_frames=3, latent_height=8, latent_width=8)
 # 33 frames of 640x1024 through an 8x16x16 discrete tokenizer -> 5x40x64 = 12,800 tokens
 _AR_BIG_DATA = dict(batch_size=1, latent_frames=5, latent_height=40, latent_width=64)
@@ -111,7 +111,7 @@ RECIPES: dict[str, Callable[[], Config]] = {
         "ar-tiny",
         {
             **_AR_MODEL,
-            "vocab_size": 1000,
+            "vocab_size": 256,  # tok-tiny-discrete's ids
             "hidden": 256,
             "depth": 4,
             "heads": 4,
@@ -151,6 +151,8 @@ _PAPER_SCALE: dict = dict(
     latent_channels=16, patch_t=2, patch_s=2, base_channels=128, num_res_blocks=2, norm_groups=32
 )
 _FSQ_64K = (8, 8, 8, 5, 5, 5)
+TINY_FSQ_LEVELS = (4, 4, 4, 4)
+"""FSQ levels of the CPU discrete tokenizer (tok-tiny-discrete): 256 ids, ar-tiny's vocabulary."""
 FSQ_L2: dict = {"regulariser": "l2", "reg_weight": 1e-3}
 """What a discrete tokenizer trains with: the L2 of its pre-quantisation latent. Without it the
 encoder drives that latent to +-100, where tanh no longer responds and every channel sits on its
@@ -171,10 +173,12 @@ TOKENIZER_RECIPES: dict[str, dict] = {
         "spatial_factor": 16,
         "channel_mult": (1, 2, 4, 4),
     },
-    # discrete (FSQ) for the autoregressive family: CPU 4x8x8 with 4 channels 8,5,5,5 = 1,000
+    # discrete (FSQ) for the autoregressive family: CPU 4x8x8 with 4 channels 4,4,4,4 = 256
     # ids; Cosmos-like DV4x8x8 / DV8x16x16 with 6 channels 8,8,8,5,5,5 = 64,000 ids (6 does not
-    # divide the bottleneck width, so no latent shortcut)
-    "tok-tiny-discrete": {"fsq_levels": (8, 5, 5, 5), **FSQ_L2},
+    # divide the bottleneck width, so no latent shortcut). The CPU grid: against 8,5,5,5 =
+    # 1,000 ids on the demo sample, the same PSNR (21.5 dB) and ar-tiny's prompt direction
+    # 42% -> 72% (each id is seen ~4x as often, so the object's small shifts are learnt)
+    "tok-tiny-discrete": {"fsq_levels": TINY_FSQ_LEVELS, **FSQ_L2},
     "tok-dv4x8x8": {**_DISCRETE, "channel_mult": (1, 2, 4), "fsq_levels": _FSQ_64K},
     "tok-dv8x16x16": {
         **_DISCRETE,

@@ -162,8 +162,8 @@ def test_video_prompt_is_encoded_with_the_tokenizer(ar_run, tmp_path):
     from vfm_core.video.transcode import encode_h264
 
     torch.manual_seed(1)
-    tok = CausalVideoAutoencoder(TokenizerConfig(base_channels=8, fsq_levels=(8, 5, 5, 5)))
-    tok_dir = save_tokenizer(tok, tmp_path / "tok").parent  # 1000 ids: the run's vocabulary
+    tok = CausalVideoAutoencoder(TokenizerConfig(base_channels=8, fsq_levels=(4, 4, 4, 4)))
+    tok_dir = save_tokenizer(tok, tmp_path / "tok").parent  # 256 ids: the run's vocabulary
     frames = np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
     encode_h264(frames, tmp_path / "clip.mp4", fps=8)
     req = GenerateRequest(
@@ -199,7 +199,7 @@ def _bad(tmp_path, name: str, data) -> str:
         (lambda p: _bad(p, "junk.npy", b"not an npy"), [], "not a readable .npy"),
         (lambda p: _bad(p, "f.npy", np.zeros((3, 4, 4), np.float32)), [], "integer token ids"),
         (lambda p: _bad(p, "g.npy", np.zeros((3, 8, 8), np.int32)), [], "use --size 64x64"),
-        (lambda p: _bad(p, "v.npy", np.full((3, 4, 4), 1000, np.int32)), [], "[0, 1000)"),
+        (lambda p: _bad(p, "v.npy", np.full((3, 4, 4), 256, np.int32)), [], "[0, 256)"),
         (
             lambda p: _bad(p, "s.npy", np.zeros((1, 4, 4), np.int32)),
             ["--prompt-frames", "2"],

@@ -22,13 +22,13 @@ from vfm_core.train.main import run_training
 def test_encoded_shards_hold_token_ids(token_shards):
     root, _ = token_shards
     index = read_index(str(root / "dst"))
-    assert index.meta["latents"]["fsq_levels"] == [8, 5, 5, 5]
+    assert index.meta["latents"]["fsq_levels"] == [4, 4, 4, 4]
     name = index.shards.iloc[0]["name"]
     with tarfile.open(root / "dst" / name) as tar:
         member = next(m for m in tar if m.name.endswith(".tokens.npy"))
         ids = np.load(io.BytesIO(tar.extractfile(member).read()), allow_pickle=False)
     assert ids.dtype == np.int32 and ids.shape == (3, 8, 8)
-    assert ids.min() >= 0 and ids.max() < 1000
+    assert ids.min() >= 0 and ids.max() < 256
 
 
 def test_ar_tiny_trains_from_token_shards(token_shards, tmp_path):

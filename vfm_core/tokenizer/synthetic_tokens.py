@@ -16,8 +16,9 @@ from vfm_core.data.samples import TrainBatch
 from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.tokenizer.fsq import FSQ
 
-# FSQ levels by vocabulary: the FSQ paper's recommended grids
+# FSQ levels by vocabulary: the FSQ paper's recommended grids, and tok-tiny-discrete's 4^4
 LEVELS_BY_VOCAB = {
+    256: (4, 4, 4, 4),
     1000: (8, 5, 5, 5),
     4375: (7, 5, 5, 5, 5),
     15360: (8, 8, 8, 6, 5),
