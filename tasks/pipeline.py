@@ -12,7 +12,6 @@ the same key answers from the cache (task state ``Cached``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,7 +140,7 @@ def tokenizer_geometry(tokenizer: str) -> dict[str, int]:
         "temporal_factor": cfg.temporal_factor,
         "spatial_factor": cfg.spatial_factor,
         "latent_channels": cfg.latent_channels,
-        "vocab_size": math.prod(cfg.fsq_levels) if cfg.fsq_levels else 0,
+        "vocab_size": cfg.vocab_size,
     }
 
 

@@ -7,6 +7,7 @@ there and in :mod:`vfm_core.cli_sizing`.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from vfm_core.cli_types import int_at_least
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const=",".join(map(str, TINY_FSQ_LEVELS)),
         metavar="LEVELS",
-        help="discrete tokens: FSQ levels per channel (default 4,4,4,4 = 256 ids, ar-tiny's "
+        help="discrete tokens: FSQ levels per channel (default "
+        f"{','.join(map(str, TINY_FSQ_LEVELS))} = {math.prod(TINY_FSQ_LEVELS)} ids, ar-tiny's "
         "vocabulary; 8,5,5,5 = 1000)",
     )
 

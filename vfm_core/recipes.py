@@ -7,6 +7,7 @@ Build them with ``build_model(cfg.model, device="meta")`` to count parameters wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from vfm_core.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig
@@ -39,6 +40,8 @@ _TINY_MODEL = dict(
 _AR_MODEL = dict(arch="ar", patch=(1, 1, 1), norm="rms", mlp="swiglu", mlp_ratio=4.0)
 # CPU: 9 frames of 64x64 through a 4x8x8 discrete tokenizer -> 3x8x8 = 192 tokens, 256 ids
 _AR_TINY_DATA = dict(latent_frames=3, latent_height=8, latent_width=8)
+TINY_FSQ_LEVELS = (4, 4, 4, 4)
+"""FSQ levels of the CPU discrete tokenizer (tok-tiny-discrete): 256 ids, ar-tiny's vocabulary."""
 # 33 frames of 640x1024 through an 8x16x16 discrete tokenizer -> 5x40x64 = 12,800 tokens
 _AR_BIG_DATA = dict(batch_size=1, latent_frames=5, latent_height=40, latent_width=64)
 _AR_BIG_MODEL = dict(_AR_MODEL, vocab_size=64000, text_dim=1024, text_len=512, kv_heads=8)
@@ -111,7 +114,7 @@ RECIPES: dict[str, Callable[[], Config]] = {
         "ar-tiny",
         {
             **_AR_MODEL,
-            "vocab_size": 256,  # tok-tiny-discrete's ids
+            "vocab_size": math.prod(TINY_FSQ_LEVELS),  # tok-tiny-discrete's 256 ids
             "hidden": 256,
             "depth": 4,
             "heads": 4,
@@ -151,8 +154,6 @@ _PAPER_SCALE: dict = dict(
     latent_channels=16, patch_t=2, patch_s=2, base_channels=128, num_res_blocks=2, norm_groups=32
 )
 _FSQ_64K = (8, 8, 8, 5, 5, 5)
-TINY_FSQ_LEVELS = (4, 4, 4, 4)
-"""FSQ levels of the CPU discrete tokenizer (tok-tiny-discrete): 256 ids, ar-tiny's vocabulary."""
 FSQ_L2: dict = {"regulariser": "l2", "reg_weight": 1e-3}
 """What a discrete tokenizer trains with: the L2 of its pre-quantisation latent. Without it the
 encoder drives that latent to +-100, where tanh no longer responds and every channel sits on its

@@ -61,3 +61,16 @@ def test_discrete_preset_penalises_the_prequantisation_latent():
     out = model(x)
     assert out.reg.item() == pytest.approx(model.encoder(x).square().mean().item(), rel=1e-5)
     assert out.reg.requires_grad  # it trains the encoder
+
+
+def test_tiny_discrete_tokenizer_matches_ar_tiny_vocabulary():
+    """tok-tiny-discrete's ids are ar-tiny's vocabulary (and the synthetic tokens' grid); a
+    continuous tokenizer has none."""
+    from vfm_core.recipes import get_recipe
+    from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
+
+    tok = get_tokenizer_config("tok-tiny-discrete")
+    model = get_recipe("ar-tiny").model
+    assert tok.vocab_size == model.vocab_size == 256
+    assert synthetic_levels(model) == tok.fsq_levels
+    assert TokenizerConfig().vocab_size == 0

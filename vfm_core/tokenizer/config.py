@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -152,6 +153,11 @@ class TokenizerConfig:
     def num_stages(self) -> int:
         """Conv stages: each down-samples in space and/or time (the first ones do both)."""
         return max(self.spatial_down_stages, self.temporal_down_stages)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids of a discrete tokenizer, prod(fsq_levels); 0 for continuous latents."""
+        return math.prod(self.fsq_levels) if self.fsq_levels else 0
 
     @property
     def compression(self) -> tuple[int, int, int]:

@@ -9,16 +9,18 @@ The FSQ levels have one entry per latent channel and multiply to ``model.vocab_s
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from vfm_core.config import ConfigError, DataConfig, ModelConfig
 from vfm_core.data.samples import TrainBatch
 from vfm_core.data.synthetic_latents import SyntheticLatents
+from vfm_core.recipes import TINY_FSQ_LEVELS
 from vfm_core.tokenizer.fsq import FSQ
 
-# FSQ levels by vocabulary: the FSQ paper's recommended grids, and tok-tiny-discrete's 4^4
+# FSQ levels by vocabulary: the FSQ paper's recommended grids, and tok-tiny-discrete's (ar-tiny)
 LEVELS_BY_VOCAB = {
-    256: (4, 4, 4, 4),
+    math.prod(TINY_FSQ_LEVELS): TINY_FSQ_LEVELS,
     1000: (8, 5, 5, 5),
     4375: (7, 5, 5, 5, 5),
     15360: (8, 8, 8, 6, 5),
