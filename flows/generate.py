@@ -42,6 +42,10 @@ class GenerateParams(BaseModel):
     seed: int = Field(0, ge=0, description="noise seed (prompt i uses seed + i)")
     steps: int | None = Field(None, ge=1, le=1000, description="sampler steps (None: config)")
     guidance: float | None = Field(None, ge=0, le=30, description="classifier-free guidance")
+    temperature: float = Field(
+        1.0, ge=0, le=10, description="autoregressive: token draws' temperature (0 = greedy)"
+    )
+    top_k: int = Field(0, ge=0, description="autoregressive: draw from the k likeliest (0 = all)")
     tokenizer: str | None = Field(None, description="tokenizer dir (None: the run's)")
     nproc: int = Field(1, ge=1, le=64, description="context-parallel ranks per video")
     out_dir: str = Field("", description="where videos go ('' = data/generated/RUN_NAME)")
@@ -102,6 +106,8 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
                 seed=params.seed + i,
                 steps=params.steps,
                 guidance=params.guidance,
+                temperature=params.temperature,
+                top_k=params.top_k,
                 tokenizer=params.tokenizer,
                 nproc=params.nproc,
             )
@@ -130,6 +136,8 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
                 samples=params.eval_samples,
                 contact_sheet=prompt_sheet,
                 prompts=params.eval_prompts,
+                temperature=params.temperature,
+                top_k=params.top_k,
             )
             if not Path(prompt_sheet).is_file():  # no vocabulary clips (no tokenizer or captions)
                 prompt_sheet = None

@@ -97,6 +97,11 @@ class PipelineParams(BaseModel):
         description="one generated video per prompt ([] = no generation)",
     )
     generate_steps: int = Field(24, ge=1, le=1000, description="sampler steps per video")
+    top_k: int = Field(
+        0,
+        ge=0,
+        description="autoregressive: videos and evaluation draw from the k likeliest tokens",
+    )
     eval_prompts: int = Field(
         40,
         ge=0,
@@ -368,6 +373,7 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
             experiment=p.experiment,
             eval_samples=p.eval_samples,
             eval_prompts=p.eval_prompts,
+            top_k=p.top_k,
         )
         out["generate"] = stages.run(
             "generate", generate_stage, generate.out_dir, params=generate, parent_run_id=parent

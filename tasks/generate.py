@@ -27,6 +27,8 @@ def generate_video(
     seed: int,
     steps: int | None = None,
     guidance: float | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
     tokenizer: str | None = None,
     nproc: int = 1,
 ) -> dict[str, Any]:
@@ -53,6 +55,8 @@ def generate_video(
             seed=seed,
             steps=steps,
             guidance=guidance,
+            temperature=temperature,
+            top_k=top_k,
             progress=False,  # no redraws in the flow run's log
         )
         logger.info("generating %r -> %s on %d rank(s)", prompt, out, nproc)
@@ -79,9 +83,12 @@ def evaluate_checkpoint(
     steps: int = 12,
     contact_sheet: str = "",
     prompts: int = 40,
+    temperature: float = 1.0,
+    top_k: int = 0,
 ) -> dict[str, float]:
     """Held-out EDM loss at fixed sigmas, Fréchet distance and prompt following of the vocabulary
-    prompts (vfm_core.infer.evaluate), with a contact sheet of those clips at ``contact_sheet``."""
+    prompts (vfm_core.infer.evaluate), with a contact sheet of those clips at ``contact_sheet``;
+    the autoregressive family draws its clips' tokens with ``temperature`` and ``top_k``."""
     from vfm_core.infer.evaluate import EvalConfig, evaluate
 
     ec = EvalConfig(
@@ -91,6 +98,8 @@ def evaluate_checkpoint(
         batch=min(8, samples),
         contact_sheet=contact_sheet,
         prompt_following=prompts,
+        temperature=temperature,
+        top_k=top_k,
     )
     return evaluate(checkpoint, tokenizer=tokenizer, config=ec)
 

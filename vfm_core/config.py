@@ -165,6 +165,10 @@ class DataConfig:
     """Latent width W per sample."""
     num_captions: int = 8
     """Synthetic source: number of distinct captions / motion classes."""
+    clip_start: Literal["first", "random"] = "first"
+    """Shards: which frames of a clip longer than a sample a draw trains on: its first frames, or
+    a window whose start is drawn from (seed, loader position): another window of the clip each
+    epoch, the same ones after a resume."""
     seed: int = 0
     """Seed of the data stream (independent of the model seed)."""
     shards: str = ""

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from datagen import hash_embed
 
 from vfm_core.config import ConfigError, apply_overrides
@@ -58,6 +59,21 @@ def test_source_reads_latents_with_the_configured_shape(latent_shards):
     np.testing.assert_array_equal(b.latents[0].numpy(), lat[k][:, :2, 1:5, 1:5])  # centre crop
     assert b.text[0, 1:].abs().sum() == 0  # one pooled caption vector, zero padded to text_len
     assert src.data_wait_s > 0
+
+
+def test_random_clip_start_draws_windows_of_the_clip_repeatably(latent_shards):
+    out, lat = latent_shards
+    cfg = config(out, "data.clip_start=random")
+    a, b = ShardLatentSource(cfg.data, cfg.model), ShardLatentSource(cfg.data, cfg.model)
+    starts = []
+    for _ in range(6):
+        ba, bb = a.next_batch(), b.next_batch()
+        assert torch.equal(ba.latents, bb.latents)  # (seed, position) -> the same windows
+        for k, z in zip(ba.keys, ba.latents.numpy()):
+            fits = [t0 for t0 in range(2) if np.array_equal(z, lat[k][:, t0 : t0 + 2, 1:5, 1:5])]
+            assert len(fits) == 1, k  # a window of 2 of the clip's 3 latent frames
+            starts += fits
+    assert set(starts) == {0, 1}  # both windows drawn, not only the first frames
 
 
 def test_trainer_runs_from_latent_shards_and_resumes_exactly(latent_shards, tmp_path):

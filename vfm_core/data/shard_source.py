@@ -4,7 +4,8 @@
 Stage order of :meth:`ShardLatentSource.next_batch`: loader step (one bucket = the configured
 training shape, so every sample of a batch has it; smaller samples are skipped for every rank alike)
 → per sample: ``latent.npy`` cropped to (T, H, W) when the shard has latents, else the decoded
-clip's first frames, centre-cropped, to [-1, 1] and encoded with the tokenizer → caption embedding
+clip's first frames (``data.clip_start='random'``: a window drawn from (seed, position), in
+either case), centre-cropped, to [-1, 1] and encoded with the tokenizer → caption embedding
 padded / cut to ``model.text_len`` → :class:`~vfm_core.data.samples.TrainBatch`. Time spent waiting
 for data is accumulated in ``data_wait_s`` (the trainer logs its fraction of each step).
 
@@ -246,6 +247,14 @@ class ShardLatentSource:
                 f"{where}; set data.max_tokens >= {most}"
             )
 
+    def _window(self, s: Sample, have: int, need: int) -> int:
+        """First frame of the ``need`` frames (pixel or latent) a draw trains on out of the clip's
+        ``have``: 0, or with ``data.clip_start='random'`` a start drawn from (seed, position)."""
+        if self.data.clip_start == "first" or have <= need:
+            return 0
+        rng = np.random.default_rng((self.data.seed, s.position, 0x57A7))
+        return int(rng.integers(have - need + 1))
+
     def _packed_latent(self, s: Sample) -> torch.Tensor:
         """The sample at its native size, cropped to its token grid times the patch."""
         pt, ph, pw = self.model.patch
@@ -257,15 +266,19 @@ class ShardLatentSource:
                     f"{s.key}: latent {s.latent.shape} does not fit model.in_channels="
                     f"{self.model.in_channels} and the patch {tuple(self.model.patch)}"
                 )
-            lat = _crop(s.latent[:, :t], (h, w), (2, 3))
+            t0 = self._window(s, lt, t)
+            lat = _crop(s.latent[:, t0 : t0 + t], (h, w), (2, 3))
             return torch.from_numpy(np.ascontiguousarray(lat))  # (C, t, h, w)
         if self.tokenizer is None:
             raise ConfigError(
                 f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
             )
         assert s.frames is not None
+        n = 1 + self.ct * (t - 1)
         z = self.tokenizer.encode_frames(  # (C, t, h, w) normalised
-            s.frames, size=(h * self.cs, w * self.cs), num_frames=1 + self.ct * (t - 1)
+            s.frames[self._window(s, len(s.frames), n) :],
+            size=(h * self.cs, w * self.cs),
+            num_frames=n,
         ).cpu()
         if tuple(z.shape[1:]) != (t, h, w):
             raise ConfigError(
@@ -321,14 +334,17 @@ class ShardLatentSource:
                     f"{s.key}: latent {s.latent.shape} does not fit {self.channels} latent "
                     f"channels and data.latent_frames={d.latent_frames}"
                 )
-            lat = _crop(s.latent[:, : d.latent_frames], (d.latent_height, d.latent_width), (2, 3))
+            t0 = self._window(s, t, d.latent_frames)
+            lat = s.latent[:, t0 : t0 + d.latent_frames]
+            lat = _crop(lat, (d.latent_height, d.latent_width), (2, 3))
             return torch.from_numpy(np.ascontiguousarray(lat))  # (C, T, H, W)
         if self.tokenizer is None:
             raise ConfigError(
                 f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
             )
         assert s.frames is not None
-        frames = np.ascontiguousarray(s.frames)  # (F, H, W, 3) uint8
+        f0 = self._window(s, len(s.frames), self.frames)
+        frames = np.ascontiguousarray(s.frames[f0:])  # (F, H, W, 3) uint8
         z = self.tokenizer.encode_frames(frames, size=self.pixels, num_frames=self.frames)
         return z.cpu()  # (C, T, h, w) normalised
 

@@ -166,6 +166,8 @@ def _grid_excess(y: np.ndarray, axis: int) -> np.ndarray:
     for o in range(BLOCK):
         j = np.arange(o, n - 1, BLOCK)
         j = j[j >= 1]
+        if j.size == 0:  # no line of this offset has lines on both sides (a short side)
+            continue
         excess = seg[j] - (seg[j - 1] + seg[j + 1]) / 2  # (len(j), m/8)
         out[o] = np.clip(excess, 0.0, _EXCESS_CAP).mean()
     return out
