@@ -141,14 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--frames", type=int_at_least("--frames"), default=5, help="1 + 4k frames")
     tt.add_argument("--size", type=int_at_least("--size"), default=32, help="square crop, pixels")
     tt.add_argument("--seed", type=int_at_least("--seed"), default=0)
+    tiny_levels = ",".join(map(str, TINY_FSQ_LEVELS))
     tt.add_argument(
         "--discrete",
         nargs="?",
-        const=",".join(map(str, TINY_FSQ_LEVELS)),
+        const=tiny_levels,
         metavar="LEVELS",
-        help="discrete tokens: FSQ levels per channel (default "
-        f"{','.join(map(str, TINY_FSQ_LEVELS))} = {math.prod(TINY_FSQ_LEVELS)} ids, ar-tiny's "
-        "vocabulary; 8,5,5,5 = 1000)",
+        help=f"discrete tokens: FSQ levels per channel (default {tiny_levels} = "
+        f"{math.prod(TINY_FSQ_LEVELS)} ids, ar-tiny's vocabulary; 8,5,5,5 = 1000)",
     )
 
     sp = sub.add_parser("sample", help="write the built-in captioned sample videos")
