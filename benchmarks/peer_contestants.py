@@ -168,7 +168,16 @@ def plain_contestants(
     return out
 
 
+MATCHED = ["model.text_conditioning=pooled", "model.qk_norm=false"]
+"""vfm's overrides for the configuration the peers have: the caption as one pooled vector (their
+class label / nothing: no cross-attention) and no per-head QK norm. What stays vfm's own: 3D
+RoPE, the absolute-position features of the recipe, RMSNorm + SwiGLU (AR)."""
+
+
 def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) -> list:
+    """vfm's DiT as its recipe has it (dit-tiny: text cross-attention over ``model.text_len``
+    tokens, QK-norm, AdaLN-LoRA) and ``matched`` to the peer (:data:`MATCHED`, AdaLN-Zero), each
+    in a plain loop and through vfm's trainer; the peer in its plain loop."""
     from vfm_core.config import apply_overrides
     from vfm_core.models.dit import build_model
     from vfm_core.recipes import get_recipe
@@ -181,29 +190,33 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
         "data.latent_height=32 data.latent_width=32 train.ema_decay=0 train.device=cpu "
         "tracking.mlflow=false"
     )
-    cfg = apply_overrides(get_recipe("dit-tiny"), over.split())
-    cfg_c = apply_overrides(cfg, ["train.compile=on"])
-    m, tokens = cfg.model, b * 16 * 16
+    recipe = apply_overrides(get_recipe("dit-tiny"), over.split())
+    matched = apply_overrides(recipe, [*MATCHED, "model.adaln=zero"])
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(b, 4, 1, 32, 32, generator=g)  # (B, C, T, H, W)
-    c_noise, text = torch.randn(b, generator=g), torch.randn(b, m.text_len, m.text_dim, generator=g)
-    target = torch.randn(b, 4, 1, 32, 32, generator=g)
-    out = plain_contestants(
-        "vfm DiT plain",
-        lambda: build_model(m),
-        lambda model: model(x, c_noise, text),
-        lambda o: F.mse_loss(o, target),
-        tokens,
-        args.compile,
-    )
-    trainer = Trainer(cfg)
-    batch = trainer.source.next_batch()  # the same batch every step, as the plain loops
-    trainers = [("vfm DiT trainer", trainer)]
-    if args.compile:
-        trainers.append(("vfm DiT trainer compiled", Trainer(cfg_c)))
-    for name, tr in trainers:
-        step = functools.partial(tr.train_step, batch)
-        out.append(Contestant(name=name, step=step, units=tokens))
+    tokens = b * 16 * 16
+    out = []
+    for label, cfg in (("", recipe), (" matched", matched)):
+        m = cfg.model
+        x = torch.randn(b, 4, 1, 32, 32, generator=g)  # (B, C, T, H, W)
+        c_noise = torch.randn(b, generator=g)
+        text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
+        target = torch.randn(b, 4, 1, 32, 32, generator=g)
+        out += plain_contestants(
+            f"vfm DiT plain{label}",
+            functools.partial(build_model, m),
+            lambda model, x=x, c=c_noise, t=text: model(x, c, t),
+            lambda o, target=target: F.mse_loss(o, target),
+            tokens,
+            args.compile,
+        )
+        trainers = [(f"vfm DiT trainer{label}", Trainer(cfg))]
+        if args.compile:
+            cfg_c = apply_overrides(cfg, ["train.compile=on"])
+            trainers.append((f"vfm DiT trainer{label} compiled", Trainer(cfg_c)))
+        batch = trainers[0][1].source.next_batch()  # the same batch every step, as the loops
+        for name, tr in trainers:
+            step = functools.partial(tr.train_step, batch)
+            out.append(Contestant(name=name, step=step, units=tokens))
     if dit_mod is not None:
         peer = dit_mod.DiT(
             input_size=32,
@@ -233,15 +246,21 @@ AR_BATCH, AR_GRID = 4, (3, 8, 8)
 """The autoregressive rows' batch and token grid: 192 tokens per sample."""
 
 
-def ar_model_config(args: argparse.Namespace):
+def ar_model_config(args: argparse.Namespace, *, matched: bool = False):
     """vfm's causal video transformer at the peer's size: ar-tiny with width W, depth 4, W/64
-    heads (kv_heads = heads: multi-head like nanoGPT), vocabulary 1000."""
+    heads (kv_heads = heads: multi-head like nanoGPT), vocabulary 1000; ``matched``: with
+    :data:`MATCHED` (nanoGPT has no text and no QK norm) and nanoGPT's exact-GELU MLP and
+    LayerNorm (ar-tiny: SwiGLU, RMSNorm)."""
     from vfm_core.config import apply_overrides
     from vfm_core.recipes import get_recipe
 
     w, heads = args.width, args.width // 64
     over = [f"model.hidden={w}", "model.depth=4", f"model.heads={heads}", f"model.kv_heads={heads}"]
-    return apply_overrides(get_recipe("ar-tiny"), over + ["model.vocab_size=1000"]).model
+    over += [
+        "model.vocab_size=1000",
+        *([*MATCHED, "model.mlp=gelu_exact", "model.norm=layer"] if matched else []),
+    ]
+    return apply_overrides(get_recipe("ar-tiny"), over).model
 
 
 def nanogpt(args: argparse.Namespace, gpt_mod: types.ModuleType, n: int, vocab: int) -> nn.Module:
@@ -263,18 +282,23 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
     from vfm_core.models.ar import next_token_loss
     from vfm_core.models.dit import build_model
 
-    m, b, grid = ar_model_config(args), AR_BATCH, AR_GRID
+    b, grid = AR_BATCH, AR_GRID
     n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
-    ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g)  # (B, T, H, W)
-    text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
-    out = plain_contestants(
-        "vfm AR plain",
-        lambda: build_model(m),
-        lambda model: model(ids, text),
-        lambda o: next_token_loss(o, ids.flatten(1)),
-        b * n,
-        args.compile,
-    )
+    out = []
+    for label, m in (
+        ("", ar_model_config(args)),
+        (" matched", ar_model_config(args, matched=True)),
+    ):
+        ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g)  # (B, T, H, W)
+        text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
+        out += plain_contestants(
+            f"vfm AR plain{label}",
+            functools.partial(build_model, m),
+            lambda model, ids=ids, text=text: model(ids, text),
+            lambda o, ids=ids: next_token_loss(o, ids.flatten(1)),
+            b * n,
+            args.compile,
+        )
     gpt = nanogpt(args, gpt_mod, n, m.vocab_size)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
         opt = gpt.configure_optimizers(

@@ -15,13 +15,19 @@ comparison whose checkout is not given is skipped with one line.
 
 1. DiT, plain loop (zero_grad, forward, MSE against a random target, backward, AdamW step;
    batch 8 of 4x32x32 latents, patch 2 -> 256 tokens/sample, depth 4, width W, W/64 heads):
-   vfm's DiT (recipe dit-tiny: text cross-attention over ``model.text_len`` tokens, QK-norm,
-   3D RoPE, AdaLN-LoRA) vs facebookresearch/DiT ``DiT`` (class labels, AdaLN-Zero).
-2. The same model through vfm's ``Trainer.train_step`` (EDM objective, clipping, schedule) vs
-   the peer's plain loop, and vfm's trainer vs vfm's plain loop.
+   vfm's DiT vs facebookresearch/DiT ``DiT`` (class labels, AdaLN-Zero), twice: as its recipe
+   has it (``recipe``: dit-tiny, text cross-attention over ``model.text_len`` tokens, QK-norm,
+   3D RoPE, AdaLN-LoRA: ~16% more FLOPs per token than the peer) and at the peer's
+   configuration (``matched``: ``model.text_conditioning=pooled`` — the caption's mean token
+   added to the timestep embedding as DiT adds its class embedding —, no QK norm, AdaLN-Zero;
+   3D RoPE stays).
+2. The same models through vfm's ``Trainer.train_step`` (EDM objective, clipping, schedule): the
+   matched trainer vs the peer's plain loop, and vfm's trainer vs vfm's plain loop.
 3. Autoregressive: vfm's causal video transformer (recipe ar-tiny with kv_heads = heads, i.e.
    multi-head like the peer; grid 3x8x8 = 192 tokens, vocab 1000, batch 4, next-token loss)
-   vs karpathy/nanoGPT ``GPT`` with its own loss and ``configure_optimizers``.
+   vs karpathy/nanoGPT ``GPT`` with its own loss and ``configure_optimizers``; ``recipe``
+   (cross-attention to the caption, QK norm) and ``matched`` (pooled caption, no QK norm;
+   nanoGPT has no text at all).
 4. Loader, decode on, batches of 8 over the same tars (``--clips`` synthetic H.264 clips made
    by ``benchmarks/loader.py``'s ``make_dataset``): vfm's shard loader (checksums on, its
    defaults) with 0 reader threads (its default) and with 2 vs ``webdataset.WebDataset`` +
@@ -243,41 +249,38 @@ def main() -> int:
             skip("DiT vs facebookresearch/DiT (no --dit-repo); vfm trainer vs plain loop only")
         res = measure(dit_contestants(args, dit), args, args.steps, model=True)
         out["contestants"].update(res)
-        if dit is not None:
-            out["rows"].append(
-                compare("DiT plain loop", "vfm DiT plain", "facebookresearch/DiT", res)
-            )
-            out["rows"].append(
-                compare("DiT trainer vs peer loop", "vfm DiT trainer", "facebookresearch/DiT", res)
-            )
-        out["rows"].append(compare("vfm trainer / plain", "vfm DiT trainer", "vfm DiT plain", res))
-        if args.compile:
-            c_rows = [("vfm trainer / plain, compiled", "vfm DiT trainer", "vfm DiT plain")]
-            if dit is not None:
-                c_rows = [
-                    ("DiT plain loop, compiled", "vfm DiT plain", "facebookresearch/DiT"),
-                    (
-                        "DiT trainer vs peer loop, compiled",
-                        "vfm DiT trainer",
-                        "facebookresearch/DiT",
-                    ),
-                    *c_rows,
-                ]
-            for label, a, b in c_rows:
-                b = b + " compiled" if b.startswith("vfm") else b
-                out["rows"].append(compare(label, a + " compiled", b, res))
+        peer = "facebookresearch/DiT"
+        rows = (
+            []
+            if dit is None
+            else [
+                ("DiT plain loop, recipe", "vfm DiT plain", peer),
+                ("DiT plain loop, matched", "vfm DiT plain matched", peer),
+                ("DiT trainer vs peer loop, matched", "vfm DiT trainer matched", peer),
+            ]
+        )
+        rows += [
+            ("vfm trainer / plain, recipe", "vfm DiT trainer", "vfm DiT plain"),
+            ("vfm trainer / plain, matched", "vfm DiT trainer matched", "vfm DiT plain matched"),
+        ]
+        for label, a, b in rows:
+            out["rows"].append(compare(label, a, b, res))
+        for label, a, b in rows if args.compile else ():
+            b = b + " compiled" if b.startswith("vfm") else b
+            out["rows"].append(compare(label + ", compiled", a + " compiled", b, res))
     if "ar" in only:
         if args.nanogpt_repo:
             gpt = load_peer(args.nanogpt_repo, "model.py", "peer_nanogpt_model", "--nanogpt-repo")
             out["config"]["nanogpt_commit"] = commit(args.nanogpt_repo)
             res = measure(ar_contestants(args, gpt), args, args.steps, model=True)
             out["contestants"].update(res)
-            out["rows"].append(compare("AR plain loop", "vfm AR plain", "karpathy/nanoGPT", res))
-            if args.compile:
-                row = compare(
-                    "AR plain loop, compiled", "vfm AR plain compiled", "karpathy/nanoGPT", res
-                )
-                out["rows"].append(row)
+            for label in ("recipe", "matched"):
+                a = "vfm AR plain" + ("" if label == "recipe" else " matched")
+                row = f"AR plain loop, {label}"
+                out["rows"].append(compare(row, a, "karpathy/nanoGPT", res))
+                if args.compile:
+                    row = compare(row + ", compiled", a + " compiled", "karpathy/nanoGPT", res)
+                    out["rows"].append(row)
         else:
             skip("AR vs karpathy/nanoGPT (no --nanogpt-repo)")
     if "loader" in only:

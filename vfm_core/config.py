@@ -52,14 +52,23 @@ class ModelConfig:
     """Key/value heads for grouped-query attention (None = heads, i.e. multi-head attention)."""
     mlp_ratio: float = 4.0
     """MLP hidden width as a multiple of D (for SwiGLU: of the equivalent GELU MLP, times 2/3)."""
-    mlp: Literal["gelu", "swiglu"] = "gelu"
-    """Feed-forward type."""
+    mlp: Literal["gelu", "gelu_exact", "swiglu"] = "gelu"
+    """Feed-forward type: gelu = GELU with the tanh approximation (DiT's), gelu_exact = erf GELU
+    (torch's default, nanoGPT's; on CPU torch's erf kernel is faster), swiglu (Llama; the
+    autoregressive recipes)."""
     norm: Literal["layer", "rms"] = "layer"
-    """Pre-norm type inside blocks."""
+    """Pre-norm type inside blocks (the autoregressive recipes: rms, Llama; layer there is
+    GPT-2's, without bias)."""
     text_dim: int = 384
     """Width of the caption text embeddings fed to cross-attention."""
     text_len: int = 8
     """Number of text tokens per sample."""
+    text_conditioning: Literal["cross", "pooled"] = "cross"
+    """How the caption conditions the model. cross: cross-attention from the video tokens to its
+    tokens in every block. pooled: the mean of its valid tokens, projected to the width, added
+    to the timestep embedding (DiT family, like DiT's class embedding) or to every input token's
+    embedding (ar); no cross-attention, so ~15% fewer FLOPs at small widths, and the matched
+    configuration of class-conditional / unconditional reference models (benchmarks/peers.py)."""
     adaln: Literal["zero", "lora"] = "lora"
     """AdaLN-Zero (full per-block modulation MLP) or AdaLN-LoRA (shared + low-rank)."""
     adaln_lora_rank: int = 64
@@ -92,6 +101,11 @@ class ModelConfig:
     @property
     def n_kv_heads(self) -> int:
         return self.kv_heads or self.heads
+
+    @property
+    def cross_attention(self) -> bool:
+        """Whether every block attends to the caption's tokens (``text_conditioning='cross'``)."""
+        return self.text_conditioning == "cross"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -3,6 +3,8 @@ the full forward, bad token ids are named."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,10 +17,12 @@ CFG = ModelConfig(
 )
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["cross", "pooled"])
+def model(request):
+    """The model with cross-attention to the caption, and with its pooled mean instead."""
     torch.manual_seed(0)
-    return CausalVideoTransformer(CFG).double().eval()
+    cfg = dataclasses.replace(CFG, text_conditioning=request.param)
+    return CausalVideoTransformer(cfg).double().eval()
 
 
 def _inputs(b=2, grid=(2, 3, 4), seed=1):

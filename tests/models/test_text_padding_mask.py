@@ -1,7 +1,8 @@
 """Token-level text conditioning in the unpacked forward: a caption of l tokens zero-padded to any
 ``text_len`` gives the same output as the caption alone (the zero rows are masked in
 cross-attention), for the DiT family and the causal video transformer; an all-zero condition
-(the null caption of runs without a text record) behaves as before (every key kept)."""
+(the null caption of runs without a text record) behaves as before (every key kept). Pooled
+text conditioning averages the same real tokens."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ ARCHS = {
     "stdit": dict(arch="stdit", stdit_full_every=2),
     "llama_dit": dict(arch="llama_dit", norm="rms", mlp="swiglu", kv_heads=2),
     "ar": dict(arch="ar", vocab_size=64, norm="rms", mlp="swiglu", kv_heads=2, patch=(1, 1, 1)),
+    # pooled text conditioning: the mean of the real tokens, no cross-attention
+    "dit_pooled": dict(arch="dit", text_conditioning="pooled"),
+    "ar_pooled": dict(arch="ar", vocab_size=64, patch=(1, 1, 1), text_conditioning="pooled"),
 }
 
 
@@ -36,7 +40,7 @@ def _model(arch: str) -> torch.nn.Module:
 
 def _run(model, arch: str, text: torch.Tensor) -> torch.Tensor:
     g = torch.Generator().manual_seed(3)
-    if arch == "ar":
+    if arch.startswith("ar"):
         ids = torch.randint(0, 64, (text.shape[0], 2, 2, 3), generator=g)  # (B, T, H, W)
         return model(ids, text)
     x = torch.randn(text.shape[0], 4, 2, 4, 4, generator=g, dtype=torch.float64)

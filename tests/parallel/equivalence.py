@@ -28,6 +28,7 @@ ARCHS = {
     "stdit": dict(arch="stdit"),
     "llama_dit": dict(arch="llama_dit", norm="rms", mlp="swiglu", kv_heads=2),
     "dit_zero": dict(arch="dit", adaln="zero"),
+    "dit_pooled": dict(arch="dit", text_conditioning="pooled"),  # no cross-attention
 }
 
 

@@ -48,7 +48,11 @@ FOUR = [
     ("dit-tiny", TP2PP2, ["packs"]),
     ("dit-tiny", dict(pp=2, dp_shard=2), ["data.batch_size=8", "train.grad_accum=2"]),
 ]
-TWO = [("ar-tiny", dict(tp=2), ["tokens"]), ("ar-tiny", dict(cp=2), ["tokens"])]
+TWO = [
+    ("ar-tiny", dict(tp=2), ["tokens"]),
+    ("ar-tiny", dict(cp=2), ["tokens"]),
+    ("ar-tiny", dict(cp=2), ["tokens", "model.text_conditioning=pooled"]),  # the caption's mean
+]
 LAYOUT_ONLY = ("parallel.", "train.grad_accum")
 
 

@@ -70,6 +70,12 @@ def test_balanced_placement_evens_the_work():
 
 
 def _worker_vocab_parallel(rank, world):
+    """Per text conditioning: cross-attention, and the pooled caption on the embedding (cut by
+    sequence parallelism like it, its gradient summed over the ranks)."""
+    return {text: _vocab_parallel_step(world, text) for text in ("cross", "pooled")}
+
+
+def _vocab_parallel_step(world: int, text_conditioning: str) -> dict:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -83,6 +89,7 @@ def _worker_vocab_parallel(rank, world):
         text_dim=8,
         text_len=2,
         patch=(1, 1, 1),
+        text_conditioning=text_conditioning,
     )
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 50, (2, 2, 2, 4), generator=g)
@@ -111,4 +118,5 @@ def _worker_vocab_parallel(rank, world):
 
 def test_vocab_parallel_head_and_loss_equal_one_device():
     for r in run_ranks(_worker_vocab_parallel, 2):
-        assert r["loss"] < 1e-12 and r["grad"] < 1e-10, r
+        for text, e in r.items():
+            assert e["loss"] < 1e-12 and e["grad"] < 1e-10, (text, e)

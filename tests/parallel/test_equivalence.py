@@ -21,6 +21,8 @@ TWO = [
     ("dit", dict(cp=2, dp_shard=1), dict(cp_mode="alltoall")),
     ("stdit", dict(cp=2, dp_shard=1), dict(cp_mode="hybrid")),
     ("stdit", dict(tp=2, dp_shard=1), dict(sequence_parallel=True, activation_checkpointing=True)),
+    ("dit_pooled", dict(tp=2, dp_shard=1), dict(sequence_parallel=True)),
+    ("dit_pooled", dict(cp=2, dp_shard=1), dict(cp_mode="ring")),
 ]
 
 FOUR = [

@@ -12,8 +12,8 @@ from equivalence import pipeline_worker, tiny_model_cfg
 from parallel_harness import run_ranks
 
 from vfm_core.config import ConfigError
-from vfm_core.models.dit import build_model
-from vfm_core.parallel.pipeline import split_stage, stage_blocks
+from vfm_core.models.dit import DiT, build_model
+from vfm_core.parallel.pipeline import replicated, split_stage, stage_blocks
 
 TOL = 1e-9
 PP2 = dict(pp=2, dp_shard=1)
@@ -22,6 +22,7 @@ CASES = [
     ("stdit", PP2, dict(schedule="1f1b", micro=4)),
     ("llama_dit", PP2, dict(schedule="1f1b", micro=2)),
     ("dit", PP2, dict(schedule="interleaved_1f1b", micro=2, virtual=2, depth=4)),
+    ("dit_pooled", PP2, dict(schedule="1f1b", micro=2)),  # the caption's replica per stage
 ]
 
 
@@ -32,9 +33,10 @@ def test_stage_blocks_split_contiguously():
         stage_blocks(2, 3, 0)
 
 
+@pytest.mark.parametrize("text", ["cross", "pooled"])
 @pytest.mark.parametrize("arch", ["dit", "ar"])
-def test_split_stage_keeps_names_and_parts(arch):
-    cfg = tiny_model_cfg("dit", depth=4)
+def test_split_stage_keeps_names_and_parts(arch, text):
+    cfg = tiny_model_cfg("dit", depth=4, text_conditioning=text)
     if arch == "ar":
         cfg = dataclasses.replace(cfg, arch="ar", vocab_size=50, patch=(1, 1, 1))
     model = build_model(cfg, device="meta")
@@ -46,6 +48,11 @@ def test_split_stage_keeps_names_and_parts(arch):
     assert [getattr(p, first) is not None for p in parts] == [True, False, False, False]
     assert [getattr(p, last) is not None for p in parts] == [False, False, False, True]
     assert [list(p.blocks) for p in parts] == [["0"], ["1"], ["2"], ["3"]]
+    # the pooled caption: a replica on every DiT stage (like the timestep MLP), the causal
+    # model's on its first stage (it enters with the embedding)
+    if text == "pooled":
+        on = [p.text_embedder is not None for p in parts]
+        assert on == ([True] * 4 if arch == "dit" else [True, False, False, False])
 
 
 @pytest.mark.slow
@@ -61,4 +68,4 @@ def test_two_stage_pipeline_step_equals_one_process():
         n_params = len(list(build_model(tiny_model_cfg(arch, depth=depth)).parameters()))
         assert len(set(first["names"]) | set(last["names"])) == n_params
         shared = set(first["names"]) & set(last["names"])
-        assert shared and all(n.startswith(("t_embedder.", "adaln_global.")) for n in shared)
+        assert shared and all(n.startswith(replicated(DiT)) for n in shared)

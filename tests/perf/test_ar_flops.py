@@ -13,8 +13,8 @@ from vfm_core.models.ar import CausalVideoTransformer, next_token_loss
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 
 
-@pytest.mark.parametrize("kv_heads", [None, 2])
-def test_ar_train_flops_match_flop_counter(kv_heads):
+@pytest.mark.parametrize("kv_heads,text", [(None, "cross"), (2, "cross"), (None, "pooled")])
+def test_ar_train_flops_match_flop_counter(kv_heads, text):
     cfg = ModelConfig(
         arch="ar",
         vocab_size=300,
@@ -24,6 +24,7 @@ def test_ar_train_flops_match_flop_counter(kv_heads):
         kv_heads=kv_heads,
         text_dim=32,
         text_len=5,
+        text_conditioning=text,
     )
     torch.manual_seed(0)
     model = CausalVideoTransformer(cfg)

@@ -38,6 +38,7 @@ ARCHS = {
     "stdit-full2": {"arch": "stdit", "stdit_full_every": 2},  # block 1 uses full attention
     "llama_dit-gqa": {"arch": "llama_dit", "mlp": "swiglu", "norm": "rms", "kv_heads": 2},
     "dit-abs_pos": {"arch": "dit", "abs_pos": 12},  # position features into the patch embedding
+    "dit-pooled": {"arch": "dit", "text_conditioning": "pooled"},  # no cross-attention
 }
 # (batch, latent (T, H, W), patch)
 SHAPES = [
@@ -100,6 +101,8 @@ def component(module_name: str) -> str | None:
         return "patch_embed"
     if head == "t_embedder":
         return "timestep_embed" if len(parts) == 3 else None  # DiT.t_embedder.mlp.{0,2}
+    if head == "text_embedder":
+        return "text_embed" if len(parts) == 2 else None  # DiT.text_embedder.proj
     if head == "adaln_global":
         return "adaln" if len(parts) == 2 else None
     if head == "final":

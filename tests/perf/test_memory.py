@@ -44,6 +44,7 @@ CASES = {
         "llama-dit-tiny",
         {"hidden": 640, "heads": 10, "kv_heads": 2, "depth": 2, "qk_norm": False},
     ),
+    "dit-pooled": ("dit-tiny", {"text_conditioning": "pooled"}),  # no cross-attention
 }
 
 
@@ -98,6 +99,14 @@ def test_measure_counts_each_storage_once():
 @pytest.mark.parametrize("name", list(CASES))
 def test_param_count_matches_module(name):
     cfg = _cfg(name)
+    assert param_count(cfg) == count_params(build_model(cfg, device="meta"))
+
+
+@pytest.mark.parametrize(
+    "over", [{}, {"text_conditioning": "pooled"}, {"text_conditioning": "pooled", "mlp": "gelu"}]
+)
+def test_param_count_matches_module_ar(over):
+    cfg = dataclasses.replace(get_recipe("ar-tiny").model, **over)
     assert param_count(cfg) == count_params(build_model(cfg, device="meta"))
 
 

@@ -38,10 +38,21 @@ def test_tiny_dit_row_against_the_reference_checkout():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout[r.stdout.index("{") :])
     rows = {row["row"]: row for row in out["rows"]}
-    assert set(rows) == {"DiT plain loop", "DiT trainer vs peer loop", "vfm trainer / plain"}
-    peer = out["contestants"]["facebookresearch/DiT"]
+    assert set(rows) == {
+        "DiT plain loop, recipe",
+        "DiT plain loop, matched",
+        "DiT trainer vs peer loop, matched",
+        "vfm trainer / plain, recipe",
+        "vfm trainer / plain, matched",
+    }
+    c = out["contestants"]
+    peer = c["facebookresearch/DiT"]
     # forward + backward of 4 blocks of 18 D^2 weights at D = 64: 6 * 295k = 1.8 MFLOP per token
     assert 1.5e6 < peer["flops_per_unit"] < 3e6 and peer["rate"] > 0
+    # matched: the peer's work per token (no cross-attention), the recipe's cross-attention more
+    matched, recipe = c["vfm DiT plain matched"], c["vfm DiT plain"]
+    assert abs(matched["flops_per_unit"] / peer["flops_per_unit"] - 1) < 0.05
+    assert recipe["flops_per_unit"] > 1.1 * matched["flops_per_unit"]
     for row in rows.values():
         assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
     assert len(peer["top_ops"]) == 5 and all(o["op"].startswith("aten::") for o in peer["top_ops"])

@@ -68,7 +68,6 @@ import torch
 
 from vfm_core.config import ModelConfig
 from vfm_core.infer.shapes import GenerateError, LatentPlan
-from vfm_core.models.layers import swiglu_width
 from vfm_core.tokenizer.config import TokenizerConfig
 
 __all__ = [
@@ -225,15 +224,11 @@ def _decoding(plan: LatentPlan, tok: TokenizerConfig | None) -> tuple[dict[str, 
     return phases, flops
 
 
-def _mlp_width(model: ModelConfig) -> int:
-    if model.mlp == "swiglu" or model.arch == "ar":
-        return swiglu_width(model.hidden, model.mlp_ratio)
-    return int(model.hidden * model.mlp_ratio)
-
-
 def _block_bytes(model: ModelConfig, rows: float, b: int) -> float:
     """One block's live tensors for ``rows`` token rows (see the module docstring)."""
-    mlp = _mlp_width(model)
+    from vfm_core.perf.memory import mlp_width
+
+    mlp = mlp_width(model)
     return rows * (14 * model.hidden + 3 * mlp) * b
 
 

@@ -6,6 +6,12 @@ Block anatomy (pre-norm, plain residuals; Llama / Cosmos-AR):
     x = x + CrossAttn(rms(x), text)          # queries: video tokens, keys/values: caption tokens
     x = x + SwiGLU(rms(x))
 
+The recipes' choices; ``model.mlp=gelu`` and ``model.norm=layer`` give GPT-2's GELU MLP and
+LayerNorm instead (the configuration of nanoGPT, benchmarks/peers.py).
+
+With ``model.text_conditioning='pooled'`` the block has no cross-attention: the caption's mean
+token, projected, is added to every input token's embedding.
+
 The video's tokens (T, H, W) are read in raster order. Input position i holds the token before
 it (a BOS id at i = 0) and carries the RoPE angles of the (t, h, w) cell it predicts, so every
 query knows which cell comes next. Single-device code: the parallel engine applies TP/SP, CP,
@@ -22,7 +28,7 @@ from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid, PackLayout, ShapeError, per_sample_mean, rope_angles
 from vfm_core.models.attention import Attention, KVCache
 from vfm_core.models.init import Init, linear_rule
-from vfm_core.models.layers import RMSNorm, SwiGLU, rope_3d
+from vfm_core.models.layers import PooledTextEmbedder, make_mlp, make_norm, rope_3d
 from vfm_core.models.packed import TokenPack, token_pack
 
 
@@ -31,12 +37,18 @@ class ARBlock(nn.Module):
         super().__init__()
         d, eps = cfg.hidden, cfg.norm_eps
         attn = dict(kv_heads=cfg.kv_heads, qk_norm=cfg.qk_norm, eps=eps)
-        self.norms = nn.ModuleList(RMSNorm(d, eps=eps) for _ in range(3))
+        self.norms = nn.ModuleList(
+            make_norm(cfg.norm, d, eps, affine=True) for _ in range(3 if cfg.cross_attention else 2)
+        )
         # one causal pass; a list like the DiT block's passes, so the TP plan serves both
         self.layouts = ("causal",)
         self.self_attn = nn.ModuleList([Attention(d, cfg.heads, **attn)])
-        self.cross_attn = Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
-        self.mlp = SwiGLU(d, cfg.mlp_ratio)
+        self.cross_attn = (
+            Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
+            if cfg.cross_attention
+            else None
+        )
+        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio)
 
     def forward(
         self,
@@ -51,8 +63,9 @@ class ARBlock(nn.Module):
         mask = pack.cross_mask if pack is not None else None  # (N, S*L) own caption only
         h = self.norms[0](x)
         x = x + self.self_attn[0](h, rope=rope, causal=True, cache=cache, sample_ids=ids)
-        x = x + self.cross_attn(self.norms[1](x), context=text, mask=mask)
-        return x + self.mlp(self.norms[2](x))  # (B, N, D)
+        if self.cross_attn is not None:
+            x = x + self.cross_attn(self.norms[1](x), context=text, mask=mask)
+        return x + self.mlp(self.norms[-1](x))  # (B, N, D)
 
 
 class CausalVideoTransformer(nn.Module):
@@ -60,10 +73,12 @@ class CausalVideoTransformer(nn.Module):
     stage is this module without the parts other stages own (as :class:`~vfm_core.models.dit.
     DiT`)."""
 
-    STAGE_FIRST = ("embed", "pos_embed")
+    STAGE_FIRST = ("embed", "pos_embed", "text_embedder")
     """Modules only the first pipeline stage keeps."""
     STAGE_LAST = ("norm", "head")
     """Modules only the last pipeline stage keeps."""
+    STAGE_ALL = ()
+    """Nothing is replicated over the stages (the caption enters with the embedding)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -77,8 +92,12 @@ class CausalVideoTransformer(nn.Module):
         # embedding (Cosmos-AR adds one to its 3D RoPE); RoPE alone leaves the causal model no
         # easy way to tell where in the frame it is, so it cannot place what the caption asks for
         self.pos_embed = nn.Linear(cfg.head_dim, cfg.hidden, bias=False) if cfg.abs_pos else None
+        # pooled text conditioning: the caption's projected mean token on every input token
+        self.text_embedder = (
+            None if cfg.cross_attention else PooledTextEmbedder(cfg.text_dim, cfg.hidden)
+        )
         self.blocks = nn.ModuleDict({str(i): ARBlock(cfg) for i in range(cfg.depth)})
-        self.norm = RMSNorm(cfg.hidden, eps=cfg.norm_eps)
+        self.norm = make_norm(cfg.norm, cfg.hidden, cfg.norm_eps, affine=True)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
 
     @staticmethod
@@ -87,7 +106,12 @@ class CausalVideoTransformer(nn.Module):
         branch scaled by 1/sqrt(2 * depth) (GPT-2 / Llama practice), RMSNorm weights one."""
         std = 0.02
         scaled = std * (2 * depth) ** -0.5
-        branch_out = (".self_attn.0.o.weight", ".cross_attn.o.weight", ".mlp.w2.weight")
+        branch_out = (
+            ".self_attn.0.o.weight",
+            ".cross_attn.o.weight",
+            ".mlp.w2.weight",
+            ".mlp.fc2.weight",
+        )
         return linear_rule(lambda _n: False, lambda n: scaled if n.endswith(branch_out) else std)
 
     def init_rule(self, name: str, shape: tuple[int, ...]) -> Init:
@@ -121,7 +145,7 @@ class CausalVideoTransformer(nn.Module):
     ) -> torch.Tensor:
         """Logits (B, n, V) of the next token at each input position; with ``caches`` (one per
         block) the inputs continue the cached prefix (generation)."""
-        h = self.embed_inputs(inputs, rope)  # (B, n, D)
+        h = self.embed_inputs(inputs, rope, text)  # (B, n, D)
         text = text.to(h.dtype)
         for i, block in enumerate(self.blocks.values()):
             cache = caches[i] if caches is not None else None
@@ -150,6 +174,7 @@ class CausalVideoTransformer(nn.Module):
         grid; packs: ``layout``); one without ``head`` returns it.
         """
         pack = None
+        text_in = text  # (B | S, L, Dt) before a pack's captions are joined
         if layout is None:
             if self.embed is not None:
                 if x.ndim != 4:
@@ -186,7 +211,11 @@ class CausalVideoTransformer(nn.Module):
             pack = token_pack(layout, text_lengths, ["causal"], device=x.device)
             lmax = int(text_lengths.max())
             text = text[:, :lmax].reshape(1, s * lmax, -1)  # (1, S*L, Dt)
-        h = self.embed_inputs(x, rope) if self.embed is not None else x  # (B, N, D)
+        if self.embed is not None:
+            sample = pack.token_sample if pack is not None else None  # (length,)
+            h = self.embed_inputs(x, rope, text_in, text_lengths, token_sample=sample)
+        else:
+            h = x  # (B, N, D) from the previous stage
         text = text.to(h.dtype)
         for block in self.blocks.values():
             h = block(h, text, rope, pack=pack)  # (B, N, D)
@@ -194,15 +223,29 @@ class CausalVideoTransformer(nn.Module):
             return h
         return self.head(self.norm(h))  # (B, N, V)
 
-    def embed_inputs(self, ids: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def embed_inputs(
+        self,
+        ids: torch.Tensor,  # (B, n)
+        rope: torch.Tensor,  # (n, d/2)
+        text: torch.Tensor | None = None,  # (B | S, L, Dt)
+        text_lengths: torch.Tensor | None = None,  # (B | S,)
+        *,
+        token_sample: torch.Tensor | None = None,  # (n,) packs: the sample of every input
+    ) -> torch.Tensor:
         """Input ids (B, n) -> (B, n, D): the token embedding, plus the absolute position
-        embedding of the n positions' RoPE angles rope (n, d/2) when ``model.abs_pos`` > 0."""
+        embedding of the n positions' RoPE angles rope (n, d/2) when ``model.abs_pos`` > 0,
+        plus the pooled caption's embedding (``text_conditioning='pooled'``)."""
         h = self.embed(ids)  # (B, n, D)
-        if self.pos_embed is None:
-            return h
-        feats = torch.cat([rope.sin(), rope.cos()], dim=-1)[None]  # (1, n, d) fixed sin-cos
-        # (1, n, D): a sequence like the embedding's, so the parallel engine cuts both alike
-        return h + self.pos_embed(feats.to(self.pos_embed.weight.dtype))
+        # each term a sequence like the embedding's, so the parallel engine cuts them alike
+        if self.pos_embed is not None:
+            feats = torch.cat([rope.sin(), rope.cos()], dim=-1)[None]  # (1, n, d) fixed sin-cos
+            h = h + self.pos_embed(feats.to(self.pos_embed.weight.dtype))  # + (1, n, D)
+        if self.text_embedder is not None:
+            if text is None:
+                raise ShapeError("pooled text conditioning: embed_inputs needs the caption")
+            tokens = token_sample if token_sample is not None else ids.shape[1]
+            h = h + self.text_embedder(text, text_lengths, tokens=tokens)  # (B | 1, n, D)
+        return h
 
     def packed_inputs(self, ids: torch.Tensor, layout: PackLayout) -> torch.Tensor:
         """(length,) target ids of a pack -> (length,) inputs: BOS at every sample's start (and

@@ -9,6 +9,10 @@ Block anatomy (pre-norm, AdaLN-modulated, gated residuals; DiT / Cosmos):
     x = x + g2 · CrossAttn(mod(norm(x), s2, c2), text)   # queries: video tokens, keys/values: text
     x = x + g3 · MLP(mod(norm(x), s3, c3))
 
+With ``model.text_conditioning='pooled'`` the block has no cross-attention: the caption's mean
+token, projected, is added to the timestep embedding that drives every modulation (DiT's class
+conditioning).
+
 Single-device code: ``parallelize_dit`` applies TP/SP, CP and FSDP2 from outside, and a pipeline
 stage is this model with the other stages' parts removed. Blocks live in an ``nn.ModuleDict``
 keyed by index so stages drop blocks and keep parameter names.
@@ -25,6 +29,7 @@ from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
 from vfm_core.models.attention import Attention, Layout
 from vfm_core.models.init import Init, init_parameters, linear_rule
 from vfm_core.models.layers import (
+    PooledTextEmbedder,
     TimestepEmbedder,
     grid_positions,
     make_mlp,
@@ -44,13 +49,16 @@ class DiTBlock(nn.Module):
         d = cfg.hidden
         self.layouts = layouts
         attn = dict(kv_heads=cfg.kv_heads, qk_norm=cfg.qk_norm, eps=cfg.norm_eps)
-        self.norms = nn.ModuleList(
-            make_norm(cfg.norm, d, cfg.norm_eps) for _ in range(len(layouts) + 2)
-        )
+        n = len(layouts) + (2 if cfg.cross_attention else 1)  # modulated sub-layers
+        self.norms = nn.ModuleList(make_norm(cfg.norm, d, cfg.norm_eps) for _ in range(n))
         self.self_attn = nn.ModuleList(Attention(d, cfg.heads, **attn) for _ in layouts)
-        self.cross_attn = Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
+        self.cross_attn = (
+            Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
+            if cfg.cross_attention
+            else None
+        )
         self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio)
-        self.modulation = Modulation(d, len(layouts) + 2, mode=cfg.adaln, rank=cfg.adaln_lora_rank)
+        self.modulation = Modulation(d, n, mode=cfg.adaln, rank=cfg.adaln_lora_rank)
 
     def forward(
         self,
@@ -76,10 +84,11 @@ class DiTBlock(nn.Module):
             else:
                 a = attn(h, rope=rope, sample_ids=pack.groups[layout])  # (1, N, D)
             x = x + per_token(gate) * a  # (B, N, D)
-        shift, scale, gate = mods[-2]
-        h = modulate(self.norms[-2](x), shift, scale)
-        mask = None if pack is None else pack.cross_mask  # (N, S*L)
-        x = x + per_token(gate) * self.cross_attn(h, context=text, mask=mask)  # (B, N, D)
+        if self.cross_attn is not None:
+            shift, scale, gate = mods[-2]
+            h = modulate(self.norms[-2](x), shift, scale)
+            mask = None if pack is None else pack.cross_mask  # (N, S*L)
+            x = x + per_token(gate) * self.cross_attn(h, context=text, mask=mask)  # (B, N, D)
         shift, scale, gate = mods[-1]
         h = modulate(self.norms[-1](x), shift, scale)
         return x + per_token(gate) * self.mlp(h)  # (B, N, D)
@@ -125,6 +134,8 @@ class DiT(nn.Module):
     """Modules only the first pipeline stage keeps."""
     STAGE_LAST = ("final",)
     """Modules only the last pipeline stage keeps."""
+    STAGE_ALL = ("t_embedder", "adaln_global", "text_embedder")
+    """Conditioning every stage keeps a replica of (recomputed per stage; gradients summed)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -133,6 +144,8 @@ class DiT(nn.Module):
         pt, ph, pw = cfg.patch
         self.x_embedder = nn.Linear(cfg.in_channels * pt * ph * pw + cfg.abs_pos, d)
         self.t_embedder = TimestepEmbedder(d, cfg.freq_dim)
+        # pooled text conditioning: on every pipeline stage, like the timestep MLP
+        self.text_embedder = None if cfg.cross_attention else PooledTextEmbedder(cfg.text_dim, d)
         self.adaln_global = AdaLNGlobal(d) if cfg.adaln == "lora" else None
         self.blocks = nn.ModuleDict(
             {str(i): DiTBlock(cfg, block_layouts(cfg, i)) for i in range(cfg.depth)}
@@ -198,6 +211,8 @@ class DiT(nn.Module):
         else:
             h = x  # (B, n, D) from the previous stage
         emb = self.t_embedder(c_noise)  # (B | S, D)
+        if self.text_embedder is not None:  # pooled caption (per sample; packs: its length)
+            emb = emb + self.text_embedder(text, text_lengths)  # (B | S, D)
         shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (B|S, 3D)
         txt = txt.to(h.dtype)
         for block in self.blocks.values():

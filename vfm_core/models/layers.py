@@ -64,6 +64,48 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(feats.to(self.mlp[0].weight.dtype))  # (B, D)
 
 
+# ------------------------------------------------------------------------------------------- text
+def pool_text(text: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Caption tokens (B, L, Dt) -> (B, Dt): the mean of each caption's real tokens, the first
+    ``lengths`` (B,) (packs), else its nonzero rows (zero rows are padding, as cross-attention's
+    :func:`~vfm_core.models.attention.padding_mask`; an all-zero caption, the null one, keeps
+    every row). A caption alone and padded pool alike."""
+    b, L, _ = text.shape
+    if lengths is None:
+        valid = text.detach().abs().amax(-1) > 0  # (B, L)
+        valid = valid | ~valid.any(-1, keepdim=True)
+    else:
+        valid = torch.arange(L, device=text.device)[None] < lengths.to(text.device)[:, None]
+    total = (text * valid[..., None].to(text.dtype)).sum(1)  # (B, Dt)
+    return total / valid.sum(1, keepdim=True).to(text.dtype)
+
+
+class PooledTextEmbedder(nn.Module):
+    """``model.text_conditioning='pooled'``: caption (B, L, Dt) -> (B, D), a linear map of its
+    mean token (:func:`pool_text`); the DiT adds it to the timestep embedding, the causal
+    model to every token's embedding (``tokens``: a count n -> (B, n, D), every token its
+    sample's row; (n,) sample index per token of a pack -> (1, n, D)), as a sequence the
+    parallel engine cuts like the embedding."""
+
+    def __init__(self, text_dim: int, hidden: int):
+        super().__init__()
+        self.proj = nn.Linear(text_dim, hidden)
+
+    def forward(
+        self,
+        text: torch.Tensor,  # (B, L, Dt)
+        lengths: torch.Tensor | None = None,  # (B,) valid tokens
+        *,
+        tokens: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        emb = self.proj(pool_text(text, lengths).to(self.proj.weight.dtype))  # (B, D)
+        if tokens is None:
+            return emb
+        if isinstance(tokens, int):
+            return emb[:, None].expand(-1, tokens, -1)  # (B, n, D)
+        return emb[tokens.to(emb.device)][None]  # (1, n, D)
+
+
 # ----------------------------------------------------------------------------------------- norms
 class RMSNorm(nn.RMSNorm):
     """``nn.RMSNorm`` whose weight follows the input's dtype: under bf16 autocast the fused
@@ -78,11 +120,12 @@ class RMSNorm(nn.RMSNorm):
 
 
 def make_norm(kind: str, dim: int, eps: float, affine: bool = False) -> nn.Module:
-    """Pre-norm before AdaLN modulation: affine=False since shift/scale come from the
-    conditioning."""
+    """RMSNorm or LayerNorm. The DiT's pre-norms before AdaLN modulation: affine=False, since
+    shift/scale come from the conditioning; the causal model's: a weight (LayerNorm without
+    bias, as GPT-2 in nanoGPT, so both kinds have the same parameters)."""
     if kind == "rms":
         return RMSNorm(dim, eps=eps, elementwise_affine=affine)
-    return nn.LayerNorm(dim, eps=eps, elementwise_affine=affine)
+    return nn.LayerNorm(dim, eps=eps, elementwise_affine=affine, bias=False)
 
 
 # ----------------------------------------------------------------------------------------- 3D RoPE
@@ -153,14 +196,17 @@ def _rotate_real(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------- MLPs
 class GeluMLP(nn.Module):
-    def __init__(self, dim: int, ratio: float):
+    """fc1 -> GELU (``approximate``: "tanh", DiT's, or "none", the exact erf) -> fc2."""
+
+    def __init__(self, dim: int, ratio: float, approximate: str = "tanh"):
         super().__init__()
         inner = int(dim * ratio)
+        self.approximate = approximate
         self.fc1 = nn.Linear(dim, inner)
         self.fc2 = nn.Linear(inner, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))  # (B, N, D)
+        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))  # (B, N, D)
 
 
 def swiglu_width(dim: int, ratio: float, multiple_of: int = 64) -> int:
@@ -182,7 +228,10 @@ class SwiGLU(nn.Module):
 
 
 def make_mlp(kind: str, dim: int, ratio: float) -> nn.Module:
-    return SwiGLU(dim, ratio) if kind == "swiglu" else GeluMLP(dim, ratio)
+    """``model.mlp``: swiglu, gelu (tanh approximation) or gelu_exact."""
+    if kind == "swiglu":
+        return SwiGLU(dim, ratio)
+    return GeluMLP(dim, ratio, approximate="none" if kind == "gelu_exact" else "tanh")
 
 
 # -----------------------------------------------------------------------------------------

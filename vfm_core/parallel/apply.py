@@ -30,7 +30,7 @@ from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.grads import clip_grad_norm
 from vfm_core.parallel.layout import pipeline_microbatches
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
-from vfm_core.parallel.pipeline import REPLICATED, Pipeline, rank_stages, split_stage
+from vfm_core.parallel.pipeline import Pipeline, rank_stages, replicated, split_stage
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,10 +64,11 @@ class AppliedLayout:
         A stage's own parameters are one of ``pp`` disjoint parts; the conditioning replicas are
         whole on every stage, ``len(parts)`` times on this rank."""
         pp, local = self.dims.pp, len(self.parts)
+        shared = replicated(self.parts[0])
         return clip_grad_norm(
             self.parts,
             max_norm,
-            holders=lambda name: 1 / local if name.startswith(REPLICATED) else pp,
+            holders=lambda name: 1 / local if name.startswith(shared) else pp,
         )
 
 

@@ -99,7 +99,8 @@ def _tp_plan(block: nn.Module, sp: bool) -> dict:
     )
     out_layout = Shard(1) if sp else Replicate()
     plan: dict = {}
-    attns = [f"self_attn.{i}" for i in range(len(block.self_attn))] + ["cross_attn"]
+    attns = [f"self_attn.{i}" for i in range(len(block.self_attn))]
+    attns += ["cross_attn"] if block.cross_attn is not None else []
     for name in attns:
         if sp:  # all-gather the sequence chunks of the (modulated) input; text stays replicated
             plan[name] = seq_in
@@ -205,9 +206,12 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
 
     if seq_in is not None:  # the first pipeline stage (or the whole model)
         seq_in.register_forward_hook(split)
-        pos = getattr(model, "pos_embed", None)  # the causal model's absolute positions
-        if pos is not None:  # (1, N, D), added to the embedding: cut alike
-            pos.register_forward_hook(split_partial)
+        # the causal model's absolute positions (1, N, D) and pooled caption (B | 1, N, D),
+        # added to the embedding: cut alike
+        for name in ("pos_embed", "text_embedder") if causal else ():
+            term = getattr(model, name, None)
+            if term is not None:
+                term.register_forward_hook(split_partial)
     if cp > 1:
         for block in model.blocks.values():
             block.register_forward_pre_hook(rope_chunk)

@@ -44,8 +44,12 @@ from torch.distributed.tensor import DTensor
 from vfm_core.config import ConfigError
 from vfm_core.parallel.dims import ParallelDims
 
-REPLICATED = ("t_embedder.", "adaln_global.")
-"""Parameters every stage holds a replica of (conditioning recomputed per stage)."""
+
+def replicated(model: nn.Module) -> tuple[str, ...]:
+    """Name prefixes of the parameters every stage holds a replica of: the model's
+    ``STAGE_ALL`` modules (conditioning recomputed per stage)."""
+    return tuple(f"{name}." for name in getattr(model, "STAGE_ALL", ()))
+
 
 SCHEDULES = {
     "gpipe": ScheduleGPipe,
@@ -179,11 +183,12 @@ class Pipeline:
     def sync_replicas(self) -> None:
         """Sum the conditioning replicas' gradients over this rank's stages and the pipeline
         group, then give every replica the sum (one all-reduce)."""
+        shared = replicated(self.parts[0])
         by_part = [
             [
                 (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
                 for name, p in part.named_parameters()
-                if name.startswith(REPLICATED) and p.grad is not None
+                if name.startswith(shared) and p.grad is not None
             ]
             for part in self.parts
         ]

@@ -57,6 +57,7 @@ from vfm_core.models.layers import swiglu_width
 COMPONENTS = (
     "patch_embed",  # per token: C·pt·ph·pw -> D
     "timestep_embed",  # per sample: freq_dim -> D -> D
+    "text_embed",  # per sample (pooled text conditioning): the caption's mean token Dt -> D
     "adaln",  # per sample: block modulation (+ AdaLN-LoRA global term) + final-layer modulation
     "qkvo",  # per token: self-attention q, k, v, o projections (every self-attention pass)
     "attention",  # per sample: self-attention scores + weighted values, 4·S²·D (per layout)
@@ -138,12 +139,6 @@ def _terms(
     inner = cfg.heads * cfg.head_dim  # query / output width
     kv = cfg.n_kv_heads * cfg.head_dim  # key / value width (GQA)
     patch_dim = cfg.in_channels * math.prod(cfg.patch)
-    if cfg.mlp == "swiglu":
-        mlp_mats = 3
-        mlp_inner = swiglu_width(d, cfg.mlp_ratio)
-    else:
-        mlp_mats = 2
-        mlp_inner = int(d * cfg.mlp_ratio)
 
     def attn(layout: str) -> float:
         """Scores Q·Kᵀ and values P·V: 4·S²·inner summed over the attention groups."""
@@ -159,11 +154,14 @@ def _terms(
         _Term("timestep_embed", matmul_flops(b, cfg.freq_dim, d), False),  # input: sinusoids
         _Term("timestep_embed", matmul_flops(b, d, d), True),
     ]
+    if not cfg.cross_attention:  # input: the caption, data
+        terms.append(_Term("text_embed", matmul_flops(b, cfg.text_dim, d), False))
     if cfg.adaln == "lora":
         terms.append(_Term("adaln", matmul_flops(b, d, 3 * d), True))  # shared global D -> 3D
     for i in range(cfg.depth):
         layouts = block_layouts(cfg, i)
-        n_sub = len(layouts) + 2  # self-attention passes + cross-attention + MLP
+        # self-attention passes + cross-attention + MLP
+        n_sub = len(layouts) + (2 if cfg.cross_attention else 1)
         if cfg.adaln == "zero":
             terms.append(_Term("adaln", matmul_flops(b, d, n_sub * 3 * d), True))
         else:
@@ -175,13 +173,31 @@ def _terms(
             proj = matmul_flops(n, d, inner) * 2 + matmul_flops(n, d, kv) * 2
             terms.append(_Term("qkvo", proj, True))
             terms.append(_Term("attention", attn(layout), True))
-        terms.append(_Term("cross_qo", matmul_flops(n, d, inner) * 2, True))
-        terms.append(_Term("cross_kv", matmul_flops(b * L, cfg.text_dim, kv) * 2, False))
-        terms.append(_Term("cross_attention", 4.0 * n * L * inner, True))
-        terms.append(_Term("mlp", mlp_mats * matmul_flops(n, d, mlp_inner), True))
+        terms += _cross_terms(cfg, n, b, L)
+        terms.append(_Term("mlp", _mlp_flops(cfg, n), True))
     terms.append(_Term("adaln", matmul_flops(b, d, 2 * d), True))  # final-layer modulation
     terms.append(_Term("final", matmul_flops(n, d, patch_dim), True))
     return terms
+
+
+def _mlp_flops(cfg: ModelConfig, n: float) -> float:
+    """One block's MLP on n tokens: GELU (2 matrices) or SwiGLU (3, Llama width)."""
+    d = cfg.hidden
+    if cfg.mlp == "swiglu":
+        return 3 * matmul_flops(n, d, swiglu_width(d, cfg.mlp_ratio))
+    return 2 * matmul_flops(n, d, int(d * cfg.mlp_ratio))
+
+
+def _cross_terms(cfg: ModelConfig, n: float, b: float, L: float) -> list[_Term]:
+    """One block's cross-attention to the caption (none with pooled text conditioning)."""
+    if not cfg.cross_attention:
+        return []
+    inner, kv = cfg.heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return [
+        _Term("cross_qo", matmul_flops(n, cfg.hidden, inner) * 2, True),
+        _Term("cross_kv", matmul_flops(b * L, cfg.text_dim, kv) * 2, False),
+        _Term("cross_attention", 4.0 * n * L * inner, True),
+    ]
 
 
 def _ar_terms(cfg: ModelConfig, lens: list[int], text_len: int | None) -> list[_Term]:
@@ -198,10 +214,10 @@ def _ar_terms(cfg: ModelConfig, lens: list[int], text_len: int | None) -> list[_
         proj = matmul_flops(n, d, inner) * 2 + matmul_flops(n, d, kv) * 2
         terms.append(_Term("qkvo", proj, True))
         terms.append(_Term("attention", sum(2.0 * s * (s + 1) * inner for s in lens), True))
-        terms.append(_Term("cross_qo", matmul_flops(n, d, inner) * 2, True))
-        terms.append(_Term("cross_kv", matmul_flops(b * L, cfg.text_dim, kv) * 2, False))
-        terms.append(_Term("cross_attention", 4.0 * n * L * inner, True))
-        terms.append(_Term("mlp", 3 * matmul_flops(n, d, swiglu_width(d, cfg.mlp_ratio)), True))
+        terms += _cross_terms(cfg, n, b, L)
+        terms.append(_Term("mlp", _mlp_flops(cfg, n), True))
+    if not cfg.cross_attention:  # the pooled caption's projection, on the embedding
+        terms.append(_Term("text_embed", matmul_flops(b, cfg.text_dim, d), False))
     terms.append(_Term("head", matmul_flops(n, d, cfg.vocab_size), True))
     return terms
 
@@ -245,7 +261,8 @@ def forward_flops(
     ==================  ================================================================
 
     plus patch embed 2·N·(C·P)·D, final 2·N·D·(C·P), final modulation 2·D·2D and the timestep MLP
-    2·(freq_dim·D + D·D) per sample.
+    2·(freq_dim·D + D·D) per sample. Pooled text conditioning (``text_conditioning='pooled'``):
+    no cross terms, n = passes + 1, and the caption's projection 2·text_dim·D per sample.
     """
     if batch <= 0:
         raise ValueError(f"batch must be positive, got {batch}")

@@ -90,13 +90,14 @@ def block_params(cfg: ModelConfig, index: int) -> int:
     dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
     qk = 2 * hd if cfg.qk_norm else 0
     passes = len(block_layouts(cfg, index))
-    n = passes + 2
+    cross = 1 if cfg.cross_attention else 0
+    n = passes + cross + 1
     total = passes * (d * dq + 2 * d * dkv + dq * d + qk)  # self-attention q, k, v, o (+ QK norm)
-    total += d * dq + 2 * dt * dkv + dq * d + qk  # cross-attention
+    total += cross * (d * dq + 2 * dt * dkv + dq * d + qk)  # cross-attention
     f = mlp_width(cfg)
     total += 3 * d * f if cfg.mlp == "swiglu" else d * f + f + f * d + d
-    if cfg.arch == "ar":  # causal video transformer: 3 affine RMSNorms, no AdaLN
-        return total + 3 * d
+    if cfg.arch == "ar":  # causal video transformer: affine RMSNorms, no AdaLN
+        return total + n * d
     if cfg.adaln == "zero":
         total += d * n * 3 * d + n * 3 * d
     else:
@@ -107,11 +108,13 @@ def block_params(cfg: ModelConfig, index: int) -> int:
 def nonblock_params(cfg: ModelConfig) -> int:
     """Patch embedding, timestep MLP, AdaLN-LoRA global term and the final layer (the causal
     video transformer: token embedding with BOS, final RMSNorm, output head)."""
+    text = 0 if cfg.cross_attention else cfg.text_dim * cfg.hidden + cfg.hidden  # pooled text
     if cfg.arch == "ar":
         v, d = cfg.vocab_size, cfg.hidden
-        return (v + 1) * d + d + d * v
+        pos = cfg.head_dim * d if cfg.abs_pos else 0
+        return (v + 1) * d + pos + text + d + d * v
     d, cp = cfg.hidden, cfg.in_channels * math.prod(cfg.patch)
-    total = (cp + cfg.abs_pos) * d + d + cfg.freq_dim * d + d + d * d + d  # patch embed (+ pos)
+    total = (cp + cfg.abs_pos) * d + d + cfg.freq_dim * d + d + d * d + d + text  # (+ pos)
     if cfg.adaln == "lora":
         total += d * 3 * d + 3 * d
     return total + d * 2 * d + 2 * d + d * cp + cp
@@ -132,8 +135,9 @@ def block_param_split(cfg: ModelConfig, index: int) -> tuple[int, int]:
     dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
     passes = len(block_layouts(cfg, index))
     qk = 2 * hd if cfg.qk_norm else 0
-    split = passes * (2 * d * dq + 2 * d * dkv) + (2 * d * dq + 2 * dt * dkv)
-    whole = (passes + 1) * qk
+    cross = 1 if cfg.cross_attention else 0
+    split = passes * (2 * d * dq + 2 * d * dkv) + cross * (2 * d * dq + 2 * dt * dkv)
+    whole = (passes + cross) * qk
     f = mlp_width(cfg)
     if cfg.mlp == "swiglu":
         split += 3 * d * f
@@ -157,13 +161,15 @@ def rank_params(
         for i in map(int, stage_blocks(cfg.depth, stages, stage)):
             split, whole = block_param_split(cfg, i)
             total += split / tp + whole
+        text = 0 if cfg.cross_attention else cfg.text_dim * d + d  # pooled caption projection
         if cfg.arch == "ar":
             v = cfg.vocab_size
-            total += (v + 1) * d / tp if stage == 0 else 0
+            pos = cfg.head_dim * d if cfg.abs_pos else 0
+            total += (v + 1) * d / tp + pos + text if stage == 0 else 0
             total += d * v / tp + d if stage == stages - 1 else 0
             continue
         patch = cfg.in_channels * math.prod(cfg.patch)
-        total += cfg.freq_dim * d + d + d * d + d  # timestep MLP: on every stage
+        total += cfg.freq_dim * d + d + d * d + d + text  # timestep MLP (+ text): every stage
         if cfg.adaln == "lora":
             total += d * 3 * d + 3 * d
         total += (patch + cfg.abs_pos) * d + d if stage == 0 else 0
@@ -233,15 +239,17 @@ def block_saved_elements(
     t = split.tp
     norm_stats = 2 if cfg.norm == "layer" else 1
     passes = len(block_layouts(cfg, index))
-    n = passes + 2
+    cross = 1 if cfg.cross_attention else 0  # pooled text conditioning: no cross-attention
+    n = passes + cross + 1
     if recompute == "full":  # checkpoint boundary: the block input only
         return {"act": tok * d / dsplit, "stat": 0.0}
     if recompute == "selective":  # outputs of matmuls and attention (+ block input)
         act = tok * d / dsplit  # block input
         act += passes * tok * ((2 * dq + 2 * dkv) / t + d / dsplit)  # q, k, v, attn out; o out
-        act += tok * (2 * dq / t + d / dsplit) + b * L * 2 * dkv / t  # cross q, out, o; text k, v
+        act += cross * (tok * (2 * dq / t + d / dsplit) + b * L * 2 * dkv / t)  # cross q, out,
+        # o; text k, v
         act += tok * ((2 if cfg.mlp == "swiglu" else 1) * f / t + d / dsplit)  # fc1 (w1, w3); fc2
-        stat = (passes + 1) * tok * h / t  # LSE
+        stat = (passes + cross) * tok * h / t  # LSE
         return {"act": act, "stat": stat}
     # --- no recompute: everything the modules save
     qk = cfg.qk_norm
@@ -251,8 +259,8 @@ def block_saved_elements(
     cross_heads = (4 - fz) * dq if qk else 2 * dq  # output keeps the query's layout: no copy
     mlp_inner = (4 if cfg.mlp == "swiglu" else 2) * f
     act = tok * per_tok_d / dsplit
-    act += tok * (passes * self_heads + cross_heads + mlp_inner) / t
-    act += b * L * ((4 - fz) if qk else 2) * dkv / t  # cross-attention k, v of the text
+    act += tok * (passes * self_heads + cross * cross_heads + mlp_inner) / t
+    act += cross * b * L * ((4 - fz) if qk else 2) * dkv / t  # cross-attention k, v of the text
     act += passes * rows * 2 * hd  # RoPE cos + sin for q and for k: 4 × (N, hd/2)
     # per-sample conditioning: SiLU(emb), (1 + scale), gate storage, LoRA rank activations
     if cfg.adaln == "zero":
@@ -260,9 +268,9 @@ def block_saved_elements(
     else:
         act += b * (d + n * (cfg.adaln_lora_rank + d + 3 * d))
     stat = tok * n * norm_stats / dsplit  # norm statistics
-    stat += tok * (passes * ((h + hkv) if qk else 0) + (h if qk else 0)) / t  # QK-norm rstd
-    stat += tok * (passes + 1) * h / t  # attention LSE
-    stat += (b * L * hkv / t) if qk else 0.0  # text k-norm rstd
+    stat += tok * (passes * ((h + hkv) if qk else 0) + cross * (h if qk else 0)) / t  # QK rstd
+    stat += tok * (passes + cross) * h / t  # attention LSE
+    stat += cross * (b * L * hkv / t) if qk else 0.0  # text k-norm rstd
     return {"act": act, "stat": stat}
 
 
@@ -295,7 +303,10 @@ def model_saved_bytes(
     out = n * (patch_dim + cfg.abs_pos) + n * 3 * d
     # timestep features, MLP hidden + its SiLU, emb, final SiLU(emb), final (1 + scale)
     out += b * (cfg.freq_dim + 5 * d + (d if cfg.adaln == "lora" else 0))  # + global SiLU(emb)
-    out += b * L * cfg.text_dim  # the text embeddings (saved by every cross-attention k, v)
+    if cfg.cross_attention:
+        out += b * L * cfg.text_dim  # the text embeddings (saved by every cross-attention k, v)
+    else:
+        out += b * cfg.text_dim  # the pooled caption (saved by its projection)
     stats = n * (2 if cfg.norm == "layer" else 1)
     outside = out * act_bytes + stats * stat_bytes
     return {"blocks": blocks, "outside": outside, "total": blocks + outside}
