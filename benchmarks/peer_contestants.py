@@ -174,6 +174,23 @@ class label / nothing: no cross-attention) and no per-head QK norm. What stays v
 RoPE, the absolute-position features of the recipe, RMSNorm + SwiGLU (AR)."""
 
 
+def trainer_contestants(name: str, cfg, units: int, compiled: bool) -> list:
+    """``name``: vfm's ``Trainer.train_step`` of ``cfg`` (its objective, fused AdamW, clipping,
+    schedule) on one batch of its source, the same every step as the plain loops; with
+    ``compiled`` also the trainer with ``train.compile=on``."""
+    from vfm_core.config import apply_overrides
+    from vfm_core.train.trainer import Trainer
+
+    trainers = [(name, Trainer(cfg))]
+    if compiled:
+        trainers.append((name + " compiled", Trainer(apply_overrides(cfg, ["train.compile=on"]))))
+    batch = trainers[0][1].source.next_batch()
+    return [
+        Contestant(name=n, step=functools.partial(tr.train_step, batch), units=units)
+        for n, tr in trainers
+    ]
+
+
 def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) -> list:
     """vfm's DiT as its recipe has it (dit-tiny: text cross-attention over ``model.text_len``
     tokens, QK-norm, AdaLN-LoRA) and ``matched`` to the peer (:data:`MATCHED`, AdaLN-Zero), each
@@ -181,7 +198,6 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     from vfm_core.config import apply_overrides
     from vfm_core.models.dit import build_model
     from vfm_core.recipes import get_recipe
-    from vfm_core.train.trainer import Trainer
 
     w, b = args.width, 8
     over = (
@@ -209,14 +225,7 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
             tokens,
             args.compile,
         )
-        trainers = [(f"vfm DiT trainer{label}", Trainer(cfg))]
-        if args.compile:
-            cfg_c = apply_overrides(cfg, ["train.compile=on"])
-            trainers.append((f"vfm DiT trainer{label} compiled", Trainer(cfg_c)))
-        batch = trainers[0][1].source.next_batch()  # the same batch every step, as the loops
-        for name, tr in trainers:
-            step = functools.partial(tr.train_step, batch)
-            out.append(Contestant(name=name, step=step, units=tokens))
+        out += trainer_contestants(f"vfm DiT trainer{label}", cfg, tokens, args.compile)
     if dit_mod is not None:
         peer = dit_mod.DiT(
             input_size=32,
@@ -246,21 +255,23 @@ AR_BATCH, AR_GRID = 4, (3, 8, 8)
 """The autoregressive rows' batch and token grid: 192 tokens per sample."""
 
 
-def ar_model_config(args: argparse.Namespace, *, matched: bool = False):
+def ar_config(args: argparse.Namespace, *, matched: bool = False):
     """vfm's causal video transformer at the peer's size: ar-tiny with width W, depth 4, W/64
-    heads (kv_heads = heads: multi-head like nanoGPT), vocabulary 1000; ``matched``: with
-    :data:`MATCHED` (nanoGPT has no text and no QK norm) and nanoGPT's exact-GELU MLP and
-    LayerNorm (ar-tiny: SwiGLU, RMSNorm)."""
+    heads (kv_heads = heads: multi-head like nanoGPT), vocabulary 1000, batch 4 of its 3x8x8
+    synthetic token grids; ``matched``: with :data:`MATCHED` (nanoGPT has no text and no QK
+    norm) and nanoGPT's exact-GELU MLP and LayerNorm (ar-tiny: SwiGLU, RMSNorm)."""
     from vfm_core.config import apply_overrides
     from vfm_core.recipes import get_recipe
 
     w, heads = args.width, args.width // 64
+    t, h, wd = AR_GRID
     over = [f"model.hidden={w}", "model.depth=4", f"model.heads={heads}", f"model.kv_heads={heads}"]
-    over += [
-        "model.vocab_size=1000",
-        *([*MATCHED, "model.mlp=gelu_exact", "model.norm=layer"] if matched else []),
-    ]
-    return apply_overrides(get_recipe("ar-tiny"), over).model
+    over += ["model.vocab_size=1000", "data.source=synthetic", f"data.batch_size={AR_BATCH}"]
+    over += [f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={wd}"]
+    over += ["train.ema_decay=0", "train.device=cpu", "tracking.mlflow=false"]
+    if matched:
+        over += [*MATCHED, "model.mlp=gelu_exact", "model.norm=layer"]
+    return apply_overrides(get_recipe("ar-tiny"), over)
 
 
 def nanogpt(args: argparse.Namespace, gpt_mod: types.ModuleType, n: int, vocab: int) -> nn.Module:
@@ -285,10 +296,8 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
     b, grid = AR_BATCH, AR_GRID
     n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
     out = []
-    for label, m in (
-        ("", ar_model_config(args)),
-        (" matched", ar_model_config(args, matched=True)),
-    ):
+    for label, cfg in (("", ar_config(args)), (" matched", ar_config(args, matched=True))):
+        m = cfg.model
         ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g)  # (B, T, H, W)
         text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
         out += plain_contestants(
@@ -299,6 +308,7 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
             b * n,
             args.compile,
         )
+        out += trainer_contestants(f"vfm AR trainer{label}", cfg, b * n, args.compile)
     gpt = nanogpt(args, gpt_mod, n, m.vocab_size)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
         opt = gpt.configure_optimizers(
@@ -402,7 +412,7 @@ def ar_generate_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType 
     from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
     from vfm_core.models.dit import build_model
 
-    m, b, grid = ar_model_config(args), AR_BATCH, AR_GRID
+    m, b, grid = ar_config(args).model, AR_BATCH, AR_GRID
     n = int(np.prod(grid))
     vfm = build_model(m).eval()
     text = torch.randn(b, m.text_len, m.text_dim, generator=torch.Generator().manual_seed(2))

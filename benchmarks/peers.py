@@ -21,13 +21,15 @@ comparison whose checkout is not given is skipped with one line.
    configuration (``matched``: ``model.text_conditioning=pooled`` — the caption's mean token
    added to the timestep embedding as DiT adds its class embedding —, no QK norm, AdaLN-Zero;
    3D RoPE stays).
-2. The same models through vfm's ``Trainer.train_step`` (EDM objective, clipping, schedule): the
-   matched trainer vs the peer's plain loop, and vfm's trainer vs vfm's plain loop.
+2. The same models through vfm's ``Trainer.train_step`` (EDM objective, fused AdamW, clipping,
+   schedule): the matched trainer vs the peer's plain loop, and vfm's trainer vs vfm's plain
+   loop (whose AdamW is torch's default, the for-loop on CPU, like the peers').
 3. Autoregressive: vfm's causal video transformer (recipe ar-tiny with kv_heads = heads, i.e.
    multi-head like the peer; grid 3x8x8 = 192 tokens, vocab 1000, batch 4, next-token loss)
    vs karpathy/nanoGPT ``GPT`` with its own loss and ``configure_optimizers``; ``recipe``
-   (cross-attention to the caption, QK norm) and ``matched`` (pooled caption, no QK norm;
-   nanoGPT has no text at all).
+   (SwiGLU, RMSNorm, cross-attention to the caption, QK norm) and ``matched`` (nanoGPT's
+   exact-GELU MLP and LayerNorm, pooled caption, no QK norm; nanoGPT has no text at all),
+   each in a plain loop and through vfm's trainer (next-token objective), as the DiT rows.
 4. Loader, decode on, batches of 8 over the same tars (``--clips`` synthetic H.264 clips made
    by ``benchmarks/loader.py``'s ``make_dataset``): vfm's shard loader (checksums on, its
    defaults) with 0 reader threads (its default) and with 2 vs ``webdataset.WebDataset`` +
@@ -164,6 +166,33 @@ def compare(label: str, a: str, b: str, res: dict) -> dict:
     }
 
 
+def model_rows(family: str, peer: str | None, res: dict, args: argparse.Namespace) -> list[dict]:
+    """The rows of a model section: vfm's plain loop (recipe, matched) and its trainer (matched)
+    against the peer's loop (where the peer ran), vfm's trainer against its own plain loop, and
+    with ``--compile`` the same for the compiled contestants."""
+    vfm = f"vfm {family}"
+    rows = []
+    if peer is not None:
+        rows += [
+            (f"{family} plain loop, recipe", f"{vfm} plain", peer),
+            (f"{family} plain loop, matched", f"{vfm} plain matched", peer),
+            (f"{family} trainer vs peer loop, matched", f"{vfm} trainer matched", peer),
+        ]
+    rows += [
+        (f"vfm {family} trainer / plain, recipe", f"{vfm} trainer", f"{vfm} plain"),
+        (
+            f"vfm {family} trainer / plain, matched",
+            f"{vfm} trainer matched",
+            f"{vfm} plain matched",
+        ),
+    ]
+    out = [compare(label, a, b, res) for label, a, b in rows]
+    for label, a, b in rows if args.compile else ():
+        b = b + " compiled" if b.startswith("vfm") else b
+        out.append(compare(label + ", compiled", a + " compiled", b, res))
+    return out
+
+
 # ------------------------------------------------------------------------ report
 def print_report(out: dict) -> None:
     cfg = out["config"]
@@ -249,38 +278,14 @@ def main() -> int:
             skip("DiT vs facebookresearch/DiT (no --dit-repo); vfm trainer vs plain loop only")
         res = measure(dit_contestants(args, dit), args, args.steps, model=True)
         out["contestants"].update(res)
-        peer = "facebookresearch/DiT"
-        rows = (
-            []
-            if dit is None
-            else [
-                ("DiT plain loop, recipe", "vfm DiT plain", peer),
-                ("DiT plain loop, matched", "vfm DiT plain matched", peer),
-                ("DiT trainer vs peer loop, matched", "vfm DiT trainer matched", peer),
-            ]
-        )
-        rows += [
-            ("vfm trainer / plain, recipe", "vfm DiT trainer", "vfm DiT plain"),
-            ("vfm trainer / plain, matched", "vfm DiT trainer matched", "vfm DiT plain matched"),
-        ]
-        for label, a, b in rows:
-            out["rows"].append(compare(label, a, b, res))
-        for label, a, b in rows if args.compile else ():
-            b = b + " compiled" if b.startswith("vfm") else b
-            out["rows"].append(compare(label + ", compiled", a + " compiled", b, res))
+        out["rows"] += model_rows("DiT", "facebookresearch/DiT" if dit else None, res, args)
     if "ar" in only:
         if args.nanogpt_repo:
             gpt = load_peer(args.nanogpt_repo, "model.py", "peer_nanogpt_model", "--nanogpt-repo")
             out["config"]["nanogpt_commit"] = commit(args.nanogpt_repo)
             res = measure(ar_contestants(args, gpt), args, args.steps, model=True)
             out["contestants"].update(res)
-            for label in ("recipe", "matched"):
-                a = "vfm AR plain" + ("" if label == "recipe" else " matched")
-                row = f"AR plain loop, {label}"
-                out["rows"].append(compare(row, a, "karpathy/nanoGPT", res))
-                if args.compile:
-                    row = compare(row + ", compiled", a + " compiled", "karpathy/nanoGPT", res)
-                    out["rows"].append(row)
+            out["rows"] += model_rows("AR", "karpathy/nanoGPT", res, args)
         else:
             skip("AR vs karpathy/nanoGPT (no --nanogpt-repo)")
     if "loader" in only:
