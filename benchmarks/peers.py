@@ -21,7 +21,7 @@ comparison whose checkout is not given is skipped with one line.
    configuration (``matched``: ``model.text_conditioning=pooled`` — the caption's mean token
    added to the timestep embedding as DiT adds its class embedding —, no QK norm, AdaLN-Zero;
    3D RoPE stays).
-2. The same models through vfm's ``Trainer.train_step`` (EDM objective, fused AdamW, clipping,
+2. The same models through vfm's ``Trainer.train_step`` (EDM objective, its AdamW, clipping,
    schedule): the matched trainer vs the peer's plain loop, and vfm's trainer vs vfm's plain
    loop (whose AdamW is torch's default, the for-loop on CPU, like the peers').
 3. Autoregressive: vfm's causal video transformer (recipe ar-tiny with kv_heads = heads, i.e.

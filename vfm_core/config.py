@@ -162,6 +162,12 @@ class OptimConfig:
     """Final LR as a fraction of the peak (cosine)."""
     grad_clip: float = 1.0
     """Max global gradient norm (0 = no clipping)."""
+    fused: bool = False
+    """torch's fused AdamW kernel for plain (unsharded) parameters: on CPU the step takes 7 ms
+    against 39 ms for the default ``foreach`` pass at 14M parameters (measured). Same math to
+    rounding, so a run follows a slightly different trajectory than with the default; a resume
+    uses the same kernel and stays bit-identical. Sharded (DTensor) parameters always update one
+    tensor at a time."""
 
 
 @dataclass(kw_only=True, slots=True)
