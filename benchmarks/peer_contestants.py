@@ -175,7 +175,7 @@ RoPE, the absolute-position features of the recipe, RMSNorm + SwiGLU (AR)."""
 
 
 def trainer_contestants(name: str, cfg, units: int, compiled: bool) -> list:
-    """``name``: vfm's ``Trainer.train_step`` of ``cfg`` (its objective, AdamW as configured, clipping,
+    """``name``: vfm's ``Trainer.train_step`` of ``cfg`` (its objective, AdamW, clipping,
     schedule) on one batch of its source, the same every step as the plain loops; with
     ``compiled`` also the trainer with ``train.compile=on``."""
     from vfm_core.config import apply_overrides
