@@ -22,6 +22,13 @@ def run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def run_json(*args: str) -> dict:
+    """The benchmark's ``--json`` report of one tiny round (width 64) of ``args``."""
+    r = run(*"--rounds 1 --warmup 0 --width 64 --json".split(), *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout[r.stdout.index("{") :])
+
+
 def test_skips_each_comparison_without_its_checkout_in_one_line():
     r = run("--only", "ar")
     assert r.returncode == 0, r.stderr
@@ -31,13 +38,7 @@ def test_skips_each_comparison_without_its_checkout_in_one_line():
 def test_tiny_dit_row_against_the_reference_checkout():
     if not (DIT_REPO / "models.py").is_file():
         pytest.skip(f"no facebookresearch/DiT checkout at {DIT_REPO}")
-    r = run(
-        *"--rounds 1 --steps 1 --warmup 0 --width 64 --only dit --json".split(),
-        "--dit-repo",
-        str(DIT_REPO),
-    )
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout[r.stdout.index("{") :])
+    out = run_json("--steps", "1", "--only", "dit", "--dit-repo", str(DIT_REPO))
     rows = {row["row"]: row for row in out["rows"]}
     assert set(rows) == {
         "DiT plain loop, recipe",
@@ -63,13 +64,7 @@ def test_tiny_dit_row_against_the_reference_checkout():
 def test_tiny_ar_rows_against_the_reference_checkout():
     if not (NANOGPT_REPO / "model.py").is_file():
         pytest.skip(f"no karpathy/nanoGPT checkout at {NANOGPT_REPO}")
-    r = run(
-        *"--rounds 1 --steps 1 --warmup 0 --width 64 --only ar --json".split(),
-        "--nanogpt-repo",
-        str(NANOGPT_REPO),
-    )
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout[r.stdout.index("{") :])
+    out = run_json("--steps", "1", "--only", "ar", "--nanogpt-repo", str(NANOGPT_REPO))
     assert {row["row"] for row in out["rows"]} == {
         "AR plain loop, recipe",
         "AR plain loop, matched",
@@ -87,9 +82,7 @@ def test_tiny_ar_rows_against_the_reference_checkout():
 
 
 def test_generation_rows_time_the_sampler_against_its_own_model_calls():
-    r = run(*"--rounds 1 --warmup 0 --width 64 --only gen --json".split())
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout[r.stdout.index("{") :])
+    out = run_json("--only", "gen")
     assert out["skipped"] == ["AR generation vs karpathy/nanoGPT generate (no --nanogpt-repo)"]
     rows = {row["row"]: row for row in out["rows"]}
     assert set(rows) == {"DiT sampler / bare model calls", "AR generation, KV cache / none"}

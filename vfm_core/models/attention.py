@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from vfm_core.geometry import Grid
-from vfm_core.models.layers import RMSNorm, apply_rope, attention
+from vfm_core.models.layers import RMSNorm, apply_rope, attention, padding_mask
 
 Layout = Literal["full", "spatial", "temporal"]
 
@@ -85,17 +85,6 @@ class KVCache:
         self.v[:, :, self.length : self.length + n] = v
         self.length += n
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
-
-
-def padding_mask(context: torch.Tensor) -> torch.Tensor | None:
-    """Keys to attend in cross-attention to a zero-padded text condition (B, S, Dt): a row that
-    is exactly zero is padding (real token embeddings never are). None when nothing is padded.
-    An all-zero condition (the null caption of runs without a text record) keeps every key, as
-    unmasked attention would."""
-    real = context.detach().abs().amax(-1) > 0  # (B, S)
-    if not torch.compiler.is_compiling() and bool(real.all()):  # compiled: no host sync, the
-        return None  # all-True mask is the same attention
-    return real | ~real.any(-1, keepdim=True)  # (B, S)
 
 
 class Attention(nn.Module):

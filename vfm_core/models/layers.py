@@ -65,15 +65,26 @@ class TimestepEmbedder(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------- text
+def padding_mask(context: torch.Tensor) -> torch.Tensor | None:
+    """Real tokens of a zero-padded text condition (B, S, Dt): a row that is exactly zero is
+    padding (real token embeddings never are). None when nothing is padded. An all-zero condition
+    (the null caption of runs without a text record) keeps every token, as unmasked attention
+    would. Cross-attention's key mask and :func:`pool_text`'s rows."""
+    real = context.detach().abs().amax(-1) > 0  # (B, S)
+    if not torch.compiler.is_compiling() and bool(real.all()):  # compiled: no host sync, the
+        return None  # all-True mask is the same attention
+    return real | ~real.any(-1, keepdim=True)  # (B, S)
+
+
 def pool_text(text: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """Caption tokens (B, L, Dt) -> (B, Dt): the mean of each caption's real tokens, the first
-    ``lengths`` (B,) (packs), else its nonzero rows (zero rows are padding, as cross-attention's
-    :func:`~vfm_core.models.attention.padding_mask`; an all-zero caption, the null one, keeps
-    every row). A caption alone and padded pool alike."""
+    ``lengths`` (B,) (packs), else those :func:`padding_mask` keeps, so a caption alone and
+    padded pool alike."""
     b, L, _ = text.shape
     if lengths is None:
-        valid = text.detach().abs().amax(-1) > 0  # (B, L)
-        valid = valid | ~valid.any(-1, keepdim=True)
+        valid = padding_mask(text)  # (B, L) or None: nothing padded
+        if valid is None:
+            valid = torch.ones(b, L, dtype=torch.bool, device=text.device)
     else:
         valid = torch.arange(L, device=text.device)[None] < lengths.to(text.device)[:, None]
     total = (text * valid[..., None].to(text.dtype)).sum(1)  # (B, Dt)

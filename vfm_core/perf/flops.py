@@ -52,7 +52,7 @@ from typing import NamedTuple
 from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid
 from vfm_core.models.dit import block_layouts, build_model, count_params
-from vfm_core.models.layers import swiglu_width
+from vfm_core.perf.memory import mlp_width
 
 COMPONENTS = (
     "patch_embed",  # per token: C·pt·ph·pw -> D
@@ -181,11 +181,8 @@ def _terms(
 
 
 def _mlp_flops(cfg: ModelConfig, n: float) -> float:
-    """One block's MLP on n tokens: GELU (2 matrices) or SwiGLU (3, Llama width)."""
-    d = cfg.hidden
-    if cfg.mlp == "swiglu":
-        return 3 * matmul_flops(n, d, swiglu_width(d, cfg.mlp_ratio))
-    return 2 * matmul_flops(n, d, int(d * cfg.mlp_ratio))
+    """One block's MLP on n tokens: GELU (2 matrices) or SwiGLU (3) of width ``mlp_width``."""
+    return (3 if cfg.mlp == "swiglu" else 2) * matmul_flops(n, cfg.hidden, mlp_width(cfg))
 
 
 def _cross_terms(cfg: ModelConfig, n: float, b: float, L: float) -> list[_Term]:

@@ -105,14 +105,24 @@ def block_params(cfg: ModelConfig, index: int) -> int:
     return total
 
 
+def _pooled_text_params(cfg: ModelConfig) -> int:
+    """The pooled caption's projection Dt -> D (``text_conditioning='pooled'``), else 0."""
+    return 0 if cfg.cross_attention else cfg.text_dim * cfg.hidden + cfg.hidden
+
+
+def _ar_position_params(cfg: ModelConfig) -> int:
+    """The causal model's absolute-position projection head_dim -> D (``abs_pos`` > 0), else 0."""
+    return cfg.head_dim * cfg.hidden if cfg.abs_pos else 0
+
+
 def nonblock_params(cfg: ModelConfig) -> int:
     """Patch embedding, timestep MLP, AdaLN-LoRA global term and the final layer (the causal
-    video transformer: token embedding with BOS, final RMSNorm, output head)."""
-    text = 0 if cfg.cross_attention else cfg.text_dim * cfg.hidden + cfg.hidden  # pooled text
+    video transformer: token embedding with BOS, final RMSNorm, output head), and the pooled
+    caption's projection."""
+    text = _pooled_text_params(cfg)
     if cfg.arch == "ar":
         v, d = cfg.vocab_size, cfg.hidden
-        pos = cfg.head_dim * d if cfg.abs_pos else 0
-        return (v + 1) * d + pos + text + d + d * v
+        return (v + 1) * d + _ar_position_params(cfg) + text + d + d * v
     d, cp = cfg.hidden, cfg.in_channels * math.prod(cfg.patch)
     total = (cp + cfg.abs_pos) * d + d + cfg.freq_dim * d + d + d * d + d + text  # (+ pos)
     if cfg.adaln == "lora":
@@ -161,11 +171,11 @@ def rank_params(
         for i in map(int, stage_blocks(cfg.depth, stages, stage)):
             split, whole = block_param_split(cfg, i)
             total += split / tp + whole
-        text = 0 if cfg.cross_attention else cfg.text_dim * d + d  # pooled caption projection
+        text = _pooled_text_params(cfg)  # the DiT's on every stage, the AR's on the first
         if cfg.arch == "ar":
             v = cfg.vocab_size
-            pos = cfg.head_dim * d if cfg.abs_pos else 0
-            total += (v + 1) * d / tp + pos + text if stage == 0 else 0
+            first = (v + 1) * d / tp + _ar_position_params(cfg) + text
+            total += first if stage == 0 else 0
             total += d * v / tp + d if stage == stages - 1 else 0
             continue
         patch = cfg.in_channels * math.prod(cfg.patch)
@@ -246,8 +256,8 @@ def block_saved_elements(
     if recompute == "selective":  # outputs of matmuls and attention (+ block input)
         act = tok * d / dsplit  # block input
         act += passes * tok * ((2 * dq + 2 * dkv) / t + d / dsplit)  # q, k, v, attn out; o out
-        act += cross * (tok * (2 * dq / t + d / dsplit) + b * L * 2 * dkv / t)  # cross q, out,
-        # o; text k, v
+        # cross-attention q, out, o; text k, v
+        act += cross * (tok * (2 * dq / t + d / dsplit) + b * L * 2 * dkv / t)
         act += tok * ((2 if cfg.mlp == "swiglu" else 1) * f / t + d / dsplit)  # fc1 (w1, w3); fc2
         stat = (passes + cross) * tok * h / t  # LSE
         return {"act": act, "stat": stat}
