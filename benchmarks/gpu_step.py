@@ -2,9 +2,12 @@
 trainer's own pieces: the model built on the meta device and materialised (``apply_layout``),
 the objective's microbatches (counter-based draws, ``x_in`` / target), forward + backward under
 bf16 autocast, AdamW and the sharded EMA. Attention backends: ``sdpa`` (torch's flash kernel) and
-``te`` (transformer-engine's fused attention, where installed); FP8 GEMMs on / off (TE only).
+``te`` (transformer-engine's fused attention, where installed); FP8 GEMMs on / off
+(transformer-engine where installed, else torch's ``_scaled_mm``); each block eager or compiled
+(``train.compile``: regional ``torch.compile``; the first two steps, untimed, include compiling).
 
     python benchmarks/gpu_step.py [--recipe dit-7b] [--depth 4] [--seq 8192 32768] [--steps 5]
+        [--attn sdpa te] [--fp8 off auto] [--compile off on]
 
 MFU = training FLOPs per token (``vfm_core.perf.flops``, the model's real depth) x tokens /
 step time / the GPU's dense bf16 peak (``vfm_core.perf.hardware``). Prints a table and, with
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import statistics
@@ -46,7 +50,9 @@ LATENT = {8192: (8, 64, 64), 16384: (8, 64, 128), 32768: (8, 128, 128), 65536: (
 """Latent (T, H, W) per sequence length (patch 1x2x2)."""
 
 
-def run(recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, device) -> dict:
+def run(
+    recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, compile_: str, device
+) -> dict:
     t, h, w = LATENT[seq]
     cfg = apply_overrides(
         get_recipe(recipe),
@@ -59,6 +65,7 @@ def run(recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, devi
             "data.batch_size=1",
             "train.dtype=bfloat16",
             f"train.device={device.type}",
+            f"train.compile={compile_}",
         ],
     )
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, fp8=fp8))
@@ -123,6 +130,7 @@ def run(recipe: str, depth: int, seq: int, steps: int, attn: str, fp8: str, devi
         "attention_why": why,
         "fp8": use_fp8,
         "fp8_why": fp8_why,
+        "compile": compile_,
         "step_s": step_s,
         "tokens_per_s": tokens / step_s,
         "tflops": fpt * tokens / step_s / 1e12,
@@ -156,6 +164,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--attn", nargs="+", default=["sdpa", "te"])
     ap.add_argument("--fp8", nargs="+", default=["off", "auto"])
+    ap.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -163,31 +172,32 @@ def main() -> int:
     init_world(device)
     rows = []
     print(
-        f"{'seq':>6} {'attention':>9} {'fp8':>5} {'step s':>8} {'tokens/s':>9} {'TFLOPS':>7} "
-        f"{'MFU':>6} {'mem GiB':>8}  note"
+        f"{'seq':>6} {'attention':>9} {'fp8':>5} {'compile':>7} {'step s':>8} {'tokens/s':>9} "
+        f"{'TFLOPS':>7} {'MFU':>6} {'mem GiB':>8}  note"
     )
-    for seq in args.seq:
-        for attn in args.attn:
-            for fp8 in args.fp8:
-                why = _unusable(attn, fp8)
-                if why:  # say why, spend no time building it
-                    print(f"{seq:>6} {attn:>9} {fp8:>5} not run: {why}"[:200], flush=True)
-                    continue
-                try:
-                    r = run(args.recipe, args.depth, seq, args.steps, attn, fp8, device)
-                except Exception as e:  # one configuration's failure is a row, not the end
-                    print(f"{seq:>6} {attn:>9} {fp8:>5} failed: {type(e).__name__}: {e}"[:300])
-                    continue
-                rows.append(r)
-                note = "" if r["attention"] == attn else r["attention_why"]
-                if fp8 != "off" and not r["fp8"]:
-                    note += f" {r['fp8_why']}"
-                print(
-                    f"{r['seq']:>6} {r['attention']:>9} {'on' if r['fp8'] else 'off':>5} "
-                    f"{r['step_s']:>8.3f} {r['tokens_per_s']:>9.0f} {r['tflops']:>7.1f} "
-                    f"{r['mfu']:>6.1%} {r['peak_mem_gib']:>8.1f}  {note.strip()[:80]}",
-                    flush=True,
-                )
+    for seq, attn, fp8, comp in itertools.product(args.seq, args.attn, args.fp8, args.compile):
+        head = f"{seq:>6} {attn:>9} {fp8:>5} {comp:>7}"
+        why = _unusable(attn, fp8)
+        if why:  # say why, spend no time building it
+            print(f"{head} not run: {why}"[:200], flush=True)
+            continue
+        try:
+            r = run(args.recipe, args.depth, seq, args.steps, attn, fp8, comp, device)
+        except Exception as e:  # one configuration's failure is a row, not the end
+            print(f"{head} failed: {type(e).__name__}: {e}"[:300], flush=True)
+            continue
+        finally:
+            torch._dynamo.reset()  # no compiled graph of one row guards the next
+        rows.append(r)
+        note = "" if r["attention"] == attn else r["attention_why"]
+        if fp8 != "off":
+            note += f" {r['fp8_why']}"
+        print(
+            f"{r['seq']:>6} {r['attention']:>9} {'on' if r['fp8'] else 'off':>5} {comp:>7} "
+            f"{r['step_s']:>8.3f} {r['tokens_per_s']:>9.0f} {r['tflops']:>7.1f} "
+            f"{r['mfu']:>6.1%} {r['peak_mem_gib']:>8.1f}  {note.strip()[:80]}",
+            flush=True,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

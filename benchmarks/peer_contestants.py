@@ -121,10 +121,12 @@ def load_peer(repo: str, file: str, name: str, flag: str) -> types.ModuleType:
 
 
 def commit(repo: str) -> str:
-    r = subprocess.run(
-        ["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return r.stdout.strip() or "not a git checkout"
+    """The checkout's commit; a copy of the file inside another repository is no checkout."""
+    git = ["git", "-C", repo, "rev-parse"]
+    top = subprocess.run([*git, "--show-toplevel"], capture_output=True, text=True).stdout.strip()
+    if not top or Path(top).resolve() != Path(repo).expanduser().resolve():
+        return "not a git checkout"
+    return subprocess.run([*git, "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 # ------------------------------------------------------------------------ contestants
@@ -138,32 +140,54 @@ class Contestant:
     unit: str = "tok"
 
 
-def plain_loop(model: nn.Module, forward: Callable[[], torch.Tensor], loss_fn) -> Callable:
-    """zero_grad, forward, loss, backward, step with torch's default AdamW."""
+def device_of(args: argparse.Namespace) -> torch.device:
+    return torch.device(args.device)
+
+
+def amp(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """The forward's precision: bf16 autocast (as nanoGPT's train.py and vfm's trainer run it)
+    with ``--dtype bfloat16``, else fp32 (a disabled autocast)."""
+    return torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+
+
+def vfm_overrides(args: argparse.Namespace) -> list[str]:
+    """vfm's run settings for ``--device`` / ``--dtype``; blocks eager unless a contestant says
+    ``train.compile=on`` (the default 'auto' compiles on CUDA)."""
+    return [f"train.device={args.device}", f"train.dtype={args.dtype}", "train.compile=off"]
+
+
+def plain_loop(
+    model: nn.Module, forward: Callable[[], torch.Tensor], loss_fn, args: argparse.Namespace
+) -> Callable:
+    """zero_grad, forward and loss (under :func:`amp`), backward, step with torch's default
+    AdamW (the for-loop on CPU, foreach on CUDA)."""
     opt = torch.optim.AdamW(model.parameters())
     model.train()
 
     def step() -> None:
         opt.zero_grad()
-        loss_fn(forward()).backward()
+        with amp(args):
+            loss = loss_fn(forward())
+        loss.backward()
         opt.step()
 
     return step
 
 
 def plain_contestants(
-    name: str, build: Callable[[], nn.Module], fwd, loss_fn, units: int, compiled: bool
+    name: str, build: Callable[[], nn.Module], fwd, loss_fn, units: int, args: argparse.Namespace
 ) -> list:
-    """``name`` in a plain loop over a model from ``build()`` (``fwd(model)`` -> output), and
-    with ``compiled`` the same over a fresh model whose blocks are compiled (``train.compile``)."""
+    """``name`` in a plain loop over a model from ``build()`` (``fwd(model)`` -> output) on
+    ``--device``, and with ``--compile`` the same over a fresh model whose blocks are compiled
+    (``train.compile``)."""
     from vfm_core.parallel.parallelize import compile_each_block
 
     out = []
-    for suffix in ("", " compiled") if compiled else ("",):
-        model = build()
+    for suffix in ("", " compiled") if args.compile else ("",):
+        model = build().to(device_of(args))
         if suffix:
             compile_each_block(model)
-        step = plain_loop(model, functools.partial(fwd, model), loss_fn)
+        step = plain_loop(model, functools.partial(fwd, model), loss_fn, args)
         out.append(Contestant(name=name + suffix, step=step, units=units))
     return out
 
@@ -176,8 +200,9 @@ RoPE, the absolute-position features of the recipe, RMSNorm + SwiGLU (AR)."""
 
 def trainer_contestants(name: str, cfg, units: int, compiled: bool) -> list:
     """``name``: vfm's ``Trainer.train_step`` of ``cfg`` (its objective, AdamW, clipping,
-    schedule) on one batch of its source, the same every step as the plain loops; with
-    ``compiled`` also the trainer with ``train.compile=on``."""
+    schedule; its device, dtype and ``train.compile`` from :func:`vfm_overrides`) on one batch of
+    its source, the same every step as the plain loops; with ``compiled`` also the trainer with
+    ``train.compile=on``."""
     from vfm_core.config import apply_overrides
     from vfm_core.train.trainer import Trainer
 
@@ -203,27 +228,26 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     over = (
         f"model.hidden={w} model.depth=4 model.heads={w // 64} model.in_channels=4 "
         f"model.patch=[1,2,2] data.source=synthetic data.batch_size={b} data.latent_frames=1 "
-        "data.latent_height=32 data.latent_width=32 train.ema_decay=0 train.device=cpu "
-        "tracking.mlflow=false"
+        "data.latent_height=32 data.latent_width=32 train.ema_decay=0 tracking.mlflow=false"
     )
-    recipe = apply_overrides(get_recipe("dit-tiny"), over.split())
+    recipe = apply_overrides(get_recipe("dit-tiny"), [*over.split(), *vfm_overrides(args)])
     matched = apply_overrides(recipe, [*MATCHED, "model.adaln=zero"])
-    g = torch.Generator().manual_seed(0)
+    g, dev = torch.Generator().manual_seed(0), device_of(args)
     tokens = b * 16 * 16
     out = []
     for label, cfg in (("", recipe), (" matched", matched)):
         m = cfg.model
-        x = torch.randn(b, 4, 1, 32, 32, generator=g)  # (B, C, T, H, W)
-        c_noise = torch.randn(b, generator=g)
-        text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
-        target = torch.randn(b, 4, 1, 32, 32, generator=g)
+        x = torch.randn(b, 4, 1, 32, 32, generator=g).to(dev)  # (B, C, T, H, W)
+        c_noise = torch.randn(b, generator=g).to(dev)
+        text = torch.randn(b, m.text_len, m.text_dim, generator=g).to(dev)  # (B, L, Dt)
+        target = torch.randn(b, 4, 1, 32, 32, generator=g).to(dev)
         out += plain_contestants(
             f"vfm DiT plain{label}",
             functools.partial(build_model, m),
             lambda model, x=x, c=c_noise, t=text: model(x, c, t),
-            lambda o, target=target: F.mse_loss(o, target),
+            lambda o, target=target: F.mse_loss(o.float(), target),
             tokens,
-            args.compile,
+            args,
         )
         out += trainer_contestants(f"vfm DiT trainer{label}", cfg, tokens, args.compile)
     if dit_mod is not None:
@@ -236,15 +260,16 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
             num_heads=w // 64,
             learn_sigma=False,
             num_classes=1000,
-        )
-        px = torch.randn(b, 4, 32, 32, generator=g)  # (B, C, H, W)
-        t, y = torch.randint(0, 1000, (b,), generator=g), torch.randint(0, 1000, (b,), generator=g)
-        ptarget = torch.randn(b, 4, 32, 32, generator=g)
+        ).to(dev)
+        px = torch.randn(b, 4, 32, 32, generator=g).to(dev)  # (B, C, H, W)
+        t = torch.randint(0, 1000, (b,), generator=g).to(dev)
+        y = torch.randint(0, 1000, (b,), generator=g).to(dev)
+        ptarget = torch.randn(b, 4, 32, 32, generator=g).to(dev)
         fwd = lambda: peer(px, t, y)  # noqa: E731
         out.append(
             Contestant(
                 name="facebookresearch/DiT",
-                step=plain_loop(peer, fwd, lambda o: F.mse_loss(o, ptarget)),
+                step=plain_loop(peer, fwd, lambda o: F.mse_loss(o.float(), ptarget), args),
                 units=tokens,
             )
         )
@@ -268,7 +293,7 @@ def ar_config(args: argparse.Namespace, *, matched: bool = False):
     over = [f"model.hidden={w}", "model.depth=4", f"model.heads={heads}", f"model.kv_heads={heads}"]
     over += ["model.vocab_size=1000", "data.source=synthetic", f"data.batch_size={AR_BATCH}"]
     over += [f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={wd}"]
-    over += ["train.ema_decay=0", "train.device=cpu", "tracking.mlflow=false"]
+    over += ["train.ema_decay=0", "tracking.mlflow=false", *vfm_overrides(args)]
     if matched:
         over += [*MATCHED, "model.mlp=gelu_exact", "model.norm=layer"]
     return apply_overrides(get_recipe("ar-tiny"), over)
@@ -293,34 +318,35 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
     from vfm_core.models.ar import next_token_loss
     from vfm_core.models.dit import build_model
 
-    b, grid = AR_BATCH, AR_GRID
+    b, grid, dev = AR_BATCH, AR_GRID, device_of(args)
     n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
     out = []
     for label, cfg in (("", ar_config(args)), (" matched", ar_config(args, matched=True))):
         m = cfg.model
-        ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g)  # (B, T, H, W)
-        text = torch.randn(b, m.text_len, m.text_dim, generator=g)  # (B, L, Dt)
+        ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g).to(dev)  # (B, T, H, W)
+        text = torch.randn(b, m.text_len, m.text_dim, generator=g).to(dev)  # (B, L, Dt)
         out += plain_contestants(
             f"vfm AR plain{label}",
             functools.partial(build_model, m),
             lambda model, ids=ids, text=text: model(ids, text),
             lambda o, ids=ids: next_token_loss(o, ids.flatten(1)),
             b * n,
-            args.compile,
+            args,
         )
         out += trainer_contestants(f"vfm AR trainer{label}", cfg, b * n, args.compile)
-    gpt = nanogpt(args, gpt_mod, n, m.vocab_size)
+    gpt = nanogpt(args, gpt_mod, n, m.vocab_size).to(dev)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
-        opt = gpt.configure_optimizers(
-            weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.95), device_type="cpu"
+        opt = gpt.configure_optimizers(  # fused AdamW on CUDA, as nanoGPT's train.py
+            weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.95), device_type=dev.type
         )
-    idx = torch.randint(0, m.vocab_size, (b, n), generator=g)  # (B, N)
-    tgt = torch.randint(0, m.vocab_size, (b, n), generator=g)
+    idx = torch.randint(0, m.vocab_size, (b, n), generator=g).to(dev)  # (B, N)
+    tgt = torch.randint(0, m.vocab_size, (b, n), generator=g).to(dev)
     gpt.train()
 
     def gpt_step() -> None:
         opt.zero_grad()
-        _, loss = gpt(idx, tgt)
+        with amp(args):
+            _, loss = gpt(idx, tgt)
         loss.backward()
         opt.step()
 
@@ -374,27 +400,27 @@ def sampler_contestants(args: argparse.Namespace) -> list:
         "model.patch=[1,2,2] diffusion.sampler=heun"
     )
     cfg = apply_overrides(get_recipe("dit-tiny"), over.split())
-    m = cfg.model
-    model = build_model(m).eval()
+    m, dev = cfg.model, device_of(args)
+    model = build_model(m).to(dev).eval()
     g = torch.Generator().manual_seed(0)
-    noise = torch.randn(1, 4, 1, 32, 32, generator=g)  # (1, C, T, H, W): 256 tokens
-    text = torch.randn(1, m.text_len, m.text_dim, generator=g)
+    noise = torch.randn(1, 4, 1, 32, 32, generator=g).to(dev)  # (1, C, T, H, W): 256 tokens
+    text = torch.randn(1, m.text_len, m.text_dim, generator=g).to(dev)
     calls: list[tuple] = []
 
     def record(_mod, a, kw):
         calls.append(tuple(t.detach().clone() for t in a))
 
     hook = model.register_forward_pre_hook(record, with_kwargs=True)
-    with torch.no_grad():
+    with torch.no_grad(), amp(args):
         sample_latent(model, cfg.diffusion, noise, text, steps=steps, guidance=3.0)
     hook.remove()
 
     def sampler() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), amp(args):
             sample_latent(model, cfg.diffusion, noise, text, steps=steps, guidance=3.0)
 
     def bare() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), amp(args):
             for a in calls:
                 model(*a)
 
@@ -412,14 +438,15 @@ def ar_generate_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType 
     from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
     from vfm_core.models.dit import build_model
 
-    m, b, grid = ar_config(args).model, AR_BATCH, AR_GRID
+    m, b, grid, dev = ar_config(args).model, AR_BATCH, AR_GRID, device_of(args)
     n = int(np.prod(grid))
-    vfm = build_model(m).eval()
+    vfm = build_model(m).to(dev).eval()
     text = torch.randn(b, m.text_len, m.text_dim, generator=torch.Generator().manual_seed(2))
+    text = text.to(dev)  # (B, L, Dt)
 
     def vfm_gen(cache: bool) -> Callable[[], object]:
         def step() -> None:
-            with torch.no_grad():
+            with torch.no_grad(), amp(args):
                 sample_tokens(vfm, text, grid, SamplingConfig(seed=0, use_cache=cache))
 
         return step
@@ -429,11 +456,11 @@ def ar_generate_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType 
         Contestant(name="vfm AR sample_tokens (no cache)", step=vfm_gen(False), units=b * n),
     ]
     if gpt_mod is not None:
-        gpt = nanogpt(args, gpt_mod, n, m.vocab_size).eval()
-        start = torch.zeros(b, 1, dtype=torch.long)
+        gpt = nanogpt(args, gpt_mod, n, m.vocab_size).to(dev).eval()
+        start = torch.zeros(b, 1, dtype=torch.long, device=dev)
 
         def gpt_gen() -> None:
-            with torch.no_grad():
+            with torch.no_grad(), amp(args):
                 gpt.generate(start, max_new_tokens=n - 1)
 
         out.append(Contestant(name="karpathy/nanoGPT generate", step=gpt_gen, units=b * n))

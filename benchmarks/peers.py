@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/peers.py --dit-repo DIR --nanogpt-repo DIR [--rounds 5]
         [--steps 2] [--width 512] [--clips 48] [--threads 1] [--only dit,ar,loader,gen]
-        [--compile] [--json]
+        [--compile] [--device cpu|cuda] [--dtype float32|bfloat16] [--json]
 
 One process, CPU fp32, one intra-op thread by default (on a shared machine a second OpenMP
 thread waits at every op's barrier for a free core: measured on 2 cores at load 11, a
@@ -45,8 +45,11 @@ SDPA restricted to its math backend (the CPU flash kernel has no FLOP formula in
 and would count 0); it counts matmuls, convolutions and attention only, so the optimizer adds
 nothing: the count is that of forward + backward. Top ops: ``torch.profiler`` of one step by
 self CPU time (models); ``cProfile`` by own time for the loaders, whose work is Python and
-PyAV, not aten ops. The contestants (and the peers' source, with a stand-in for timm where DiT's
-import of it fails) are built in ``benchmarks/peer_contestants.py``.
+PyAV, not aten ops. ``--device cuda --dtype bfloat16``: the same table on a GPU, every forward
+under bf16 autocast (the peers' as nanoGPT's train.py runs it, nanoGPT with its fused AdamW),
+the clock read after a device synchronise, top ops by self device time. The contestants (and
+the peers' source, with a stand-in for timm where DiT's import of it fails) are built in
+``benchmarks/peer_contestants.py``.
 """
 
 from __future__ import annotations
@@ -87,6 +90,12 @@ SECTIONS = ("dit", "ar", "loader", "gen")
 
 
 # ------------------------------------------------------------------------ measurement
+def sync() -> None:
+    """Wait for the GPU's queued work (a no-op on CPU), so a clock read covers it."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def race(cs: list[Contestant], rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
     """Units/s of every contestant per round; within a round each runs ``steps`` steps."""
     for c in cs:
@@ -95,9 +104,11 @@ def race(cs: list[Contestant], rounds: int, steps: int, warmup: int) -> dict[str
     rates: dict[str, list[float]] = {c.name: [] for c in cs}
     for r in range(rounds):
         for c in cs if r % 2 == 0 else cs[::-1]:
+            sync()
             t0 = time.perf_counter()
             for _ in range(steps):
                 c.step()
+            sync()
             rates[c.name].append(steps * c.units / (time.perf_counter() - t0))
     return rates
 
@@ -110,16 +121,20 @@ def flops_per_unit(c: Contestant) -> float:
 
 
 def top_ops(c: Contestant, model: bool, k: int = 5) -> list[dict]:
-    """The ``k`` ops (torch.profiler, models) or functions (cProfile, loaders) of one step
-    with the most self time."""
+    """The ``k`` ops (torch.profiler, models: by self CPU time, on a GPU by self device time)
+    or functions (cProfile, loaders) of one step with the most self time."""
     if model:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        with profile(activities=acts) as prof:
             c.step()
+            sync()
         events = prof.key_averages()
-        total = sum(e.self_cpu_time_total for e in events) or 1.0
-        top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:k]
+        attr = "self_device_time_total" if gpu else "self_cpu_time_total"
+        total = sum(getattr(e, attr) for e in events) or 1.0
+        top = sorted(events, key=lambda e: getattr(e, attr), reverse=True)[:k]
         return [
-            {"op": e.key, "ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total}
+            {"op": e.key, "ms": getattr(e, attr) / 1e3, "share": getattr(e, attr) / total}
             for e in top
         ]
     pr = cProfile.Profile()
@@ -198,9 +213,14 @@ def print_report(out: dict) -> None:
     cfg = out["config"]
     if not out["rows"]:
         return
+    where = (
+        f"{cfg['gpu']} {cfg['dtype']}"
+        if cfg["device"] == "cuda"
+        else f"CPU {cfg['dtype']}, {cfg['threads']} thread(s), {cfg['cores']} cores at load "
+        f"{cfg['load_avg']:.1f}"
+    )
     print(
-        f"\n## vfm vs peers (torch {cfg['torch']}, CPU fp32, {cfg['threads']} thread(s), "
-        f"{cfg['cores']} cores at load {cfg['load_avg']:.1f}, width {cfg['width']}, "
+        f"\n## vfm vs peers (torch {cfg['torch']}, {where}, width {cfg['width']}, "
         f"{cfg['rounds']} rounds x {cfg['steps']} steps)"
     )
     print(
@@ -219,7 +239,8 @@ def print_report(out: dict) -> None:
             f"{f(b['flops_per_unit'] and b['flops_per_unit'] / 1e6, '.1f')} | "
             f"{f(a['gflops_s'], '.1f')} | {f(b['gflops_s'], '.1f')} |"
         )
-    print("\ntop 5 by self CPU time of one step (models: torch.profiler; loaders: cProfile)")
+    clock = "device" if cfg["device"] == "cuda" else "CPU"
+    print(f"\ntop 5 by self {clock} time of one step (models: torch.profiler; loaders: cProfile)")
     for name, v in c.items():
         ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in v["top_ops"])
         print(f"- {name}: {ops}")
@@ -241,8 +262,14 @@ def main() -> int:
         action="store_true",
         help="also race vfm with each block compiled (train.compile=on; minutes of compiling)",
     )
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: autocast"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here")
     only = set(args.only.split(","))
     if bad := only - set(SECTIONS):
         ap.error(f"--only: unknown section(s) {sorted(bad)} (choose from {', '.join(SECTIONS)})")
@@ -257,6 +284,7 @@ def main() -> int:
             "threads": torch.get_num_threads(),
             "load_avg": os.getloadavg()[0],
             "cores": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
             **{k: v for k, v in vars(args).items() if k != "json"},
         },
         "rows": [],

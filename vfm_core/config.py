@@ -357,8 +357,9 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Autocast dtype of the forward pass."""
     fp8: Literal["off", "auto", "on"] = "off"
-    """FP8 GEMMs in the transformer blocks through transformer-engine (Ada/Hopper GPUs): 'auto'
-    uses them when they can run and says why not otherwise, 'on' refuses to run without them."""
+    """FP8 GEMMs in the transformer blocks (Ada/Hopper GPUs) through transformer-engine where
+    installed, else torch's ``_scaled_mm`` (tensorwise dynamic scaling): 'auto' uses them when
+    they can run and says why not otherwise, 'on' refuses to run without them."""
     compile: Literal["off", "auto", "on"] = "auto"
     """Regional ``torch.compile`` of each transformer block (torchtitan's ``apply_compile``:
     after TP / CP / activation checkpointing, before FSDP): fused element-wise kernels, the same

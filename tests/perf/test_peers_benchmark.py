@@ -1,5 +1,6 @@
 """benchmarks/peers.py: a tiny DiT row against a local facebookresearch/DiT checkout (where one
-exists), and the one-line skip of every comparison whose checkout is not given."""
+exists), the AR rows in bf16 autocast, and the one-line skip of every comparison whose checkout
+is not given."""
 
 from __future__ import annotations
 
@@ -64,7 +65,10 @@ def test_tiny_dit_row_against_the_reference_checkout():
 def test_tiny_ar_rows_against_the_reference_checkout():
     if not (NANOGPT_REPO / "model.py").is_file():
         pytest.skip(f"no karpathy/nanoGPT checkout at {NANOGPT_REPO}")
-    out = run_json("--steps", "1", "--only", "ar", "--nanogpt-repo", str(NANOGPT_REPO))
+    # in bf16 autocast (the GPU table's precision; CPU autocast here): the same FLOPs are counted
+    out = run_json(
+        "--steps", "1", "--only", "ar", "--dtype", "bfloat16", "--nanogpt-repo", str(NANOGPT_REPO)
+    )
     assert {row["row"] for row in out["rows"]} == {
         "AR plain loop, recipe",
         "AR plain loop, matched",

@@ -1,22 +1,28 @@
-"""Thin, runtime-selected FP8 adapter: transformer-engine linears under ``fp8_autocast``
-(optional ``gpu`` extra; ``train.fp8: off | auto | on``).
+"""Thin, runtime-selected FP8 adapter (``train.fp8: off | auto | on``): transformer-engine
+linears under ``fp8_autocast`` where TE is installed (optional ``gpu`` extra), else torch-native
+FP8 linears (``torch._scaled_mm``, :mod:`vfm_core.models.fp8_torch`).
 
-FP8 GEMMs need an Ada / Hopper GPU (compute capability >= 8.9) and transformer-engine, which
-cannot be imported without CUDA, so everything TE-specific is imported lazily. What runs:
+FP8 GEMMs need an Ada / Hopper GPU (compute capability >= 8.9); transformer-engine cannot be
+imported without CUDA, so everything TE-specific is imported lazily. What runs:
 
+* :func:`fp8_status` / :func:`fp8_backend` say whether FP8 can run and which backend: ``"te"``
+  (transformer-engine importable: delayed scaling, HYBRID e4m3/e5m2), ``"torch"`` (TE absent or
+  broken: tensorwise dynamic scaling per call, the recipe of torchao's ``Float8Linear``) or
+  ``None`` (no CUDA, or a GPU older than 8.9);
 * :func:`resolve_fp8` maps the setting to on/off and says why (``auto`` falls back to the
   configured dtype; ``on`` where FP8 cannot run is a :class:`ConfigError` naming the setting);
 * :func:`fp8_linear_names` picks the GEMMs that go to FP8: the projections and MLP inside the
   transformer blocks whose sizes FP8 kernels accept (multiples of 16). AdaLN modulation, the
   embedders and the final layer stay in the higher precision (the paper keeps the conditioning
   path and the output in bf16);
-* :func:`to_te_linears` swaps those ``nn.Linear`` for ``te.Linear`` with the same weights and
-  parameter names (checkpoints stay interchangeable with the torch model);
-* :func:`fp8_autocast` is TE's ``fp8_autocast`` (delayed scaling, HYBRID e4m3/e5m2) when on,
-  a no-op context otherwise.
+* :func:`to_fp8_linears` swaps those ``nn.Linear`` for the backend's FP8 linear
+  (:func:`to_te_linears`: ``te.Linear``; torch: ``fp8_torch.Float8Linear``) with the same
+  weights and parameter names (checkpoints stay interchangeable with the torch model);
+* :func:`fp8_autocast` is TE's ``fp8_autocast`` when on with the TE backend, a no-op context
+  otherwise (the torch backend scales every call itself).
 
-Tensor parallelism shards ``nn.Linear`` with DTensor plans, which TE modules are not, so FP8
-with ``parallel.tp > 1`` resolves to off (``auto``) or is refused (``on``).
+Tensor parallelism shards ``nn.Linear`` with DTensor plans, which neither FP8 linear handles,
+so FP8 with ``parallel.tp > 1`` resolves to off (``auto``) or is refused (``on``).
 """
 
 from __future__ import annotations
@@ -34,15 +40,36 @@ FP8_MIN_CAPABILITY = (8, 9)
 _FP8_SKIP = ("modulation",)  # AdaLN: conditioning path stays in bf16 / fp32
 
 
-def fp8_status() -> tuple[bool, str]:
-    """(usable, reason) for transformer-engine FP8 GEMMs on this machine."""
-    usable, reason = te_status()  # CUDA present, transformer-engine importable
-    if not usable:
-        return False, reason
+def _fp8_select() -> tuple[str | None, str]:
+    """(backend or None, reason): ``"te"``, ``"torch"`` or ``None`` (module docstring)."""
+    if not torch.cuda.is_available():
+        return None, "no CUDA device"
     cap = torch.cuda.get_device_capability()
     if cap < FP8_MIN_CAPABILITY:
-        return False, f"GPU compute capability {cap[0]}.{cap[1]} < 8.9 (FP8 needs Ada or Hopper)"
-    return True, "transformer-engine FP8 (delayed scaling, HYBRID)"
+        return None, f"GPU compute capability {cap[0]}.{cap[1]} < 8.9 (FP8 needs Ada or Hopper)"
+    te_usable, te_reason = te_status()  # CUDA present: transformer-engine importable?
+    if te_usable:
+        return "te", "transformer-engine FP8 (delayed scaling, HYBRID)"
+    if not hasattr(torch, "_scaled_mm"):
+        return None, f"{te_reason}; this torch has no _scaled_mm"
+    why = (
+        "transformer-engine not installed"
+        if te_reason.startswith("transformer-engine not installed")
+        else te_reason
+    )
+    return "torch", f"torch-native FP8 (torch._scaled_mm, tensorwise dynamic scaling; {why})"
+
+
+def fp8_status() -> tuple[bool, str]:
+    """(usable, reason) for FP8 GEMMs on this machine, by either backend (:func:`fp8_backend`)."""
+    backend, reason = _fp8_select()
+    return backend is not None, reason
+
+
+def fp8_backend() -> str | None:
+    """The FP8 backend this machine runs: ``"te"`` (transformer-engine), ``"torch"``
+    (``torch._scaled_mm``) or ``None`` (FP8 cannot run; :func:`fp8_status` says why)."""
+    return _fp8_select()[0]
 
 
 def resolve_fp8(requested: str, *, tp: int = 1) -> tuple[bool, str]:
@@ -56,8 +83,8 @@ def resolve_fp8(requested: str, *, tp: int = 1) -> tuple[bool, str]:
         usable, reason = (
             False,
             (
-                f"parallel.tp={tp}: DTensor tensor parallelism shards torch linears, not "
-                "transformer-engine ones"
+                f"parallel.tp={tp}: DTensor tensor parallelism shards plain torch linears, "
+                "not FP8 ones"
             ),
         )
     if requested == "on" and not usable:
@@ -83,8 +110,9 @@ def fp8_linear_names(model: nn.Module) -> list[str]:
 def to_te_linears(model: nn.Module) -> int:
     """Replace the FP8-eligible linears of ``model`` by ``transformer_engine.pytorch.Linear`` with
     the same weights and parameter names; returns how many were replaced (CUDA + TE only)."""
-    usable, reason = fp8_status()
-    if not usable:
+    backend, reason = _fp8_select()
+    if backend != "te":
+        reason = reason if backend is None else te_status()[1]
         raise ConfigError(f"train.fp8: cannot convert linears to transformer-engine: {reason}")
     import transformer_engine.pytorch as te
 
@@ -108,6 +136,20 @@ def to_te_linears(model: nn.Module) -> int:
     return len(names)
 
 
+def to_fp8_linears(model: nn.Module) -> int:
+    """Replace the FP8-eligible linears of ``model`` (:func:`fp8_linear_names`) by the FP8
+    linears of this machine's backend (:func:`fp8_backend`), same weights and parameter names;
+    returns how many were replaced. Raises :class:`ConfigError` where FP8 cannot run."""
+    backend, reason = _fp8_select()
+    if backend == "te":
+        return to_te_linears(model)
+    if backend == "torch":
+        from vfm_core.models.fp8_torch import to_torch_fp8_linears
+
+        return to_torch_fp8_linears(model, fp8_linear_names(model))
+    raise ConfigError(f"train.fp8: cannot convert linears to FP8: {reason}")
+
+
 FP8_STATE_SUFFIX = "._extra_state"
 
 
@@ -120,8 +162,10 @@ def drop_fp8_state(state: dict) -> dict:
 
 @contextlib.contextmanager
 def fp8_autocast(enabled: bool) -> Iterator[None]:
-    """TE's FP8 autocast (delayed scaling, e4m3 forward / e5m2 gradients) when ``enabled``."""
-    if not enabled:
+    """TE's FP8 autocast (delayed scaling, e4m3 forward / e5m2 gradients) when ``enabled`` and
+    the backend is transformer-engine; a no-op context otherwise (the torch backend's linears
+    scale every call themselves)."""
+    if not enabled or fp8_backend() == "torch":
         yield
         return
     import transformer_engine.pytorch as te

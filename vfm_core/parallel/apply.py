@@ -128,14 +128,15 @@ def apply_layout(
 ) -> AppliedLayout:
     """Build ``cfg.model`` for this rank under ``cfg.parallel`` (degrees in ``dims``, mesh built)
     in the order of the module docstring. ``loss_fn(output, microbatch)``: the objective's loss,
-    needed by the pipeline's last stage (pp > 1). ``fp8``: transformer-engine linears replace the
-    block GEMMs, a conversion that needs real weights: the model is then built and initialised on
-    the device first (one full copy per rank) and converted before it is parallelised."""
+    needed by the pipeline's last stage (pp > 1). ``fp8``: FP8 linears of this machine's backend
+    (transformer-engine, else torch-native ``torch._scaled_mm``) replace the block GEMMs, a
+    conversion that needs real weights: the model is then built and initialised on the device
+    first (one full copy per rank) and converted before it is parallelised."""
     seed = cfg.train.seed
     if fp8:
-        from vfm_core.models.fp8 import to_te_linears
+        from vfm_core.models.fp8 import to_fp8_linears
 
-        parts = build_parts(cfg, dims, device=device, seed=seed, prepare=to_te_linears)
+        parts = build_parts(cfg, dims, device=device, seed=seed, prepare=to_fp8_linears)
     else:
         parts = build_parts(cfg, dims, device="meta")
         for part in parts:
