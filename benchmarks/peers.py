@@ -148,8 +148,15 @@ def top_ops(c: Contestant, model: bool, k: int = 5) -> list[dict]:
     ]
 
 
+def say(line: str) -> None:
+    """A progress line on stderr (the report goes to stdout at the end)."""
+    print(f"[peers {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
 def measure(cs: list[Contestant], args: argparse.Namespace, steps: int, model: bool) -> dict:
+    say(f"racing {len(cs)} contestants: {', '.join(c.name for c in cs)}")
     rates = race(cs, args.rounds, steps, warmup=args.warmup)
+    say("counting FLOPs and profiling one step each")
     res = {}
     fpus: dict[str, float | None] = {}
     for c in cs:  # a compiled contestant does the FLOPs of its eager twin (listed before it)

@@ -55,3 +55,16 @@ def test_fused_and_foreach_agree_and_resume_bit_identically(fused):
     _step(ref_opt, reference, grads)
     for a, b in zip(straight, reference, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_is_foreach_on_cpu_and_the_setting_parses():
+    from vfm_core.config import apply_overrides
+    from vfm_core.recipes import get_recipe
+
+    cfg = get_recipe("dit-tiny")
+    assert cfg.optim.fused == "auto"
+    opt, _ = build_optimizer(_params(), cfg.optim, total_steps=10)
+    assert not opt.param_groups[0].get("fused") and opt.param_groups[0]["foreach"]
+    assert apply_overrides(cfg, ["optim.fused=true"]).optim.fused is True
+    with pytest.raises(ValueError, match="optim.fused"):
+        apply_overrides(cfg, ["optim.fused=yes"])
