@@ -284,7 +284,8 @@ def ar_config(args: argparse.Namespace, *, matched: bool = False):
     """vfm's causal video transformer at the peer's size: ar-tiny with width W, depth 4, W/64
     heads (kv_heads = heads: multi-head like nanoGPT), vocabulary 1000, batch 4 of its 3x8x8
     synthetic token grids; ``matched``: with :data:`MATCHED` (nanoGPT has no text and no QK
-    norm) and nanoGPT's exact-GELU MLP and LayerNorm (ar-tiny: SwiGLU, RMSNorm)."""
+    norm) and nanoGPT's exact-GELU MLP without biases and LayerNorm (ar-tiny: SwiGLU,
+    RMSNorm)."""
     from vfm_core.config import apply_overrides
     from vfm_core.recipes import get_recipe
 
@@ -295,7 +296,7 @@ def ar_config(args: argparse.Namespace, *, matched: bool = False):
     over += [f"data.latent_frames={t}", f"data.latent_height={h}", f"data.latent_width={wd}"]
     over += ["train.ema_decay=0", "tracking.mlflow=false", *vfm_overrides(args)]
     if matched:
-        over += [*MATCHED, "model.mlp=gelu_exact", "model.norm=layer"]
+        over += [*MATCHED, "model.mlp=gelu_exact", "model.mlp_bias=false", "model.norm=layer"]
     return apply_overrides(get_recipe("ar-tiny"), over)
 
 

@@ -28,8 +28,9 @@ comparison whose checkout is not given is skipped with one line.
    multi-head like the peer; grid 3x8x8 = 192 tokens, vocab 1000, batch 4, next-token loss)
    vs karpathy/nanoGPT ``GPT`` with its own loss and ``configure_optimizers``; ``recipe``
    (SwiGLU, RMSNorm, cross-attention to the caption, QK norm) and ``matched`` (nanoGPT's
-   exact-GELU MLP and LayerNorm, pooled caption, no QK norm; nanoGPT has no text at all),
-   each in a plain loop and through vfm's trainer (next-token objective), as the DiT rows.
+   exact-GELU MLP without biases and LayerNorm, pooled caption, no QK norm; nanoGPT has no
+   text at all), each in a plain loop and through vfm's trainer (next-token objective), as the
+   DiT rows.
 4. Loader, decode on, batches of 8 over the same tars (``--clips`` synthetic H.264 clips made
    by ``benchmarks/loader.py``'s ``make_dataset``): vfm's shard loader (checksums on, its
    defaults) with 0 reader threads (its default) and with 2 vs ``webdataset.WebDataset`` +

@@ -56,6 +56,9 @@ class ModelConfig:
     """Feed-forward type: gelu = GELU with the tanh approximation (DiT's), gelu_exact = erf GELU
     (torch's default, nanoGPT's; on CPU torch's erf kernel is faster), swiglu (Llama; the
     autoregressive recipes)."""
+    mlp_bias: bool = True
+    """Biases in the GELU MLP's two linears (DiT's; false: none, as nanoGPT with ``bias=False``).
+    SwiGLU has none either way."""
     norm: Literal["layer", "rms"] = "layer"
     """Pre-norm type inside blocks (the autoregressive recipes: rms, Llama; layer there is
     GPT-2's, without bias)."""

@@ -103,11 +103,25 @@ def test_param_count_matches_module(name):
 
 
 @pytest.mark.parametrize(
-    "over", [{}, {"text_conditioning": "pooled"}, {"text_conditioning": "pooled", "mlp": "gelu"}]
+    "over",
+    [
+        {},
+        {"text_conditioning": "pooled"},
+        {"text_conditioning": "pooled", "mlp": "gelu"},
+        {"text_conditioning": "pooled", "mlp": "gelu_exact", "mlp_bias": False},
+    ],
 )
 def test_param_count_matches_module_ar(over):
     cfg = dataclasses.replace(get_recipe("ar-tiny").model, **over)
     assert param_count(cfg) == count_params(build_model(cfg, device="meta"))
+
+
+def test_param_count_without_mlp_biases():
+    cfg = dataclasses.replace(get_recipe("dit-tiny").model, mlp_bias=False)
+    model = build_model(cfg, device="meta")
+    assert param_count(cfg) == count_params(model)
+    mods = dict(model.named_modules())
+    assert mods["blocks.0.mlp.fc1"].bias is None and mods["blocks.0.mlp.fc2"].bias is None
 
 
 @pytest.mark.parametrize("recipe", ["dit-7b", "stdit-12b", "llama-dit-7b"])

@@ -207,14 +207,15 @@ def _rotate_real(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------- MLPs
 class GeluMLP(nn.Module):
-    """fc1 -> GELU (``approximate``: "tanh", DiT's, or "none", the exact erf) -> fc2."""
+    """fc1 -> GELU (``approximate``: "tanh", DiT's, or "none", the exact erf) -> fc2, with or
+    without biases."""
 
-    def __init__(self, dim: int, ratio: float, approximate: str = "tanh"):
+    def __init__(self, dim: int, ratio: float, approximate: str = "tanh", bias: bool = True):
         super().__init__()
         inner = int(dim * ratio)
         self.approximate = approximate
-        self.fc1 = nn.Linear(dim, inner)
-        self.fc2 = nn.Linear(inner, dim)
+        self.fc1 = nn.Linear(dim, inner, bias=bias)
+        self.fc2 = nn.Linear(inner, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))  # (B, N, D)
@@ -238,11 +239,12 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, N, D)
 
 
-def make_mlp(kind: str, dim: int, ratio: float) -> nn.Module:
-    """``model.mlp``: swiglu, gelu (tanh approximation) or gelu_exact."""
+def make_mlp(kind: str, dim: int, ratio: float, bias: bool = True) -> nn.Module:
+    """``model.mlp``: swiglu, gelu (tanh approximation) or gelu_exact; ``bias``: the GELU MLP's
+    (``model.mlp_bias``)."""
     if kind == "swiglu":
         return SwiGLU(dim, ratio)
-    return GeluMLP(dim, ratio, approximate="none" if kind == "gelu_exact" else "tanh")
+    return GeluMLP(dim, ratio, approximate="none" if kind == "gelu_exact" else "tanh", bias=bias)
 
 
 # -----------------------------------------------------------------------------------------

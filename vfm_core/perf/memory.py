@@ -95,7 +95,8 @@ def block_params(cfg: ModelConfig, index: int) -> int:
     total = passes * (d * dq + 2 * d * dkv + dq * d + qk)  # self-attention q, k, v, o (+ QK norm)
     total += cross * (d * dq + 2 * dt * dkv + dq * d + qk)  # cross-attention
     f = mlp_width(cfg)
-    total += 3 * d * f if cfg.mlp == "swiglu" else d * f + f + f * d + d
+    bias = f + d if cfg.mlp_bias else 0
+    total += 3 * d * f if cfg.mlp == "swiglu" else d * f + f * d + bias
     if cfg.arch == "ar":  # causal video transformer: affine RMSNorms, no AdaLN
         return total + n * d
     if cfg.adaln == "zero":
@@ -144,15 +145,13 @@ def block_param_split(cfg: ModelConfig, index: int) -> tuple[int, int]:
     d, hd, dt = cfg.hidden, cfg.head_dim, cfg.text_dim
     dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
     passes = len(block_layouts(cfg, index))
-    qk = 2 * hd if cfg.qk_norm else 0
     cross = 1 if cfg.cross_attention else 0
     split = passes * (2 * d * dq + 2 * d * dkv) + cross * (2 * d * dq + 2 * dt * dkv)
-    whole = (passes + cross) * qk
     f = mlp_width(cfg)
     if cfg.mlp == "swiglu":
         split += 3 * d * f
-    else:
-        split, whole = split + 2 * d * f + f, whole + d  # fc2's bias stays whole
+    else:  # fc1's bias is split, fc2's stays whole
+        split += 2 * d * f + (f if cfg.mlp_bias else 0)
     return split, block_params(cfg, index) - split
 
 
