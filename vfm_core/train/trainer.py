@@ -275,9 +275,11 @@ class Trainer:
         the global step's (real tokens, FLOPs)."""
         n, tokens, flops = self.batch_work(batch)
         cut = getattr(self.source, "captions_cut", 0)  # this rank's, since the process started
-        counts = torch.tensor([n, tokens, flops, cut], dtype=torch.float64, device=self.device)
-        dist.all_reduce(counts)  # every dp slice counted once per rank of its model-parallel group
-        counts = (counts / (self.world // self.dims.dp)).tolist()
+        counts = [float(n), float(tokens), float(flops), float(cut)]
+        if self.world > 1:  # one process: no device round trip (a GPU would wait for the queue)
+            sums = torch.tensor(counts, dtype=torch.float64, device=self.device)
+            dist.all_reduce(sums)  # each dp slice counted once per rank of its model-parallel group
+            counts = (sums / (self.world // self.dims.dp)).tolist()
         self.step_work = (counts[1], counts[2])
         self.captions_cut = counts[3]
         return self.dims.dp / counts[0]
@@ -306,28 +308,31 @@ class Trainer:
         )
 
     def finish_step(self, total: torch.Tensor) -> dict[str, float]:
-        """Gradients final -> global loss (non-finite: stop before the update) -> clip -> update.
+        """Gradients final -> global loss summed, gradients synchronised and clipped -> the loss
+        and the norm read in one host synchronisation (on a GPU every read of a device value
+        waits for the queued step) -> non-finite loss: stop before the update -> update.
         ``total``: this rank's weighted loss sum (zero on pipeline stages without the loss)."""
         dist.all_reduce(total)  # equal within a model-parallel group: divide by its copies
-        mean = total.item() / (self.world // self.dims.pp)
+        self.layout.sync_grads()
+        grad_norm = self.layout.clip_grad_norm(self.cfg.optim.grad_clip or float("inf"))
+        loss_sum, norm = torch.stack([total, grad_norm.detach().to(total)]).tolist()
+        mean = loss_sum / (self.world // self.dims.pp)
         if not math.isfinite(mean):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(
                 f"loss is {mean} at step {self.step + 1}; stopped before the update, nothing was "
                 "saved from this step (lower optim.lr or check the data)"
             )
-        self.layout.sync_grads()
-        grad_norm = self.layout.clip_grad_norm(self.cfg.optim.grad_clip or float("inf"))
-        lr = self.update(grad_norm)
-        return {"loss": mean, "grad_norm": grad_norm.item(), "lr": lr}
+        lr = self.update(norm)
+        return {"loss": mean, "grad_norm": norm, "lr": lr}
 
-    def update(self, grad_norm: torch.Tensor) -> float:
+    def update(self, grad_norm: float) -> float:
         """Optimizer, LR schedule and EMA once the gradients are final (clipped to
         ``grad_norm``); a non-finite norm stops training before the update. Returns the LR."""
-        if not torch.isfinite(grad_norm):
+        if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(
-                f"gradient norm is {grad_norm.item()} at step {self.step + 1}; stopped before the "
+                f"gradient norm is {grad_norm} at step {self.step + 1}; stopped before the "
                 "update, nothing was saved from this step"
             )
         lr = self.scheduler.get_last_lr()[0]
