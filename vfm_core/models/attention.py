@@ -157,6 +157,8 @@ class Attention(nn.Module):
                 k, v = cache.append(k, v)  # (B, Hkv, C + N, d)
             if self.attn_fn is not None:  # context parallel: causal ring over token slices
                 out = self.attn_fn(q, k, v, grid=None, layout="causal", sample_ids=sample_ids)
+            elif sample_ids is None and k.shape[2] == n:  # no cache before: plain causal
+                out = attention(q, k, v, causal=True)  # (B, Hq, N, d)
             else:
                 out = attention(q, k, v, causal_mask(n, k.shape[2], sample_ids, q.device))
             return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)

@@ -266,21 +266,38 @@ def set_attention_backend(name: str) -> None:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
 ) -> torch.Tensor:
     """The one attention dispatch. q (B, Hq, Sq, d); k, v (B, Hkv, Sk, d) with Hq % Hkv == 0 (GQA);
-    mask: boolean (B|1, 1, Sq, Sk), True = attend. Returns (B, Hq, Sq, d)."""
+    mask: boolean (B|1, 1, Sq, Sk), True = attend; ``causal`` (Sq == Sk, no mask): query i
+    attends to keys <= i, SDPA's ``is_causal`` (no mask tensor is built or saved, and on a GPU
+    the flash kernel serves it; on CPU bit-identical to the explicit lower-triangular mask,
+    measured). Returns (B, Hq, Sq, d)."""
     hq, hkv = q.shape[1], k.shape[1]
+    if causal and (mask is not None or q.shape[2] != k.shape[2]):
+        raise ValueError(
+            f"causal attention takes no mask and as many keys as queries, got {q.shape[2]} "
+            f"queries and {k.shape[2]} keys (mask {'given' if mask is not None else 'none'})"
+        )
     if _backend == "math":
         if hq != hkv:
             k = k.repeat_interleave(hq // hkv, dim=1)  # (B, Hq, Sk, d)
             v = v.repeat_interleave(hq // hkv, dim=1)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, Hq, Sq, Sk)
+        if causal:
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return scores.softmax(dim=-1) @ v  # (B, Hq, Sq, d)
-    if _backend == "te" and mask is None:
+    if _backend == "te" and mask is None and not causal:
         from vfm_core.models.te_adapter import te_attention
 
         return te_attention(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=hq != hkv
+    )
