@@ -120,10 +120,13 @@ class CausalVideoTransformer(nn.Module):
     def check_tokens(self, tokens: torch.Tensor) -> None:
         if tokens.dtype.is_floating_point:
             raise ShapeError(f"video tokens must be integer ids, got {tokens.dtype}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
+        if not tokens.numel():
+            return
+        lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one pass, one host read
+        if lo < 0 or hi >= self.cfg.vocab_size:
             raise ShapeError(
                 f"video tokens must lie in [0, {self.cfg.vocab_size}) (model.vocab_size), got "
-                f"min {int(tokens.min())} max {int(tokens.max())}"
+                f"min {lo} max {hi}"
             )
 
     def rope(self, grid: Grid, device=None) -> torch.Tensor:
