@@ -75,6 +75,8 @@ def test_loss_falls_and_bad_ids_are_named():
     assert losses[-1] < 0.5 * losses[0]
     with pytest.raises(ShapeError, match=r"\[0, 50\)"):
         m(torch.full((1, 1, 2, 2), 50), text[:1])
+    with pytest.raises(ShapeError, match=r"\[0, 50\) \(model.vocab_size\), got min -1 max 50"):
+        m(torch.tensor([[[[-1, 3], [50, 7]]]]), text[:1])
     with pytest.raises(ShapeError, match="integer"):
         m(torch.zeros(1, 1, 2, 2), text[:1])
 
