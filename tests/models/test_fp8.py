@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 import torch
+from fp8_gpu import require_fp8_backend
 
 from vfm_core.config import ConfigError, validate
 from vfm_core.models.dit import build_model
 from vfm_core.models.fp8 import (
     drop_fp8_state,
     fp8_autocast,
-    fp8_backend,
     fp8_linear_names,
     fp8_status,
     resolve_fp8,
@@ -90,11 +90,7 @@ def test_trainer_with_fp8_auto_trains_on_cpu_and_says_why(tmp_path):
 
 @pytest.mark.gpu
 def test_te_fp8_forward_tracks_bf16_on_gpu():
-    usable, reason = fp8_status()
-    if not usable:
-        pytest.skip(reason)
-    if fp8_backend() != "te":
-        pytest.skip(f"FP8 runs without transformer-engine here: {reason}")
+    require_fp8_backend("te")
     cfg = get_recipe("dit-tiny").model
     torch.manual_seed(0)
     ref = build_model(cfg, device="cuda")

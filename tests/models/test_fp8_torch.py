@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fp8_gpu import require_fp8_backend
 from torch import nn
 
 from vfm_core.models import fp8 as fp8_mod
@@ -170,11 +171,7 @@ def test_conversion_is_refused_without_cuda():
 
 @pytest.mark.gpu
 def test_torch_fp8_training_step_tracks_bf16_on_gpu():
-    usable, reason = fp8_status()
-    if not usable:
-        pytest.skip(reason)
-    if fp8_backend() != "torch":
-        pytest.skip(f"FP8 backend is {fp8_backend()!r}, not the torch one: {reason}")
+    reason = require_fp8_backend("torch")
     assert reason.startswith("torch-native FP8 (torch._scaled_mm")
     ref = perturbed_dit(device="cuda")
     model = perturbed_dit(device="cuda")

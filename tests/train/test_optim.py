@@ -50,7 +50,7 @@ def test_fused_and_foreach_agree_and_resume_bit_identically(fused):
     _step(second, split, grads[3:])
     for a, b in zip(straight, split, strict=True):
         assert torch.equal(a, b)
-    reference = _params()  # the default foreach pass (the schedule sets the first lr: same warm-up)
+    reference = _params()  # the foreach pass (the schedule sets the first lr: same warm-up)
     ref_opt, _ = build_optimizer(reference, dataclasses.replace(cfg, fused=False), 10)
     _step(ref_opt, reference, grads)
     for a, b in zip(straight, reference, strict=True):

@@ -28,7 +28,7 @@ so FP8 with ``parallel.tp > 1`` resolves to off (``auto``) or is refused (``on``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -116,11 +116,7 @@ def to_te_linears(model: nn.Module) -> int:
         raise ConfigError(f"train.fp8: cannot convert linears to transformer-engine: {reason}")
     import transformer_engine.pytorch as te
 
-    names = fp8_linear_names(model)
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old: nn.Linear = getattr(parent, child)
+    def te_linear(old: nn.Linear) -> nn.Module:
         new = te.Linear(
             old.in_features,
             old.out_features,
@@ -132,7 +128,21 @@ def to_te_linears(model: nn.Module) -> int:
             new.weight.copy_(old.weight)
             if old.bias is not None:
                 new.bias.copy_(old.bias)
-        setattr(parent, child, new)
+        return new
+
+    return swap_linears(model, fp8_linear_names(model), te_linear)
+
+
+def swap_linears(model: nn.Module, names: list[str], make: Callable[[nn.Linear], nn.Module]) -> int:
+    """Replace each ``nn.Linear`` submodule ``names`` of ``model`` by ``make(old)`` (same
+    weights, same parameter names: the FP8 linear of either backend); returns how many."""
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old = getattr(parent, child)
+        if not isinstance(old, nn.Linear):
+            raise TypeError(f"swap_linears: {name} is a {type(old).__name__}, not Linear")
+        setattr(parent, child, make(old))
     return len(names)
 
 

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vfm_core.models.fp8 import swap_linears
+
 E4M3 = torch.float8_e4m3fn
 """Forward operands (inputs, weights): more mantissa."""
 E5M2 = torch.float8_e5m2
@@ -120,26 +122,22 @@ class Float8Linear(nn.Linear):
             return F.linear(x, self.weight, self.bias)  # (..., N)
         return _Float8LinearFn.apply(x, self.weight, self.bias, dtype)  # (..., N)
 
-
-def to_torch_fp8_linears(model: nn.Module, names: list[str]) -> int:
-    """Replace the ``nn.Linear`` submodules ``names`` of ``model`` by :class:`Float8Linear`
-    holding the same Parameter objects (device, dtype, values and names unchanged); returns how
-    many were replaced."""
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old = getattr(parent, child)
-        if not isinstance(old, nn.Linear):
-            raise TypeError(f"to_torch_fp8_linears: {name} is a {type(old).__name__}, not Linear")
-        new = Float8Linear(
+    @classmethod
+    def from_linear(cls, old: nn.Linear) -> Float8Linear:
+        """The FP8 twin of ``old`` holding its very Parameter objects (device, dtype, values and
+        names unchanged)."""
+        new = cls(
             old.in_features,
             old.out_features,
             bias=old.bias is not None,
             device="meta",
             dtype=old.weight.dtype,
         )
-        new.weight = old.weight
-        new.bias = old.bias
-        new.train(old.training)
-        setattr(parent, child, new)
-    return len(names)
+        new.weight, new.bias = old.weight, old.bias
+        return new.train(old.training)
+
+
+def to_torch_fp8_linears(model: nn.Module, names: list[str]) -> int:
+    """Replace the ``nn.Linear`` submodules ``names`` of ``model`` by :class:`Float8Linear`
+    holding the same Parameter objects; returns how many were replaced."""
+    return swap_linears(model, names, Float8Linear.from_linear)
