@@ -70,10 +70,32 @@ def _wait_state(api: str, run_id: str, want: tuple[str, ...], timeout: float) ->
     return run
 
 
+def _heartbeat_seen(api: str, run_id: str, timeout: float) -> bool:
+    """Whether the server recorded a heartbeat event of the flow run within `timeout` s. The
+    crash automation starts watching a run at its first heartbeat; on a busy machine the first
+    one can be dropped (the client's events worker gives up while the sqlite store is locked)
+    and the next comes HEARTBEAT_S later."""
+
+    body = {
+        "filter": {
+            "event": {"name": ["prefect.flow-run.heartbeat"]},
+            "resource": {"id": [f"prefect.flow-run.{run_id}"]},
+        },
+        "limit": 1,
+    }
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, found = _api("POST", f"{api}/events/filter", body)
+        if code == 200 and found.get("events"):
+            return True
+        time.sleep(2)
+    return False
+
+
 @pytest.mark.slow
 def test_killed_worker_run_is_crashed_and_a_rerun_resumes(server_and_worker, tmp_path):
 
-    from infra.services import crash_silent_flow_runs, read_services, up
+    from infra.services import HEARTBEAT_S, crash_silent_flow_runs, read_services, up
 
     s, env = server_and_worker
     api = s.prefect_api
@@ -95,6 +117,10 @@ def test_killed_worker_run_is_crashed_and_a_rerun_resumes(server_and_worker, tmp
     while not (run_dir / "work.log").exists() and time.monotonic() < deadline:
         time.sleep(1)
     assert (run_dir / "work.log").exists(), worker_log.read_text()[-3000:]
+    # the automation watches a run from its first heartbeat on: wait until the server has one
+    seen = _heartbeat_seen(api, first["id"], timeout=3 * HEARTBEAT_S)
+    assert seen, worker_log.read_text()[-3000:]
+    time.sleep(3)  # the trigger consumer sees the same event as the event store
     # the node is lost: the worker and the flow run's process (a session of its own) die
     flow_pid = int((run_dir / "work.log").read_text().split()[0])
     worker_pid = int(read_services(s.run_dir)["services"]["worker"]["pid"])
