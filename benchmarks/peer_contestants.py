@@ -192,10 +192,11 @@ def plain_contestants(
     return out
 
 
-MATCHED = ["model.text_conditioning=pooled", "model.qk_norm=false"]
+MATCHED = ["model.text_conditioning=pooled", "model.qk_norm=false", "model.fused_proj=true"]
 """vfm's overrides for the configuration the peers have: the caption as one pooled vector (their
-class label / nothing: no cross-attention) and no per-head QK norm. What stays vfm's own: 3D
-RoPE, the absolute-position features of the recipe, RMSNorm + SwiGLU (AR)."""
+class label / nothing: no cross-attention), no per-head QK norm, and q/k/v as one GEMM (timm's
+``qkv``, nanoGPT's ``c_attn``). What stays vfm's own: 3D RoPE, the absolute-position features of
+the recipe, RMSNorm + SwiGLU (AR)."""
 
 
 def trainer_contestants(name: str, cfg, units: int, compiled: bool) -> list:

@@ -17,11 +17,16 @@ CFG = ModelConfig(
 )
 
 
-@pytest.fixture(scope="module", params=["cross", "pooled"])
+@pytest.fixture(scope="module", params=["cross", "pooled", "fused"])
 def model(request):
-    """The model with cross-attention to the caption, and with its pooled mean instead."""
+    """The model with cross-attention to the caption, with its pooled mean instead, and with
+    cross-attention, SwiGLU and the fused q/k/v and gate/up projections."""
     torch.manual_seed(0)
-    cfg = dataclasses.replace(CFG, text_conditioning=request.param)
+    over = {
+        "pooled": dict(text_conditioning="pooled"),
+        "fused": dict(fused_proj=True, mlp="swiglu"),
+    }
+    cfg = dataclasses.replace(CFG, **over.get(request.param, {}))
     return CausalVideoTransformer(cfg).double().eval()
 
 

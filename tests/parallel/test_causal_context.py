@@ -71,11 +71,14 @@ def test_balanced_placement_evens_the_work():
 
 def _worker_vocab_parallel(rank, world):
     """Per text conditioning: cross-attention, and the pooled caption on the embedding (cut by
-    sequence parallelism like it, its gradient summed over the ranks)."""
-    return {text: _vocab_parallel_step(world, text) for text in ("cross", "pooled")}
+    sequence parallelism like it, its gradient summed over the ranks); and with the fused q/k/v
+    and SwiGLU gate/up projections (``model.fused_proj``: whole GQA groups / pairs per rank)."""
+    out = {text: _vocab_parallel_step(world, text) for text in ("cross", "pooled")}
+    out["fused"] = _vocab_parallel_step(world, "cross", fused_proj=True, mlp="swiglu")
+    return out
 
 
-def _vocab_parallel_step(world: int, text_conditioning: str) -> dict:
+def _vocab_parallel_step(world: int, text_conditioning: str, **over) -> dict:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -90,6 +93,7 @@ def _vocab_parallel_step(world: int, text_conditioning: str) -> dict:
         text_len=2,
         patch=(1, 1, 1),
         text_conditioning=text_conditioning,
+        **over,
     )
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 50, (2, 2, 2, 4), generator=g)

@@ -23,12 +23,14 @@ TWO = [
     ("stdit", dict(tp=2, dp_shard=1), dict(sequence_parallel=True, activation_checkpointing=True)),
     ("dit_pooled", dict(tp=2, dp_shard=1), dict(sequence_parallel=True)),
     ("dit_pooled", dict(cp=2, dp_shard=1), dict(cp_mode="ring")),
+    ("llama_fused", dict(tp=2, dp_shard=1), dict(sequence_parallel=True)),
 ]
 
 FOUR = [
     ("dit", dict(dp_shard=2, tp=2), dict(sequence_parallel=True)),
     ("dit", dict(dp_shard=2, cp=2), dict(cp_mode="ring")),
     ("llama_dit", dict(tp=2, cp=2, dp_shard=1), dict(sequence_parallel=True, cp_mode="ring")),
+    ("llama_fused", dict(dp_shard=2, tp=2), dict(sequence_parallel=True)),
     ("stdit", dict(tp=2, cp=2, dp_shard=1), dict(sequence_parallel=True, cp_mode="hybrid")),
     ("dit", dict(dp_replicate=2, dp_shard=2), {}),
     ("stdit", dict(dp_replicate=2, cp=2, dp_shard=1), dict(cp_mode="hybrid")),

@@ -42,13 +42,13 @@ class ARBlock(nn.Module):
         )
         # one causal pass; a list like the DiT block's passes, so the TP plan serves both
         self.layouts = ("causal",)
-        self.self_attn = nn.ModuleList([Attention(d, cfg.heads, **attn)])
+        self.self_attn = nn.ModuleList([Attention(d, cfg.heads, fused=cfg.fused_proj, **attn)])
         self.cross_attn = (
             Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
             if cfg.cross_attention
             else None
         )
-        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias)
+        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias, cfg.fused_proj)
 
     def forward(
         self,

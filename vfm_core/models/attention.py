@@ -87,9 +87,29 @@ class KVCache:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
 
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Separate q (Hq*d, C), k and v (Hkv*d, C) weights -> the fused (Hq*d + 2*Hkv*d, C) weight
+    whose rows are, per key/value group g, its Hq/Hkv query heads then k_g then v_g (Megatron's
+    layout: a column-parallel shard over whole groups is a valid attention shard)."""
+    c = q.shape[-1]
+    groups = [t.reshape(kv_heads, -1, c) for t in (q, k, v)]  # (Hkv, rows per group, C)
+    return torch.cat(groups, dim=1).reshape(-1, c)  # (Hkv * (rep + 2) * d, C)
+
+
+def split_qkv(
+    qkv: torch.Tensor, heads: int, kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`fuse_qkv`: (q (Hq*d, C), k (Hkv*d, C), v (Hkv*d, C))."""
+    c, rep = qkv.shape[-1], heads // kv_heads
+    g = qkv.reshape(kv_heads, rep + 2, -1, c)  # (Hkv, rep + 2, d, C)
+    return g[:, :rep].reshape(-1, c), g[:, rep].reshape(-1, c), g[:, rep + 1].reshape(-1, c)
+
+
 class Attention(nn.Module):
     """Multi-head (or grouped-query) attention. Self-attention when ``context`` is None, else
-    cross-attention from x (queries) to context (keys/values, width ``context_dim``)."""
+    cross-attention from x (queries) to context (keys/values, width ``context_dim``).
+    ``fused`` (self-attention, ``model.fused_proj``): q, k, v as one linear ``qkv`` whose rows
+    are :func:`fuse_qkv`'s; a state dict of the other layout is converted on load."""
 
     def __init__(
         self,
@@ -100,13 +120,22 @@ class Attention(nn.Module):
         context_dim: int | None = None,
         qk_norm: bool = True,
         eps: float = 1e-6,
+        fused: bool = False,
     ):
         super().__init__()
         self.head_dim = dim // heads
         kv_heads = kv_heads or heads
-        self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
-        self.k = nn.Linear(context_dim or dim, kv_heads * self.head_dim, bias=False)
-        self.v = nn.Linear(context_dim or dim, kv_heads * self.head_dim, bias=False)
+        self.heads, self.kv_heads = heads, kv_heads
+        self.fused = fused
+        if fused and context_dim is not None:
+            raise ValueError("Attention: fused q/k/v projections are for self-attention only")
+        if fused:  # one GEMM, rows per key/value group: [its heads // kv_heads queries, k, v]
+            self.qkv = nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim, bias=False)
+        else:
+            self.q = nn.Linear(dim, heads * self.head_dim, bias=False)
+            self.k = nn.Linear(context_dim or dim, kv_heads * self.head_dim, bias=False)
+            self.v = nn.Linear(context_dim or dim, kv_heads * self.head_dim, bias=False)
+        self.register_load_state_dict_pre_hook(_convert_qkv_layout)
         self.o = nn.Linear(heads * self.head_dim, dim, bias=False)
         if qk_norm:  # per-head RMSNorm: normalises each head's d-vector, so it commutes with TP
             self.q_norm: nn.Module = RMSNorm(self.head_dim, eps=eps)
@@ -147,9 +176,16 @@ class Attention(nn.Module):
         src = x if context is None else context  # (B, S, Dk)
         d = self.head_dim
         # heads inferred with -1 so a tensor-parallel shard of the projections works unchanged
-        q = self.q_norm(self.q(x).view(b, n, -1, d)).transpose(1, 2)  # (B, Hq, N, d)
-        k = self.k_norm(self.k(src).view(b, src.shape[1], -1, d)).transpose(1, 2)  # (B, Hkv, S, d)
-        v = self.v(src).view(b, src.shape[1], -1, d).transpose(1, 2)  # (B, Hkv, S, d)
+        if self.fused:
+            rep = self.heads // self.kv_heads
+            y = self.qkv(x).view(b, n, -1, rep + 2, d)  # (B, N, Hkv, rep + 2, d)
+            q = self.q_norm(y[..., :rep, :].flatten(2, 3)).transpose(1, 2)  # (B, Hq, N, d)
+            k = self.k_norm(y[..., rep, :]).transpose(1, 2)  # (B, Hkv, N, d)
+            v = y[..., rep + 1, :].transpose(1, 2)  # (B, Hkv, N, d)
+        else:
+            q = self.q_norm(self.q(x).view(b, n, -1, d)).transpose(1, 2)  # (B, Hq, N, d)
+            k = self.k_norm(self.k(src).view(b, src.shape[1], -1, d)).transpose(1, 2)
+            v = self.v(src).view(b, src.shape[1], -1, d).transpose(1, 2)  # (B, Hkv, S, d)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         if causal:
@@ -197,3 +233,16 @@ class Attention(nn.Module):
         if layout != "full":
             out = _ungroup(out, b, grid, layout)  # (B, Hq, N, d)
         return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
+
+
+def _convert_qkv_layout(module: Attention, state_dict: dict, prefix: str, *_args) -> None:
+    """load_state_dict pre-hook of :class:`Attention`: a state dict of the other projection
+    layout (separate q/k/v or fused qkv weights) is rewritten into the module's."""
+    names = [prefix + n for n in ("q.weight", "k.weight", "v.weight")]
+    fused = prefix + "qkv.weight"
+    if module.fused and fused not in state_dict and all(n in state_dict for n in names):
+        parts = [state_dict.pop(n) for n in names]
+        state_dict[fused] = fuse_qkv(*parts, module.kv_heads)
+    elif not module.fused and fused in state_dict and not any(n in state_dict for n in names):
+        parts = split_qkv(state_dict.pop(fused), module.heads, module.kv_heads)
+        state_dict.update(zip(names, parts))

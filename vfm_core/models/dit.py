@@ -51,13 +51,15 @@ class DiTBlock(nn.Module):
         attn = dict(kv_heads=cfg.kv_heads, qk_norm=cfg.qk_norm, eps=cfg.norm_eps)
         n = len(layouts) + (2 if cfg.cross_attention else 1)  # modulated sub-layers
         self.norms = nn.ModuleList(make_norm(cfg.norm, d, cfg.norm_eps) for _ in range(n))
-        self.self_attn = nn.ModuleList(Attention(d, cfg.heads, **attn) for _ in layouts)
+        self.self_attn = nn.ModuleList(
+            Attention(d, cfg.heads, fused=cfg.fused_proj, **attn) for _ in layouts
+        )
         self.cross_attn = (
             Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
             if cfg.cross_attention
             else None
         )
-        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias)
+        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias, cfg.fused_proj)
         self.modulation = Modulation(d, n, mode=cfg.adaln, rank=cfg.adaln_lora_rank)
 
     def forward(

@@ -60,7 +60,7 @@ from vfm_core.parallel.context import (
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.recompute import checkpoint_blocks
 
-_MLP_IN = ("fc1", "w1", "w3")  # GELU fc1, SwiGLU gate w1 and up w3: column-parallel
+_MLP_IN = ("fc1", "w1", "w3", "w13")  # GELU fc1, SwiGLU gate w1, up w3 (fused w13)
 _MLP_OUT = ("fc2", "w2")  # row-parallel
 
 
@@ -104,8 +104,9 @@ def _tp_plan(block: nn.Module, sp: bool) -> dict:
     for name in attns:
         if sp:  # all-gather the sequence chunks of the (modulated) input; text stays replicated
             plan[name] = seq_in
-        for proj in ("q", "k", "v"):
-            plan[f"{name}.{proj}"] = ColwiseParallel()
+        for proj in ("q", "k", "v", "qkv"):  # fused qkv: rows by key/value group, whole on a rank
+            if hasattr(block.get_submodule(name), proj):
+                plan[f"{name}.{proj}"] = ColwiseParallel()
         plan[f"{name}.o"] = RowwiseParallel(output_layouts=out_layout)
     if sp:
         plan["mlp"] = seq_in
