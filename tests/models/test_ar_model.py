@@ -20,7 +20,7 @@ CFG = ModelConfig(
 @pytest.fixture(scope="module", params=["cross", "pooled", "fused"])
 def model(request):
     """The model with cross-attention to the caption, with its pooled mean instead, and with
-    cross-attention, SwiGLU and the fused q/k/v and gate/up projections."""
+    cross-attention, SwiGLU and the fused q/k/v projection."""
     torch.manual_seed(0)
     over = {
         "pooled": dict(text_conditioning="pooled"),

@@ -29,7 +29,7 @@ ARCHS = {
     "llama_dit": dict(arch="llama_dit", norm="rms", mlp="swiglu", kv_heads=2),
     "dit_zero": dict(arch="dit", adaln="zero"),
     "dit_pooled": dict(arch="dit", text_conditioning="pooled"),  # no cross-attention
-    "llama_fused": dict(  # one qkv and one gate/up GEMM (model.fused_proj)
+    "llama_fused": dict(  # one qkv GEMM (model.fused_proj)
         arch="llama_dit", norm="rms", mlp="swiglu", kv_heads=2, fused_proj=True
     ),
 }

@@ -72,7 +72,7 @@ def test_balanced_placement_evens_the_work():
 def _worker_vocab_parallel(rank, world):
     """Per text conditioning: cross-attention, and the pooled caption on the embedding (cut by
     sequence parallelism like it, its gradient summed over the ranks); and with the fused q/k/v
-    and SwiGLU gate/up projections (``model.fused_proj``: whole GQA groups / pairs per rank)."""
+    projection (``model.fused_proj``: whole GQA groups per rank)."""
     out = {text: _vocab_parallel_step(world, text) for text in ("cross", "pooled")}
     out["fused"] = _vocab_parallel_step(world, "cross", fused_proj=True, mlp="swiglu")
     return out

@@ -48,7 +48,7 @@ class ARBlock(nn.Module):
             if cfg.cross_attention
             else None
         )
-        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias, cfg.fused_proj)
+        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias)
 
     def forward(
         self,

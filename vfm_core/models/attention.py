@@ -179,9 +179,10 @@ class Attention(nn.Module):
         if self.fused:
             rep = self.heads // self.kv_heads
             y = self.qkv(x).view(b, n, -1, rep + 2, d)  # (B, N, Hkv, rep + 2, d)
-            q = self.q_norm(y[..., :rep, :].flatten(2, 3)).transpose(1, 2)  # (B, Hq, N, d)
-            k = self.k_norm(y[..., rep, :]).transpose(1, 2)  # (B, Hkv, N, d)
-            v = y[..., rep + 1, :].transpose(1, 2)  # (B, Hkv, N, d)
+            q, k, v = y.split((rep, 1, 1), dim=3)  # backward: one cat, not three zero-filled
+            q = self.q_norm(q.flatten(2, 3)).transpose(1, 2)  # (B, Hq, N, d)
+            k = self.k_norm(k.squeeze(3)).transpose(1, 2)  # (B, Hkv, N, d)
+            v = v.squeeze(3).transpose(1, 2)  # (B, Hkv, N, d)
         else:
             q = self.q_norm(self.q(x).view(b, n, -1, d)).transpose(1, 2)  # (B, Hq, N, d)
             k = self.k_norm(self.k(src).view(b, src.shape[1], -1, d)).transpose(1, 2)

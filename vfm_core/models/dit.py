@@ -59,7 +59,7 @@ class DiTBlock(nn.Module):
             if cfg.cross_attention
             else None
         )
-        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias, cfg.fused_proj)
+        self.mlp = make_mlp(cfg.mlp, d, cfg.mlp_ratio, cfg.mlp_bias)
         self.modulation = Modulation(d, n, mode=cfg.adaln, rank=cfg.adaln_lora_rank)
 
     def forward(

@@ -228,47 +228,22 @@ def swiglu_width(dim: int, ratio: float, multiple_of: int = 64) -> int:
 
 
 class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x). ``fused`` (``model.fused_proj``): gate and up as one linear
-    ``w13`` whose rows alternate gate / up (a column-parallel shard holds whole pairs); a state
-    dict of the other layout is converted on load."""
-
-    def __init__(self, dim: int, ratio: float, fused: bool = False):
+    def __init__(self, dim: int, ratio: float):
         super().__init__()
         inner = swiglu_width(dim, ratio)
-        self.fused = fused
-        if fused:
-            self.w13 = nn.Linear(dim, 2 * inner, bias=False)  # rows: gate_0, up_0, gate_1, ...
-        else:
-            self.w1 = nn.Linear(dim, inner, bias=False)  # gate
-            self.w3 = nn.Linear(dim, inner, bias=False)  # up
+        self.w1 = nn.Linear(dim, inner, bias=False)  # gate
+        self.w3 = nn.Linear(dim, inner, bias=False)  # up
         self.w2 = nn.Linear(inner, dim, bias=False)  # down
-        self.register_load_state_dict_pre_hook(_convert_swiglu_layout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            y = self.w13(x).unflatten(-1, (-1, 2))  # (B, N, F, 2)
-            return self.w2(F.silu(y[..., 0]) * y[..., 1])  # (B, N, D)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, N, D)
 
 
-def _convert_swiglu_layout(module: SwiGLU, state_dict: dict, prefix: str, *_args) -> None:
-    """load_state_dict pre-hook of :class:`SwiGLU`: separate w1/w3 <-> interleaved w13."""
-    w1, w3, w13 = prefix + "w1.weight", prefix + "w3.weight", prefix + "w13.weight"
-    if module.fused and w13 not in state_dict and w1 in state_dict and w3 in state_dict:
-        gate, up = state_dict.pop(w1), state_dict.pop(w3)  # (F, D) each
-        state_dict[w13] = torch.stack((gate, up), dim=1).flatten(0, 1)  # (2F, D)
-    elif not module.fused and w13 in state_dict and w1 not in state_dict:
-        pairs = state_dict.pop(w13).unflatten(0, (-1, 2))  # (F, 2, D)
-        state_dict[w1], state_dict[w3] = pairs[:, 0], pairs[:, 1]
-
-
-def make_mlp(
-    kind: str, dim: int, ratio: float, bias: bool = True, fused: bool = False
-) -> nn.Module:
+def make_mlp(kind: str, dim: int, ratio: float, bias: bool = True) -> nn.Module:
     """``model.mlp``: swiglu, gelu (tanh approximation) or gelu_exact; ``bias``: the GELU MLP's
-    (``model.mlp_bias``); ``fused``: SwiGLU's gate and up as one GEMM (``model.fused_proj``)."""
+    (``model.mlp_bias``)."""
     if kind == "swiglu":
-        return SwiGLU(dim, ratio, fused=fused)
+        return SwiGLU(dim, ratio)
     return GeluMLP(dim, ratio, approximate="none" if kind == "gelu_exact" else "tanh", bias=bias)
 
 

@@ -60,7 +60,7 @@ from vfm_core.parallel.context import (
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.recompute import checkpoint_blocks
 
-_MLP_IN = ("fc1", "w1", "w3", "w13")  # GELU fc1, SwiGLU gate w1, up w3 (fused w13)
+_MLP_IN = ("fc1", "w1", "w3")  # GELU fc1, SwiGLU gate w1 and up w3: column-parallel
 _MLP_OUT = ("fc2", "w2")  # row-parallel
 
 
