@@ -13,7 +13,7 @@ both are re-exported here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -116,6 +116,23 @@ class ModelConfig:
     def cross_attention(self) -> bool:
         """Whether every block attends to the caption's tokens (``text_conditioning='cross'``)."""
         return self.text_conditioning == "cross"
+
+
+def model_config_diff(
+    saved: dict[str, Any], now: dict[str, Any], ignore: tuple[str, ...] = ()
+) -> list[str]:
+    """The ``model.*`` keys where a checkpoint's recorded model config ``saved`` differs from
+    ``now`` (both :func:`to_dict` form). A key the checkpoint does not record was added to
+    :class:`ModelConfig` after it was written; it counts as its default, which keeps what the
+    model did before the key existed (``mlp_bias``, ``fused_proj``), so older checkpoints still
+    load."""
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    diff = []
+    for key, value in now.items():
+        old = saved[key] if key in saved else to_dict(defaults.get(key))
+        if key not in ignore and old != value:
+            diff.append(key)
+    return diff
 
 
 @dataclass(kw_only=True, slots=True)

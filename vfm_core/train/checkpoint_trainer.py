@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vfm_core.config import model_config_diff
 from vfm_core.data.loader import LoaderStateError
 from vfm_core.train.checkpoint_layout import STATE_FILE
 from vfm_core.train.errors import CheckpointError
@@ -48,7 +49,7 @@ def load_trainer(
         path = ckpt.choose(path)
     saved = ckpt.read_meta(path)["meta"].get("model", {})
     current = trainer.meta()["model"]
-    diff = [k for k in current if saved.get(k) != current[k]]
+    diff = model_config_diff(saved, current)
     if diff:
         shown = ", ".join(
             f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff[:4]
