@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from vfm_core.cli_parser import build_parser
@@ -100,10 +101,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         resume_from=args.resume_from,
     )
     m = summary["metrics"]
-    print(
-        f"trained {cfg.recipe} to step {summary['step']}: loss {m.get('loss', float('nan')):.4f}, "
-        f"{m.get('tokens_per_s', 0):.0f} tokens/s, MFU {m.get('mfu', 0):.1%}"
-    )
+    if "loss" in m:
+        print(
+            f"trained {cfg.recipe} to step {summary['step']}: loss {m['loss']:.4f}, "
+            f"{m.get('tokens_per_s', 0):.0f} tokens/s, MFU {m.get('mfu', 0):.1%}"
+        )
+    else:
+        print(f"{cfg.recipe} is at step {summary['step']}: no step trained now")
     print(f"metrics: {args.out}/metrics.jsonl   checkpoint: {summary['checkpoint']}")
     if summary["mlflow_run_id"]:
         print(f"MLflow run {summary['mlflow_run_id']}: {summary['mlflow_ui']}")
@@ -264,12 +268,22 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning on the command line as the CLI's own warnings print: ``warning: <message>``
+    (Python's format adds the file, line and source of the ``warn`` call, which mean nothing to a
+    user; ``--debug`` keeps it)."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     from vfm_core.infra_env import use_running_services
 
     use_running_services()  # the servers of `make up`, when they run: one MLflow store
+    python_format = warnings.formatwarning
+    if not getattr(args, "debug", False):
+        warnings.formatwarning = _one_line_warning
     try:
         return {
             "train": cmd_train,
@@ -294,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = python_format  # main() called in-process (tests, flows)
 
 
 if __name__ == "__main__":

@@ -179,3 +179,16 @@ def test_fresh_run_refuses_to_overwrite_checkpoints(tmp_path):
     run_training(cfg, out_dir=tmp_path, progress=False)
     with pytest.raises(CheckpointError, match="already holds checkpoints .*pass --resume"):
         run_training(cfg, out_dir=tmp_path, progress=False)
+
+
+def test_resuming_a_finished_run_trains_nothing_and_keeps_its_summary(tmp_path, capsys):
+    cfg = apply_overrides(get_recipe("dit-tiny"), FAST + ["train.steps=1", "tracking.mlflow=false"])
+    first = run_training(cfg, out_dir=tmp_path, progress=False)
+    rows = (tmp_path / "metrics.jsonl").read_text()
+    again = run_training(cfg, out_dir=tmp_path, resume=True, progress=False)
+    assert "nothing to train" in capsys.readouterr().err
+    assert "loss" in first["metrics"]
+    assert again["step"] == 1 and again["metrics"] == first["metrics"]
+    assert json.loads((tmp_path / "summary.json").read_text())["metrics"] == first["metrics"]
+    assert (tmp_path / "metrics.jsonl").read_text() == rows
+    assert again["checkpoint"] == first["checkpoint"]

@@ -163,6 +163,14 @@ def _train(
         run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
         if is_rank0():
             print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
+        if trainer.step >= cfg.train.steps:  # a finished run: its summary stays as it was
+            if is_rank0():
+                print(
+                    f"nothing to train: {path} is at step {trainer.step} and train.steps is "
+                    f"{cfg.train.steps} (raise --steps to go on)",
+                    file=sys.stderr,
+                )
+            return finished_summary(out, trainer, path)
     loggers: list = []
     mlf = None
     if is_rank0():
@@ -230,6 +238,25 @@ def _train(
     if is_rank0():
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def finished_summary(out: Path, trainer: Trainer, path: Path) -> dict[str, Any]:
+    """The summary of a run resumed at or past its last step: its own ``summary.json`` (the
+    final metrics of the steps it trained), pointed at the checkpoint it was resumed from; the
+    bare facts when that file is gone."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {"metrics": {}, "mlflow_run_id": None, "mlflow_ui": None}
+    return summary | {
+        "step": trainer.step,
+        "out_dir": str(out),
+        "world_size": trainer.world,
+        "degrees": trainer.dims.degrees,
+        "checkpoint": str(path),
+        "params": trainer.params,
+        "flops_per_token": trainer.flops_per_token,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
