@@ -206,11 +206,18 @@ def test_a_checkpoint_without_a_newer_model_key_counts_as_its_default():
     """Resume / inference compare the checkpoint's recorded model config with the current one; a
     key added to ModelConfig after the checkpoint was written (mlp_bias, fused_proj) is absent
     there and counts as its default, so older checkpoints keep loading."""
-    from vfm_core.config import ModelConfig, model_config_diff, to_dict
+    from vfm_core.config import ModelConfig, model_config_mismatch, to_dict
 
     now = to_dict(ModelConfig(patch=(1, 2, 2)))
     older = {k: v for k, v in now.items() if k not in ("mlp_bias", "fused_proj")}
-    assert model_config_diff(older, now) == []
-    assert model_config_diff(older, {**now, "fused_proj": True}) == ["fused_proj"]
-    assert model_config_diff({**now, "hidden": 128}, now) == ["hidden"]
-    assert model_config_diff({**now, "attn_backend": "te"}, now, ignore=("attn_backend",)) == []
+    assert model_config_mismatch(older, now, now_label="now") is None
+    assert model_config_mismatch(older, {**now, "fused_proj": True}, now_label="now") == (
+        "model.fused_proj: checkpoint False vs now True"
+    )
+    assert model_config_mismatch({**now, "hidden": 128}, now, now_label="config") == (
+        f"model.hidden: checkpoint 128 vs config {now['hidden']}"
+    )
+    ignored = model_config_mismatch(
+        {**now, "attn_backend": "te"}, now, now_label="now", ignore=("attn_backend",)
+    )
+    assert ignored is None

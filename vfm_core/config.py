@@ -121,21 +121,21 @@ class ModelConfig:
         return self.text_conditioning == "cross"
 
 
-def model_config_diff(
-    saved: dict[str, Any], now: dict[str, Any], ignore: tuple[str, ...] = ()
-) -> list[str]:
-    """The ``model.*`` keys where a checkpoint's recorded model config ``saved`` differs from
-    ``now`` (both :func:`to_dict` form). A key the checkpoint does not record was added to
-    :class:`ModelConfig` after it was written; it counts as its default, which keeps what the
-    model did before the key existed (``mlp_bias``, ``fused_proj``), so older checkpoints still
-    load."""
+def model_config_mismatch(
+    saved: dict[str, Any], now: dict[str, Any], *, now_label: str, ignore: tuple[str, ...] = ()
+) -> str | None:
+    """None when a checkpoint's recorded model config ``saved`` matches ``now`` (both
+    :func:`to_dict` form), else the first differences as ``model.K: checkpoint A vs <now_label>
+    B, ...``. A key the checkpoint does not record was added to :class:`ModelConfig` after it was
+    written; it counts as its default, which keeps what the model did before the key existed
+    (``mlp_bias``, ``fused_proj``), so older checkpoints still load."""
     defaults = {f.name: f.default for f in fields(ModelConfig)}
     diff = []
     for key, value in now.items():
         old = saved[key] if key in saved else to_dict(defaults.get(key))
         if key not in ignore and old != value:
-            diff.append(key)
-    return diff
+            diff.append(f"model.{key}: checkpoint {old!r} vs {now_label} {value!r}")
+    return ", ".join(diff[:4]) or None
 
 
 @dataclass(kw_only=True, slots=True)

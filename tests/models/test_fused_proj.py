@@ -66,10 +66,11 @@ def test_qkv_rows_are_whole_groups():
     shard over groups is a valid attention shard; split_qkv inverts fuse_qkv."""
     d, heads, kv, c = 2, 4, 2, 3
     q = torch.arange(heads * d * c, dtype=torch.float64).view(heads * d, c)
-    k, v = -1 - torch.arange(kv * d * c).view(kv * d, c), 100 + torch.arange(kv * d * c).view(-1, c)
-    fused = fuse_qkv(q, k.double(), v.double(), kv)
+    k = -1 - torch.arange(kv * d * c, dtype=torch.float64).view(kv * d, c)
+    v = 100 + torch.arange(kv * d * c, dtype=torch.float64).view(kv * d, c)
+    fused = fuse_qkv(q, k, v, kv)
     assert fused.shape == ((heads + 2 * kv) * d, c)
     first = fused[: fused.shape[0] // kv]  # group 0: query heads 0, 1 then k_0, v_0
-    assert torch.equal(first, torch.cat([q[: 2 * d], k[:d].double(), v[:d].double()]))
-    for a, b in zip(split_qkv(fused, heads, kv), (q, k.double(), v.double())):
+    assert torch.equal(first, torch.cat([q[: 2 * d], k[:d], v[:d]]))
+    for a, b in zip(split_qkv(fused, heads, kv), (q, k, v)):
         assert torch.equal(a, b)

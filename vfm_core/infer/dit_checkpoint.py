@@ -26,7 +26,7 @@ from safetensors import safe_open
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
-from vfm_core.config import Config, ConfigError, load_yaml, model_config_diff, to_dict, validate
+from vfm_core.config import Config, ConfigError, load_yaml, model_config_mismatch, to_dict, validate
 from vfm_core.models.dit import DiT, build_model
 from vfm_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
 
@@ -115,12 +115,10 @@ def _check_arch(run: Path, ckpt: Path, cfg: Config, meta: dict[str, Any]) -> Non
     saved = meta.get("meta", {}).get("model")
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {ckpt}: state.json records no model config")
-    now = to_dict(cfg.model)
-    diff = model_config_diff(saved, now, ignore=("attn_backend",))
-    if diff:
-        shown = ", ".join(
-            f"model.{k}: checkpoint {saved.get(k)!r} vs config {now[k]!r}" for k in diff[:4]
-        )
+    shown = model_config_mismatch(
+        saved, to_dict(cfg.model), now_label="config", ignore=("attn_backend",)
+    )
+    if shown:
         raise CheckpointError(
             f"checkpoint {ckpt} holds another architecture than {run / 'config.yaml'} ({shown})"
         )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vfm_core.config import model_config_diff
+from vfm_core.config import model_config_mismatch
 from vfm_core.data.loader import LoaderStateError
 from vfm_core.train.checkpoint_layout import STATE_FILE
 from vfm_core.train.errors import CheckpointError
@@ -48,12 +48,8 @@ def load_trainer(
     if path is None or not verified:
         path = ckpt.choose(path)
     saved = ckpt.read_meta(path)["meta"].get("model", {})
-    current = trainer.meta()["model"]
-    diff = model_config_diff(saved, current)
-    if diff:
-        shown = ", ".join(
-            f"model.{k}: checkpoint {saved.get(k)!r} vs now {current[k]!r}" for k in diff[:4]
-        )
+    shown = model_config_mismatch(saved, trainer.meta()["model"], now_label="now")
+    if shown:
         raise CheckpointError(
             f"checkpoint {path} ({STATE_FILE}) was trained with another model shape ({shown})"
         )

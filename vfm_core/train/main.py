@@ -223,21 +223,28 @@ def _train(
     final = ckpt.written or path
     if mlf is not None and final:
         mlf.set_tag(CHECKPOINT_TAG, final.resolve().as_uri())
-    summary = {
-        "step": trainer.step,
-        "out_dir": str(out),
-        "world_size": trainer.world,
-        "degrees": trainer.dims.degrees,
-        "checkpoint": str(final) if final else None,
+    summary = run_summary(out, trainer, final) | {
         "mlflow_run_id": shared_run_id,
         "mlflow_ui": mlf.ui_hint if mlf else None,
-        "params": trainer.params,
-        "flops_per_token": trainer.flops_per_token,
         "metrics": last,
     }
     if is_rank0():
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def run_summary(out: Path, trainer: Trainer, checkpoint: Path | None) -> dict[str, Any]:
+    """What a run's summary says of its trainer: where it is, its layout and size, and where its
+    weights are."""
+    return {
+        "step": trainer.step,
+        "out_dir": str(out),
+        "world_size": trainer.world,
+        "degrees": trainer.dims.degrees,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "params": trainer.params,
+        "flops_per_token": trainer.flops_per_token,
+    }
 
 
 def finished_summary(out: Path, trainer: Trainer, path: Path) -> dict[str, Any]:
@@ -248,15 +255,7 @@ def finished_summary(out: Path, trainer: Trainer, path: Path) -> dict[str, Any]:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         summary = {"metrics": {}, "mlflow_run_id": None, "mlflow_ui": None}
-    return summary | {
-        "step": trainer.step,
-        "out_dir": str(out),
-        "world_size": trainer.world,
-        "degrees": trainer.dims.degrees,
-        "checkpoint": str(path),
-        "params": trainer.params,
-        "flops_per_token": trainer.flops_per_token,
-    }
+    return summary | run_summary(out, trainer, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
