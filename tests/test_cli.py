@@ -40,6 +40,14 @@ def vfm(*args: str) -> subprocess.CompletedProcess:
         (["train", "--steps", "1"], "the following arguments are required: --out"),
         (["train", "--steps", "1", "--out", "x", "--bogus"], "unrecognized arguments: --bogus"),
         (["flops", "--recipe", "dit-7b", "--seq", "zero"], "--seq must be an integer"),
+        (
+            ["flops", "--recipe", "dit-7b", "--seq", "64", "--set", "model.depth=0"],
+            "model.depth: must be >= 1",
+        ),
+        # flags only as spelled in full: before, "--in" was read as "--index-format"
+        (["shard", "--in", "x"], "unrecognized arguments: --in (--in: did you mean --index-"),
+        # the unknown flag, not the required one it was meant to be
+        (["train", "--step", "3", "--out", "x"], "--step (--step: did you mean --steps?)"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, needle, tmp_path):

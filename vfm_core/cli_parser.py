@@ -7,6 +7,7 @@ there and in :mod:`vfm_core.cli_sizing`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import sys
 
@@ -15,9 +16,42 @@ from vfm_core.recipes import RECIPES, TINY_FSQ_LEVELS
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line and exits 2."""
+    """argparse that takes a flag only as spelled in full (with argparse's prefix matching,
+    ``vfm shard --in x`` read as ``--index-format x``), reports an unknown flag at the command
+    that got it, with the nearest flags it knows, and any error in one line, exit 2."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:  # a leaf command: nobody else will take them
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._nearest(extras)}")
+        return ns, extras
+
+    def _nearest(self, extras: list[str]) -> str:
+        """'' or ' (--inp: did you mean --input?)' for the unknown flags among ``extras``."""
+        known = sorted(s for s in self._option_string_actions if s.startswith("--"))
+        hints = []
+        for flag in (e.split("=", 1)[0] for e in extras if e.startswith("--")):
+            near = [k for k in known if k.startswith(flag)]
+            near = near or difflib.get_close_matches(flag, known, n=2, cutoff=0.75)
+            if near:
+                hints.append(f"{flag}: did you mean {' or '.join(near[:3])}?")
+        return f" ({'; '.join(hints)})" if hints else ""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("the following arguments are required") and self._subparsers is None:
+            # "--step 3" is why "--steps" is missing: name the unknown flag first
+            unknown = [
+                a
+                for a in getattr(self, "_argv", [])
+                if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions
+            ]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}{self._nearest(unknown)}"
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
 

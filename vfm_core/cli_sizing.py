@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from vfm_core.config import ConfigError, apply_overrides
+from vfm_core.config import ConfigError, apply_overrides, validate
 from vfm_core.recipes import RECIPES, get_recipe
 
 
@@ -17,7 +17,7 @@ def cmd_flops(args: argparse.Namespace) -> int:
     from vfm_core.models.dit import build_model, count_params
     from vfm_core.perf.flops import train_flops_per_token
 
-    cfg = apply_overrides(get_recipe(args.recipe), args.set)
+    cfg = validate(apply_overrides(get_recipe(args.recipe), args.set))
     if args.seq <= 0:
         raise ConfigError(f"--seq must be positive, got {args.seq}")
     params = count_params(build_model(cfg.model, device="meta"))
@@ -42,7 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from vfm_core.perf.plan_format import LEGEND, explain_plan, format_table
     from vfm_core.perf.planner import explain_rejections, plan
 
-    cfg = apply_overrides(get_recipe(args.recipe), args.set)
+    cfg = validate(apply_overrides(get_recipe(args.recipe), args.set))
     eff = DEFAULT_EFFICIENCY
     if args.calibrate:
         cal = calibrate(args.calibrate, hardware=args.hardware)
