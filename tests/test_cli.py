@@ -48,6 +48,10 @@ def vfm(*args: str) -> subprocess.CompletedProcess:
         (["shard", "--in", "x"], "unrecognized arguments: --in (--in: did you mean --index-"),
         # the unknown flag, not the required one it was meant to be
         (["train", "--step", "3", "--out", "x"], "--step (--step: did you mean --steps?)"),
+        (  # was a traceback
+            ["tokenizer", "train", "--shards", "x", "--out", "y", "--steps", "0"],
+            "--steps must be >= 1, got 0",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(args, needle, tmp_path):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -263,7 +264,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         kind = "held-out" if args.held_out else "training"
         print(
             f"{len(paths)} sample videos of {kind} combinations in {args.dst} (captions per "
-            f"shot in the .json beside each; `vfm curate {args.dst} OUT` cuts them into clips)"
+            f"shot in the .json beside each; `vfm curate {shlex.quote(str(args.dst))} OUT` "
+            "cuts them into clips)"
         )
     return 0
 

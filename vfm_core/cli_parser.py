@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--shards", required=True, help="shard directory with index.json")
     tt.add_argument("--out", required=True, help="where tokenizer.safetensors + config go")
     tt.add_argument("--preset", default="tok-tiny", help="tokenizer preset")
-    tt.add_argument("--steps", type=int_at_least("--steps"), default=200)
+    tt.add_argument("--steps", type=int_at_least("--steps", 1), default=200)
     tt.add_argument("--frames", type=int_at_least("--frames"), default=5, help="1 + 4k frames")
     tt.add_argument("--size", type=int_at_least("--size"), default=32, help="square crop, pixels")
     tt.add_argument("--seed", type=int_at_least("--seed"), default=0)

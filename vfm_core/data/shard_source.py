@@ -62,6 +62,15 @@ def _crop(a: np.ndarray, size: tuple[int, int], axes: tuple[int, int]) -> np.nda
     return a[tuple(sl)]
 
 
+def _no_latents(s: Sample) -> ConfigError:
+    return ConfigError(
+        f"data.shards: sample {s.key} holds a clip but no latent (shards written by `vfm shard` "
+        "hold clips only): set data.tokenizer=DIR (a tokenizer from `vfm tokenizer train`) to "
+        "encode the clips as they load, or train on shards encoded once with "
+        "vfm_core.tokenizer.encode_shards"
+    )
+
+
 class ShardLatentSource:
     """Latent batches of the configured shape from a shard directory or a weighted blend of
     them (see module docstring)."""
@@ -270,9 +279,7 @@ class ShardLatentSource:
             lat = _crop(s.latent[:, t0 : t0 + t], (h, w), (2, 3))
             return torch.from_numpy(np.ascontiguousarray(lat))  # (C, t, h, w)
         if self.tokenizer is None:
-            raise ConfigError(
-                f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
-            )
+            raise _no_latents(s)
         assert s.frames is not None
         n = 1 + self.ct * (t - 1)
         z = self.tokenizer.encode_frames(  # (C, t, h, w) normalised
@@ -339,9 +346,7 @@ class ShardLatentSource:
             lat = _crop(lat, (d.latent_height, d.latent_width), (2, 3))
             return torch.from_numpy(np.ascontiguousarray(lat))  # (C, T, H, W)
         if self.tokenizer is None:
-            raise ConfigError(
-                f"{s.key}: the shards hold no latents; set data.tokenizer to encode the clips"
-            )
+            raise _no_latents(s)
         assert s.frames is not None
         f0 = self._window(s, len(s.frames), self.frames)
         frames = np.ascontiguousarray(s.frames[f0:])  # (F, H, W, 3) uint8
