@@ -8,7 +8,6 @@ absolute or relative to ``CLIPS_DIR``). Both directories may be local or ``s3://
 
 from __future__ import annotations
 
-import io
 import time
 from typing import Any
 
@@ -30,7 +29,7 @@ def read_clips_manifest(clips_dir: str) -> pd.DataFrame:
     except storage.StorageError as e:
         raise ShardError(url, f"cannot read the clips manifest ({e.reason})") from None
     try:
-        return pd.read_parquet(io.BytesIO(data))
+        return storage.parquet_table(data).to_pandas()
     except (ValueError, OSError) as e:
         raise ShardError(url, f"not a parquet file ({e})") from None
 

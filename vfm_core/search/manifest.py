@@ -72,7 +72,7 @@ def read_manifest(clips_dir: str) -> Manifest:
             "(the DST of vfm curate)"
         ) from None
     try:
-        table = pq.read_table(io.BytesIO(data))
+        table = storage.parquet_table(data)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise SearchError(f"{url}: not a parquet file ({e})") from None
     missing = [c for c in ("clip_id", "uri") if c not in table.column_names]
