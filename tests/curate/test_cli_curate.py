@@ -55,3 +55,11 @@ def test_vfm_curate_errors(tmp_path):
     assert r.returncode == 2 and "invalid choice: 'spark'" in r.stderr
     r = _run("curate", "a", "b", "--fps", "-3", cwd=tmp_path)
     assert r.returncode == 2 and "--fps must be > 0, got -3" in r.stderr
+    # settings that would reject every clip: one error before any work
+    r = _run("curate", "a", "b", "--min-len", "5", "--max-len", "2", cwd=tmp_path)
+    assert r.returncode == 2 and "max_len_s=2.0 (--max-len) is below min_len_s=5.0" in r.stderr
+    r = _run("curate", "a", "b", "--width", "7", cwd=tmp_path)
+    assert r.returncode == 2 and "out_width=7 (--width) is below the filters' min_width" in r.stderr
+    # a local Ray without CPUs scheduled nothing: the run hung
+    r = _run("curate", "a", "b", "--executor", "ray", "--ray-cpus", "0", cwd=tmp_path)
+    assert r.returncode == 2 and "--ray-cpus): expected >= 1, got 0" in r.stderr

@@ -85,6 +85,25 @@ class CurateConfig:
     """Near-duplicate removal over the clip embeddings when the manifests are assembled (off by
     default); changing it re-assembles, it never re-curates a video."""
 
+    def __post_init__(self) -> None:
+        """Settings that would reject every clip are errors, not a run of rejects."""
+        if self.max_len_s is not None and self.max_len_s < self.min_len_s:
+            raise ValueError(
+                f"max_len_s={self.max_len_s} (--max-len) is below min_len_s={self.min_len_s} "
+                "(--min-len): every window of a longer shot would be a reject"
+            )
+        if self.splitter == "stride" and self.stride_s < self.min_len_s:
+            raise ValueError(
+                f"stride_s={self.stride_s} is below min_len_s={self.min_len_s} (--min-len): "
+                "every window of the stride splitter would be a reject"
+            )
+        f = self.filters
+        if self.out_width is not None and self.out_width < f.min_width:
+            raise ValueError(
+                f"out_width={self.out_width} (--width) is below the filters' min_width="
+                f"{f.min_width}: every clip would be rejected as too small"
+            )
+
     def clip_settings(self) -> str:
         """Everything that changes which clips are written and what they contain (for clip ids)."""
         d = dataclasses.asdict(self)

@@ -198,6 +198,10 @@ class RayExecutor:
             raise ValueError(f"RayExecutor.pool_size: expected >= 1 or None, got {self.pool_size}")
         if self.max_workers < 1:
             raise ValueError(f"RayExecutor.max_workers: expected >= 1, got {self.max_workers}")
+        if self.num_cpus < 1:  # a local instance without CPUs schedules nothing: a hang
+            raise ValueError(
+                f"RayExecutor.num_cpus (--ray-cpus): expected >= 1, got {self.num_cpus}"
+            )
 
     def run(self, stages: Sequence[Stage], items: Iterable[Item]) -> Iterator[Item]:
         import ray
