@@ -185,6 +185,12 @@ def test_yaml_round_trip_and_errors(tmp_path):
         load_yaml(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_yaml(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model:\n  hidden: 64\n bad indent\n")
+    with pytest.raises(ConfigError) as e:  # one line, where the problem is
+        load_yaml(broken)
+    assert "\n" not in str(e.value)
+    assert "broken.yaml: not valid YAML (line 3, column 2: expected <block end>" in str(e.value)
 
 
 def test_unknown_recipe_lists_known():

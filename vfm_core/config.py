@@ -27,6 +27,7 @@ from vfm_core.config_build import (  # noqa: F401  (re-exported: ConfigError, bu
     parse_override,
     parse_yaml,
     to_dict,
+    yaml_problem,
 )
 from vfm_core.config_validate import RANGES, validate  # noqa: F401  (re-exported)
 
@@ -474,7 +475,7 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path}: not valid YAML ({e})") from None
+        raise ConfigError(f"config file {path}: not valid YAML ({yaml_problem(e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of sections")
     try:

@@ -84,6 +84,14 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=YamlLoader)  # a SafeLoader: no Python objects
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: 'line 3, column 2: expected <block end>, but found ...'."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return " ".join(str(e).split())
+
+
 def to_dict(obj: Any) -> Any:
     """Dataclass -> plain dict of YAML/JSON-friendly values (tuples become lists)."""
     if dataclasses.is_dataclass(obj):
@@ -184,5 +192,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
+        raise ConfigError(
+            f"override {text!r}: value is not valid YAML ({yaml_problem(e)})"
+        ) from None
     return parts, value
