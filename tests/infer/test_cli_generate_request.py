@@ -133,6 +133,17 @@ def test_bad_input_is_refused_before_any_rank_starts(tiny_run, tmp_path, monkeyp
         generate_request(
             tiny_run, _req(frames=13, height=100000, width=100000), tmp_path / "b.mp4", nproc=2
         )
+    # every number, named by its flag (--fps 0 was a traceback after sampling); the token
+    # sampling settings of autoregressive runs are refused for a DiT run, not ignored
+    for bad, msg in (
+        ({"fps": 0}, "--fps 0: must be an integer >= 1"),
+        ({"seed": -1}, "--seed -1: must be"),
+        ({"top_p": 1.5}, r"--top-p 1.5: must be a number in \(0, 1\]"),
+        ({"prompt_frames": 0}, "--prompt-frames 0"),
+        ({"temperature": 0.0, "top_k": 5}, "--temperature / --top-k: token sampling settings"),
+    ):
+        with pytest.raises(GenerateError, match=msg):
+            generate_request(tiny_run, _req(**bad), tmp_path / "a.mp4", nproc=2)
     (tmp_path / "c.result.json").mkdir()
     with pytest.raises(GenerateError, match=r"c\.result\.json is a directory"):
         generate_request(tiny_run, _req(), tmp_path / "c.mp4")

@@ -77,6 +77,7 @@ from vfm_core.infer.request import (
     ar_prompt_ids,
     check_cost,
     check_guidance,
+    check_options,
     check_prompt,
     check_steps,
     decoder_and_plan,
@@ -276,6 +277,7 @@ def generate(
     """Generate one video (see the module docstring). Under torchrun every rank calls this with
     the same arguments; rank 0 writes ``out`` (``.mp4``), ``out.gif`` and ``out.latent.npy``."""
     check_prompt(request.prompt)
+    check_options(request)
     request.bounds.check()
     out = check_writable(out)  # before any model is loaded
     if result_path(out).is_dir():

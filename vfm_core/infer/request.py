@@ -3,8 +3,9 @@
 In order (:func:`vfm_core.infer.generate.generate`; ``vfm generate`` runs the cheap ones before
 the text model and the checkpoint load):
 
-1. the scalar inputs: prompt, guidance, steps (:func:`check_prompt`, :func:`check_guidance`,
-   :func:`check_steps`) and the output path (:func:`vfm_core.infer.video_out.check_writable`);
+1. the scalar inputs: prompt, guidance, steps, the rest (:func:`check_prompt`,
+   :func:`check_guidance`, :func:`check_steps`, :func:`check_options`) and the output path
+   (:func:`vfm_core.infer.video_out.check_writable`);
 2. the **plan**: the decoder's factors and the latent for ``frames`` x H x W
    (:func:`plan_request`; :mod:`vfm_core.infer.shapes`), for autoregressive runs the checked
    token prompt (:func:`prompt_ids`);
@@ -46,6 +47,7 @@ __all__ = [
     "ar_prompt_ids",
     "check_cost",
     "check_guidance",
+    "check_options",
     "check_prompt",
     "check_steps",
     "decoder_and_plan",
@@ -120,6 +122,23 @@ def check_steps(steps: int) -> int:
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
         raise GenerateError(f"--steps {steps!r}: must be an integer in [1, 1000]")
     return steps
+
+
+def check_options(request: GenerateRequest) -> None:
+    """The request's other numbers, each named by its flag (before anything loads)."""
+    r = request
+    if r.fps < 1:
+        raise GenerateError(f"--fps {r.fps}: must be an integer >= 1")
+    if r.seed < 0:
+        raise GenerateError(f"--seed {r.seed}: must be an integer >= 0")
+    if not (math.isfinite(r.temperature) and r.temperature >= 0):
+        raise GenerateError(f"--temperature {r.temperature}: must be a number >= 0 (0 = greedy)")
+    if r.top_k < 0:
+        raise GenerateError(f"--top-k {r.top_k}: must be an integer >= 0 (0 = all tokens)")
+    if not 0 < r.top_p <= 1:
+        raise GenerateError(f"--top-p {r.top_p}: must be a number in (0, 1]")
+    if r.prompt_frames < 1:
+        raise GenerateError(f"--prompt-frames {r.prompt_frames}: must be an integer >= 1")
 
 
 def check_prompt(prompt: str) -> str:
@@ -199,6 +218,18 @@ def plan_request(
             raise GenerateError(
                 "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
                 f"prompt; this run's model.arch is {cfg.model.arch!r}"
+            )
+        token_draws = {"--temperature": 1.0, "--top-k": 0, "--top-p": 1.0}
+        given = [
+            flag
+            for flag, default in token_draws.items()
+            if getattr(request, flag[2:].replace("-", "_")) != default
+        ]
+        if given:
+            raise GenerateError(
+                f"{' / '.join(given)}: token sampling settings of autoregressive runs; this "
+                f"run's model.arch is {cfg.model.arch!r} (its sampler takes --steps and "
+                "--guidance)"
             )
     t_c, s = (tok.temporal_factor, tok.spatial_factor) if tok else PREVIEW_FACTORS
     plan = plan_latent(

@@ -18,7 +18,7 @@ from vfm_core.infer.generate import (
     read_result,
     result_path,
 )
-from vfm_core.infer.request import ar_prompt_ids, check_guidance, check_prompt
+from vfm_core.infer.request import ar_prompt_ids, check_guidance, check_options, check_prompt
 from vfm_core.infer.shapes import GenerateError
 from vfm_core.infer.video_out import check_writable
 
@@ -58,6 +58,7 @@ def generate_request(
 
     # cheap checks first, before the text model, the weights and the ranks are loaded/started
     check_prompt(request.prompt)
+    check_options(request)
     if request.guidance is not None:
         check_guidance(request.guidance)
     if nproc < 1:
