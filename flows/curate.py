@@ -78,6 +78,7 @@ class CurateParams(BaseModel):
             if self.executor != "ray":
                 raise ValueError("ray_address needs executor 'ray'")
             parse_ray_address(self.ray_address)  # ValueError naming the expected forms
+        self.config()  # settings that would reject every clip (max_len_s < min_len_s, ...)
         return self
 
     def config(self) -> CurateConfig:

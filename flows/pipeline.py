@@ -121,6 +121,17 @@ class PipelineParams(BaseModel):
     _known_recipe = field_validator("recipe")(known_recipe)
     _family = model_validator(mode="after")(settle_family)
 
+    @model_validator(mode="after")
+    def _stages_accept(self) -> PipelineParams:
+        """What a later stage would refuse, refused by the form (before any stage runs)."""
+        CurateConfig(splitter=self.splitter, min_len_s=self.min_len_s, max_len_s=self.max_len_s)
+        if self.top_k and self.family != "autoregressive":  # the generation would refuse it
+            raise ValueError(
+                f"top_k={self.top_k}: the k likeliest tokens of autoregressive runs; the "
+                f"{self.family} family samples by denoising (leave top_k 0)"
+            )
+        return self
+
     def tokenizer_preset(self) -> str:
         """The tokenizer trained when none is given: continuous, or discrete for the AR family."""
         return "tok-tiny-discrete" if self.family == "autoregressive" else "tok-tiny"

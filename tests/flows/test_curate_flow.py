@@ -36,6 +36,8 @@ def test_params_validate():
     assert {"src", "dst"} <= set(CurateParams.model_json_schema()["required"])
     with pytest.raises(ValidationError, match="executor"):
         CurateParams(src="a", dst="b", executor="spark")
+    with pytest.raises(ValidationError, match="max_len_s=2.0 .* is below min_len_s=5.0"):
+        CurateParams(src="a", dst="b", min_len_s=5, max_len_s=2)
     with pytest.raises(ValidationError, match="ray_address needs executor 'ray'"):
         CurateParams(src="a", dst="b", ray_address="10.0.0.1:6379")
     with pytest.raises(ValidationError, match="expected 'auto', 'HOST:PORT' or 'ray://HOST:PORT'"):

@@ -105,7 +105,11 @@ def test_pipeline_train_settings_are_typed_and_user_overrides_win(tmp_path):
     assert sized["model.text_len"] == 11  # the longest caption of the data: nothing cut
     huge = train_settings(p, latents="L", tokenizer="T", geometry=geometry, caption_tokens=5000)
     assert huge["model.text_len"] == MAX_TEXT_LEN
-    ar = PipelineParams(family="autoregressive")
+    ar = PipelineParams(family="autoregressive", top_k=16)
+    with pytest.raises(ValueError, match="top_k=16: the k likeliest tokens of autoregressive"):
+        PipelineParams(top_k=16)  # a diffusion run's generation would refuse it after training
+    with pytest.raises(ValueError, match="max_len_s=1.0 .* is below min_len_s=3.0"):
+        PipelineParams(min_len_s=3, max_len_s=1)  # curation would reject every clip
     ar_settings = train_settings(ar, latents="L", tokenizer="T", geometry=geometry)
     assert "model.in_channels" not in ar_settings
     assert "model.vocab_size" not in ar_settings  # a continuous tokenizer: the recipe's

@@ -52,7 +52,7 @@ def test_tokenizers_that_do_not_fit_are_refused(ar_run, tmp_path):
     )
     with pytest.raises(GenerateError, match="625 ids"):
         generate(ar_run, req, tmp_path / "o.mp4", tokenizer=other.parent, text_emb=EMB)
-    with pytest.raises(GenerateError, match="top_p"):
+    with pytest.raises(GenerateError, match=r"--top-p 0.0: must be a number in \(0, 1\]"):
         generate(
             ar_run,
             GenerateRequest(prompt="x", frames=9, top_p=0.0),

@@ -139,7 +139,7 @@ def test_bad_input_is_refused_before_any_rank_starts(tiny_run, tmp_path, monkeyp
         ({"fps": 0}, "--fps 0: must be an integer >= 1"),
         ({"seed": -1}, "--seed -1: must be"),
         ({"top_p": 1.5}, r"--top-p 1.5: must be a number in \(0, 1\]"),
-        ({"prompt_frames": 0}, "--prompt-frames 0"),
+        ({"prompt_frames": 0}, "--prompt-frames: must be an integer >= 1, got 0"),
         ({"temperature": 0.0, "top_k": 5}, "--temperature / --top-k: token sampling settings"),
     ):
         with pytest.raises(GenerateError, match=msg):

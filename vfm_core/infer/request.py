@@ -138,7 +138,7 @@ def check_options(request: GenerateRequest) -> None:
     if not 0 < r.top_p <= 1:
         raise GenerateError(f"--top-p {r.top_p}: must be a number in (0, 1]")
     if r.prompt_frames < 1:
-        raise GenerateError(f"--prompt-frames {r.prompt_frames}: must be an integer >= 1")
+        raise GenerateError(f"--prompt-frames: must be an integer >= 1, got {r.prompt_frames}")
 
 
 def check_prompt(prompt: str) -> str:
