@@ -75,3 +75,22 @@ def test_flops_json():
 def test_recipes_lists_presets():
     r = vfm("recipes")
     assert r.returncode == 0 and "dit-28b" in r.stdout and "llama-dit-7b" in r.stdout
+
+
+def test_a_remote_store_without_credentials_is_one_line_before_any_work(tmp_path):
+    """`vfm shard` / `vfm curate` to s3:// without credentials: one line naming the URL and the
+    settings, before any work (was botocore's traceback, after the captions were embedded)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1"}
+    for argv in (["shard", str(tmp_path), "s3://bucket/shards"], ["curate", "raw", "s3://b/c"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "vfm_core.cli", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "s3://" in lines[0], r.stderr
+        assert "no S3 credentials: set AWS_ACCESS_KEY_ID" in lines[0]

@@ -310,6 +310,14 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a remote store's client refusing access mid-run: one line too
+        from vfm_core.storage import remote_failure
+
+        reason = remote_failure(e)
+        if reason is None or getattr(args, "debug", False):
+            raise
+        print(f"vfm {args.cmd}: error: {reason}", file=sys.stderr)
+        return 2
     finally:
         warnings.formatwarning = python_format  # main() called in-process (tests, flows)
 

@@ -36,6 +36,36 @@ class StorageError(UserError, OSError):
         self.reason = reason
 
 
+def remote_failure(e: BaseException) -> str | None:
+    """Why a remote store refused, when ``e`` is its client's error of access (botocore: no or
+    partial credentials, an endpoint that does not answer), else None. By class name, so no
+    client library is imported here."""
+    names = {c.__name__ for c in type(e).__mro__}
+    if names & {"NoCredentialsError", "PartialCredentialsError"}:
+        return (
+            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+            "and AWS_ENDPOINT_URL for an S3 server other than AWS"
+        )
+    if "EndpointConnectionError" in names:
+        return f"the S3 endpoint does not answer ({e}); check AWS_ENDPOINT_URL"
+    return None
+
+
+def check_access(url: str) -> None:
+    """Reach the store of a remote ``url`` once (before any work writes there): a client error
+    of access is a :class:`StorageError` naming the URL (see :func:`remote_failure`)."""
+    if not is_remote(url):
+        return
+    fs, path = filesystem(url)
+    try:
+        fs.exists(path)
+    except Exception as e:
+        reason = remote_failure(e)
+        if reason is None:
+            raise
+        raise StorageError(str(url), reason) from None
+
+
 def is_remote(url: str) -> bool:
     return "://" in str(url) and not str(url).startswith("file://")
 

@@ -173,6 +173,7 @@ def summary_line(out: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vfm_core import storage
     from vfm_core.contracts import ContractError
     from vfm_core.curate.config import CurateConfig
     from vfm_core.curate.executors import RayClusterError, RayExecutor
@@ -204,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
         select_encoder(cfg.encoder, setting="--encoder")  # fail before any work
+        for url in (args.src, args.dst):
+            storage.check_access(url)  # a remote store without credentials: one line, now
         if args.ray_address and args.executor != "ray":
             raise ValueError("--ray-address needs --executor ray")
         executor = (

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from vfm_core import storage
 from vfm_core.config import ConfigError
 
 
@@ -98,6 +99,7 @@ def run_shard(args: argparse.Namespace) -> int:
     from vfm_core.data.make_shards import shard_clips_dir
 
     _positive_mb("--target-shard-mb", args.target_shard_mb)
+    storage.check_access(args.shards_dir)  # before the captions are embedded
     summary = shard_clips_dir(
         args.clips_dir,
         args.shards_dir,
