@@ -14,6 +14,7 @@ import pytest
 
 from tests.infer.conftest import PROMPT
 from vfm_core.cli import main as vfm_main
+from vfm_core.errors import UserError
 from vfm_core.infer.args import add_generate_args, request_from_args
 from vfm_core.infer.budget import GenerateBounds
 from vfm_core.infer.generate import GenerateRequest, read_result, result_path
@@ -144,6 +145,8 @@ def test_bad_input_is_refused_before_any_rank_starts(tiny_run, tmp_path, monkeyp
     ):
         with pytest.raises(GenerateError, match=msg):
             generate_request(tiny_run, _req(**bad), tmp_path / "a.mp4", nproc=2)
+    with pytest.raises(UserError, match="--checkpoint s3://b/run: a run directory on this"):
+        generate_request("s3://b/run", _req(), tmp_path / "a.mp4")  # was read as s3:/b/run
     (tmp_path / "c.result.json").mkdir()
     with pytest.raises(GenerateError, match=r"c\.result\.json is a directory"):
         generate_request(tiny_run, _req(), tmp_path / "c.mp4")

@@ -60,7 +60,13 @@ def resolve_checkpoint(path: str | Path, *, check: bool = True) -> tuple[Path, P
     (:func:`vfm_core.registry.resolve_model_uri`)."""
     from vfm_core.registry.uri import local_checkpoint
 
-    p = Path(local_checkpoint(path))
+    local = local_checkpoint(path)
+    if "://" in str(local):  # Path() would read s3://b/run as s3:/b/run
+        raise CheckpointError(
+            f"--checkpoint {local}: a run directory on this machine, or a registry URI "
+            "models:/NAME@ALIAS | models:/NAME/VERSION (downloaded here), is expected"
+        )
+    p = Path(local)
     if not p.exists():
         raise CheckpointError(f"--checkpoint {p}: no such directory")
     if (p / STATE_FILE).is_file():  # a step folder: DIR/checkpoints/step_X
