@@ -316,6 +316,14 @@ def test_vfm_index_then_vfm_train(foreign_dir, tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").open()]
     assert len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows)
 
+    # a caption key that no sample has: indexed (uncaptioned, counted) and said so
+    import shutil
+
+    copy = shutil.copytree(foreign_dir, tmp_path / "copy")
+    assert main(["index", str(copy), "--caption-key", "json:nope"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: none of the 12 samples has a caption at --caption-key json:nope" in err
+
 
 def test_foreign_index_schema_checks(foreign_dir, tmp_path):
     """The foreign columns come all or none, with a sidecar table inside the dataset."""

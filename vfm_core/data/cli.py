@@ -149,6 +149,12 @@ def run_index(args: argparse.Namespace) -> int:
         index_format=args.index_format,
         decode_check=args.decode_check,
     )
+    if summary["n_samples"] and summary["n_uncaptioned"] == summary["n_samples"]:
+        print(
+            f"warning: none of the {summary['n_samples']} samples has a caption at --caption-key "
+            f"{args.caption_key}: give the member extension (txt) or json:FIELD that holds them",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(summary))
         return 0
