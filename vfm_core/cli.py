@@ -128,7 +128,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         root = path.parent if path.name == "checkpoints" else path
         folders = CheckpointManager(root).candidates()
     if not folders:
-        print(f"vfm checkpoint: error: no checkpoint under {path}", file=sys.stderr)
+        print(f"vfm checkpoint: error: no checkpoint under {args.path}", file=sys.stderr)
         return 2
     bad = 0
     for folder in folders:
