@@ -22,10 +22,12 @@ def _inputs(src: Path) -> set[str]:
     return {str(p) for p in src.rglob("*.mp4")}
 
 
-def test_discover_keeps_source_as_given(src_dir, monkeypatch):
+def test_discover_keeps_source_as_given(src_dir, monkeypatch, caplog):
     monkeypatch.chdir(src_dir.parent)
-    refs = discover(src_dir.name)
-    assert len(refs) == 2 + len(BAD_KINDS)  # notes.md is not an input
+    with caplog.at_level("WARNING", logger="vfm_core.curate.pipeline"):
+        refs = discover(src_dir.name)
+    assert len(refs) == 2 + len(BAD_KINDS)  # notes.md is not an input, and is named as such
+    assert "1 file(s) without a video suffix are not curated (.md 1;" in caplog.text
     assert refs[0].source_uri == f"{src_dir.name}/bad/10bit.mp4"
     assert all(os.path.isabs(r.url) and Path(r.url).exists() for r in refs)
     one = discover(f"{src_dir.name}/demo0.mp4")

@@ -38,11 +38,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import posixpath
 import shutil
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ log = logging.getLogger(__name__)
 
 VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts")
 """Files with these suffixes (case-insensitive) are curation inputs."""
+SIDECAR_SUFFIXES = (".json", ".txt")
+"""Files beside the videos that are not inputs themselves (a video's caption sidecar)."""
 
 
 def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[VideoRef]:
@@ -87,11 +90,25 @@ def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[Vi
     if fs.exists(root) and not fs.isdir(root):  # one file (or one FIFO, device: rejected later)
         url = src if storage.is_remote(src) else str(Path(root).resolve())
         return [VideoRef(source_uri=src, url=url)]
-    refs = []
-    for url in storage.list_files(src, suffixes=suffixes):
+    refs, others = [], Counter()
+    wanted = tuple(x.lower() for x in suffixes)
+    for url in storage.list_files(src):
+        if not url.lower().endswith(wanted):
+            ext = posixpath.splitext(url)[1].lower() or "(none)"
+            others[ext] += ext not in SIDECAR_SUFFIXES  # caption sidecars belong to a video
+            continue
         _, path = storage.filesystem(url)
         rel = path[len(root.rstrip("/")) :].lstrip("/")
         refs.append(VideoRef(source_uri=storage.join(src, rel), url=url))
+    if sum(others.values()):  # nothing under SRC is passed over without a word
+        kinds = ", ".join(f"{ext} {n}" for ext, n in sorted(others.items()) if n)
+        log.warning(
+            "%s: %d file(s) without a video suffix are not curated (%s; curated: %s)",
+            src,
+            sum(others.values()),
+            kinds,
+            " ".join(suffixes),
+        )
     return refs
 
 
