@@ -118,5 +118,5 @@ def test_shard_source_config_errors(shard_dir, tmp_path):
     with pytest.raises(ConfigError, match="model.text_dim=384 but the shards' caption"):
         ShardLatentSource(cfg.data, cfg.model)
     cfg = config(shard_dir)
-    with pytest.raises(ConfigError, match="set data.tokenizer to encode the clips"):
+    with pytest.raises(ConfigError, match="holds a clip but no latent .*set data.tokenizer=DIR"):
         ShardLatentSource(cfg.data, cfg.model).next_batch()
