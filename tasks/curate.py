@@ -17,14 +17,13 @@ from tasks.logs import task_logger
 from vfm_core.contracts import AnnotatedClips, Rejects
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import LocalExecutor, RayClusterError, RayExecutor
+from vfm_core.curate.inputs import discover, resolve_dst
 from vfm_core.curate.pipeline import (
     assemble,
     check_coverage,
-    discover,
     load_state,
     process,
     recaption_finished,
-    resolve_dst,
     rows_valid,
 )
 from vfm_core.curate.records import VideoRef

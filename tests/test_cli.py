@@ -8,12 +8,13 @@ import sys
 import pytest
 
 
-def vfm(*args: str) -> subprocess.CompletedProcess:
+def vfm(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "vfm_core.cli", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**(os.environ if env is None else env), "OMP_NUM_THREADS": "1"},
+        cwd=cwd,
     )
 
 
@@ -81,15 +82,9 @@ def test_a_remote_store_without_credentials_is_one_line_before_any_work(tmp_path
     """`vfm shard` / `vfm curate` to s3:// without credentials: one line naming the URL and the
     settings, before any work (was botocore's traceback, after the captions were embedded)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env |= {"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1"}
+    env |= {"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"}
     for argv in (["shard", str(tmp_path), "s3://bucket/shards"], ["curate", "raw", "s3://b/c"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "vfm_core.cli", *argv],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-        )
+        r = vfm(*argv, env=env, cwd=tmp_path)
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "s3://" in lines[0], r.stderr

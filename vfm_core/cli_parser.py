@@ -28,11 +28,12 @@ class _Parser(argparse.ArgumentParser):
         self._argv = list(sys.argv[1:] if args is None else args)
         ns, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None:  # a leaf command: nobody else will take them
-            self.error(f"unrecognized arguments: {' '.join(extras)}{self._nearest(extras)}")
+            self.error(self._unrecognized(extras))
         return ns, extras
 
-    def _nearest(self, extras: list[str]) -> str:
-        """'' or ' (--inp: did you mean --input?)' for the unknown flags among ``extras``."""
+    def _unrecognized(self, extras: list[str]) -> str:
+        """'unrecognized arguments: --inp x (--inp: did you mean --input?)': the nearest known
+        flags of each unknown one."""
         known = sorted(s for s in self._option_string_actions if s.startswith("--"))
         hints = []
         for flag in (e.split("=", 1)[0] for e in extras if e.startswith("--")):
@@ -40,7 +41,9 @@ class _Parser(argparse.ArgumentParser):
             near = near or difflib.get_close_matches(flag, known, n=2, cutoff=0.75)
             if near:
                 hints.append(f"{flag}: did you mean {' or '.join(near[:3])}?")
-        return f" ({'; '.join(hints)})" if hints else ""
+        return f"unrecognized arguments: {' '.join(extras)}" + (
+            f" ({'; '.join(hints)})" if hints else ""
+        )
 
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("the following arguments are required") and self._subparsers is None:
@@ -51,7 +54,7 @@ class _Parser(argparse.ArgumentParser):
                 if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions
             ]
             if unknown:
-                message = f"unrecognized arguments: {' '.join(unknown)}{self._nearest(unknown)}"
+                message = self._unrecognized(unknown)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
 

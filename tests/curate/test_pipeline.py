@@ -24,7 +24,7 @@ def _inputs(src: Path) -> set[str]:
 
 def test_discover_keeps_source_as_given(src_dir, monkeypatch, caplog):
     monkeypatch.chdir(src_dir.parent)
-    with caplog.at_level("WARNING", logger="vfm_core.curate.pipeline"):
+    with caplog.at_level("WARNING", logger="vfm_core.curate.inputs"):
         refs = discover(src_dir.name)
     assert len(refs) == 2 + len(BAD_KINDS)  # notes.md is not an input, and is named as such
     assert "1 file(s) without a video suffix are not curated (.md 1;" in caplog.text

@@ -38,12 +38,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import posixpath
 import shutil
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -64,59 +63,13 @@ from vfm_core.contracts import (
 from vfm_core.curate.clip_stages import commit_clips, discard_pending
 from vfm_core.curate.coverage import coverage_gaps, seconds
 from vfm_core.curate.executors import Executor, get_executor
+from vfm_core.curate.inputs import VIDEO_SUFFIXES, discover, resolve_dst
 from vfm_core.curate.recaption import recaption_all
 from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
 from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
 from vfm_core.curate.stages import CurateConfig, build_stages
 
 log = logging.getLogger(__name__)
-
-VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts")
-"""Files with these suffixes (case-insensitive) are curation inputs."""
-SIDECAR_SUFFIXES = (".json", ".txt")
-"""Files beside the videos that are not inputs themselves (a video's caption sidecar)."""
-
-
-def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[VideoRef]:
-    """Input videos under `src` (a directory, an s3:// prefix, or one file), sorted.
-
-    `source_uri` is each file as given under SRC (`src` joined with its relative path); `url` is
-    where to read it (absolute local path or the s3:// URL). Nothing is opened here: an entry that
-    is not a regular file (a FIFO named ``x.mp4``) is listed like any other and the probe stage
-    rejects it, unopened, with the reason.
-    """
-    src = str(src)
-    fs, root = storage.filesystem(src)
-    if fs.exists(root) and not fs.isdir(root):  # one file (or one FIFO, device: rejected later)
-        url = src if storage.is_remote(src) else str(Path(root).resolve())
-        return [VideoRef(source_uri=src, url=url)]
-    refs, others = [], Counter()
-    wanted = tuple(x.lower() for x in suffixes)
-    for url in storage.list_files(src):
-        if not url.lower().endswith(wanted):
-            ext = posixpath.splitext(url)[1].lower() or "(none)"
-            others[ext] += ext not in SIDECAR_SUFFIXES  # caption sidecars belong to a video
-            continue
-        _, path = storage.filesystem(url)
-        rel = path[len(root.rstrip("/")) :].lstrip("/")
-        refs.append(VideoRef(source_uri=storage.join(src, rel), url=url))
-    if sum(others.values()):  # nothing under SRC is passed over without a word
-        kinds = ", ".join(f"{ext} {n}" for ext, n in sorted(others.items()) if n)
-        log.warning(
-            "%s: %d file(s) without a video suffix are not curated (%s; curated: %s)",
-            src,
-            sum(others.values()),
-            kinds,
-            " ".join(suffixes),
-        )
-    return refs
-
-
-def resolve_dst(dst: str) -> str:
-    """Local destinations become absolute, so clip uris are readable from any cwd."""
-    if storage.is_remote(str(dst)):
-        return str(dst)
-    return str(Path(str(dst).removeprefix("file://")).resolve())
 
 
 def _state_url(dst: str, source_uri: str) -> str:
@@ -527,16 +480,13 @@ def rows_valid(rows: list[dict], schema, *, what: str) -> None:
 
 
 __all__ = [
-    "VIDEO_SUFFIXES",
     "ProbedVideo",
     "assemble",
     "check_coverage",
     "curate",
-    "discover",
     "load_state",
     "process",
     "read_clips",
     "recaption_finished",
-    "resolve_dst",
     "rows_valid",
 ]

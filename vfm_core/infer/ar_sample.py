@@ -12,6 +12,7 @@ ranks); every later step feeds one position.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,12 +50,16 @@ class SamplingConfig:
     """Decode with the KV cache (False: rerun the prefix every step)."""
 
     def check(self) -> None:
-        if not self.temperature >= 0:
-            raise SamplingError(f"temperature: must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise SamplingError(f"top_p: must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise SamplingError(f"top_k: must be >= 0, got {self.top_k}")
+        """Each setting named by its ``vfm generate`` flag and its field."""
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not (math.isfinite(t) and t >= 0):
+            raise SamplingError(
+                f"--temperature {t}: must be a finite number >= 0 (temperature; 0 = greedy)"
+            )
+        if not 0 < p <= 1:
+            raise SamplingError(f"--top-p {p}: must be a number in (0, 1] (top_p)")
+        if k < 0:
+            raise SamplingError(f"--top-k {k}: must be an integer >= 0 (top_k; 0 = all tokens)")
         if not self.guidance >= 0:
             raise SamplingError(f"guidance: must be >= 0, got {self.guidance}")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import torch
 
 from vfm_core.config import Config
 from vfm_core.infer.ar_prefill import load_prompt
+from vfm_core.infer.ar_sample import SamplingConfig, SamplingError
 from vfm_core.infer.budget import (
     CostEstimate,
     GenerateBounds,
@@ -131,12 +132,10 @@ def check_options(request: GenerateRequest) -> None:
         raise GenerateError(f"--fps {r.fps}: must be an integer >= 1")
     if r.seed < 0:
         raise GenerateError(f"--seed {r.seed}: must be an integer >= 0")
-    if not (math.isfinite(r.temperature) and r.temperature >= 0):
-        raise GenerateError(f"--temperature {r.temperature}: must be a number >= 0 (0 = greedy)")
-    if r.top_k < 0:
-        raise GenerateError(f"--top-k {r.top_k}: must be an integer >= 0 (0 = all tokens)")
-    if not 0 < r.top_p <= 1:
-        raise GenerateError(f"--top-p {r.top_p}: must be a number in (0, 1]")
+    try:  # the token draws' settings, by the sampler's own rules
+        SamplingConfig(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p).check()
+    except SamplingError as e:
+        raise GenerateError(str(e)) from None
     if r.prompt_frames < 1:
         raise GenerateError(f"--prompt-frames: must be an integer >= 1, got {r.prompt_frames}")
 
@@ -219,11 +218,11 @@ def plan_request(
                 "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
                 f"prompt; this run's model.arch is {cfg.model.arch!r}"
             )
-        token_draws = {"--temperature": 1.0, "--top-k": 0, "--top-p": 1.0}
+        defaults = {f.name: f.default for f in fields(GenerateRequest)}
         given = [
-            flag
-            for flag, default in token_draws.items()
-            if getattr(request, flag[2:].replace("-", "_")) != default
+            "--" + name.replace("_", "-")
+            for name in ("temperature", "top_k", "top_p")  # the token draws' settings
+            if getattr(request, name) != defaults[name]
         ]
         if given:
             raise GenerateError(

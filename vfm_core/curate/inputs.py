@@ -1,0 +1,61 @@
+"""The inputs of a curation run: every video under SRC (a folder, an ``s3://`` prefix or one
+file) by suffix, the files passed over named in one warning, and the destination made absolute."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from collections import Counter
+from pathlib import Path
+
+from vfm_core import storage
+from vfm_core.curate.records import VideoRef
+
+log = logging.getLogger(__name__)
+
+VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts")
+"""Files with these suffixes (case-insensitive) are curation inputs."""
+SIDECAR_SUFFIXES = (".json", ".txt")
+"""Files beside the videos that are not inputs themselves (a video's caption sidecar)."""
+
+
+def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[VideoRef]:
+    """Input videos under `src` (a directory, an s3:// prefix, or one file), sorted.
+
+    `source_uri` is each file as given under SRC (`src` joined with its relative path); `url` is
+    where to read it (absolute local path or the s3:// URL). Nothing is opened here: an entry that
+    is not a regular file (a FIFO named ``x.mp4``) is listed like any other and the probe stage
+    rejects it, unopened, with the reason.
+    """
+    src = str(src)
+    fs, root = storage.filesystem(src)
+    if fs.exists(root) and not fs.isdir(root):  # one file (or one FIFO, device: rejected later)
+        url = src if storage.is_remote(src) else str(Path(root).resolve())
+        return [VideoRef(source_uri=src, url=url)]
+    refs, others = [], Counter()
+    wanted = tuple(x.lower() for x in suffixes)
+    for url in storage.list_files(src):
+        if not url.lower().endswith(wanted):
+            ext = posixpath.splitext(url)[1].lower() or "(none)"
+            if ext not in SIDECAR_SUFFIXES:  # caption sidecars belong to a video
+                others[ext] += 1
+            continue
+        _, path = storage.filesystem(url)
+        rel = path[len(root.rstrip("/")) :].lstrip("/")
+        refs.append(VideoRef(source_uri=storage.join(src, rel), url=url))
+    if others:  # nothing under SRC is passed over without a word
+        log.warning(
+            "%s: %d file(s) without a video suffix are not curated (%s; curated: %s)",
+            src,
+            others.total(),
+            ", ".join(f"{ext} {n}" for ext, n in sorted(others.items())),
+            " ".join(suffixes),
+        )
+    return refs
+
+
+def resolve_dst(dst: str) -> str:
+    """Local destinations become absolute, so clip uris are readable from any cwd."""
+    if storage.is_remote(str(dst)):
+        return str(dst)
+    return str(Path(str(dst).removeprefix("file://")).resolve())
