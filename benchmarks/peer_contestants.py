@@ -192,11 +192,20 @@ def plain_contestants(
     return out
 
 
-MATCHED = ["model.text_conditioning=pooled", "model.qk_norm=false", "model.fused_proj=true"]
+MATCHED = [
+    "model.text_conditioning=pooled",
+    "model.qk_norm=false",
+    "model.fused_proj=true",
+    "model.rope=false",
+]
 """vfm's overrides for the configuration the peers have: the caption as one pooled vector (their
-class label / nothing: no cross-attention), no per-head QK norm, and q/k/v as one GEMM (timm's
-``qkv``, nanoGPT's ``c_attn``). What stays vfm's own: 3D RoPE, the absolute-position features of
-the recipe, RMSNorm + SwiGLU (AR)."""
+class label / nothing: no cross-attention), no per-head QK norm, q/k/v as one GEMM (timm's
+``qkv``, nanoGPT's ``c_attn``), and absolute positions only (DiT's fixed sin-cos, nanoGPT's
+learned table: vfm's ``model.abs_pos`` embedding, no RoPE). What stays vfm's own: RMSNorm +
+SwiGLU (AR: see :func:`ar_config`). :data:`WITH_ROPE` puts the 3D RoPE back, a row of its own."""
+
+WITH_ROPE = ["model.rope=true"]
+"""The matched configuration with vfm's 3D RoPE on top of its absolute positions (the recipes')."""
 
 
 def trainer_contestants(name: str, cfg, units: int, compiled: bool) -> list:
@@ -236,7 +245,9 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     g, dev = torch.Generator().manual_seed(0), device_of(args)
     tokens = b * 16 * 16
     out = []
-    for label, cfg in (("", recipe), (" matched", matched)):
+    variants = [("", recipe), (" matched", matched)]
+    variants.append((" matched + RoPE", apply_overrides(matched, WITH_ROPE)))
+    for label, cfg in variants:
         m = cfg.model
         x = torch.randn(b, 4, 1, 32, 32, generator=g).to(dev)  # (B, C, T, H, W)
         c_noise = torch.randn(b, generator=g).to(dev)
@@ -250,7 +261,8 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
             tokens,
             args,
         )
-        out += trainer_contestants(f"vfm DiT trainer{label}", cfg, tokens, args.compile)
+        if "RoPE" not in label:  # the RoPE's cost: a plain-loop row
+            out += trainer_contestants(f"vfm DiT trainer{label}", cfg, tokens, args.compile)
     if dit_mod is not None:
         peer = dit_mod.DiT(
             input_size=32,
@@ -284,9 +296,9 @@ AR_BATCH, AR_GRID = 4, (3, 8, 8)
 def ar_config(args: argparse.Namespace, *, matched: bool = False):
     """vfm's causal video transformer at the peer's size: ar-tiny with width W, depth 4, W/64
     heads (kv_heads = heads: multi-head like nanoGPT), vocabulary 1000, batch 4 of its 3x8x8
-    synthetic token grids; ``matched``: with :data:`MATCHED` (nanoGPT has no text and no QK
-    norm) and nanoGPT's exact-GELU MLP without biases and LayerNorm (ar-tiny: SwiGLU,
-    RMSNorm)."""
+    synthetic token grids; ``matched``: with :data:`MATCHED` (nanoGPT has no text, no QK norm,
+    learned absolute positions) and nanoGPT's exact-GELU MLP without biases and LayerNorm
+    (ar-tiny: SwiGLU, RMSNorm)."""
     from vfm_core.config import apply_overrides
     from vfm_core.recipes import get_recipe
 
@@ -317,13 +329,17 @@ def nanogpt(args: argparse.Namespace, gpt_mod: types.ModuleType, n: int, vocab: 
 
 
 def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
+    from vfm_core.config import apply_overrides
     from vfm_core.models.ar import next_token_loss
     from vfm_core.models.dit import build_model
 
     b, grid, dev = AR_BATCH, AR_GRID, device_of(args)
     n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
     out = []
-    for label, cfg in (("", ar_config(args)), (" matched", ar_config(args, matched=True))):
+    matched = ar_config(args, matched=True)
+    variants = [("", ar_config(args)), (" matched", matched)]
+    variants.append((" matched + RoPE", apply_overrides(matched, WITH_ROPE)))
+    for label, cfg in variants:
         m = cfg.model
         ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g).to(dev)  # (B, T, H, W)
         text = torch.randn(b, m.text_len, m.text_dim, generator=g).to(dev)  # (B, L, Dt)
@@ -335,7 +351,8 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
             b * n,
             args,
         )
-        out += trainer_contestants(f"vfm AR trainer{label}", cfg, b * n, args.compile)
+        if "RoPE" not in label:  # the RoPE's cost: a plain-loop row
+            out += trainer_contestants(f"vfm AR trainer{label}", cfg, b * n, args.compile)
     gpt = nanogpt(args, gpt_mod, n, m.vocab_size).to(dev)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts
         opt = gpt.configure_optimizers(  # fused AdamW on CUDA, as nanoGPT's train.py

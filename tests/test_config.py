@@ -174,6 +174,13 @@ def test_validate_names_the_key(override, needle):
         validate(apply_overrides(get_recipe("dit-tiny"), [override]))
 
 
+def test_rope_off_needs_absolute_positions():
+    cfg = apply_overrides(get_recipe("ar-tiny"), ["model.rope=false", "model.abs_pos=0"])
+    with pytest.raises(ConfigError, match="model.rope: false needs model.abs_pos > 0"):
+        validate(cfg)
+    validate(apply_overrides(get_recipe("ar-tiny"), ["model.rope=false", "model.abs_pos=6"]))
+
+
 def test_yaml_round_trip_and_errors(tmp_path):
     cfg = apply_overrides(get_recipe("llama-dit-tiny"), ["train.steps=7"])
     path = tmp_path / "c.yaml"

@@ -89,6 +89,11 @@ class ModelConfig:
     """Rank r of the per-block AdaLN-LoRA projection D -> r -> 3D."""
     qk_norm: bool = True
     """Per-head RMSNorm on queries and keys."""
+    rope: bool = True
+    """Rotate queries and keys of every self-attention by the factorised 3D RoPE (relative
+    positions). false: absolute positions only (``abs_pos`` > 0 required), as GPT-2 / nanoGPT's
+    learned and DiT's fixed position embeddings: no rotation, ~10% less attention time on CPU;
+    the matched configuration of those reference models (benchmarks/peers.py)."""
     rope_theta: float = 10000.0
     """Base of the factorised 3D rotary embedding."""
     abs_pos: int = 0

@@ -154,6 +154,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             f"model.abs_pos: must be a multiple of 6 (sin and cos per axis), got {m.abs_pos}"
         )
+    if not m.rope and not m.abs_pos:
+        raise ConfigError(
+            "model.rope: false needs model.abs_pos > 0 (absolute positions): without either the "
+            "model sees no token positions"
+        )
     if m.head_dim % 2:
         raise ConfigError(f"model.heads: head_dim {m.head_dim} must be even for RoPE")
     if m.heads % m.n_kv_heads:

@@ -17,14 +17,24 @@ CFG = ModelConfig(
 )
 
 
-@pytest.fixture(scope="module", params=["cross", "pooled", "fused"])
+@pytest.fixture(scope="module", params=["cross", "pooled", "fused", "absolute"])
 def model(request):
-    """The model with cross-attention to the caption, with its pooled mean instead, and with
-    cross-attention, SwiGLU and the fused q/k/v projection."""
+    """The model with cross-attention to the caption, with its pooled mean instead, with
+    cross-attention, SwiGLU and the fused q/k/v projection, and at nanoGPT's configuration
+    (absolute positions only, no RoPE; LayerNorm, exact-GELU MLP, pooled caption)."""
     torch.manual_seed(0)
     over = {
         "pooled": dict(text_conditioning="pooled"),
         "fused": dict(fused_proj=True, mlp="swiglu"),
+        "absolute": dict(
+            rope=False,
+            abs_pos=6,
+            qk_norm=False,
+            norm="layer",
+            mlp="gelu_exact",
+            mlp_bias=False,
+            text_conditioning="pooled",
+        ),
     }
     cfg = dataclasses.replace(CFG, **over.get(request.param, {}))
     return CausalVideoTransformer(cfg).double().eval()

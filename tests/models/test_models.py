@@ -45,6 +45,19 @@ def test_rope_scores_depend_on_relative_offsets_only():
     assert not torch.allclose(s[idx(0, 0, 0), idx(0, 0, 1)], s[idx(0, 0, 0), idx(0, 0, 3)])
 
 
+def test_attention_without_rotary_ignores_the_angles():
+    """model.rope=false: self-attention given RoPE angles computes what it does without them
+    (the model's positions are then its absolute embedding's alone)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    angles = rope_3d((1, 3, 4), 8, 10000.0).double()  # (12, 4)
+    plain = Attention(32, 4, rotary=False).double()
+    rotary = Attention(32, 4).double()
+    rotary.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(plain(x, rope=angles), rotary(x), rtol=0, atol=0)
+    assert not torch.allclose(rotary(x, rope=angles), rotary(x))
+
+
 def test_layouts_equal_loops_over_groups():
     torch.manual_seed(0)
     attn = Attention(32, 4, kv_heads=2)

@@ -21,6 +21,7 @@ ARCHS = {
     "llama_dit": dict(arch="llama_dit", norm="rms", mlp="swiglu", kv_heads=2),
     "dit_zero": dict(arch="dit", adaln="zero"),
     "dit_abs_pos": dict(arch="dit", abs_pos=12),  # absolute position features too
+    "dit_abs_only": dict(arch="dit", abs_pos=12, rope=False),  # and no RoPE
     "dit_pooled": dict(arch="dit", text_conditioning="pooled"),  # caption mean, no cross-attn
 }
 # latent (C, T, H, W) per sample -> grids (2,2,3), (1,3,2), (3,1,2) with patch (1, 2, 2)

@@ -44,6 +44,7 @@ def test_tiny_dit_row_against_the_reference_checkout():
     assert set(rows) == {
         "DiT plain loop, recipe",
         "DiT plain loop, matched",
+        "DiT plain loop, matched + 3D RoPE",
         "DiT trainer vs peer loop, matched",
         "vfm DiT trainer / plain, recipe",
         "vfm DiT trainer / plain, matched",
@@ -72,6 +73,7 @@ def test_tiny_ar_rows_against_the_reference_checkout():
     assert {row["row"] for row in out["rows"]} == {
         "AR plain loop, recipe",
         "AR plain loop, matched",
+        "AR plain loop, matched + 3D RoPE",
         "AR trainer vs peer loop, matched",
         "vfm AR trainer / plain, recipe",
         "vfm AR trainer / plain, matched",

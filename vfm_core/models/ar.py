@@ -42,7 +42,9 @@ class ARBlock(nn.Module):
         )
         # one causal pass; a list like the DiT block's passes, so the TP plan serves both
         self.layouts = ("causal",)
-        self.self_attn = nn.ModuleList([Attention(d, cfg.heads, fused=cfg.fused_proj, **attn)])
+        self.self_attn = nn.ModuleList(
+            [Attention(d, cfg.heads, fused=cfg.fused_proj, rotary=cfg.rope, **attn)]
+        )
         self.cross_attn = (
             Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)
             if cfg.cross_attention

@@ -109,7 +109,9 @@ class Attention(nn.Module):
     """Multi-head (or grouped-query) attention. Self-attention when ``context`` is None, else
     cross-attention from x (queries) to context (keys/values, width ``context_dim``).
     ``fused`` (self-attention, ``model.fused_proj``): q, k, v as one linear ``qkv`` whose rows
-    are :func:`fuse_qkv`'s; a state dict of the other layout is converted on load."""
+    are :func:`fuse_qkv`'s; a state dict of the other layout is converted on load.
+    ``rotary`` False (``model.rope=false``): the RoPE angles a caller passes are not applied
+    (the model carries absolute positions in its embedding instead)."""
 
     def __init__(
         self,
@@ -121,9 +123,11 @@ class Attention(nn.Module):
         qk_norm: bool = True,
         eps: float = 1e-6,
         fused: bool = False,
+        rotary: bool = True,
     ):
         super().__init__()
         self.head_dim = dim // heads
+        self.rotary = rotary
         kv_heads = kv_heads or heads
         self.heads, self.kv_heads = heads, kv_heads
         self.fused = fused
@@ -187,7 +191,7 @@ class Attention(nn.Module):
             q = self.q_norm(self.q(x).view(b, n, -1, d)).transpose(1, 2)  # (B, Hq, N, d)
             k = self.k_norm(self.k(src).view(b, src.shape[1], -1, d)).transpose(1, 2)
             v = self.v(src).view(b, src.shape[1], -1, d).transpose(1, 2)  # (B, Hkv, S, d)
-        if rope is not None:
+        if rope is not None and self.rotary:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         if causal:
             if cache is not None:

@@ -52,7 +52,7 @@ class DiTBlock(nn.Module):
         n = len(layouts) + (2 if cfg.cross_attention else 1)  # modulated sub-layers
         self.norms = nn.ModuleList(make_norm(cfg.norm, d, cfg.norm_eps) for _ in range(n))
         self.self_attn = nn.ModuleList(
-            Attention(d, cfg.heads, fused=cfg.fused_proj, **attn) for _ in layouts
+            Attention(d, cfg.heads, fused=cfg.fused_proj, rotary=cfg.rope, **attn) for _ in layouts
         )
         self.cross_attn = (
             Attention(d, cfg.heads, context_dim=cfg.text_dim, **attn)

@@ -361,6 +361,9 @@ def _iter_av_frames(
         if options:
             s.codec_context.options = dict(options)
         tb, t0 = s.time_base, _t0(s)
+        # a frame's time (pts - t0) * tb as one int division: the correctly rounded float of the
+        # exact fraction, as float(Fraction) gives, without a Fraction per frame
+        num, den = (tb.numerator, tb.denominator) if tb is not None else (None, None)
         rate = s.average_rate or s.guessed_rate
         half = 0.5 / float(rate) if rate else 0.0  # a frame belongs to [start, end) by its centre
         if start_s:
@@ -370,7 +373,7 @@ def _iter_av_frames(
             for frame in _decode(c, s, deadline):
                 if frame.pts is None:
                     continue
-                t = float((frame.pts - t0) * tb)
+                t = (frame.pts - t0) * num / den
                 if start_s is not None and t < start_s - half:
                     continue
                 if end_s is not None and t >= end_s - half:
