@@ -59,6 +59,17 @@ def tracking_uri(cfg: TrackingConfig | None = None) -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
+def tracking_uri_from(explicit: str | None, setting: str) -> tuple[str, str]:
+    """(tracking URI, where it was set) for an error message to name: ``explicit`` (set by
+    ``setting``, e.g. ``--tracking-uri``), else $MLFLOW_TRACKING_URI, else the sqlite store under
+    the data dir (:func:`tracking_uri`)."""
+    if explicit:
+        return explicit, setting
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
+    return tracking_uri(), "the default store under VFM_DATA_DIR"
+
+
 class TrackingStoreError(UserError, RuntimeError):
     """The MLflow tracking URI names a store this process cannot use: a server that does not
     answer, an unknown scheme, a database driver that is not installed."""
@@ -139,8 +150,7 @@ def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI") -> None:
 
 def open_tracking_store(cfg: TrackingConfig) -> str:
     """:func:`open_store` on the configured URI (naming where it was set); returns the URI."""
-    uri = tracking_uri(cfg)
-    source = "tracking.tracking_uri" if cfg.tracking_uri else "MLFLOW_TRACKING_URI"
+    uri, source = tracking_uri_from(cfg.tracking_uri, "tracking.tracking_uri")
     open_store(uri, source=source)
     return uri
 

@@ -72,9 +72,11 @@ def test_balanced_placement_evens_the_work():
 def _worker_vocab_parallel(rank, world):
     """Per text conditioning: cross-attention, and the pooled caption on the embedding (cut by
     sequence parallelism like it, its gradient summed over the ranks); and with the fused q/k/v
-    projection (``model.fused_proj``: whole GQA groups per rank)."""
+    projection (``model.fused_proj``: whole GQA groups per rank); and with absolute positions
+    only (``model.rope=false``: the position embedding cut by sequence parallelism too)."""
     out = {text: _vocab_parallel_step(world, text) for text in ("cross", "pooled")}
     out["fused"] = _vocab_parallel_step(world, "cross", fused_proj=True, mlp="swiglu")
+    out["absolute"] = _vocab_parallel_step(world, "pooled", rope=False, abs_pos=6)
     return out
 
 

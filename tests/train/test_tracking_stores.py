@@ -93,3 +93,14 @@ def test_a_store_it_cannot_use_is_one_line_before_any_work(kind, tmp_path, monke
     want = "no server answers" if kind == "unreachable" else "no store for the scheme 'foo'"
     assert want in err and "unset it for the sqlite store" in err
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_store_the_flag_names_is_refused_naming_the_flag(tmp_path, monkeypatch, capsys):
+    """vfm report --tracking-uri URI: the one line names the flag as where URI was set (not the
+    environment variable, which is set to a good store here)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'ok.db'}")
+    uri = f"http://127.0.0.1:{_free_port()}"
+    assert vfm_main(["report", "--study", "s", "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{uri} (--tracking-uri): no server answers" in err, err
+    assert "MLFLOW_TRACKING_URI" not in err

@@ -87,11 +87,10 @@ def study_runs(study: str, *, tracking_uri: str | None = None, warmup: int = 2) 
     """The finished runs tagged ``vfm.study=study``, as rows (no derived columns yet)."""
     import mlflow
 
-    from vfm_core.tracking import open_store
-    from vfm_core.tracking import tracking_uri as default_uri
+    from vfm_core.tracking import open_store, tracking_uri_from
 
-    uri = tracking_uri or default_uri()
-    open_store(uri)
+    uri, source = tracking_uri_from(tracking_uri, "--tracking-uri")
+    open_store(uri, source=source)
     client = mlflow.MlflowClient(tracking_uri=uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from vfm_core.errors import UserError
-from vfm_core.tracking import data_dir, open_store, tracking_uri
+from vfm_core.tracking import data_dir, open_store, tracking_uri, tracking_uri_from
 
 __all__ = [
     "CACHE_ENV",
@@ -94,8 +94,8 @@ def resolve_model_uri(uri: str, *, cache_dir: str | Path | None = None) -> Resol
     from mlflow.exceptions import MlflowException
 
     name, alias, version = parse_model_uri(uri)
-    store = tracking_uri()
-    open_store(store)  # a server that does not answer: one line, not minutes of retries
+    store, source = tracking_uri_from(None, "")
+    open_store(store, source=source)  # a server that does not answer: one line, not minutes
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     try:
         mv = (

@@ -82,7 +82,7 @@ def backfill(run_dir: str | Path, *, tracking_uri: str | None = None) -> dict[st
     import mlflow
     from mlflow.entities import Metric
 
-    from vfm_core.tracking import open_store
+    from vfm_core.tracking import open_store, tracking_uri_from
 
     run_dir = Path(run_dir)
     backlog_path = run_dir / BACKLOG_FILE
@@ -92,19 +92,18 @@ def backfill(run_dir: str | Path, *, tracking_uri: str | None = None) -> dict[st
         summary = json.loads((run_dir / "summary.json").read_text())
         if not summary.get("mlflow_run_id"):
             raise BackfillError(f"{run_dir}: the run logged to no MLflow run (summary.json)")
-        from vfm_core.tracking import tracking_uri as default_uri
-
-        backlog = Backlog(
-            run_id=summary["mlflow_run_id"], tracking_uri=tracking_uri or default_uri()
-        )
+        backlog = Backlog(run_id=summary["mlflow_run_id"], tracking_uri="")
         backlog.status = ""  # the run ended itself: leave its status
     else:
         raise BackfillError(
             f"{run_dir}: no {BACKLOG_FILE} and no summary.json (not a training run directory, "
             "or one that never started)"
         )
-    uri = tracking_uri or backlog.tracking_uri
-    open_store(uri, source=f"{backlog_path.name} tracking_uri")  # one line if still down
+    if backlog.tracking_uri and not tracking_uri:
+        uri, source = backlog.tracking_uri, f"{backlog_path.name} tracking_uri"
+    else:  # the flag, else the environment's store
+        uri, source = tracking_uri_from(tracking_uri, "--tracking-uri")
+    open_store(uri, source=source)  # one line if still down
     client = mlflow.MlflowClient(uri)
     rows = _jsonl_rows(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     keys = sorted({k for r in rows for k in r if k != "step"})
