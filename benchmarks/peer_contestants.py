@@ -208,6 +208,15 @@ WITH_ROPE = ["model.rope=true"]
 """The matched configuration with vfm's 3D RoPE on top of its absolute positions (the recipes')."""
 
 
+def variants(recipe, matched) -> list[tuple[str, object, bool]]:
+    """(label, config, also through the trainer) of a model section: the recipe and the matched
+    configuration in a plain loop and the trainer; matched + 3D RoPE in a plain loop (its cost)."""
+    from vfm_core.config import apply_overrides
+
+    with_rope = apply_overrides(matched, WITH_ROPE)
+    return [("", recipe, True), (" matched", matched, True), (" matched + RoPE", with_rope, False)]
+
+
 def trainer_contestants(name: str, cfg, units: int, compiled: bool) -> list:
     """``name``: vfm's ``Trainer.train_step`` of ``cfg`` (its objective, AdamW, clipping,
     schedule; its device, dtype and ``train.compile`` from :func:`vfm_overrides`) on one batch of
@@ -245,9 +254,7 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     g, dev = torch.Generator().manual_seed(0), device_of(args)
     tokens = b * 16 * 16
     out = []
-    variants = [("", recipe), (" matched", matched)]
-    variants.append((" matched + RoPE", apply_overrides(matched, WITH_ROPE)))
-    for label, cfg in variants:
+    for label, cfg, trainer in variants(recipe, matched):
         m = cfg.model
         x = torch.randn(b, 4, 1, 32, 32, generator=g).to(dev)  # (B, C, T, H, W)
         c_noise = torch.randn(b, generator=g).to(dev)
@@ -261,7 +268,7 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
             tokens,
             args,
         )
-        if "RoPE" not in label:  # the RoPE's cost: a plain-loop row
+        if trainer:
             out += trainer_contestants(f"vfm DiT trainer{label}", cfg, tokens, args.compile)
     if dit_mod is not None:
         peer = dit_mod.DiT(
@@ -329,17 +336,13 @@ def nanogpt(args: argparse.Namespace, gpt_mod: types.ModuleType, n: int, vocab: 
 
 
 def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
-    from vfm_core.config import apply_overrides
     from vfm_core.models.ar import next_token_loss
     from vfm_core.models.dit import build_model
 
     b, grid, dev = AR_BATCH, AR_GRID, device_of(args)
     n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
     out = []
-    matched = ar_config(args, matched=True)
-    variants = [("", ar_config(args)), (" matched", matched)]
-    variants.append((" matched + RoPE", apply_overrides(matched, WITH_ROPE)))
-    for label, cfg in variants:
+    for label, cfg, trainer in variants(ar_config(args), ar_config(args, matched=True)):
         m = cfg.model
         ids = torch.randint(0, m.vocab_size, (b, *grid), generator=g).to(dev)  # (B, T, H, W)
         text = torch.randn(b, m.text_len, m.text_dim, generator=g).to(dev)  # (B, L, Dt)
@@ -351,7 +354,7 @@ def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
             b * n,
             args,
         )
-        if "RoPE" not in label:  # the RoPE's cost: a plain-loop row
+        if trainer:
             out += trainer_contestants(f"vfm AR trainer{label}", cfg, b * n, args.compile)
     gpt = nanogpt(args, gpt_mod, n, m.vocab_size).to(dev)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints parameter counts

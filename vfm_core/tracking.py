@@ -50,24 +50,20 @@ def data_dir() -> Path:
 
 def tracking_uri(cfg: TrackingConfig | None = None) -> str:
     """Explicit URI, else $MLFLOW_TRACKING_URI, else the sqlite store under the data dir."""
-    if cfg is not None and cfg.tracking_uri:
-        return cfg.tracking_uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    root = data_dir() / "mlflow"
-    root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}"
+    return tracking_uri_from(cfg.tracking_uri if cfg is not None else None, "")[0]
 
 
 def tracking_uri_from(explicit: str | None, setting: str) -> tuple[str, str]:
     """(tracking URI, where it was set) for an error message to name: ``explicit`` (set by
     ``setting``, e.g. ``--tracking-uri``), else $MLFLOW_TRACKING_URI, else the sqlite store under
-    the data dir (:func:`tracking_uri`)."""
+    the data dir."""
     if explicit:
         return explicit, setting
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
-    return tracking_uri(), "the default store under VFM_DATA_DIR"
+    root = data_dir() / "mlflow"
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}", "the default store under VFM_DATA_DIR"
 
 
 class TrackingStoreError(UserError, RuntimeError):
