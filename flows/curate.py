@@ -22,6 +22,7 @@ from tasks.progress import ProgressArtifact
 from vfm_core.curate.cli import summary_line
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
+from vfm_core.curate.inputs import check_paths
 from vfm_core.curate.semdedup import SemDedupConfig
 
 _D = CurateConfig()
@@ -99,6 +100,7 @@ class CurateParams(BaseModel):
 def curate_flow(params: CurateParams) -> dict[str, Any]:
     cfg = params.config().to_dict()
     dst = params.dst
+    check_paths(params.src, dst)  # before any work: both given, DST a directory outside SRC
     refs = discover_task(params.src)
     if params.executor == "ray":
         results = curate_ray_task(

@@ -203,9 +203,10 @@ class OptimConfig:
     against 39 ms for the ``foreach`` pass at 14M parameters (measured); on a GPU it is one
     kernel launch for all tensors (nanoGPT's choice on CUDA). Same math to rounding, so a run
     follows a slightly different trajectory than with ``foreach``; a resume uses the same kernel
-    and stays bit-identical. 'auto': fused on CUDA, ``foreach`` on CPU (where the demo's
-    documented figures come from); true / false everywhere. Sharded (DTensor) parameters always
-    update one tensor at a time."""
+    and stays bit-identical. 'auto' (the default) and true: fused where torch has the kernel (CPU,
+    CUDA; ``foreach`` elsewhere); false: the ``foreach`` pass (the demo's documented figures were
+    trained with it, so the demo sets it). Sharded (DTensor) parameters always update one tensor
+    at a time."""
 
 
 @dataclass(kw_only=True, slots=True)

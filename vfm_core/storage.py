@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import posixpath
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -66,6 +67,29 @@ def check_access(url: str) -> None:
         raise StorageError(str(url), reason) from None
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def not_regular(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` (links followed) is no regular file, e.g. "a named pipe (FIFO)"; None for a
+    regular file. Only ``stat``: the file is never opened (opening a FIFO blocks)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as e:
+        return f"cannot stat ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
 def is_remote(url: str) -> bool:
     return "://" in str(url) and not str(url).startswith("file://")
 
@@ -102,8 +126,14 @@ def exists(url: str) -> bool:
 
 
 def open_url(url: str, mode: str = "rb") -> IO:
-    """Open ``url`` (read modes only for remote files; use :func:`write_bytes` to write)."""
+    """Open ``url`` (read modes only for remote files; use :func:`write_bytes` to write). A local
+    path that is no regular file (a FIFO would block the read forever, a directory) is refused
+    without opening it."""
     fs, path = filesystem(url)
+    if "r" in mode and not is_remote(url):
+        kind = not_regular(path)
+        if kind not in (None, "file not found"):
+            raise StorageError(str(url), f"not a regular file ({kind}): refused without opening it")
     try:
         return fs.open(path, mode)
     except FileNotFoundError:

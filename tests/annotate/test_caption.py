@@ -1,4 +1,5 @@
 import json
+import os
 import re
 
 import numpy as np
@@ -132,6 +133,19 @@ def test_unusable_sidecar_names_the_file(tmp_path, name, data, reason):
     cap = _cap(CurateCaptioner(), video)
     assert cap.source == "none" and cap.text == "" and name in cap.problem
     assert re.search(rf"{name}: {reason}", cap.problem)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_a_sidecar_that_is_no_file_is_unusable_unopened(tmp_path, kind):
+    """A FIFO ``x.txt`` (opening it would block the run forever) or a directory ``x.json``:
+    an unusable sidecar naming what it is, the clip kept without its caption."""
+    path = tmp_path / ("x.txt" if kind == "fifo" else "x.json")
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    what = "named pipe" if kind == "fifo" else "a directory"
+    with pytest.raises(SidecarError, match=rf"{path.name}: cannot be read: .*{what}"):
+        _cap(SidecarCaptioner(), str(tmp_path / "x.mp4"))
+    cap = _cap(CurateCaptioner(), str(tmp_path / "x.mp4"))
+    assert cap.source == "none" and what in cap.problem
 
 
 def test_curate_captioner_always_returns_a_caption(tmp_path):

@@ -55,6 +55,20 @@ def test_vfm_curate_errors(tmp_path):
     assert r.returncode == 2 and "invalid choice: 'spark'" in r.stderr
     r = _run("curate", "a", "b", "--fps", "-3", cwd=tmp_path)
     assert r.returncode == 2 and "--fps must be > 0, got -3" in r.stderr
+    r = _run("curate", "a", "b", "--min-len", "nan", cwd=tmp_path)
+    assert r.returncode == 2 and "--min-len must be a finite number, got 'nan'" in r.stderr
+    # the destination: a file, under a file, SRC itself or inside it; an empty path
+    (tmp_path / "src").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for dst, said in [
+        ("afile", "afile: DST is a file, not a directory"),
+        ("afile/sub", f"DST cannot be made: {tmp_path / 'afile'} is a file"),
+        ("src", "DST src is SRC: a later run over SRC would curate its own clips"),
+        ("src/out", "DST src/out is inside SRC src"),
+        ("", "DST is empty"),
+    ]:
+        r = _run("curate", "src", dst, cwd=tmp_path)
+        assert r.returncode == 2 and said in r.stderr, (dst, r.stderr)
     # settings that would reject every clip: one error before any work
     r = _run("curate", "a", "b", "--min-len", "5", "--max-len", "2", cwd=tmp_path)
     assert r.returncode == 2 and "max_len_s=2.0 (--max-len) is below min_len_s=5.0" in r.stderr

@@ -169,7 +169,10 @@ def test_resume_after_crash_skips_finished_and_never_duplicates(good_dir, tmp_pa
     # other clip settings: everything is redone, with other clip ids
     other = curate(src, dst, config=CurateConfig(min_len_s=1.0, crf=30))
     assert other["n_skipped"] == 0
-    assert set(read_clips(dst)["clip_id"]).isdisjoint(set(clips["clip_id"]))
+    redone = read_clips(dst)["clip_id"]
+    assert set(redone).isdisjoint(set(clips["clip_id"]))
+    # the replaced clips are gone: DST/clips holds exactly the manifest's
+    assert sorted(os.listdir(Path(dst) / "clips")) == sorted(f"{c}.mp4" for c in redone)
 
 
 def test_missing_or_empty_source(tmp_path):

@@ -1,5 +1,6 @@
-"""The trainer's AdamW: ``optim.fused`` runs torch's fused kernel (same math to rounding as the
-default ``foreach`` pass) and its state, saved by name, resumes bit-identically."""
+"""The trainer's AdamW: ``optim.fused`` (default 'auto') runs torch's fused kernel, same math to
+rounding as the ``foreach`` pass of ``optim.fused=false``; its state, saved by name, resumes
+bit-identically."""
 
 from __future__ import annotations
 
@@ -57,13 +58,16 @@ def test_fused_and_foreach_agree_and_resume_bit_identically(fused):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_auto_is_foreach_on_cpu_and_the_setting_parses():
+def test_auto_is_fused_on_cpu_and_the_setting_parses():
     from vfm_core.config import apply_overrides
     from vfm_core.recipes import get_recipe
 
     cfg = get_recipe("dit-tiny")
     assert cfg.optim.fused == "auto"
     opt, _ = build_optimizer(_params(), cfg.optim, total_steps=10)
+    assert opt.param_groups[0]["fused"] and not opt.param_groups[0].get("foreach")
+    off = apply_overrides(cfg, ["optim.fused=false"])
+    opt, _ = build_optimizer(_params(), off.optim, total_steps=10)
     assert not opt.param_groups[0].get("fused") and opt.param_groups[0]["foreach"]
     assert apply_overrides(cfg, ["optim.fused=true"]).optim.fused is True
     with pytest.raises(ValueError, match="optim.fused"):

@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vfm_core.video.hybrid_splitter import HybridSplitter
 from vfm_core.video.io import decode_frames, iter_frames, probe
 from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
 from vfm_core.video.spans import LengthRules, Span, transitions_from_spans
@@ -48,6 +49,19 @@ def test_color_change_on_frames_array(demo_video):
     assert [x.start_frame for x in a] == pytest.approx([x.start_frame for x in b], abs=1)
     with pytest.raises(ValueError, match="fps"):
         ColorChangeSplitter().split(frames)
+
+
+@pytest.mark.parametrize("shape", [(6, 128), (128, 6)])
+def test_hybrid_splits_a_video_narrower_than_its_layout_grid(shape):
+    """A very wide (tall) video's analysis frame has fewer rows (columns) than the 16x9 layout
+    grid: its rows (columns) count for several cells, and the cut is found."""
+    rng = np.random.default_rng(0)
+    frames = np.zeros((48, *shape, 3), np.uint8)  # (T, H, W, 3): red, then green from frame 24
+    frames[:24] = (200, 30, 30)
+    frames[24:] = (30, 200, 30)
+    frames = (frames + rng.integers(0, 12, frames.shape)).astype(np.uint8)
+    spans = HybridSplitter().split(frames, fps=12.0)
+    assert [s.start_frame for s in spans] == [0, 24]
 
 
 def test_black_dropped_and_length_rules(demo_video):

@@ -188,6 +188,9 @@ class SidecarCaptioner:
                     return parse_sidecar(url, storage.read_bytes(url))
                 except SidecarError as e:
                     return e
+                except OSError as e:  # a directory, a FIFO (refused unopened), unreadable
+                    reason = e.reason if isinstance(e, storage.StorageError) else str(e)
+                    return SidecarError(url, f"cannot be read: {reason}")
         return None
 
     def caption(

@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from vfm_core.cli_types import int_at_least, number
+
 
 class ConfigDefault:
     """A `CurateConfig` field default (the one set of curation defaults, which the curation flow
@@ -68,22 +70,28 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     cu.add_argument(
         "--min-len",
-        type=float,
+        type=number("--min-len", at_least=0),
         default=d("min_len_s"),
         help="shortest clip, seconds; shorter shots are rejects (default: %(default)s)",
     )
     cu.add_argument(
         "--max-len",
-        type=float,
+        type=number("--max-len", at_least=0),
         default=d("max_len_s", none_as=0.0),
         help="longest clip, seconds; longer shots are cut into equal windows "
         "(0: no limit; default: %(default)s)",
     )
     cu.add_argument(
-        "--width", type=int, default=d("out_width"), help="clip width (default: source)"
+        "--width",
+        type=int_at_least("--width", 1),
+        default=d("out_width"),
+        help="clip width (default: source)",
     )
     cu.add_argument(
-        "--fps", type=float, default=d("out_fps"), help="clip frame rate (default: source)"
+        "--fps",
+        type=number("--fps", above=0),
+        default=d("out_fps"),
+        help="clip frame rate (default: source)",
     )
     cu.add_argument(
         "--stitch",
@@ -146,11 +154,6 @@ def _cosine_or_auto(text: str) -> float | str:
     return text if text == "auto" else float(text)
 
 
-def _positive(name: str, v: float | None, *, zero_ok: bool = False) -> None:
-    if v is not None and (v < 0 or (v == 0 and not zero_ok)):
-        raise ValueError(f"{name} must be {'>= 0' if zero_ok else '> 0'}, got {v:g}")
-
-
 def summary_line(out: dict) -> str:
     """One line: inputs, clips (and how many have no caption) and rejects with the seconds of
     source each holds, recaptioned videos and unusable caption sidecars."""
@@ -184,10 +187,6 @@ def run(args: argparse.Namespace) -> int:
 
     args = resolve_defaults(args)
     try:
-        _positive("--min-len", args.min_len, zero_ok=True)
-        _positive("--max-len", args.max_len, zero_ok=True)
-        _positive("--width", args.width)
-        _positive("--fps", args.fps)
         cfg = CurateConfig(
             splitter=args.splitter,
             min_len_s=args.min_len,

@@ -13,6 +13,7 @@ run and on failure) deletes them: DST/clips holds no clip that no state names.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ def clip_id_of(video_id: str, start_frame: int, end_frame: int, settings: str) -
     key = f"{video_id}:{start_frame}:{end_frame}:{settings}".encode()
     return hashlib.sha256(key).hexdigest()[:16]
 
+
+log = logging.getLogger(__name__)
 
 PENDING = "_pending"
 """Under DST: clips encoded but not committed (their video not finished yet)."""
@@ -71,6 +74,18 @@ def commit_clips(dst: str, clip_ids: list[str]) -> None:
             os.replace(src_path, final_path)
         except FileNotFoundError:
             pass
+
+
+def remove_clips(dst: str, clip_ids: list[str]) -> None:
+    """Delete committed clips (those of a video curated again under other settings, replaced
+    by its new clips), logging how many."""
+    fs, _ = storage.filesystem(dst)
+    for cid in clip_ids:
+        _, path = storage.filesystem(clip_uri(dst, cid))
+        if fs.exists(path):
+            fs.rm(path)
+    if clip_ids:
+        log.info("%s: removed %d clip(s) of earlier settings", dst, len(clip_ids))
 
 
 def discard_pending(dst: str) -> int:
@@ -195,8 +210,8 @@ def unfit_reason(look: PictureReport | None, cfg: CurateConfig) -> str | None:
     c = look.crop
     if c.w < f.min_width or c.h < f.min_height:
         return (
-            f"picture inside black bars {c.w}x{c.h} at ({c.x}, {c.y}) below minimum "
-            f"{f.min_width}x{f.min_height}"
+            f"picture {c.w}x{c.h} at ({c.x}, {c.y}) once any black bars are cropped: below the "
+            f"minimum {f.min_width}x{f.min_height} (filters.min_width x filters.min_height)"
         )
     if pic.max_blockiness is not None and look.blockiness > pic.max_blockiness:
         return (

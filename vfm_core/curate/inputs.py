@@ -59,3 +59,26 @@ def resolve_dst(dst: str) -> str:
     if storage.is_remote(str(dst)):
         return str(dst)
     return str(Path(str(dst).removeprefix("file://")).resolve())
+
+
+def check_paths(src: str, dst: str) -> str:
+    """``dst`` made absolute (:func:`resolve_dst`) after the checks a run needs before any work:
+    neither is empty, a local DST is a directory or can be made one, and DST is neither SRC nor
+    under it (the next run over SRC would curate its own clips as new videos)."""
+    for name, value in (("SRC", src), ("DST", dst)):
+        if not str(value).strip():
+            raise ValueError(f"curate: {name} is empty (give a folder or an s3:// prefix)")
+    out = resolve_dst(dst)
+    if not storage.is_remote(out):
+        first = next(a for a in (Path(out), *Path(out).parents) if a.exists())
+        if not first.is_dir():
+            what = "is a file" if first == Path(out) else f"cannot be made: {first} is a file"
+            raise storage.StorageError(str(dst), f"DST {what}, not a directory")
+    inside = resolve_dst(src)
+    if out == inside or out.startswith(inside.rstrip("/") + "/"):
+        where = "is SRC" if out == inside else f"is inside SRC {src}"
+        raise ValueError(
+            f"curate: DST {dst} {where}: a later run over SRC would curate its own clips as new "
+            "videos; choose a DST outside SRC"
+        )
+    return out

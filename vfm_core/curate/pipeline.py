@@ -60,10 +60,10 @@ from vfm_core.contracts import (
     validate,
     write_manifest,
 )
-from vfm_core.curate.clip_stages import commit_clips, discard_pending
+from vfm_core.curate.clip_stages import commit_clips, discard_pending, remove_clips
 from vfm_core.curate.coverage import coverage_gaps, seconds
 from vfm_core.curate.executors import Executor, get_executor
-from vfm_core.curate.inputs import VIDEO_SUFFIXES, discover, resolve_dst
+from vfm_core.curate.inputs import VIDEO_SUFFIXES, check_paths, discover
 from vfm_core.curate.recaption import recaption_all
 from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
 from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
@@ -186,7 +186,14 @@ def _write_state(dst: str, ref: VideoRef, cfg: CurateConfig, finals: list[Item])
     commit_clips(dst, [c["clip_id"] for c in clips])
     if any(r["stage"] == "read" for r in rejects):
         return state  # unreadable now: retry on the next run
-    storage.write_bytes(_state_url(dst, ref.source_uri), json.dumps(state).encode())
+    url = _state_url(dst, ref.source_uri)
+    try:  # the clips its state names now (any settings): those not made again are replaced
+        old = json.loads(storage.read_bytes(url))["clips"]
+        replaced = {str(c["clip_id"]) for c in old} - {c["clip_id"] for c in clips}
+    except (OSError, ValueError, TypeError, KeyError):  # no state, a damaged one
+        replaced = set()
+    storage.write_bytes(url, json.dumps(state).encode())
+    remove_clips(dst, sorted(replaced))  # earlier settings' clips of the video: in no manifest
     return state
 
 
@@ -401,7 +408,7 @@ def curate(
     again (also without it when the caption settings changed), never split or encoded again.
     """
     cfg = config or CurateConfig()
-    dst = resolve_dst(dst)
+    dst = check_paths(src, dst)
     ex = get_executor(executor)  # bad names / settings fail before any work
     cfg.splitter_obj()
     t0 = time.perf_counter()

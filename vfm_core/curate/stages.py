@@ -27,7 +27,8 @@ from vfm_core.curate.clip_stages import AnnotateStage, TranscodeStage
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import Item, ProbedVideo, RejectRow, SpanTask, SplitVideo, VideoRef
 from vfm_core.curate.stage_base import Stage, _local_video, _MapStage, local_copy
-from vfm_core.video.container import VideoError, not_regular
+from vfm_core.storage import not_regular
+from vfm_core.video.container import VideoError
 from vfm_core.video.io import probe
 from vfm_core.video.spans import DroppedSpan, Segmentation
 from vfm_core.video.stitch import stitch

@@ -11,13 +11,13 @@ the end of the file is a truncated file.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import IO
 
 import av
 
 from vfm_core.errors import UserError
+from vfm_core.storage import not_regular
 
 Source = str | os.PathLike[str] | IO[bytes]
 """A local path or a readable binary file object (seekable for MP4)."""
@@ -36,29 +36,6 @@ def _name(src: Source) -> str:
     if isinstance(src, (str, os.PathLike)):
         return os.fspath(src)
     return str(getattr(src, "name", None) or getattr(src, "path", None) or repr(src))
-
-
-_KINDS = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def not_regular(path: str | os.PathLike[str]) -> str | None:
-    """Why ``path`` (links followed) is no regular file, e.g. "a named pipe (FIFO)"; None for a
-    regular file. Only ``stat``: the file is never opened (opening a FIFO blocks)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "file not found"
-    except OSError as e:
-        return f"cannot stat ({e.strerror or e})"
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
 def open_container(src: Source) -> av.container.InputContainer:
@@ -91,8 +68,10 @@ def _ffmpeg_reason(e: BaseException) -> str:
 
 def _video_stream(container: av.container.InputContainer, name: str) -> av.VideoStream:
     if not container.streams.video:
-        kinds = sorted({s.type for s in container.streams}) or ["no streams"]
-        raise VideoError(name, f"no video stream ({', '.join(kinds)} only)")
+        kinds = sorted({s.type for s in container.streams})
+        raise VideoError(
+            name, f"no video stream ({', '.join(kinds)} only)" if kinds else "no streams"
+        )
     return container.streams.video[0]
 
 

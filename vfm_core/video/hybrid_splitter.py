@@ -147,6 +147,9 @@ def layout_grid(frames: np.ndarray, gw: int, gh: int) -> np.ndarray:
     """(T, H, W, 3) uint8 -> (T, gh, gw) float32 block-mean luma, each frame normalised to zero
     mean and unit mean-absolute deviation (a brightness change or fade leaves it unchanged)."""
     y = _luma(frames)  # (T, H, W)
+    # a frame with fewer rows (columns) than the grid, a very wide (tall) video's analysis
+    # frame: every row (column) repeated so that each cell covers at least one
+    y = np.repeat(np.repeat(y, -(-gh // y.shape[1]), axis=1), -(-gw // y.shape[2]), axis=2)
     h, w = y.shape[1:]
     rs = np.searchsorted((np.arange(h) * gh) // h, np.arange(gh))  # first row of every cell
     cs = np.searchsorted((np.arange(w) * gw) // w, np.arange(gw))
