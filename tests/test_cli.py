@@ -78,6 +78,19 @@ def test_recipes_lists_presets():
     assert r.returncode == 0 and "dit-28b" in r.stdout and "llama-dit-7b" in r.stdout
 
 
+def test_a_reader_that_goes_away_is_no_traceback():
+    """`vfm recipes | head -c 10`: the pipe closes before vfm writes; it ends as a tool killed
+    by SIGPIPE would (141), with nothing on stderr."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "vfm_core.cli", "recipes"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    p.stdout.close()  # long before the interpreter has started
+    assert p.wait(timeout=60) == 141
+    assert p.stderr.read() == b""
+
+
 def test_a_remote_store_without_credentials_is_one_line_before_any_work(tmp_path):
     """`vfm shard` / `vfm curate` to s3:// without credentials: one line naming the URL and the
     settings, before any work (was botocore's traceback, after the captions were embedded)."""

@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `vfm ... | head`: the reader went away; what is left goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a tool killed by SIGPIPE
     except Exception as e:  # a remote store's client refusing access mid-run: one line too
         from vfm_core.storage import remote_failure
 
