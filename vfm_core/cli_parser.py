@@ -15,16 +15,38 @@ from vfm_core.cli_types import int_at_least
 from vfm_core.recipes import RECIPES, TINY_FSQ_LEVELS
 
 
+class _Refused(Exception):
+    """An error of an intermixed parse: the plain parse reruns and reports it."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that takes a flag only as spelled in full (with argparse's prefix matching,
     ``vfm shard --in x`` read as ``--index-format x``), reports an unknown flag at the command
     that got it, with the nearest flags it knows, and any error in one line, exit 2."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, intermixed: bool = False, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._intermixed = intermixed
+        self._passes = False
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """With ``intermixed`` (a command with an optional positional, ``vfm search DIR --top 3
+        "red"``), positionals anywhere among the flags: Python 3.11's plain parse gives the
+        optional one nothing at the first flag and refuses it later as unrecognized. When the
+        intermixed parse fails or leaves words over, the plain parse reruns and reports them."""
+        if self._passes:  # inside parse_known_intermixed_args: its two plain passes
+            return super().parse_known_args(args, namespace)
+        if self._intermixed:
+            self._passes = True
+            try:
+                ns, extras = self.parse_known_intermixed_args(args, namespace)
+                if not extras:
+                    return ns, extras
+            except _Refused:
+                pass
+            finally:
+                self._passes = False
         self._argv = list(sys.argv[1:] if args is None else args)
         ns, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None:  # a leaf command: nobody else will take them
@@ -46,6 +68,8 @@ class _Parser(argparse.ArgumentParser):
         )
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self._passes:
+            raise _Refused(message)
         if message.startswith("the following arguments are required") and self._subparsers is None:
             # "--step 3" is why "--steps" is missing: name the unknown flag first
             unknown = [

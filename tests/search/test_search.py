@@ -4,6 +4,7 @@ cache, ``vfm search`` and the Prefect subset task."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from vfm_core.search import (
     search_clips,
 )
 from vfm_core.search.cache import CACHE_DIR
+from vfm_core.search.manifest import read_manifest
 
 CAPTIONS = {
     "c0": "a red circle moving right",
@@ -156,7 +158,7 @@ def test_cli_table_json_like_and_sheet(clips_dir, capsys, tmp_path):
     lines = out.splitlines()
     assert lines[0].split() == ["rank", "score", "clip_id", "caption", "uri"]
     assert len(lines) == 3 and lines[1].split()[:3][::2] == ["1", "c0"]
-    assert "2 of 4 clips, exact index" in err
+    assert "2 of 4 clips (1 more without a caption: not searched), exact index" in err  # c4
     rc, out, err = run(capsys, str(clips_dir), "a red circle", "--top", "2", "--json")
     rows = json.loads(out)
     assert rc == 0 and [r["clip_id"] for r in rows][0] == "c0" and len(rows) == 2
@@ -167,6 +169,7 @@ def test_cli_table_json_like_and_sheet(clips_dir, capsys, tmp_path):
     )
     assert rc == 0, err
     assert json.loads(out)[0]["clip_id"] == "c1" and f"contact sheet: {sheet}" in err
+    assert "3 of 5 clips, faiss index" in err  # every clip has an embedding: none left out
     from PIL import Image
 
     with Image.open(sheet) as im:
@@ -186,6 +189,22 @@ def test_cli_table_json_like_and_sheet(clips_dir, capsys, tmp_path):
         (["{nocap}", "red"], "no caption column; text search needs captions"),
         (["{blank}", "red"], "all 5 captions are empty"),
         (["{noemb}", "--like", "c0"], "no embedding column; --like needs clip embeddings"),
+        (["{zero}", "--like", "c0"], "{zero} has no clips ("),  # segfaulted in pyarrow
+        (["{zero}", "--like", "c0", "--exact"], "{zero} has no clips ("),
+        (["{zero}", "red"], "{zero} has no clips ("),  # not "all 0 captions are empty"
+        (["{intid}", "--like", "1"], "clip_id column is int64, expected strings"),
+        (["{fifo}", "red"], "not a regular file (a named pipe (FIFO))"),  # blocked forever
+        (["{afile}", "red"], "{afile}: not a folder; expected a curated clips dir"),
+        (["{dir}", "red", "--sheet", "{afile}/x.png"], "--sheet {afile}/x.png: cannot make its"),
+        (["{dir}", "red", "--sheet", "{empty}"], "give a path ending in .png"),
+        (["{dir}", "red", "--sheet", "{fifo}/p.png"], "named pipe (FIFO), not a file to write"),
+        (["{dir}", "red", "--sheet", "{fifo}/d.png"], "d.png: a directory, not a file to write"),
+        (["{dir}", "red", "--sheet", "s3://b/x.png"], "written locally, give a local path"),
+        (
+            ["{dir}", "--jsn", "red"],
+            "unrecognized arguments: --jsn red (--jsn: did you mean --json",
+        ),
+        (["{dir}", "red", "--top", "2", "blue"], "unrecognized arguments: blue"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, needle, clips_dir, tmp_path, capsys):
@@ -195,13 +214,49 @@ def test_bad_input_is_one_clear_line(args, needle, clips_dir, tmp_path, capsys):
         "nocap": write_clips_dir(tmp_path / "nocap", drop=("caption",)),
         "blank": write_clips_dir(tmp_path / "blank", captions=dict.fromkeys(CAPTIONS, " ")),
         "noemb": write_clips_dir(tmp_path / "noemb", drop=("embedding",)),
+        "zero": tmp_path / "zero",  # a curation whose every input was rejected
+        "intid": tmp_path / "intid",
+        "fifo": tmp_path / "fifo",
+        "afile": tmp_path / "afile",
     }
     (tmp_path / "empty").mkdir()
+    full = pq.read_table(clips_dir / "clips.parquet")
+    for name, table in [
+        ("zero", full.slice(0, 0)),
+        ("intid", full.set_column(0, "clip_id", pa.array(range(len(full))))),
+    ]:
+        dirs[name].mkdir()
+        pq.write_table(table, dirs[name] / "clips.parquet")
+    dirs["fifo"].mkdir()
+    os.mkfifo(dirs["fifo"] / "clips.parquet")  # a writer never comes: opening it would block
+    os.mkfifo(dirs["fifo"] / "p.png")
+    (dirs["fifo"] / "d.png").mkdir()
+    dirs["afile"].write_text("not a folder")
     rc, out, err = run(capsys, *[a.format(**dirs) for a in args])
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
-    assert lines[0].startswith("vfm search: error: ") and needle in lines[0], lines[0]
+    assert lines[0].startswith("vfm search: error: "), lines[0]
+    assert needle.format(**dirs) in lines[0], lines[0]
     assert not (tmp_path / "empty" / CACHE_DIR).exists()
+
+
+def test_the_query_may_follow_the_flags(clips_dir, capsys):
+    want = run(capsys, str(clips_dir), "a red circle", "--top", "2", "--exact", "--json")
+    assert want[0] == 0 and len(json.loads(want[1])) == 2, want[2]
+    for args in (
+        [str(clips_dir), "--top", "2", "--exact", "--json", "a red circle"],
+        ["--exact", str(clips_dir), "--json", "--top", "2", "a red circle"],
+    ):
+        assert run(capsys, *args)[:2] == want[:2], args
+
+
+def test_a_manifest_without_rows_names_no_clip_and_does_not_crash(clips_dir, tmp_path):
+    """``row_of`` on 0 rows: pyarrow's indices_nonzero(equal(...)) segfaulted there."""
+    pq.write_table(
+        pq.read_table(clips_dir / "clips.parquet").slice(0, 0), tmp_path / "clips.parquet"
+    )
+    with pytest.raises(SearchError, match=r"no clip 'c0' in .* \(0 clips\)"):
+        read_manifest(str(tmp_path)).row_of("c0")
 
 
 # ----------------------------------------------------------------------------- Prefect task

@@ -14,7 +14,9 @@ from vfm_core.cli_types import int_at_least
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from vfm_core.data.cli import add_text_args
 
-    se = sub.add_parser("search", help="clips of a curated dir by caption text or like a clip")
+    se = sub.add_parser(
+        "search", help="clips of a curated dir by caption text or like a clip", intermixed=True
+    )
     se.add_argument("clips_dir", help="curated clips dir with clips.parquet (local or s3://)")
     se.add_argument("query", nargs="?", help="text matched against the clip captions")
     se.add_argument("--top", type=int_at_least("--top", 1), default=10, help="hits to show")
@@ -28,9 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """A table (or JSON list) of the hits, best first; the index used on stderr."""
+    """A table (or JSON list) of the hits, best first; the index used and the clips it leaves
+    out (no caption / no embedding) on stderr."""
     from vfm_core.search import ClipSearchConfig, IndexConfig, contact_sheet_of, search_clips
+    from vfm_core.search.clips import sheet_path
 
+    sheet = sheet_path(args.sheet) if args.sheet else None  # refused before the search
     index = IndexConfig(backend="exact" if args.exact else "faiss")
     cfg = ClipSearchConfig(top_k=args.top, text_model=args.text_model, index=index)
     search, hits = search_clips(args.clips_dir, args.query, like=args.like, config=cfg)
@@ -41,13 +46,16 @@ def run(args: argparse.Namespace) -> int:
         for h in hits:
             cap = h.caption if len(h.caption) <= 48 else h.caption[:45] + "..."
             print(f"{h.rank:>4}  {h.score:>6.3f}  {h.clip_id:<24}  {cap:<48}  {h.uri}")
-    used = search.index("caption" if args.like is None else "embedding")
+    field = "caption" if args.like is None else "embedding"
+    used = search.index(field)
+    n, total = len(used.index), len(search.manifest)
+    left_out = f" ({total - n} more without a {field}: not searched)" if n < total else ""
     how = "built" if used.built else "cached"
     print(
-        f"{len(hits)} of {len(used.index)} clips, {used.index.config.backend} index ({how}: "
+        f"{len(hits)} of {n} clips{left_out}, {used.index.config.backend} index ({how}: "
         f"{used.url})",
         file=sys.stderr,
     )
-    if args.sheet:
-        print(f"contact sheet: {contact_sheet_of(hits, args.sheet)}", file=sys.stderr)
+    if sheet is not None:
+        print(f"contact sheet: {contact_sheet_of(hits, sheet)}", file=sys.stderr)
     return 0

@@ -90,6 +90,8 @@ class ClipSearch:
     ) -> None:
         self.config = config or ClipSearchConfig()
         self.manifest: Manifest = read_manifest(clips_dir)
+        if len(self.manifest) == 0:  # e.g. a curation whose every input was rejected
+            raise SearchError(f"{clips_dir} has no clips ({self.manifest.url}: 0 rows)")
         self._embed = embed
         self._indexes: dict[str, CachedIndex] = {}
 
@@ -213,17 +215,36 @@ def search_clips(
     return search, hits
 
 
+def sheet_path(out: str | Path) -> Path:
+    """``out`` checked as where a contact sheet can go (its folder made): a local ``.png`` path
+    that is no folder or FIFO (writing one blocks), in a folder; :class:`SearchError` naming it."""
+    if storage.is_remote(str(out)):
+        raise SearchError(f"--sheet {out}: the contact sheet is written locally, give a local path")
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        raise SearchError(f"--sheet {out}: the contact sheet is a PNG, give a path ending in .png")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where a folder should be, no permission
+        raise SearchError(f"--sheet {out}: cannot make its folder ({e.strerror or e})") from None
+    kind = storage.not_regular(out)
+    if kind not in (None, "file not found"):
+        raise SearchError(f"--sheet {out}: {kind}, not a file to write")
+    return out
+
+
 def contact_sheet_of(
     hits: list[SearchHit], out: str | Path, *, columns: int = 6, scale: int | None = None
 ) -> Path:
     """A PNG with one row per hit, labelled "score caption" (remote clips are downloaded to a
     temporary folder first); ``scale`` None: 2x for clips up to 160 px wide, else 1x.
-    :class:`SearchError` naming a clip that cannot be read."""
+    :class:`SearchError` naming a clip that cannot be read or an ``out`` that cannot be written."""
     from vfm_core.video.contact_sheet import VideoError, contact_sheet
     from vfm_core.video.io import probe
 
     if not hits:
         raise SearchError("no hits to draw a contact sheet of")
+    out = sheet_path(out)
     labels = [f"{h.score:.3f} {h.caption}" for h in hits]
     with tempfile.TemporaryDirectory(prefix="vfm-search-") as tmp:
         videos = []
@@ -245,6 +266,8 @@ def contact_sheet_of(
             raise SearchError(f"contact sheet: {e}") from None
         except FileNotFoundError as e:
             raise SearchError(f"contact sheet: clip file not found ({e.filename})") from None
+        except OSError as e:  # writing the PNG: disk full, no permission
+            raise SearchError(f"--sheet {out}: cannot write it ({e.strerror or e})") from None
 
 
 def write_subset(

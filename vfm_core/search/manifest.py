@@ -44,10 +44,11 @@ class Manifest:
     def row_of(self, clip_id: str) -> int:
         """Row number of ``clip_id``; :class:`SearchError` naming it when absent."""
         ids = self.table.column("clip_id")
-        found = pc.indices_nonzero(pc.equal(ids, pa.scalar(str(clip_id), ids.type)))
-        if len(found) == 0:
+        # pc.index, not indices_nonzero(equal(...)): that one segfaults on a 0-row column
+        row = pc.index(ids, pa.scalar(str(clip_id), ids.type)).as_py()
+        if row < 0:
             raise SearchError(f"--like: no clip {clip_id!r} in {self.url} ({len(self)} clips)")
-        return int(found[0].as_py())
+        return row
 
     def resolve_uri(self, uri: str) -> str:
         """A clip ``uri`` as written (absolute, a URL, or relative to the clips dir) made usable
@@ -60,17 +61,19 @@ class Manifest:
 
 
 def read_manifest(clips_dir: str) -> Manifest:
-    """``clips_dir/clips.parquet``; :class:`SearchError` naming the folder when it has none, the
-    file is not parquet, or it lacks ``clip_id`` / ``uri``."""
+    """``clips_dir/clips.parquet``; :class:`SearchError` naming the folder when it is no folder or
+    has none, the file is not parquet (or no regular file: a FIFO is refused unopened), or it
+    lacks ``clip_id`` / ``uri`` or its clip ids are not strings."""
     clips_dir = str(clips_dir)
+    expected = "expected a curated clips dir (the DST of vfm curate)"
+    local = None if storage.is_remote(clips_dir) else clips_dir.removeprefix("file://")
+    if local is not None and os.path.exists(local) and not os.path.isdir(local):
+        raise SearchError(f"{clips_dir}: not a folder; {expected}")
     url = storage.join(clips_dir, MANIFEST)
     try:
         data = storage.read_bytes(url)
     except storage.StorageError as e:
-        raise SearchError(
-            f"{clips_dir}: no readable {MANIFEST} ({e.reason}); expected a curated clips dir "
-            "(the DST of vfm curate)"
-        ) from None
+        raise SearchError(f"{clips_dir}: no readable {MANIFEST} ({e.reason}); {expected}") from None
     try:
         table = storage.parquet_table(data)
     except (pa.ArrowException, OSError, ValueError) as e:
@@ -78,6 +81,9 @@ def read_manifest(clips_dir: str) -> Manifest:
     missing = [c for c in ("clip_id", "uri") if c not in table.column_names]
     if missing:
         raise SearchError(f"{url}: no {', '.join(missing)} column(s); not a clips manifest")
+    id_type = table.schema.field("clip_id").type
+    if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
+        raise SearchError(f"{url}: clip_id column is {id_type}, expected strings")
     return Manifest(clips_dir=clips_dir, url=url, digest=storage.bytes_hash(data), table=table)
 
 
