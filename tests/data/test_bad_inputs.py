@@ -142,7 +142,23 @@ def test_index_schema_version_and_contents(tmp_path):
         read_index(str(tmp_path / "d"))
     bad = {**doc, "shards": [{**doc["shards"][0], "n_samples": -1}]}
     path.write_text(json.dumps(bad))
-    with pytest.raises(DatasetIndexError, match="fails its schema"):
+    with pytest.raises(DatasetIndexError, match="fails its schema") as e:
+        read_index(str(tmp_path / "d"))
+    assert str(e.value) == (
+        f"{path}: index fails its schema: shards column 'n_samples' fails greater_than(0) "
+        "with '-1' at row 0"
+    )
+    # one line: the first failure and how many there are; an empty index says so
+    bad = {**doc, "samples": doc["samples"] + [doc["samples"][0], doc["samples"][1]]}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(DatasetIndexError) as e:
+        read_index(str(tmp_path / "d"))
+    assert "\n" not in str(e.value)
+    assert "samples column 'key' fails field_uniqueness with 'k0' at row 0 (4 failures" in str(
+        e.value
+    )
+    path.write_text(json.dumps({**doc, "samples": [], "n_samples": 0}))
+    with pytest.raises(DatasetIndexError, match=r"index.json: no samples \(the index lists none\)"):
         read_index(str(tmp_path / "d"))
     path.write_text("{not json")
     with pytest.raises(DatasetIndexError, match="not valid JSON"):

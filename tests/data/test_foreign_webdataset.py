@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -241,7 +242,7 @@ def test_bad_foreign_inputs(tmp_path, shard_dir):
     gz = tmp_path / "gz"
     gz.mkdir()
     (gz / "data.tar.gz").write_bytes(b"\x1f\x8b" + b"\0" * 64)
-    with pytest.raises(ForeignIndexError, match="compressed tars.*decompress"):
+    with pytest.raises(ForeignIndexError, match="data.tar.gz: compressed.*decompress it"):
         index_foreign_shards(str(gz), embed=hash_embed)
 
     # broken media and bad json are skipped with a reason; an unknown member ext is carried
@@ -348,3 +349,62 @@ def test_foreign_index_schema_checks(foreign_dir, tmp_path):
     broken(lambda d: d["sidecars"][0].update(name="../emb-000000.tar"))
     broken(lambda d: d["samples"][0].update(member_key="../evil"))
     broken(lambda d: d["samples"][0].update(emb_offset=10**9))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_vfm_index_says_what_it_does_not_read(tmp_path, capsys):
+    """Files that look like shards but are not read (a FIFO, never opened; .TAR; compressed; in
+    a subdirectory) and tar members of no sample are one line each in the text summary."""
+    from vfm_core.cli import main
+
+    root = tmp_path / "wds"
+    root.mkdir()
+    with tarfile.open(root / "a.tar", "w") as tar:
+        for name, data in [("README", b"x"), ("s0.mp4", _mp4(tmp_path, 0, 5, 32, 32))]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    os.mkfifo(root / "z.tar")  # opening it would block until a writer comes: nobody does
+    (root / "c.TAR").write_bytes(b"")
+    (root / "d.tar.gz").write_bytes(b"\x1f\x8b")
+    (root / "sub").mkdir()
+    (root / "sub" / "b.tar").write_bytes(b"")
+
+    assert main(["index", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert "ignored 1 tar members that belong to no sample" in err and "a.tar: README" in err
+    assert "4 files that look like shards not read, e.g. c.TAR: extension not .tar" in err
+    summary = index_foreign_shards(str(root), embed=hash_embed)
+    assert summary["n_samples"] == 1 and summary["ignored_members"] == 1
+    assert summary["not_read"] == [
+        "c.TAR: extension not .tar in lower case: rename it",
+        "d.tar.gz: compressed: the loader reads byte ranges of plain tars, decompress it",
+        "sub/b.tar: in a subdirectory: only tars directly under SHARDS_DIR are read",
+        "z.tar: a named pipe (FIFO), not a regular file (never opened)",
+    ]
+
+    # a shard, a file, a FIFO index where a directory / an index goes: one line naming it
+    assert main(["index", str(root / "a.tar")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"vfm index: error: {root / 'a.tar'}: SHARDS_DIR is not a directory but a file; "
+        f"to use this shard pass its directory, {root}"
+    )
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "index.json")
+    assert main(["index", "--migrate", str(fifo)]) == 2
+    assert "index.json: cannot read the dataset index (not a regular file (a named pipe" in (
+        capsys.readouterr().err
+    )
+
+
+def test_vfm_index_migrate_refuses_indexing_flags(shard_dir, capsys):
+    from vfm_core.cli import main
+
+    argv = ["index", "--migrate", str(shard_dir), "--index-format", "json", "--video-key", "webm"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--migrate converts the existing index as it is" in err
+    assert "it takes no --video-key, --index-format" in err

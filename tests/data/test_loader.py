@@ -203,3 +203,16 @@ def test_state_of_the_old_global_order_is_refused_in_one_line(shard_dir):
     old = {**loader.state_dict(), "version": 1}  # a materialised-permutation era state
     with pytest.raises(LoaderStateError, match="v1: written by an older vfm whose global order"):
         build_loader(shards=str(shard_dir), seed=5, batch_size=2).load_state_dict(old)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": -1}, "num_workers=-1 must be >= 0"),
+        ({"batch_size": 0}, "batch_size=0 must be >= 1"),
+    ],
+)
+def test_bad_loader_arguments_name_only_the_offending_one(shard_dir, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        build_loader(shards=str(shard_dir), seed=0, **kwargs)
+    assert str(e.value) == message

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from vfm_core.cli import main
+from vfm_core.data.index import read_index
 from vfm_core.data.loader import build_loader
 
 
@@ -37,11 +38,73 @@ def test_vfm_shard_then_load(clips_dir, tmp_path, capsys):
     assert {s.txt_emb.shape for s in b.samples} == {(1, 384)}
 
 
-def test_vfm_shard_errors(tmp_path, capsys):
+def test_vfm_shard_errors(clips_dir, tmp_path, capsys):
     assert main(["shard", str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
     assert "clips.parquet: cannot read the clips manifest" in capsys.readouterr().err
-    assert main(["shard", str(tmp_path), str(tmp_path / "o"), "--target-shard-mb", "0"]) == 2
-    assert "--target-shard-mb must be positive" in capsys.readouterr().err
+    for value, why in [("0", "must be > 0"), ("nan", "finite"), ("inf", "finite")]:
+        with pytest.raises(SystemExit) as e:  # argparse: one line, exit 2
+            main(["shard", str(tmp_path), str(tmp_path / "o"), "--target-shard-mb", value])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--target-shard-mb must" in err and why in err
+    with pytest.raises(SystemExit):
+        main(["index", str(tmp_path), "--sidecar-shard-mb", "inf"])
+    assert "--sidecar-shard-mb must be a finite number, got 'inf'" in capsys.readouterr().err
+
+    # a file where a directory goes: one line naming it, before any caption is embedded
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    assert main(["shard", str(clips_dir), str(afile)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"vfm shard: error: {afile}: SHARDS_DIR is not a directory but a file"
+    assert main(["shard", str(afile), str(tmp_path / "out")]) == 2
+    assert f"{afile}: CLIPS_DIR is not a directory but a file" in capsys.readouterr().err
+    # a `vfm index` dataset (foreign tars) is never sharded over
+    byo = tmp_path / "byo"
+    byo.mkdir()
+    (byo / "index.json").write_text(json.dumps({"meta": {"writer": "vfm_core.data.foreign_index"}}))
+    assert main(["shard", str(clips_dir), str(byo)]) == 2
+    assert "holds a dataset indexed by `vfm index`" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_vfm_shard_leaves_out_bad_clips_and_removes_stale_shards(clips_dir, tmp_path, capsys):
+    """A clip file that does not decode is left out and named (summary + index meta); a rerun
+    with bigger shards removes the shards of the first run that its index does not list."""
+    import shutil
+
+    import pandas as pd
+
+    src = tmp_path / "cur"
+    (src / "clips").mkdir(parents=True)
+    df = pd.read_parquet(clips_dir / "clips.parquet").iloc[[1, 2, 4, 5]]
+    for uri in df["uri"]:
+        shutil.copy(clips_dir / uri, src / uri)
+    df.to_parquet(src / "clips.parquet")
+    bad = df["clip_id"].iloc[1]
+    (src / "clips" / f"{bad}.mp4").write_bytes(b"\x00garbage" * 30)
+
+    out = tmp_path / "sh"
+    assert main(["shard", str(src), str(out), "--target-shard-mb", "0.000001"]) == 0
+    err = capsys.readouterr().err
+    assert f"1 clips left out (listed in the index meta 'rejected'), e.g. {bad} (" in err
+    assert "clip does not decode" in err
+    index = read_index(str(out))
+    assert len(index) == 3 and bad not in set(index.samples["key"])
+    assert [r["clip_id"] for r in index.meta["rejected"]] == [bad]
+    assert sorted(p.name for p in out.glob("shard-*.tar")) == [
+        f"shard-00000{i}.tar" for i in range(3)
+    ]
+
+    (out / "notes.tar").write_bytes(b"mine")  # not a name vfm writes: kept
+    assert main(["shard", str(src), str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["n_shards"] == 1 and summary["stale_shards_removed"] == [
+        "shard-000001.tar",
+        "shard-000002.tar",
+    ]
+    assert sorted(p.name for p in out.glob("*.tar")) == ["notes.tar", "shard-000000.tar"]
+    assert len(build_loader(shards=str(out), seed=0).index) == 3
 
 
 @pytest.mark.slow

@@ -93,6 +93,40 @@ def test_manifest_errors_are_clear(clips_dir, tmp_path):
         write_shards(bad, str(tmp_path), embed=hash_embed, base_url=str(clips_dir))
 
 
+def test_manifest_types_null_captions_and_undecodable_clips(clips_dir, tmp_path):
+    """Numbers stored as text are numbers in the sample JSON, text that is no number is an error
+    naming the column; a null caption is no caption; a clip that does not decode is left out and
+    listed with its reason (none decoding: an error)."""
+    import shutil
+
+    df = pd.read_parquet(clips_dir / "clips.parquet").head(3)
+    df = df.assign(fps=df["fps"].astype(str), caption_source="sidecar")
+    df.loc[1, "caption"] = None
+    with pytest.raises(ValueError, match=r"column 'n_frames' must hold numbers, got 'many'"):
+        write_shards(df.assign(n_frames="many"), str(tmp_path / "x"), embed=hash_embed)
+
+    src = tmp_path / "cur"
+    shutil.copytree(clips_dir / "clips", src / "clips")
+    (src / df.at[2, "uri"]).write_bytes(b"\x00\x00\x00\x18ftypmp42 cut short")
+    index = write_shards(df, str(tmp_path / "out"), embed=hash_embed, base_url=str(src))
+    assert list(index.samples["key"]) == list(df["clip_id"][:2])
+    (rejected,) = index.meta["rejected"]
+    assert rejected["clip_id"] == df.at[2, "clip_id"]
+    assert rejected["reason"].startswith("clip does not decode")
+    metas = {}
+    for shard in sorted((tmp_path / "out").glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar:
+                if m.name.endswith(".json"):
+                    metas[m.name[: -len(".json")]] = json.load(tar.extractfile(m))
+    assert {m["fps"] for m in metas.values()} == {8.0}
+    uncaptioned = metas[df.at[1, "clip_id"]]
+    assert (uncaptioned["caption"], uncaptioned["caption_source"]) == ("", "none")
+
+    with pytest.raises(ValueError, match=r"no clip decodes \(1 left out\)"):
+        write_shards(df.iloc[[2]], str(tmp_path / "none"), embed=hash_embed, base_url=str(src))
+
+
 @pytest.mark.slow
 def test_shards_on_s3(s3_server, clips_dir):
     df = pd.read_parquet(clips_dir / "clips.parquet").head(8)

@@ -9,10 +9,13 @@ import json
 import sys
 
 from vfm_core import storage
+from vfm_core.cli_types import number
 from vfm_core.config import ConfigError
 
 
-def add_text_args(p: argparse.ArgumentParser, *, mode: bool = True) -> None:
+def add_text_args(
+    p: argparse.ArgumentParser, *, mode: bool = True, mode_default: str | None = "tokens"
+) -> None:
     """``--text-model`` (and ``--text-mode``): the caption encoder, as ``vfm shard`` uses it."""
     p.add_argument(
         "--text-model",
@@ -22,7 +25,7 @@ def add_text_args(p: argparse.ArgumentParser, *, mode: bool = True) -> None:
         p.add_argument(
             "--text-mode",
             choices=("tokens", "pooled"),
-            default="tokens",
+            default=mode_default,
             help="per-token caption embeddings (default) or one pooled vector",
         )
 
@@ -31,7 +34,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sh = sub.add_parser("shard", help="curation output -> WebDataset shards + index (local/s3)")
     sh.add_argument("clips_dir", help="curation output dir (clips.parquet, clips/)")
     sh.add_argument("shards_dir", help="where shards and index.json go (local or s3://)")
-    sh.add_argument("--target-shard-mb", type=float, default=64.0, help="shard size target")
+    sh.add_argument(
+        "--target-shard-mb",
+        type=number("--target-shard-mb", above=0),
+        default=64.0,
+        help="shard size target",
+    )
     add_text_args(sh)
     add_format_arg(sh)
     sh.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -42,8 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ix.add_argument("shards_dir", help="directory of WebDataset .tar shards (local or s3://)")
     ix.add_argument(
         "--caption-key",
-        default="txt",
-        help="caption member extension (txt) or json:FIELD of the json member",
+        help="caption member extension (default txt) or json:FIELD of the json member",
     )
     ix.add_argument(
         "--video-key",
@@ -55,18 +62,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip samples without a caption (default: count them, use the empty caption)",
     )
-    add_text_args(ix)
+    add_text_args(ix, mode_default=None)
     ix.add_argument(
         "--sidecar-shard-mb",
-        type=float,
-        default=64.0,
-        help="size target of the caption-embedding sidecar tars",
+        type=number("--sidecar-shard-mb", above=0),
+        help="size target of the caption-embedding sidecar tars (default 64)",
     )
-    add_format_arg(ix)
+    add_format_arg(ix, default=None)
     ix.add_argument(
         "--decode-check",
         choices=("all", "first"),
-        default="all",
         help="test decode of every video member: all its frames (default; clips that decode "
         "only in part are skipped and counted) or only the first (faster)",
     )
@@ -80,25 +85,47 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ix.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def add_format_arg(p: argparse.ArgumentParser) -> None:
+def add_format_arg(p: argparse.ArgumentParser, *, default: str | None = "json") -> None:
     p.add_argument(
         "--index-format",
         choices=("json", "parquet"),
-        default="json",
+        default=default,
         help="json: every sample row in index.json; parquet: the rows in "
         "samples.parquet, read a row group at a time (datasets of 10^7+ samples)",
     )
 
 
-def _positive_mb(flag: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"{flag} must be positive, got {value}")
+INDEX_DEFAULTS = {
+    "caption_key": "txt",
+    "video_key": None,
+    "skip_uncaptioned": False,
+    "text_model": None,
+    "text_mode": "tokens",
+    "sidecar_shard_mb": 64.0,
+    "index_format": "json",
+    "decode_check": "all",
+}
+"""``vfm index``'s indexing options (their parser default is None / False: given or not is
+known) and their defaults; ``--migrate`` takes none of them."""
+
+
+def _index_options(args: argparse.Namespace) -> None:
+    """Refuse indexing options with ``--migrate``; fill in the defaults of the others."""
+    given = [k for k in INDEX_DEFAULTS if getattr(args, k) not in (None, False)]
+    if args.migrate and given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ConfigError(
+            f"--migrate converts the existing index as it is (to the columnar form): it takes "
+            f"no {flags}; run `vfm index` without --migrate to index anew"
+        )
+    for k, default in INDEX_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
 
 
 def run_shard(args: argparse.Namespace) -> int:
     from vfm_core.data.make_shards import shard_clips_dir
 
-    _positive_mb("--target-shard-mb", args.target_shard_mb)
     storage.check_access(args.shards_dir)  # before the captions are embedded
     summary = shard_clips_dir(
         args.clips_dir,
@@ -120,11 +147,24 @@ def run_shard(args: argparse.Namespace) -> int:
             f"{summary['captions_truncated']} captions cut to the text encoder's limit",
             file=sys.stderr,
         )
+    _say_some(
+        summary["rejected"],
+        "clips left out (listed in the index meta 'rejected')",
+        lambda r: f"{r['clip_id']} ({r['uri']}): {r['reason']}",
+    )
+    _say_some(summary["stale_shards_removed"], "shards of an earlier run removed", str)
     return 0
+
+
+def _say_some(items: list, what: str, show) -> None:
+    """One stderr line: how many ``items`` and the first, e.g. ``2 clips left out, e.g. ...``."""
+    if items:
+        print(f"{len(items)} {what}, e.g. {show(items[0])}", file=sys.stderr)
 
 
 def run_index(args: argparse.Namespace) -> int:
     """``vfm index SHARDS_DIR``: a summary line (or JSON); ``--migrate``: convert the index."""
+    _index_options(args)
     if args.migrate:
         from vfm_core.data.index import migrate_index
 
@@ -137,7 +177,6 @@ def run_index(args: argparse.Namespace) -> int:
         return 0
     from vfm_core.data.foreign_index import index_shards_dir
 
-    _positive_mb("--sidecar-shard-mb", args.sidecar_shard_mb)
     summary = index_shards_dir(
         args.shards_dir,
         caption_key=args.caption_key,
@@ -167,4 +206,12 @@ def run_index(args: argparse.Namespace) -> int:
         print(f"  skipped {n}: {reason}", file=sys.stderr)
     for example in summary["skipped_examples"][:5]:
         print(f"    e.g. {example}", file=sys.stderr)
+    if summary["ignored_members"]:
+        print(
+            f"  ignored {summary['ignored_members']} tar members that belong to no sample "
+            f"(directories, links, __meta__ files, names without an extension), e.g. "
+            f"{summary['ignored_example']}",
+            file=sys.stderr,
+        )
+    _say_some(summary["not_read"], "files that look like shards not read", str)
     return 0

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pandera.pandas as pa
 
 from vfm_core import storage
 from vfm_core.data.columnar_reader import ParquetSamples
@@ -29,7 +28,7 @@ from vfm_core.data.index import (
     FOREIGN_COLUMNS,
     DatasetIndex,
     DatasetIndexError,
-    _short,
+    validate_schema,
 )
 
 
@@ -103,12 +102,11 @@ def open_parquet_index(url: str, doc: dict[str, Any], root: str) -> ParquetIndex
         stats = dict(doc.get("stats") or {})
     except (KeyError, TypeError, ValueError) as e:
         raise DatasetIndexError(f"{url}: missing or malformed field ({e})") from None
-    try:
-        ShardTable.validate(shards, lazy=True)
-        if sidecars is not None:
-            SidecarTable.validate(sidecars, lazy=True)
-    except (pa.errors.SchemaErrors, pa.errors.SchemaError) as e:
-        raise DatasetIndexError(f"{url}: index fails its schema:\n{_short(e)}") from None
+    if n == 0:
+        raise DatasetIndexError(f"{url}: no samples (n_samples is 0)")
+    validate_schema(ShardTable, shards, where=url, table="shards")
+    if sidecars is not None:
+        validate_schema(SidecarTable, sidecars, where=url, table="sidecars")
     for table, what in ((shards, "shard"), (sidecars, "sidecar")):
         if table is not None and int(table["n_samples"].sum()) != n:
             raise DatasetIndexError(

@@ -2,11 +2,14 @@
 
 Stage order of :func:`index_foreign_shards` (the foreign tars are never rewritten):
 
-1. list     ``SHARDS_DIR/*.tar``, sorted (plain tars only: byte ranges need an uncompressed
-            tar, so ``.tar.gz`` / ``.tgz`` are refused with a message).
+1. list     ``SHARDS_DIR/*.tar``, sorted (regular files only, a FIFO is never opened; byte
+            ranges need an uncompressed tar). Files that look like shards but are not read
+            (``.tar.gz``, ``.TAR``, tars in subdirectories) are listed in the summary
+            (``not_read``), an error when no plain tar is left.
 2. scan     each tar's members with their byte offsets, grouped by key as webdataset groups them
             (``webdataset.tariterators.base_plus_ext``: key = path up to the first dot of the file
-            name, suffix lower-cased; ``__meta__`` files, links and directories ignored). A key's
+            name, suffix lower-cased; ``__meta__`` files, links and directories ignored and
+            counted, ``ignored_members``). A key's
             members must be contiguous (one byte range per sample); a key seen in two shards is an
             error naming both.
 3. sample   per key: the media member (first of ``video_key`` present; videos and images),
@@ -31,7 +34,6 @@ not the members' offsets in the tar, which the index is made of.
 from __future__ import annotations
 
 import json
-import re
 import tarfile
 import time
 from collections import Counter
@@ -43,6 +45,7 @@ import pandas as pd
 from vfm_core import storage
 from vfm_core.data.foreign_scan import (
     NO_CAPTION,
+    SIDECAR_DIR,
     ForeignIndexConfig,
     ForeignIndexError,
     ForeignSample,
@@ -50,11 +53,10 @@ from vfm_core.data.foreign_scan import (
     list_foreign_shards,
     scan_shard,
 )
-from vfm_core.data.index import INDEX_NAME, DatasetIndex, write_index
-from vfm_core.data.shards import ShardWriter, embed_captions, npy_bytes
+from vfm_core.data.index import INDEX_NAME, DatasetIndex, index_writer, write_index
+from vfm_core.data.shards import ShardWriter, embed_captions, npy_bytes, remove_stale_shards
 
 WRITER = "vfm_core.data.foreign_index"
-SIDECAR_DIR = "_vfm"
 
 
 # ------------------------------------------------------------------------------------ writing
@@ -92,35 +94,17 @@ def write_sidecars(
         for s, emb in zip(samples, embs, strict=True):
             writer.add(_sidecar_members(s, emb, shard_names[s.shard]), seed=s.hasher)
     rows = [{**r, "name": f"{SIDECAR_DIR}/{r['name']}"} for r in writer.shards]
-    _remove_stale_sidecars(shards_dir, {r["name"] for r in rows})
     ranges = [(r["shard"], r["offset"], r["length"]) for r in writer.samples]
     return pd.DataFrame(rows), ranges, [r["checksum"] for r in writer.samples]
 
 
-def _remove_stale_sidecars(shards_dir: str, keep: set[str]) -> None:
-    """Sidecars of an earlier ``vfm index`` run that this one did not rewrite."""
-    side = storage.join(shards_dir, SIDECAR_DIR)
-    if not storage.exists(side):
-        return
-    fs, _ = storage.filesystem(side)
-    for url in storage.list_files(side):
-        name = f"{SIDECAR_DIR}/{url.rsplit('/', 1)[-1]}"
-        if re.fullmatch(rf"{SIDECAR_DIR}/emb-\d{{6}}\.tar", name) and name not in keep:
-            fs.rm(storage.filesystem(url)[1])
-
-
 def _refuse_foreign_index_over_ours(shards_dir: str) -> None:
-    url = storage.join(shards_dir, INDEX_NAME)
-    if not storage.exists(url):
-        return
-    try:
-        writer = json.loads(storage.read_bytes(url)).get("meta", {}).get("writer")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        writer = None
-    if writer != WRITER:
+    writer = index_writer(shards_dir)
+    if writer not in (None, WRITER):
         raise ForeignIndexError(
-            url,
-            f"an index.json not written by `vfm index` is already there (writer {writer!r}); "
+            storage.join(shards_dir, INDEX_NAME),
+            "an index.json not written by `vfm index` is already there (writer "
+            f"{writer or None!r}); "
             "a vfm shard directory needs no `vfm index` — move it away to index the tars anew",
         )
 
@@ -139,7 +123,7 @@ def index_foreign_shards(
     cfg = config or ForeignIndexConfig()
     wanted = cfg.media_exts()  # a bad --video-key fails before any reading
     _refuse_foreign_index_over_ours(shards_dir)
-    names = list_foreign_shards(shards_dir)
+    names, not_read = list_foreign_shards(shards_dir)
     scan = Scan()
     per_shard = [
         scan_shard(storage.join(shards_dir, n), n, i, cfg, scan) for i, n in enumerate(names)
@@ -219,6 +203,8 @@ def index_foreign_shards(
         "bytes": int(sum(r["bytes"] for r in shard_rows)),
         "sidecar_bytes": int(sidecars["bytes"].sum()),
         "ignored_members": scan.ignored_members,
+        "ignored_example": scan.ignored_example,
+        "not_read": not_read,
         "embedding_dim": int(embs[0].shape[-1]),
         "caption_key": cfg.caption_key,
         "video_key": ";".join(wanted),
@@ -240,6 +226,8 @@ def index_foreign_shards(
         sidecars=sidecars,
     )
     write_index(index, format=index_format)
+    keep = {n.removeprefix(f"{SIDECAR_DIR}/") for n in sidecars["name"]}
+    remove_stale_shards(storage.join(shards_dir, SIDECAR_DIR), "emb", keep)
     summary["index_format"] = index_format
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     return summary

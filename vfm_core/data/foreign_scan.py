@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from vfm_core import storage
 from vfm_core.data.index import is_member_key
-from vfm_core.data.shard_reader import ShardError
+from vfm_core.data.shard_reader import ShardError, check_directory, relative_files
 
 VIDEO_EXTS = ("mp4", "webm", "mkv", "mov", "m4v", "avi")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -30,6 +30,8 @@ MEDIA_EXTS = VIDEO_EXTS + IMAGE_EXTS
 """Media member extensions PyAV decodes (images as one-frame clips)."""
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.tar$")
 NO_CAPTION = "no caption (--skip-uncaptioned)"
+SIDECAR_DIR = "_vfm"
+"""Where ``vfm index`` writes its caption sidecars (inside SHARDS_DIR)."""
 
 
 class ForeignIndexError(ShardError):
@@ -117,6 +119,9 @@ class Scan:
     examples: list[str] = field(default_factory=list)
     exts: Counter = field(default_factory=Counter)
     ignored_members: int = 0
+    """Tar members that belong to no sample (directories, links, ``__meta__`` files, names
+    without an extension); ``ignored_example`` names the first."""
+    ignored_example: str = ""
     owner: dict[str, tuple[str, str]] = field(default_factory=dict)
     """index key -> (shard name, member key) of its first sight: duplicate detection."""
 
@@ -127,31 +132,54 @@ class Scan:
 
 
 # ------------------------------------------------------------------------------------ scanning
-def list_foreign_shards(shards_dir: str) -> list[str]:
-    """Names of the plain ``*.tar`` files directly under ``shards_dir``, sorted."""
+_COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def _not_read(rel: str) -> str | None:
+    """Why a file that looks like a shard (a ``.tar`` in any case, compressed or not, at any
+    depth) is not read; None for other files."""
+    low = rel.lower()
+    if not low.endswith((".tar", *_COMPRESSED)):
+        return None  # not a shard by its name
+    if "/" in rel:
+        return "in a subdirectory: only tars directly under SHARDS_DIR are read"
+    if low.endswith(_COMPRESSED):
+        return "compressed: the loader reads byte ranges of plain tars, decompress it"
+    return "extension not .tar in lower case: rename it"
+
+
+def list_foreign_shards(shards_dir: str) -> tuple[list[str], list[str]]:
+    """Names of the plain ``*.tar`` files directly under ``shards_dir``, sorted, and the files
+    that look like shards but are not read (``"name: reason"``: compressed, in a subdirectory,
+    ``.TAR``, no regular file such as a FIFO, which is never opened)."""
+    check_directory(shards_dir, "SHARDS_DIR")
     try:
-        files = storage.list_files(shards_dir)
+        rel = relative_files(shards_dir)
     except storage.StorageError as e:
         raise ForeignIndexError(
             str(shards_dir), f"cannot list the directory ({e.reason})"
         ) from None
-    _, root = storage.filesystem(shards_dir)
-    rel = [f.split("://", 1)[-1][len(root.rstrip("/")) + 1 :] for f in files]
-    top = [r for r in rel if "/" not in r]
-    tars = sorted(r for r in top if r.endswith(".tar"))
-    packed = sorted(r for r in top if r.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")))
+    rel = [r for r in rel if not r.startswith(f"{SIDECAR_DIR}/")]  # our own sidecars
+    local = not storage.is_remote(shards_dir)
+    tars, not_read = [], []
+    for r in rel:
+        if r.endswith(".tar") and "/" not in r:
+            kind = storage.not_regular(storage.join(shards_dir, r)) if local else None
+            if kind is None:
+                tars.append(r)
+            else:
+                not_read.append(f"{r}: {kind}, not a regular file (never opened)")
+        elif (why := _not_read(r)) is not None:
+            not_read.append(f"{r}: {why}")
     if not tars:
-        extra = f" (compressed tars {packed[:3]}: decompress them, the loader reads byte ranges "
-        raise ForeignIndexError(
-            str(shards_dir),
-            "no .tar shards found" + (extra + "of plain tars)" if packed else ""),
-        )
+        extra = f"; not read: {'; '.join(not_read[:3])}" if not_read else ""
+        raise ForeignIndexError(str(shards_dir), f"no plain .tar shards directly under it{extra}")
     bad = [t for t in tars if not _SHARD_NAME.match(t)]
     if bad:
         raise ForeignIndexError(
             str(shards_dir), f"shard names must match [A-Za-z0-9_.-]+.tar, rename {bad[:3]}"
         )
-    return tars
+    return sorted(tars), not_read
 
 
 def _groups(tar: tarfile.TarFile, url: str, scan: Scan) -> list[_Group]:
@@ -166,6 +194,7 @@ def _groups(tar: tarfile.TarFile, url: str, scan: Scan) -> list[_Group]:
         key, ext = base_plus_ext(m.name) if m.isreg() else (None, None)
         if key is None or (base.startswith("__") and base.endswith("__")):
             scan.ignored_members += 1  # directory, link, __meta__ file or no extension
+            scan.ignored_example = scan.ignored_example or f"{url.rsplit('/', 1)[-1]}: {m.name}"
             cur = None  # never inside a sample's byte range
             continue
         ext = ext.lower()

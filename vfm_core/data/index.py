@@ -317,13 +317,12 @@ def validate_tables(
             f"{where}: a foreign dataset needs all of the sample columns {list(FOREIGN_COLUMNS)} "
             f"and a sidecars table (has columns {present}, sidecars: {sidecars is not None})"
         )
-    try:
-        ShardTable.validate(shards, lazy=True)
-        SampleTable.validate(samples, lazy=True)
-        if sidecars is not None:
-            SidecarTable.validate(sidecars, lazy=True)
-    except (pa.errors.SchemaErrors, pa.errors.SchemaError) as e:
-        raise DatasetIndexError(f"{where}: index fails its schema:\n{_short(e)}") from None
+    if samples.empty:
+        raise DatasetIndexError(f"{where}: no samples (the index lists none)")
+    validate_schema(ShardTable, shards, where=where, table="shards")
+    validate_schema(SampleTable, samples, where=where, table="samples")
+    if sidecars is not None:
+        validate_schema(SidecarTable, sidecars, where=where, table="sidecars")
     s = samples
     _check_ranges(shards, s["shard"], s["offset"], s["length"], what="shard", where=where)
     if sidecars is not None:
@@ -332,9 +331,40 @@ def validate_tables(
         )
 
 
-def _short(e: Exception) -> str:
-    text = str(e)
-    return text if len(text) < 1500 else text[:1500] + " ..."
+def validate_schema(
+    schema: pa.DataFrameSchema, df: pd.DataFrame, *, where: str, table: str
+) -> None:
+    """pandera's check of one table as one line: the first failure (column, check, value and
+    row) and how many there are in all."""
+    try:
+        schema.validate(df, lazy=True)
+    except pa.errors.SchemaErrors as e:
+        fc = e.failure_cases
+        first = fc.iloc[0]
+        row = "" if pd.isna(first["index"]) else f" at row {int(first['index'])}"
+        value = str(first["failure_case"])[:80]
+        more = f" ({len(fc)} failures in all)" if len(fc) > 1 else ""
+        raise DatasetIndexError(
+            f"{where}: index fails its schema: {table} column {first['column']!r} fails "
+            f"{first['check']} with {value!r}{row}{more}"
+        ) from None
+    except pa.errors.SchemaError as e:
+        raise DatasetIndexError(
+            f"{where}: index fails its schema: {table}: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def index_writer(root: str) -> str | None:
+    """``meta.writer`` of the ``index.json`` already in ``root`` (which tool wrote it): None when
+    there is none, "" when it is no readable index."""
+    url = storage.join(root, INDEX_NAME)
+    if not storage.exists(url):
+        return None
+    try:
+        writer = json.loads(storage.read_bytes(url)).get("meta", {}).get("writer")
+    except (storage.StorageError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return ""
+    return writer if isinstance(writer, str) else ""
 
 
 def read_index(root: str) -> DatasetIndex:

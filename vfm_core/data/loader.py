@@ -101,8 +101,10 @@ class ShardLoader(LoaderGeometry, LoaderReading):
     ) -> None:
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
-        if batch_size < 1 or num_workers < 0:
-            raise ValueError(f"batch_size={batch_size} must be >= 1, num_workers >= 0")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be positive or None")
         self.index, self.seed = index, seed

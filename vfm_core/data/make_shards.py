@@ -15,8 +15,16 @@ import pandas as pd
 
 from vfm_core import storage
 from vfm_core.annotate.text_encoder import TextEncoder, TextSpec
-from vfm_core.data.index import read_index
-from vfm_core.data.shards import ShardError, ShardWriterConfig, verify_shards, write_shards
+from vfm_core.data.foreign_index import WRITER as FOREIGN_WRITER
+from vfm_core.data.index import index_writer, read_index
+from vfm_core.data.shards import (
+    ShardError,
+    ShardWriterConfig,
+    check_directory,
+    remove_stale_shards,
+    verify_shards,
+    write_shards,
+)
 
 MANIFEST = "clips.parquet"
 
@@ -44,9 +52,20 @@ def shard_clips_dir(
     index_format: str = "json",
 ) -> dict[str, Any]:
     """Write shards + ``index.json`` for a curation output; verify them; return a summary.
+    Clips that do not decode are left out (``rejected``: clip_id, uri, reason); shards of an
+    earlier run into ``shards_dir`` that the new, verified index does not list are removed
+    (``stale_shards_removed``: only names ``shard-NNNNNN.tar``, as the writer names them).
     ``text_mode``: ``tokens`` stores per-token caption embeddings (L, D), ``pooled`` one vector;
     the index meta ``text`` records the encoder and its null (empty-caption) embedding."""
     t0 = time.perf_counter()
+    check_directory(clips_dir, "CLIPS_DIR")
+    check_directory(shards_dir, "SHARDS_DIR")
+    if index_writer(shards_dir) == FOREIGN_WRITER:
+        raise ShardError(
+            str(shards_dir),
+            "holds a dataset indexed by `vfm index` (foreign tars + index.json): "
+            "write the shards to another directory",
+        )
     clips = read_clips_manifest(clips_dir)
     encoder = TextEncoder(TextSpec(model=text_model, mode=text_mode))
     cfg = ShardWriterConfig(target_shard_bytes=int(target_shard_mb * (1 << 20)))
@@ -65,6 +84,8 @@ def shard_clips_dir(
     )
     index = read_index(shards_dir)  # read back what a loader will see
     verify_shards(index, checksum=True)
+    # only now, the new index verified: shards of an earlier run that it does not list
+    stale = remove_stale_shards(shards_dir, cfg.prefix, set(index.shards["name"]))
     return {
         "shards_dir": str(shards_dir),
         "index": storage.join(shards_dir, "index.json"),
@@ -76,5 +97,7 @@ def shard_clips_dir(
         "text_mode": text_mode,
         "index_format": index_format,
         "captions_truncated": encoder.truncated,
+        "rejected": index.meta.get("rejected", []),
+        "stale_shards_removed": stale,
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -65,6 +65,28 @@ class ShardError(UserError, ValueError):
         self.where, self.reason = where, reason
 
 
+def check_directory(url: str, what: str) -> None:
+    """A local ``url`` (``what``: e.g. ``SHARDS_DIR``) that exists but is no directory is a
+    :class:`ShardError` naming it (a ``.tar`` file: pass its directory); a missing path or a
+    remote prefix passes (the caller reads or creates it). Only ``stat``: nothing is opened."""
+    if storage.is_remote(url):
+        return
+    kind = storage.not_regular(url)
+    if kind in ("a directory", "file not found"):
+        return
+    hint = ""
+    if kind is None and str(url).endswith(".tar"):
+        hint = f"; to use this shard pass its directory, {os.path.dirname(os.path.abspath(url))}"
+    raise ShardError(str(url), f"{what} is not a directory but {kind or 'a file'}{hint}")
+
+
+def relative_files(dir_url: str) -> list[str]:
+    """The files under ``dir_url`` (recursive, sorted) as paths relative to it."""
+    _, root = storage.filesystem(dir_url)
+    cut = len(root.rstrip("/")) + 1
+    return [f.split("://", 1)[-1][cut:] for f in storage.list_files(dir_url)]
+
+
 class SampleError(ShardError):
     """One bad sample (bad member, dtype, shape, NaN): the loader may skip it and count it."""
 

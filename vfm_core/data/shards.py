@@ -41,11 +41,13 @@ from vfm_core.data.shard_reader import (  # noqa: F401  (re-exported: the readin
     RawSample,
     SampleError,
     ShardError,
+    check_directory,
     iter_tar_keys,
     load_npy,
     parse_sample,
     read_range,
     read_raw,
+    relative_files,
     sample_checksum,
     verify_shards,
 )
@@ -234,6 +236,20 @@ class ShardWriter:
         self._tar, self._path, self._open = None, None, []
 
 
+def remove_stale_shards(dir_url: str, prefix: str, keep: set[str]) -> list[str]:
+    """Tars directly in ``dir_url`` named as :class:`ShardWriter` names them (``prefix``) that
+    are not in ``keep`` (the new index's): leftovers of an earlier run with other settings,
+    removed; call once the new index is in place. Returns their names, sorted."""
+    if not storage.exists(dir_url):
+        return []
+    fs, root = storage.filesystem(dir_url)
+    pattern = rf"{re.escape(prefix)}-\d{{6}}\.tar"  # the names ShardWriter gives its tars
+    stale = [n for n in relative_files(dir_url) if re.fullmatch(pattern, n) and n not in keep]
+    for name in stale:
+        fs.rm(storage.join(root, name))
+    return stale
+
+
 def write_shards(
     clips: pd.DataFrame,
     out_url: str,
@@ -249,9 +265,11 @@ def write_shards(
     shards under ``out_url`` (local or ``s3://``) and the validated ``index.json``.
 
     ``uri`` may be relative to ``base_url``. ``latents`` maps clip_id -> (C, T, H, W) arrays to
-    store as ``latent.npy``. Frame count and size come from the manifest (``n_frames``,
-    ``height``, ``width``) or, when absent, from probing the clip. ``index_format``: ``json``
-    (schema 1) or ``parquet`` (columnar, see :mod:`vfm_core.data.columnar`).
+    store as ``latent.npy``. Every clip is test-decoded (header + first frame, as ``vfm index``
+    does at least); one that does not decode is left out and listed in the index meta
+    ``rejected`` (clip_id, uri, reason). Frame count and size come from the manifest
+    (``n_frames``, ``height``, ``width``) or, when absent, from that probe. ``index_format``:
+    ``json`` (schema 1) or ``parquet`` (columnar, see :mod:`vfm_core.data.columnar`).
     """
     from vfm_core.video.io import VideoError, probe
 
@@ -261,22 +279,24 @@ def write_shards(
         raise ShardError("manifest", f"missing columns {missing} (has {list(clips.columns)})")
     if clips.empty:
         raise ShardError("manifest", "no clips to shard")
-    rows = clips.to_dict(orient="records")
+    rows = typed_manifest(clips).to_dict(orient="records")
     keys = [_key(r["clip_id"]) for r in rows]
     dup = sorted({k for k in keys if keys.count(k) > 1})
     if dup:
         raise ShardError("manifest", f"duplicate sample keys {dup[:5]}")
-    captions = ["" if pd.isna(r["caption"]) else str(r["caption"]) for r in rows]
-    embs = embed_captions(captions, embed, cfg.embed_batch)
+    embs = embed_captions([r["caption"] for r in rows], embed, cfg.embed_batch)
     dim = int(embs[0].shape[-1])
 
     sample_rows: list[dict[str, Any]] = []
+    kept: list[np.ndarray] = []
+    rejected: list[dict[str, str]] = []
     bar = Progress(len(rows), desc="writing shards", unit="clip", logger=_log)
     with (
         bar,
         ShardWriter(out_url, prefix=cfg.prefix, target_bytes=cfg.target_shard_bytes) as writer,
     ):
         for row, key, emb in zip(rows, keys, embs):
+            bar.update()
             uri = str(row["uri"])
             if base_url and not storage.is_remote(uri) and not os.path.isabs(uri):
                 uri = storage.join(base_url, uri)
@@ -284,7 +304,14 @@ def write_shards(
                 mp4 = storage.read_bytes(uri)
             except storage.StorageError as e:
                 raise ShardError(f"clip {key}", f"cannot read {uri} ({e.reason})") from None
-            frames, height, width = _geometry(row, mp4, uri, probe, VideoError)
+            try:
+                info = probe(io.BytesIO(mp4))
+            except VideoError as e:
+                reason = f"clip does not decode ({e.reason})"
+                _log.warning("left out clip %s (%s): %s", row["clip_id"], uri, reason)
+                rejected.append({"clip_id": str(row["clip_id"]), "uri": uri, "reason": reason})
+                continue
+            frames, height, width = _geometry(row, info)
             doc = _sample_meta(row, frames, height, width)
             members = [
                 (f"{key}.json", json.dumps(doc, sort_keys=True).encode()),
@@ -300,6 +327,7 @@ def write_shards(
                     )
                 members.append((f"{key}.latent.npy", npy_bytes(lat)))
             placed = writer.add(members)
+            kept.append(emb)
             sample_rows.append(
                 {
                     "key": key,
@@ -310,7 +338,9 @@ def write_shards(
                     "latent_shape": None if lat is None else list(lat.shape),
                 }
             )
-            bar.update()
+    if not sample_rows:
+        reasons = [f"{r['clip_id']}: {r['reason']}" for r in rejected[:3]]
+        raise ShardError("manifest", f"no clip decodes ({len(rejected)} left out), e.g. {reasons}")
     shard_rows = writer.shards
     for r, placed in zip(sample_rows, writer.samples, strict=True):
         r["checksum"] = placed["checksum"]
@@ -324,12 +354,53 @@ def write_shards(
         embedding_dim=dim,
         meta={
             "writer": "vfm_core.data.shards",
-            "caption_tokens": caption_token_stats(embs),
+            "caption_tokens": caption_token_stats(kept),
+            **({"rejected": rejected} if rejected else {}),
             **(meta or {}),
         },
     )
     write_index(index, format=index_format)
     return index
+
+
+def typed_manifest(clips: pd.DataFrame) -> pd.DataFrame:
+    """``clips`` with the columns of the curation contract
+    (:class:`~vfm_core.contracts.AnnotatedClips`) that it has in their types: numbers stored as
+    text ("12.0") become numbers, anything else that is no number (or no text, in a text column)
+    is a :class:`ShardError` naming the column. A null caption is no caption: ``""``, and
+    ``caption_source`` ``none`` where the manifest has that column."""
+    from vfm_core.contracts import AnnotatedClips
+
+    out = clips.copy()
+    for name, col in AnnotatedClips.to_schema().columns.items():
+        if name not in out.columns:
+            continue
+        values, numeric = out[name], col.dtype.type.is_numeric()
+        if numeric and pd.api.types.is_numeric_dtype(values):
+            continue
+        if numeric:
+            try:
+                typed = pd.to_numeric(values, errors="coerce")
+            except (TypeError, ValueError):  # lists, dicts: nothing converts
+                typed = pd.Series(np.nan, index=values.index)
+            bad = values.notna() & typed.isna()
+        else:
+            typed = values
+            bad = values.notna() & ~values.map(lambda v: isinstance(v, str)).astype(bool)
+        if bad.any():
+            first = bad.idxmax()
+            raise ShardError(
+                "manifest",
+                f"column {name!r} must hold {'numbers' if numeric else 'text'}, got "
+                f"{values[first]!r} (clip {out.at[first, 'clip_id']!r}; {int(bad.sum())} "
+                "rows in all)",
+            )
+        out[name] = typed
+    uncaptioned = out["caption"].isna()
+    out["caption"] = out["caption"].astype(object).where(~uncaptioned, "")
+    if "caption_source" in out.columns:
+        out["caption_source"] = out["caption_source"].astype(object).where(~uncaptioned, "none")
+    return out
 
 
 def caption_token_stats(embs: list[np.ndarray]) -> dict[str, float]:
@@ -345,16 +416,12 @@ def caption_token_stats(embs: list[np.ndarray]) -> dict[str, float]:
     }
 
 
-def _geometry(row, mp4: bytes, uri: str, probe, video_error) -> tuple[int, int, int]:
-    """(frames, height, width) from the manifest, else from probing the clip."""
+def _geometry(row: dict[str, Any], info: Any) -> tuple[int, int, int]:
+    """(frames, height, width) from the manifest, else from the clip's probe ``info``."""
     try:
         vals = [int(row[c]) for c in ("n_frames", "height", "width")]
         if all(v > 0 for v in vals):
             return vals[0], vals[1], vals[2]
     except (KeyError, TypeError, ValueError):
         pass
-    try:
-        info = probe(io.BytesIO(mp4))
-    except video_error as e:
-        raise ShardError(uri, f"clip is not a usable video ({e.reason})") from None
     return info.n_frames, info.height, info.width
