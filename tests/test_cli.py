@@ -102,3 +102,20 @@ def test_a_remote_store_without_credentials_is_one_line_before_any_work(tmp_path
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "s3://" in lines[0], r.stderr
         assert "no S3 credentials: set AWS_ACCESS_KEY_ID" in lines[0]
+
+
+def test_the_config_files_recipe_is_the_base_unless_another_is_named(tmp_path):
+    """``recipe:`` in a ``--config`` file picks the preset its sections go on top of; with a
+    different ``--recipe`` it is one error (it relabelled a DiT run 'ar-tiny')."""
+    from vfm_core.cli import _config
+    from vfm_core.cli_parser import build_parser
+    from vfm_core.config import ConfigError
+
+    path = tmp_path / "run.yaml"
+    path.write_text("recipe: ar-tiny\nmodel: {depth: 1}\n")
+    argv = ["train", "--config", str(path), "--steps", "1", "--out", str(tmp_path / "o")]
+    cfg = _config(build_parser().parse_args(argv))
+    assert (cfg.recipe, cfg.model.arch, cfg.model.depth) == ("ar-tiny", "ar", 1)
+    assert _config(build_parser().parse_args([*argv, "--recipe", "ar-tiny"])) == cfg
+    with pytest.raises(ConfigError, match="recipe: ar-tiny but --recipe dit-tiny"):
+        _config(build_parser().parse_args([*argv, "--recipe", "dit-tiny"]))

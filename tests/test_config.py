@@ -42,6 +42,7 @@ def test_overrides_apply_and_coerce():
         ("model.hidden=1.5", "model.hidden: expected an integer"),
         ("model.qk_norm=3", "model.qk_norm: expected true/false"),
         ("model.adaln=full", "model.adaln: expected one of 'zero', 'lora'"),
+        ("optim.fused=maybe", "optim.fused: expected true, false or 'auto', got 'maybe'"),
         ("model.patch=[1,2]", "model.patch: expected a list of 3"),
         ("hidden=3", "key must be section.field"),
         ("model.hidden", "expected section.field=value"),
@@ -140,6 +141,11 @@ def test_yaml_1_1_booleans_are_refused_by_name():
         ("model.freq_dim=255", "model.freq_dim: must be even (a cosine and a sine per"),
         ("model.stdit_full_every=-1", "model.stdit_full_every: must be >= 0, got -1"),
         ("model.abs_pos=-6", "model.abs_pos: must be >= 0, got -6"),
+        # absurd sizes: building 10**23 blocks hung, a width of 10**9 overflowed torch's storage
+        ("model.depth=99999999999999999999999", "model.depth: must be <= 10000, got 9999"),
+        ("model.hidden=1000000000", "model.hidden: must be <= 2**20, got 1000000000"),
+        ("model.mlp_ratio=1e12", "model.mlp_ratio: must be <= 1024, got 1000000000000.0"),
+        ("model.text_dim=2097152", "model.text_dim: must be <= 2**20, got 2097152"),
     ],
 )
 def test_out_of_range_values_name_the_key(override, message):
@@ -174,6 +180,64 @@ def test_validate_names_the_key(override, needle):
         validate(apply_overrides(get_recipe("dit-tiny"), [override]))
 
 
+LATENT_7_TOKENS = ["data.latent_frames=7", "data.latent_height=2", "data.latent_width=2"]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "message"),
+    [
+        (  # 1 token over cp=2: every rank of `vfm train --nproc 2 --cp 2` failed after launch
+            "dit-tiny",
+            [*LATENT_7_TOKENS, "data.latent_frames=1", "parallel.cp=2"],
+            "data.latent_frames/height/width: a 1x2x2 latent in model.patch=1x2x2 pieces is 1 "
+            "token, which cannot be split into 2 equal chunks (parallel.cp=2); use latent sizes "
+            "whose token count is a multiple of 2",
+        ),
+        (
+            "dit-tiny",
+            [*LATENT_7_TOKENS, "parallel.tp=2"],
+            "is 7 tokens, which cannot be split into 2 equal chunks (parallel.tp=2 with sequence "
+            "parallelism)",
+        ),
+        (
+            "dit-tiny",
+            [*LATENT_7_TOKENS, "data.latent_frames=6", "parallel.cp=2", "parallel.tp=2"],
+            "is 6 tokens, which cannot be split into 4 equal chunks (parallel.cp=2 x "
+            "parallel.tp=2 with sequence parallelism)",
+        ),
+        (  # the causal family: two balanced chunks per CP rank
+            "ar-tiny",
+            [
+                "data.latent_frames=3",
+                "data.latent_height=1",
+                "data.latent_width=2",
+                "parallel.cp=2",
+            ],
+            "is 6 tokens, which cannot be split into 4 equal chunks (2 causal chunks per CP rank "
+            "x parallel.cp=2)",
+        ),
+    ],
+)
+def test_a_sample_must_split_evenly_over_the_ranks_that_cut_its_tokens(recipe, overrides, message):
+    with pytest.raises(ConfigError) as e:
+        validate(apply_overrides(get_recipe(recipe), overrides))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [*LATENT_7_TOKENS, "parallel.tp=2", "parallel.sequence_parallel=false"],  # not cut by TP
+        [*LATENT_7_TOKENS, "data.latent_frames=8", "parallel.cp=2", "parallel.tp=2"],
+        # packed: the pack (data.max_tokens) is cut, not the sample (checked on its own)
+        [*LATENT_7_TOKENS, "parallel.cp=2", "data.source=shards", "data.max_tokens=8"],
+        [*LATENT_7_TOKENS, "parallel.cp=0"],  # a bad degree is resolve_degrees' to name
+    ],
+)
+def test_samples_the_trainer_does_not_cut_unevenly_are_accepted(overrides):
+    validate(apply_overrides(get_recipe("dit-tiny"), overrides))
+
+
 def test_rope_off_needs_absolute_positions():
     cfg = apply_overrides(get_recipe("ar-tiny"), ["model.rope=false", "model.abs_pos=0"])
     with pytest.raises(ConfigError, match="model.rope: false needs model.abs_pos > 0"):
@@ -198,6 +262,24 @@ def test_yaml_round_trip_and_errors(tmp_path):
         load_yaml(broken)
     assert "\n" not in str(e.value)
     assert "broken.yaml: not valid YAML (line 3, column 2: expected <block end>" in str(e.value)
+    # a section or a key twice (PyYAML would keep the last and drop the first); merges stay
+    for text, where in [
+        ("model: {depth: 1}\nmodel: {heads: 2}\n", "line 2, column 1: found the key 'model'"),
+        ("model:\n  depth: 1\n  depth: 2\n", "line 3, column 3: found the key 'depth'"),
+    ]:
+        twice = tmp_path / "twice.yaml"
+        twice.write_text(text)
+        with pytest.raises(ConfigError, match=rf"twice.yaml: not valid YAML \({where} twice\)"):
+            load_yaml(twice)
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("train: &t {steps: 3, seed: 1}\ndata:\n  <<: {batch_size: 2}\n")
+    assert load_yaml(merged).data.batch_size == 2
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"model:\n  depth: \xff\n")
+    with pytest.raises(
+        ConfigError, match=r"binary.yaml: not UTF-8 text \(byte 0xff at offset 16\)"
+    ):
+        load_yaml(binary)
 
 
 def test_unknown_recipe_lists_known():

@@ -40,15 +40,26 @@ from pathlib import Path
 
 from vfm_core.cli_parser import build_parser
 from vfm_core.cli_sizing import cmd_flops, cmd_plan, cmd_recipes
-from vfm_core.config import ConfigError, apply_overrides, load_yaml, merge, validate
+from vfm_core.config import ConfigError, apply_overrides, merge, merge_file, read_yaml, validate
 from vfm_core.errors import UserError
 from vfm_core.recipes import get_recipe
 
 
 def _config(args: argparse.Namespace):
-    cfg = get_recipe(args.recipe)
-    if getattr(args, "config", None):
-        cfg = load_yaml(args.config, base=cfg)
+    """The run's config: the recipe (``--recipe``, else the config file's ``recipe``, else
+    dit-tiny), the config file on top, then ``--set`` and the flags."""
+    path = getattr(args, "config", None)
+    data = read_yaml(path) if path else {}
+    named = data.get("recipe")
+    if args.recipe and named is not None and named != args.recipe:
+        raise ConfigError(
+            f"config file {path}: recipe: {named} but --recipe {args.recipe}: the file's "
+            "sections would go on top of another recipe; keep one of the two"
+        )
+    recipe = args.recipe or named or "dit-tiny"
+    if not isinstance(recipe, str):
+        raise ConfigError(f"config file {path}: recipe: expected a preset name, got {recipe!r}")
+    cfg = merge_file(data, path, get_recipe(recipe)) if path else get_recipe(recipe)
     cfg = apply_overrides(cfg, args.set)
     extra: dict = {}
     if getattr(args, "steps", None) is not None:
@@ -310,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         print(f"vfm {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback
+        hint = ": --resume continues from the last checkpoint" if args.cmd == "train" else ""
+        print(f"\nvfm {args.cmd}: interrupted{hint}", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `vfm ... | head`: the reader went away; what is left goes nowhere
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a tool killed by SIGPIPE

@@ -88,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     tr = sub.add_parser("train", help="train a DiT (one process, or --nproc N under torchrun)")
-    tr.add_argument("--recipe", default="dit-tiny", help=f"preset ({', '.join(RECIPES)})")
+    tr.add_argument(
+        "--recipe",
+        help=f"preset ({', '.join(RECIPES)}; default: the --config file's recipe, else dit-tiny)",
+    )
     tr.add_argument("--config", help="YAML config applied on top of the recipe")
     tr.add_argument("--steps", type=int_at_least("--steps"), required=True, help="total steps")
     tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
@@ -112,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     tr.add_argument(
         "--nproc",
-        type=int_at_least("--nproc"),
+        type=int_at_least("--nproc", 1),
         default=1,
         help="processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)",
     )
@@ -155,14 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
     fl.add_argument("--recipe", required=True)
-    fl.add_argument("--seq", type=int_at_least("--seq"), required=True, help="video tokens/sample")
+    seq = int_at_least("--seq", 1)
+    fl.add_argument("--seq", type=seq, required=True, help="video tokens/sample")
     fl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     fl.add_argument("--json", action="store_true", help="print one JSON object")
 
     pl = sub.add_parser("plan", help="predict memory/TFLOPS/MFU and rank 4D-parallel layouts")
     pl.add_argument("--recipe", required=True)
-    pl.add_argument("--seq", type=int_at_least("--seq"), required=True, help="video tokens/sample")
-    pl.add_argument("--gpus", type=int_at_least("--gpus"), required=True, help="GPU count")
+    pl.add_argument("--seq", type=seq, required=True, help="video tokens/sample")
+    pl.add_argument("--gpus", type=int_at_least("--gpus", 1), required=True, help="GPU count")
     pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
     pl.add_argument("--fixed", default="", metavar="KEY=VALUE,...", help="pin layout keys")
     pl.add_argument(

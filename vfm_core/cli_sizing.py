@@ -18,8 +18,6 @@ def cmd_flops(args: argparse.Namespace) -> int:
     from vfm_core.perf.flops import train_flops_per_token
 
     cfg = validate(apply_overrides(get_recipe(args.recipe), args.set))
-    if args.seq <= 0:
-        raise ConfigError(f"--seq must be positive, got {args.seq}")
     params = count_params(build_model(cfg.model, device="meta"))
     fpt = train_flops_per_token(cfg.model, seq_len=args.seq, text_len=cfg.model.text_len)
     if args.json:

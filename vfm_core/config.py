@@ -473,19 +473,35 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return merge(cfg, nested)
 
 
-def load_yaml(path: str | Path, base: Config | None = None) -> Config:
-    """Load a YAML run config (sections as top-level keys) on top of ``base``."""
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML run config file as a mapping of sections (a key twice is an error, as is a file
+    that is not UTF-8 text), each problem one line naming the file."""
     path = Path(path)
     try:
-        data = parse_yaml(path.read_text()) or {}
+        data = parse_yaml(path.read_bytes().decode("utf-8")) or {}
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+            f"{e.start})"
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path}: not valid YAML ({yaml_problem(e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of sections")
+    return data
+
+
+def load_yaml(path: str | Path, base: Config | None = None) -> Config:
+    """Load a YAML run config (sections as top-level keys) on top of ``base``."""
+    return merge_file(read_yaml(path), path, base or Config())
+
+
+def merge_file(data: dict[str, Any], path: str | Path, base: Config) -> Config:
+    """:func:`merge` of a config file's mapping (:func:`read_yaml`), errors naming the file."""
     try:
-        return merge(base or Config(), data)
+        return merge(base, data)
     except ConfigError as e:
         raise ConfigError(f"config file {path}: {e}") from None
 

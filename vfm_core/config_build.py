@@ -54,7 +54,30 @@ def _resolvers(base: dict, *, keep_yaml11: bool) -> dict:
 
 
 class YamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` reading plain scalars by the YAML 1.2 core schema (module docstring)."""
+    """``yaml.SafeLoader`` reading plain scalars by the YAML 1.2 core schema (module docstring);
+    a key twice in one mapping is an error (YAML 1.2 requires unique keys; PyYAML keeps the last
+    and drops the first without a word)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor', merged below
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    twice = key in seen
+                except TypeError:  # unhashable: PyYAML's own error below
+                    continue
+                if twice:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found the key {key!r} twice",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
     yaml_implicit_resolvers = _resolvers(yaml.SafeLoader.yaml_implicit_resolvers, keep_yaml11=False)
 
@@ -154,7 +177,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    """A type as an error reads it: ``bool | Literal['auto']`` -> "true, false or 'auto'"."""
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    words = []
+    for arm in typing.get_args(tp) if union else (tp,):
+        if arm is bool:
+            words += ["true", "false"]
+        elif typing.get_origin(arm) is Literal:
+            words += [repr(c) for c in typing.get_args(arm)]
+        else:
+            named = {type(None): "null", int: "an integer", float: "a number", str: "a string"}
+            words.append(named.get(arm, getattr(arm, "__name__", str(arm))))
+    return " or ".join(w for w in [", ".join(words[:-1]), words[-1]] if w)
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,36 @@ from vfm_core.config_build import ConfigError
 
 if TYPE_CHECKING:  # annotations only: vfm_core.config imports this module
     from vfm_core.config import Config, DataConfig
+
+
+def sequence_split(arch: str, *, cp: int, tp: int, prefix: str = "parallel.") -> tuple[int, str]:
+    """(n, how): the trainer cuts every token sequence into n equal chunks over ``cp``
+    context-parallel and ``tp`` sequence-parallel ranks (``vfm_core.parallel.parallelize.
+    _split_sequence``), twice as many for the autoregressive family's balanced causal CP (two
+    chunks per CP rank); ``how`` names the factors above 1 ("parallel.cp=2 x ..."). The run
+    config's checks and the planner's (``vfm_core.perf.layout_rules``) both use it."""
+    factors = [(2, "2 causal chunks per CP rank")] if arch == "ar" and cp > 1 else []
+    factors += [(cp, f"{prefix}cp={cp}"), (tp, f"{prefix}tp={tp} with sequence parallelism")]
+    kept = [(n, text) for n, text in factors if n > 1]
+    return math.prod(n for n, _ in kept), " x ".join(text for _, text in kept)
+
+
+def _validate_sequence_split(cfg: Config) -> None:
+    """Unpacked training: a sample's tokens (latent / patch) split evenly over the CP ranks and,
+    under sequence parallelism, the TP ranks (packed: ``data.max_tokens``, checked alike)."""
+    d, m, p = cfg.data, cfg.model, cfg.parallel
+    if d.max_tokens or p.cp < 1 or p.tp < 1:  # bad degrees: named by resolve_degrees
+        return
+    parts, how = sequence_split(m.arch, cp=p.cp, tp=p.tp if p.sequence_parallel else 1)
+    latent = (d.latent_frames, d.latent_height, d.latent_width)
+    tokens = math.prod(s // k for s, k in zip(latent, m.patch, strict=True))
+    if tokens % parts:
+        raise ConfigError(
+            f"data.latent_frames/height/width: a {'x'.join(map(str, latent))} latent in "
+            f"model.patch={'x'.join(map(str, m.patch))} pieces is {tokens} token"
+            f"{'s' * (tokens != 1)}, which cannot be split into {parts} equal chunks ({how}); "
+            f"use latent sizes whose token count is a multiple of {parts}"
+        )
 
 
 def _validate_packing(cfg: Config) -> None:
@@ -29,9 +60,12 @@ def _validate_packing(cfg: Config) -> None:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens}: packing needs data.source='shards' (got {d.source!r})"
         )
-    split, what = p.cp * p.tp, "parallel.cp * parallel.tp"
-    if cfg.model.arch == "ar" and p.cp > 1:  # balanced causal chunks: 2 per CP rank
-        split, what = 2 * split, "2 x parallel.cp * parallel.tp (two causal chunks per CP rank)"
+    if p.cp < 1 or p.tp < 1:  # bad degrees: named by resolve_degrees
+        return
+    split, _ = sequence_split(cfg.model.arch, cp=p.cp, tp=p.tp)
+    what = "parallel.cp * parallel.tp"
+    if split != p.cp * p.tp:
+        what = f"2 x {what} (two causal chunks per CP rank)"
     if d.max_tokens % split:
         raise ConfigError(
             f"data.max_tokens={d.max_tokens} is not a multiple of {what} = {split} (every pack is "
@@ -51,8 +85,8 @@ def _validate_blend(d: DataConfig) -> None:
 
 
 RANGES: tuple[tuple[str, str], ...] = (
-    # (key, allowed values): "> x", ">= x" or "in [lo, hi)" with ( ) open, [ ] closed ends;
-    # every element of a tuple field; None (model.kv_heads unset) is not checked
+    # (key, allowed values): "> x", ">= x", "< x", "<= x" or "in [lo, hi)" with ( ) open, [ ]
+    # closed ends; every element of a tuple field; None (model.kv_heads unset) is not checked
     ("model.in_channels", ">= 1"),
     ("model.patch", ">= 1"),
     ("model.hidden", ">= 1"),
@@ -62,6 +96,14 @@ RANGES: tuple[tuple[str, str], ...] = (
     ("model.mlp_ratio", "> 0"),
     ("model.text_dim", ">= 1"),
     ("model.text_len", ">= 1"),
+    # model sizes: far above any real model (the widest ~2**15, the deepest ~10**3), below sizes
+    # that take hours to build or overflow torch's storage size
+    ("model.in_channels", "<= 2**20"),
+    ("model.hidden", "<= 2**20"),
+    ("model.depth", "<= 10000"),
+    ("model.mlp_ratio", "<= 1024"),
+    ("model.text_dim", "<= 2**20"),
+    ("model.text_len", "<= 2**20"),
     ("model.rope_theta", "> 0"),
     ("model.abs_pos", ">= 0"),
     ("model.stdit_full_every", ">= 0"),
@@ -98,10 +140,11 @@ RANGES: tuple[tuple[str, str], ...] = (
     ("train.grad_accum", ">= 1"),
 )
 """The allowed range of every numeric setting, outside of which a value is nonsense (a negative
-learning rate, a beta of 1, a zero epsilon); :func:`validate` checks each, and that every float is
-finite."""
+learning rate, a beta of 1, a zero epsilon, a model of 10**23 blocks); :func:`validate` checks
+each, and that every float is finite."""
 
-_RANGE = re.compile(r"^(?:(>=?) (\S+)|in ([\[(])(\S+), (\S+)([\])]))$")
+_RANGE = re.compile(r"^(?:([<>]=?) (\S+)|in ([\[(])(\S+), (\S+)([\])]))$")
+_COMPARE = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
 def _bound(text: str) -> float:
@@ -114,7 +157,7 @@ def _in_range(value: float, rule: str) -> bool:
     assert m is not None, rule  # a typo in RANGES
     op, lo, lo_end, lo2, hi, hi_end = m.groups()
     if op:
-        return value > _bound(lo) if op == ">" else value >= _bound(lo)
+        return _COMPARE[op](value, _bound(lo))
     lo_ok = value > _bound(lo2) if lo_end == "(" else value >= _bound(lo2)
     hi_ok = value < _bound(hi) if hi_end == ")" else value <= _bound(hi)
     return lo_ok and hi_ok
@@ -191,6 +234,7 @@ def validate(cfg: Config) -> Config:
         )
     _validate_blend(d)
     _validate_packing(cfg)
+    _validate_sequence_split(cfg)
     if t.fp8 == "on" and cfg.parallel.tp > 1:
         raise ConfigError(
             f"train.fp8: 'on' cannot combine with parallel.tp={cfg.parallel.tp} (DTensor tensor "

@@ -156,6 +156,8 @@ def test_fixed_plain_dp_lists_layouts_that_do_not_fit():
         (dict(seq_len=8192, gpus=64, fixed="tp=64"), "exceeds heads"),
         (dict(seq_len=8192, gpus=64, fixed="pp=16"), "depth"),
         (dict(seq_len=8191, gpus=64, fixed="cp=2"), "sequence"),
+        (dict(seq_len=8191, gpus=64, fixed="tp=2,sp=true"), r"8191 tokens .* 2 equal chunks"),
+        (dict(seq_len=8192, gpus=2**20 + 1), r"--gpus must be at most 2\*\*20"),  # hung
         (dict(seq_len=8192, gpus=3, fixed="dp_shard=1,dp_replicate=1"), "does not divide"),
         # pipeline schedule: 28 blocks are not 2 x 4 virtual stages; 1F1B needs m >= pp
         (dict(seq_len=8192, gpus=64, fixed="pp=2,vpp=4"), "vpp=4.*pp_virtual_stages.*depth"),
@@ -166,6 +168,15 @@ def test_fixed_plain_dp_lists_layouts_that_do_not_fit():
 def test_bad_input_raises_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         plan(get_recipe("dit-7b").model, **kwargs)
+
+
+def test_layouts_that_cut_the_sequence_unevenly_are_dropped_and_explained():
+    """7 tokens split over no TP x SP group: `vfm plan` ranked tp=2 with SP, which the trainer
+    refuses; now the layout is rejected with the reason --explain prints."""
+    result = plan(get_recipe("dit-tiny").model, seq_len=7, gpus=2)
+    assert result.plans and all(p.layout.tp == 1 for p in result.plans)
+    why = "7 tokens cannot be split into 2 equal chunks (tp=2 with sequence parallelism)"
+    assert any(why in line for line in explain_rejections(result))
 
 
 def test_nothing_valid_is_an_error():
@@ -231,10 +242,16 @@ def test_cli_table_and_explain(capsys):
         ["--seq", "8192", "--gpus", "64", "--fixed", "tp=64"],
         ["--seq", "8192", "--gpus", "64", "--fixed", "cp=3"],
         ["--seq", "8192", "--gpus", "64", "--fixed", "bogus=1"],
+        ["--seq", "8192", "--gpus", "1000000000"],  # gave no answer in 30 s
+        ["--seq", "8191", "--gpus", "2", "--fixed", "tp=2,sp=true"],  # the trainer refuses it
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(capsys, extra):
-    assert main(["plan", "--recipe", "dit-7b", *extra]) == 2
+    try:
+        code = main(["plan", "--recipe", "dit-7b", *extra])
+    except SystemExit as e:  # refused by the parser (--seq 0)
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("vfm plan: error:") and len(err.splitlines()) == 1
 

@@ -12,8 +12,10 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from vfm_core.config import ConfigError
+from vfm_core.parallel.context import seq_chunk
 from vfm_core.parallel.layout import validate_layout
 from vfm_core.parallel.parallelize import _check
 from vfm_core.perf.flops import default_grid
@@ -146,6 +148,40 @@ def test_schedule_rules_mirror_validate_layout():
             trainer_ok = False
         stricter = (pp == 1 and vpp > 1) or base.model.depth % pp != 0
         assert planner_ok == (trainer_ok and not stricter), lay
+
+
+def _trainer_cuts(tokens: int, cp: int, sp: int) -> bool:
+    """Whether the trainer's own split of a sequence (``_split_sequence`` of a DiT: every CP
+    rank's contiguous chunk, then every sequence-parallel TP rank's chunk of it) succeeds."""
+    x = torch.zeros(1, tokens, 1)
+    try:
+        for c, t in itertools.product(range(cp), range(sp)):
+            seq_chunk(seq_chunk(x, c, cp), t, sp)
+    except ValueError:  # "sequence of N tokens cannot be split evenly over P ranks"
+        return False
+    return True
+
+
+def test_sequence_split_is_refused_by_config_and_planner_exactly_where_the_trainer_fails():
+    """Every token count up to 24 under every CP x TP (with and without SP) on up to 16 ranks:
+    the run config (``validate_layout``, before launch) and the planner (``check_layout``) refuse
+    exactly the layouts whose sequence the trainer cannot cut (it failed on every rank)."""
+    h100 = gpu_spec("h100")
+    base = get_recipe("dit-tiny")  # patch 1x2x2: a (tokens)x2x2 latent is that many tokens
+    grid = itertools.product(range(1, 25), (1, 2, 3, 4), (1, 2, 4), (False, True))
+    for tokens, cp, tp, sp in grid:
+        if sp and tp == 1:
+            continue
+        lay = Layout(cp=cp, tp=tp, sp=sp)
+        data = dataclasses.replace(base.data, latent_frames=tokens, latent_height=2, latent_width=2)
+        try:
+            validate_layout(trainer_config(dataclasses.replace(base, data=data), lay), lay.world)
+            config_ok = True
+        except ConfigError:
+            config_ok = False
+        planner_ok = check_layout(base.model, lay, seq_len=tokens, gpu=h100) is None
+        trainer_ok = _trainer_cuts(tokens, cp, tp if sp else 1)
+        assert config_ok == planner_ok == trainer_ok, (tokens, lay)
 
 
 def test_ar_memory_counts_the_logits_and_its_parameters():

@@ -72,3 +72,37 @@ def test_auto_is_fused_on_cpu_and_the_setting_parses():
     assert apply_overrides(cfg, ["optim.fused=true"]).optim.fused is True
     with pytest.raises(ValueError, match="optim.fused"):
         apply_overrides(cfg, ["optim.fused=yes"])
+
+
+def test_a_resume_trains_with_the_runs_settings_and_names_what_changed():
+    """The moments come from the checkpoint, the hyper-parameters and the schedule's peak from
+    the run's ``optim`` settings (``--resume --set optim.lr=...``); unchanged settings restore
+    the saved learning rate exactly."""
+    from vfm_core.train.optim import restore_schedule
+
+    cfg = OptimConfig(lr=1e-2, weight_decay=0.1, warmup_steps=4)
+    params = _params()
+    opt, sched = build_optimizer(params, cfg, total_steps=10)
+    for step_grads in _grads(3):
+        for p, grad in zip(params, step_grads, strict=True):
+            p.grad = grad
+        opt.step()
+        sched.step()
+    saved, at = optimizer_state(opt, NAMES), sched.state_dict()
+    same, same_sched = build_optimizer(_params(), cfg, total_steps=10)
+    assert load_optimizer_state(same, NAMES, saved) == []
+    restore_schedule(same_sched, at)
+    assert same.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == sched.get_last_lr()[0]
+    other = dataclasses.replace(cfg, lr=1e-3, weight_decay=0.5)
+    new, new_sched = build_optimizer(_params(), other, total_steps=10)
+    changed = load_optimizer_state(new, NAMES, saved)
+    assert changed == [
+        "optim.lr: 0.01 in the checkpoint, 0.001 now",
+        "optim.weight_decay: 0.1 in the checkpoint, 0.5 now",
+    ]
+    restore_schedule(new_sched, at)
+    assert new.param_groups[0]["lr"] == pytest.approx(1e-3)  # warm-up done: (3 + 1) / 4 of the peak
+    assert new.param_groups[0]["weight_decay"] == 0.5
+    assert torch.equal(
+        new.state[new.param_groups[0]["params"][0]]["exp_avg"], opt.state[params[0]]["exp_avg"]
+    )

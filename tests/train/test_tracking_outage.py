@@ -211,3 +211,24 @@ def _backfill(out, env: dict) -> dict:
     )
     assert fill.returncode == 0, fill.stderr[-3000:]
     return json.loads(fill.stdout.strip().splitlines()[-1])
+
+
+def test_a_resumed_run_sends_the_steps_it_re_runs_once(tmp_path):
+    """Resumed from a checkpoint before its last logged step, the run re-runs (bit-identically)
+    steps MLflow has: they are not sent again (MLflow would chart two points for each)."""
+    import mlflow
+
+    from vfm_core.train.metrics import MLflowLogger
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    cfg = TrackingConfig(tracking_uri=uri, experiment="resume")
+    first = MLflowLogger(cfg)
+    for step in range(1, 6):  # a checkpoint at step 3, killed after step 5
+        first.log(step, {"loss": 1.0 / step})
+    first.close()
+    again = MLflowLogger(cfg, run_id=first.run_id)
+    for step in range(4, 8):
+        again.log(step, {"loss": 1.0 / step})
+    again.close()
+    steps = [m.step for m in mlflow.MlflowClient(uri).get_metric_history(first.run_id, "loss")]
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6, 7]

@@ -43,15 +43,6 @@ def validate_layout(cfg: Config, world_size: int) -> ParallelDims:
             f"{b // dims.dp} of data.batch_size={b}, which cannot be split into {t.grad_accum} "
             f"accumulation steps (use a batch size that is a multiple of {dims.dp * t.grad_accum})"
         )
-    if m.arch == "ar" and dims.cp > 1 and not cfg.data.max_tokens:
-        tokens = cfg.data.latent_frames * cfg.data.latent_height * cfg.data.latent_width
-        sp = dims.tp if cfg.parallel.sequence_parallel else 1
-        if tokens % (2 * dims.cp * sp):
-            raise ConfigError(
-                f"parallel.cp={dims.cp}: balanced causal context parallelism cuts the {tokens} "
-                f"tokens of a video into 2 x cp{' x tp' if sp > 1 else ''} = {2 * dims.cp * sp} "
-                "equal chunks; choose latent sizes whose token count divides that"
-            )
     if dims.tp > 1 and (m.heads % dims.tp or m.n_kv_heads % dims.tp):
         raise ConfigError(
             f"parallel.tp: {dims.tp} must divide model.heads={m.heads} and the key/value heads "

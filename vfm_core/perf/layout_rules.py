@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vfm_core.config import Config, ConfigError, ModelConfig
+from vfm_core.config_validate import sequence_split
 from vfm_core.perf.hardware import GpuSpec
 from vfm_core.perf.memory import RECOMPUTE_MODES
 from vfm_core.perf.timing import Layout
@@ -41,14 +42,11 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
     why = _pipeline_reason(cfg, lay)
     if why:
         return why
-    if cfg.arch == "ar" and lay.cp > 1:  # the causal video transformer (vfm_core.parallel.layout)
-        if lay.cp_mode != "ring":
-            return "the autoregressive family's context parallelism is a balanced causal ring"
-        chunks = 2 * lay.cp * (lay.tp if lay.sp else 1)
-        if seq_len % chunks:
-            return f"balanced causal cp={lay.cp} needs the {seq_len} tokens in {chunks} chunks"
-    if seq_len % lay.cp:
-        return f"cp={lay.cp} does not divide the sequence of {seq_len} tokens"
+    if cfg.arch == "ar" and lay.cp > 1 and lay.cp_mode != "ring":
+        return "the autoregressive family's context parallelism is a balanced causal ring"
+    parts, how = sequence_split(cfg.arch, cp=lay.cp, tp=lay.tp if lay.sp else 1, prefix="")
+    if seq_len % parts:
+        return f"the sequence of {seq_len} tokens cannot be split into {parts} equal chunks ({how})"
     if lay.cp > 1 and (lay.cp_mode == "a2a" or cfg.arch == "stdit"):  # ST-DiT: hybrid a2a
         hq, hkv = cfg.heads // lay.tp, cfg.n_kv_heads // lay.tp
         if hq % lay.cp or hkv % lay.cp:

@@ -2,12 +2,13 @@
 
 ``plan(cfg, seq_len=, gpus=, hardware=)`` enumerates every valid :class:`Layout` — degrees whose
 product is the GPU count, heads (and kv heads) divisible by TP, depth by PP (and by PP × virtual
-stages), the sequence by CP, TP inside one node, all-to-all CP only when the heads per TP rank
-divide by CP, the pipeline schedule rules of the trainer — predicts its per-GPU memory
-(:mod:`vfm_core.perf.memory`) and step time (:mod:`vfm_core.perf.timing`), drops layouts that do
-not fit, and ranks the rest by predicted tokens/s per GPU. Pinned keys (``fixed``) restrict the
-search and keep layouts that do not fit, flagged. All four degrees combine: TP (+ SP) × CP (ring
-or all-to-all inside every pipeline stage) × PP (1F1B or interleaved 1F1B) × FSDP/HSDP.
+stages), the sequence by CP (× TP under SP), TP inside one node, all-to-all CP only when the
+heads per TP rank divide by CP, the pipeline schedule rules of the trainer — predicts its per-GPU
+memory (:mod:`vfm_core.perf.memory`) and step time (:mod:`vfm_core.perf.timing`), drops layouts
+that do not fit, and ranks the rest by predicted tokens/s per GPU. Pinned keys (``fixed``)
+restrict the search and keep layouts that do not fit, flagged. All four degrees combine: TP
+(+ SP) × CP (ring or all-to-all inside every pipeline stage) × PP (1F1B or interleaved 1F1B) ×
+FSDP/HSDP.
 
 Throughput and FLOPs are tied by construction: ``tflops_per_gpu = tokens_per_s_per_gpu ×
 train_flops_per_token / 1e12`` with the spine's FLOPs model (:mod:`vfm_core.perf.flops`), and
@@ -73,6 +74,9 @@ Megatron-style runs take m = global batch / (micro-batch · dp), often >= 8·pp,
 (p-1)/(m+p-1) and the per-step FSDP traffic small against the step."""
 VIRTUAL_STAGES = (1, 2, 4)
 """Searched virtual stages per GPU (interleaved 1F1B) where pp·v divides the depth."""
+MAX_GPUS = 2**20
+"""The largest ``gpus`` planned: several times the largest GPU clusters built, and a search that
+still answers in about a second (the degrees are the divisors of the GPU count)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -246,6 +250,8 @@ def plan(
         raise ConfigError(f"--seq must be a positive number of tokens, got {seq_len}")
     if gpus <= 0:
         raise ConfigError(f"--gpus must be positive, got {gpus}")
+    if gpus > MAX_GPUS:
+        raise ConfigError(f"--gpus must be at most 2**20 = {MAX_GPUS}, got {gpus}")
     try:
         gpu = hardware if isinstance(hardware, GpuSpec) else gpu_spec(hardware)
     except ValueError as e:

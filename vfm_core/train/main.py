@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: the launcher says it once
+        return 130
     if int(os.environ.get("RANK", "0")) == 0:  # the group is gone: torchrun's rank says
         final = {k: v for k, v in summary.items() if k != "metrics"}
         print(json.dumps(final | {"final": summary["metrics"]}))

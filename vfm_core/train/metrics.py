@@ -204,6 +204,9 @@ class MLflowLogger:
                 f"tagged {PREVIOUS_RUN_TAG}={previous}",
                 file=sys.stderr,
             )
+        # a resumed run re-runs the steps after its checkpoint: those the run has are not sent
+        # again (bit-identical values; MLflow would keep both points of a step)
+        self.sent_until = _last_step(self.client, self.run_id) if run_id else 0
         self.client.update_run(self.run_id, status="RUNNING")
         self.ui_hint = ui_hint(cfg)
         self.backlog_path = Path(backlog) if backlog is not None else None
@@ -318,6 +321,8 @@ class MLflowLogger:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
+        if step <= self.sent_until:
+            return
         ts = int(self._mlflow.utils.time.get_current_time_millis())
         self._metrics += [Metric(k, float(v), ts, step) for k, v in metrics.items()]
         if len(self._metrics) > self.MAX_BUFFERED:
@@ -412,3 +417,11 @@ def fit_and_close(
             else:
                 lg.close()
     return last
+
+
+def _last_step(client, run_id: str) -> int:
+    """The last step of ``run_id``'s ``loss`` history (0: none, or the store does not answer)."""
+    try:
+        return max((m.step for m in client.get_metric_history(run_id, "loss")), default=0)
+    except Exception:  # a server away: nothing skipped, the buffer sends later
+        return 0

@@ -17,9 +17,6 @@ from torch.distributed.tensor import DTensor
 
 from vfm_core.config import OptimConfig
 
-_IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
-"""Parameter-group keys that say how the update runs, not what it computes: never restored."""
-
 
 def lr_lambda(optim: OptimConfig, total_steps: int):
     """Linear warm-up to the peak, then constant or cosine to ``min_lr_ratio`` at the horizon."""
@@ -72,20 +69,22 @@ def optimizer_state(opt: torch.optim.Optimizer, names: Sequence[str]) -> dict[st
 
 def load_optimizer_state(
     opt: torch.optim.Optimizer, names: Sequence[str], state: dict[str, Any]
-) -> None:
+) -> list[str]:
     """Restore :func:`optimizer_state` (saved under any layout) into ``opt``: every parameter's
-    moments by name, the hyper-parameters of the saved (single) parameter group."""
+    moments by name. The hyper-parameters stay ``opt``'s, the run's ``optim`` settings (a resume
+    with ``--set optim.lr=...`` trains with it); returns what differs from the saved ones, e.g.
+    ``["optim.lr: 0.0003 in the checkpoint, 0.01 now"]`` (none: the resume is bit-identical)."""
     saved = state["state"]
     missing = [n for n in names if n not in saved]
     if missing:
         raise KeyError(f"optimizer state lacks {missing[0]} (and {len(missing) - 1} more)")
-    # hyper-parameters from the checkpoint; how the update runs (foreach, fused, ...) from ``opt``
-    hyper = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
-    for k in _IMPLEMENTATION:
-        if k in opt.param_groups[0]:
-            hyper[k] = opt.param_groups[0][k]
-    if "betas" in hyper:
-        hyper["betas"] = tuple(hyper["betas"])
+    hyper = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+    was = state["param_groups"][0]
+    changed = [
+        f"optim.{key}: {_plain(was[k])} in the checkpoint, {_plain(hyper[k])} now"
+        for k, key in _HYPER.items()
+        if k in was and k in hyper and _plain(was[k]) != _plain(hyper[k])
+    ]
     seen: set[str] = set()
     per_param = {}
     for i, n in enumerate(names):  # a replica's second copy gets tensors of its own
@@ -94,3 +93,28 @@ def load_optimizer_state(
     opt.load_state_dict(
         {"state": per_param, "param_groups": [{**hyper, "params": list(range(len(names)))}]}
     )
+    return changed
+
+
+_HYPER = {"initial_lr": "lr", "betas": "betas", "eps": "eps", "weight_decay": "weight_decay"}
+"""Parameter-group keys that come from the ``optim`` settings (``initial_lr``: the peak the
+schedule scales), compared on resume."""
+
+
+def _plain(v: Any) -> Any:
+    """A hyper-parameter as plain numbers (a tensor lr, betas as a list or a tuple)."""
+    if isinstance(v, torch.Tensor):
+        return v.item()
+    return tuple(_plain(x) for x in v) if isinstance(v, list | tuple) else v
+
+
+def restore_schedule(sched: torch.optim.lr_scheduler.LambdaLR, state: dict[str, Any]) -> None:
+    """Load the schedule's position from ``state``; its peak (``base_lrs``) and shape stay the
+    run's, and the current learning rate is recomputed from them as ``step()`` computes it (equal
+    to the saved one when the settings did not change)."""
+    sched.load_state_dict(state)
+    sched.base_lrs = [g["initial_lr"] for g in sched.optimizer.param_groups]
+    lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
+    for group, lr in zip(sched.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    sched._last_lr = lrs

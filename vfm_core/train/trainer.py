@@ -61,7 +61,12 @@ from vfm_core.tokenizer.sources import make_source
 from vfm_core.train.ema import EMA
 from vfm_core.train.errors import TrainingDiverged
 from vfm_core.train.objectives import make_objective
-from vfm_core.train.optim import build_optimizer, load_optimizer_state, optimizer_state
+from vfm_core.train.optim import (
+    build_optimizer,
+    load_optimizer_state,
+    optimizer_state,
+    restore_schedule,
+)
 
 __all__ = ["Trainer", "TrainingDiverged", "resolve_device"]
 
@@ -200,11 +205,13 @@ class Trainer:
         for name, p in self.layout.named_parameters():
             if weights[name] is not p:
                 _local(p).copy_(_local(weights[name]))
-        load_optimizer_state(self.optimizer, self.param_names, state["optim"])
+        changed = load_optimizer_state(self.optimizer, self.param_names, state["optim"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"] or weights)
-        self.scheduler.load_state_dict(state["sched"])
+        restore_schedule(self.scheduler, state["sched"])
         self.step = int(state["step"])
+        for what in changed if not dist.is_initialized() or dist.get_rank() == 0 else ():
+            log.warning("resume: %s (applies from step %d)", what, self.step + 1)
         self.source.load_state_dict(state["data"])
 
     def meta(self) -> dict[str, Any]:
