@@ -19,7 +19,7 @@ import urllib.request
 import warnings
 from pathlib import Path
 
-from vfm_core.config import TrackingConfig
+from vfm_core.config import ConfigError, TrackingConfig
 from vfm_core.errors import UserError
 
 STUDY_TAG = "vfm.study"
@@ -63,7 +63,20 @@ def tracking_uri_from(explicit: str | None, setting: str) -> tuple[str, str]:
         return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
     root = data_dir() / "mlflow"
     root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}", "the default store under VFM_DATA_DIR"
+    return f"sqlite:///{root / 'mlflow.db'}", DEFAULT_SOURCE
+
+
+DEFAULT_SOURCE = "the default store under VFM_DATA_DIR"
+"""Where :func:`tracking_uri_from` says a URI was set when nothing set it."""
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI (``sqlite:////abs.db``: absolute); None for
+    other URIs and in-memory databases."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?")[0]
+    return Path(path) if path and path != ":memory:" else None
 
 
 class TrackingStoreError(UserError, RuntimeError):
@@ -84,12 +97,14 @@ def is_file_store(uri: str) -> bool:
     return urllib.parse.urlparse(uri).scheme in ("", "file")
 
 
-def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI") -> None:
+def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI", existing: bool = False) -> None:
     """Make the tracking store at ``uri`` usable before MLflow touches it, or raise a one-line
     :class:`TrackingStoreError` naming ``uri`` (set by ``source``) and the fix: a file store is
     opted into (``MLFLOW_ALLOW_FILE_STORE=true``, unless the user set it; one note line), an
-    http(s) server must answer (a short probe instead of MLflow's minutes of retries), and MLflow
-    must know the scheme and have its driver."""
+    http(s) server must answer (a short probe instead of MLflow's minutes of retries), MLflow
+    must know the scheme and have its driver, and a sqlite file must be a database.
+    ``existing``: a command that only reads runs; a sqlite database the user named must exist
+    (MLflow would create it, and its folders, at a mistyped path)."""
     if uri in _OPENED:
         return
     scheme = urllib.parse.urlparse(uri).scheme
@@ -105,6 +120,12 @@ def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI") -> None:
         f"point {source} at a running server (http://HOST:PORT), a sqlite:///PATH.db or "
         "file:PATH store, or unset it for the sqlite store under the data dir"
     )
+    db = sqlite_path(uri)
+    if existing and db is not None and source != DEFAULT_SOURCE and not db.is_file():
+        raise TrackingStoreError(
+            f"MLflow tracking URI {uri} ({source}): no database at {db} (this command only reads "
+            f"runs, so it does not create one); check the path, or {fix}"
+        )
     if scheme in ("http", "https"):
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10).close()
@@ -120,6 +141,7 @@ def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI") -> None:
     import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+    from sqlalchemy.exc import SQLAlchemyError
 
     try:
         mlflow.MlflowClient(uri)  # builds the store: the scheme, the driver, the file store
@@ -141,6 +163,11 @@ def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI") -> None:
             )
             fix = f"set {FILE_STORE_OPT_IN}=true, or {fix}"
         raise TrackingStoreError(f"MLflow tracking URI {uri} ({source}): {first}; {fix}") from None
+    except SQLAlchemyError as e:  # a file that is not a database, a folder it cannot write
+        why = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        raise TrackingStoreError(
+            f"MLflow tracking URI {uri} ({source}): its database cannot be used ({why}); {fix}"
+        ) from None
     _OPENED.add(uri)
 
 
@@ -156,6 +183,11 @@ def ensure_experiment(cfg: TrackingConfig) -> str:
     explicit artifact location next to a sqlite store."""
     import mlflow
 
+    if not cfg.experiment.strip():
+        raise ConfigError(
+            f"tracking.experiment: {cfg.experiment!r} is empty; name the MLflow experiment "
+            "(the default is vfm)"
+        )
     uri = open_tracking_store(cfg)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(cfg.experiment)
@@ -163,9 +195,8 @@ def ensure_experiment(cfg: TrackingConfig) -> str:
         if KIND_TAG not in exp.tags:
             mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, KIND_TAG, TRAINING_KIND)
         return exp.experiment_id
-    location = None
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    db = sqlite_path(uri)
+    location = (db.resolve().parent / "artifacts").as_uri() if db is not None else None
     try:
         return mlflow.create_experiment(
             cfg.experiment, artifact_location=location, tags={KIND_TAG: TRAINING_KIND}

@@ -59,6 +59,13 @@ def test_tokenizers_that_do_not_fit_are_refused(ar_run, tmp_path):
             tmp_path / "p.mp4",
             text_emb=EMB,
         )
+    # --steps sets a diffusion sampler: refused here as --temperature is for a DiT run
+    with pytest.raises(
+        GenerateError,
+        match=r"^--steps: denoising steps of diffusion runs; this run's model.arch is 'ar' \(its "
+        "sampler draws one token per latent position",
+    ):
+        generate(ar_run, GenerateRequest(prompt="x", frames=9, steps=4), tmp_path / "s.mp4")
 
 
 def test_evaluate_autoregressive_run(ar_run, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -255,3 +256,52 @@ def test_result_is_json_serialisable(tiny_run, tiny_tokenizer, prompt_emb, tmp_p
     )
     doc = json.loads(json.dumps(res.to_dict()))
     assert doc["mp4"].endswith("j.mp4") and doc["seed"] == 0
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(tiny_run, tmp_path, capsys):
+    """Bytes that are not UTF-8 reach Python as lone surrogates: refused naming --prompt (was a
+    TypeError traceback from the tokenizer)."""
+    from vfm_core.cli import main as vfm_main
+
+    bad = "red \udcff\udcfe circle"  # $'red \xff\xfe circle' on the command line
+    with pytest.raises(GenerateError, match=r"^--prompt: not valid UTF-8 text \(at character 4: "):
+        generate(tiny_run, _req(prompt=bad), tmp_path / "x.mp4")
+    argv = ["generate", "--checkpoint", str(tiny_run), "--prompt", bad]
+    assert vfm_main([*argv, "--out", str(tmp_path / "y.mp4")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vfm generate: error: --prompt: not valid UTF-8") and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_prompt_longer_than_the_encoder_or_the_model_takes_is_cut_with_a_warning():
+    import warnings
+
+    from vfm_core.infer.generate import embed_prompt
+
+    with pytest.warns(UserWarning) as caught:  # pooled MiniLM (runs without a text record)
+        embed_prompt("a red circle " * 300 + "moving right", text_len=8)
+    (w,) = caught
+    assert re.fullmatch(
+        r"--prompt: \d+ tokens, more than the text encoder's limit of 256: cut to its first 256 "
+        r"tokens \(the rest does not condition the video\)",
+        str(w.message),
+    )
+    tokens = {"model": "all-MiniLM-L6-v2", "mode": "tokens", "max_tokens": 512, "normalize": True}
+    with pytest.warns(UserWarning, match=r"^--prompt: 11 tokens, more than model.text_len of 8: "):
+        assert embed_prompt(PROMPT, record=tokens, text_len=8).shape == (11, 384)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # what fits: no warning
+        embed_prompt(PROMPT, text_len=8)
+        embed_prompt("a red disc", record=tokens, text_len=8)
+
+
+def test_nan_weights_write_no_video(prompt_emb, tmp_path):
+    run = make_run(tmp_path / "nan", scale=math.nan)
+    (ckpt,) = (run / "checkpoints").iterdir()
+    with pytest.raises(
+        GenerateError,
+        match=rf"^checkpoint {ckpt}: the sampled latent holds NaN or inf \(\d+ of its weight "
+        r"tensors hold NaN or inf, e\.g\. ",
+    ):
+        generate(run, _req(frames=5, steps=1), tmp_path / "x.mp4", text_emb=prompt_emb)
+    assert not (tmp_path / "x.mp4").exists() and not (tmp_path / "x.latent.npy").exists()

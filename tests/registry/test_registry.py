@@ -236,3 +236,30 @@ def test_a_version_outlives_its_run_and_tokenizer_folders(
     assert decode_frames(str(out)).shape == (5, 32, 32, 3)
     model = mlflow.pyfunc.load_model(f"models:/{NAME}/1")
     assert model.predict({"prompt": "a red disc", "steps": 2})["frames"][0] == 5
+
+
+@pytest.mark.parametrize(
+    "rows, match",
+    [
+        (
+            {"prompt": [None]},
+            r"^predict: row 0, column 'prompt': expected the text of a prompt, got None$",
+        ),
+        ({"prompt": ["a", 5]}, r"^predict: row 1, column 'prompt': .* got 5$"),
+        (
+            {"prompt": ["a"], "frames": [2.5]},
+            r"^predict: row 0, column 'frames': expected an integer, got 2.5$",
+        ),
+        (
+            [{"prompt": "a", "guidance": "high"}],
+            r"^predict: row 0, column 'guidance': expected a number, got 'high'$",
+        ),
+    ],
+)
+def test_predict_names_the_row_and_column_of_bad_input(rows, match):
+    """Checked before any model work: the input alone decides (no load_context needed)."""
+    from vfm_core.infer.shapes import GenerateError
+    from vfm_core.registry.pyfunc import VideoModel
+
+    with pytest.raises(GenerateError, match=match):
+        VideoModel().predict(None, rows)

@@ -23,7 +23,7 @@ from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
 from vfm_core.train import checkpoint as checkpoint_mod
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer
-from vfm_core.train.integrity import MANIFEST_FILE, verify
+from vfm_core.train.integrity import MANIFEST_FILE, verify, write_manifest
 from vfm_core.train.main import main as train_main
 from vfm_core.train.main import run_training
 from vfm_core.train.trainer import Trainer
@@ -110,6 +110,14 @@ def _no_manifest(ck: Path) -> str:
     return f"{MANIFEST_FILE}: missing (the save did not finish"
 
 
+def _garbage_sealed(ck: Path) -> str:
+    """Garbage in place of the tensors, the manifest hashed again to match it."""
+    f = _shard(ck)
+    f.write_bytes(b"\xff" * 5000)
+    write_manifest(ck, step=int(ck.name.removeprefix("step_")))
+    return f"{f.name}: not a readable safetensors file (Error while deserializing header"
+
+
 DAMAGE = {
     "truncate": _truncate,
     "flip": _flip,
@@ -117,6 +125,7 @@ DAMAGE = {
     "state_json": _bad_state_json,
     "manifest_json": _bad_manifest,
     "no_manifest": _no_manifest,
+    "garbage_sealed": _garbage_sealed,
 }
 
 
@@ -186,6 +195,54 @@ def test_resume_from_picks_a_checkpoint_and_refuses_a_damaged_one(run, trained, 
     ):
         run_training(_cfg(), out_dir=run, resume_from=two, progress=False)
     assert vfm_main(["checkpoint", "verify", str(two)]) == 1
+
+
+def test_manifest_entries_outside_the_folder_and_unlisted_files_are_problems(run, capsys):
+    """A manifest naming ../x, /x or sub/x is malformed (nothing outside the checkpoint is
+    read); a tensor or JSON file the manifest does not list is named, not passed as ok (other
+    files, never opened, are left alone)."""
+    ck = run / "checkpoints" / "step_00000002"
+    outside = run / "outside.txt"
+    outside.write_text("not part of the checkpoint\n")
+    good = (ck / MANIFEST_FILE).read_text()
+    for name in ("../../outside.txt", str(outside), "sub/state.json", ".."):
+        doc = json.loads(good)
+        doc["files"][name] = {"bytes": outside.stat().st_size, "sha256": "0" * 64}
+        (ck / MANIFEST_FILE).write_text(json.dumps(doc))
+        (problem,) = verify(ck)
+        assert str(problem) == (
+            f"checkpoint {ck}: {MANIFEST_FILE}: entry {name!r} is not a file name inside the "
+            "checkpoint folder"
+        )
+    (ck / MANIFEST_FILE).write_text(good)
+    (ck / "x.pkl").write_bytes(b"\x80\x04K\x01.")  # never opened: not a loader's file
+    assert verify(ck) == []
+    (ck / "extra.json").write_text("{}")
+    capsys.readouterr()
+    assert vfm_main(["checkpoint", "verify", str(ck)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"BAD  {ck}: extra.json: not listed in the manifest (added after the save)"
+    )
+
+
+def test_a_sealed_tensor_of_another_shape_is_one_line_naming_the_checkpoint(run):
+    """The manifest matches the files, but a tensor has another shape than the model's."""
+    from safetensors.torch import load_file, save_file
+
+    ck = run / "checkpoints" / "step_00000002"
+    shard = _shard(ck)
+    tensors = load_file(shard)
+    tensors["ema.x_embedder.weight"] = torch.zeros(3, 3)
+    save_file(tensors, shard)
+    write_manifest(ck, step=2)
+    assert verify(ck) == []  # a well-formed checkpoint, of the wrong tensor
+    with pytest.raises(CheckpointError) as e:
+        load_trainer(CheckpointManager(run), Trainer(_cfg()), ck)
+    assert str(e.value).startswith(
+        f"checkpoint {ck}: *.safetensors: cannot load the tensors (Size mismatch between saved "
+        "torch.Size([3, 3]) and current"
+    )
+    assert "ema.x_embedder.weight" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_retention_never_loses_the_last_good_checkpoint(tmp_path, monkeypatch):

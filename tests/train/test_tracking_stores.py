@@ -104,3 +104,31 @@ def test_a_store_the_flag_names_is_refused_naming_the_flag(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{uri} (--tracking-uri): no server answers" in err, err
     assert "MLFLOW_TRACKING_URI" not in err
+
+
+def test_a_sqlite_file_that_is_not_a_database_is_one_line(tmp_path, capsys):
+    """vfm report (and vfm train, vfm generate --checkpoint models:/...) on sqlite:///FILE where
+    FILE is no database: one line naming the URI and the flag, not sqlalchemy's traceback."""
+    (tmp_path / "notes.txt").write_text("hi\n")
+    uri = f"sqlite:///{tmp_path / 'notes.txt'}"
+    assert vfm_main(["report", "--study", "s", "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{uri} (--tracking-uri): its database cannot be used (file is not a database)" in err
+
+
+def test_report_never_creates_a_store_at_a_mistyped_path(tmp_path, capsys):
+    db = tmp_path / "typo" / "dir" / "x.db"
+    assert vfm_main(["report", "--study", "s", "--tracking-uri", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"(--tracking-uri): no database at {db} " in err, err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_an_empty_experiment_name_names_the_setting(tmp_path):
+    from vfm_core.config import ConfigError, TrackingConfig
+    from vfm_core.tracking import ensure_experiment
+
+    cfg = TrackingConfig(experiment="", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    with pytest.raises(ConfigError, match=r"^tracking.experiment: '' is empty; name the MLflow"):
+        ensure_experiment(cfg)

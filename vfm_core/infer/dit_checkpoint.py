@@ -22,13 +22,13 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors import safe_open
-from torch.distributed.checkpoint import HuggingFaceStorageReader
+from safetensors import SafetensorError, safe_open
+from torch.distributed.checkpoint import CheckpointException, HuggingFaceStorageReader
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.config import Config, ConfigError, load_yaml, model_config_mismatch, to_dict, validate
 from vfm_core.models.dit import DiT, build_model
-from vfm_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
+from vfm_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager, dcp_error_line
 
 __all__ = ["LoadedDiT", "load_dit", "resolve_checkpoint"]
 
@@ -112,7 +112,7 @@ def _saved_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
                     full = tuple(o + s for o, s in zip(offs, shape))
                     old = shapes.get(name, full)
                     shapes[name] = tuple(max(a, b) for a, b in zip(old, full))
-        except (OSError, ValueError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, SafetensorError) as e:  # JSONDecodeError: a ValueError
             raise CheckpointError(f"checkpoint {ckpt}: cannot read {f.name} ({e})") from None
     return shapes
 
@@ -177,8 +177,10 @@ def load_dit(
         warnings.simplefilter("ignore", UserWarning)
         try:
             dcp.load(buffers, storage_reader=HuggingFaceStorageReader(str(ckpt)), no_dist=True)
-        except Exception as e:  # DCP wraps reader errors in CheckpointException
-            raise CheckpointError(f"checkpoint {ckpt}: cannot load tensors ({e})") from None
+        except (Exception, CheckpointException) as e:  # CheckpointException: BaseException
+            raise CheckpointError(
+                f"checkpoint {ckpt}: cannot load tensors ({dcp_error_line(e)})"
+            ) from None
     state = {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
     model.load_state_dict(state, strict=True)
     model = model.to(device).eval().requires_grad_(False)

@@ -183,10 +183,27 @@ def prompt_encoder(record: dict[str, Any] | None) -> Any:
     return _ENCODERS[key]
 
 
-def embed_prompt(prompt: str, *, record: dict[str, Any] | None = None) -> np.ndarray:
+def embed_prompt(
+    prompt: str, *, record: dict[str, Any] | None = None, text_len: int | None = None
+) -> np.ndarray:
     """Prompt -> (l, Dt) float32 with the encoder of the run's text ``record`` (l per-token
-    vectors, or l = 1 pooled)."""
-    return prompt_encoder(record).encode([check_prompt(prompt)])[0]
+    vectors, or l = 1 pooled). A prompt longer than the encoder reads, or (per-token vectors)
+    than the model's ``text_len``, is cut: one warning says to how many tokens."""
+    encoder = prompt_encoder(record)
+    prompt = check_prompt(prompt)
+    n = len(encoder.tokenizer(prompt, verbose=False)["input_ids"])  # with the special tokens
+    # sentence-transformers cut at max_seq_length (at most max_tokens), T5 at max_tokens
+    kept = getattr(encoder.model, "max_seq_length", None) or encoder.spec.max_tokens
+    why = "the text encoder's limit"
+    if encoder.spec.mode == "tokens" and text_len and text_len < kept:
+        kept, why = text_len, "model.text_len"
+    if n > kept:
+        warnings.warn(
+            f"--prompt: {n} tokens, more than {why} of {kept}: cut to its first {kept} tokens "
+            "(the rest does not condition the video)",
+            stacklevel=2,
+        )
+    return encoder.encode([prompt])[0]
 
 
 def null_condition(record: dict[str, Any] | None, *, text_len: int, text_dim: int) -> torch.Tensor:
@@ -308,7 +325,7 @@ def generate(
     )
     prompt = prompt_ids(cfg, request, decoder, plan, s) if ar else None  # (1, P) or None
     if text_emb is None:
-        text_emb = embed_prompt(request.prompt, record=loaded.text)
+        text_emb = embed_prompt(request.prompt, record=loaded.text, text_len=cfg.model.text_len)
     text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
     null = null_condition(loaded.text, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
     show = request.progress and (world == 1 or dist.get_rank() == 0)
@@ -333,6 +350,7 @@ def generate(
             null_text=null,
             progress=show,
         )
+    _refuse_not_finite(latent, loaded)  # the same latent on every rank: every rank refuses
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank = dist.get_rank() if ranks > 1 else 0
@@ -350,6 +368,10 @@ def generate(
                     stacklevel=2,
                 )
                 video = latent_preview(latent, temporal_factor=t_c, spatial_factor=s)
+        if not torch.isfinite(video).all():
+            raise GenerateError(
+                f"tokenizer {tok_path}: the decoded frames hold NaN or inf; no video written"
+            )
         paths = write_outputs(
             to_uint8_frames(video[0]), latent[0].numpy(), out, fps=request.fps, gif=request.gif
         )
@@ -406,6 +428,23 @@ def read_result(path: str | Path) -> GenerateResult:
     d = json.loads(Path(path).read_text())
     d["size"], d["latent_shape"] = tuple(d["size"]), tuple(d["latent_shape"])
     return GenerateResult(**d)
+
+
+def _refuse_not_finite(latent: torch.Tensor, loaded: LoadedDiT) -> None:
+    """A latent holding NaN or inf is never decoded into a video: one line naming the checkpoint
+    and, when its weights are the cause, one of the tensors that are not finite."""
+    if torch.isfinite(latent).all():
+        return
+    bad = [n for n, p in loaded.model.named_parameters() if not torch.isfinite(p).all()]
+    why = (
+        f"{len(bad)} of its weight tensors hold NaN or inf, e.g. {bad[0]}"
+        if bad
+        else "its weights are finite; a lower --guidance may keep it finite"
+    )
+    raise GenerateError(
+        f"checkpoint {loaded.checkpoint}: the sampled latent holds NaN or inf ({why}); no video "
+        "written"
+    )
 
 
 def _resident_bytes(model: torch.nn.Module, decoder: Any) -> float:

@@ -143,6 +143,13 @@ def check_options(request: GenerateRequest) -> None:
 def check_prompt(prompt: str) -> str:
     if not isinstance(prompt, str) or not prompt.strip():
         raise GenerateError(f"--prompt {prompt!r}: the prompt is empty; describe the video")
+    try:  # bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GenerateError(
+            f"--prompt: not valid UTF-8 text (at character {e.start}: "
+            f"{prompt[e.start : e.end]!r}); pass the prompt as UTF-8"
+        ) from None
     return prompt.strip()
 
 
@@ -211,6 +218,13 @@ def plan_request(
     ar = cfg.model.arch == "ar"
     if ar:
         channels = tok.latent_channels if tok else len(synthetic_levels(cfg.model))
+        _refuse_other_family(
+            cfg,
+            request,
+            ("steps",),
+            "denoising steps of diffusion runs",
+            "draws one token per latent position: --temperature, --top-k, --top-p, --guidance",
+        )
     else:
         channels = cfg.model.in_channels
         if request.prompt_tokens is not None or request.prompt_video is not None:
@@ -218,18 +232,13 @@ def plan_request(
                 "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
                 f"prompt; this run's model.arch is {cfg.model.arch!r}"
             )
-        defaults = {f.name: f.default for f in fields(GenerateRequest)}
-        given = [
-            "--" + name.replace("_", "-")
-            for name in ("temperature", "top_k", "top_p")  # the token draws' settings
-            if getattr(request, name) != defaults[name]
-        ]
-        if given:
-            raise GenerateError(
-                f"{' / '.join(given)}: token sampling settings of autoregressive runs; this "
-                f"run's model.arch is {cfg.model.arch!r} (its sampler takes --steps and "
-                "--guidance)"
-            )
+        _refuse_other_family(
+            cfg,
+            request,
+            ("temperature", "top_k", "top_p"),  # the token draws' settings
+            "token sampling settings of autoregressive runs",
+            "takes --steps and --guidance",
+        )
     t_c, s = (tok.temporal_factor, tok.spatial_factor) if tok else PREVIEW_FACTORS
     plan = plan_latent(
         request.frames,
@@ -250,6 +259,20 @@ def plan_request(
             spatial_factor=s,
         )
     return plan, t_c, s
+
+
+def _refuse_other_family(
+    cfg: Config, request: GenerateRequest, names: tuple[str, ...], what: str, takes: str
+) -> None:
+    """Refuse the request's fields ``names`` set away from their defaults: ``what`` they are,
+    and what this run's sampler ``takes`` instead, never silently ignored."""
+    defaults = {f.name: f.default for f in fields(GenerateRequest)}
+    given = ["--" + n.replace("_", "-") for n in names if getattr(request, n) != defaults[n]]
+    if given:
+        raise GenerateError(
+            f"{' / '.join(given)}: {what}; this run's model.arch is {cfg.model.arch!r} (its "
+            f"sampler {takes})"
+        )
 
 
 def decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, world: int):

@@ -76,7 +76,9 @@ def generate_request(
     if request.prompt_tokens or request.prompt_video:
         ids = ar_prompt_ids(cfg, request, tokenizer=tokenizer)
     # (l, Dt) as the run's captions were embedded (RUN/text.json); empty prompt -> GenerateError
-    emb = embed_prompt(request.prompt, record=read_text_record(run_dir))
+    emb = embed_prompt(
+        request.prompt, record=read_text_record(run_dir), text_len=cfg.model.text_len
+    )
     with tempfile.TemporaryDirectory(prefix="vfm-generate-") as tmp:
         emb_path, ids_path = Path(tmp) / "prompt.npy", Path(tmp) / "prompt.tokens.npy"
         if ids is not None:  # the checked ids go on as the prompt (a video is encoded once)

@@ -90,7 +90,7 @@ def study_runs(study: str, *, tracking_uri: str | None = None, warmup: int = 2) 
     from vfm_core.tracking import open_store, tracking_uri_from
 
     uri, source = tracking_uri_from(tracking_uri, "--tracking-uri")
-    open_store(uri, source=source)
+    open_store(uri, source=source, existing=True)  # a report never creates a store
     client = mlflow.MlflowClient(tracking_uri=uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(

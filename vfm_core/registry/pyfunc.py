@@ -25,12 +25,16 @@ from typing import Any
 import mlflow.pyfunc
 import pandas as pd
 
+from vfm_core.infer.shapes import GenerateError, parse_size
+
 __all__ = ["MODEL_CODE", "VideoModel", "stage_artifacts"]
 
 MODEL_CODE = Path(__file__).with_name("model_code.py")
 """The models-from-code file logged as ``python_model``."""
 DEFAULTS = {"frames": 5, "size": "32x32", "seed": 0, "steps": None, "guidance": None}
 """Per-row defaults of ``predict`` (a small, fast clip)."""
+NUMBERS = {"frames": int, "seed": int, "steps": int, "guidance": float}
+"""The numeric input columns and their types."""
 
 
 def stage_artifacts(run_dir: Path, ckpt: Path, dst: Path, *, tokenizer: str | None) -> dict:
@@ -53,7 +57,8 @@ def stage_artifacts(run_dir: Path, ckpt: Path, dst: Path, *, tokenizer: str | No
 
 
 def _rows(model_input: Any) -> list[dict[str, Any]]:
-    """DataFrame / dict of lists / dict of scalars / list of records -> records."""
+    """DataFrame / dict of lists / dict of scalars / list of records -> records, each with a
+    text prompt and numbers of the right type (else an error naming the row and the column)."""
     if isinstance(model_input, dict):
         model_input = pd.DataFrame(
             model_input
@@ -63,14 +68,34 @@ def _rows(model_input: Any) -> list[dict[str, Any]]:
     elif isinstance(model_input, list):
         model_input = pd.DataFrame(model_input)
     if not isinstance(model_input, pd.DataFrame) or "prompt" not in model_input.columns:
-        from vfm_core.infer.shapes import GenerateError
-
         raise GenerateError("predict: expected a table with a 'prompt' column")
     rows = []
-    for rec in model_input.to_dict("records"):
+    for i, rec in enumerate(model_input.to_dict("records")):
         row = {**DEFAULTS, **{k: v for k, v in rec.items() if not _missing(v)}}
+        if not isinstance(row.get("prompt"), str):
+            raise GenerateError(
+                f"predict: row {i}, column 'prompt': expected the text of a prompt, got "
+                f"{rec['prompt']!r}"
+            )
+        for col, kind in NUMBERS.items():
+            if row[col] is not None:
+                row[col] = _number(i, col, row[col], kind)
         rows.append(row)
     return rows
+
+
+def _number(i: int, col: str, value: Any, kind: type) -> int | float:
+    """``value`` of row ``i``'s column ``col`` as ``kind``; 2.5 is not an int."""
+    try:
+        x = kind(value)
+        if x != float(value):
+            raise ValueError(value)
+    except (TypeError, ValueError):
+        what = "an integer" if kind is int else "a number"
+        raise GenerateError(
+            f"predict: row {i}, column {col!r}: expected {what}, got {value!r}"
+        ) from None
+    return x
 
 
 def _missing(v: Any) -> bool:
@@ -89,20 +114,19 @@ class VideoModel(mlflow.pyfunc.PythonModel):
     # a DataFrame hint: MLflow infers no schema from it (dicts and records pass through too)
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from vfm_core.infer.generate import GenerateRequest, generate
-        from vfm_core.infer.shapes import parse_size
 
         out = []
         with tempfile.TemporaryDirectory(prefix="vfm-pyfunc-") as tmp:
             for i, row in enumerate(_rows(model_input)):
                 height, width = parse_size(str(row["size"]))
                 request = GenerateRequest(
-                    prompt=str(row["prompt"]),
-                    frames=int(row["frames"]),
+                    prompt=row["prompt"],
+                    frames=row["frames"],
                     height=height,
                     width=width,
-                    seed=int(row["seed"]),
-                    steps=None if row["steps"] is None else int(row["steps"]),
-                    guidance=None if row["guidance"] is None else float(row["guidance"]),
+                    seed=row["seed"],
+                    steps=row["steps"],
+                    guidance=row["guidance"],
                     gif=False,
                     progress=False,
                 )

@@ -95,7 +95,7 @@ def resolve_model_uri(uri: str, *, cache_dir: str | Path | None = None) -> Resol
 
     name, alias, version = parse_model_uri(uri)
     store, source = tracking_uri_from(None, "")
-    open_store(store, source=source)  # a server that does not answer: one line, not minutes
+    open_store(store, source=source, existing=True)  # one line, not minutes or a new store
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     try:
         mv = (

@@ -80,12 +80,23 @@ __all__ = [
     "STATE_FILE",
     "CheckpointError",
     "CheckpointManager",
+    "dcp_error_line",
     "load_trainer",
     "save_trainer",
 ]
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _LEFTOVER = re.compile(r"^step_\d{8}\.(tmp|del|old)$")
+
+
+def dcp_error_line(error: BaseException) -> str:
+    """One line for an error of a DCP load: a rank's own error (``Size mismatch between saved
+    torch.Size([3, 3]) and current ...``) rather than DCP's CheckpointException, whose text is
+    every rank's traceback."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _from_rank0(obj: Any) -> Any:
@@ -381,10 +392,10 @@ class CheckpointManager:
             warnings.simplefilter("ignore", UserWarning)
             try:
                 dcp.load(buffers, storage_reader=HuggingFaceStorageReader(str(path)))
-            except Exception as e:  # DCP wraps per-rank errors
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            except (Exception, CheckpointException) as e:  # CheckpointException: BaseException
                 raise CheckpointError(
-                    f"checkpoint {path}: *.safetensors: cannot load the tensors ({first})"
+                    f"checkpoint {path}: *.safetensors: cannot load the tensors "
+                    f"({dcp_error_line(e)})"
                 ) from e
         mine = restrict_skeleton(skeleton, set(tensors))
         return restore_int_keys(join_state(mine, buffers), template)

@@ -11,8 +11,12 @@ saves), fsyncs it and only then renames ``step_N.tmp`` to ``step_N``. A crash at
 leaves either a ``.tmp`` folder (never listed) or a folder without a manifest (never loaded).
 
 :func:`verify` checks a folder against its manifest: every listed file present with its size
-and sha256, no unlisted tensor or JSON file. Each problem is a :class:`Problem`, whose string is
-the one line the user sees: ``checkpoint DIR: FILE: what is wrong``. Nothing here unpickles.
+and sha256 and readable as what its name says (a safetensors header, JSON: a manifest hashed
+again after the files were replaced does not make garbage a checkpoint), no unlisted tensor or
+JSON file. A manifest entry must be a plain file name: one that leads out of the folder
+(``../x``, ``/etc/x``, ``sub/x``) makes the manifest malformed, and nothing is read. Each problem
+is a :class:`Problem`, whose string is the one line the user sees: ``checkpoint DIR: FILE: what
+is wrong``. Nothing here unpickles.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
+
 __all__ = ["MANIFEST_FILE", "Problem", "file_digest", "read_manifest", "verify", "write_manifest"]
 
 MANIFEST_FILE = "manifest.json"
@@ -31,7 +37,8 @@ FORMAT = "vfm-checkpoint-manifest"
 VERSION = 1
 _CHUNK = 8 << 20
 _CHECKED_SUFFIXES = (".safetensors", ".json")
-"""Files a loader would read: one of these that the manifest does not list is a problem."""
+"""Files a loader would read: one of these that the manifest does not list is a problem (other
+files, a note beside the tensors, are never opened)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,9 @@ def read_manifest(folder: Path) -> tuple[dict | None, Problem | None]:
     if doc.get("version") != VERSION:
         return None, Problem(folder, MANIFEST_FILE, f"unknown version {doc.get('version')!r}")
     for name, entry in files.items():
+        if name in ("", ".", "..") or name != Path(name).name or "\\" in name or "\0" in name:
+            why = f"entry {name!r} is not a file name inside the checkpoint folder"
+            return None, Problem(folder, MANIFEST_FILE, why)
         if not (
             isinstance(entry, dict)
             and isinstance(entry.get("bytes"), int)
@@ -145,7 +155,28 @@ def verify(folder: str | Path, *, hashes: bool = True) -> list[Problem]:
                         "sha256 differs from the manifest (the file was modified or corrupted)",
                     )
                 )
+    damaged = {p.file for p in problems}
+    for name in present:
+        if name not in damaged and (why := _unreadable(folder / name)):
+            problems.append(Problem(folder, name, why))
     for p in sorted(folder.iterdir()):
         if p.name not in files and p.name != MANIFEST_FILE and p.suffix in _CHECKED_SUFFIXES:
-            problems.append(Problem(folder, p.name, "not listed in the manifest"))
+            problems.append(
+                Problem(folder, p.name, "not listed in the manifest (added after the save)")
+            )
     return problems
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why ``path`` cannot be read as what its name says (a safetensors header and the tensor
+    offsets in it, JSON), or None."""
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="numpy"):
+                return None
+        if path.suffix == ".json":
+            json.loads(path.read_bytes())
+    except (OSError, ValueError, SafetensorError) as e:  # UnicodeDecodeError is a ValueError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"not a readable {path.suffix[1:]} file ({first})"
+    return None
