@@ -119,3 +119,5 @@ def test_the_config_files_recipe_is_the_base_unless_another_is_named(tmp_path):
     assert _config(build_parser().parse_args([*argv, "--recipe", "ar-tiny"])) == cfg
     with pytest.raises(ConfigError, match="recipe: ar-tiny but --recipe dit-tiny"):
         _config(build_parser().parse_args([*argv, "--recipe", "dit-tiny"]))
+    with pytest.raises(ConfigError, match="--out is empty"):  # it trained into the cwd
+        _config(build_parser().parse_args(["train", "--steps", "1", "--out", ""]))

@@ -48,6 +48,8 @@ from vfm_core.recipes import get_recipe
 def _config(args: argparse.Namespace):
     """The run's config: the recipe (``--recipe``, else the config file's ``recipe``, else
     dit-tiny), the config file on top, then ``--set`` and the flags."""
+    if getattr(args, "out", None) is not None and not args.out.strip():
+        raise ConfigError("--out is empty: name the run's directory")  # '' read as the cwd
     path = getattr(args, "config", None)
     data = read_yaml(path) if path else {}
     named = data.get("recipe")

@@ -67,6 +67,10 @@ def test_minilm_tokens_are_trimmed_unit_vectors_and_the_null_is_the_empty_captio
     assert not np.allclose(a[-2], minilm.encode(["a red circle moving left"])[0][-2], atol=0.05)
     assert minilm.null().shape == (2, 384)  # "" -> [CLS] [SEP]
     assert minilm.truncated == 0
+    # MiniLM cuts at its max_seq_length, 256, below max_tokens (512): counted there
+    before = minilm.truncated
+    (cut,) = minilm.encode(["word " * 300])
+    assert cut.shape[0] == minilm.limit == 256 and minilm.truncated == before + 1
 
 
 def test_pooled_mode_is_the_sentence_embedding_the_pipeline_used_before():

@@ -132,6 +132,7 @@ class TextEncoder:
             self.model = SentenceTransformer(str(path), device=self.device)
         self.tokenizer = self.model.tokenizer
         self.model.max_seq_length = min(self.model.max_seq_length or 512, self.spec.max_tokens)
+        self.limit = int(self.model.max_seq_length)  # MiniLM: 256, below max_tokens
         get_dim = getattr(self.model, "get_embedding_dimension", None) or (
             self.model.get_sentence_embedding_dimension
         )
@@ -144,13 +145,14 @@ class TextEncoder:
             self.tokenizer = AutoTokenizer.from_pretrained(str(path))
             self.model = T5EncoderModel.from_pretrained(str(path)).to(self.device).eval()
         self.dim = int(self.model.config.d_model)
+        self.limit = self.spec.max_tokens
 
     # ------------------------------------------------------------------ encoding
     def _count_cut(self, captions: list[str]) -> None:
         for c in captions:
             ids = self.tokenizer(c, add_special_tokens=True, verbose=False)["input_ids"]
             n = len(ids)
-            self.truncated += int(n > self.spec.max_tokens)
+            self.truncated += int(n > self.limit)  # the length the model cuts at
 
     def _token_embeddings(self, captions: list[str]) -> list[np.ndarray]:
         import torch
