@@ -96,7 +96,9 @@ class PipelineParams(BaseModel):
         ],  # held out of the sample
         description="one generated video per prompt ([] = no generation)",
     )
-    generate_steps: int = Field(24, ge=1, le=1000, description="sampler steps per video")
+    generate_steps: int = Field(
+        24, ge=1, le=1000, description="sampler steps per video (diffusion family)"
+    )
     top_k: int = Field(
         0,
         ge=0,
@@ -378,7 +380,7 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
             prompts=p.prompts,
             frames=frames,
             size=size,
-            steps=p.generate_steps,
+            steps=p.generate_steps if p.family == "diffusion" else None,  # AR: one per token
             tokenizer=tok_dir,
             out_dir=f"{work}/generated",
             experiment=p.experiment,

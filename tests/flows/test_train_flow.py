@@ -77,7 +77,7 @@ def test_bad_layouts_in_the_form_fail_before_launch(prefect_api, tmp_path):
     with pytest.raises(ValidationError, match="dp_shard"):
         TrainParams(dp_shard=0)
     with pytest.raises(Exception, match="does not divide the world size 2"):
-        train_flow(TrainParams(steps=1, out_dir=str(tmp_path / "x"), nproc=2, tp=3))
+        train_flow(TrainParams(steps=1, out_dir=str(tmp_path / "x"), nproc=2, tp=4))
     with pytest.raises(Exception, match="--max-restarts 1: restarts resume from the last"):
         train_flow(TrainParams(steps=1, out_dir=str(tmp_path / "y"), max_restarts=1))
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
