@@ -26,6 +26,7 @@ from vfm_core.config_build import (  # noqa: F401  (re-exported: ConfigError, bu
     build_settings,
     parse_override,
     parse_yaml,
+    read_yaml,
     to_dict,
     yaml_problem,
 )
@@ -471,26 +472,6 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         (section, name), value = parse_override(text)
         nested.setdefault(section, {})[name] = value
     return merge(cfg, nested)
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML run config file as a mapping of sections (a key twice is an error, as is a file
-    that is not UTF-8 text), each problem one line naming the file."""
-    path = Path(path)
-    try:
-        data = parse_yaml(path.read_bytes().decode("utf-8")) or {}
-    except OSError as e:
-        raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"config file {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-            f"{e.start})"
-        ) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path}: not valid YAML ({yaml_problem(e)})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of sections")
-    return data
 
 
 def load_yaml(path: str | Path, base: Config | None = None) -> Config:

@@ -17,6 +17,7 @@ import dataclasses
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -113,6 +114,26 @@ def yaml_problem(e: yaml.YAMLError) -> str:
     if mark is not None and problem:
         return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
     return " ".join(str(e).split())
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML run config file as a mapping of sections (a key twice is an error, as is a file
+    that is not UTF-8 text), each problem one line naming the file."""
+    path = Path(path)
+    try:
+        data = parse_yaml(path.read_bytes().decode("utf-8")) or {}
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+            f"{e.start})"
+        ) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path}: not valid YAML ({yaml_problem(e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of sections")
+    return data
 
 
 def to_dict(obj: Any) -> Any:
