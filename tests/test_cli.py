@@ -121,3 +121,33 @@ def test_the_config_files_recipe_is_the_base_unless_another_is_named(tmp_path):
         _config(build_parser().parse_args([*argv, "--recipe", "dit-tiny"]))
     with pytest.raises(ConfigError, match="--out is empty"):  # it trained into the cwd
         _config(build_parser().parse_args(["train", "--steps", "1", "--out", ""]))
+
+
+def test_a_flag_and_a_setting_of_the_same_field_must_agree(tmp_path):
+    """``--tp 2 --set parallel.tp=4`` (or the config file's ``parallel.tp``) trained with the
+    flag's value and said nothing; now one error names both. Equal values, or a flag over the
+    recipe's default, are fine."""
+    from vfm_core.cli import _config
+    from vfm_core.cli_parser import build_parser
+    from vfm_core.config import ConfigError
+
+    base = ["train", "--steps", "3", "--out", str(tmp_path / "o")]
+
+    def config(*argv):
+        return _config(build_parser().parse_args([*base, *argv]))
+
+    for argv, message in [
+        (["--tp", "2", "--set", "parallel.tp=4"], "--tp 2 but --set parallel.tp=4: two values"),
+        (["--seed", "1", "--set", "train.seed=2"], "--seed 1 but --set train.seed=2"),
+        (["--set", "train.steps=5"], "--steps 3 but --set train.steps=5"),
+        (["--set", "train.out_dir=elsewhere"], "--out .* but --set train.out_dir=elsewhere"),
+        (["--no-mlflow", "--set", "tracking.mlflow=true"], "--no-mlflow but --set tracking"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            config(*argv)
+    path = tmp_path / "run.yaml"
+    path.write_text("parallel: {cp: 4}\n")
+    with pytest.raises(ConfigError, match=f"--cp 2 but config file {path}: parallel.cp: 4"):
+        config("--config", str(path), "--cp", "2")
+    assert config("--seed", "7", "--set", "train.seed=7").train.seed == 7
+    assert config("--no-mlflow", "--set", "tracking.mlflow=false").tracking.mlflow is False

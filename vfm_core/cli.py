@@ -63,6 +63,7 @@ def _config(args: argparse.Namespace):
         raise ConfigError(f"config file {path}: recipe: expected a preset name, got {recipe!r}")
     cfg = merge_file(data, path, get_recipe(recipe)) if path else get_recipe(recipe)
     cfg = apply_overrides(cfg, args.set)
+    _refuse_flag_conflicts(args, data, path, cfg)
     extra: dict = {}
     if getattr(args, "steps", None) is not None:
         extra.setdefault("train", {})["steps"] = args.steps
@@ -73,6 +74,42 @@ def _config(args: argparse.Namespace):
     if getattr(args, "no_mlflow", False):
         extra["tracking"] = {"mlflow": False}
     return validate(merge(cfg, extra))
+
+
+def _flag_fields() -> dict[str, tuple[str, str]]:
+    """Flags that set a config field: flag attribute -> (section, field)."""
+    from vfm_core.config import DEGREES
+
+    fields = {"steps": ("train", "steps"), "seed": ("train", "seed"), "out": ("train", "out_dir")}
+    fields["no_mlflow"] = ("tracking", "mlflow")
+    return {**fields, **{d: ("parallel", d) for d in DEGREES}}
+
+
+def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> None:
+    """A flag and ``--set`` / the config file naming the same field with other values is an
+    error naming both (the flag would otherwise win silently)."""
+    sets = {}
+    for text in args.set:
+        key, _, raw = text.partition("=")
+        sets[key.strip().lstrip("-")] = text
+    for attr, (section, name) in _flag_fields().items():
+        flag = getattr(args, attr, None)
+        if flag is None or flag is False:
+            continue
+        value = not flag if attr == "no_mlflow" else flag
+        now = getattr(getattr(cfg, section), name)
+        if now == value or (attr == "out" and str(now) == str(value)):
+            continue
+        key = f"{section}.{name}"
+        option = "--" + attr.replace("_", "-")
+        shown = option if attr == "no_mlflow" else f"{option} {flag}"
+        if key in sets:
+            where = f"--set {sets[key]}"
+        elif isinstance(data.get(section), dict) and name in data[section]:
+            where = f"config file {path}: {key}: {data[section][name]}"
+        else:
+            continue  # the recipe's value: the flag sets it
+        raise ConfigError(f"{shown} but {where}: two values for {key}; keep one of the two")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

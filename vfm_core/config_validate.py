@@ -75,13 +75,17 @@ def _validate_packing(cfg: Config) -> None:
 
 def _validate_blend(d: DataConfig) -> None:
     """``data.blend``: entries ``DIR:WEIGHT`` with weights > 0, not with ``data.shards``, only
-    from shards. The datasets themselves (index.json, caption width, latent channels) are checked
+    from shards (as ``data.shards`` and ``data.tokenizer``). The datasets themselves (index.json, caption width, latent channels) are checked
     against the model by the shard source when it opens them."""
-    if not d.blend:
-        return
-    d.datasets()
-    if d.source != "shards":
-        raise ConfigError(f"data.blend: needs data.source='shards' (got {d.source!r})")
+    if d.source != "shards":  # would be ignored: the run trains on synthetic data
+        for key in ("blend", "shards", "tokenizer"):
+            if getattr(d, key):
+                raise ConfigError(
+                    f"data.{key}: needs data.source='shards' (got {d.source!r}, which would "
+                    f"train on synthetic data and ignore it); set data.source=shards or drop it"
+                )
+    if d.blend:
+        d.datasets()
 
 
 RANGES: tuple[tuple[str, str], ...] = (

@@ -145,8 +145,16 @@ def test_index_cache_is_reused_and_rebuilt_when_the_manifest_changes(tmp_path):
     changed = ClipSearch(str(root)).index("embedding")
     assert changed.built and changed.url != first.url and len(changed.index) == 6
     assert [p.name for p in (root / CACHE_DIR).iterdir()] == [Path(changed.url).name]
+    # the exact and faiss indexes of one manifest live side by side: alternating loads each
+    exact = ClipSearch(str(root), EXACT).index("embedding")
+    assert exact.built and exact.url != changed.url
+    assert not ClipSearch(str(root)).index("embedding").built
+    assert not ClipSearch(str(root), EXACT).index("embedding").built
     Path(changed.url, "rows.json").unlink()  # an incomplete cache folder is rebuilt
     assert ClipSearch(str(root)).index("embedding").built
+    write_clips_dir(root, captions={**CAPTIONS, "c6": "another clip"})  # both are stale now
+    latest = ClipSearch(str(root)).index("embedding")
+    assert [p.name for p in (root / CACHE_DIR).iterdir()] == [Path(latest.url).name]
 
 
 # ----------------------------------------------------------------------------- vfm search

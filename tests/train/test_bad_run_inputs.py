@@ -43,7 +43,7 @@ TINY = [
     "train.ckpt_every=2",
     "train.keep_ckpts=3",
 ]
-CLI_TINY = [a for s in TINY for a in ("--set", s)]
+CLI_TINY = [a for s in TINY if not s.startswith("train.steps=") for a in ("--set", s)]
 
 
 def _cfg(*extra: str):
@@ -90,6 +90,20 @@ def test_a_resumed_run_reports_the_checkpoint_it_wrote_not_a_newer_damaged_one(r
     # a run that had nothing left to train reports the checkpoint it resumed from
     summary = run_training(cfg, out_dir=run, resume_from=ckpts / "step_00000004", progress=False)
     assert summary["checkpoint"] == str(ckpts / "step_00000004")
+
+
+def test_a_resume_with_another_seed_says_the_draws_change(run, capsys):
+    """``--resume --seed N`` with another seed than the run's changes every later step's noise
+    and caption dropout; it trained on silently, now one warning line says so."""
+    capsys.readouterr()
+    cfg = _cfg("train.steps=5", "train.seed=5")
+    at = run / "checkpoints" / "step_00000004"
+    run_training(cfg, out_dir=run, resume_from=at, progress=False)
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if "train.seed" in ln]
+    assert warnings == [
+        "warning: resume: train.seed: 0 in the checkpoint, 5 now: the step's random draws "
+        "(noise, caption dropout) from step 5 differ from the ones the run would have drawn"
+    ]
 
 
 # --------------------------------------------------------------- 2: a torn last metrics line

@@ -51,12 +51,15 @@ def _cfg(shards: Path, *extra: str):
 def test_max_tokens_is_validated_with_the_key_named(shards):
     cfg = _cfg(shards)
     bad = [
-        ("data.max_tokens=-4", r"data.max_tokens: must be >= 0"),
-        ("data.source=synthetic", r"data.max_tokens=32: packing needs data.source='shards'"),
+        (["data.max_tokens=-4"], r"data.max_tokens: must be >= 0"),
+        (
+            ["data.source=synthetic", "data.shards="],
+            r"data.max_tokens=32: packing needs data.source='shards'",
+        ),
     ]
-    for override, msg in bad:
+    for overrides, msg in bad:
         with pytest.raises(ConfigError, match=msg):
-            validate(apply_overrides(cfg, [override]))
+            validate(apply_overrides(cfg, overrides))
     cp3 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, cp=3))
     with pytest.raises(ConfigError, match=r"data.max_tokens=32 is not a multiple of .*cp \* "):
         validate(cp3)

@@ -6,7 +6,8 @@
 ``field`` is ``caption`` (caption text embeddings) or ``embedding`` (the clip embedding column);
 ``key`` digests the manifest's bytes, the field, the index config and the text model, so a changed
 manifest (or config) never reads a stale index: it builds one under a new key and removes the
-older ``{field}-*`` folders. ``rows.json`` is written last: a folder without it is incomplete and
+``{field}-*`` folders of other manifests (those of the same manifest under another index config
+stay, one per config). ``rows.json`` is written last: a folder without it is incomplete and
 rebuilt. Every file carries a checksum (the index's data file in its ``meta.json``, the rows in
 ``rows.json``): a cached index whose bytes changed (flipped bytes in ``index.faiss`` load fine and
 answer with impossible scores and the wrong clips) is rebuilt, with one warning line. A clips dir
@@ -87,14 +88,27 @@ def _rows_digest(rows: object) -> str:
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
-def _prune(root: str, field: str, keep: str) -> None:
-    """Remove ``root/{field}-*`` folders other than ``keep`` (best effort)."""
+def _same_manifest(fs, folder: str, digest: str) -> bool:
+    """Whether the cached index in ``folder`` is complete and of the manifest ``digest``."""
+    try:
+        with fs.open(f"{folder}/{ROWS}", "rb") as f:
+            return json.loads(f.read()).get("manifest") == digest
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _prune(root: str, field: str, keep: str, digest: str) -> None:
+    """Remove the ``root/{field}-*`` folders other than ``keep`` that are not a complete index of
+    the same manifest (``digest``): those of another manifest, or unfinished (best effort). An
+    index of the same manifest under another config (exact / faiss) stays, so alternating
+    between them loads each instead of rebuilding it."""
     try:
         fs, path = storage.filesystem(root)
         for p in fs.ls(path, detail=False):
             name = str(p).rstrip("/").rsplit("/", 1)[-1]
             if name.startswith(f"{field}-") and name != keep:
-                fs.rm(p, recursive=True)
+                if not _same_manifest(fs, str(p).rstrip("/"), digest):
+                    fs.rm(p, recursive=True)
     except (OSError, ValueError) as e:
         log.warning("could not remove old search indexes under %s: %s", root, e)
 
@@ -128,7 +142,7 @@ def cached_index(
                 "rows_sha256": _rows_digest(rows.tolist()),
             }
             storage.write_bytes(storage.join(url, ROWS), json.dumps(rows_meta).encode())
-            _prune(root, field, keep=f"{field}-{key}")
+            _prune(root, field, keep=f"{field}-{key}", digest=manifest.digest)
         except OSError as e:  # StorageError included: read-only clips dir
             log.warning("search index not cached in %s: %s", url, e)
     return CachedIndex(index=index, rows=rows, url=url, built=True)

@@ -4,10 +4,12 @@ of another model shape or data position in one line) and :func:`init_optimizer_s
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from vfm_core.config import model_config_mismatch
 from vfm_core.data.loader import LoaderStateError
@@ -47,8 +49,8 @@ def load_trainer(
     already checked against its manifest."""
     if path is None or not verified:
         path = ckpt.choose(path)
-    saved = ckpt.read_meta(path)["meta"].get("model", {})
-    shown = model_config_mismatch(saved, trainer.meta()["model"], now_label="now")
+    meta = ckpt.read_meta(path)["meta"]
+    shown = model_config_mismatch(meta.get("model", {}), trainer.meta()["model"], now_label="now")
     if shown:
         raise CheckpointError(
             f"checkpoint {path} ({STATE_FILE}) was trained with another model shape ({shown})"
@@ -66,4 +68,12 @@ def load_trainer(
             f"checkpoint {path}: {STATE_FILE}: the saved state does not fit this trainer "
             f"({type(e).__name__}: {first})"
         ) from e
+    seed = trainer.cfg.train.seed
+    if meta.get("seed", seed) != seed and (not dist.is_initialized() or dist.get_rank() == 0):
+        print(
+            f"warning: resume: train.seed: {meta['seed']} in the checkpoint, {seed} now: the "
+            "step's random draws (noise, caption dropout) from step "
+            f"{trainer.step + 1} differ from the ones the run would have drawn",
+            file=sys.stderr,
+        )
     return path

@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import resource
+import sys
 import time
 from typing import Any
 
@@ -211,16 +212,18 @@ class Trainer:
         restore_schedule(self.scheduler, state["sched"])
         self.step = int(state["step"])
         for what in changed if not dist.is_initialized() or dist.get_rank() == 0 else ():
-            log.warning("resume: %s (applies from step %d)", what, self.step + 1)
+            print(f"warning: resume: {what} (applies from step {self.step + 1})", file=sys.stderr)
         self.source.load_state_dict(state["data"])
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides state: the model config (to refuse mismatched
-        resumes), the recipe and the layout it was saved under."""
+        resumes), the recipe, the layout it was saved under and the run's seed (a resume with
+        another one is named)."""
         return {
             "model": to_dict(self.cfg.model),
             "recipe": self.cfg.recipe,
             "parallel": dataclasses.asdict(self.cfg.parallel),
+            "seed": self.cfg.train.seed,
         }
 
     # ------------------------------------------------------------------ one step
