@@ -75,8 +75,9 @@ def _validate_packing(cfg: Config) -> None:
 
 def _validate_blend(d: DataConfig) -> None:
     """``data.blend``: entries ``DIR:WEIGHT`` with weights > 0, not with ``data.shards``, only
-    from shards (as ``data.shards`` and ``data.tokenizer``). The datasets themselves (index.json, caption width, latent channels) are checked
-    against the model by the shard source when it opens them."""
+    from shards (as ``data.shards`` and ``data.tokenizer``). The datasets themselves
+    (index.json, caption width, latent channels) are checked against the model by the shard
+    source when it opens them."""
     if d.source != "shards":  # would be ignored: the run trains on synthetic data
         for key in ("blend", "shards", "tokenizer"):
             if getattr(d, key):
