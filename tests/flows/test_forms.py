@@ -40,7 +40,8 @@ def test_form_config_is_the_override_config_with_typed_values():
     assert to_dict(got) == to_dict(validate(want))
     assert got.diffusion.sigma_data == 1.0 and isinstance(got.diffusion.sigma_data, float)
     # a string that YAML would read as a number stays the string it is
-    assert form_config("dit-tiny", {"data.shards": "1e3"}).data.shards == "1e3"
+    shards = form_config("dit-tiny", {"data.source": "shards", "data.shards": "1e3"}).data.shards
+    assert shards == "1e3"
 
 
 @pytest.mark.parametrize(

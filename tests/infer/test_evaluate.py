@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from vfm_core.config import TrackingConfig
+from vfm_core.config import ConfigError, TrackingConfig
 from vfm_core.infer.dit_checkpoint import load_dit
 from vfm_core.infer.evaluate import (
     EvalConfig,
@@ -58,6 +58,9 @@ def test_heldout_loss_fixed_sigmas_and_deterministic(tiny_run):
         loaded.cfg, EvalConfig(heldout_seed=loaded.cfg.data.seed, batch=2), 4
     )
     assert not np.allclose(lat.numpy(), train_lat.numpy())
+    # held-out shards for a run on synthetic data were ignored: synthetic held-out data instead
+    with pytest.raises(ConfigError, match="heldout_shards=/data/test: the run trained on data.so"):
+        _heldout_batches(loaded.cfg, EvalConfig(heldout_shards="/data/test"), 4)
 
 
 def test_evaluate_end_to_end_logs_to_mlflow(tiny_run, tiny_tokenizer, data_root):

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vfm_core.config import Config
+from vfm_core.config import Config, ConfigError
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
@@ -135,7 +135,12 @@ def _heldout_batches(
     null caption (1, L, Dt) (zeros for sources without a text record)."""
     data = dataclasses.replace(cfg.data, seed=ec.heldout_seed, batch_size=ec.batch)
     if ec.heldout_shards:
-        data = dataclasses.replace(data, shards=ec.heldout_shards)
+        if data.source != "shards":  # make_source would ignore them: synthetic held-out data
+            raise ConfigError(
+                f"heldout_shards={ec.heldout_shards}: the run trained on data.source="
+                f"{data.source!r}, not shards; leave heldout_shards empty"
+            )
+        data = dataclasses.replace(data, shards=ec.heldout_shards, blend="")
     source = make_source(data, cfg.model, sigma_data=cfg.diffusion.sigma_data)
     lat, txt = [], []
     while sum(len(x) for x in lat) < n:
