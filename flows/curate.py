@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from prefect import flow, unmapped
 from prefect.futures import as_completed
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
+from flows.forms import Form
 from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
 from tasks.events import emit_stage_completed
 from tasks.progress import ProgressArtifact
@@ -29,7 +30,7 @@ _D = CurateConfig()
 """The curation defaults (shared with `vfm curate`): the form's defaults come from here."""
 
 
-class CurateParams(BaseModel):
+class CurateParams(Form):
     """Form of the curation flow (defaults: `CurateConfig`'s, the same as `vfm curate`)."""
 
     src: str = Field(..., description="input folder, s3:// prefix or video file")

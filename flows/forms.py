@@ -13,10 +13,32 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from vfm_core.config import Config, ConfigError, apply_overrides, merge, validate
 from vfm_core.recipes import get_recipe
 
-__all__ = ["form_config", "nested"]
+__all__ = ["NAME_PATTERN", "Form", "folder_name", "form_config", "nested"]
+
+
+class Form(BaseModel):
+    """Base of every flow form: a key the form does not have is an error naming it (a misspelt
+    ``stpes`` trained with the default steps), and numbers are finite (``inf`` passed ``gt=0``
+    and failed deep in a task)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+"""A form's run name: one folder name (no '/')."""
+
+
+def folder_name(v: str) -> str:
+    """Field validator of a name that becomes a folder (with :data:`NAME_PATTERN`): '.' and '..'
+    would put the run in its parent folder or above it."""
+    if v in (".", ".."):
+        raise ValueError(f"{v!r} is not a folder name of its own; use letters, digits, _ . -")
+    return v
 
 
 def nested(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -42,3 +64,39 @@ def form_config(recipe: str, *layers: Mapping[str, Any] | Sequence[str]) -> Conf
         else:
             cfg = apply_overrides(cfg, list(layer))
     return validate(cfg)
+
+
+def refuse_owned(overrides: Sequence[str], owned: Mapping[str, str]) -> None:
+    """An override of a config key that the form sets from one of its own fields (``owned``:
+    dotted key -> the field) is a ValueError naming both: it would be replaced silently, or
+    disagree with what the form does with the field."""
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        if key in owned:
+            raise ValueError(
+                f"overrides: {text!r}: {key} is set from the form's {owned[key]}; use that "
+                "field and drop the override"
+            )
+
+
+def refuse_conflicts(
+    named: Mapping[str, Any],
+    below: Config,
+    settings: Mapping[str, Any],
+    overrides: Sequence[str],
+) -> None:
+    """A form field the user filled in (``named``: dotted key -> value) and a setting or
+    override of the same key with another value (``below``: the config without the fields) is
+    a ConfigError naming both; equal values are fine."""
+    from vfm_core.config import parse_override
+
+    given = {k: f"settings {k}: {v!r}" for k, v in settings.items()}
+    for text in overrides:
+        (section, name), _ = parse_override(text)
+        given[f"{section}.{name}"] = f"overrides {text!r}"
+    for key, value in named.items():
+        section, _, name = key.partition(".")
+        if key in given and getattr(getattr(below, section), name) != value:
+            raise ConfigError(
+                f"{key}: the form's field says {value!r} but {given[key]}; keep one of the two"
+            )

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
+from flows.forms import Form
 from tasks.events import emit_stage_completed
 from tasks.generate import evaluate_checkpoint, generate_video, log_evaluation, log_generation
 from tasks.tracking import end_mlflow_run, start_mlflow_run
@@ -23,7 +24,15 @@ from vfm_core.config import TrackingConfig
 from vfm_core.tracking import STAGE_TAG, data_dir, ui_hint
 
 
-class GenerateParams(BaseModel):
+def described(prompts: list[str]) -> list[str]:
+    """Field validator of a form's prompts: each describes a video (stripped; none empty)."""
+    empty = [i for i, p in enumerate(prompts) if not p.strip()]
+    if empty:
+        raise ValueError(f"prompts {empty} are empty; every prompt must describe a video")
+    return [p.strip() for p in prompts]
+
+
+class GenerateParams(Form):
     """Form of the generation flow."""
 
     checkpoint: str = Field(
@@ -60,13 +69,7 @@ class GenerateParams(BaseModel):
     )
     experiment: str = Field("vfm-generate", description="MLflow experiment")
 
-    @field_validator("prompts")
-    @classmethod
-    def _non_empty(cls, v: list[str]) -> list[str]:
-        empty = [i for i, p in enumerate(v) if not p.strip()]
-        if empty:
-            raise ValueError(f"prompts {empty} are empty; every prompt must describe a video")
-        return [p.strip() for p in v]
+    _prompts = field_validator("prompts")(described)
 
     @field_validator("size")
     @classmethod

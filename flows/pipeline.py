@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import Task, flow, task
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from flows.curate import CurateParams, curate_flow
-from flows.generate import GenerateParams, generate_flow
+from flows.forms import NAME_PATTERN, Form, folder_name, form_config, refuse_owned
+from flows.generate import GenerateParams, described, generate_flow
 from flows.shard import ShardParams, shard_flow
 from flows.train import (
     Family,
@@ -51,7 +52,7 @@ from tasks.registry import register_and_promote
 from tasks.report import pipeline_report_task
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core import storage
-from vfm_core.config import TrackingConfig
+from vfm_core.config import ConfigError, TrackingConfig
 from vfm_core.curate.config import CurateConfig
 from vfm_core.pipeline_report import headline_metrics
 from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri
@@ -61,10 +62,25 @@ class PipelineStageError(RuntimeError):
     """A stage failed; earlier stages' outputs are kept and a rerun resumes at this stage."""
 
 
-class PipelineParams(BaseModel):
+PIPELINE_KEYS = {
+    "train.steps": "train_steps",
+    "train.out_dir": "work_dir (WORK/train)",
+    "tracking.experiment": "experiment",
+    "data.latent_frames": "latent_grid",
+    "data.latent_height": "latent_grid",
+    "data.latent_width": "latent_grid",
+    "data.source": "src (the pipeline trains on its own latents)",
+    "data.shards": "src (the pipeline trains on its own latents)",
+    "data.blend": "src (the pipeline trains on its own latents)",
+    "data.tokenizer": "tokenizer",
+}
+"""Training config keys the pipeline sets from its own fields and stages."""
+
+
+class PipelineParams(Form):
     """Form of the end-to-end pipeline."""
 
-    name: str = Field("demo", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="run name")
+    name: str = Field("demo", min_length=1, pattern=NAME_PATTERN, description="run name")
     src: str = Field("", description="raw videos: folder or s3:// prefix ('' = built-in sample)")
     sample_videos: int = Field(3, ge=1, le=256, description="built-in sample size (src = '')")
     work_dir: str = Field("", description="outputs ('' = data/pipeline/NAME)")
@@ -121,6 +137,8 @@ class PipelineParams(BaseModel):
     experiment: str = Field("vfm-pipeline", description="MLflow experiment")
 
     _known_recipe = field_validator("recipe")(known_recipe)
+    _name = field_validator("name")(folder_name)
+    _prompts = field_validator("prompts")(described)
     _family = model_validator(mode="after")(settle_family)
 
     @model_validator(mode="after")
@@ -132,6 +150,14 @@ class PipelineParams(BaseModel):
                 f"top_k={self.top_k}: the k likeliest tokens of autoregressive runs; the "
                 f"{self.family} family samples by denoising (leave top_k 0)"
             )
+        refuse_owned(self.overrides, PIPELINE_KEYS)
+        t, h, w = self.latent_grid
+        own = {"data.source": "shards", "data.shards": "latents", "data.tokenizer": "tokenizer"}
+        grid = {"data.latent_frames": t, "data.latent_height": h, "data.latent_width": w}
+        try:  # the training config but for the tokenizer's geometry (known once it is trained)
+            form_config(self.recipe, own, grid, {"train.steps": self.train_steps}, self.overrides)
+        except ConfigError as e:
+            raise ValueError(f"latent_grid / overrides: {e}") from None
         return self
 
     def tokenizer_preset(self) -> str:
@@ -146,6 +172,8 @@ class PipelineParams(BaseModel):
 def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     p = params or PipelineParams()
     work = p.work()
+    if Path(work).exists() and not Path(work).is_dir():
+        raise ValueError(f"work_dir {work}: is a file; name a folder for the pipeline's outputs")
     Path(work).mkdir(parents=True, exist_ok=True)
     tracking = TrackingConfig(experiment=p.experiment)
     tags = {STAGE_TAG: "pipeline", "vfm.pipeline": p.name, "vfm.work_dir": work}
@@ -248,9 +276,8 @@ def train_stage(
     part of the cache key) and the run's dataset lineage; cached on the training form and the
     contents of the latents and the tokenizer it trains on. It runs only when no finished run
     matches, so a checkpoint folder already there is stale: it trains from scratch."""
-    if Path(params.out_dir).exists():  # an earlier run's, for other inputs (or crashed)
-        print(f"stage train: {params.out_dir} holds an earlier run's checkpoints, starting over")
-        shutil.rmtree(params.out_dir)
+    params.to_config()  # a bad form fails here, before an earlier run is removed
+    _remove_earlier_run(Path(params.out_dir))
     summary = train_flow(params, parent_run_id=parent_run_id)
     if summary.get("mlflow_run_id"):
         lineage_task(
@@ -262,6 +289,31 @@ def train_stage(
         )
         summary = {**summary, "tracking_uri": tracking_uri()}  # where a later reuse finds it
     return summary
+
+
+RUN_MARKS = ("checkpoints", "metrics.jsonl", "summary.json", "config.yaml", "run.yaml")
+"""What a training run's folder holds (any one marks it as a run's)."""
+
+
+def _remove_earlier_run(out: Path) -> None:
+    """The train stage runs only when no finished run matches its inputs, so a run folder
+    already at ``out`` is an earlier run's (other inputs, or crashed): removed, to start over.
+    A file there, or a folder that is not a training run's, is an error naming it: nothing but
+    a run is removed."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"{out} is a file, not the training run's folder: move it away")
+    if not any((out / mark).exists() for mark in RUN_MARKS):
+        found = sorted(p.name for p in out.iterdir())
+        if found:
+            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+            raise ValueError(
+                f"{out} holds files that are not a training run's ({shown}); the train stage "
+                "would replace them: move them away or choose another work_dir"
+            )
+    print(f"stage train: {out} holds an earlier run (other inputs, or stopped), starting over")
+    shutil.rmtree(out)
 
 
 @task(

@@ -10,15 +10,24 @@ throughput they measure.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from flows.forms import NAME_PATTERN, Form, folder_name, refuse_owned
 from tasks.report import scaling_report_task
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
-from vfm_core.config import apply_overrides, merge, validate
+from vfm_core.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    merge,
+    resolve_degrees,
+    validate,
+)
 from vfm_core.recipes import RECIPES, get_recipe
 from vfm_core.tracking import (
     LAYOUT_TAG,
@@ -32,10 +41,13 @@ from vfm_core.tracking import (
 _DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
-class LayoutSpec(BaseModel):
+class LayoutSpec(Form):
     """One point of the study: process count and the parallel degrees (unset = inferred)."""
 
     nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) for this run")
+    dp_replicate: int | None = Field(
+        None, ge=1, description="replicated data-parallel degree (HSDP; None: 1)"
+    )
     dp_shard: int | None = Field(None, ge=1, description="FSDP degree (None: what is left)")
     tp: int | None = Field(None, ge=1, description="tensor-parallel degree")
     cp: int | None = Field(None, ge=1, description="context-parallel degree")
@@ -57,16 +69,36 @@ def _default_layouts() -> list[LayoutSpec]:
     ]
 
 
-class ScalingParams(BaseModel):
+STUDY_KEYS = {
+    "train.steps": "steps",
+    "train.out_dir": "out_dir",
+    "train.ckpt_every": "steps (a study writes no checkpoints)",
+    "tracking.experiment": "experiment",
+    **{f"parallel.{k}": "layouts" for k in _DEGREES},
+}
+"""Config keys the study sets itself, and the form field that sets them: an override of one
+would be replaced silently."""
+
+
+class ScalingParams(Form):
     """Form of the scaling-study flow."""
 
-    study: str = Field("cpu-scaling", min_length=1, description="study name (MLflow tag)")
+    study: str = Field(
+        "cpu-scaling",
+        min_length=1,
+        pattern=NAME_PATTERN,
+        description="study name (MLflow tag; letters, digits, _ . -)",
+    )
     recipe: str = Field("dit-tiny", description=f"preset: {', '.join(RECIPES)}")
-    steps: int = Field(8, ge=1, description="steps per run (the report skips the first 2)")
+    steps: int = Field(8, ge=3, description="steps per run (the report skips the first 2)")
     layouts: list[LayoutSpec] = Field(default_factory=_default_layouts, min_length=1)
     overrides: list[str] = Field(default_factory=list, description="section.field=value")
     experiment: str = Field("vfm-scaling", description="MLflow experiment")
-    out_dir: str = Field("", description="root of the runs ('' = data/scaling/STUDY)")
+    out_dir: str = Field(
+        "", description="root of the runs ('' = data/scaling/STUDY/FLOW_RUN_NAME: new per run)"
+    )
+
+    _study = field_validator("study")(folder_name)
 
     @field_validator("recipe")
     @classmethod
@@ -74,14 +106,55 @@ class ScalingParams(BaseModel):
         get_recipe(v)
         return v
 
+    @model_validator(mode="after")
+    def _every_layout_fits(self) -> ScalingParams:
+        """Overrides of what the study sets, and a layout that does not fit its processes or
+        the model, refused before the first layout trains (naming the layout)."""
+        refuse_owned(self.overrides, STUDY_KEYS)
+        base = self.base()
+        for i, lay in enumerate(self.layouts):
+            try:
+                resolve_degrees(lay.degrees(), lay.nproc)
+                self.layout_config(base, lay, "out")
+            except ConfigError as e:
+                raise ValueError(f"layouts[{i}] ({lay.label()}, nproc {lay.nproc}): {e}") from None
+        return self
+
+    def base(self) -> Config:
+        """The recipe with the overrides (a ConfigError naming the key)."""
+        return apply_overrides(get_recipe(self.recipe), self.overrides)
+
+    def layout_config(self, base: Config, lay: LayoutSpec, out_dir: str) -> Config:
+        """The validated config of one layout's run: weak scaling (the recipe's batch per
+        data-parallel rank, times the layout's data-parallel ranks), no checkpoints."""
+        layout = merge(base, {"parallel": lay.degrees()}).parallel
+        batch = base.data.batch_size * layout.data_parallel(lay.nproc)
+        return validate(
+            merge(
+                base,
+                {
+                    "data": {"batch_size": batch},
+                    "parallel": lay.degrees(),
+                    "train": {"steps": self.steps, "out_dir": out_dir, "ckpt_every": 10**9},
+                    "tracking": {"experiment": self.experiment},
+                },
+            )
+        )
+
     def root(self) -> str:
-        return self.out_dir or str(data_dir() / "scaling" / self.study)
+        """out_dir, or a new directory per flow run: data/scaling/STUDY/FLOW_RUN_NAME."""
+        if self.out_dir:
+            return self.out_dir
+        from prefect.runtime import flow_run
+
+        return str(data_dir() / "scaling" / self.study / (flow_run.get_name() or "run"))
 
 
 @flow(name="scaling-study", log_prints=True)
 def scaling_flow(params: ScalingParams) -> dict[str, Any]:
-    base = apply_overrides(get_recipe(params.recipe), params.overrides)
+    base = params.base()
     tracking = validate(merge(base, {"tracking": {"experiment": params.experiment}})).tracking
+    _refuse_earlier_runs(params.root())
     # the study is one parent run (the comparison table and plots) with a child run per layout
     parent = start_mlflow_run(
         tracking,
@@ -99,27 +172,24 @@ def scaling_flow(params: ScalingParams) -> dict[str, Any]:
     return {"study": params.study, "runs": runs, "report": report, "mlflow_run_id": parent}
 
 
+def _refuse_earlier_runs(root: str) -> None:
+    """A root that holds an earlier study's runs (``NN-LAYOUT/``) is refused before any work: the
+    runs would stop at their checkpoints; a default root is new per flow run."""
+    earlier = sorted(p.name for p in Path(root).glob("[0-9][0-9]-*") if p.is_dir())
+    if Path(root).is_file():
+        raise ValueError(f"out_dir {root}: is a file; name a folder for the study's runs")
+    if earlier:
+        raise ValueError(
+            f"out_dir {root} already holds the runs of an earlier study ({', '.join(earlier)}); "
+            "leave out_dir empty (a new folder per run) or name another"
+        )
+
+
 def _train_layouts(params: ScalingParams, base, parent: str) -> list[dict[str, Any]]:
     runs = []
     for i, lay in enumerate(params.layouts):
         name = f"{i:02d}-{lay.label()}"
-        # weak scaling: the recipe's batch per data-parallel rank, times the layout's dp ranks
-        layout = merge(base, {"parallel": lay.degrees()}).parallel
-        batch = base.data.batch_size * layout.data_parallel(lay.nproc)
-        cfg = validate(
-            merge(
-                base,
-                {
-                    "data": {"batch_size": batch},
-                    "train": {
-                        "steps": params.steps,
-                        "out_dir": f"{params.root()}/{name}",
-                        "ckpt_every": 10**9,
-                    },
-                    "tracking": {"experiment": params.experiment},
-                },
-            )
-        )
+        cfg = params.layout_config(base, lay, f"{params.root()}/{name}")
         tags = {
             STUDY_TAG: params.study,
             LAYOUT_TAG: lay.label(),

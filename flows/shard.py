@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from prefect import flow
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from flows.forms import Form
 from tasks.events import emit_stage_completed
 from tasks.search import search_subset_task
 from tasks.shard import write_shards_task
 
 
-class ShardParams(BaseModel):
+class ShardParams(Form):
     """Form of the shard flow."""
 
     clips_dir: str = Field(..., description="curation output dir with clips.parquet (local/s3://)")

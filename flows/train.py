@@ -11,9 +11,9 @@ import os
 from typing import Any, Literal
 
 from prefect import flow
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from flows.forms import form_config, nested
+from flows.forms import Form, form_config, nested, refuse_conflicts
 from tasks.events import emit_stage_completed
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
@@ -63,7 +63,16 @@ def settle_family(params: Any) -> Any:
     return params
 
 
-class TrainParams(BaseModel):
+FIELD_KEYS = {
+    "steps": "train.steps",
+    "seed": "train.seed",
+    "out_dir": "train.out_dir",
+    "experiment": "tracking.experiment",
+}
+"""The training form's named fields that set a config key (and the parallel degrees)."""
+
+
+class TrainParams(Form):
     """Form of the training flow."""
 
     family: Family = family_field()
@@ -76,7 +85,8 @@ class TrainParams(BaseModel):
     settings: dict[str, Any] = Field(
         default_factory=dict,
         description="config values by dotted key, typed (e.g. data.source: shards, "
-        "data.latent_frames: 5); on top of the recipe, under overrides and the other fields",
+        "data.latent_frames: 5); on top of the recipe, under overrides (a field you fill in "
+        "and a setting of the same key must agree)",
     )
     overrides: list[str] = Field(
         default_factory=list, description="section.field=value config overrides (power users)"
@@ -125,9 +135,18 @@ class TrainParams(BaseModel):
     _known_recipe = field_validator("recipe")(known_recipe)
 
     def to_config(self) -> Config:
-        """The typed run config (:func:`flows.forms.form_config`): the recipe, ``settings``,
-        ``overrides``, then the form's named fields."""
-        return form_config(self.recipe, self.settings, self.overrides, self.field_values())
+        """The typed run config (:func:`flows.forms.form_config`): the recipe, the named fields
+        left at their defaults, ``settings``, ``overrides``, then the named fields given; a
+        given field and a setting or override of the same key with another value are a
+        ConfigError naming both (the field won silently, a default one too)."""
+        values = self.field_values()
+        fields = {**FIELD_KEYS, **{k: f"parallel.{k}" for k in DEGREES}}
+        given = {fields[f] for f in self.model_fields_set if f in fields}
+        named = {k: v for k, v in values.items() if k in given}
+        defaults = {k: v for k, v in values.items() if k not in given}
+        below = form_config(self.recipe, defaults, self.settings, self.overrides)
+        refuse_conflicts(named, below, self.settings, self.overrides)
+        return form_config(self.recipe, defaults, self.settings, self.overrides, named)
 
     def field_values(self) -> dict[str, Any]:
         """The form's named fields as config values by dotted key."""
@@ -141,11 +160,6 @@ class TrainParams(BaseModel):
 
     def degrees(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in DEGREES}
-
-    def resolved_degrees(self) -> dict[str, int]:
-        """The degrees on nproc x nnodes ranks, dp_shard = -1 worked out (a bad layout is a
-        ConfigError here, before anything launches)."""
-        return resolve_degrees(self.degrees(), self.nproc * self.nnodes)
 
     def resolved_out(self) -> str:
         """out_dir, or a new directory per flow run: data/runs/RECIPE/FLOW_RUN_NAME."""
@@ -171,12 +185,13 @@ def train_flow(
     run_id = None
     if cfg.tracking.mlflow and not params.resume:
         world = params.nproc * params.nnodes
-        label = layout_label(params.resolved_degrees(), world)
+        degrees = resolve_degrees({k: getattr(cfg.parallel, k) for k in DEGREES}, world)
+        label = layout_label(degrees, world)
         run_id = start_mlflow_run(
             cfg.tracking,
             {"recipe": cfg.recipe, "source": "prefect", STAGE_TAG: "train", LAYOUT_TAG: label},
             parent_run_id=parent_run_id,
-            name=train_run_name(cfg.recipe, params.resolved_degrees(), params.steps, world),
+            name=train_run_name(cfg.recipe, degrees, cfg.train.steps, world),
         )
     try:
         summary = train_model(

@@ -14,10 +14,11 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import task_logger
+from tasks.retry import unless_input_error
 from vfm_core.contracts import AnnotatedClips, Rejects
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import LocalExecutor, RayClusterError, RayExecutor
-from vfm_core.curate.inputs import discover, resolve_dst
+from vfm_core.curate.inputs import discover_videos, resolve_dst
 from vfm_core.curate.pipeline import (
     assemble,
     check_coverage,
@@ -35,10 +36,12 @@ def _ref(d: dict[str, Any]) -> VideoRef:
     return VideoRef(source_uri=str(d["source_uri"]), url=str(d["url"]))
 
 
-@task(name="curate-discover", retries=2, retry_delay_seconds=2)
+@task(
+    name="curate-discover", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error
+)
 def discover_task(src: str) -> list[dict[str, str]]:
     """Input videos under `src` as [{"source_uri", "url"}]."""
-    refs = [dataclasses.asdict(r) for r in discover(src)]
+    refs = [dataclasses.asdict(r) for r in discover_videos(src)]
     task_logger().info("%d input videos under %s", len(refs), src)
     return refs
 
@@ -88,7 +91,7 @@ def _result(
     return out
 
 
-@task(name="curate-video", retries=2, retry_delay_seconds=2)
+@task(name="curate-video", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error)
 def curate_video_task(
     ref: dict[str, str], dst: str, config: dict[str, Any], recaption: bool = False
 ) -> dict[str, Any]:
@@ -150,7 +153,9 @@ def curate_ray_task(
     return out
 
 
-@task(name="curate-manifests", retries=1, retry_delay_seconds=2)
+@task(
+    name="curate-manifests", retries=1, retry_delay_seconds=2, retry_condition_fn=unless_input_error
+)
 def write_manifests_task(
     refs: list[dict[str, str]], dst: str, config: dict[str, Any], results: list[dict[str, Any]]
 ) -> dict[str, Any]:

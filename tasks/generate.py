@@ -12,6 +12,7 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import log_lines, task_logger
+from tasks.retry import unless_input_error
 from vfm_core.config import TrackingConfig
 from vfm_core.errors import UserError
 
@@ -104,7 +105,9 @@ def evaluate_checkpoint(
     return evaluate(checkpoint, tokenizer=tokenizer, config=ec)
 
 
-@task(name="log-generation", retries=2, retry_delay_seconds=2)
+@task(
+    name="log-generation", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error
+)
 def log_generation(
     run_id: str,
     tracking: TrackingConfig,
@@ -155,7 +158,9 @@ def log_generation(
     return out
 
 
-@task(name="log-evaluation", retries=2, retry_delay_seconds=2)
+@task(
+    name="log-evaluation", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error
+)
 def log_evaluation(
     run_id: str,
     tracking: TrackingConfig,

@@ -21,6 +21,7 @@ from prefect.context import TaskRunContext
 from prefect.utilities.hashing import hash_objects
 
 from tasks.logs import task_logger
+from tasks.retry import unless_input_error
 from tasks.shard import encode_latents
 from vfm_core import storage
 from vfm_core.tracking import log_lineage
@@ -82,6 +83,7 @@ def sample_videos_task(dst: str, n: int) -> str:
     name="train-tokenizer",
     retries=1,
     retry_delay_seconds=2,
+    retry_condition_fn=unless_input_error,
     cache_policy=stage_cache("shards"),
     **STAGE_RESULTS,
 )
@@ -154,7 +156,7 @@ def caption_tokens(index_root: str) -> int | None:
     return int(stats["max"]) if isinstance(stats, dict) and "max" in stats else None
 
 
-@task(name="lineage", retries=2, retry_delay_seconds=2)
+@task(name="lineage", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error)
 def lineage_task(
     run_id: str, experiment: str, *, clips: str, shards: str, tokenizer: str | None
 ) -> None:

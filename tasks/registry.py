@@ -9,13 +9,19 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import task_logger
+from tasks.retry import unless_input_error
 from vfm_core.config import TrackingConfig
 from vfm_core.errors import UserError
 
 
 # retries: a store that does not answer is transient; registering again finds the version made
 # by the failed try (same checkpoint, same run), so a retry never duplicates one
-@task(name="register-and-promote", retries=2, retry_delay_seconds=2)
+@task(
+    name="register-and-promote",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=unless_input_error,
+)
 def register_and_promote(
     checkpoint: str,
     tracking: TrackingConfig,

@@ -13,12 +13,15 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from tasks.logs import task_logger
+from tasks.retry import unless_input_error
 from vfm_core.config import TrackingConfig
 from vfm_core.pipeline_report import pipeline_report
 from vfm_core.tracking import ensure_experiment
 
 
-@task(name="scaling-report", retries=1, retry_delay_seconds=2)
+@task(
+    name="scaling-report", retries=1, retry_delay_seconds=2, retry_condition_fn=unless_input_error
+)
 def scaling_report_task(
     study: str, out_dir: str, tracking: TrackingConfig, run_id: str
 ) -> dict[str, Any]:

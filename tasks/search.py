@@ -8,9 +8,10 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import task_logger
+from tasks.retry import unless_input_error
 
 
-@task(name="search-subset", retries=1, retry_delay_seconds=2)
+@task(name="search-subset", retries=1, retry_delay_seconds=2, retry_condition_fn=unless_input_error)
 def search_subset_task(clips_dir: str, query: str, top: int, out_dir: str) -> dict[str, Any]:
     """Write ``out_dir/clips.parquet``: the ``top`` clips of ``clips_dir`` whose captions best
     match ``query`` (same schema, best first, uris absolute) and ``out_dir/search.json`` (the

@@ -10,11 +10,12 @@ from typing import Any
 from prefect import task
 
 from tasks.logs import task_logger
+from tasks.retry import unless_input_error
 from vfm_core.data.index import read_index
 from vfm_core.data.make_shards import shard_clips_dir
 
 
-@task(name="shard", retries=1, retry_delay_seconds=2)
+@task(name="shard", retries=1, retry_delay_seconds=2, retry_condition_fn=unless_input_error)
 def write_shards_task(
     clips_dir: str,
     shards_dir: str,
@@ -47,7 +48,7 @@ def write_shards_task(
     return summary
 
 
-@task(name="encode-shards", retries=1, retry_delay_seconds=5)
+@task(name="encode-shards", retries=1, retry_delay_seconds=5, retry_condition_fn=unless_input_error)
 def encode_latents(src: str, dst: str, *, tokenizer: str, overwrite: bool = False) -> dict:
     """Copy the shard dataset ``src`` to ``dst`` adding ``{key}.latent.npy`` (pre-encoded latents
     for training without video decoding); returns the summary (index URL, counts, seconds)."""

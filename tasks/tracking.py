@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prefect import task
 
+from tasks.retry import unless_input_error
 from vfm_core.config import TrackingConfig
 from vfm_core.tracking import create_run, ensure_experiment, fail_run
 
@@ -35,7 +36,7 @@ def prefect_tags() -> dict[str, str]:
     return tags
 
 
-@task(name="mlflow-run", retries=2, retry_delay_seconds=2)
+@task(name="mlflow-run", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error)
 def start_mlflow_run(
     tracking: TrackingConfig,
     tags: dict[str, str],
@@ -49,7 +50,7 @@ def start_mlflow_run(
     )
 
 
-@task(name="mlflow-log", retries=2, retry_delay_seconds=2)
+@task(name="mlflow-log", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error)
 def log_to_run(
     tracking: TrackingConfig,
     run_id: str,
@@ -81,7 +82,9 @@ def log_to_run(
         client.set_tag(run_id, k, v)
 
 
-@task(name="mlflow-run-end", retries=2, retry_delay_seconds=2)
+@task(
+    name="mlflow-run-end", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error
+)
 def end_mlflow_run(tracking: TrackingConfig, run_id: str, error: str | None = None) -> None:
     """End the run FINISHED, or FAILED with ``error`` as the tag ``vfm.error``."""
     import mlflow

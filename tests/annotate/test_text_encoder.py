@@ -109,6 +109,21 @@ def test_t5_from_a_local_path(t5_dir):
         null_from_record(record, 16, "here")
 
 
+def test_a_model_dir_with_pickled_weights_is_refused_unread(t5_dir, tmp_path):
+    """Weights only from safetensors: a ``pytorch_model.bin`` (a pickle) in a user's model dir
+    was loaded by torch.load; now the dir is refused with the reason."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    pickled = Path(shutil.copytree(t5_dir, tmp_path / "t5-bin"))
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    with pytest.raises(TextEncoderError, match=r"safetensors files only, never a pickle"):
+        TextEncoder(TextSpec(model=str(pickled)))
+
+
 def test_bad_encoder_inputs_are_one_clear_error(tmp_path):
     with pytest.raises(TextEncoderError, match=r"text model .*nope.*: not a directory"):
         TextEncoder(TextSpec(model=str(tmp_path / "nope")))

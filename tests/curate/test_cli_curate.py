@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tests.curate.conftest import assert_covered
 from vfm_core.contracts import AnnotatedClips, Rejects, read_manifest
@@ -77,3 +78,27 @@ def test_vfm_curate_errors(tmp_path):
     # a local Ray without CPUs scheduled nothing: the run hung
     r = _run("curate", "a", "b", "--executor", "ray", "--ray-cpus", "0", cwd=tmp_path)
     assert r.returncode == 2 and "--ray-cpus): expected >= 1, got 0" in r.stderr
+
+
+def test_dst_may_not_hold_a_src_video_and_no_videos_is_an_error(tmp_path):
+    """DST the folder of a SRC that is one video (its clips were found as new videos by the next
+    run over that folder); ``s3://`` without a bucket; a SRC without videos (the flow curated
+    nothing and reported success, as the CLI did not)."""
+    from vfm_core.curate.inputs import check_paths, discover_videos
+    from vfm_core.storage import StorageError
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a.mp4").write_bytes(b"x")
+    video = str(raw / "a.mp4")
+    with pytest.raises(ValueError, match=r"DST .*raw holds SRC .*a.mp4"):
+        check_paths(video, str(raw))
+    with pytest.raises(ValueError, match=r"is inside the folder of SRC"):
+        check_paths(video, str(raw / "out"))
+    assert check_paths(video, str(tmp_path / "out")) == str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"SRC s3:// names no bucket"):
+        check_paths("s3://", str(tmp_path / "out"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(StorageError, match=r"empty: no video files found"):
+        discover_videos(str(empty))

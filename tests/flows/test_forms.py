@@ -10,8 +10,17 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from flows.curate import CurateParams
 from flows.forms import form_config, nested
-from flows.pipeline import MAX_TEXT_LEN, PipelineParams, pixel_shape, train_settings
+from flows.pipeline import (
+    MAX_TEXT_LEN,
+    PipelineParams,
+    _remove_earlier_run,
+    pixel_shape,
+    train_settings,
+)
+from flows.scaling import ScalingParams
+from flows.shard import ShardParams
 from flows.train import TrainParams
 from tasks.pipeline import tokenizer_geometry
 from vfm_core.config import ConfigError, apply_overrides, to_dict, validate
@@ -74,7 +83,7 @@ def test_train_form_fields_map_to_the_config(tmp_path):
         out_dir=str(tmp_path),
         experiment="e",
         tp=2,
-        settings={"data.batch_size": 2, "train.steps": 99},  # the form's steps field wins
+        settings={"data.batch_size": 2, "train.steps": 3},  # the same as the field: fine
         overrides=["model.depth=2"],
     )
     cfg = params.to_config()
@@ -85,6 +94,41 @@ def test_train_form_fields_map_to_the_config(tmp_path):
         TrainParams(settings={"train": 1})
     assert "settings" in TrainParams.model_json_schema()["properties"]
     json.dumps(params.model_dump())  # a Prefect parameter: JSON
+
+
+def test_a_field_left_at_its_default_yields_and_a_filled_one_must_agree(tmp_path):
+    """The named fields at their defaults (steps 200, seed 0, tp 1) replaced what settings and
+    overrides said, silently; now those win, and a field filled in with another value than a
+    setting or override of the same key is one error naming both."""
+    out = str(tmp_path)
+    cfg = TrainParams(
+        out_dir=out,
+        settings={"train.steps": 7, "tracking.experiment": "mine"},
+        overrides=["train.seed=5", "parallel.tp=2"],
+    ).to_config()
+    assert (cfg.train.steps, cfg.train.seed, cfg.parallel.tp) == (7, 5, 2)
+    assert cfg.tracking.experiment == "mine"
+    assert TrainParams(settings={"train.out_dir": out}).to_config().train.out_dir == out
+    with pytest.raises(ConfigError, match=r"train.steps: the form's field says 3 but settings"):
+        TrainParams(out_dir=out, steps=3, settings={"train.steps": 99}).to_config()
+    with pytest.raises(ConfigError, match=r"parallel.tp: .* 4 but overrides 'parallel.tp=2'"):
+        TrainParams(out_dir=out, tp=4, overrides=["parallel.tp=2"]).to_config()
+
+
+@pytest.mark.parametrize(
+    ("form", "values", "message"),
+    [
+        (TrainParams, {"stpes": 3}, "stpes\n  Extra inputs are not permitted"),
+        (CurateParams, {"src": "a", "dst": "b", "min_len": 1}, "min_len\n  Extra inputs"),
+        (CurateParams, {"src": "a", "dst": "b", "out_fps": float("inf")}, "out_fps\n  Input "),
+        (ShardParams, {"clips_dir": "a", "shards_dir": "b", "target_shard_mb": float("nan")}, ""),
+    ],
+)
+def test_forms_refuse_unknown_keys_and_numbers_that_are_not_finite(form, values, message):
+    """A misspelt key trained with the default (200 steps); ``inf`` passed ``gt=0`` and failed
+    deep in a task, after retries."""
+    with pytest.raises(ValidationError, match=message or "target_shard_mb"):
+        form(**values)
 
 
 def test_pipeline_train_settings_are_typed_and_user_overrides_win(tmp_path):
@@ -144,3 +188,51 @@ def test_pipeline_video_shape_comes_from_the_tokenizer_config(tmp_path):
     assert tokenizer_geometry.fn(str(tmp_path / "tok"))["vocab_size"] == 256  # 4^4 FSQ ids
     with pytest.raises(TokenizerConfigError, match="no readable config"):
         tokenizer_geometry.fn(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"overrides": ["train.steps=5"]}, "'train.steps=5': train.steps is set from the form's"),
+        ({"overrides": ["data.latent_frames=2"]}, "is set from the form's latent_grid"),
+        ({"latent_grid": (0, 8, 8)}, "latent_grid / overrides: data.latent_frames"),
+        ({"overrides": ["model.hiddn=3"]}, "latent_grid / overrides: model.hiddn: unknown key"),
+        ({"prompts": ["a red circle", " "]}, r"prompts \[1\] are empty"),
+        ({"name": ".."}, "'..' is not a folder name of its own"),
+    ],
+)
+def test_the_pipeline_form_refuses_what_a_later_stage_would(values, message):
+    """Checked before any stage runs (they failed at train or generate, after curate, shard,
+    tokenizer and encode had run; a bad override after the earlier run was removed)."""
+    with pytest.raises(ValidationError, match=message):
+        PipelineParams(**values)
+
+
+def test_the_train_stage_removes_an_earlier_run_and_nothing_else(tmp_path):
+    run = tmp_path / "train"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    _remove_earlier_run(run)  # an earlier run's folder: starting over
+    assert not run.exists()
+    run.mkdir()
+    (run / "important.txt").write_text("notes")
+    with pytest.raises(ValueError, match=r"holds files that are not a training run's"):
+        _remove_earlier_run(run)
+    assert (run / "important.txt").read_text() == "notes"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"layouts": [{"nproc": 1}, {"nproc": 1, "tp": 3}]}, r"layouts\[1\] \(tp3, nproc 1\)"),
+        ({"overrides": ["train.steps=5"]}, "train.steps is set from the form's steps"),
+        ({"study": "."}, "'.' is not a folder name"),
+        ({"steps": 2}, "greater than or equal to 3"),
+    ],
+)
+def test_the_scaling_form_checks_every_layout_before_the_first_trains(values, message):
+    with pytest.raises(ValidationError, match=message):
+        ScalingParams(**values)
+    assert ScalingParams(layouts=[{"nproc": 2, "dp_replicate": 2}]).layouts[0].degrees() == {
+        "dp_replicate": 2
+    }

@@ -240,11 +240,11 @@ class VLMCaptioner:
         path = self.model_path
         cfg = AutoConfig.from_pretrained(path)
         if cfg.model_type == "vision-encoder-decoder":
-            model = VisionEncoderDecoderModel.from_pretrained(path)
+            model = VisionEncoderDecoderModel.from_pretrained(path, use_safetensors=True)
             self._processor = None
             self._image_processor = AutoImageProcessor.from_pretrained(path)
         else:
-            model = AutoModelForImageTextToText.from_pretrained(path)
+            model = AutoModelForImageTextToText.from_pretrained(path, use_safetensors=True)
             self._processor = AutoProcessor.from_pretrained(path)
             self._image_processor = None
         self._tokenizer = AutoTokenizer.from_pretrained(path)

@@ -71,7 +71,7 @@ class HFImageEmbedder:
         path = _require_dir(model_path, "HFImageEmbedder")
         self.device = device
         self.processor = AutoImageProcessor.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).to(device).eval()
+        self.model = AutoModel.from_pretrained(path, use_safetensors=True).to(device).eval()
         with torch.inference_mode():
             self.dim = int(self._forward(np.zeros((1, 32, 32, 3), np.uint8)).shape[-1])
 

@@ -122,14 +122,20 @@ class TextEncoder:
             else:
                 self._load_st(path)
         except (ImportError, OSError, ValueError, KeyError) as e:
-            raise TextEncoderError(f"cannot load the text model {str(path)!r}: {e}") from None
+            why = f"{e}".strip()
+            if "safetensors" in why:
+                why += " (weights are read from safetensors files only, never a pickle such as "
+                why += "pytorch_model.bin)"
+            raise TextEncoderError(f"cannot load the text model {str(path)!r}: {why}") from None
         self._null: np.ndarray | None = None
 
     def _load_st(self, path: Path) -> None:
         from sentence_transformers import SentenceTransformer
 
         with _quiet_loading():
-            self.model = SentenceTransformer(str(path), device=self.device)
+            self.model = SentenceTransformer(  # safetensors only: no pickle from a model dir
+                str(path), device=self.device, model_kwargs={"use_safetensors": True}
+            )
         self.tokenizer = self.model.tokenizer
         self.model.max_seq_length = min(self.model.max_seq_length or 512, self.spec.max_tokens)
         self.limit = int(self.model.max_seq_length)  # MiniLM: 256, below max_tokens
@@ -143,7 +149,8 @@ class TextEncoder:
 
         with _quiet_loading():
             self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-            self.model = T5EncoderModel.from_pretrained(str(path)).to(self.device).eval()
+            model = T5EncoderModel.from_pretrained(str(path), use_safetensors=True)
+            self.model = model.to(self.device).eval()
         self.dim = int(self.model.config.d_model)
         self.limit = self.spec.max_tokens
 

@@ -19,6 +19,16 @@ SIDECAR_SUFFIXES = (".json", ".txt")
 """Files beside the videos that are not inputs themselves (a video's caption sidecar)."""
 
 
+def discover_videos(src: str) -> list[VideoRef]:
+    """:func:`discover`, none found a :class:`~vfm_core.storage.StorageError` naming ``src``."""
+    refs = discover(src)
+    if not refs:
+        raise storage.StorageError(
+            str(src), "no video files found (suffixes: " + ", ".join(VIDEO_SUFFIXES) + ")"
+        )
+    return refs
+
+
 def discover(src: str, *, suffixes: tuple[str, ...] = VIDEO_SUFFIXES) -> list[VideoRef]:
     """Input videos under `src` (a directory, an s3:// prefix, or one file), sorted.
 
@@ -63,8 +73,10 @@ def resolve_dst(dst: str) -> str:
 
 def check_paths(src: str, dst: str) -> str:
     """``dst`` made absolute (:func:`resolve_dst`) after the checks a run needs before any work:
-    neither is empty, a local DST is a directory or can be made one, and DST is neither SRC nor
-    under it (the next run over SRC would curate its own clips as new videos)."""
+    neither is empty, a remote one names a bucket and its store answers, a local DST is a
+    directory or can be made one, and DST is neither SRC nor under it, nor under the folder of
+    a SRC that is one video file (the next run over that folder would curate its own clips as
+    new videos)."""
     for name, value in (("SRC", src), ("DST", dst)):
         if not str(value).strip():
             raise ValueError(f"curate: {name} is empty (give a folder or an s3:// prefix)")
@@ -74,9 +86,18 @@ def check_paths(src: str, dst: str) -> str:
         if not first.is_dir():
             what = "is a file" if first == Path(out) else f"cannot be made: {first} is a file"
             raise storage.StorageError(str(dst), f"DST {what}, not a directory")
+    for name, value in (("SRC", src), ("DST", dst)):
+        if storage.is_remote(value):
+            if not str(value).split("://", 1)[1].strip("/"):
+                raise ValueError(f"curate: {name} {value} names no bucket (s3://BUCKET/PREFIX)")
+            storage.check_access(value)  # a store without credentials: one line, now
     inside = resolve_dst(src)
+    if not storage.is_remote(inside) and Path(inside).is_file():  # one video: its folder
+        inside = str(Path(inside).parent)
     if out == inside or out.startswith(inside.rstrip("/") + "/"):
         where = "is SRC" if out == inside else f"is inside SRC {src}"
+        if inside != resolve_dst(src):
+            where = f"holds SRC {src}" if out == inside else f"is inside the folder of SRC {src}"
         raise ValueError(
             f"curate: DST {dst} {where}: a later run over SRC would curate its own clips as new "
             "videos; choose a DST outside SRC"

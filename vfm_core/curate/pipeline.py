@@ -63,7 +63,7 @@ from vfm_core.contracts import (
 from vfm_core.curate.clip_stages import commit_clips, discard_pending, remove_clips
 from vfm_core.curate.coverage import coverage_gaps, seconds
 from vfm_core.curate.executors import Executor, get_executor
-from vfm_core.curate.inputs import VIDEO_SUFFIXES, check_paths, discover
+from vfm_core.curate.inputs import check_paths, discover_videos
 from vfm_core.curate.recaption import recaption_all
 from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
 from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
@@ -412,11 +412,9 @@ def curate(
     ex = get_executor(executor)  # bad names / settings fail before any work
     cfg.splitter_obj()
     t0 = time.perf_counter()
-    refs = discover(src) if refs is None else refs
+    refs = discover_videos(src) if refs is None else refs
     if not refs:
-        raise storage.StorageError(
-            str(src), "no video files found (suffixes: " + ", ".join(VIDEO_SUFFIXES) + ")"
-        )
+        raise storage.StorageError(str(src), "no videos given to curate (an empty subset)")
     states: dict[str, dict] = {}
     todo = []
     for r in refs:
