@@ -27,6 +27,7 @@ import sys
 import tomllib
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 from vfm_core.tracking import data_dir
@@ -50,13 +51,35 @@ def services_file(root: Path | None = None) -> Path:
 
 
 def read_services(root: Path | None = None) -> dict:
-    """The record ``make up`` wrote ({} when there is none or it cannot be read)."""
+    """The record ``make up`` wrote ({} when there is none); one that cannot be read, or is not
+    ``{"env": {VAR: value}, "services": {name: {"pid": int, ...}}}``, is {} with a warning
+    naming the file (every command reads it first: it must not stop them)."""
     path = services_file(root)
+    if not path.exists():
+        return {}
     try:
         record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        problem = _record_problem(record)
+    except (OSError, ValueError) as e:
+        problem = f"cannot be read ({e})"
+    if problem:
+        warnings.warn(f"{path}: {problem}; ignored (`make up` writes it anew)", stacklevel=2)
         return {}
-    return record if isinstance(record, dict) else {}
+    return record
+
+
+def _record_problem(record: object) -> str | None:
+    """Why ``record`` is not a services record, or None."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    env, services = record.get("env", {}), record.get("services", {})
+    if not isinstance(env, dict) or not isinstance(services, dict):
+        return "'env' and 'services' must be JSON objects"
+    for name, info in services.items():
+        pid = info.get("pid") if isinstance(info, dict) else None
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            return f"services.{name}: expected an object with an integer 'pid'"
+    return None
 
 
 def pid_alive(pid: int) -> bool:
@@ -81,13 +104,15 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 
 def running_services(root: Path | None = None) -> dict[str, dict]:
     """The recorded services whose process is alive and whose health URL (if any) answers."""
-    services = read_services(root).get("services", {})
+    return _alive(read_services(root))
+
+
+def _alive(record: dict) -> dict[str, dict]:
+    services = record.get("services", {})
     return {
         name: info
         for name, info in services.items()
-        if isinstance(info, dict)
-        and pid_alive(int(info.get("pid", -1)))
-        and (not info.get("health") or healthy(info["health"]))
+        if pid_alive(info["pid"]) and (not info.get("health") or healthy(info["health"]))
     }
 
 
@@ -99,7 +124,7 @@ def use_running_services(root: Path | None = None) -> dict[str, str]:
     record = read_services(root)
     env = record.get("env", {}) if record else {}
     chosen: dict[str, str] = {}
-    for name in running_services(root) if env else {}:
+    for name in _alive(record) if env else {}:
         for var in SERVICE_VARS.get(name, ()):
             if var in env and var not in os.environ:
                 chosen[var] = str(env[var])

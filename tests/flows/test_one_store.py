@@ -48,9 +48,18 @@ def test_user_settings_win_and_opt_out(record, monkeypatch):
 
 
 def test_no_or_broken_record_is_embedded_defaults(tmp_path):
+    """A record that cannot be read, or of another shape, is ignored with one warning naming it
+    (a pid "abc" stopped every command, `vfm recipes` too, with a traceback)."""
     assert use_running_services(tmp_path) == {}
-    (tmp_path / "services.json").write_text("{not json")
-    assert use_running_services(tmp_path) == {}
+    for text in (
+        "{not json",
+        '{"env": {"MLFLOW_TRACKING_URI": "x"}, "services": {"mlflow": {"pid": "abc"}}}',
+        '{"services": [1]}',
+        "[]",
+    ):
+        (tmp_path / "services.json").write_text(text)
+        with pytest.warns(UserWarning, match=r"services.json: .*; ignored"):
+            assert use_running_services(tmp_path) == {}
 
 
 def test_log_lines_drop_progress_redraws():

@@ -223,6 +223,17 @@ def test_manifest_entries_outside_the_folder_and_unlisted_files_are_problems(run
     assert capsys.readouterr().out.splitlines()[0] == (
         f"BAD  {ck}: extra.json: not listed in the manifest (added after the save)"
     )
+    (ck / "extra.json").unlink()
+    # a step that is no step, or another than the folder's (a copy named step_9 passed as ok,
+    # and resume picks the newest folder by its name)
+    for step, why in [("two", "step 'two' is not a step number"), (7, "says step 7, the folder")]:
+        (ck / MANIFEST_FILE).write_text(json.dumps({**json.loads(good), "step": step}))
+        (problem,) = verify(ck)
+        assert why in str(problem)
+    (ck / MANIFEST_FILE).write_text(good)
+    copy = Path(shutil.copytree(ck, run / "checkpoints" / "step_00000009"))
+    (problem,) = verify(copy)
+    assert "says step 2, the folder name step 9 (renamed or copied)" in str(problem)
 
 
 def test_a_sealed_tensor_of_another_shape_is_one_line_naming_the_checkpoint(run):

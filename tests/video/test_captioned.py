@@ -94,3 +94,21 @@ def test_vfm_sample_writes_training_or_held_out_sets(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["sample", str(tmp_path / "file")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+    # the same folder for the training set: rewritten (it kept the held-out videos and said
+    # it wrote training ones); the same request again keeps the file; an empty video is rewritten
+    assert main(["sample", str(tmp_path / "ev"), "--videos", "1"]) == 0
+    doc = json.loads(Path(video).with_suffix(".json").read_text())
+    captions = [s["caption"] for s in doc["segments"] if s.get("caption")]
+    assert not any(held_out(*parse_caption(c)) for c in captions)
+    written = Path(video).stat().st_mtime_ns
+    assert main(["sample", str(tmp_path / "ev"), "--videos", "1"]) == 0
+    assert Path(video).stat().st_mtime_ns == written
+    Path(video).write_bytes(b"")
+    assert main(["sample", str(tmp_path / "ev"), "--videos", "1"]) == 0
+    assert Path(video).stat().st_size > 1000
+    # a folder name with a colon (FFmpeg read "ab:cd" as a protocol); a URL
+    assert main(["sample", str(tmp_path / "ab:cd"), "--videos", "1"]) == 0
+    assert (tmp_path / "ab:cd" / "sample_00.mp4").stat().st_size > 1000
+    capsys.readouterr()
+    assert main(["sample", "s3://bucket/x"]) == 2
+    assert "written to a local folder" in capsys.readouterr().err

@@ -97,9 +97,9 @@ def train_tokenizer_on_shards(
     if fsq_levels is not None:
         cfg = discrete_variant(cfg, fsq_levels)
     ct, cs = cfg.temporal_factor, cfg.spatial_factor
-    if (frames - 1) % ct or size % cs:
+    if frames < 1 or (frames - 1) % ct or size < cs or size % cs:
         raise ConfigError(
-            f"tokenizer {preset}: frames must be 1 + {ct}k and size a multiple of {cs}, "
+            f"tokenizer {preset}: frames must be 1 + {ct}k and size a positive multiple of {cs}, "
             f"got frames={frames}, size={size}"
         )
     from vfm_core.data.index import read_index

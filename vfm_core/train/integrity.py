@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,13 @@ def read_manifest(folder: Path) -> tuple[dict | None, Problem | None]:
         return None, Problem(folder, MANIFEST_FILE, "not a vfm checkpoint manifest")
     if doc.get("version") != VERSION:
         return None, Problem(folder, MANIFEST_FILE, f"unknown version {doc.get('version')!r}")
+    step = doc.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None, Problem(folder, MANIFEST_FILE, f"step {step!r} is not a step number")
+    named = re.fullmatch(r"step_(\d+)", folder.name)
+    if named and int(named.group(1)) != step:  # resume picks the newest folder by its name
+        why = f"says step {step}, the folder name step {int(named.group(1))} (renamed or copied)"
+        return None, Problem(folder, MANIFEST_FILE, why)
     for name, entry in files.items():
         if name in ("", ".", "..") or name != Path(name).name or "\\" in name or "\0" in name:
             why = f"entry {name!r} is not a file name inside the checkpoint folder"

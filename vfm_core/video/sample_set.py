@@ -5,6 +5,7 @@ and of the pipeline tests. Held-out (colour, shape, direction) combinations neve
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from vfm_core.video.captioned import captioned_spec
@@ -27,18 +28,40 @@ def write_sample_videos(
     train: bool = True,
 ) -> list[Path]:
     """Write ``n`` ~27 s synthetic videos ``sample_XX.mp4`` (+ ``.json`` per-shot captions) under
-    ``dst`` of training combinations (``train=False``: only the held-out ones); videos already
-    there are kept (so a rerun does not change the input)."""
+    ``dst`` of training combinations (``train=False``: only the held-out ones); a video already
+    there with the same captions is kept (a rerun does not change the input); one of another
+    seed or kind, or an empty one, is written again."""
     if n < 1:
         raise ValueError(f"sample: n must be >= 1, got {n}")
-    out = Path(dst)
+    if not str(dst).strip():
+        raise ValueError("sample: the folder is empty: name one")
+    if "://" in str(dst):
+        raise ValueError(f"sample: {dst}: the samples are written to a local folder")
+    out = Path(dst).resolve()  # absolute: FFmpeg reads "ab:cd/x.mp4" as protocol "ab"
     if out.exists() and not out.is_dir():
-        raise ValueError(f"sample: {out} exists and is not a folder")
+        raise ValueError(f"sample: {dst} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(n):
         path = out / f"sample_{i:02d}.mp4"
-        if not (path.exists() and path.with_suffix(".json").exists()):
-            make_video(path, captioned_spec(width=width, height=height, seed=seed + i, train=train))
+        spec = captioned_spec(width=width, height=height, seed=seed + i, train=train)
+        if not _written(path, spec):
+            make_video(path, spec)
         paths.append(path)
     return paths
+
+
+def _written(path: Path, spec) -> bool:
+    """Whether ``path`` already holds the sample of ``spec``: a non-empty video whose sidecar
+    has the spec's captions (a rerun keeps it; another seed or ``train`` rewrites it)."""
+    sidecar = path.with_suffix(".json")
+    if not path.is_file() or not path.stat().st_size or not sidecar.is_file():
+        return False
+    try:
+        doc = json.loads(sidecar.read_text())
+        captions = [row["caption"] for row in doc["segments"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return captions == [seg.caption for seg in spec.segments if seg.caption] and doc.get(
+        "caption", ""
+    ) == (spec.caption or "")
