@@ -57,7 +57,9 @@ class GenerateParams(Form):
     top_k: int = Field(0, ge=0, description="autoregressive: draw from the k likeliest (0 = all)")
     tokenizer: str | None = Field(None, description="tokenizer dir (None: the run's)")
     nproc: int = Field(1, ge=1, le=64, description="context-parallel ranks per video")
-    out_dir: str = Field("", description="where videos go ('' = data/generated/RUN_NAME)")
+    out_dir: str = Field(
+        "", description="where videos go ('' = data/generated/RUN_NAME/FLOW_RUN_NAME: new per run)"
+    )
     evaluate: bool = Field(True, description="held-out loss + Fréchet distance of the checkpoint")
     eval_samples: int = Field(16, ge=2, le=1024, description="held-out samples for evaluation")
     eval_prompts: int = Field(
@@ -79,7 +81,14 @@ class GenerateParams(Form):
         return v
 
     def resolved_out(self) -> Path:
-        return Path(self.out_dir or data_dir() / "generated" / Path(self.checkpoint).name)
+        """out_dir, or a new folder per flow run under the checkpoint's name (two runs both
+        named ``run``, or two flow runs of one, wrote over each other's videos)."""
+        if self.out_dir:
+            return Path(self.out_dir)
+        from prefect.runtime import flow_run
+
+        name = Path(self.checkpoint.rstrip("/")).name or "checkpoint"
+        return data_dir() / "generated" / name / (flow_run.get_name() or "run")
 
 
 @flow(name="generate", log_prints=True)

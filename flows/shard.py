@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from prefect import flow
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from flows.forms import Form
 from tasks.events import emit_stage_completed
@@ -33,6 +33,12 @@ class ShardParams(Form):
         "the subset manifest and scores land in SHARDS_DIR/_query/",
     )
     query_top: int = Field(100, ge=1, description="with query: how many clips to keep")
+
+    @model_validator(mode="after")
+    def _query_top_needs_a_query(self) -> ShardParams:
+        if "query_top" in self.model_fields_set and not self.query:
+            raise ValueError("query_top: keeps the clips best matching query; give a query too")
+        return self
 
 
 @flow(name="shard", log_prints=True)

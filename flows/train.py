@@ -77,7 +77,7 @@ class TrainParams(Form):
 
     family: Family = family_field()
     recipe: str = recipe_field()
-    steps: int = Field(200, ge=0, description="total optimiser steps")
+    steps: int = Field(200, ge=1, description="total optimiser steps")
     seed: int = Field(0, ge=0, description="seed for init, sigma and noise")
     out_dir: str = Field(
         "", description="output dir ('' = data/runs/RECIPE/FLOW_RUN_NAME: a new one per run)"

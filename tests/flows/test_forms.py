@@ -122,6 +122,8 @@ def test_a_field_left_at_its_default_yields_and_a_filled_one_must_agree(tmp_path
         (CurateParams, {"src": "a", "dst": "b", "min_len": 1}, "min_len\n  Extra inputs"),
         (CurateParams, {"src": "a", "dst": "b", "out_fps": float("inf")}, "out_fps\n  Input "),
         (ShardParams, {"clips_dir": "a", "shards_dir": "b", "target_shard_mb": float("nan")}, ""),
+        (ShardParams, {"clips_dir": "a", "shards_dir": "b", "query_top": 5}, "give a query too"),
+        (TrainParams, {"steps": 0}, "steps\n  Input should be greater than or equal to 1"),
     ],
 )
 def test_forms_refuse_unknown_keys_and_numbers_that_are_not_finite(form, values, message):
@@ -199,6 +201,8 @@ def test_pipeline_video_shape_comes_from_the_tokenizer_config(tmp_path):
         ({"overrides": ["model.hiddn=3"]}, "latent_grid / overrides: model.hiddn: unknown key"),
         ({"prompts": ["a red circle", " "]}, r"prompts \[1\] are empty"),
         ({"name": ".."}, "'..' is not a folder name of its own"),
+        ({"src": "raw", "sample_videos": 9}, "sample_videos: not used when src is given"),
+        ({"tokenizer": "tok", "tokenizer_steps": 9}, "tokenizer_steps: not used when tokenizer"),
     ],
 )
 def test_the_pipeline_form_refuses_what_a_later_stage_would(values, message):
