@@ -15,6 +15,7 @@ from flows.forms import Form
 from tasks.events import emit_stage_completed
 from tasks.search import search_subset_task
 from tasks.shard import write_shards_task
+from vfm_core import storage
 
 
 class ShardParams(Form):
@@ -44,6 +45,8 @@ class ShardParams(Form):
 @flow(name="shard", log_prints=True)
 def shard_flow(params: ShardParams) -> dict[str, Any]:
     clips_dir = params.clips_dir
+    for url in (clips_dir, params.shards_dir):  # a store without credentials: one line, first
+        storage.check_access(url)
     if params.query:
         sub_dir = params.shards_dir.rstrip("/") + "/_query"
         subset = search_subset_task(clips_dir, params.query, params.query_top, sub_dir)
