@@ -6,6 +6,7 @@ dicts, run ids)."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +62,18 @@ def generate_video(
             progress=False,  # no redraws in the flow run's log
         )
         logger.info("generating %r -> %s on %d rank(s)", prompt, out, nproc)
-        result = generate_request(
-            checkpoint,
-            request,
-            out,
-            tokenizer=tokenizer,
-            nproc=nproc,
-            on_line=log,
-        )
+        with warnings.catch_warnings(record=True) as caught:  # to the run's log, not stderr
+            warnings.simplefilter("always")
+            result = generate_request(
+                checkpoint,
+                request,
+                out,
+                tokenizer=tokenizer,
+                nproc=nproc,
+                on_line=log,
+            )
+        for w in caught:  # e.g. a prompt cut to the text model's length
+            logger.warning("warning: %s", w.message)
     except UserError as e:  # a bad input: its one line, as `vfm generate` prints it
         logger.error("vfm generate: error: %s", e)
         raise e.with_traceback(None) from None  # the message, not the library's frames
