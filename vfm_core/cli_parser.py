@@ -165,14 +165,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="predict memory/TFLOPS/MFU and rank 4D-parallel layouts")
     pl.add_argument("--recipe", required=True)
-    pl.add_argument("--seq", type=seq, required=True, help="video tokens/sample")
-    pl.add_argument("--gpus", type=int_at_least("--gpus", 1), required=True, help="GPU count")
-    pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
-    pl.add_argument("--fixed", default="", metavar="KEY=VALUE,...", help="pin layout keys")
     pl.add_argument(
-        "--top", type=int_at_least("--top"), default=10, help="layouts to show (0: all)"
+        "--seq", type=seq, required=True, help="video tokens/sample (at most 2**24 = 16777216)"
     )
-    pl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    pl.add_argument(
+        "--gpus", type=int_at_least("--gpus", 1), required=True, help="GPU count (at most 2**20)"
+    )
+    pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
+    pl.add_argument(
+        "--fixed",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="pin layout keys (repeatable: the pins add up; one key pinned twice is an error)",
+    )
+    pl.add_argument(
+        "--top", type=int_at_least("--top"), help="layouts to show (default 10; 0: all)"
+    )
+    pl.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a model.* field (with --check, a field of the run it builds); the "
+        "layout is searched, not set: pin its keys with --fixed",
+    )
     pl.add_argument("--json", action="store_true", help="print a JSON list, best first")
     pl.add_argument(
         "--explain",
@@ -185,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="build the real model under the best (--fixed) layout at --gpus ranks in this "
         "process (fake process group, meta tensors) and print its per-rank bytes of "
-        "parameters, gradients, optimizer state and EMA beside the planner's memory model",
+        "parameters, gradients, optimizer state and EMA beside the planner's memory model "
+        "(one layout: not with --top or --explain)",
     )
 
     sub.add_parser("recipes", help="list presets")
@@ -204,8 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--preset", default="tok-tiny", help="tokenizer preset")
     tt.add_argument("--steps", type=int_at_least("--steps", 1), default=200)
     tt.add_argument("--frames", type=int_at_least("--frames"), default=5, help="1 + 4k frames")
-    tt.add_argument("--size", type=int_at_least("--size"), default=32, help="square crop, pixels")
+    tt.add_argument(
+        "--size", type=int_at_least("--size", 1), default=32, help="square crop, pixels"
+    )
     tt.add_argument("--seed", type=int_at_least("--seed"), default=0)
+    tt.add_argument("--force", action="store_true", help="replace a tokenizer already in --out")
     tiny_levels = ",".join(map(str, TINY_FSQ_LEVELS))
     tt.add_argument(
         "--discrete",

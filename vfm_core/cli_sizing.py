@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
+from typing import Any
 
-from vfm_core.config import ConfigError, apply_overrides, validate
+from vfm_core.config import ConfigError, apply_overrides, parse_override, validate
 from vfm_core.recipes import RECIPES, get_recipe
 
 
@@ -36,11 +38,19 @@ def cmd_flops(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from vfm_core.perf.calibrate import calibrate
-    from vfm_core.perf.hardware import DEFAULT_EFFICIENCY
+    from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, gpu_spec
     from vfm_core.perf.plan_format import LEGEND, explain_plan, format_table
-    from vfm_core.perf.planner import explain_rejections, plan
+    from vfm_core.perf.planner import check_sizes, explain_rejections, plan
 
+    refuse_check_extras(args)
+    check_sizes(seq_len=args.seq, gpus=args.gpus)
+    try:
+        gpu_spec(args.hardware)  # before --calibrate, whose records default to this GPU
+    except ValueError as e:
+        raise ConfigError(f"--hardware: {e}") from None
     cfg = validate(apply_overrides(get_recipe(args.recipe), args.set))
+    refuse_unread_sets(args.set, check=args.check)
+    pins = fixed_pins(args.fixed)
     eff = DEFAULT_EFFICIENCY
     if args.calibrate:
         cal = calibrate(args.calibrate, hardware=args.hardware)
@@ -56,12 +66,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seq_len=args.seq,
         gpus=args.gpus,
         hardware=args.hardware,
-        fixed=args.fixed,
+        fixed=pins,
         efficiency=eff,
     )
     if args.check:
         return plan_check(cfg, result, args)
-    top = args.top or None
+    top = 10 if args.top is None else (args.top or None)  # 0: all
     if args.json:
         print(json.dumps([p.to_dict() for p in result.plans[:top]]))
     else:
@@ -83,6 +93,80 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for line in explain_rejections(result) or ["  (none)"]:
             print(line, file=out)
     return 0
+
+
+def refuse_check_extras(args: argparse.Namespace) -> None:
+    """``--check`` builds one layout, the best: ``--top`` and ``--explain`` have nothing to do."""
+    extras = [f for f, on in (("--top", args.top is not None), ("--explain", args.explain)) if on]
+    if args.check and extras:
+        raise ConfigError(
+            f"--check builds and measures the best layout only: {' and '.join(extras)} would be "
+            "ignored; drop it"
+        )
+
+
+def fixed_pins(texts: Sequence[str]) -> dict[str, Any]:
+    """The pins of every ``--fixed`` flag, merged (``--fixed tp=2 --fixed cp=2`` pins both); one
+    key pinned to two values, in one flag or two, is an error naming both."""
+    from vfm_core.perf.layout_rules import parse_fixed
+
+    pins: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for text in texts:
+        if not text.strip():
+            continue  # --fixed "": nothing pinned
+        for part in text.split(","):
+            if not part.strip():
+                raise ConfigError(f"--fixed {text}: an empty entry between commas")
+            for key, value in parse_fixed(part).items():
+                if key in pins and pins[key] != value:
+                    raise ConfigError(
+                        f"--fixed: {given[key]} and {part.strip()} pin two values of {key}; "
+                        "keep one"
+                    )
+                pins[key], given[key] = value, part.strip()
+    return pins
+
+
+_LAYOUT_FIELDS = {  # --set keys the searched layout decides -> the --fixed key that pins them
+    "parallel.dp_replicate": "dp_replicate",
+    "parallel.dp_shard": "dp_shard",
+    "parallel.tp": "tp",
+    "parallel.cp": "cp",
+    "parallel.pp": "pp",
+    "parallel.sequence_parallel": "sp",
+    "parallel.pp_virtual_stages": "vpp",
+    "parallel.pp_microbatches": "microbatches",
+    "parallel.activation_checkpointing_blocks": "recompute_blocks",
+    "parallel.cp_mode": "cp_mode",
+    "parallel.activation_checkpointing": "recompute",
+    "parallel.activation_checkpointing_mode": "recompute",
+    "parallel.pp_schedule": "vpp",
+    "train.grad_accum": "microbatches",
+    "data.batch_size": "micro_batch",
+}
+_SAME_VALUE = ("dp_replicate", "dp_shard", "tp", "cp", "pp", "sp", "vpp", "microbatches")
+
+
+def refuse_unread_sets(overrides: Sequence[str], *, check: bool) -> None:
+    """``vfm plan --set`` reaches what the plan reads: model fields (with ``--check``, the run it
+    builds too). A field of the searched layout, or one nothing reads, is an error naming it
+    (with the ``--fixed`` key that pins a layout field) instead of being ignored."""
+    for text in overrides:
+        (section, name), value = parse_override(text)
+        key = f"{section}.{name}"
+        pin = _LAYOUT_FIELDS.get(key)
+        if pin:
+            shown = f"{pin}={value}".lower() if pin in _SAME_VALUE else f"{pin}=..."
+            raise ConfigError(
+                f"--set {text.strip()}: vfm plan searches the layout, --set does not set it; "
+                f"pin it with --fixed {shown}"
+            )
+        if section != "model" and not check:
+            raise ConfigError(
+                f"--set {text.strip()}: vfm plan reads only model.* fields ({section}.* counts "
+                "only with --check, which builds the run)"
+            )
 
 
 def plan_check(cfg, result, args: argparse.Namespace) -> int:
@@ -117,6 +201,7 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
                     "recipe": cfg.recipe,
                     "seq": args.seq,
                     "gpus": args.gpus,
+                    "hardware": result.gpu.name,
                     "layout": lay,
                     "pp_rank": rank,
                     "components": report,
@@ -126,7 +211,7 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
         )
         return 0
     shown = " ".join(f"{k}={v}" for k, v in lay.items())
-    print(f"{cfg.recipe} at {args.seq} tokens on {args.gpus} GPUs, layout {shown}")
+    print(f"{cfg.recipe} at {args.seq} tokens on {args.gpus} x {result.gpu.name}, layout {shown}")
     print(f"model states of the busiest rank (pipeline rank {rank}), built for real vs planned:")
     print(format_check(report))
     return 0

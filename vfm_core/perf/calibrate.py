@@ -18,7 +18,8 @@ from typing import Any
 
 from vfm_core.config import ConfigError, ModelConfig
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
-from vfm_core.perf.layout_rules import LAYOUT_KEYS, parse_fixed
+from vfm_core.perf.layout_rules import LAYOUT_KEYS, check_layout, parse_fixed
+from vfm_core.perf.planner import MAX_GPUS, MAX_SEQ_LEN
 from vfm_core.perf.timing import (
     Layout,
     Workload,
@@ -26,18 +27,27 @@ from vfm_core.perf.timing import (
     tokens_per_step_per_gpu,
     workload,
 )
+from vfm_core.storage import not_regular
 
 CALIBRATABLE = ("gemm", "attention", "hbm", "nvlink", "ib")
+MAX_TEXT_LEN = 2**20
+"""The largest ``text_len`` of a record (the run config's ``model.text_len`` bound)."""
 
 
 def load_runs(path: str | Path) -> list[dict[str, Any]]:
     """Measured step records from a JSON list / ``{"runs": [...]}`` / JSONL file (e.g. rows of a
     run's ``metrics.jsonl`` that also carry the run's ``recipe``, ``seq`` and layout keys)."""
-    p = Path(path)
+    kind = not_regular(path)  # only stat: opening a FIFO would block forever
+    if kind is not None:
+        raise ConfigError(f"--calibrate {path}: cannot read it: {kind}")
     try:
-        text = p.read_text()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as e:
-        raise ConfigError(f"--calibrate: cannot read {path}: {e.strerror}") from None
+        raise ConfigError(f"--calibrate {path}: cannot read it: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"--calibrate {path}: not UTF-8 text (byte {e.start}); expected JSON or JSONL"
+        ) from None
     try:
         data = json.loads(text)
         records = data["runs"] if isinstance(data, dict) and "runs" in data else data
@@ -45,11 +55,11 @@ def load_runs(path: str | Path) -> list[dict[str, Any]]:
         try:
             records = [json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as e:
-            raise ConfigError(f"--calibrate: {path} is neither JSON nor JSONL: {e}") from None
+            raise ConfigError(f"--calibrate {path}: neither JSON nor JSONL: {e}") from None
     if isinstance(records, dict):
         records = [records]
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise ConfigError(f"--calibrate: {path} must hold a list of run records (objects)")
+        raise ConfigError(f"--calibrate {path}: must hold a list of run records (objects)")
     return records
 
 
@@ -65,42 +75,135 @@ class Calibration:
 
 
 def _record_case(
-    rec: Mapping[str, Any], default_hw: str
+    rec: Mapping[str, Any], default_hw: str, where: str
 ) -> tuple[Workload, Layout, GpuSpec, float]:
+    """The workload, layout, GPU and measured tokens/s/GPU of one record; every bad field raises
+    one :class:`ConfigError` starting with ``where`` (the file and the record) and the field."""
+    cfg = _record_model(rec, where)
+    seq = _record_seq(rec, where)
+    lay = _record_layout(rec, where)
+    hardware = rec.get("hardware", default_hw)
+    try:
+        gpu = gpu_spec(_string(hardware, "hardware", where))
+    except ValueError as e:
+        raise ConfigError(f"{where}: hardware: {e}") from None
+    why = check_layout(cfg, lay, seq_len=seq, gpu=gpu)
+    if why:
+        raise ConfigError(f"{where}: layout: {why}")
+    measured = _record_throughput(rec, lay, where)
+    grid = _record_grid(rec, seq, where)
+    text_len = _integer(rec, "text_len", where, low=0, high=MAX_TEXT_LEN)
+    work = workload(cfg, seq_len=seq, grid=grid, text_len=text_len)
+    return work, lay, gpu, measured
+
+
+def _record_model(rec: Mapping[str, Any], where: str) -> ModelConfig:
+    """``recipe`` (a preset name) and / or ``model`` (fields on top of the recipe's model, or of
+    the default model), checked as the run config checks them."""
+    from vfm_core.config import Config, merge, validate
     from vfm_core.recipes import get_recipe
 
-    if "model" in rec and isinstance(rec["model"], Mapping):
-        try:
-            cfg = ModelConfig(**rec["model"])
-        except TypeError as e:
-            raise ConfigError(f"--calibrate: bad model in a run record: {e}") from None
-    elif "recipe" in rec:
-        cfg = get_recipe(str(rec["recipe"])).model
-    else:
-        raise ConfigError("--calibrate: a run record needs 'recipe' or 'model'")
-    seq = rec.get("seq", rec.get("seq_len"))
-    if not isinstance(seq, int) or seq <= 0:
-        raise ConfigError(f"--calibrate: a run record needs a positive 'seq', got {seq!r}")
-    src = rec.get("layout", rec)
-    kw = parse_fixed({k: src[k] for k in LAYOUT_KEYS if k in src})
-    lay = Layout(**kw)
+    if "recipe" not in rec and "model" not in rec:
+        raise ConfigError(f"{where}: needs 'recipe' (a preset name) or 'model' (its fields)")
+    model = rec.get("model", {})
+    if not isinstance(model, Mapping):
+        raise ConfigError(f"{where}: model: expected a mapping of fields, got {model!r}")
+    recipe = _string(rec["recipe"], "recipe", where) if "recipe" in rec else None
     try:
-        gpu = gpu_spec(str(rec.get("hardware", default_hw)))
-    except ValueError as e:
-        raise ConfigError(f"--calibrate: {e}") from None
+        cfg = merge(Config() if recipe is None else get_recipe(recipe), {"model": dict(model)})
+        # the model alone is checked: data sizes of one patch always divide by the patch
+        t, h, w = cfg.model.patch
+        data = dataclasses.replace(cfg.data, latent_frames=t, latent_height=h, latent_width=w)
+        validate(dataclasses.replace(cfg, data=data))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return cfg.model
+
+
+def _record_seq(rec: Mapping[str, Any], where: str) -> int:
+    """``seq`` (or ``seq_len``): video tokens per sample, 1 .. MAX_SEQ_LEN."""
+    if "seq" in rec and "seq_len" in rec and rec["seq"] != rec["seq_len"]:
+        raise ConfigError(f"{where}: seq {rec['seq']!r} and seq_len {rec['seq_len']!r} differ")
+    key = "seq" if "seq" in rec else "seq_len"
+    seq = _integer(rec, key, where, low=1, high=MAX_SEQ_LEN)
+    if seq is None:
+        raise ConfigError(f"{where}: needs 'seq' (video tokens per sample)")
+    return seq
+
+
+_LAYOUT_TYPES = {
+    f.name: {"int": int, "bool": bool}.get(str(f.type), str) for f in dataclasses.fields(Layout)
+}
+_TYPE_NAMES = {int: "an integer", bool: "true or false", str: "a string"}
+
+
+def _record_layout(rec: Mapping[str, Any], where: str) -> Layout:
+    """The layout keys under ``layout`` or at the top level (both: they must agree)."""
+    keys = top = {k: rec[k] for k in LAYOUT_KEYS if k in rec}
+    if "layout" in rec:
+        if not isinstance(rec["layout"], Mapping):
+            raise ConfigError(f"{where}: layout: expected a mapping of keys, got {rec['layout']!r}")
+        keys = dict(rec["layout"])
+        for k, v in top.items():
+            if k in keys and keys[k] != v:
+                raise ConfigError(f"{where}: {k}: {v!r} but layout.{k}: {keys[k]!r}; keep one")
+    for k, v in keys.items():
+        want = _LAYOUT_TYPES.get(k)
+        if want is not None and type(v) is not want:  # type(): true is no integer here
+            raise ConfigError(f"{where}: layout: {k} expects {_TYPE_NAMES[want]}, got {v!r}")
+    try:
+        return Layout(**parse_fixed(keys))
+    except ConfigError as e:  # parse_fixed speaks of --fixed; this came from the record
+        raise ConfigError(f"{where}: layout: {str(e).removeprefix('--fixed: ')}") from None
+
+
+def _record_throughput(rec: Mapping[str, Any], lay: Layout, where: str) -> float:
+    """``tokens_per_s_per_gpu``, else ``tokens_per_s`` / ``gpus`` (default: the layout's)."""
     if "tokens_per_s_per_gpu" in rec:
-        measured = float(rec["tokens_per_s_per_gpu"])
-    elif "tokens_per_s" in rec:
-        measured = float(rec["tokens_per_s"]) / int(rec.get("gpus", lay.world))
-    else:
-        raise ConfigError(
-            "--calibrate: a run record needs 'tokens_per_s' or 'tokens_per_s_per_gpu'"
-        )
-    if measured <= 0:
-        raise ConfigError(f"--calibrate: measured throughput must be positive, got {measured}")
-    grid = tuple(rec["grid"]) if "grid" in rec else None
-    work = workload(cfg, seq_len=seq, grid=grid, text_len=rec.get("text_len"))  # type: ignore[arg-type]
-    return work, lay, gpu, measured
+        return _positive(rec, "tokens_per_s_per_gpu", where)
+    if "tokens_per_s" in rec:
+        gpus = _integer(rec, "gpus", where, low=1, high=MAX_GPUS)
+        return _positive(rec, "tokens_per_s", where) / (gpus or lay.world)
+    raise ConfigError(f"{where}: needs 'tokens_per_s_per_gpu' or 'tokens_per_s' (with 'gpus')")
+
+
+def _record_grid(rec: Mapping[str, Any], seq: int, where: str) -> tuple[int, int, int] | None:
+    """``grid``: the (t, h, w) token grid, t·h·w = seq (None: the planner's default grid)."""
+    if "grid" not in rec:
+        return None
+    g = rec["grid"]
+    ok = isinstance(g, list | tuple) and len(g) == 3
+    if not ok or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in g):
+        raise ConfigError(f"{where}: grid: expected [t, h, w], 3 positive integers, got {g!r}")
+    if math.prod(g) != seq:
+        raise ConfigError(f"{where}: grid: {list(g)} holds {math.prod(g)} tokens, seq is {seq}")
+    return (g[0], g[1], g[2])
+
+
+def _integer(rec: Mapping[str, Any], key: str, where: str, *, low: int, high: int) -> int | None:
+    """``rec[key]`` as an integer in [low, high] (None when absent)."""
+    if key not in rec:
+        return None
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{where}: {key}: expected an integer, got {v!r}")
+    if not low <= v <= high:
+        raise ConfigError(f"{where}: {key}: must be in [{low}, {high}], got {v}")
+    return v
+
+
+def _positive(rec: Mapping[str, Any], key: str, where: str) -> float:
+    """``rec[key]`` as a finite number > 0 (JSON's NaN and Infinity refused)."""
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(f"{where}: {key}: expected a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def _string(value: Any, key: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {key}: expected a string, got {value!r}")
+    return value
 
 
 def calibrate(
@@ -116,14 +219,19 @@ def calibrate(
     Minimises Σ log²(predicted / measured) by coordinate descent, each coordinate a golden-section
     search over (0.02, 1.5) × its default (fractions are capped at 1). Each record: ``recipe`` (or a
     ``model`` dict), ``seq``, layout keys (top-level or under ``layout``), ``hardware``, and
-    ``tokens_per_s_per_gpu`` or ``tokens_per_s`` (all GPUs; with ``gpus``)."""
+    ``tokens_per_s_per_gpu`` or ``tokens_per_s`` (all GPUs; with ``gpus``). A record that is
+    not that raises one :class:`ConfigError` naming the file, the record and the field."""
+    source = f"--calibrate {runs}" if isinstance(runs, str | Path) else "calibration runs"
     records = load_runs(runs) if isinstance(runs, str | Path) else list(runs)
     if not records:
-        raise ConfigError("--calibrate: no runs to fit")
+        raise ConfigError(f"{source}: no runs to fit")
     for name in fit:
         if name not in CALIBRATABLE:
             raise ConfigError(f"cannot fit {name!r} (choose from {', '.join(CALIBRATABLE)})")
-    cases = [_record_case(r, hardware) for r in records]
+    n = len(records)
+    cases = [
+        _record_case(r, hardware, f"{source}: record {i + 1} of {n}") for i, r in enumerate(records)
+    ]
 
     def loss(e: Efficiency) -> float:
         total = 0.0
@@ -160,7 +268,6 @@ def calibrate(
                     d = a + golden * (b - a)
                     fd = f(d)
             eff = dataclasses.replace(eff, **{name: (a + b) / 2})
-    n = len(cases)
     return Calibration(
         efficiency=eff,
         fitted={k: getattr(eff, k) for k in fit},

@@ -77,6 +77,23 @@ VIRTUAL_STAGES = (1, 2, 4)
 MAX_GPUS = 2**20
 """The largest ``gpus`` planned: several times the largest GPU clusters built, and a search that
 still answers in about a second (the degrees are the divisors of the GPU count)."""
+MAX_SEQ_LEN = 2**24
+"""The longest sequence planned, in video tokens per sample: 16x the longest contexts trained
+(~10**6 tokens), and a workload that still builds in about a second (the default token grid
+walks the divisors of the length)."""
+
+
+def check_sizes(*, seq_len: int, gpus: int) -> None:
+    """``--seq`` and ``--gpus`` out of range raise :class:`ConfigError` (checked before any work:
+    the search and the workload grow with both)."""
+    if seq_len <= 0:
+        raise ConfigError(f"--seq must be a positive number of tokens, got {seq_len}")
+    if seq_len > MAX_SEQ_LEN:
+        raise ConfigError(f"--seq must be at most 2**24 = {MAX_SEQ_LEN} tokens, got {seq_len}")
+    if gpus <= 0:
+        raise ConfigError(f"--gpus must be positive, got {gpus}")
+    if gpus > MAX_GPUS:
+        raise ConfigError(f"--gpus must be at most 2**20 = {MAX_GPUS}, got {gpus}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -244,14 +261,9 @@ def plan(
 ) -> PlanResult:
     """Enumerate, evaluate and rank the layouts of ``cfg`` on ``gpus`` GPUs of ``hardware``.
 
-    Raises :class:`ConfigError` for nonsense input (non-positive sizes, unknown hardware, pinned
-    degrees that cannot work) and when no layout is valid at all."""
-    if seq_len <= 0:
-        raise ConfigError(f"--seq must be a positive number of tokens, got {seq_len}")
-    if gpus <= 0:
-        raise ConfigError(f"--gpus must be positive, got {gpus}")
-    if gpus > MAX_GPUS:
-        raise ConfigError(f"--gpus must be at most 2**20 = {MAX_GPUS}, got {gpus}")
+    Raises :class:`ConfigError` for nonsense input (sizes outside :func:`check_sizes`, unknown
+    hardware, pinned degrees that cannot work) and when no layout is valid at all."""
+    check_sizes(seq_len=seq_len, gpus=gpus)
     try:
         gpu = hardware if isinstance(hardware, GpuSpec) else gpu_spec(hardware)
     except ValueError as e:
