@@ -63,6 +63,29 @@ def test_bad_input_is_one_clear_line(args, needle, tmp_path):
     assert needle in lines[0]
 
 
+def test_tokenizer_out_is_checked_before_the_training(tmp_path, capsys):
+    """``--out`` of `vfm tokenizer train`: ``s3://`` wrote a local folder named ``s3:``; an
+    existing file failed after the training; a trained tokenizer was replaced silently; ''
+    wrote into the cwd. Each is one line now, before any work; ``--force`` replaces."""
+    from vfm_core.cli import main as vfm_main
+
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.safetensors").write_bytes(b"")
+    base = ["tokenizer", "train", "--shards", str(tmp_path / "none"), "--steps", "1"]
+    for out, said in [
+        ("s3://bucket/tok", "--out s3://bucket/tok: the tokenizer is written to a local folder"),
+        (str(tmp_path / "afile"), "afile: is a file, not a folder"),
+        (str(tmp_path / "tok"), "already holds a tokenizer (tokenizer.safetensors); pass --force"),
+        ("", "--out is empty"),
+    ]:
+        assert vfm_main([*base, "--out", out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (out, err)
+    assert vfm_main([*base, "--out", str(tmp_path / "tok"), "--force"]) == 2  # checked: shards
+    assert "--out" not in capsys.readouterr().err
+
+
 def test_flops_json():
     r = vfm("flops", "--recipe", "dit-7b", "--seq", "56320", "--json")
     assert r.returncode == 0, r.stderr

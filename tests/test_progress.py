@@ -70,6 +70,11 @@ def test_delay_keeps_a_short_loop_quiet(caplog):
 def test_every_s_from_the_environment_and_disabled(monkeypatch, caplog):
     monkeypatch.setenv("VFM_PROGRESS_EVERY_S", "0.5")
     assert Progress(4, desc="x").every == 0.5
+    for bad in ("abc", "-1", "inf"):  # was ignored without a word
+        monkeypatch.setenv("VFM_PROGRESS_EVERY_S", bad)
+        with pytest.warns(UserWarning, match=f"VFM_PROGRESS_EVERY_S='{bad}': expected seconds"):
+            assert Progress(4, desc="x").every == 10.0
+    monkeypatch.setenv("VFM_PROGRESS_EVERY_S", "0.5")
     caplog.set_level(logging.INFO, logger="vfm_core")
     with Progress(4, desc="off", enabled=False) as bar:
         bar.update(4)

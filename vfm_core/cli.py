@@ -204,9 +204,33 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _check_tokenizer_out(out: str, *, force: bool) -> None:
+    """``--out`` of ``vfm tokenizer train``, before the training: a local folder (empty, remote,
+    a file, or one that already holds a tokenizer without ``--force``: one line each)."""
+    from vfm_core import storage
+    from vfm_core.tokenizer.io import WEIGHTS_FILE
+
+    if not out.strip():
+        raise ConfigError("--out is empty: name the tokenizer's folder")
+    if storage.is_remote(out):
+        raise ConfigError(
+            f"--out {out}: the tokenizer is written to a local folder; copy it to the store "
+            "afterwards"
+        )
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a folder")
+    if (path / WEIGHTS_FILE).exists() and not force:
+        raise ConfigError(
+            f"--out {out}: already holds a tokenizer ({WEIGHTS_FILE}); pass --force to replace "
+            "it, or choose another --out"
+        )
+
+
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     from vfm_core.tokenizer.from_shards import train_tokenizer_on_shards
 
+    _check_tokenizer_out(args.out, force=args.force)
     levels = None
     if args.discrete is not None:
         try:
@@ -238,6 +262,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from vfm_core.perf import report
 
+    if args.out is not None:  # before any MLflow work: a local folder, not a file or a URL
+        report.check_out_dir(args.out, "--out")
     if args.out:
         summary = report.build_report(args.study, args.out, tracking_uri=args.tracking_uri)
         rows = json.loads((Path(args.out) / "rows.json").read_text())
@@ -261,9 +287,11 @@ def cmd_track(args: argparse.Namespace) -> int:
         print(json.dumps(done))
     else:
         status = f", ended {done['status']}" if done["status"] else ""
+        gone = done["missing_artifacts"]
+        not_sent = f" ({len(gone)} not found: see the warnings)" if gone else ""
         print(
             f"MLflow run {done['run_id']} at {done['tracking_uri']}: sent {done['metrics']} "
-            f"metric values, {done['tags']} tags, {done['artifacts']} artifacts{status}"
+            f"metric values, {done['tags']} tags, {done['artifacts']} artifacts{not_sent}{status}"
         )
     return 0
 
@@ -332,10 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from vfm_core.infra_env import use_running_services
 
-    use_running_services()  # the servers of `make up`, when they run: one MLflow store
     python_format = warnings.formatwarning
     if not getattr(args, "debug", False):
         warnings.formatwarning = _one_line_warning
+    use_running_services()  # the servers of `make up`, when they run: one MLflow store
     try:
         return {
             "train": cmd_train,

@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import TextIO
 
@@ -50,10 +51,20 @@ def _plural(unit: str) -> str:
 def _every_s(every_s: float | None) -> float:
     if every_s is not None:
         return every_s
-    try:
-        return float(os.environ.get(EVERY_ENV, PROGRESS_EVERY_S))
-    except ValueError:
+    raw = os.environ.get(EVERY_ENV)
+    if raw is None:
         return PROGRESS_EVERY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        warnings.warn(
+            f"{EVERY_ENV}={raw!r}: expected seconds >= 0; using {PROGRESS_EVERY_S:g}",
+            stacklevel=3,
+        )
+        return PROGRESS_EVERY_S
+    return value
 
 
 class Progress:

@@ -97,6 +97,33 @@ def is_file_store(uri: str) -> bool:
     return urllib.parse.urlparse(uri).scheme in ("", "file")
 
 
+def refuse_missing_store(uri: str, source: str, why: str) -> None:
+    """A :class:`~vfm_core.tracking.TrackingStoreError` naming ``uri`` (set by ``source``) when it
+    is a local store that does not exist (a sqlite database, a file store folder), so that MLflow
+    does not create one at a mistyped path; ``why``: why this command does not create one."""
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        kind = "a folder" if db.is_dir() else "nothing"
+        raise TrackingStoreError(
+            f"MLflow tracking URI {uri} ({source}): no database at {db} ({kind} there; {why}, "
+            "so it creates none); check the path"
+        )
+    if db is not None or not is_file_store(uri):
+        return
+    parsed = urllib.parse.urlparse(uri)
+    folder = Path(urllib.request.url2pathname(parsed.path) if parsed.scheme else uri)
+    if not folder.exists():
+        raise TrackingStoreError(
+            f"MLflow tracking URI {uri} ({source}): no file store at {folder} ({why}, so it "
+            "creates none); check the path"
+        )
+    if not folder.is_dir():
+        raise TrackingStoreError(
+            f"MLflow tracking URI {uri} ({source}): {folder} is a file, not a file store (a "
+            f"folder); for a sqlite database write sqlite:///{folder.resolve()}"
+        )
+
+
 def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI", existing: bool = False) -> None:
     """Make the tracking store at ``uri`` usable before MLflow touches it, or raise a one-line
     :class:`TrackingStoreError` naming ``uri`` (set by ``source``) and the fix: a file store is

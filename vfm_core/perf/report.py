@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from vfm_core.config import ConfigError, ModelConfig
 from vfm_core.perf.hardware import PEAKS, GpuSpec, match_gpu
 from vfm_core.perf.timing import Layout, step_time, tokens_per_step_per_gpu, workload
-from vfm_core.tracking import LAYOUT_TAG, STUDY_TAG
+from vfm_core.tracking import LAYOUT_TAG, STAGE_TAG, STUDY_TAG
 
 _DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
@@ -84,97 +85,228 @@ def _median_after(history: list[float], warmup: int) -> float:
 
 
 def study_runs(study: str, *, tracking_uri: str | None = None, warmup: int = 2) -> list[StudyRow]:
-    """The finished runs tagged ``vfm.study=study``, as rows (no derived columns yet)."""
-    import mlflow
-
-    from vfm_core.tracking import open_store, tracking_uri_from
-
-    uri, source = tracking_uri_from(tracking_uri, "--tracking-uri")
-    open_store(uri, source=source, existing=True)  # a report never creates a store
-    client = mlflow.MlflowClient(tracking_uri=uri)
+    """The finished runs tagged ``vfm.study=study``, as rows (no derived columns yet). A run
+    whose params cannot be read is left out with one warning line naming the run and the param."""
+    client = _read_only_client(tracking_uri)
     exps = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(
-        exps, filter_string=f"tags.`{STUDY_TAG}` = '{study}' and attributes.status = 'FINISHED'"
-    )
-    rows = []
+    runs = client.search_runs(exps, filter_string=_study_filter(study))
+    rows, left_out = [], 0
     for run in runs:
-        p, m = run.data.params, run.data.metrics
-        if "tokens_per_s" not in m:
+        try:
+            row = _row(client, run, warmup)
+        except _BadParam as e:
+            print(f"warning: {_who(run, study)}: {e}: left out of the report", file=sys.stderr)
+            left_out += 1
             continue
-        hist = {
-            k: [x.value for x in client.get_metric_history(run.info.run_id, k)]
-            for k in ("tokens_per_s", "tflops", "mfu")
-        }
-        world = int(p.get("world_size", 1))
-        degrees = {k: int(p.get(f"parallel.{k}", 1)) for k in _DEGREES}
-        if degrees["dp_shard"] < 1:  # -1: inferred from the world size (ParallelDims)
-            rest = math.prod(v for k, v in degrees.items() if k != "dp_shard")
-            degrees["dp_shard"] = max(1, world // rest)
-        model = {
-            k.removeprefix("model."): json.loads(v) if v[:1] in "[{" else v
-            for k, v in p.items()
-            if k.startswith("model.")
-        }
-        tps = _median_after(hist["tokens_per_s"], warmup)
-        rows.append(
-            StudyRow(
-                run_id=run.info.run_id,
-                layout=run.data.tags.get(LAYOUT_TAG, f"{world}p"),
-                recipe=p.get("recipe", run.data.tags.get("recipe", "?")),
-                world=world,
-                degrees=degrees,
-                tokens_per_s=tps,
-                per_proc=tps / world,
-                tflops=_median_after(hist["tflops"], warmup),
-                mfu=_median_after(hist["mfu"], warmup),
-                hardware=match_gpu(p.get("peak_source", "")) or "cpu",
-                model=model,
-                seq=_seq(p),
-                peak_flops=float(p.get("peak_flops_per_gpu", p.get("peak_flops", 0)) or 0),
-                batch=max(
-                    1,
-                    int(p.get("data.batch_size", 1))
-                    // (degrees["dp_replicate"] * degrees["dp_shard"]),
-                ),
+        if row is not None:
+            rows.append(row)
+        elif run.data.tags.get(STAGE_TAG) != "scaling-study":  # the study's own (parent) run
+            print(
+                f"warning: {_who(run, study)}: logged no tokens_per_s (no step trained): left "
+                "out of the report",
+                file=sys.stderr,
             )
-        )
+            left_out += 1
     if not rows:
-        raise ConfigError(f"no finished MLflow runs tagged {STUDY_TAG}={study!r}")
+        more = f" ({left_out} left out: see the warnings)" if left_out else ""
+        raise ConfigError(f"no finished MLflow runs tagged {STUDY_TAG}={study!r}{more}")
     return sorted(rows, key=lambda r: (r.recipe, r.world, r.layout))
 
 
-def _seq(params: dict[str, str]) -> int:
+def _who(run, study: str) -> str:
+    return f"MLflow run {run.info.run_id} (study {study!r})"
+
+
+def _read_only_client(tracking_uri: str | None):
+    """A client on the existing store at ``tracking_uri`` (else the environment's); a store that
+    does not exist is refused, never created."""
+    import mlflow
+
+    from vfm_core.tracking import (
+        DEFAULT_SOURCE,
+        open_store,
+        refuse_missing_store,
+        tracking_uri_from,
+    )
+
+    if tracking_uri is not None and not tracking_uri.strip():
+        raise ConfigError(
+            "--tracking-uri is empty: name the study's MLflow store, or leave the flag out for "
+            "the project store"
+        )
+    uri, source = tracking_uri_from(tracking_uri, "--tracking-uri")
+    if source != DEFAULT_SOURCE:
+        refuse_missing_store(uri, source, "a report only reads runs")
+    open_store(uri, source=source, existing=True)  # a report never creates a store
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def _study_filter(study: str) -> str:
+    """The MLflow filter for the study's finished runs (the name quoted with the quote character
+    it does not hold: MLflow's filter syntax has no escape)."""
+    if not study.strip():
+        raise ConfigError(f"study name {study!r} is empty: name the study (MLflow tag {STUDY_TAG})")
+    if "'" in study and '"' in study:
+        raise ConfigError(
+            f"study name {study!r} holds both quote characters (' and \"): MLflow's filter "
+            "syntax cannot match such a tag value; rename the study"
+        )
+    q = '"' if "'" in study else "'"
+    return f"tags.`{STUDY_TAG}` = {q}{study}{q} and attributes.status = 'FINISHED'"
+
+
+class _BadParam(ValueError):
+    """A param of a study run that cannot be read (the run is left out of the report)."""
+
+
+def _param(p: dict[str, str], key: str, default, convert, what: str, ok=lambda v: True):
+    """Param ``key`` converted (``default`` when the run has none), or :class:`_BadParam`."""
+    if key not in p:
+        return default
     try:
-        t, h, w = (int(params[f"data.latent_{k}"]) for k in ("frames", "height", "width"))
-        pt, ph, pw = json.loads(params["model.patch"])
-    except (KeyError, ValueError, TypeError):
+        value = convert(p[key])
+    except (ValueError, TypeError):
+        raise _BadParam(f"param {key}={p[key]!r} is not {what}") from None
+    if not ok(value):
+        raise _BadParam(f"param {key}={p[key]!r} is not {what}")
+    return value
+
+
+def _degrees(p: dict[str, str], world: int) -> dict[str, int]:
+    """The run's parallel degrees, ``dp_shard=-1`` worked out from the world size."""
+    degrees = {
+        k: _param(p, f"parallel.{k}", 1, int, "an integer >= 1", lambda v: v >= 1)
+        for k in _DEGREES
+        if k != "dp_shard"
+    }
+    degrees["dp_shard"] = _param(
+        p, "parallel.dp_shard", 1, int, "an integer >= 1 or -1", lambda v: v >= 1 or v == -1
+    )
+    if degrees["dp_shard"] < 1:  # -1: inferred from the world size (ParallelDims)
+        rest = math.prod(v for k, v in degrees.items() if k != "dp_shard")
+        degrees["dp_shard"] = max(1, world // rest)
+    return {k: degrees[k] for k in _DEGREES}
+
+
+def _model_params(p: dict[str, str]) -> dict[str, Any]:
+    """The run's ``model.*`` params (lists and objects read as JSON)."""
+    model = {}
+    for k, v in p.items():
+        if not k.startswith("model."):
+            continue
+        try:
+            model[k.removeprefix("model.")] = json.loads(v) if v[:1] in "[{" else v
+        except json.JSONDecodeError as e:
+            raise _BadParam(f"param {k}={v!r} is not JSON ({e.msg})") from None
+    return model
+
+
+def _peak_flops(p: dict[str, str]) -> float:
+    key = "peak_flops_per_gpu" if "peak_flops_per_gpu" in p else "peak_flops"
+    return _param(
+        p, key, 0.0, lambda v: float(v or 0), "a FLOP/s number >= 0", lambda v: 0 <= v < math.inf
+    )
+
+
+def _row(client, run, warmup: int) -> StudyRow | None:
+    """The run as a row (None: it logged no throughput); :class:`_BadParam` for a bad param."""
+    p, m = run.data.params, run.data.metrics
+    if "tokens_per_s" not in m:
+        return None
+    world = _param(p, "world_size", 1, int, "an integer >= 1", lambda v: v >= 1)
+    degrees = _degrees(p, world)
+    model = _model_params(p)
+    _model_kwargs(model)  # each model param readable (the planner's prediction needs them)
+    batch = _param(p, "data.batch_size", 1, int, "an integer >= 1", lambda v: v >= 1)
+    hist = {
+        k: [x.value for x in client.get_metric_history(run.info.run_id, k)]
+        for k in ("tokens_per_s", "tflops", "mfu")
+    }
+    tps = _median_after(hist["tokens_per_s"], warmup)
+    return StudyRow(
+        run_id=run.info.run_id,
+        layout=run.data.tags.get(LAYOUT_TAG, f"{world}p"),
+        recipe=p.get("recipe", run.data.tags.get("recipe", "?")),
+        world=world,
+        degrees=degrees,
+        tokens_per_s=tps,
+        per_proc=tps / world,
+        tflops=_median_after(hist["tflops"], warmup),
+        mfu=_median_after(hist["mfu"], warmup),
+        hardware=match_gpu(p.get("peak_source", "")) or "cpu",
+        model=model,
+        seq=_seq(p),
+        peak_flops=_peak_flops(p),
+        batch=max(1, batch // (degrees["dp_replicate"] * degrees["dp_shard"])),
+    )
+
+
+def _seq(params: dict[str, str]) -> int:
+    """Tokens per sample from the latent size and the patch (0: the run does not say)."""
+    keys = [f"data.latent_{k}" for k in ("frames", "height", "width")]
+    if any(k not in params for k in [*keys, "model.patch"]):
         return 0
+    t, h, w = (_param(params, k, 1, int, "an integer >= 1", lambda v: v >= 1) for k in keys)
+    pt, ph, pw = _param(
+        params,
+        "model.patch",
+        (1, 1, 1),
+        json.loads,
+        "a list of three integers >= 1",
+        lambda v: (
+            isinstance(v, list)
+            and len(v) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v)
+        ),
+    )
     return (t // pt) * (h // ph) * (w // pw)
+
+
+def _model_kwargs(model: dict[str, Any]) -> dict[str, Any]:
+    """``model.*`` params as :class:`ModelConfig` keyword arguments (unknown keys left out);
+    :class:`_BadParam` naming a param of the wrong type."""
+    fields = set(ModelConfig.__dataclass_fields__)
+    kw: dict[str, Any] = {}
+    for k, v in model.items():
+        if k not in fields:
+            continue
+        default = getattr(ModelConfig(), k)
+        try:
+            kw[k] = _model_value(default, v)
+        except (ValueError, TypeError):
+            what = _MODEL_TYPES.get(type(default), "readable")
+            raise _BadParam(f"param model.{k}={v!r} is not {what}") from None
+    return kw
+
+
+_MODEL_TYPES = {bool: "true or false", int: "an integer", float: "a number", tuple: "a JSON list"}
+"""What a ``model.*`` param must be, by the type of the field's default (for the warning)."""
+
+
+def _model_value(default: Any, v: Any) -> Any:
+    """A param value converted to the type of the field's default."""
+    if isinstance(default, bool):
+        if str(v).lower() not in ("true", "false"):
+            raise ValueError(v)
+        return str(v).lower() == "true"
+    if isinstance(default, int):
+        return int(v)
+    if isinstance(default, float):
+        return float(v)
+    if isinstance(default, tuple):
+        if not isinstance(v, list | tuple):  # a JSON list (a row built in code: a tuple)
+            raise TypeError(v)
+        return tuple(v)
+    if v in ("None", ""):
+        return None
+    return int(v) if isinstance(v, str) and v.isdigit() else v
 
 
 def _model_config(row: StudyRow) -> ModelConfig | None:
     if not row.model:
         return None
-    fields = set(ModelConfig.__dataclass_fields__)
-    kw: dict[str, Any] = {}
-    for k, v in row.model.items():
-        if k not in fields:
-            continue
-        default = getattr(ModelConfig(), k)
-        if isinstance(default, bool):
-            kw[k] = str(v).lower() == "true"
-        elif isinstance(default, int) and not isinstance(default, bool):
-            kw[k] = int(v)
-        elif isinstance(default, float):
-            kw[k] = float(v)
-        elif isinstance(default, tuple):
-            kw[k] = tuple(v)
-        elif v in ("None", ""):
-            kw[k] = None
-        else:
-            kw[k] = int(v) if isinstance(v, str) and v.isdigit() else v
     try:
-        return ModelConfig(**kw)
+        return ModelConfig(**_model_kwargs(row.model))
     except (TypeError, ValueError):
         return None
 
@@ -305,11 +437,34 @@ def plot(rows: list[StudyRow], out_dir: str | Path) -> list[Path]:
     return [p1, p2]
 
 
+def check_out_dir(out: str | Path, setting: str = "out_dir") -> Path:
+    """The report's folder named by ``setting``, checked before any work: a local folder (not a
+    URL, not an existing file); it is created when the report is written."""
+    text = str(out)
+    if not text.strip():
+        raise ConfigError(f"{setting} is empty: name a local folder for the report")
+    if "://" in text:
+        raise ConfigError(
+            f"{setting} {text}: a URL; the report is written to a local folder: name one (the "
+            "scaling flow logs the report to MLflow as artifacts)"
+        )
+    path = Path(text)
+    existing = next((q for q in (path, *path.parents) if q.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(
+            f"{setting} {text}: {existing} is a file, not a folder; name a folder for the report"
+        )
+    return path
+
+
 def build_report(study: str, out_dir: str | Path, *, tracking_uri: str | None = None) -> dict:
     """Rows + derived columns -> ``report.md``, ``rows.json`` and the PNGs under ``out_dir``."""
+    out = check_out_dir(out_dir)
     rows = add_derived(study_runs(study, tracking_uri=tracking_uri))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"out_dir {out}: the folder cannot be made ({e.strerror or e})") from None
     table = format_table(rows)
     (out / "report.md").write_text(f"# Scaling study `{study}`\n\n{table}\n")
     (out / "rows.json").write_text(json.dumps([row_dict(r) for r in rows], indent=1))
