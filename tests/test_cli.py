@@ -41,6 +41,7 @@ def vfm(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.C
         (["train", "--steps", "1"], "the following arguments are required: --out"),
         (["train", "--steps", "1", "--out", "x", "--bogus"], "unrecognized arguments: --bogus"),
         (["flops", "--recipe", "dit-7b", "--seq", "zero"], "--seq must be an integer"),
+        (["flops", "--recipe", "dit-7b", "--seq", str(10**15)], "--seq must be at most 2**24"),
         (
             ["flops", "--recipe", "dit-7b", "--seq", "64", "--set", "model.depth=0"],
             "model.depth: must be >= 1",

@@ -18,7 +18,9 @@ from vfm_core.recipes import RECIPES, get_recipe
 def cmd_flops(args: argparse.Namespace) -> int:
     from vfm_core.models.dit import build_model, count_params
     from vfm_core.perf.flops import train_flops_per_token
+    from vfm_core.perf.planner import check_sizes
 
+    check_sizes(seq_len=args.seq, gpus=1)  # a huge --seq walked every number up to it
     cfg = validate(apply_overrides(get_recipe(args.recipe), args.set))
     params = count_params(build_model(cfg.model, device="meta"))
     fpt = train_flops_per_token(cfg.model, seq_len=args.seq, text_len=cfg.model.text_len)
