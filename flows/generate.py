@@ -18,7 +18,13 @@ from pydantic import Field, field_validator
 
 from flows.forms import Form
 from tasks.events import emit_stage_completed
-from tasks.generate import evaluate_checkpoint, generate_video, log_evaluation, log_generation
+from tasks.generate import (
+    check_generation,
+    evaluate_checkpoint,
+    generate_video,
+    log_evaluation,
+    log_generation,
+)
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from vfm_core.config import TrackingConfig
 from vfm_core.tracking import STAGE_TAG, data_dir, ui_hint
@@ -99,31 +105,31 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
     tracking = TrackingConfig(experiment=params.experiment)
     ckpt = Path(params.checkpoint).name
     tags = {"source": "prefect", "checkpoint": params.checkpoint}
+    out = params.resolved_out()
+    videos_at = [str(out / f"video_{i:03d}.mp4") for i in range(len(params.prompts))]
+    options = {
+        "frames": params.frames,
+        "size": params.size,
+        "steps": params.steps,
+        "guidance": params.guidance,
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "tokenizer": params.tokenizer,
+        "nproc": params.nproc,
+    }
+    # every video's request checked (checkpoint, family's settings, plan) before the MLflow run
+    check_generation(params.checkpoint, params.prompts, videos_at, seed=params.seed, **options)
     run_id = start_mlflow_run(
         tracking,
         {**tags, STAGE_TAG: "generate"},
         parent_run_id=parent_run_id,
         name=f"generate {ckpt} ({len(params.prompts)} prompts)",
     )
-    out = params.resolved_out()
     eval_run = done_eval = prompt_sheet = None
     try:
         videos = [
-            generate_video(
-                params.checkpoint,
-                prompt,
-                str(out / f"video_{i:03d}.mp4"),
-                frames=params.frames,
-                size=params.size,
-                seed=params.seed + i,
-                steps=params.steps,
-                guidance=params.guidance,
-                temperature=params.temperature,
-                top_k=params.top_k,
-                tokenizer=params.tokenizer,
-                nproc=params.nproc,
-            )
-            for i, prompt in enumerate(params.prompts)
+            generate_video(params.checkpoint, prompt, at, seed=params.seed + i, **options)
+            for i, (prompt, at) in enumerate(zip(params.prompts, videos_at, strict=True))
         ]
         logged = log_generation(
             run_id,

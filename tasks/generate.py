@@ -18,6 +18,42 @@ from vfm_core.config import TrackingConfig
 from vfm_core.errors import UserError
 
 
+def _request(prompt: str, *, size: str, **fields: Any):
+    """The library's request for one video of the form's fields (``size`` "HxW")."""
+    from vfm_core.infer.generate import GenerateRequest
+    from vfm_core.infer.shapes import parse_size
+
+    height, width = parse_size(size)
+    # progress False: no redraws in the flow run's log
+    return GenerateRequest(prompt=prompt, height=height, width=width, progress=False, **fields)
+
+
+@task(name="check-generation")
+def check_generation(
+    checkpoint: str,
+    prompts: list[str],
+    outs: list[str],
+    *,
+    seed: int,
+    tokenizer: str | None = None,
+    nproc: int = 1,
+    **fields: Any,
+) -> None:
+    """The cheap checks of every video's request (:func:`vfm_core.infer.run.check_request`:
+    the checkpoint and its config, the prompt, the sampling settings for the run's family, the
+    plan), before the flow starts its MLflow run: a bad input fails here, with its one line,
+    not after an MLflow run was made (and left FAILED) or earlier videos were generated."""
+    from vfm_core.infer.run import check_request
+
+    try:
+        for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+            request = _request(prompt, seed=seed + i, **fields)
+            check_request(checkpoint, request, out, tokenizer=tokenizer, nproc=nproc)
+    except UserError as e:
+        task_logger().error("vfm generate: error: %s", e)
+        raise e.with_traceback(None) from None
+
+
 @task(name="generate-video")  # no retries: a failure is a user error or a bug, not transient
 def generate_video(
     checkpoint: str,
@@ -37,9 +73,7 @@ def generate_video(
     """One video for ``prompt`` (:func:`vfm_core.infer.run.generate_request`: in this process,
     or ``nproc`` context-parallel ranks through the one launcher, their output logged); returns
     its result (paths, shapes, timings). Bad input fails the task with its one-line message."""
-    from vfm_core.infer.generate import GenerateRequest
     from vfm_core.infer.run import generate_request
-    from vfm_core.infer.shapes import parse_size
 
     logger = task_logger()
 
@@ -48,18 +82,15 @@ def generate_video(
             logger.info(clean)
 
     try:
-        height, width = parse_size(size)
-        request = GenerateRequest(
-            prompt=prompt,
+        request = _request(
+            prompt,
             frames=frames,
-            height=height,
-            width=width,
+            size=size,
             seed=seed,
             steps=steps,
             guidance=guidance,
             temperature=temperature,
             top_k=top_k,
-            progress=False,  # no redraws in the flow run's log
         )
         logger.info("generating %r -> %s on %d rank(s)", prompt, out, nproc)
         with warnings.catch_warnings(record=True) as caught:  # to the run's log, not stderr

@@ -75,11 +75,13 @@ def _validate_packing(cfg: Config) -> None:
 
 def _validate_blend(d: DataConfig) -> None:
     """``data.blend``: entries ``DIR:WEIGHT`` with weights > 0, not with ``data.shards``, only
-    from shards (as ``data.shards`` and ``data.tokenizer``). The datasets themselves
+    from shards (as ``data.shards``). The datasets themselves
     (index.json, caption width, latent channels) are checked against the model by the shard
     source when it opens them."""
-    if d.source != "shards":  # would be ignored: the run trains on synthetic data
-        for key in ("blend", "shards", "tokenizer"):
+    # would be ignored: the run trains on synthetic data (data.tokenizer is not: generation
+    # decodes the run's latents with it)
+    if d.source != "shards":
+        for key in ("blend", "shards"):
             if getattr(d, key):
                 raise ConfigError(
                     f"data.{key}: needs data.source='shards' (got {d.source!r}, which would "

@@ -111,22 +111,41 @@ def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path
     assert fd.step == out["metrics"]["checkpoint_step"] == 2  # at the checkpoint's step
 
 
-def test_failing_generation_marks_run_failed(prefect_api, trained, tmp_path):
+def test_bad_requests_fail_before_the_run_and_a_failing_one_marks_it_failed(
+    prefect_api, trained, tmp_path, monkeypatch
+):
+    """Every video's request is checked before the MLflow run is made (a missing checkpoint, or
+    token sampling settings for a diffusion run, left a FAILED run behind); a generation that
+    fails later ends its run FAILED with the error."""
     import mlflow
 
-    params = GenerateParams(
-        checkpoint=str(tmp_path / "missing"),
-        prompts=["x"],
-        evaluate=False,
-        out_dir=str(tmp_path / "gen"),
-        experiment="test-generate-flow",
-    )
+    from vfm_core.infer import run as run_mod
+
+    run, _ = trained
+    form = {"prompts": ["x"], "evaluate": False, "experiment": "test-generate-flow-checks"}
+
+    def runs():
+        exp = mlflow.get_experiment_by_name(form["experiment"])
+        return [] if exp is None else mlflow.search_runs([exp.experiment_id])
+
+    missing = GenerateParams(checkpoint=str(tmp_path / "missing"), **form)
     with pytest.raises(UserError, match=r"^--checkpoint .*missing: no such directory$"):
-        generate_flow(params)
-    exp = mlflow.get_experiment_by_name("test-generate-flow")
-    runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.checkpoint LIKE '%missing'")
-    assert list(runs["status"]) == ["FAILED"]
-    assert "no such directory" in runs["tags.vfm.error"].iloc[0]
+        generate_flow(missing)
+    sampled = GenerateParams(checkpoint=run, top_k=5, out_dir=str(tmp_path / "g"), **form)
+    with pytest.raises(UserError, match=r"top-k"):
+        generate_flow(sampled)
+    assert len(runs()) == 0  # no MLflow run made for either
+
+    def broken(*args, **kwargs):
+        raise run_mod.GenerateError("the sampler broke")
+
+    monkeypatch.setattr(run_mod, "generate_request", broken)
+    fails = GenerateParams(checkpoint=run, out_dir=str(tmp_path / "f"), **form)
+    with pytest.raises(UserError, match="the sampler broke"):
+        generate_flow(fails)
+    made = runs()
+    assert list(made["status"]) == ["FAILED"]
+    assert "the sampler broke" in made["tags.vfm.error"].iloc[0]
 
 
 def test_generate_task_fn_names_tokenizer_mismatch(trained, tmp_path):

@@ -17,8 +17,8 @@ FAST = ["data.batch_size=2", "model.depth=2"]
 def test_params_validate():
     with pytest.raises(ValidationError, match="unknown recipe 'nope'"):
         TrainParams(recipe="nope")
-    with pytest.raises(ValidationError, match="greater than or equal to 0"):
-        TrainParams(steps=-1)
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        TrainParams(steps=0)  # trained nothing and emitted train.completed
     schema = TrainParams.model_json_schema()  # what the Prefect UI renders as a form
     assert {"recipe", "steps", "overrides", "resume"} <= set(schema["properties"])
 

@@ -262,7 +262,8 @@ def test_a_completed_curation_runs_shard_train_and_generate(chain):
     out_dir = root / "data" / "runs" / "dit-tiny" / train["name"]  # train's own run directory
     assert gen["parameters"]["params"]["checkpoint"] == str(out_dir)
     assert (out_dir / "checkpoints").is_dir()
-    videos = sorted((root / "data" / "generated" / train["name"]).glob("video_*.mp4"))
+    # the generation flow's own folder under the checkpoint's name
+    videos = sorted((root / "data" / "generated" / train["name"]).glob("*/video_*.mp4"))
     assert len(videos) == 1 and videos[0].stat().st_size > 0
 
 

@@ -49,29 +49,12 @@ def generate_request(
     :class:`~vfm_core.train.launch.LaunchError`."""
     import tempfile
 
-    from vfm_core.config import ConfigError, load_yaml, validate
-    from vfm_core.infer.dit_checkpoint import read_text_record, resolve_checkpoint
-    from vfm_core.infer.request import preflight
-    from vfm_core.registry.uri import local_checkpoint
-    from vfm_core.train.checkpoint import CheckpointError
+    from vfm_core.infer.dit_checkpoint import read_text_record
     from vfm_core.train.launch import LaunchError, launch_generation
 
-    # cheap checks first, before the text model, the weights and the ranks are loaded/started
-    check_prompt(request.prompt)
-    check_options(request)
-    if request.guidance is not None:
-        check_guidance(request.guidance)
-    if nproc < 1:
-        raise GenerateError(f"--nproc: must be >= 1, got {nproc}")
-    check_writable(out)
-    checkpoint = local_checkpoint(checkpoint)  # models:/NAME@ALIAS: resolved (downloaded) once
-    run_dir, _ = resolve_checkpoint(checkpoint, check=False)  # verified when loaded
-    try:
-        cfg = validate(load_yaml(run_dir / "config.yaml"))
-    except ConfigError as e:
-        raise CheckpointError(f"--checkpoint {run_dir}: {e}") from None
-    # the plan and its estimated memory / time against the bounds, from the config alone
-    preflight(cfg, request, tokenizer=tokenizer, world=nproc)
+    checkpoint, run_dir, cfg = check_request(
+        checkpoint, request, out, tokenizer=tokenizer, nproc=nproc
+    )
     ids = None  # an autoregressive run's token prompt (K, h, w), read and checked here
     if request.prompt_tokens or request.prompt_video:
         ids = ar_prompt_ids(cfg, request, tokenizer=tokenizer)
@@ -94,6 +77,42 @@ def generate_request(
     if res.summary is None:
         raise LaunchError(f"{nproc} ranks", 1, f"no {result_path(out)} written")
     return read_result(result_path(out))
+
+
+def check_request(
+    checkpoint: str | Path,
+    request: GenerateRequest,
+    out: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    nproc: int = 1,
+):
+    """The cheap checks of :func:`generate_request`, before the text model, the weights or any
+    rank: prompt, options, guidance, ``nproc``, that ``out`` can be written, the run's config,
+    then the plan against ``request.bounds``; returns (the local checkpoint, its run dir, its
+    config). A flow runs them for every prompt before it starts its MLflow run."""
+    from vfm_core.config import ConfigError, load_yaml, validate
+    from vfm_core.infer.dit_checkpoint import resolve_checkpoint
+    from vfm_core.infer.request import preflight
+    from vfm_core.registry.uri import local_checkpoint
+    from vfm_core.train.checkpoint import CheckpointError
+
+    check_prompt(request.prompt)
+    check_options(request)
+    if request.guidance is not None:
+        check_guidance(request.guidance)
+    if nproc < 1:
+        raise GenerateError(f"--nproc: must be >= 1, got {nproc}")
+    check_writable(out)
+    checkpoint = local_checkpoint(checkpoint)  # models:/NAME@ALIAS: resolved (downloaded) once
+    run_dir, _ = resolve_checkpoint(checkpoint, check=False)  # verified when loaded
+    try:
+        cfg = validate(load_yaml(run_dir / "config.yaml"))
+    except ConfigError as e:
+        raise CheckpointError(f"--checkpoint {run_dir}: {e}") from None
+    # the plan and its estimated memory / time against the bounds, from the config alone
+    preflight(cfg, request, tokenizer=tokenizer, world=nproc)
+    return checkpoint, run_dir, cfg
 
 
 def rank_args(
