@@ -101,12 +101,11 @@ def test_ema_or_raw_weights(tiny_run, tmp_path):
     run = make_run(tmp_path / "r", ["train.ema_decay=0.5"])  # three horizons: 6 steps
     ckpt = next((run / "checkpoints").iterdir())
     state = (ckpt / "state.json").read_text()
-    (ckpt / "state.json").write_text(state.replace('"step": 1', '"step": 5', 1))
-    write_manifest(ckpt, step=5)  # edited on purpose: sealed again, as a save would
-    assert load_dit(run).weights == "model"  # 0.5**5 = 3% init: still one step short
-    (ckpt / "state.json").write_text(state.replace('"step": 1', '"step": 6', 1))
-    write_manifest(ckpt, step=6)
-    assert load_dit(run).weights == "ema"
+    for step, weights in ((5, "model"), (6, "ema")):  # 0.5**5 = 3% init: still one step short
+        ckpt = ckpt.rename(ckpt.with_name(f"step_{step:08d}"))  # named as a save names it
+        (ckpt / "state.json").write_text(state.replace('"step": 1', f'"step": {step}', 1))
+        write_manifest(ckpt, step=step)  # edited on purpose: sealed again, as a save would
+        assert load_dit(run).weights == weights
 
 
 def test_latent_preview_without_tokenizer(tiny_run, prompt_emb, tmp_path):
@@ -168,6 +167,7 @@ def test_damaged_checkpoints_are_never_sampled_from(tiny_run, tmp_path, capsys):
     run = shutil.copytree(tiny_run, tmp_path / "run")
     older = run / "checkpoints" / "step_00000001"
     newest = shutil.copytree(older, run / "checkpoints" / "step_00000002")
+    write_manifest(newest, step=2)  # a newer save's manifest (its step is its folder's)
     (shard,) = sorted(newest.glob("*.safetensors"))
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one flipped byte inside the weights: loads, but wrong

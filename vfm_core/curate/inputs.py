@@ -74,9 +74,8 @@ def resolve_dst(dst: str) -> str:
 def check_paths(src: str, dst: str) -> str:
     """``dst`` made absolute (:func:`resolve_dst`) after the checks a run needs before any work:
     neither is empty, a remote one names a bucket and its store answers, a local DST is a
-    directory or can be made one, and DST is neither SRC nor under it, nor under the folder of
-    a SRC that is one video file (the next run over that folder would curate its own clips as
-    new videos)."""
+    directory or can be made one, and DST is neither SRC nor under it (the next run over SRC
+    would curate its own clips as new videos), nor the folder of a SRC that is one video."""
     for name, value in (("SRC", src), ("DST", dst)):
         if not str(value).strip():
             raise ValueError(f"curate: {name} is empty (give a folder or an s3:// prefix)")
@@ -92,12 +91,14 @@ def check_paths(src: str, dst: str) -> str:
                 raise ValueError(f"curate: {name} {value} names no bucket (s3://BUCKET/PREFIX)")
             storage.check_access(value)  # a store without credentials: one line, now
     inside = resolve_dst(src)
-    if not storage.is_remote(inside) and Path(inside).is_file():  # one video: its folder
-        inside = str(Path(inside).parent)
+    if not storage.is_remote(inside) and Path(inside).is_file():  # one video
+        if out == str(Path(inside).parent):  # its clips among the raw videos of that folder
+            raise ValueError(
+                f"curate: DST {dst} holds SRC {src}: the clips would land among the raw videos "
+                "(a run over that folder would curate them as new videos); choose another DST"
+            )
     if out == inside or out.startswith(inside.rstrip("/") + "/"):
         where = "is SRC" if out == inside else f"is inside SRC {src}"
-        if inside != resolve_dst(src):
-            where = f"holds SRC {src}" if out == inside else f"is inside the folder of SRC {src}"
         raise ValueError(
             f"curate: DST {dst} {where}: a later run over SRC would curate its own clips as new "
             "videos; choose a DST outside SRC"
