@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from vfm_core.errors import UserError
 from vfm_core.storage import remote_failure
+from vfm_core.tracking import TrackingServerDown
 
 INPUT_ERRORS = (
     UserError,  # names the input: StorageError, RayClusterError, ...
@@ -21,6 +22,8 @@ INPUT_ERRORS = (
 
 def input_error(e: BaseException) -> bool:
     """Whether ``e`` is the user's input's fault: a retry would fail the same way."""
+    if isinstance(e, TrackingServerDown):  # a server that may come back
+        return False
     if isinstance(e, INPUT_ERRORS):
         return True
     reason = remote_failure(e)

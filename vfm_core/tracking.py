@@ -84,6 +84,10 @@ class TrackingStoreError(UserError, RuntimeError):
     answer, an unknown scheme, a database driver that is not installed."""
 
 
+class TrackingServerDown(TrackingStoreError):
+    """No server answers at an ``http(s)`` tracking URI: may pass (a retried task retries it)."""
+
+
 FILE_STORE_OPT_IN = "MLFLOW_ALLOW_FILE_STORE"
 """MLflow 3's opt-in to its file store (in maintenance mode: refused without it)."""
 _OPENED: set[str] = set()
@@ -160,7 +164,7 @@ def open_store(uri: str, *, source: str = "MLFLOW_TRACKING_URI", existing: bool 
             pass  # a server answered (a proxy or an auth wall may refuse /health)
         except (urllib.error.URLError, OSError, ValueError) as e:
             why = getattr(e, "reason", e)
-            raise TrackingStoreError(
+            raise TrackingServerDown(
                 f"MLflow tracking URI {uri} ({source}): no server answers ({why}); start one "
                 f"({tool_command('mlflow')} server --host 127.0.0.1 --port PORT, or make up) or "
                 f"{fix}"

@@ -13,6 +13,7 @@ import tasks
 from tasks.retry import input_error, unless_input_error
 from vfm_core.config import ConfigError
 from vfm_core.storage import StorageError
+from vfm_core.tracking import TrackingServerDown
 
 
 def test_input_errors_are_not_retried_and_outages_are():
@@ -24,7 +25,8 @@ def test_input_errors_are_not_retried_and_outages_are():
 
     for e in (StorageError("raw", "no video files found"), ConfigError("x"), NoCredentialsError()):
         assert input_error(e), e
-    for e in (EndpointConnectionError("down"), ConnectionResetError(), TimeoutError()):
+    down = TrackingServerDown("MLflow tracking URI http://127.0.0.1:1: no server answers")
+    for e in (EndpointConnectionError("down"), ConnectionResetError(), TimeoutError(), down):
         assert not input_error(e), e
 
 
