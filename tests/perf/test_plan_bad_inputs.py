@@ -196,6 +196,17 @@ def test_check_refuses_flags_it_would_ignore(capsys, flags, named):
     assert named in _error(capsys, [*PLAN, "--check", *flags])
 
 
-def test_check_honours_hardware(capsys):
-    assert main([*PLAN, "--check", "--hardware", "h200", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["hardware"] == "H200"
+def test_check_honours_hardware():
+    """In its own process: ``--check`` builds the layout on a fake process group of its own,
+    which an earlier test's group in this process would refuse."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "vfm_core.cli", *PLAN, "--check", "--hardware", "h200", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["hardware"] == "H200"
