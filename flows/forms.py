@@ -15,7 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from vfm_core.config import Config, ConfigError, apply_overrides, merge, validate
+from vfm_core.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    merge,
+    override_keys,
+    refuse_disagreement,
+    validate,
+)
 from vfm_core.recipes import get_recipe
 
 __all__ = ["NAME_PATTERN", "Form", "folder_name", "form_config", "nested"]
@@ -70,8 +78,7 @@ def refuse_owned(overrides: Sequence[str], owned: Mapping[str, str]) -> None:
     """An override of a config key that the form sets from one of its own fields (``owned``:
     dotted key -> the field) is a ValueError naming both: it would be replaced silently, or
     disagree with what the form does with the field."""
-    for text in overrides:
-        key = text.partition("=")[0].strip()
+    for key, text in override_keys(list(overrides)).items():
         if key in owned:
             raise ValueError(
                 f"overrides: {text!r}: {key} is set from the form's {owned[key]}; use that "
@@ -87,16 +94,8 @@ def refuse_conflicts(
 ) -> None:
     """A form field the user filled in (``named``: dotted key -> value) and a setting or
     override of the same key with another value (``below``: the config without the fields) is
-    a ConfigError naming both; equal values are fine."""
-    from vfm_core.config import parse_override
-
+    a ConfigError naming both (:func:`vfm_core.config.refuse_disagreement`)."""
     given = {k: f"settings {k}: {v!r}" for k, v in settings.items()}
-    for text in overrides:
-        (section, name), _ = parse_override(text)
-        given[f"{section}.{name}"] = f"overrides {text!r}"
+    given |= {k: f"overrides {text!r}" for k, text in override_keys(list(overrides)).items()}
     for key, value in named.items():
-        section, _, name = key.partition(".")
-        if key in given and getattr(getattr(below, section), name) != value:
-            raise ConfigError(
-                f"{key}: the form's field says {value!r} but {given[key]}; keep one of the two"
-            )
+        refuse_disagreement(key, value, f"{key}: the form's field says {value!r}", below, given)

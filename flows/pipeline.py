@@ -151,11 +151,9 @@ class PipelineParams(Form):
                 f"{self.family} family samples by denoising (leave top_k 0)"
             )
         refuse_owned(self.overrides, PIPELINE_KEYS)
-        unused = {"sample_videos": bool(self.src), "tokenizer_steps": bool(self.tokenizer)}
-        for name, ignored in unused.items():
-            if ignored and name in self.model_fields_set:  # would be ignored silently
-                why = "src is given" if name == "sample_videos" else "tokenizer is given"
-                raise ValueError(f"{name}: not used when {why}; leave it out")
+        for name, instead in (("sample_videos", "src"), ("tokenizer_steps", "tokenizer")):
+            if getattr(self, instead) and name in self.model_fields_set:  # would be ignored
+                raise ValueError(f"{name}: not used when {instead} is given; leave it out")
         t, h, w = self.latent_grid
         own = {"data.source": "shards", "data.shards": "latents", "data.tokenizer": "tokenizer"}
         grid = {"data.latent_frames": t, "data.latent_height": h, "data.latent_width": w}

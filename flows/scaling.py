@@ -175,9 +175,9 @@ def scaling_flow(params: ScalingParams) -> dict[str, Any]:
 def _refuse_earlier_runs(root: str) -> None:
     """A root that holds an earlier study's runs (``NN-LAYOUT/``) is refused before any work: the
     runs would stop at their checkpoints; a default root is new per flow run."""
-    earlier = sorted(p.name for p in Path(root).glob("[0-9][0-9]-*") if p.is_dir())
     if Path(root).is_file():
         raise ValueError(f"out_dir {root}: is a file; name a folder for the study's runs")
+    earlier = sorted(p.name for p in Path(root).glob("[0-9][0-9]-*") if p.is_dir())
     if earlier:
         raise ValueError(
             f"out_dir {root} already holds the runs of an earlier study ({', '.join(earlier)}); "

@@ -17,7 +17,7 @@ from flows.forms import Form, form_config, nested, refuse_conflicts
 from tasks.events import emit_stage_completed
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
-from vfm_core.config import DEGREES, Config, ConfigError, resolve_degrees
+from vfm_core.config import DEGREES, Config, ConfigError, merge, resolve_degrees, validate
 from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import (
     LAYOUT_TAG,
@@ -146,7 +146,7 @@ class TrainParams(Form):
         defaults = {k: v for k, v in values.items() if k not in given}
         below = form_config(self.recipe, defaults, self.settings, self.overrides)
         refuse_conflicts(named, below, self.settings, self.overrides)
-        return form_config(self.recipe, defaults, self.settings, self.overrides, named)
+        return validate(merge(below, nested(named)))
 
     def field_values(self) -> dict[str, Any]:
         """The form's named fields as config values by dotted key."""

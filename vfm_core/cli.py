@@ -76,40 +76,25 @@ def _config(args: argparse.Namespace):
     return validate(merge(cfg, extra))
 
 
-def _flag_fields() -> dict[str, tuple[str, str]]:
-    """Flags that set a config field: flag attribute -> (section, field)."""
-    from vfm_core.config import DEGREES
-
-    fields = {"steps": ("train", "steps"), "seed": ("train", "seed"), "out": ("train", "out_dir")}
-    fields["no_mlflow"] = ("tracking", "mlflow")
-    return {**fields, **{d: ("parallel", d) for d in DEGREES}}
-
-
 def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> None:
     """A flag and ``--set`` / the config file naming the same field with other values is an
     error naming both (the flag would otherwise win silently)."""
-    sets = {}
-    for text in args.set:
-        key, _, raw = text.partition("=")
-        sets[key.strip().lstrip("-")] = text
-    for attr, (section, name) in _flag_fields().items():
-        flag = getattr(args, attr, None)
-        if flag is None or flag is False:
-            continue
-        value = not flag if attr == "no_mlflow" else flag
-        now = getattr(getattr(cfg, section), name)
-        if now == value or (attr == "out" and str(now) == str(value)):
-            continue
-        key = f"{section}.{name}"
-        option = "--" + attr.replace("_", "-")
-        shown = option if attr == "no_mlflow" else f"{option} {flag}"
-        if key in sets:
-            where = f"--set {sets[key]}"
-        elif isinstance(data.get(section), dict) and name in data[section]:
-            where = f"config file {path}: {key}: {data[section][name]}"
-        else:
-            continue  # the recipe's value: the flag sets it
-        raise ConfigError(f"{shown} but {where}: two values for {key}; keep one of the two")
+    from vfm_core.config import DEGREES, override_keys, refuse_disagreement
+
+    given = {
+        f"{section}.{name}": f"config file {path}: {section}.{name}: {value}"
+        for section, fields in data.items()
+        if isinstance(fields, dict)
+        for name, value in fields.items()
+    }
+    given |= {k: f"--set {text}" for k, text in override_keys(args.set).items()}
+    flags = {"steps": "train.steps", "seed": "train.seed", "out": "train.out_dir"}
+    flags |= {d: f"parallel.{d}" for d in DEGREES}
+    for attr, key in flags.items():
+        if (flag := getattr(args, attr, None)) is not None:
+            refuse_disagreement(key, flag, f"--{attr.replace('_', '-')} {flag}", cfg, given)
+    if getattr(args, "no_mlflow", False):
+        refuse_disagreement("tracking.mlflow", False, "--no-mlflow", cfg, given)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -210,16 +195,7 @@ def _check_tokenizer_out(out: str, *, force: bool) -> None:
     from vfm_core import storage
     from vfm_core.tokenizer.io import WEIGHTS_FILE
 
-    if not out.strip():
-        raise ConfigError("--out is empty: name the tokenizer's folder")
-    if storage.is_remote(out):
-        raise ConfigError(
-            f"--out {out}: the tokenizer is written to a local folder; copy it to the store "
-            "afterwards"
-        )
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {out}: is a file, not a folder")
+    path = storage.local_folder(out, "--out", "the tokenizer")
     if (path / WEIGHTS_FILE).exists() and not force:
         raise ConfigError(
             f"--out {out}: already holds a tokenizer ({WEIGHTS_FILE}); pass --force to replace "

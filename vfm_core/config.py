@@ -24,9 +24,11 @@ from vfm_core.config_build import (  # noqa: F401  (re-exported: ConfigError, bu
     YamlDumper,
     _build,
     build_settings,
+    override_keys,
     parse_override,
     parse_yaml,
     read_yaml,
+    refuse_disagreement,
     to_dict,
     yaml_problem,
 )

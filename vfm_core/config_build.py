@@ -251,3 +251,24 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             f"override {text!r}: value is not valid YAML ({yaml_problem(e)})"
         ) from None
     return parts, value
+
+
+def override_keys(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``section.field`` -> the override text that sets it (the last one), to name in errors."""
+    keys = {}
+    for text in overrides:
+        (section, name), _ = parse_override(text)
+        keys[f"{section}.{name}"] = text
+    return keys
+
+
+def refuse_disagreement(
+    key: str, value: Any, shown: str, below: Any, given: dict[str, str]
+) -> None:
+    """``value`` for the dotted ``key``, given as ``shown`` (a flag, a form field), where a setting
+    (``given``: key -> how it was set, e.g. ``--set parallel.tp=4``) made ``below`` (the config
+    without ``value``) hold another one: a ConfigError naming both, instead of either winning
+    silently. Equal values, or a key no setting named, are fine."""
+    section, _, name = key.partition(".")
+    if key in given and getattr(getattr(below, section), name) != value:
+        raise ConfigError(f"{shown} but {given[key]}: two values for {key}; keep one of the two")

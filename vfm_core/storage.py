@@ -52,6 +52,30 @@ def remote_failure(e: BaseException) -> str | None:
     return None
 
 
+class LocalFolderError(UserError, ValueError):
+    """An output setting that does not name a local folder (:func:`local_folder`)."""
+
+
+def local_folder(out: str | os.PathLike[str], setting: str, what: str) -> Path:
+    """``out`` (named by ``setting``, e.g. ``--out``) checked as the local folder ``what`` is
+    written to, before any work: not empty, not a URL, not a file or under one (it is created
+    when written). A :class:`LocalFolderError` names the setting and the problem."""
+    text = str(out)
+    if not text.strip():
+        raise LocalFolderError(f"{setting} is empty: name a local folder for {what}")
+    if "://" in text:
+        raise LocalFolderError(
+            f"{setting} {text}: {what} is written to a local folder; copy it to the store "
+            "afterwards"
+        )
+    path = Path(text)
+    existing = next((q for q in (path, *path.parents) if q.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "" if existing == path else f"{existing} "
+        raise LocalFolderError(f"{setting} {text}: {where}is a file, not a folder")
+    return path
+
+
 def check_access(url: str) -> None:
     """Reach the store of a remote ``url`` once (before any work writes there): a client error
     of access is a :class:`StorageError` naming the URL (see :func:`remote_failure`)."""

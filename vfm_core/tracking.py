@@ -53,16 +53,19 @@ def tracking_uri(cfg: TrackingConfig | None = None) -> str:
     return tracking_uri_from(cfg.tracking_uri if cfg is not None else None, "")[0]
 
 
-def tracking_uri_from(explicit: str | None, setting: str) -> tuple[str, str]:
+def tracking_uri_from(
+    explicit: str | None, setting: str, *, create: bool = True
+) -> tuple[str, str]:
     """(tracking URI, where it was set) for an error message to name: ``explicit`` (set by
     ``setting``, e.g. ``--tracking-uri``), else $MLFLOW_TRACKING_URI, else the sqlite store under
-    the data dir."""
+    the data dir (its folder made, unless ``create`` is False: a reader of runs)."""
     if explicit:
         return explicit, setting
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
     root = data_dir() / "mlflow"
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}", DEFAULT_SOURCE
 
 

@@ -112,21 +112,23 @@ def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path
 
 
 def test_bad_requests_fail_before_the_run_and_a_failing_one_marks_it_failed(
-    prefect_api, trained, tmp_path, monkeypatch
+    prefect_api, trained, tmp_path
 ):
     """Every video's request is checked before the MLflow run is made (a missing checkpoint, or
     token sampling settings for a diffusion run, left a FAILED run behind); a generation that
     fails later ends its run FAILED with the error."""
     import mlflow
 
-    from vfm_core.infer import run as run_mod
+    from vfm_core.tracking import tracking_uri
 
     run, _ = trained
     form = {"prompts": ["x"], "evaluate": False, "experiment": "test-generate-flow-checks"}
 
+    client = mlflow.MlflowClient(tracking_uri())  # the flows' store (not MLflow's cwd default)
+
     def runs():
-        exp = mlflow.get_experiment_by_name(form["experiment"])
-        return [] if exp is None else mlflow.search_runs([exp.experiment_id])
+        exp = client.get_experiment_by_name(form["experiment"])
+        return [] if exp is None else client.search_runs([exp.experiment_id])
 
     missing = GenerateParams(checkpoint=str(tmp_path / "missing"), **form)
     with pytest.raises(UserError, match=r"^--checkpoint .*missing: no such directory$"):
@@ -136,16 +138,19 @@ def test_bad_requests_fail_before_the_run_and_a_failing_one_marks_it_failed(
         generate_flow(sampled)
     assert len(runs()) == 0  # no MLflow run made for either
 
-    def broken(*args, **kwargs):
-        raise run_mod.GenerateError("the sampler broke")
+    # a tokenizer of other latent channels: found when the decoder loads, after the checks
+    from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
 
-    monkeypatch.setattr(run_mod, "generate_request", broken)
-    fails = GenerateParams(checkpoint=run, out_dir=str(tmp_path / "f"), **form)
-    with pytest.raises(UserError, match="the sampler broke"):
+    tok8 = tmp_path / "tok8"
+    save_tokenizer(
+        CausalVideoAutoencoder(TokenizerConfig(base_channels=16, latent_channels=8)), tok8
+    )
+    fails = GenerateParams(checkpoint=run, tokenizer=str(tok8), out_dir=str(tmp_path / "f"), **form)
+    with pytest.raises(UserError, match="8 latent channels, expected 4"):
         generate_flow(fails)
-    made = runs()
-    assert list(made["status"]) == ["FAILED"]
-    assert "the sampler broke" in made["tags.vfm.error"].iloc[0]
+    (made,) = runs()
+    assert made.info.status == "FAILED"
+    assert "8 latent channels" in made.data.tags["vfm.error"]
 
 
 def test_generate_task_fn_names_tokenizer_mismatch(trained, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vfm_core.config import Config
 from vfm_core.infer.generate import (
     GenerateRequest,
     GenerateResult,
@@ -37,10 +38,8 @@ def generate_request(
     version ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION``, resolved here once) on ``nproc``
     context-parallel ranks: what ``vfm generate`` and the Prefect generation task call.
 
-    The cheap checks come first, before the text model, the weights or any rank: prompt,
-    guidance, ``nproc``, that ``out`` can be written, the run's config, then the plan and its
-    estimated memory and time against ``request.bounds`` (:func:`~vfm_core.infer.request.
-    preflight`); an autoregressive run's token prompt is read and checked here too. The prompt is
+    The cheap checks come first (:func:`check_request`); an autoregressive run's token prompt
+    is read and checked here too. The prompt is
     embedded once (the text model loads here, not on every rank); ``nproc`` 1 then runs
     :func:`generate` in this process, ``nproc`` N starts N ranks through the one launcher
     (:func:`vfm_core.train.launch.launch_generation`; ``env``, ``on_line`` as there) and reads
@@ -86,10 +85,11 @@ def check_request(
     *,
     tokenizer: str | Path | None = None,
     nproc: int = 1,
-):
+) -> tuple[str | Path, Path, Config]:
     """The cheap checks of :func:`generate_request`, before the text model, the weights or any
     rank: prompt, options, guidance, ``nproc``, that ``out`` can be written, the run's config,
-    then the plan against ``request.bounds``; returns (the local checkpoint, its run dir, its
+    then the plan and its estimated memory and time against ``request.bounds``
+    (:func:`~vfm_core.infer.request.preflight`); returns (the local checkpoint, its run dir, its
     config). A flow runs them for every prompt before it starts its MLflow run."""
     from vfm_core.config import ConfigError, load_yaml, validate
     from vfm_core.infer.dit_checkpoint import resolve_checkpoint

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vfm_core.config import ConfigError, ModelConfig
+from vfm_core.config import ConfigError, ModelConfig, build_settings
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
 from vfm_core.perf.layout_rules import LAYOUT_KEYS, check_layout, parse_fixed
 from vfm_core.perf.planner import MAX_GPUS, MAX_SEQ_LEN
@@ -131,12 +131,6 @@ def _record_seq(rec: Mapping[str, Any], where: str) -> int:
     return seq
 
 
-_LAYOUT_TYPES = {
-    f.name: {"int": int, "bool": bool}.get(str(f.type), str) for f in dataclasses.fields(Layout)
-}
-_TYPE_NAMES = {int: "an integer", bool: "true or false", str: "a string"}
-
-
 def _record_layout(rec: Mapping[str, Any], where: str) -> Layout:
     """The layout keys under ``layout`` or at the top level (both: they must agree)."""
     keys = top = {k: rec[k] for k in LAYOUT_KEYS if k in rec}
@@ -147,10 +141,9 @@ def _record_layout(rec: Mapping[str, Any], where: str) -> Layout:
         for k, v in top.items():
             if k in keys and keys[k] != v:
                 raise ConfigError(f"{where}: {k}: {v!r} but layout.{k}: {keys[k]!r}; keep one")
-    for k, v in keys.items():
-        want = _LAYOUT_TYPES.get(k)
-        if want is not None and type(v) is not want:  # type(): true is no integer here
-            raise ConfigError(f"{where}: layout: {k} expects {_TYPE_NAMES[want]}, got {v!r}")
+    fields = {f.name for f in dataclasses.fields(Layout)}  # each of its type, as configs are
+    typed = {k: v for k, v in keys.items() if k in fields}
+    build_settings(Layout, typed, prefix=f"{where}: layout")
     try:
         return Layout(**parse_fixed(keys))
     except ConfigError as e:  # parse_fixed speaks of --fixed; this came from the record

@@ -438,23 +438,11 @@ def plot(rows: list[StudyRow], out_dir: str | Path) -> list[Path]:
 
 
 def check_out_dir(out: str | Path, setting: str = "out_dir") -> Path:
-    """The report's folder named by ``setting``, checked before any work: a local folder (not a
-    URL, not an existing file); it is created when the report is written."""
-    text = str(out)
-    if not text.strip():
-        raise ConfigError(f"{setting} is empty: name a local folder for the report")
-    if "://" in text:
-        raise ConfigError(
-            f"{setting} {text}: a URL; the report is written to a local folder: name one (the "
-            "scaling flow logs the report to MLflow as artifacts)"
-        )
-    path = Path(text)
-    existing = next((q for q in (path, *path.parents) if q.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise ConfigError(
-            f"{setting} {text}: {existing} is a file, not a folder; name a folder for the report"
-        )
-    return path
+    """The report's folder named by ``setting``, checked before any work
+    (:func:`vfm_core.storage.local_folder`); it is created when the report is written."""
+    from vfm_core.storage import local_folder
+
+    return local_folder(out, setting, "the report")
 
 
 def build_report(study: str, out_dir: str | Path, *, tracking_uri: str | None = None) -> dict:

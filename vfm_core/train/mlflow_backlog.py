@@ -191,7 +191,7 @@ def _configured_uri(path: Path) -> str:
 def _run_store(run_dir: Path, flag: str | None, backlog: Backlog) -> tuple[str, str]:
     """(tracking URI, where it was set): the flag, the backlog's, the run's config, then the
     store the run fell back to (see the module docstring)."""
-    from vfm_core.tracking import data_dir
+    from vfm_core.tracking import tracking_uri_from
 
     if flag is not None:
         if not flag.strip():
@@ -204,10 +204,7 @@ def _run_store(run_dir: Path, flag: str | None, backlog: Backlog) -> tuple[str, 
         return backlog.tracking_uri, f"{run_dir / BACKLOG_FILE} tracking_uri"
     if uri := _configured_uri(run_dir / "config.yaml"):
         return uri, f"{run_dir / 'config.yaml'} tracking.tracking_uri"
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
-    db = data_dir() / "mlflow" / "mlflow.db"
-    return f"sqlite:///{db}", "the default store under VFM_DATA_DIR; the run names none"
+    return tracking_uri_from(None, "", create=False)  # what the run fell back to
 
 
 def _run_client(uri: str, source: str, run_id: str):
