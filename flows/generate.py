@@ -63,6 +63,13 @@ class GenerateParams(Form):
     top_k: int = Field(0, ge=0, description="autoregressive: draw from the k likeliest (0 = all)")
     tokenizer: str | None = Field(None, description="tokenizer dir (None: the run's)")
     nproc: int = Field(1, ge=1, le=64, description="context-parallel ranks per video")
+    max_memory_gib: float | None = Field(
+        None, gt=0, description="refuse a video estimated above this memory (None: 75% of free)"
+    )
+    max_minutes: float = Field(
+        10.0, gt=0, description="refuse a video estimated to take longer than this"
+    )
+    force: bool = Field(False, description="generate a video over a bound anyway (a warning)")
     out_dir: str = Field(
         "", description="where videos go ('' = data/generated/RUN_NAME/FLOW_RUN_NAME: new per run)"
     )
@@ -116,6 +123,9 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
         "top_k": params.top_k,
         "tokenizer": params.tokenizer,
         "nproc": params.nproc,
+        "max_memory_gib": params.max_memory_gib,
+        "max_minutes": params.max_minutes,
+        "force": params.force,
     }
     # every video's request checked (checkpoint, family's settings, plan) before the MLflow run
     check_generation(params.checkpoint, params.prompts, videos_at, seed=params.seed, **options)

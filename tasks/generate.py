@@ -6,6 +6,7 @@ dicts, run ids)."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,15 +18,64 @@ from tasks.retry import unless_input_error
 from vfm_core.config import TrackingConfig
 from vfm_core.errors import UserError
 
+FORM_FIELDS = {
+    "--checkpoint": "checkpoint",
+    "--prompt": "prompts",
+    "--frames": "frames",
+    "--size": "size",
+    "--seed": "seed",
+    "--steps": "steps",
+    "--guidance": "guidance",
+    "--temperature": "temperature",
+    "--top-k": "top_k",
+    "--tokenizer": "tokenizer",
+    "--nproc": "nproc",
+    "--out": "out_dir",
+    "--max-memory-gib": "max_memory_gib",
+    "--max-minutes": "max_minutes",
+    "--force": "force",
+}
+"""The generation library's flag names -> the generation form's fields, for its errors."""
 
-def _request(prompt: str, *, size: str, **fields: Any):
-    """The library's request for one video of the form's fields (``size`` "HxW")."""
+
+def form_terms(text: str) -> str:
+    """``text`` with the `vfm generate` flags it names put as the form's fields (a flow user
+    has no flags: ``--max-minutes`` is the form's ``max_minutes``)."""
+    return re.sub(r"--[a-z][a-z-]*", lambda m: FORM_FIELDS.get(m.group(0), m.group(0)), text)
+
+
+def in_form_terms(e: UserError) -> UserError:
+    """``e`` with its message in :func:`form_terms`."""
+    said = form_terms(str(e))
+    if said != str(e):
+        e.args = (said,)
+    return e
+
+
+def _request(
+    prompt: str,
+    *,
+    size: str,
+    max_memory_gib: float | None = None,
+    max_minutes: float | None = None,
+    force: bool = False,
+    **fields: Any,
+):
+    """The library's request for one video of the form's fields (``size`` "HxW"; the bounds)."""
+    from vfm_core.infer.budget import MAX_MINUTES, GenerateBounds
     from vfm_core.infer.generate import GenerateRequest
     from vfm_core.infer.shapes import parse_size
 
     height, width = parse_size(size)
+    bounds = GenerateBounds(
+        max_memory_gib=max_memory_gib,
+        max_minutes=MAX_MINUTES if max_minutes is None else max_minutes,
+        force=force,
+    ).check()
     # progress False: no redraws in the flow run's log
-    return GenerateRequest(prompt=prompt, height=height, width=width, progress=False, **fields)
+    return GenerateRequest(
+        prompt=prompt, height=height, width=width, bounds=bounds, progress=False, **fields
+    )
 
 
 @task(name="check-generation")
@@ -50,7 +100,8 @@ def check_generation(
             request = _request(prompt, seed=seed + i, **fields)
             check_request(checkpoint, request, out, tokenizer=tokenizer, nproc=nproc)
     except UserError as e:
-        task_logger().error("vfm generate: error: %s", e)
+        e = in_form_terms(e)
+        task_logger().error("generate: error: %s", e)
         raise e.with_traceback(None) from None
 
 
@@ -69,6 +120,9 @@ def generate_video(
     top_k: int = 0,
     tokenizer: str | None = None,
     nproc: int = 1,
+    max_memory_gib: float | None = None,
+    max_minutes: float | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """One video for ``prompt`` (:func:`vfm_core.infer.run.generate_request`: in this process,
     or ``nproc`` context-parallel ranks through the one launcher, their output logged); returns
@@ -91,6 +145,9 @@ def generate_video(
             guidance=guidance,
             temperature=temperature,
             top_k=top_k,
+            max_memory_gib=max_memory_gib,
+            max_minutes=max_minutes,
+            force=force,
         )
         logger.info("generating %r -> %s on %d rank(s)", prompt, out, nproc)
         with warnings.catch_warnings(record=True) as caught:  # to the run's log, not stderr
@@ -104,9 +161,10 @@ def generate_video(
                 on_line=log,
             )
         for w in caught:  # e.g. a prompt cut to the text model's length
-            logger.warning("warning: %s", w.message)
-    except UserError as e:  # a bad input: its one line, as `vfm generate` prints it
-        logger.error("vfm generate: error: %s", e)
+            logger.warning("warning: %s", form_terms(str(w.message)))
+    except UserError as e:  # a bad input: its one line, in the form's terms
+        e = in_form_terms(e)
+        logger.error("generate: error: %s", e)
         raise e.with_traceback(None) from None  # the message, not the library's frames
     return result.to_dict()
 

@@ -318,3 +318,19 @@ def test_a_checkpoint_without_a_newer_model_key_counts_as_its_default():
         {**now, "attn_backend": "te"}, now, now_label="now", ignore=("attn_backend",)
     )
     assert ignored is None
+
+
+def test_synthetic_run_checks_its_tokenizer_at_the_start(tmp_path):
+    """data.tokenizer on synthetic data is kept (generation decodes with it), so a missing
+    folder or one of another latent width is the run's error when its source is made, not
+    the generation's at its end."""
+    from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
+    from vfm_core.tokenizer.sources import make_source
+
+    cfg = validate(apply_overrides(get_recipe("dit-tiny"), [f"data.tokenizer={tmp_path}/none"]))
+    with pytest.raises(ConfigError, match=r"data.tokenizer: tokenizer weights not found: .*none"):
+        make_source(cfg.data, cfg.model)
+    save_tokenizer(CausalVideoAutoencoder(TokenizerConfig(latent_channels=8)), tmp_path / "t8")
+    cfg = validate(apply_overrides(cfg, [f"data.tokenizer={tmp_path}/t8"]))
+    with pytest.raises(ConfigError, match="data.tokenizer: .*8 latent channels"):
+        make_source(cfg.data, cfg.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -123,6 +124,17 @@ def test_valid_unusual_input_is_processed(bad_dir, tmp_path, kind, size, fps):
     # clips are upright, constant-rate, 8-bit 4:2:0
     assert info.pix_fmt == "yuv420p" and not info.vfr and info.rotation == 0
     assert row["n_frames"] == 48
+
+
+def test_width_above_the_source_is_named_once(bad_dir, tmp_path, caplog):
+    """--width above a video's picture: its clips keep the source width (never upscaled), and
+    one warning names the video and the width it kept."""
+    cfg = CurateConfig(min_len_s=1.0, out_width=200)
+    with caplog.at_level(logging.WARNING, logger="vfm_core.curate.pipeline"):
+        curate(str(bad_dir / "yuv444.mp4"), str(tmp_path / "o"), config=cfg)
+    assert read_clips(str(tmp_path / "o"))["width"].to_list() == [96]
+    said = [r.getMessage() for r in caplog.records if "never upscaled" in r.getMessage()]
+    assert len(said) == 1 and "--width 200" in said[0] and "yuv444.mp4 (96 px)" in said[0]
 
 
 def test_huge_declared_size_rejected(bad_dir, tmp_path):

@@ -59,6 +59,13 @@ def test_params_validate():
     assert {"checkpoint", "prompts", "frames", "size", "nproc", "guidance"} <= set(
         schema["properties"]
     )
+    # the bounds' defaults are the library's (flows never import torch to read them)
+    from tasks.generate import FORM_FIELDS
+    from vfm_core.infer.budget import MAX_MINUTES, MEMORY_FRACTION
+
+    assert schema["properties"]["max_minutes"]["default"] == MAX_MINUTES
+    assert f"{MEMORY_FRACTION:.0%} of free" in schema["properties"]["max_memory_gib"]["description"]
+    assert set(FORM_FIELDS.values()) <= set(schema["properties"])  # every flag named has a field
 
 
 def test_generate_flow_logs_videos_and_evaluation(prefect_api, trained, tmp_path):
@@ -131,10 +138,10 @@ def test_bad_requests_fail_before_the_run_and_a_failing_one_marks_it_failed(
         return [] if exp is None else client.search_runs([exp.experiment_id])
 
     missing = GenerateParams(checkpoint=str(tmp_path / "missing"), **form)
-    with pytest.raises(UserError, match=r"^--checkpoint .*missing: no such directory$"):
+    with pytest.raises(UserError, match=r"^checkpoint .*missing: no such directory$"):
         generate_flow(missing)
     sampled = GenerateParams(checkpoint=run, top_k=5, out_dir=str(tmp_path / "g"), **form)
-    with pytest.raises(UserError, match=r"top-k"):
+    with pytest.raises(UserError, match=r"^top_k: token sampling settings"):
         generate_flow(sampled)
     assert len(runs()) == 0  # no MLflow run made for either
 
@@ -192,9 +199,11 @@ def test_generate_task_fn_calls_the_library_in_process(trained, tmp_path, monkey
     assert res["ranks"] == 1 and res["seed"] == 2 and res["mp4"] == str(out)
     assert res == read_result(result_path(out)).to_dict()
     for bad, msg in (
-        (dict(size="64"), r"^--size '64': expected HxW"),
-        (dict(nproc=0), r"^--nproc: must be >= 1, got 0$"),
-        (dict(guidance=31.0), r"^--guidance 31.0: must be a number in \[0, 30\]"),
+        (dict(size="64"), r"^size '64': expected HxW"),
+        (dict(nproc=0), r"^nproc: must be >= 1, got 0$"),
+        (dict(guidance=31.0), r"^guidance 31.0: must be a number in \[0, 30\]"),
+        # the flow's errors name the form's fields, not `vfm generate`'s flags
+        (dict(max_minutes=1e-9), r"over the bound of .* \(max_minutes\)"),
     ):
         with pytest.raises(UserError, match=msg) as e:
             generate_video.fn(run, "a cat", str(tmp_path / "b.mp4"), **{**kw, **bad})

@@ -282,3 +282,10 @@ def test_report_refuses_a_tracking_uri_that_is_no_store(tmp_path, capsys, kind):
     line = _error(capsys, "report")
     assert "--tracking-uri" in line
     assert kind == "file" or not path.exists()
+
+
+def test_report_without_a_store_names_the_missing_default_and_creates_none(tmp_path, capsys):
+    assert main(["report", "--study", "s"]) == 2
+    line = _error(capsys, "report")
+    assert "the default store under VFM_DATA_DIR" in line and "does not exist yet" in line
+    assert not (tmp_path / "data").exists()

@@ -161,6 +161,27 @@ def load_state(dst: str, ref: VideoRef, cfg: CurateConfig) -> dict[str, Any] | N
     return state if same else None
 
 
+def _warn_narrow_sources(refs: list[VideoRef], states: dict, out_width: int | None) -> None:
+    """One warning naming the videos whose clips are narrower than ``out_width`` (--width): a
+    clip is never upscaled, so those keep their source's (or crop's) width."""
+    if out_width is None:
+        return
+    want = max(2, out_width - out_width % 2)
+    narrow = {
+        r.source_uri: min(c["width"] for c in states[r.source_uri]["clips"])
+        for r in refs
+        if any(c["width"] < want for c in states[r.source_uri]["clips"])
+    }
+    if narrow:
+        log.warning(
+            "curation: --width %d is above the picture of %d video(s), whose clips keep their "
+            "own width (never upscaled): %s",
+            out_width,
+            len(narrow),
+            "; ".join(f"{u} ({w} px)" for u, w in list(narrow.items())[:5]),
+        )
+
+
 def _write_state(dst: str, ref: VideoRef, cfg: CurateConfig, finals: list[Item]) -> dict:
     clips = [x.manifest_row() for x in finals if isinstance(x, AnnotatedClip)]
     rejects = [x.manifest_row() for x in finals if isinstance(x, RejectRow)]
@@ -463,6 +484,7 @@ def curate(
         n_recaptioned=len(recaptioned),
         wall_s=round(time.perf_counter() - t0, 3),
     )
+    _warn_narrow_sources(refs, states, cfg.out_width)
     if out["n_clips"] and out["n_uncaptioned"] == out["n_clips"]:
         log.warning(
             "curation: none of the %d clips has a caption: put a caption sidecar (.txt / .json) "

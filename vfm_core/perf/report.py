@@ -124,8 +124,10 @@ def _read_only_client(tracking_uri: str | None):
 
     from vfm_core.tracking import (
         DEFAULT_SOURCE,
+        TrackingStoreError,
         open_store,
         refuse_missing_store,
+        sqlite_path,
         tracking_uri_from,
     )
 
@@ -134,9 +136,15 @@ def _read_only_client(tracking_uri: str | None):
             "--tracking-uri is empty: name the study's MLflow store, or leave the flag out for "
             "the project store"
         )
-    uri, source = tracking_uri_from(tracking_uri, "--tracking-uri")
-    if source != DEFAULT_SOURCE:
-        refuse_missing_store(uri, source, "a report only reads runs")
+    uri, source = tracking_uri_from(tracking_uri, "--tracking-uri", create=False)
+    db = sqlite_path(uri)
+    if source == DEFAULT_SOURCE and db is not None and not db.is_file():
+        raise TrackingStoreError(
+            f"no MLflow runs to report: {source} ({db}) does not exist yet (no run has been "
+            "tracked under this VFM_DATA_DIR); point --tracking-uri or MLFLOW_TRACKING_URI at "
+            "the study's store"
+        )
+    refuse_missing_store(uri, source, "a report only reads runs")
     open_store(uri, source=source, existing=True)  # a report never creates a store
     return mlflow.MlflowClient(tracking_uri=uri)
 

@@ -18,18 +18,19 @@ def make_source(
 ) -> LatentSource:
     """The latent source for ``data.source``; ``shard_kw`` (``dp_rank``, ``dp_size``,
     ``mp_group``) place a shard source's reads within a parallel layout."""
-    if data.source == "shards":
-        tokenizer = None
-        if data.tokenizer:
-            from vfm_core.tokenizer.io import load_tokenizer
+    tokenizer = None
+    if data.tokenizer:  # on synthetic data too: generation decodes the run's latents with it,
+        # so a wrong path or latent width is the run's error at its start, not at its end
+        from vfm_core.tokenizer.io import load_tokenizer
 
-            discrete = model.arch == "ar"  # the FSQ codes of a discrete tokenizer
-            try:
-                tokenizer = load_tokenizer(
-                    data.tokenizer, expected_latent_channels=None if discrete else model.in_channels
-                )
-            except ValueError as e:
-                raise ConfigError(f"data.tokenizer: {e}") from None
+        discrete = model.arch == "ar"  # the FSQ codes of a discrete tokenizer
+        try:
+            tokenizer = load_tokenizer(
+                data.tokenizer, expected_latent_channels=None if discrete else model.in_channels
+            )
+        except ValueError as e:
+            raise ConfigError(f"data.tokenizer: {e}") from None
+    if data.source == "shards":
         return ShardLatentSource(data, model, tokenizer=tokenizer, **shard_kw)
     if model.arch == "ar":
         from vfm_core.tokenizer.synthetic_tokens import SyntheticTokens
