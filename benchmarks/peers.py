@@ -42,6 +42,10 @@ comparison whose checkout is not given is skipped with one line.
    autoregressive ``sample_tokens`` with its KV cache, and without it, beside nanoGPT's
    ``generate`` (no cache) at the same size — tokens generated per second.
 
+Memory: constructing vfm's ``Trainer`` on the CPU fixes glibc's malloc thresholds for the
+process (``vfm_core/perf/cpu_memory.py``), so every contestant of the race, the peers too, runs
+with freed memory kept mapped between steps.
+
 FLOPs per token: ``torch.utils.flop_counter.FlopCounterMode`` over one training step with
 SDPA restricted to its math backend (the CPU flash kernel has no FLOP formula in torch 2.13
 and would count 0); it counts matmuls, convolutions and attention only, so the optimizer adds

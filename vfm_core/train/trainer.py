@@ -56,6 +56,7 @@ from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.layout import pipeline_microbatches, validate_layout
 from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.world import init_world
+from vfm_core.perf.cpu_memory import hold_freed_memory
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 from vfm_core.perf.hardware import peak_flops, recheck_cpu_peak
 from vfm_core.tokenizer.sources import make_source
@@ -113,6 +114,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, source: LatentSource | None = None):
         self.device = resolve_device(cfg.train.device)
+        if self.device.type == "cpu":  # each step's memory stays mapped (perf.cpu_memory)
+            hold_freed_memory()
         init_world(self.device)
         self.world = dist.get_world_size()
         self.dims = dims = validate_layout(cfg, self.world)
