@@ -4,12 +4,15 @@ back and fault it in again), and the trainer holds them on a CPU device."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from vfm_core.perf import cpu_memory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +36,10 @@ STEPS = textwrap.dedent(
 
 def _faults(hold: bool) -> int:
     code = STEPS.format(repo=str(REPO), hold=hold)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {k: v for k, v in os.environ.items() if k not in cpu_memory.USER_SETTINGS}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     return int(out.stdout)
 
 
@@ -43,9 +49,14 @@ def test_held_memory_takes_no_page_faults_on_the_next_steps():
     assert _faults(hold=True) < 100
 
 
-def test_off_glibc_it_is_a_no_op(monkeypatch):
-    from vfm_core.perf import cpu_memory
+def test_a_users_own_malloc_settings_stand(monkeypatch):
+    monkeypatch.setattr(cpu_memory, "_held", None)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
+    monkeypatch.setattr(cpu_memory, "_mallopt", lambda *_: pytest.fail("mallopt called"))
+    assert cpu_memory.hold_freed_memory() is False
 
+
+def test_off_glibc_it_is_a_no_op(monkeypatch):
     monkeypatch.setattr(cpu_memory.sys, "platform", "darwin")
     assert cpu_memory._mallopt(cpu_memory.M_TRIM_THRESHOLD, 1) is False
 

@@ -11,15 +11,17 @@ at glibc's maximum (32 MiB) and a trim threshold of 2 GiB keep that memory mappe
 stays at the step's peak, which the next step needs again anyway.
 
 The settings are process-wide and permanent (glibc then stops adapting both thresholds), as
-``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would make them;
-applied once, by :class:`vfm_core.train.trainer.Trainer` on a CPU device. A GPU step's tensors
-live in torch's caching allocator instead, so nothing is set there. No-op (False) off glibc.
+``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would make them (a
+user's own such settings stand: then nothing is set); applied once, by
+:class:`vfm_core.train.trainer.Trainer` on a CPU device. A GPU step's tensors live in torch's
+caching allocator instead, so nothing is set there. No-op (False) off glibc.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 M_TRIM_THRESHOLD = -1
@@ -34,13 +36,20 @@ TRIM_THRESHOLD = 2**31 - 1
 _held: bool | None = None
 
 
+USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+"""Environment variables by which a user tunes glibc's malloc: when one is set, theirs stand."""
+
+
 def hold_freed_memory() -> bool:
     """Set the two thresholds once per process; True when glibc took them (after the first
-    call, the first call's answer)."""
+    call, the first call's answer). False, setting nothing, when the environment already tunes
+    malloc (:data:`USER_SETTINGS`)."""
     global _held
     if _held is None:
-        _held = _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and _mallopt(
-            M_TRIM_THRESHOLD, TRIM_THRESHOLD
+        _held = (
+            not any(os.environ.get(k) for k in USER_SETTINGS)
+            and _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            and _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
         )
     return _held
 
