@@ -33,11 +33,11 @@ MMAP_THRESHOLD = 32 * 2**20
 TRIM_THRESHOLD = 2**31 - 1
 """Free bytes at the heap's top before it is given back (mallopt takes a C int)."""
 
-_held: bool | None = None
-
-
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 """Environment variables by which a user tunes glibc's malloc: when one is set, theirs stand."""
+
+_held: bool | None = None
+"""The first call's answer (None: not called yet)."""
 
 
 def hold_freed_memory() -> bool:
