@@ -24,6 +24,7 @@ from vfm_core.models.fp8 import (
     to_fp8_linears,
 )
 from vfm_core.models.fp8_torch import Float8Linear, to_torch_fp8_linears
+from vfm_core.models.init import init_parameters
 from vfm_core.recipes import get_recipe
 
 
@@ -131,6 +132,29 @@ def test_dit_conversion_keeps_parameters_and_tracks_bf16():
     out_err, grad_err = step_pair(ref, model, "cpu")
     assert 0 < out_err < 0.03, out_err
     assert grad_err < 0.03, grad_err
+
+
+def test_meta_conversion_touches_no_data_and_initialises_like_the_plain_model():
+    """``Float8Linear.from_linear`` of a meta linear holds the same meta Parameters (nothing
+    allocated or copied); a DiT converted on meta, then ``to_empty`` + ``init_parameters``,
+    equals the plain model of the same seed, parameter for parameter."""
+    old = nn.Linear(64, 32, device="meta")
+    new = Float8Linear.from_linear(old)
+    assert new.weight is old.weight and new.bias is old.bias and new.weight.is_meta
+    cfg = get_recipe("dit-tiny").model
+    model = build_model(cfg, device="meta")
+    before = dict(model.named_parameters())
+    assert to_fp8_linears(model, backend="torch") == 40
+    after = dict(model.named_parameters())
+    assert list(after) == list(before) and all(after[k] is before[k] for k in before)
+    assert all(p.is_meta for p in after.values())
+    model.to_empty(device="cpu")
+    init_parameters(model, model.init_rule, seed=7)
+    ref = build_model(cfg, seed=7).state_dict()
+    assert list(model.state_dict()) == list(ref)
+    assert all(torch.equal(v, ref[k]) for k, v in model.state_dict().items())
+    with pytest.raises(fp8_mod.ConfigError, match="unknown FP8 backend 'e4m3'"):
+        to_fp8_linears(model, backend="e4m3")
 
 
 def test_backend_selection_without_transformer_engine(monkeypatch):

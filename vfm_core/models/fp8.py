@@ -17,7 +17,12 @@ imported without CUDA, so everything TE-specific is imported lazily. What runs:
   path and the output in bf16);
 * :func:`to_fp8_linears` swaps those ``nn.Linear`` for the backend's FP8 linear
   (:func:`to_te_linears`: ``te.Linear``; torch: ``fp8_torch.Float8Linear``) with the same
-  weights and parameter names (checkpoints stay interchangeable with the torch model);
+  parameter names (checkpoints stay interchangeable with the torch model). On a model built on
+  the ``meta`` device (what :func:`vfm_core.parallel.apply.apply_layout` converts) only module
+  classes change and no data is touched: the layout then shards, materialises and initialises
+  the FP8 linears like every other module, so no rank holds the whole model and the weights
+  equal the non-FP8 model's for the same seed (torchao's ``convert_to_float8_training`` on a
+  meta model, torchtitan's order). On a materialised model the weights come along;
 * :func:`fp8_autocast` is TE's ``fp8_autocast`` when on with the TE backend, a no-op context
   otherwise (the torch backend scales every call itself).
 
@@ -108,8 +113,10 @@ def fp8_linear_names(model: nn.Module) -> list[str]:
 
 
 def to_te_linears(model: nn.Module) -> int:
-    """Replace the FP8-eligible linears of ``model`` by ``transformer_engine.pytorch.Linear`` with
-    the same weights and parameter names; returns how many were replaced (CUDA + TE only)."""
+    """Replace the FP8-eligible linears of ``model`` by ``transformer_engine.pytorch.Linear``
+    with the same parameter names; returns how many were replaced (CUDA + TE only). A meta
+    linear becomes a meta ``te.Linear`` (TE defers its own initialisation on ``meta``: the
+    layout's ``to_empty`` + ``init_parameters`` fill it); a materialised one keeps its weights."""
     backend, reason = _fp8_select()
     if backend != "te":
         reason = reason if backend is None else te_status()[1]
@@ -117,25 +124,27 @@ def to_te_linears(model: nn.Module) -> int:
     import transformer_engine.pytorch as te
 
     def te_linear(old: nn.Linear) -> nn.Module:
+        meta = old.weight.is_meta
         new = te.Linear(
             old.in_features,
             old.out_features,
             bias=old.bias is not None,
             params_dtype=old.weight.dtype,
-            device=old.weight.device,
+            device="meta" if meta else old.weight.device,  # TE compares with the string
         )
-        with torch.no_grad():
-            new.weight.copy_(old.weight)
-            if old.bias is not None:
-                new.bias.copy_(old.bias)
-        return new
+        if not meta:
+            with torch.no_grad():
+                new.weight.copy_(old.weight)
+                if old.bias is not None:
+                    new.bias.copy_(old.bias)
+        return new.train(old.training)
 
     return swap_linears(model, fp8_linear_names(model), te_linear)
 
 
 def swap_linears(model: nn.Module, names: list[str], make: Callable[[nn.Linear], nn.Module]) -> int:
     """Replace each ``nn.Linear`` submodule ``names`` of ``model`` by ``make(old)`` (same
-    weights, same parameter names: the FP8 linear of either backend); returns how many."""
+    parameter names: the FP8 linear of either backend); returns how many."""
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
@@ -146,18 +155,23 @@ def swap_linears(model: nn.Module, names: list[str], make: Callable[[nn.Linear],
     return len(names)
 
 
-def to_fp8_linears(model: nn.Module) -> int:
+def to_fp8_linears(model: nn.Module, *, backend: str | None = None) -> int:
     """Replace the FP8-eligible linears of ``model`` (:func:`fp8_linear_names`) by the FP8
-    linears of this machine's backend (:func:`fp8_backend`), same weights and parameter names;
-    returns how many were replaced. Raises :class:`ConfigError` where FP8 cannot run."""
-    backend, reason = _fp8_select()
+    linears of ``backend`` (``"te"`` or ``"torch"``; None: this machine's, :func:`fp8_backend`)
+    with the same parameter names; returns how many were replaced. On ``meta`` only the module
+    classes change (module docstring). Raises :class:`ConfigError` where the backend cannot
+    be used (None: FP8 cannot run here; ``"te"``: transformer-engine not usable)."""
+    if backend is None:
+        backend, reason = _fp8_select()
+        if backend is None:
+            raise ConfigError(f"train.fp8: cannot convert linears to FP8: {reason}")
     if backend == "te":
         return to_te_linears(model)
     if backend == "torch":
         from vfm_core.models.fp8_torch import to_torch_fp8_linears
 
         return to_torch_fp8_linears(model, fp8_linear_names(model))
-    raise ConfigError(f"train.fp8: cannot convert linears to FP8: {reason}")
+    raise ConfigError(f"train.fp8: unknown FP8 backend {backend!r} (te | torch)")
 
 
 FP8_STATE_SUFFIX = "._extra_state"

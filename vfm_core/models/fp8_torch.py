@@ -11,7 +11,9 @@ the input and the parameters (the fp32 master weights under autocast).
 FP8 GEMMs need every dimension a multiple of 16; a call where the tokens ``M``, the input
 features ``K`` or the output features ``N`` is not runs plain ``F.linear`` (exactly the
 ``nn.Linear`` result). :class:`Float8Linear` is an ``nn.Linear`` with the same parameters and
-names, so checkpoints stay interchangeable.
+names, so checkpoints stay interchangeable, FSDP2 shards it like a plain linear (its forward sees
+the gathered weight), and a model converted on the ``meta`` device is materialised and initialised
+exactly as the plain one.
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ class Float8Linear(nn.Linear):
     @classmethod
     def from_linear(cls, old: nn.Linear) -> Float8Linear:
         """The FP8 twin of ``old`` holding its very Parameter objects (device, dtype, values and
-        names unchanged)."""
+        names unchanged). Built on ``meta`` and given ``old``'s parameters, it allocates and
+        copies nothing, so a meta ``old`` (a layout before ``to_empty``) converts for free."""
         new = cls(
             old.in_features,
             old.out_features,

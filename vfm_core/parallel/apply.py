@@ -1,7 +1,9 @@
 """The layout a trainer runs: the model built on the ``meta`` device, cut into this rank's pipeline
 stages, parallelised, then materialised sharded (torchtitan's order).
 
-1. :func:`~vfm_core.models.dit.build_model` on ``meta`` (no memory at any size);
+1. :func:`~vfm_core.models.dit.build_model` on ``meta`` (no memory at any size); with FP8 its
+   block linears become FP8 linears there (:func:`~vfm_core.models.fp8.to_fp8_linears`: module
+   classes only, no data);
 2. pp > 1: this rank's stages (:func:`~vfm_core.parallel.pipeline.split_stage`, ``v`` of them
    with interleaving); else the whole model is the one part;
 3. every part through :func:`~vfm_core.parallel.parallelize.parallelize_dit` (TP/SP -> CP ->
@@ -83,12 +85,13 @@ def build_parts(
     """Steps 1-3 of the module docstring: this rank's parts of ``cfg.model`` (the whole model,
     or its pipeline stages), parallelised under ``cfg.parallel``, on ``device`` (``meta``: no
     memory; the local shard shapes are already final, which ``vfm plan --check`` reads).
-    ``prepare``: a conversion of the whole model before it is cut and parallelised."""
+    ``prepare``: a conversion of the whole model before it is cut and parallelised (FP8: on
+    ``meta`` it changes module classes only)."""
     p = cfg.parallel
     ac = p.activation_checkpointing and p.activation_checkpointing_mode  # False | full | selective
     bf16 = cfg.train.dtype == "bfloat16" and dims.mesh.device_type == "cuda"
     model = build_model(cfg.model, device=device, seed=seed)
-    if prepare is not None:  # a conversion that needs the whole model first (FP8)
+    if prepare is not None:  # a conversion of the whole model, before it is cut (FP8)
         prepare(model)
     if dims.pp_enabled:
         virtual = p.pp_virtual_stages
@@ -129,19 +132,17 @@ def apply_layout(
     """Build ``cfg.model`` for this rank under ``cfg.parallel`` (degrees in ``dims``, mesh built)
     in the order of the module docstring. ``loss_fn(output, microbatch)``: the objective's loss,
     needed by the pipeline's last stage (pp > 1). ``fp8``: FP8 linears of this machine's backend
-    (transformer-engine, else torch-native ``torch._scaled_mm``) replace the block GEMMs, a
-    conversion that needs real weights: the model is then built and initialised on the device
-    first (one full copy per rank) and converted before it is parallelised."""
-    seed = cfg.train.seed
+    (transformer-engine, else torch-native ``torch._scaled_mm``) replace the block GEMMs, on the
+    meta model before it is cut: sharded and initialised like the bf16 model, the same values."""
+    prepare = None
     if fp8:
         from vfm_core.models.fp8 import to_fp8_linears
 
-        parts = build_parts(cfg, dims, device=device, seed=seed, prepare=to_fp8_linears)
-    else:
-        parts = build_parts(cfg, dims, device="meta")
-        for part in parts:
-            part.to_empty(device=device)
-            init_parameters(part, part.init_rule, seed=seed)
+        prepare = to_fp8_linears
+    parts = build_parts(cfg, dims, device="meta", prepare=prepare)
+    for part in parts:
+        part.to_empty(device=device)
+        init_parameters(part, part.init_rule, seed=cfg.train.seed)
     pipe = None
     if dims.pp_enabled:
         if loss_fn is None:
