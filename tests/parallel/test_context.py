@@ -227,7 +227,7 @@ def _worker_ring_overlap(rank, world):
     runs = []
     for overlap in (True, False):
         loc = [seq_chunk(t, rank, world, dim=2).clone().requires_grad_() for t in (q, k, v)]
-        res = ring_attention(*loc, group, overlap=overlap)
+        res = ring_attention(*loc, group, sample_ids=ids, overlap=overlap)
         res.backward(seq_chunk(dout, rank, world, dim=2))
         runs.append([res.detach()] + [t.grad for t in loc])
     out["bitwise"] = [float(not torch.equal(a, b)) for a, b in zip(*runs)]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vfm_core.geometry import Grid
+from vfm_core.models.flash import grouped_attention
 from vfm_core.models.layers import RMSNorm, apply_rope, attention, padding_mask
 
 Layout = Literal["full", "spatial", "temporal"]
@@ -200,20 +201,16 @@ class Attention(nn.Module):
                 out = self.attn_fn(q, k, v, grid=None, layout="causal", sample_ids=sample_ids)
             elif sample_ids is None and k.shape[2] == n:  # no cache before: plain causal
                 out = attention(q, k, v, causal=True)  # (B, Hq, N, d)
+            elif k.shape[2] == n:  # packed documents: causal within each, no (N, N) mask
+                out = grouped_attention(q, k, v, sample_ids, causal=True)  # (B, Hq, N, d)
             else:
                 out = attention(q, k, v, causal_mask(n, k.shape[2], sample_ids, q.device))
             return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
         if sample_ids is not None:
             if self.attn_fn is not None:  # context parallel: ring / all-to-all over the pack
                 out = self.attn_fn(q, k, v, grid=None, layout="full", sample_ids=sample_ids)
-            else:
-                if sample_ids.shape != (n,):
-                    raise ValueError(
-                        f"sample_ids: expected shape ({n},) for {n} tokens, "
-                        f"got {tuple(sample_ids.shape)}"
-                    )
-                same = sample_ids[:, None] == sample_ids[None, :]  # (N, N)
-                out = attention(q, k, v, same[None, None])  # (B, Hq, N, d)
+            else:  # attention within each group of the pack, no (N, N) mask
+                out = grouped_attention(q, k, v, sample_ids)  # (B, Hq, N, d)
             return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
         if context is not None and mask is None:
             pad = padding_mask(context)  # (B, S) or None

@@ -8,7 +8,8 @@ sender).
 
 :func:`ring_bytes` / :func:`alltoall_bytes` are the closed forms for one attention layer (forward
 + backward) that the ST-DiT hybrid rests on (paper §4): ring moves K and V (and their gradients)
-around all P ranks; all-to-all moves q, k, v and the output once each way.
+around all P ranks (K/V twice: the backward recomputes each block); all-to-all moves q, k, v and
+the output once each way.
 """
 
 from __future__ import annotations
@@ -22,22 +23,36 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _NAMESPACES = ("c10d", "_c10d_functional")
 
 
-def _group_size(args) -> int:
+def _group(args) -> ProcessGroup | None:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     for a in args:
         if isinstance(a, torch.ScriptObject):
             try:
-                return ProcessGroup.unbox(a).size()
+                return ProcessGroup.unbox(a)
             except Exception:  # a ScriptObject that is not a process group (e.g. options)
                 continue
     for a in args:
         if isinstance(a, str) and a:
             try:
-                return _resolve_process_group(a).size()
+                return _resolve_process_group(a)
             except Exception:  # reduce-op names are strings too
                 continue
-    return 1
+    return None
+
+
+def _alltoall_sent(name: str, args, group: ProcessGroup) -> float:
+    """Bytes an all-to-all sends to the other ranks: (p-1)/p of its input with equal splits, the
+    rows not kept with explicit ones (PyTorch's ring rotates K/V as an all-to-all whose only
+    non-empty split goes to the next rank)."""
+    if name == "alltoall_base_":  # (output, input, group, output_splits, input_splits, ...)
+        data, splits = args[1], list(args[4]) if len(args) > 4 else []
+    else:  # all_to_all_single(input, output_splits, input_splits, group_name)
+        data, splits = args[0], list(args[2]) if len(args) > 2 else []
+    p = group.size()
+    if not splits or sum(splits) == 0:
+        return (p - 1) / p * _nbytes(data)
+    return _nbytes(data) * (1 - splits[group.rank()] / sum(splits))
 
 
 def _nbytes(x) -> int:
@@ -65,7 +80,8 @@ class CommCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def _count(self, name: str, args) -> None:
-        p = _group_size(args)
+        group = _group(args)
+        p = group.size() if group is not None else 1
         if p <= 1 and name not in ("send",):
             return
         if name in ("allreduce_", "all_reduce", "all_reduce_coalesced"):
@@ -81,7 +97,7 @@ class CommCounter(TorchDispatchMode):
         elif name in ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
             n = (p - 1) / p * _nbytes(args[0])
         elif name in ("alltoall_base_", "all_to_all_single"):
-            n = (p - 1) / p * _nbytes(args[1] if name == "alltoall_base_" else args[0])
+            n = _alltoall_sent(name, args, group)
         elif name == "send":
             n = _nbytes(args[0])
         elif name == "broadcast_":
@@ -91,11 +107,17 @@ class CommCounter(TorchDispatchMode):
         self.by_op[name] += n
 
 
-def ring_bytes(*, b: int, tokens: int, dim_kv: int, cp: int, elem: int = 2) -> float:
+def ring_bytes(
+    *, b: int, tokens: int, dim_kv: int, cp: int, elem: int = 2, grad_elem: int | None = None
+) -> float:
     """Bytes one rank sends for one ring-attention layer, forward + backward: K and V of its chunk
-    travel P-1 hops forward, their gradients P-1 hops back (no recomputation)."""
-    chunk = b * tokens // cp * dim_kv * elem
-    return 2 * (cp - 1) * chunk * 2
+    travel P-1 hops in the forward and again in the backward (each block's softmax is recomputed
+    from the saved log-sum-exp instead of keeping every block), and their gradient accumulators
+    (``grad_elem`` bytes per element: float32 for 16-bit inputs, float64 for float64) travel P
+    hops with them until they reach their owner."""
+    chunk = b * tokens // cp * dim_kv  # elements of K (or V) of one rank
+    grad_elem = grad_elem if grad_elem is not None else max(elem, 4)
+    return 2 * chunk * (2 * (cp - 1) * elem + cp * grad_elem)
 
 
 def alltoall_bytes(*, b: int, tokens: int, dim: int, dim_kv: int, cp: int, elem: int = 2) -> float:
