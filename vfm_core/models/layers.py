@@ -71,9 +71,17 @@ def padding_mask(context: torch.Tensor) -> torch.Tensor | None:
     (the null caption of runs without a text record) keeps every token, as unmasked attention
     would. Cross-attention's key mask and :func:`pool_text`'s rows."""
     real = context.detach().abs().amax(-1) > 0  # (B, S)
-    if not torch.compiler.is_compiling() and bool(real.all()):  # compiled: no host sync, the
-        return None  # all-True mask is the same attention
+    if has_values(real) and bool(real.all()):  # compiled / traced: the all-True mask is the same
+        return None  # attention, without a host sync
     return real | ~real.any(-1, keepdim=True)  # (B, S)
+
+
+def has_values(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values can be read on the host for a shortcut: not while compiling, nor
+    for the fake tensors ``vfm plan --check`` traces a step with (shapes only)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not torch.compiler.is_compiling() and not is_fake(t)
 
 
 def pool_text(text: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

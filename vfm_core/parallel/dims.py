@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from vfm_core.config import ConfigError, ParallelConfig, resolve_degrees
@@ -94,7 +95,10 @@ class ParallelDims:
                     f"{dist.get_world_size()}"
                 )
             shape = tuple(self.degrees.values())
-            self._mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+            # rank bookkeeping with real integers, also while ``vfm plan --check`` traces a
+            # step under fake tensors (a fake mesh tensor has no values to read)
+            with unset_fake_temporarily():
+                self._mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
         return self._mesh
 
     @property
@@ -108,7 +112,8 @@ class ParallelDims:
         unknown = [n for n in names if n not in MESH_DIMS]
         if unknown:
             raise ValueError(f"mesh dimension {unknown[0]!r} unknown (known: {MESH_DIMS})")
-        return self.mesh[names[0]] if len(names) == 1 else self.mesh[names]
+        with unset_fake_temporarily():  # rank bookkeeping: real integers (see build_mesh)
+            return self.mesh[names[0]] if len(names) == 1 else self.mesh[names]
 
     def dp_mesh(self) -> DeviceMesh:
         """Mesh FSDP2 shards over: 2D (replicate, shard) for HSDP, else the one >1 dimension."""
@@ -122,11 +127,12 @@ class ParallelDims:
         the same samples, so parameters and optimizer state shard over them too, and one
         reduce-scatter replaces a separate gradient all-reduce over cp."""
         if self._fsdp is None:
-            flat = self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-            if self.dp_replicate > 1:
-                with warnings.catch_warnings():  # slicing a flattened dim from the root mesh
-                    warnings.simplefilter("ignore", UserWarning)
-                    flat = self.mesh["dp_replicate", "dp_shard_cp"]
+            with unset_fake_temporarily():  # rank bookkeeping: real integers (see build_mesh)
+                flat = self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+                if self.dp_replicate > 1:
+                    with warnings.catch_warnings():  # slicing a flattened dim from the root mesh
+                        warnings.simplefilter("ignore", UserWarning)
+                        flat = self.mesh["dp_replicate", "dp_shard_cp"]
             self._fsdp = flat
         return self._fsdp
 
@@ -145,11 +151,12 @@ class ParallelDims:
         so all of them are created here and this rank keeps its own."""
         if self.pp * self.cp * self.tp == 1:
             return None
-        ranks = self.mesh.mesh  # (pp, dp_replicate, dp_shard, cp, tp) global ranks
+        with unset_fake_temporarily():  # rank bookkeeping: real integers (see build_mesh)
+            ranks = self.mesh.mesh.tolist()  # (pp, dp_replicate, dp_shard, cp, tp) global ranks
         mine = None
         for r in range(self.dp_replicate):
             for s in range(self.dp_shard):
-                members = sorted(ranks[:, r, s].flatten().tolist())
+                members = sorted(rank for stage in ranks for cp in stage[r][s] for rank in cp)
                 group = dist.new_group(members, backend="gloo")
                 if dist.get_rank() in members:
                     mine = group

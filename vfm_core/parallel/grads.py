@@ -9,6 +9,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from vfm_core.models.layers import has_values
+
 
 @torch.no_grad()
 def clip_grad_norm(
@@ -54,7 +56,7 @@ def clip_grad_norm(
     dist.all_reduce(total)
     norm = total.sqrt()
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    if torch.isfinite(norm) and grads:
+    if grads and (not has_values(norm) or torch.isfinite(norm)):  # traced: scale, as if finite
         by_kind: dict[tuple, list[torch.Tensor]] = {}
         for g in grads:
             by_kind.setdefault((g.device, g.dtype), []).append(g)

@@ -269,17 +269,18 @@ def parallelize_dit(
     device = next(model.parameters()).device
     if device.type == "meta":  # the mesh is normally built already (by the trainer)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    mesh = dims.build_mesh(device.type)
+    dims.build_mesh(device.type)
     _check(model, dims, cp_mode)
     sp = sequence_parallel and dims.tp_enabled
     plain_before_tp = {n for n, p in model.named_parameters() if not isinstance(p, DTensor)}
 
     # 1. tensor (+ sequence) parallel
     if dims.tp_enabled:
+        tp_mesh = dims.submesh("tp")
         for block in model.blocks.values():
-            parallelize_module(block, mesh["tp"], _tp_plan(block, sp), src_data_rank=None)
+            parallelize_module(block, tp_mesh, _tp_plan(block, sp), src_data_rank=None)
         if _sequence_ends(model)[3]:  # causal model: vocabulary-parallel embedding and head
-            parallelize_module(model, mesh["tp"], _vocab_plan(model, sp), src_data_rank=None)
+            parallelize_module(model, tp_mesh, _vocab_plan(model, sp), src_data_rank=None)
     # 2. context parallel: self-attention cores become ring / all-to-all over the cp group
     if dims.cp_enabled:
         fn = cp_attention(dims.group("cp"), cp_mode)
