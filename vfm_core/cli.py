@@ -5,8 +5,8 @@ vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume | --resume-from
           [--nproc N] [--tp --cp --pp --dp-shard --dp-replicate D] [--max-restarts K]
           [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT [--rdzv-timeout S]]
 vfm flops --recipe NAME --seq TOKENS [--json]
-vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--fixed key=value,...] [--top K]
-         [--json] [--explain] [--calibrate RUNS]
+vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--global-batch SAMPLES]
+         [--fixed key=value,...] [--top K] [--json] [--explain] [--calibrate RUNS]
 vfm recipes
 vfm checkpoint verify RUN_DIR|CKPT_DIR [--json]
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH]

@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--gpus", type=int_at_least("--gpus", 1), required=True, help="GPU count (at most 2**20)"
     )
+    pl.add_argument(
+        "--global-batch",
+        type=int_at_least("--global-batch", 1),
+        metavar="SAMPLES",
+        help="samples per optimiser step (data.batch_size) that every compared layout trains "
+        "(default 512: the paper-scale presets' batch of 1 is a smoke-run value)",
+    )
     pl.add_argument("--hardware", default="h100", help="h100 | h200 | a100 | b200")
     pl.add_argument(
         "--fixed",

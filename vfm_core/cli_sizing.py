@@ -42,10 +42,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from vfm_core.perf.calibrate import calibrate
     from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, gpu_spec
     from vfm_core.perf.plan_format import LEGEND, explain_plan, format_table
-    from vfm_core.perf.planner import check_sizes, explain_rejections, plan
+    from vfm_core.perf.planner import DEFAULT_GLOBAL_BATCH, check_sizes, explain_rejections, plan
 
     refuse_check_extras(args)
-    check_sizes(seq_len=args.seq, gpus=args.gpus)
+    batch = DEFAULT_GLOBAL_BATCH if args.global_batch is None else args.global_batch
+    check_sizes(seq_len=args.seq, gpus=args.gpus, global_batch=batch)
     try:
         gpu_spec(args.hardware)  # before --calibrate, whose records default to this GPU
     except ValueError as e:
@@ -67,6 +68,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cfg.model,
         seq_len=args.seq,
         gpus=args.gpus,
+        global_batch=batch,
         hardware=args.hardware,
         fixed=pins,
         efficiency=eff,
@@ -80,7 +82,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         gpu = result.gpu
         print(
             f"{cfg.recipe} at {args.seq} tokens on {args.gpus} x {gpu.name} "
-            f"({gpu.bf16_tflops:.0f} TFLOP/s bf16, {gpu.hbm_gb:.0f} GB): "
+            f"({gpu.bf16_tflops:.0f} TFLOP/s bf16, {gpu.hbm_gb:.0f} GB), global batch "
+            f"{result.global_batch} samples: "
             f"{len(result.plans)} layouts ranked, {result.evaluated} evaluated, "
             f"{len(result.rejected)} rejected"
         )
@@ -145,7 +148,7 @@ _LAYOUT_FIELDS = {  # --set keys the searched layout decides -> the --fixed key 
     "parallel.activation_checkpointing_mode": "recompute",
     "parallel.pp_schedule": "vpp",
     "train.grad_accum": "microbatches",
-    "data.batch_size": "micro_batch",
+    "data.batch_size": "global_batch",
 }
 _SAME_VALUE = ("dp_replicate", "dp_shard", "tp", "cp", "pp", "sp", "vpp", "microbatches")
 
@@ -158,6 +161,11 @@ def refuse_unread_sets(overrides: Sequence[str], *, check: bool) -> None:
         (section, name), value = parse_override(text)
         key = f"{section}.{name}"
         pin = _LAYOUT_FIELDS.get(key)
+        if pin == "global_batch":
+            raise ConfigError(
+                f"--set {text.strip()}: vfm plan compares layouts at one global batch; give it "
+                f"with --global-batch {value}"
+            )
         if pin:
             shown = f"{pin}={value}".lower() if pin in _SAME_VALUE else f"{pin}=..."
             raise ConfigError(

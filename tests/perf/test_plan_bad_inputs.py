@@ -173,12 +173,46 @@ def test_fixed_empty_entry(capsys):
     assert "empty entry" in _error(capsys, [*PLAN, "--fixed", "tp=2,,cp=2"])
 
 
+# ----------------------------------------------------------------------------- --global-batch
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("0", "--global-batch must be >= 1, got 0"),
+        ("-8", "--global-batch must be >= 1, got -8"),
+        ("x", "--global-batch must be an integer, got 'x'"),
+        ("2.5", "--global-batch must be an integer, got '2.5'"),
+        ("1e3", "--global-batch must be an integer, got '1e3'"),
+        (str(2**31), f"--global-batch must be at most 2**30 = {2**30} samples, got {2**31}"),
+    ],
+)
+def test_global_batch_that_is_no_number_of_samples(capsys, value, named):
+    assert named in _error(capsys, [*PLAN, "--global-batch", value])
+
+
+@pytest.mark.parametrize("check", [[], ["--check"]])
+def test_global_batch_the_layout_cannot_split(capsys, check):
+    """dit-tiny pinned to plain data parallelism on 8 GPUs (dp = 8 replicas) cannot train 12
+    samples per step: one line naming the batch and why, exit 2, nothing printed or built."""
+    err = _error(capsys, [*PLAN, *check, "--global-batch", "12", "--fixed", "tp=1,cp=1,pp=1"])
+    assert "--global-batch 12: no layout of 8 GPU(s)" in err
+    assert "12 samples per step do not split over dp=8" in err
+    # a pipeline needs a micro-batch per stage: 4 samples over dp=4 leave 1 for 2 stages
+    err = _error(capsys, [*PLAN, "--global-batch", "4", "--fixed", "tp=1,cp=1,pp=2"])
+    assert "--global-batch 4" in err and "fewer than pp=2 micro-batches" in err
+
+
+def test_global_batch_is_the_batch_of_every_layout(capsys):
+    assert main([*PLAN, "--global-batch", "24", "--top", "0", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and {r["global_batch"] for r in rows} == {24}
+
+
 # ------------------------------------------------------------------------ --set and --check
 def test_set_of_a_layout_field_points_to_fixed(capsys):
     err = _error(capsys, [*PLAN, "--set", "parallel.tp=2"])
     assert "--set parallel.tp=2" in err and "--fixed tp=2" in err
-    err = _error(capsys, [*PLAN, "--set", "data.batch_size=4"])
-    assert "data.batch_size" in err and "--fixed micro_batch" in err
+    err = _error(capsys, [*PLAN, "--set", "data.batch_size=4"])  # the global batch: one flag
+    assert "--set data.batch_size=4" in err and "--global-batch 4" in err
 
 
 def test_set_outside_the_model_needs_check(capsys):

@@ -12,11 +12,12 @@ Written from published guidance, not from any table of results:
 * **Large models add TP inside a node before PP** — TP over NVLink first, PP across nodes
   (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", takeaway
   #1: tensor parallelism up to the GPUs of a node, then pipeline parallelism). Their comparison
-  holds the batch fixed, so a pipeline runs few micro-batches and pays its bubble; with many
-  micro-batches and interleaving (§2.2) the bubble shrinks and PP competes. So: at one micro-batch
-  per stage TP beats PP; and whatever the batch, a pipeline the planner picks spans nodes, with
-  the node already filled by the per-layer model parallelism (TP, and CP — the sequence analogue
-  with per-layer collectives; torchtitan's mesh order puts pp outermost).
+  holds the batch fixed — as the planner does — so at a small batch a pipeline runs few
+  micro-batches and pays its bubble; with many micro-batches and interleaving (§2.2) the bubble
+  shrinks and PP competes. So: at one micro-batch per stage TP beats PP; and whatever the batch, a
+  pipeline the planner picks spans nodes, with the node already filled by the per-layer model
+  parallelism (TP, and CP — the sequence analogue with per-layer collectives; torchtitan's mesh
+  order puts pp outermost).
 * **TP hurts below ~10B** — its per-layer collectives cost more than they save when GEMMs are
   already small and states fit with FSDP (Megatron/NeMo performance-tuning guidance).
 * **All-to-all for ST-DiT's factorised attention** — spatial/temporal attention spans are short, so
@@ -58,8 +59,8 @@ def test_fsdp_alone_wins_when_model_and_context_are_small(seq, gpus):
     fsdp = best(small_dit(), seq, gpus, lambda x: (x.tp, x.cp, x.pp) == (1, 1, 1))
     assert (top.layout.tp, top.layout.cp) == (1, 1)  # no tensor or context parallelism
     assert fsdp.layout.dp_shard > 1  # sharded states, not plain DDP
-    # FSDP alone, or a tie: a pipeline over up to 16·pp micro-batches (a much larger global
-    # batch) gathers each stage once per step, which is all it gains
+    # FSDP alone, or a tie: a pipeline over the same global batch gathers each stage once per
+    # step, which is all it gains
     assert fsdp.tokens_per_s_per_gpu >= 0.99 * top.tokens_per_s_per_gpu
 
 
@@ -78,14 +79,18 @@ def test_long_context_prefers_cp(recipe):
 def test_large_models_add_tp_inside_a_node_before_pp(recipe, seq):
     cfg = get_recipe(recipe).model
     gpus, per_node = 256, 8
-    plans = [p for p in plan(cfg, seq_len=seq, gpus=gpus).plans if p.fits]
-    # few micro-batches (one per stage, plain 1F1B): TP inside a node beats PP
-    short = [p for p in plans if p.layout.microbatches == p.layout.pp and p.layout.vpp == 1]
-    tp_only = next(p for p in short if 1 < p.layout.tp <= per_node and p.layout.pp == 1)
+    # a small global batch (one sample per GPU): a pipeline of p stages without TP or CP has
+    # gpus / p replicas of p samples, one micro-batch per stage (plain 1F1B): TP inside a node
+    # beats it
+    small = [p for p in plan(cfg, seq_len=seq, gpus=gpus, global_batch=gpus).plans if p.fits]
+    tp_only = next(p for p in small if 1 < p.layout.tp <= per_node and p.layout.pp == 1)
+    short = [p for p in small if p.layout.microbatches == p.layout.pp and p.layout.vpp == 1]
     pp_only = [p for p in short if p.layout.tp == 1 and p.layout.pp > 1]
     if pp_only:
         assert tp_only.tokens_per_s_per_gpu > pp_only[0].tokens_per_s_per_gpu
-    # the top pick: a pipeline only where model parallelism fills a node, stages nodes apart
+    # the top pick at the default batch: a pipeline only where model parallelism fills a node,
+    # stages nodes apart
+    plans = [p for p in plan(cfg, seq_len=seq, gpus=gpus).plans if p.fits]
     top = plans[0].layout
     if top.pp > 1:
         assert top.tp * top.cp >= per_node

@@ -82,6 +82,8 @@ def test_every_planned_layout_is_one_the_trainer_runs(recipe, seq, gpus):
     result = plan(base.model, seq_len=seq, gpus=gpus)
     seen = set()
     for p in result.plans:
+        # one run: every layout's config trains the same data.batch_size
+        assert trainer_config(base, p.layout).data.batch_size == result.global_batch
         key = dataclasses.replace(p.layout, micro_batch=1)
         if key not in seen:
             seen.add(key)
@@ -102,10 +104,14 @@ def test_4d_and_interleaved_layouts_are_planned_and_accepted():
     assert paper
     for lay in (four_d[0], interleaved[0], paper[0]):
         _check_trainer_accepts(base, lay, 73728)
-    # gradient accumulation without a pipeline (pinned: the search does not add it)
+    # gradient accumulation without a pipeline: what a replica's share of the global batch
+    # leaves after the micro-batch (pinned here to 4 accumulation steps)
     acc = plan(base.model, seq_len=73728, gpus=256, fixed="pp=1,microbatches=4").plans
     assert acc and all(p.layout.microbatches == 4 for p in acc)
     _check_trainer_accepts(base, acc[0].layout, 73728)
+    searched = [p.layout for p in plans if p.layout.pp == 1 and p.layout.microbatches > 1]
+    assert searched
+    _check_trainer_accepts(base, searched[0], 73728)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 :func:`check_layout` mirrors the trainer's ``vfm_core.parallel.layout.validate_layout`` (tested
 both ways in tests/perf/test_planner_trainer.py) and :func:`trainer_config` writes the run config
 of a layout; :func:`global_batch` is a layout's samples per optimiser step and
-:func:`parse_fixed` reads the pinned keys of ``vfm plan --fixed``. The search itself lives in
+:func:`parse_fixed` reads the pinned keys of ``vfm plan --fixed``; :func:`batch_splits` cuts one
+global batch into a layout's micro-batches. The search itself lives in
 :mod:`vfm_core.perf.planner`.
 """
 
@@ -127,8 +128,44 @@ def trainer_config(base: Config, lay: Layout) -> Config:
 
 
 def global_batch(lay: Layout) -> int:
-    """Samples per optimiser step over all data-parallel ranks."""
+    """Samples per optimiser step over all data-parallel ranks (``data.batch_size``): one value
+    for every layout the planner compares."""
     return lay.micro_batch * lay.microbatches * lay.dp_replicate * lay.dp_shard
+
+
+BATCH_REASON = "samples per step"
+"""Words of every :func:`batch_splits` refusal (the planner tells them from other reasons)."""
+
+
+def batch_splits(
+    batch: int,
+    *,
+    dp: int,
+    pp: int,
+    pins: Mapping[str, Any],
+    sizes: tuple[int, ...],
+) -> list[tuple[int, int]] | str:
+    """(micro_batch, microbatches) pairs that make ``batch`` samples per step with ``dp``
+    data-parallel replicas, smallest micro-batch first — from ``sizes``, or the pinned
+    ``micro_batch`` / ``microbatches`` of ``pins`` — or why none does: each replica's share
+    batch / dp is micro_batch x microbatches (:func:`global_batch`), and a pipeline needs at
+    least ``pp`` micro-batches (1F1B: one per stage)."""
+    if batch % dp:
+        return f"{batch} {BATCH_REASON} do not split over dp={dp} data-parallel replicas"
+    share = batch // dp
+    if "microbatches" in pins:
+        m = pins["microbatches"]
+        mbs = [share // m] if share % m == 0 else []
+        mbs = [x for x in mbs if pins.get("micro_batch", x) == x]
+    else:
+        mbs = [pins["micro_batch"]] if "micro_batch" in pins else list(sizes)
+        mbs = [x for x in mbs if share % x == 0]
+    pairs = [(mb, share // mb) for mb in mbs if pp == 1 or share // mb >= pp]
+    if pairs:
+        return pairs
+    pinned = ",".join(f"{k}={pins[k]}" for k in ("micro_batch", "microbatches") if k in pins)
+    why = f"not {pinned}" if pinned else f"fewer than pp={pp} micro-batches"
+    return f"{batch} {BATCH_REASON} over dp={dp} leave {share} per replica: {why}"
 
 
 def parse_fixed(text: str | Mapping[str, Any] | None) -> dict[str, Any]:

@@ -38,13 +38,14 @@ parallel, sp = sequence parallel inside TP, cp = context parallel, mode = CP att
 a2a all-to-all; ST-DiT ring = the trainer's hybrid), pp = pipeline stages, v = virtual stages per
 GPU (v > 1: interleaved 1F1B), mb = samples per micro-batch per replica, m = micro-batches per step
 (pp > 1: the 1F1B schedule's, >= pp; pp = 1: gradient accumulation), gbs = global batch (samples
-per optimiser step = mb x m x dp_r x dp_s), recomp = activation checkpointing (none | selective |
-full | full:k = the first k blocks of each stage full, the rest selective), mem GiB = predicted
-peak memory per GPU, fits = within usable HBM, step s = predicted step
-time, compute = GEMM + attention + element-wise + recompute seconds, comm = exposed communication
-(TP/SP, CP, PP sends, FSDP/DP not hidden, contention of hidden collectives), bubble = pipeline
-fill/drain ((pp-1)/(v*m+pp-1) of the pipelined time), TFLOPS = model TFLOP/s per GPU, MFU =
-TFLOPS / dense bf16 peak, tok/s/GPU = video tokens per second per GPU."""
+per optimiser step = mb x m x dp_r x dp_s, the same for every layout compared: --global-batch),
+recomp = activation checkpointing (none | selective | full | full:k = the first k blocks of each
+stage full, the rest selective), mem GiB = predicted peak memory per GPU, fits = within usable
+HBM, step s = predicted step time, compute = GEMM + attention + element-wise + recompute
+seconds, comm = exposed communication (TP/SP, CP, PP sends, FSDP/DP not hidden, contention of
+hidden collectives), bubble = pipeline fill/drain ((pp-1)/(v*m+pp-1) of the pipelined time),
+TFLOPS = model TFLOP/s per GPU, MFU = TFLOPS / dense bf16 peak, tok/s/GPU = video tokens per
+second per GPU."""
 
 
 def explain_plan(p: Plan) -> str:
@@ -55,7 +56,9 @@ def explain_plan(p: Plan) -> str:
         sched = f"interleaved 1F1B, v={lay.vpp}" if lay.vpp > 1 else "1F1B"
         frac = bubble_fraction(lay.pp, lay.microbatches, lay.vpp)
         bubble = f"pipeline bubble ({sched}, m={lay.microbatches}, {frac:.1%})"
-        sends = f"PP stage sends ({2 * lay.vpp} per micro-batch)"
+        across, used = t.pp_across_nodes
+        link = "IB" if across else "NVLink"  # the slowest boundary paces the stages
+        sends = f"PP stage sends ({2 * lay.vpp} per micro-batch, {link} {across}/{used} off-node)"
         tail = "overlap, end-of-step reduction"
     else:
         bubble, sends = "pipeline bubble (no pipeline)", "PP stage sends"
@@ -81,8 +84,8 @@ def explain_plan(p: Plan) -> str:
         f"gbs {global_batch(lay)} recompute {lay.recompute_label}"
     ]
     for name, sec in rows:
-        lines.append(f"    {name:52s} {sec:9.4f} s {sec / t.step_s:7.1%}")
-    lines.append(f"    {'total step':52s} {t.step_s:9.4f} s")
+        lines.append(f"    {name:56s} {sec:9.4f} s {sec / t.step_s:7.1%}")
+    lines.append(f"    {'total step':56s} {t.step_s:9.4f} s")
     lines.append(
         f"    -> {p.tokens_per_s_per_gpu:,.0f} tok/s/GPU, {p.tflops_per_gpu:.1f} TFLOP/s/GPU, "
         f"MFU {p.mfu:.1%}"

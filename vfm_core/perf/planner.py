@@ -14,20 +14,26 @@ Throughput and FLOPs are tied by construction: ``tflops_per_gpu = tokens_per_s_p
 train_flops_per_token / 1e12`` with the spine's FLOPs model (:mod:`vfm_core.perf.flops`), and
 ``mfu = tflops_per_gpu / dense bf16 peak`` (:mod:`vfm_core.perf.hardware`).
 
+**One global batch.** Every layout of a query trains the same ``global_batch`` samples per
+optimiser step (``data.batch_size``; ``vfm plan --global-batch``, default
+:data:`DEFAULT_GLOBAL_BATCH`): the batch is a training hyper-parameter, and a layout that won by
+taking a larger one (more pipeline micro-batches always shrink the bubble) would not train the same
+run. A layout's data-parallel degree dp = dp_replicate · dp_shard must divide it; each replica's
+share global_batch / dp is ``micro_batch`` × ``microbatches``, the micro-batches being the 1F1B
+schedule's (``parallel.pp_microbatches``, >= pp) with PP and gradient accumulation
+(``train.grad_accum``) without — so choosing the micro-batch size fixes the count.
+
 Search choices (the public guidance this follows: torchtitan's 4D recipes, Megatron-LM's
 "Efficient Large-Scale Language Model Training", Narayanan et al. 2021 §2.2 and §3): TP with SP
 always on (SP only saves memory in this model, so ``sp=False`` is searched only when pinned);
-with PP, micro-batches per step ``pp, 2·pp ... 16·pp`` (the trainer's ``parallel.pp_microbatches``)
-and ``vpp`` 1, 2 or 4 virtual stages where pp·vpp divides the depth (interleaved 1F1B); without PP
-one micro-batch (``train.grad_accum`` > 1 only when pinned: it adds global batch, not
-throughput); micro-batch size 1, 2, 4, 8. When no recomputation fits, slower recompute modes are
-not listed. FSDP groups that cross nodes but are smaller than the whole data-parallel dimension
-are not searched (unless pinned): in this model they move the same InfiniBand bytes per GPU as
-full sharding with more memory and a larger replica all-reduce, so they never rank higher.
-Throughput is ranked at whatever global batch a layout implies (micro_batch · microbatches · dp):
-more micro-batches always shrink the pipeline bubble, so pipelined layouts rank at 16·pp.
-Recompute: none, selective, block-wise full with the fewest whole-recomputed blocks per stage that
-fit (``full:k``, the rest selective: ``parallel.activation_checkpointing_blocks``), then full.
+micro-batch size 1, 2, 4, 8 where it divides the replica's share; with PP ``vpp`` 1, 2 or 4
+virtual stages where pp·vpp divides the depth (interleaved 1F1B). When no recomputation fits,
+slower recompute modes are not listed. FSDP groups that cross nodes but are smaller than the whole
+data-parallel dimension are not searched (unless pinned): in this model they move the same
+InfiniBand bytes per GPU as full sharding with more memory and a larger replica all-reduce, so they
+never rank higher. Recompute: none, selective, block-wise full with the fewest whole-recomputed
+blocks per stage that fit (``full:k``, the rest selective:
+``parallel.activation_checkpointing_blocks``), then full.
 
 Which layouts are valid (``check_layout``), the ``--fixed`` pins and the trainer config of a
 layout live in :mod:`vfm_core.perf.layout_rules`; the table and the step-time breakdown in
@@ -48,7 +54,14 @@ from typing import Any
 from vfm_core.config import ConfigError, ModelConfig
 from vfm_core.geometry import Grid
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec, gpu_spec
-from vfm_core.perf.layout_rules import LAYOUT_KEYS, check_layout, parse_fixed
+from vfm_core.perf.layout_rules import (
+    BATCH_REASON,
+    LAYOUT_KEYS,
+    batch_splits,
+    check_layout,
+    parse_fixed,
+)
+from vfm_core.perf.layout_rules import global_batch as batch_of
 from vfm_core.perf.memory import (
     RECOMPUTE_MODES,
     MemoryEstimate,
@@ -67,11 +80,18 @@ from vfm_core.perf.timing import (
 )
 
 MICRO_BATCHES = (1, 2, 4, 8)
-PP_MICROBATCHES = (1, 2, 4, 8, 16)
-"""Searched pipeline micro-batches per step, in multiples of pp (pp > 1; pp == 1 searches no
-gradient accumulation: it adds no throughput in this model, only global batch). Up to 16·pp:
-Megatron-style runs take m = global batch / (micro-batch · dp), often >= 8·pp, to keep the bubble
-(p-1)/(m+p-1) and the per-step FSDP traffic small against the step."""
+"""Searched samples per micro-batch (where they divide a replica's share of the global batch)."""
+DEFAULT_GLOBAL_BATCH = 512
+"""Samples per optimiser step when none is given. The paper's Table 1 states no global batch and
+the paper-scale presets carry ``data.batch_size = 1`` (a smoke-run value no data-parallel layout
+can split), so the planner's default is its own: 512 divides the data-parallel degree of each of
+the four Table 1 layouts (dp = 32, 4, 16 and 2 at 64, 64, 64 and 256 GPUs) and leaves their
+pipelines >= 32 micro-batches per replica, a bubble of 1/33 for row 3's PP2 (at 256 samples it
+is 1/17, and row 3 is predicted 11% below the paper). 4.2M tokens per step at 8k tokens per
+sample, 38M at 74k: pass ``--global-batch`` for your run's."""
+MAX_GLOBAL_BATCH = 2**30
+"""The largest ``global_batch`` planned (a billion samples per step: far past any run; it bounds
+the per-replica micro-batch counts the step-time model multiplies)."""
 VIRTUAL_STAGES = (1, 2, 4)
 """Searched virtual stages per GPU (interleaved 1F1B) where pp·v divides the depth."""
 MAX_GPUS = 2**20
@@ -83,9 +103,21 @@ MAX_SEQ_LEN = 2**24
 walks the divisors of the length)."""
 
 
-def check_sizes(*, seq_len: int, gpus: int) -> None:
-    """``--seq`` and ``--gpus`` out of range raise :class:`ConfigError` (checked before any work:
-    the search and the workload grow with both)."""
+def check_sizes(*, seq_len: int, gpus: int, global_batch: int = DEFAULT_GLOBAL_BATCH) -> None:
+    """``--seq``, ``--gpus`` and ``--global-batch`` out of range raise :class:`ConfigError`
+    (checked before any work: the search and the workload grow with them)."""
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int):
+        raise ConfigError(
+            f"--global-batch must be an integer number of samples, got {global_batch!r}"
+        )
+    if global_batch <= 0:
+        raise ConfigError(
+            f"--global-batch must be a positive number of samples, got {global_batch}"
+        )
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise ConfigError(
+            f"--global-batch must be at most 2**30 = {MAX_GLOBAL_BATCH} samples, got {global_batch}"
+        )
     if seq_len <= 0:
         raise ConfigError(f"--seq must be a positive number of tokens, got {seq_len}")
     if seq_len > MAX_SEQ_LEN:
@@ -118,6 +150,7 @@ class Plan:
         out: dict[str, Any] = {k: getattr(self.layout, k) for k in LAYOUT_KEYS}
         t = self.time
         out.update(
+            global_batch=batch_of(self.layout),
             fits=self.fits,
             memory_gb=self.memory.total_gib,
             memory_margin_gb=self.memory.margin_gib,
@@ -227,16 +260,36 @@ class PlanResult:
     work: Workload | None = None
     gpu: GpuSpec | None = None
     evaluated: int = 0
+    global_batch: int = DEFAULT_GLOBAL_BATCH
+    """Samples per optimiser step of every plan (``micro_batch · microbatches · dp``)."""
 
 
 def _check_fixed(
-    cfg: ModelConfig, fixed: dict[str, Any], *, seq_len: int, gpus: int, gpu: GpuSpec
+    cfg: ModelConfig,
+    fixed: dict[str, Any],
+    *,
+    seq_len: int,
+    gpus: int,
+    gpu: GpuSpec,
+    batch: int,
 ) -> None:
     """Pinned values that can never work raise ConfigError at once (clear message, exit 2)."""
     prod = math.prod(fixed.get(k, 1) for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp"))
     if gpus % prod:
         pinned = ", ".join(f"{k}={fixed[k]}" for k in fixed if k in LAYOUT_KEYS[:5])
         raise ConfigError(f"--fixed {pinned}: product {prod} does not divide --gpus {gpus}")
+    per_step = math.prod(
+        fixed.get(k, 1) for k in ("dp_replicate", "dp_shard", "micro_batch", "microbatches")
+    )
+    if batch % per_step:  # the pinned factors of the global batch must divide it
+        pinned = ", ".join(
+            f"{k}={fixed[k]}"
+            for k in ("dp_replicate", "dp_shard", "micro_batch", "microbatches")
+            if k in fixed
+        )
+        raise ConfigError(
+            f"--global-batch {batch}: the pinned {pinned} (product {per_step}) does not divide it"
+        )
     probe = {**fixed, "sp": fixed.get("sp", fixed.get("tp", 1) > 1)}
     if "pp" in fixed:  # the schedule rules need the pipeline; else each searched pp is checked
         probe.setdefault("microbatches", fixed["pp"])
@@ -253,28 +306,32 @@ def plan(
     *,
     seq_len: int,
     gpus: int,
+    global_batch: int = DEFAULT_GLOBAL_BATCH,
     hardware: str | GpuSpec = "h100",
     fixed: str | Mapping[str, Any] | None = None,
     grid: Grid | None = None,
     text_len: int | None = None,
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> PlanResult:
-    """Enumerate, evaluate and rank the layouts of ``cfg`` on ``gpus`` GPUs of ``hardware``.
+    """Enumerate, evaluate and rank the layouts of ``cfg`` on ``gpus`` GPUs of ``hardware``, all
+    at ``global_batch`` samples per optimiser step.
 
     Raises :class:`ConfigError` for nonsense input (sizes outside :func:`check_sizes`, unknown
-    hardware, pinned degrees that cannot work) and when no layout is valid at all."""
-    check_sizes(seq_len=seq_len, gpus=gpus)
+    hardware, pinned degrees that cannot work, a global batch no layout can split) and when no
+    layout is valid at all."""
+    check_sizes(seq_len=seq_len, gpus=gpus, global_batch=global_batch)
     try:
         gpu = hardware if isinstance(hardware, GpuSpec) else gpu_spec(hardware)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     pins = parse_fixed(fixed)
-    _check_fixed(cfg, pins, seq_len=seq_len, gpus=gpus, gpu=gpu)
+    _check_fixed(cfg, pins, seq_len=seq_len, gpus=gpus, gpu=gpu, batch=global_batch)
     work = workload(cfg, seq_len=seq_len, grid=grid, text_len=text_len)
     keep_all = bool(pins)
     plans: list[Plan] = []
     rejected: list[tuple[Any, Any]] = []
     evaluated = 0
+    split = 0  # degree sets whose data-parallel replicas can share the global batch
 
     def options(key: str, default: Iterable[Any]) -> list[Any]:
         return [pins[key]] if key in pins else list(default)
@@ -314,17 +371,29 @@ def plan(
                 dp = gpus // (tp * cp * pp)
                 gpn = gpu.gpus_per_node  # cross-node FSDP groups short of all of dp: dominated
                 shards = [x for x in _divisors(dp) if x == dp or tp * cp * x <= gpn]
-                for dp_shard in options("dp_shard", shards):
-                    if dp % dp_shard:
-                        continue
-                    dp_rep = dp // dp_shard
-                    if "dp_replicate" in pins and pins["dp_replicate"] != dp_rep:
-                        continue
-                    base = dict(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)
-                    n = _search_inner(
-                        cfg, work, gpu, efficiency, base, pins, options, keep_all, plans, reject
-                    )
-                    evaluated += n
+                shards = [
+                    x
+                    for x in options("dp_shard", shards)
+                    if dp % x == 0 and pins.get("dp_replicate", dp // x) == dp // x
+                ]
+                if not shards:  # the pinned data-parallel degrees need another tp x cp x pp
+                    continue
+                splits = batch_splits(global_batch, dp=dp, pp=pp, pins=pins, sizes=MICRO_BATCHES)
+                if isinstance(splits, str):
+                    reject(splits, {"tp": tp, "cp": cp, "pp": pp})
+                    continue
+                split += 1
+                for dp_shard in shards:
+                    base = dict(dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)
+                    args = (base, splits, pins, options, keep_all, plans, reject)
+                    evaluated += _search_inner(cfg, work, gpu, efficiency, *args)
+    why = Counter(r for r in map(rejection_reason, rejected) if BATCH_REASON in r)
+    if not plans and not split and why:  # every degree set left was refused for the batch
+        raise ConfigError(
+            f"--global-batch {global_batch}: no layout of {gpus} GPU(s)"
+            + (f" with --fixed {_fmt(pins)}" if pins else "")
+            + f" can split it (e.g. {why.most_common(1)[0][0]})"
+        )
     if not plans:
         reasons = Counter(rejection_reason(e).split(":")[0] for e in rejected)
         top = "; ".join(f"{r} ({n}x)" for r, n in reasons.most_common(3))
@@ -336,48 +405,54 @@ def plan(
     # fitting layouts by throughput; the ones that do not fit (listed with --fixed) after them,
     # closest to fitting first
     plans.sort(key=lambda p: (0, -p.tokens_per_s_per_gpu) if p.fits else (1, p.memory.total_gib))
-    return PlanResult(plans=plans, rejected=rejected, work=work, gpu=gpu, evaluated=evaluated)
+    return PlanResult(
+        plans=plans,
+        rejected=rejected,
+        work=work,
+        gpu=gpu,
+        evaluated=evaluated,
+        global_batch=global_batch,
+    )
 
 
 def _fmt(d: Mapping[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in d.items())
 
 
-def _search_inner(cfg, work, gpu, eff, base, pins, options, keep_all, plans, reject) -> int:
-    """Recompute × micro-batching × SP × CP mode for one set of degrees; returns evaluated count."""
+def _search_inner(cfg, work, gpu, eff, base, splits, pins, options, keep_all, plans, reject) -> int:
+    """Recompute × micro-batching (``splits``: the (micro_batch, microbatches) pairs of the
+    global batch) × SP × CP mode for one set of degrees; returns the evaluated count."""
     tp, cp, pp = base["tp"], base["cp"], base["pp"]
     sps = options("sp", [True] if tp > 1 else [False])
     modes = options("cp_mode", ["ring", "a2a"] if cp > 1 else ["ring"])
-    ms = options("microbatches", [k * pp for k in PP_MICROBATCHES] if pp > 1 else [1])
     interleave = [v for v in VIRTUAL_STAGES if cfg.depth % (pp * v) == 0] if pp > 1 else [1]
     vpps = options("vpp", interleave)
     count = 0
     for sp in sps:
         for mode in modes:
-            for m in ms:
-                for vpp in vpps:
-                    for mb in options("micro_batch", MICRO_BATCHES):
-                        probe = Layout(
-                            **base, sp=sp, micro_batch=mb, microbatches=m, cp_mode=mode, vpp=vpp
-                        )
-                        why = check_layout(cfg, probe, seq_len=work.seq_len, gpu=gpu)
-                        if why:
-                            reject(why, probe)
-                            break
-                        fitted = False
-                        for lay in _recompute_options(work, probe, gpu, pins, options):
-                            count += 1
-                            mem = memory_of(work, lay, gpu)
-                            if mem.fits or keep_all:
-                                plans.append(_with_time(work, lay, gpu, eff, mem))
-                            if mem.fits:
-                                fitted = True
-                                if not keep_all:
-                                    break  # slower recompute modes would only cost time
-                            elif not keep_all:
-                                reject(_OOM, lay, mem)
-                        if not fitted and not keep_all and "micro_batch" not in pins:
-                            break  # a larger micro-batch needs more memory still
+            for vpp in vpps:
+                for mb, m in splits:
+                    probe = Layout(
+                        **base, sp=sp, micro_batch=mb, microbatches=m, cp_mode=mode, vpp=vpp
+                    )
+                    why = check_layout(cfg, probe, seq_len=work.seq_len, gpu=gpu)
+                    if why:  # e.g. interleaved rounds: another micro-batch count may pass
+                        reject(why, probe)
+                        continue
+                    fitted = False
+                    for lay in _recompute_options(work, probe, gpu, pins, options):
+                        count += 1
+                        mem = memory_of(work, lay, gpu)
+                        if mem.fits or keep_all:
+                            plans.append(_with_time(work, lay, gpu, eff, mem))
+                        if mem.fits:
+                            fitted = True
+                            if not keep_all:
+                                break  # slower recompute modes would only cost time
+                        elif not keep_all:
+                            reject(_OOM, lay, mem)
+                    if not fitted and not keep_all and "micro_batch" not in pins:
+                        break  # a larger micro-batch needs more memory still
     return count
 
 

@@ -33,9 +33,14 @@ Per micro-batch and pipeline stage a GPU spends (the constants are
   times as often. Each micro-batch crosses every stage boundary forward with the activation chunk
   (B, N/(cp·tp_sp), D) and backward with its gradient — point-to-point between the ranks of the
   same (dp, cp, tp) coordinate of adjacent stages (``vfm_core.parallel.pipeline``; the
-  conditioning is looked up per stage, not sent), exposed.
+  conditioning is looked up per stage, not sent), exposed. The stages run in lock step, so the
+  sends go at the pace of the slowest stage boundary the schedule uses
+  (:func:`pp_boundaries_across_nodes`): InfiniBand when any of them leaves a node, NVLink only
+  when the whole pipeline sits in one.
 * **FSDP** (ZeRO-3, FSDP2): parameters all-gathered for forward and again for backward (reshard
-  after forward) per micro-batch, gradients reduce-scattered in fp32 once per step. Under a pipeline
+  after forward) per micro-batch, gradients reduce-scattered in fp32 in every backward: without a
+  pipeline the trainer's gradient accumulation (``train.grad_accum``) keeps FSDP2's gradient sync
+  on, so each accumulated micro-batch reduces (and HSDP all-reduces) its gradients. Under a pipeline
   schedule ``torch.distributed.pipelining`` keeps the backward's gathered parameters and unsharded
   gradients until the last micro-batch (``PipelineStage.backward_maybe_with_nosync``:
   ``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``), so after the
@@ -195,13 +200,46 @@ class StepTime:
     step_s: float
     parts: dict[str, float] = field(default_factory=dict)
     """Finer breakdown (gemm, attention, pointwise, recompute, tp, cp, pp_p2p, fsdp, dp ...)."""
+    pp_across_nodes: tuple[int, int] = (0, 0)
+    """(stage boundaries whose sends leave a node, boundaries used): any such boundary prices
+    the pipeline's sends on InfiniBand (:func:`pp_boundaries_across_nodes`)."""
 
 
 def _link_bw(gpu: GpuSpec, eff: Efficiency, *, size: int, stride: int) -> float:
     """Bytes/s per GPU (one direction) of a collective over ``size`` ranks ``stride`` apart."""
-    if size * stride <= gpu.gpus_per_node:
-        return gpu.nvlink_gbps / 2 * 1e9 * eff.nvlink  # datasheet NVLink is bidirectional
-    return gpu.ib_gbps / 8 * 1e9 * eff.ib
+    return _bw(gpu, eff, across_nodes=size * stride > gpu.gpus_per_node)
+
+
+def _bw(gpu: GpuSpec, eff: Efficiency, *, across_nodes: bool) -> float:
+    """Bytes/s per GPU (one direction) over InfiniBand (``across_nodes``) or NVLink."""
+    if across_nodes:
+        return gpu.ib_gbps / 8 * 1e9 * eff.ib
+    return gpu.nvlink_gbps / 2 * 1e9 * eff.nvlink  # datasheet NVLink is bidirectional
+
+
+def pp_boundaries_across_nodes(lay: Layout, gpus_per_node: int) -> tuple[int, int]:
+    """(stage boundaries whose sends leave a node, stage boundaries the schedule uses).
+
+    Ranks follow the mesh order ``[pp, dp_replicate, dp_shard, cp, tp]`` (pp outermost,
+    ``vfm_core.parallel.dims.MESH_DIMS``), so pipeline stage s holds ranks s·S ... s·S + S − 1
+    with S = world / pp, and its rank s·S + i sends to rank (s+1)·S + i; node n holds ranks
+    n·g ... n·g + g − 1 (g = ``gpus_per_node``). The boundaries are s -> s+1 for s < pp − 1, and
+    with virtual stages (interleaved 1F1B) also the last GPU's chunk to the first GPU's next one.
+    A boundary leaves a node when any of its S sends does."""
+    pp, g = lay.pp, gpus_per_node
+    if pp == 1:
+        return 0, 0
+    size = lay.world // pp  # S: ranks per stage
+    pairs = [(s, s + 1) for s in range(pp - 1)]
+    if lay.vpp > 1:
+        pairs.append((pp - 1, 0))
+
+    def leaves(a: int, b: int) -> bool:
+        if size >= g:  # ranks S >= g apart never share a node
+            return True
+        return any((a * size + i) // g != (b * size + i) // g for i in range(size))
+
+    return sum(leaves(a, b) for a, b in pairs), len(pairs)
 
 
 def _attn_eff(eff: Efficiency, span: float, head_dim: int) -> float:
@@ -319,8 +357,9 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
     # chunk (B, N/(cp·tp_sp), D) forward, its gradient backward (the conditioning is not sent:
     # every stage looks up its micro-batch's own, vfm_core.parallel.pipeline)
     pp_s = 0.0
-    if pp > 1:
-        bw = _link_bw(gpu, eff, size=2, stride=lay.world // pp)
+    if pp > 1:  # the slowest boundary paces the lock-stepped stages
+        across, _ = pp_boundaries_across_nodes(lay, gpu.gpus_per_node)
+        bw = _bw(gpu, eff, across_nodes=across > 0)
         chunk = act_bytes / (tp if lay.sp else 1)  # (B, N/(cp·tp_sp), D) bf16
         pp_s = lay.vpp * 2 * (chunk / bw + eff.collective_latency_s)
 
@@ -364,18 +403,21 @@ def step_time(
     # schedule the backward's gathered parameters stay for the next forward after the warm-up
     ag_passes = m + min(m, pp) if pp > 1 else 2 * m
     ag_fwd = min(m, pp) if pp > 1 else m
+    syncs = 1 if pp > 1 else m  # gradient reductions per step
     if shard > 1:
         bw = _link_bw(gpu, eff, size=shard, stride=tp)
         frac = (shard - 1) / shard
         ag = local * 2 * frac / bw + layers * eff.collective_latency_s  # bf16 params, per pass
-        rs = local * 4 * frac / bw + layers * eff.collective_latency_s  # fp32 grads, once
+        # fp32 gradients: per backward without a pipeline (gradient accumulation syncs every
+        # micro-batch), once per step under a pipeline schedule
+        rs = (local * 4 * frac / bw + layers * eff.collective_latency_s) * syncs
         fsdp_s = ag * ag_passes + rs
         first_ag = work.layer_params / tp * 2 * frac / bw
     dp_s = 0.0
     if lay.dp_replicate > 1:
         r = lay.dp_replicate
         bw = _link_bw(gpu, eff, size=r, stride=tp * cp * lay.dp_shard)
-        dp_s = 2 * (local / shard) * 4 * (r - 1) / r / bw + eff.collective_latency_s
+        dp_s = (2 * (local / shard) * 4 * (r - 1) / r / bw + eff.collective_latency_s) * syncs
     compute = compute_mb * m
     # FSDP2 overlap by phase: forward all-gathers hide behind the forward (1/3 of the GEMM and
     # attention work), backward all-gathers, the gradient reduce-scatter and the HSDP replica
@@ -413,6 +455,7 @@ def step_time(
         optimizer_s=optimizer,
         step_s=step,
         parts=parts,
+        pp_across_nodes=pp_boundaries_across_nodes(lay, gpu.gpus_per_node),
     )
 
 
