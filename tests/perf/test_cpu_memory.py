@@ -49,6 +49,15 @@ def test_held_memory_takes_no_page_faults_on_the_next_steps():
     assert _faults(hold=True) < 100
 
 
+def test_the_kept_memory_is_a_budget_per_machine():
+    """Ranks on one machine share the budget: 4 FSDP ranks keep what one process would."""
+    gib = 2**30
+    assert cpu_memory.trim_budget(64 * gib, 1) == cpu_memory.MAX_TRIM  # 2 GiB
+    assert cpu_memory.trim_budget(24 * gib, 1) == 24 * gib // 16  # 1.5 GiB
+    assert cpu_memory.trim_budget(24 * gib, 4) == 24 * gib // 16 // 4  # 384 MiB each
+    assert cpu_memory.trim_budget(8 * gib, 2) * 2 <= 8 * gib // 16
+
+
 def test_a_users_own_malloc_settings_stand(monkeypatch):
     monkeypatch.setattr(cpu_memory, "_held", None)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")

@@ -144,9 +144,9 @@ def test_activation_splits_follow_korthikanti():
     full = block_saved_elements(cfg, 0, recompute="full", **kw)["act"]
     assert full == 8192 * cfg.hidden  # the block input only
     assert full < sel < base / 2
-    # per token of a GELU DiT block with QK norm: 25·D + 2·F = 33·D elements
-    per_tok = (base - 2 * cfg.text_len * 4 * cfg.hidden) / 8192  # minus text k/v, per sample
-    assert per_tok == pytest.approx(33 * cfg.hidden, rel=0.01)
+    # per token of a GELU DiT block with QK norm: 22·D + 2·F = 30·D elements
+    per_tok = (base - 2 * cfg.text_len * 3 * cfg.hidden) / 8192  # minus text k/v, per sample
+    assert per_tok == pytest.approx(30 * cfg.hidden, rel=0.01)
 
 
 def test_estimate_memory_states_and_sharding():
@@ -225,5 +225,5 @@ def test_activation_model_matches_autograd_cuda_bf16(name):
     measured = measure_saved_bytes(lambda: model(x, c_noise, text), model.parameters())
     pt, ph, pw = cfg.patch
     seq = (t // pt) * (h // ph) * (w // pw)
-    pred = model_saved_bytes(cfg, micro_batch=batch, seq_len=seq, act_bytes=2, fused_norm=True)
+    pred = model_saved_bytes(cfg, micro_batch=batch, seq_len=seq, act_bytes=2)
     assert abs(pred["total"] - measured) / measured < 0.10, (pred["total"], measured)

@@ -127,15 +127,55 @@ class PooledTextEmbedder(nn.Module):
 
 # ----------------------------------------------------------------------------------------- norms
 class RMSNorm(nn.RMSNorm):
-    """``nn.RMSNorm`` whose weight follows the input's dtype: under bf16 autocast the fused
-    kernel runs (torch falls back to the unfused one for a bf16 input with an fp32 weight);
-    fp32 inputs compute exactly as ``nn.RMSNorm``. Same parameters, same checkpoints."""
+    """``nn.RMSNorm`` that saves what the fused GPU kernel saves, on every device: its input (in
+    the input's dtype) and the fp32 rstd (:class:`RMSNormFunction`; on CUDA ``F.rms_norm``, whose
+    fused kernel saves exactly that). CPU's ``rms_norm`` is decomposed: for a bf16 input it keeps
+    two fp32 copies (4x the input's bytes; the QK norms alone were 1.3x a dit-7b block's planned
+    activations in ``vfm plan --check``), so a CPU trace would not measure the GPU's memory.
+    Autocast is off inside (CPU autocast runs ``rms_norm`` in fp32): the output has the input's
+    dtype. fp32 forwards equal ``nn.RMSNorm``'s. Same parameters, same checkpoints."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if w is not None and w.dtype != x.dtype:
             w = w.to(x.dtype)
-        return F.rms_norm(x, self.normalized_shape, w, self.eps)
+        with torch.autocast(x.device.type, enabled=False):
+            if x.device.type == "cuda":
+                return F.rms_norm(x, self.normalized_shape, w, self.eps)
+            return RMSNormFunction.apply(x, w, self.normalized_shape, self.eps)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """y = x · rstd · w over the last ``len(shape)`` dims, rstd = 1/sqrt(mean(x²) + eps) in
+    fp32; saves (x, rstd, w). Backward (u = dy · w): dx = rstd · (u - x · rstd² · mean(u · x)),
+    dw = Σ dy · x · rstd over the leading dims."""
+
+    @staticmethod
+    def forward(ctx, x, w, shape, eps):
+        dims = tuple(range(-len(shape), 0))
+        eps = torch.finfo(x.dtype).eps if eps is None else eps
+        xf = x.float() if x.dtype != torch.float64 else x
+        rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)  # (..., 1)
+        y = xf * rstd
+        if w is not None:
+            y = y * w
+        ctx.save_for_backward(x, rstd, w)
+        ctx.dims = dims
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, rstd, w = ctx.saved_tensors
+        dims = ctx.dims
+        xf = x.float() if x.dtype != torch.float64 else x
+        dyf = dy.to(xf.dtype)
+        u = dyf * w if w is not None else dyf
+        dx = rstd * (u - xf * rstd.square() * (u * xf).mean(dims, keepdim=True))
+        dw = None
+        if w is not None and ctx.needs_input_grad[1]:
+            lead = tuple(range(dy.dim() - len(dims)))
+            dw = (dyf * xf * rstd).sum(lead).to(w.dtype)
+        return dx.to(x.dtype), dw, None, None
 
 
 def make_norm(kind: str, dim: int, eps: float, affine: bool = False) -> nn.Module:

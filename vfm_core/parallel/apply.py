@@ -89,7 +89,7 @@ def build_parts(
     ``meta`` it changes module classes only)."""
     p = cfg.parallel
     ac = p.activation_checkpointing and p.activation_checkpointing_mode  # False | full | selective
-    bf16 = cfg.train.dtype == "bfloat16" and dims.mesh.device_type == "cuda"
+    bf16 = cfg.train.dtype == "bfloat16"  # FSDP gathers bf16, reduces fp32 (any device)
     model = build_model(cfg.model, device=device, seed=seed)
     if prepare is not None:  # a conversion of the whole model, before it is cut (FP8)
         prepare(model)

@@ -7,8 +7,15 @@ unmapped per allocation; the next step then touches fresh pages, one minor page 
 Measured (``benchmarks/peers.py``, width 768, 6 models racing in one process): the recipe
 trainer's first step of each round took 20-80 thousand faults and ~1 s more than the next
 (0.92x its plain loop); with the two thresholds fixed, ~0.2 s (0.98x). A fixed mmap threshold
-at glibc's maximum (32 MiB) and a trim threshold of 2 GiB keep that memory mapped: the heap
+at glibc's maximum (32 MiB) and a raised trim threshold keep that memory mapped: the heap
 stays at the step's peak, which the next step needs again anyway.
+
+What stays mapped is bounded per machine, not per process: the trim threshold is a budget of
+:func:`trim_budget` bytes (2 GiB, or 1/16 of the machine's memory when that is less) split over
+the ranks on this machine (``LOCAL_WORLD_SIZE``). Four FSDP ranks of a large model each keeping
+2 GiB of freed heap had pushed a 24 GiB machine into the OOM killer (issue 45). Blocks above
+32 MiB (a large model's weights, gathered blocks, activations) are always mapped and unmapped
+per allocation, so they are never held.
 
 The settings are process-wide and permanent (glibc then stops adapting both thresholds), as
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would make them (a
@@ -30,8 +37,10 @@ M_MMAP_THRESHOLD = -3
 
 MMAP_THRESHOLD = 32 * 2**20
 """Blocks from the heap up to this size (glibc's largest allowed mmap threshold)."""
-TRIM_THRESHOLD = 2**31 - 1
-"""Free bytes at the heap's top before it is given back (mallopt takes a C int)."""
+MAX_TRIM = 2**31 - 1
+"""The largest trim threshold (mallopt takes a C int): free bytes at the heap's top kept."""
+RAM_SHARE = 16
+"""At most 1/RAM_SHARE of the machine's memory is kept freed, over all its ranks."""
 
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 """Environment variables by which a user tunes glibc's malloc: when one is set, theirs stand."""
@@ -49,9 +58,19 @@ def hold_freed_memory() -> bool:
         _held = (
             not any(os.environ.get(k) for k in USER_SETTINGS)
             and _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-            and _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            and _mallopt(M_TRIM_THRESHOLD, trim_budget())
         )
     return _held
+
+
+def trim_budget(ram_bytes: int | None = None, local_ranks: int | None = None) -> int:
+    """This process's trim threshold: min(2 GiB, RAM / :data:`RAM_SHARE`) over the ranks on
+    this machine (``LOCAL_WORLD_SIZE``, set by torchrun; 1 otherwise)."""
+    if ram_bytes is None:
+        ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if local_ranks is None:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return min(MAX_TRIM, ram_bytes // RAM_SHARE) // local_ranks
 
 
 def _mallopt(param: int, value: int) -> bool:

@@ -18,14 +18,15 @@ last microbatch).
 **Activations** are the tensors autograd saves for backward. :func:`block_saved_elements` lists them
 op by op for the blocks of ``vfm_core.models.dit`` (what the modules actually save, read off the
 autograd graph of the real modules; ``tests/perf/test_memory.py`` checks the sum against
-:func:`measure_saved_bytes` within 10 % — exact on CPU fp32, within 0.6 % on an H100 in bf16 with
-``fused_norm=True``, the ``gpu``-marked test):
+:func:`measure_saved_bytes` within 10 % — exact on CPU fp32, within 0.6 % on an H100 in bf16, the
+``gpu``-marked test — and ``vfm plan --check`` traces the whole step under each layout):
 
 * every pre-norm saves its input and statistics (LayerNorm: mean + rstd; RMSNorm: rstd), the AdaLN
   ``modulate`` multiply saves the normalised tensor and ``1 + scale``;
-* the q/k/v linears save their (shared) input; per-head QK RMSNorm (decomposed: pow, rsqrt, mul,
-  mul-by-weight) saves its input, rstd and the normalised tensor; RoPE multiplies by constant
-  cos/sin and so saves only those (N × d/2 each, per call, not per sample);
+* the q/k/v linears save their (shared) input; per-head QK RMSNorm saves its input and rstd, as
+  the fused GPU kernel does (``models.layers.RMSNormFunction`` on the CPU, so that a CPU trace
+  measures the GPU's memory); RoPE multiplies by constant cos/sin and so saves only those
+  (N × d/2 each, per call, not per sample);
 * attention is the flash kind: it saves q, k, v, the output and the fp32 log-sum-exp — never the
   S × S probabilities. That is what the CPU SDPA kernel (``_scaled_dot_product_flash_attention_for_
   cpu``) saves, and what FlashAttention-2/3 and cuDNN attention save on the GPU (Dao 2023, §3.1),
@@ -213,7 +214,6 @@ def block_saved_elements(
     text_len: int | None = None,
     split: Split = Split(),
     recompute: Recompute = "none",
-    fused_norm: bool = False,
 ) -> dict[str, float]:
     """Elements autograd saves in block ``index`` for one micro-batch, split by kind:
     ``act`` (activation dtype), ``stat`` (fp32 statistics: norm mean/rstd, attention LSE) and
@@ -223,17 +223,15 @@ def block_saved_elements(
     QK norm (the recipes' default):
 
     ======================  ==========================================================
-    self-attention pass     4·D (norm in/out, linear in, output)  +  5·Dq + 4·Dkv
-    cross-attention         4·D  +  4·Dq         + per sample 4·L·Dkv (k, k-normed, k-out, v)
+    self-attention pass     4·D (norm in/out, linear in, output)  +  4·Dq + 3·Dkv
+    cross-attention         4·D  +  3·Dq         + per sample 3·L·Dkv (k, k-out, v)
     MLP                     4·D  +  2·F (GELU) or 4·F (SwiGLU)
     ======================  ==========================================================
 
-    ``fused_norm``: the QK RMSNorm is one fused kernel that saves only its input and rstd (torch on
-    CUDA, ``FusedRmsNormBackward0``; measured on an H100 with torch 2.11) instead of the decomposed
-    pow/rsqrt/mul chain of the CPU build, which also saves the normalised tensor: one Dq + Dkv less
-    per self-attention pass, one Dq less in cross-attention and L·Dkv less of text keys.
+    The QK RMSNorm saves its input and rstd (the fused kernel: ``FusedRmsNormBackward0`` on
+    CUDA, measured on an H100 with torch 2.11; ``RMSNormFunction`` elsewhere).
 
-    That is 25·D + 2·F = 33·D for a GELU DiT block (close to Korthikanti et al.'s 34·s·b·h for
+    That is 22·D + 2·F = 30·D for a GELU DiT block (close to Korthikanti et al.'s 34·s·b·h for
     a GPT block, by coincidence: theirs counts bytes, without flash attention).
     """
     d, hd = cfg.hidden, cfg.head_dim
@@ -263,13 +261,12 @@ def block_saved_elements(
     # --- no recompute: everything the modules save
     qk = cfg.qk_norm
     per_tok_d = 4 * d * n  # norm input, modulate (norm output), linear input, gated output
-    fz = 1 if (qk and fused_norm) else 0  # fused QK norm: no normalised copy saved
-    self_heads = (5 * dq + 4 * dkv - fz * (dq + dkv)) if qk else (3 * dq + 2 * dkv)
-    cross_heads = (4 - fz) * dq if qk else 2 * dq  # output keeps the query's layout: no copy
+    self_heads = (4 * dq + 3 * dkv) if qk else (3 * dq + 2 * dkv)  # QK norm: + its inputs
+    cross_heads = 3 * dq if qk else 2 * dq  # output keeps the query's layout: no copy
     mlp_inner = (4 if cfg.mlp == "swiglu" else 2) * f
     act = tok * per_tok_d / dsplit
     act += tok * (passes * self_heads + cross * cross_heads + mlp_inner) / t
-    act += cross * b * L * ((4 - fz) if qk else 2) * dkv / t  # cross-attention k, v of the text
+    act += cross * b * L * (3 if qk else 2) * dkv / t  # cross-attention k, v of the text
     act += passes * rows * 2 * hd  # RoPE cos + sin for q and for k: 4 × (N, hd/2)
     # per-sample conditioning: SiLU(emb), (1 + scale), gate storage, LoRA rank activations
     if cfg.adaln == "zero":
@@ -291,21 +288,18 @@ def model_saved_bytes(
     text_len: int | None = None,
     act_bytes: int = 4,
     stat_bytes: int = 4,
-    fused_norm: bool = False,
 ) -> dict[str, float]:
     """Predicted saved-tensor bytes of one whole forward of ``build_model(cfg)`` (no parallelism,
     no recompute), by part: ``blocks``, ``outside`` (patch embedding, timestep MLP, final layer,
     text) and ``total``. This is what :func:`measure_saved_bytes` measures on CPU (fp32: both
-    byte widths 4) and, with ``act_bytes=2, fused_norm=True``, on a GPU in bf16 (cuDNN / flash
+    byte widths 4) and, with ``act_bytes=2``, on a GPU in bf16 (cuDNN / flash
     SDPA save the same q, k, v, output and LSE as the CPU kernel)."""
     d = cfg.hidden
     L = cfg.text_len if text_len is None else text_len
     b, n = micro_batch, micro_batch * seq_len
     blocks = 0.0
     for i in range(cfg.depth):
-        e = block_saved_elements(
-            cfg, i, micro_batch=b, seq_len=seq_len, text_len=L, fused_norm=fused_norm
-        )
+        e = block_saved_elements(cfg, i, micro_batch=b, seq_len=seq_len, text_len=L)
         blocks += e["act"] * act_bytes + e["stat"] * stat_bytes
     patch_dim = cfg.in_channels * math.prod(cfg.patch)
     # patch-embed input (with the position features); final norm input, output, linear input
@@ -353,9 +347,8 @@ def stage_saved_bytes(
     recompute: Recompute = "none",
     act_bytes: int = 2,
     kinds: Sequence[tuple[str, ...]] | None = None,
-    fused_norm: bool = True,
 ) -> float:
-    """Saved bytes of ``layers`` for one micro-batch on the GPU (bf16, fused QK norm by default;
+    """Saved bytes of ``layers`` for one micro-batch on the GPU (bf16;
     blocks of equal layout are computed once; ``kinds``: the precomputed ``block_layouts`` of every
     block, to skip recomputing them)."""
     counts: dict[tuple[str, ...], tuple[int, int]] = {}
@@ -373,7 +366,6 @@ def stage_saved_bytes(
             text_len=text_len,
             split=split,
             recompute=recompute,
-            fused_norm=fused_norm,
         )
         total += n * (e["act"] * act_bytes + e["stat"] * 4)
     return total

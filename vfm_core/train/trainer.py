@@ -233,7 +233,13 @@ class Trainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on the global batch (this rank's part of it; module docstring)."""
         batch = self.local_part(batch)
-        weight = self.step_weight(batch)
+        total = self.forward_backward(batch, weight=self.step_weight(batch))
+        return self.finish_step(total)
+
+    def forward_backward(self, batch: TrainBatch, *, weight: float) -> torch.Tensor:
+        """Steps 2-3 on this rank's batch: the objective's microbatches, forward + backward of
+        each (the whole model, or the pipeline schedule). Returns this rank's weighted loss sum
+        (zero on pipeline stages without the loss)."""
         mbs = self.objective.microbatches(
             batch, step=self.step, weight=weight, splits=self.splits(batch)
         )
@@ -252,7 +258,7 @@ class Trainer:
                     if isinstance(loss, DTensor):
                         loss = loss.full_tensor()
                     total += loss.detach().double()
-        return self.finish_step(total)
+        return total
 
     def splits(self, batch: TrainBatch) -> int:
         """Microbatches of an unpacked batch: ``grad_accum`` passes x the pipeline's
@@ -325,9 +331,7 @@ class Trainer:
         and the norm read in one host synchronisation (on a GPU every read of a device value
         waits for the queued step) -> non-finite loss: stop before the update -> update.
         ``total``: this rank's weighted loss sum (zero on pipeline stages without the loss)."""
-        dist.all_reduce(total)  # equal within a model-parallel group: divide by its copies
-        self.layout.sync_grads()
-        grad_norm = self.layout.clip_grad_norm(self.cfg.optim.grad_clip or float("inf"))
+        grad_norm = self.final_grads(total)
         loss_sum, norm = torch.stack([total, grad_norm.detach().to(total)]).tolist()
         mean = loss_sum / (self.world // self.dims.pp)
         if not math.isfinite(mean):
@@ -338,6 +342,13 @@ class Trainer:
             )
         lr = self.update(norm)
         return {"loss": mean, "grad_norm": norm, "lr": lr}
+
+    def final_grads(self, total: torch.Tensor) -> torch.Tensor:
+        """Steps 4-5 without reading a value: the loss summed over the ranks (in place), the
+        gradients made final and clipped; returns the global gradient norm (a tensor)."""
+        dist.all_reduce(total)  # equal within a model-parallel group: divide by its copies
+        self.layout.sync_grads()
+        return self.layout.clip_grad_norm(self.cfg.optim.grad_clip or float("inf"))
 
     def update(self, grad_norm: float) -> float:
         """Optimizer, LR schedule and EMA once the gradients are final (clipped to

@@ -1,0 +1,196 @@
+"""``vfm plan --check``: one real training step per rank, traced before the cluster is rented.
+
+The run is built exactly as the trainer builds it (:class:`~vfm_core.train.trainer.Trainer`:
+meta device -> pipeline stages -> TP / CP / FSDP2 -> materialised shards) inside a fake process
+group of the layout's world size (``torch.testing._internal.distributed.fake_pg``: collectives
+do nothing) and under ``FakeTensorMode`` (tensors carry shape, dtype and device, no memory), on
+the rank with a given pipeline coordinate (all others 0). Then the trainer's own step runs on a
+batch of the real sample shape — the objective's microbatches, forward and backward of each
+under the layout's recompute and pipeline schedule, gradients made final and clipped, AdamW,
+EMA — while PyTorch's memory tracker (``torch.distributed._tools``: ``FSDPMemTracker`` for an
+FSDP model, ``MemTracker`` otherwise; torchtitan's memory estimation works the same way) records
+every tensor's bytes by kind. The optimizer's moments exist before the traced step (a first
+update on zero gradients creates them), so the peak is a steady-state step's.
+
+The run traces as it trains on a GPU: ``train.dtype=bfloat16`` (FSDP gathers bf16 parameters and
+reduces fp32 gradients; bf16 autocast), and the fused kernels save what the GPU's do (flash
+attention: q, k, v, output, log-sum-exp; fused RMSNorm: input and rstd). What the GPU adds on
+top — CUDA context, NCCL buffers, allocator slack — is not traced; the planner's fixed
+``overhead`` covers it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from vfm_core.config import Config, ConfigError
+from vfm_core.data.samples import TrainBatch
+from vfm_core.perf.memory_check import fake_world
+
+COMPONENTS = ("params", "grads", "optimizer", "ema", "gathered", "activations", "temp")
+"""What the peak holds: sharded parameters, gradients (sharded and while unsharded), AdamW
+moments, the EMA, FSDP's gathered parameters and collective buffers, the tensors autograd keeps
+for backward (and the step's inputs), and transient tensors of the backward / optimizer."""
+
+_KINDS = {  # the memory trackers' categories -> COMPONENTS
+    "Parameter": "params",
+    "Sharded Param": "params",
+    "Buffer": "params",
+    "Gradient": "grads",
+    "Sharded Grad": "grads",
+    "Unsharded Grad": "grads",
+    "Reduce Scatter": "grads",
+    "Optstate": "optimizer",
+    "OptState": "optimizer",
+    "Other": "ema",
+    "Unsharded Param": "gathered",
+    "All Gather": "gathered",
+    "Activation": "activations",
+    "Inputs": "activations",
+    "Temp": "temp",
+}
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class StepPeak:
+    """Bytes one rank holds at the peak of a traced step, by component, and the peak itself."""
+
+    pp_rank: int
+    components: dict[str, float]
+    """:data:`COMPONENTS` -> bytes at the moment of the peak."""
+    peak: float
+    """Total bytes at the peak (the sum of the components)."""
+
+
+def check_config(run: Config, seq_len: int) -> Config:
+    """The run as the check traces it: the GPU's precision; synthetic samples of ``seq_len``
+    tokens on the planner's grid (:func:`~vfm_core.perf.flops.default_grid`: the data's values do
+    not change memory); and, without a pipeline, two microbatches of the layout's size instead of
+    all of them — every microbatch after the first holds the same (the first has no gradients
+    yet), so the peak is the same and the trace is shorter. A pipeline keeps its schedule."""
+    from vfm_core.perf.flops import default_grid
+
+    t, h, w = default_grid(seq_len)
+    pt, ph, pw = run.model.patch
+    data = dataclasses.replace(
+        run.data,
+        source="synthetic",
+        tokenizer=None,
+        latent_frames=t * pt,
+        latent_height=h * ph,
+        latent_width=w * pw,
+    )
+    train = dataclasses.replace(run.train, dtype="bfloat16", device="cpu", compile="off")
+    if run.parallel.pp == 1 and run.train.grad_accum > 2:
+        micro = run.data.batch_size // run.train.grad_accum  # samples per microbatch, all dp
+        data = dataclasses.replace(data, batch_size=2 * micro)
+        train = dataclasses.replace(train, grad_accum=2)
+    return dataclasses.replace(run, data=data, train=train)
+
+
+def measure_step(run: Config, world: int, *, seq_len: int, pp_rank: int = 0) -> StepPeak:
+    """Trace one training step of ``run`` (a config of the layout to check, ``data.batch_size``
+    its global batch) at ``seq_len`` tokens per sample on the rank with pipeline coordinate
+    ``pp_rank`` of ``world`` ranks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vfm_core.tokenizer.sources import make_source
+    from vfm_core.train.trainer import Trainer
+
+    run = check_config(run, seq_len)
+    pt, ph, pw = run.model.patch  # one real sample of one patch: the batch's fields and dtypes
+    tiny = dataclasses.replace(
+        run.data, batch_size=1, latent_frames=pt, latent_height=ph, latent_width=pw
+    )
+    source = make_source(tiny, run.model)
+    sample = source.next_batch()
+    grid = (run.data.latent_frames, run.data.latent_height, run.data.latent_width)
+    rank = pp_rank * (world // run.parallel.pp)
+    with fake_world(rank, world), FakeTensorMode(allow_non_fake_inputs=True):
+        trainer = Trainer(run, source=source)
+        batch = _batch_like(sample, trainer.local_batch_size, grid)
+        _create_optimizer_state(trainer)
+        tracker = _tracker(trainer)
+        with tracker:
+            total = trainer.forward_backward(batch, weight=trainer.dims.dp / run.data.batch_size)
+            trainer.final_grads(total)
+            trainer.update(1.0)
+        snapshot = tracker.get_tracker_snapshot("peak")
+    return _peak(snapshot, pp_rank)
+
+
+def _batch_like(sample: TrainBatch, n: int, grid: tuple[int, int, int]) -> TrainBatch:
+    """``n`` samples shaped like ``sample`` but of the latent ``grid`` (its last three dims), as
+    fake tensors (no memory); the caption lengths real (whole captions), so code that reads them
+    sees values."""
+    if sample.packed:
+        raise ConfigError("vfm plan --check traces unpacked batches (data.packing=false)")
+
+    def like(t: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
+        return None if t is None else torch.zeros((n, *shape), dtype=t.dtype)
+
+    values = sample.values
+    return TrainBatch(
+        latents=like(sample.latents, (*values.shape[1:-3], *grid)),
+        token_ids=like(sample.token_ids, (*values.shape[1:-3], *grid)),
+        text=like(sample.text, tuple(sample.text.shape[1:])),
+        text_lengths=torch.full((n,), sample.text.shape[1], dtype=torch.int64),
+        keys=sample.keys * n,
+        positions=list(range(n)),
+    )
+
+
+def _create_optimizer_state(trainer) -> None:
+    """AdamW creates its moments at the first update: one update on zero gradients, untracked,
+    so the traced step is a steady-state one."""
+    for _, p in trainer.layout.named_parameters():
+        p.grad = torch.zeros_like(p)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def _tracker(trainer):
+    """PyTorch's MemTracker over the parts, the optimizer and the EMA ('Other')."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    parts = trainer.layout.parts
+
+    class StepTracker(MemTracker):
+        """MemTracker takes a model's second forward for a new iteration and stops; in one step
+        the model runs once per microbatch (gradient accumulation, pipeline schedules). A part's
+        forward outside backward starts fresh per-module statistics; the peak is kept."""
+
+        def _pre_fw_hook(self, module, inputs) -> None:
+            if any(module is part for part in parts) and not self._mod_tracker.is_bw:
+                self.reset_mod_stats()
+            super()._pre_fw_hook(module, inputs)
+
+        def _update_peak_stats(self, peak_state) -> None:
+            """The device's peak only: MemTracker also walks every module's statistics after
+            every op (quadratic in depth: a 32-block model's step took minutes)."""
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+    tracker = StepTracker()
+    tracker.track_external(*parts, trainer.optimizer)
+    if trainer.ema is not None:
+        shadow = [t for part in trainer.ema.shadow for t in part.values()]
+        tracker.track_external(*(t.to_local() if isinstance(t, DTensor) else t for t in shadow))
+    return tracker
+
+
+def _peak(snapshot: dict, pp_rank: int) -> StepPeak:
+    components = dict.fromkeys(COMPONENTS, 0.0)
+    peak = 0.0
+    for kinds in snapshot.values():  # one device
+        for kind, nbytes in kinds.items():
+            if kind == "Total":
+                peak += float(nbytes)
+            else:
+                components[_KINDS.get(kind, "temp")] += float(nbytes)
+    return StepPeak(pp_rank=pp_rank, components=components, peak=peak)
