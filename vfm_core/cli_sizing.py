@@ -181,8 +181,13 @@ def refuse_unread_sets(overrides: Sequence[str], *, check: bool) -> None:
 
 def plan_check(cfg, result, args: argparse.Namespace) -> int:
     """``vfm plan --check``: the planner's best layout (with the --fixed pins) built for real at
-    ``--gpus`` ranks; measured vs planned model-state bytes of the busiest rank."""
+    ``--gpus`` ranks — the model states of every pipeline rank, measured vs planned for the
+    busiest — and one training step of pipeline rank 0 (the one that holds the most
+    activations) traced under fake tensors: activations, FSDP buffers and the peak, measured vs
+    planned; exit 1 when the measured peak does not fit the GPU."""
     import dataclasses
+    import resource
+    import time
 
     from vfm_core.perf.layout_rules import trainer_config
     from vfm_core.perf.memory_check import (
@@ -192,6 +197,7 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
         measure_states,
         planned_states,
     )
+    from vfm_core.train.step_check import fit_verdict, measure_step, peak_rows
 
     if not result.plans:
         raise ConfigError("vfm plan --check: no layout to build (see vfm plan --explain)")
@@ -204,6 +210,15 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
         planned = dataclasses.replace(planned, ema=0.0)
     report = check_report(mine, planned)
     lay = {k: v for k, v in dataclasses.asdict(best.layout).items()}
+    t0 = time.perf_counter()
+    try:
+        traced = measure_step(run, args.gpus, seq_len=args.seq)
+    except (ConfigError, ValueError) as e:
+        raise ConfigError(f"vfm plan --check: --seq {args.seq}: cannot trace a step: {e}") from None
+    seconds = time.perf_counter() - t0
+    rows = peak_rows(traced, measured[0], best.memory)
+    fits, verdict = fit_verdict(rows, best.memory, result.gpu.name)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     if args.json:
         print(
             json.dumps(
@@ -216,15 +231,30 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
                     "pp_rank": rank,
                     "components": report,
                     "per_pp_rank": [m.as_dict() for m in measured],
+                    **rows,
+                    "traced": {
+                        "pp_rank": traced.pp_rank,
+                        "components": traced.components,
+                        "seconds": seconds,
+                        "check_rss_bytes": rss,
+                    },
+                    "fits": fits,
+                    "verdict": verdict,
                 }
             )
         )
-        return 0
+        return 0 if fits else 1
     shown = " ".join(f"{k}={v}" for k, v in lay.items())
     print(f"{cfg.recipe} at {args.seq} tokens on {args.gpus} x {result.gpu.name}, layout {shown}")
     print(f"model states of the busiest rank (pipeline rank {rank}), built for real vs planned:")
     print(format_check(report))
-    return 0
+    print(
+        f"one training step of pipeline rank 0, traced under fake tensors ({seconds:.0f} s, "
+        f"this process peaked at {rss / 2**30:.2f} GiB):"
+    )
+    print(format_check(rows, header=False))
+    print(verdict)
+    return 0 if fits else 1
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:

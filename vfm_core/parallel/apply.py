@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from vfm_core.config import Config
 from vfm_core.models.dit import build_model
@@ -139,7 +140,9 @@ def apply_layout(
         from vfm_core.models.fp8 import to_fp8_linears
 
         prepare = to_fp8_linears
-    parts = build_parts(cfg, dims, device="meta", prepare=prepare)
+    with unset_fake_temporarily():  # meta tensors and rank bookkeeping: no values, no memory,
+        # also under ``vfm plan --check``'s fake tensors (whose mesh slicing would need values)
+        parts = build_parts(cfg, dims, device="meta", prepare=prepare)
     for part in parts:
         part.to_empty(device=device)
         init_parameters(part, part.init_rule, seed=cfg.train.seed)

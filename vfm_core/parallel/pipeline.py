@@ -42,6 +42,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.tensor import DTensor
 
 from vfm_core.config import ConfigError
+from vfm_core.models.layers import has_values
 from vfm_core.parallel.dims import ParallelDims
 
 
@@ -139,7 +140,7 @@ class Pipeline:
         self.last = self.stages[-1].is_last
 
         def loss(output, index: torch.Tensor) -> torch.Tensor:
-            return loss_fn(output, self.current[int(index.reshape(-1)[0])])
+            return loss_fn(output, self.current[self._microbatch(index)])
 
         kind = SCHEDULES[schedule]
         stage_arg = self.stages if kind is ScheduleInterleaved1F1B else self.stages[0]
@@ -153,9 +154,13 @@ class Pipeline:
         index is arbitrary: it is clamped to a valid microbatch (same shapes)."""
         x, index = args
         self._index = index
-        i = int(index.reshape(-1)[0]) if index.numel() else 0
-        i = min(max(i, 0), len(self.current) - 1)
-        return (x,), dict(self.current[i].kwargs)
+        return (x,), dict(self.current[self._microbatch(index)].kwargs)
+
+    def _microbatch(self, index: torch.Tensor) -> int:
+        """The microbatch an index tensor names, clamped to a valid one; 0 when its value cannot
+        be read (``vfm plan --check``'s fake tensors: every microbatch has the same shapes)."""
+        i = int(index.reshape(-1)[0]) if index.numel() and has_values(index) else 0
+        return min(max(i, 0), len(self.current) - 1)
 
     def _pass_index(self, _module, _args, output):
         """Stage forward hook (all but the last stage): output -> (output, microbatch index)."""

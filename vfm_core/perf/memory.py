@@ -203,6 +203,9 @@ class Split:
     """Sequence parallelism: hidden-width tensors are also divided by tp."""
     cp: int = 1
     """Context-parallel degree: divides every per-token tensor."""
+    ring: bool = True
+    """Context parallelism of full attention by the ring (else all-to-all): under selective
+    recompute the ring keeps every step's kernel output and LSE (module docstring)."""
 
 
 def block_saved_elements(
@@ -251,20 +254,28 @@ def block_saved_elements(
     if recompute == "full":  # checkpoint boundary: the block input only
         return {"act": tok * d / dsplit, "stat": 0.0}
     if recompute == "selective":  # outputs of matmuls and attention (+ block input)
+        # the row-parallel o / fc2 matmuls' outputs are whole-width partial sums (their
+        # reduce-scatter / all-reduce comes after): d per token, not d / tp
         act = tok * d / dsplit  # block input
-        act += passes * tok * ((2 * dq + 2 * dkv) / t + d / dsplit)  # q, k, v, attn out; o out
+        act += passes * tok * ((2 * dq + 2 * dkv) / t + d)  # q, k, v, attn out; o out
         # cross-attention q, out, o; text k, v
-        act += cross * (tok * (2 * dq / t + d / dsplit) + b * L * 2 * dkv / t)
-        act += tok * ((2 if cfg.mlp == "swiglu" else 1) * f / t + d / dsplit)  # fc1 (w1, w3); fc2
+        act += cross * (tok * (2 * dq / t + d) + b * L * 2 * dkv / t)
+        act += tok * ((2 if cfg.mlp == "swiglu" else 1) * f / t + d)  # fc1 (w1, w3); fc2
         stat = (passes + cross) * tok * h / t  # LSE
+        ring = sum(lo == "full" for lo in block_layouts(cfg, index)) if split.ring else 0
+        if split.cp > 1 and ring:  # every ring step's kernel output + LSE, not only the merge
+            act += ring * (split.cp - 1) * tok * dq / t
+            stat += ring * (split.cp - 1) * tok * h / t
         return {"act": act, "stat": stat}
     # --- no recompute: everything the modules save
     qk = cfg.qk_norm
-    per_tok_d = 4 * d * n  # norm input, modulate (norm output), linear input, gated output
+    # norm input, modulate (norm output), gated output: sequence-split under SP; the linear input
+    # is the all-gathered sequence (torch's SP saves it gathered, Megatron's re-gathers it)
+    per_tok_d = 3 * d * n / dsplit + d * n
     self_heads = (4 * dq + 3 * dkv) if qk else (3 * dq + 2 * dkv)  # QK norm: + its inputs
     cross_heads = 3 * dq if qk else 2 * dq  # output keeps the query's layout: no copy
     mlp_inner = (4 if cfg.mlp == "swiglu" else 2) * f
-    act = tok * per_tok_d / dsplit
+    act = tok * per_tok_d
     act += tok * (passes * self_heads + cross * cross_heads + mlp_inner) / t
     act += cross * b * L * (3 if qk else 2) * dkv / t  # cross-attention k, v of the text
     act += passes * rows * 2 * hd  # RoPE cos + sin for q and for k: 4 × (N, hd/2)

@@ -85,24 +85,30 @@ def measure_states(cfg: Config, world: int) -> list[StateBytes]:
     return [measure_rank(cfg, world, r) for r in range(cfg.parallel.pp)]
 
 
+def report_row(measured: float, planned: float) -> dict[str, float]:
+    """``measured_bytes``, ``planned_bytes`` and the plan's relative difference from the
+    measurement (0 when nothing was measured)."""
+    diff = (planned - measured) / measured if measured else 0.0
+    return {"measured_bytes": measured, "planned_bytes": planned, "rel_diff": diff}
+
+
 def check_report(measured: StateBytes, planned: StateBytes) -> dict[str, dict[str, float]]:
     """Per component: ``measured_bytes``, ``planned_bytes`` and their relative difference."""
-    out = {}
-    for key in (*COMPONENTS, "total"):
-        m, p = getattr(measured, key), getattr(planned, key)
-        out[key] = {"measured_bytes": m, "planned_bytes": p, "rel_diff": (p - m) / m if m else 0.0}
-    return out
+    keys = (*COMPONENTS, "total")
+    return {k: report_row(getattr(measured, k), getattr(planned, k)) for k in keys}
 
 
-def format_check(report: dict[str, dict[str, float]]) -> str:
-    """A table of the check's components in GiB."""
-    lines = [f"{'component':10s} {'measured GiB':>13s} {'planned GiB':>12s} {'diff':>8s}"]
+def format_check(report: dict[str, dict[str, float]], *, header: bool = True) -> str:
+    """A table of the check's components in GiB (diff: the plan against the measurement; '-'
+    where the plan has no such term)."""
+    lines = [f"{'component':12s} {'measured GiB':>13s} {'planned GiB':>12s} {'diff':>8s}"]
     for key, row in report.items():
+        diff = f"{row['rel_diff']:>+8.1%}" if row["planned_bytes"] else f"{'-':>8s}"
         lines.append(
-            f"{key:10s} {row['measured_bytes'] / GiB:>13.3f} {row['planned_bytes'] / GiB:>12.3f} "
-            f"{row['rel_diff']:>+8.1%}"
+            f"{key:12s} {row['measured_bytes'] / GiB:>13.3f} {row['planned_bytes'] / GiB:>12.3f} "
+            f"{diff}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines if header else lines[1:])
 
 
 def planned_states(memory) -> StateBytes:

@@ -178,7 +178,7 @@ def evaluate(
 def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
     """:func:`estimate_memory` of a layout, memoised on the keys memory depends on."""
     key = ("mem", gpu.name, lay.tp, lay.sp, lay.cp, lay.pp, lay.dp_shard, lay.micro_batch)
-    key += (lay.microbatches, lay.recompute, lay.vpp, lay.recompute_blocks)
+    key += (lay.microbatches, lay.recompute, lay.vpp, lay.recompute_blocks, lay.cp_mode)
     if key not in work.cache:
         s0, s_mb, b0, b_mb = _saved(work, lay, lay.recompute)
         full = lay.full_fraction(work.cfg.depth)
@@ -214,9 +214,9 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
 def _saved(work: Workload, lay: Layout, recompute: str) -> tuple[float, float, float, float]:
     """(a, b) of the stage's saved bytes a + b·mb under ``recompute``, and of one block's without
     recompute (saved bytes are affine in the micro-batch size), memoised per query."""
-    skey = ("mem-saved", lay.tp, lay.sp, lay.cp, lay.pp, recompute)
+    skey = ("mem-saved", lay.tp, lay.sp, lay.cp, lay.pp, recompute, lay.cp_mode)
     if skey not in work.cache:
-        split = Split(tp=lay.tp, sp=lay.sp, cp=lay.cp)
+        split = Split(tp=lay.tp, sp=lay.sp, cp=lay.cp, ring=lay.cp_mode == "ring")
         kw = dict(seq_len=work.seq_len, text_len=work.text_len, split=split, kinds=work.kinds)
         stage_layers = range(work.cfg.depth // lay.pp)
         s1, s2 = (

@@ -303,10 +303,10 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
     }
     attn = sum(per_pass[lo] * n for lo, n in passes.items())
     attn += fl["cross_attention"] * share / (peak * _attn_eff(eff, work.text_len, hd))
-    key = ("saved", pp, tp, lay.sp, cp)
+    key = ("saved", pp, tp, lay.sp, cp, lay.cp_mode)
     if key not in work.cache:  # saved bytes are affine in the micro-batch size: a + b·mb
         kw = dict(seq_len=work.seq_len, text_len=work.text_len, kinds=work.kinds)
-        split = Split(tp=tp, sp=lay.sp, cp=cp)
+        split = Split(tp=tp, sp=lay.sp, cp=cp, ring=lay.cp_mode == "ring")
         one, two = (
             stage_saved_bytes(cfg, stage_layers, micro_batch=k, split=split, **kw) for k in (1, 2)
         )

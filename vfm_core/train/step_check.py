@@ -112,6 +112,8 @@ def measure_step(run: Config, world: int, *, seq_len: int, pp_rank: int = 0) -> 
     with fake_world(rank, world), FakeTensorMode(allow_non_fake_inputs=True):
         trainer = Trainer(run, source=source)
         batch = _batch_like(sample, trainer.local_batch_size, grid)
+        if trainer.layout.pipe is not None:
+            _static_pipeline(trainer, batch)
         _create_optimizer_state(trainer)
         tracker = _tracker(trainer)
         with tracker:
@@ -141,6 +143,40 @@ def _batch_like(sample: TrainBatch, n: int, grid: tuple[int, int, int]) -> Train
         keys=sample.keys * n,
         positions=list(range(n)),
     )
+
+
+def _static_pipeline(trainer, batch: TrainBatch) -> None:
+    """Give this rank's pipeline stages their input / output shapes and make the schedule run
+    with them (static shapes, as in training every microbatch has the same). Left to itself,
+    the schedule's first step votes over P2P on static vs dynamic shapes and exchanges the
+    inferred shapes between the ranks, reading both on the host: a fake process group delivers
+    nothing and a fake tensor has no value. The shapes come from one untracked forward of this
+    rank's first stage; this rank's other stages (interleaved) take and give the same hidden
+    stream (the last stage, the only one with another output, is never on pipeline rank 0)."""
+    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas
+
+    pipe = trainer.layout.pipe
+    if pipe.last:
+        raise ConfigError("vfm plan --check traces pipeline rank 0, which holds no last stage")
+    mbs = trainer.objective.microbatches(batch, step=0, weight=1.0, splits=trainer.splits(batch))
+    pipe.current = mbs[: pipe.microbatches]
+    first = mbs[0].inputs
+    index = torch.zeros(1, dtype=torch.int64)
+    cast, _ = trainer.autocast()
+    with torch.no_grad(), cast:
+        out = pipe.parts[0](first, index)  # (hidden stream, microbatch index)
+    pipe.current = []
+    hidden, index_out = out
+    stream = extract_tensor_metas((hidden.detach().requires_grad_(), index_out))  # trains
+    for stage in pipe.stages:
+        inputs = extract_tensor_metas((first, index)) if stage.is_first else stream
+        stage._user_meta = _StageMeta(inputs=inputs, outputs=stream)
+
+    def vote(stages, _has_backward, _p2p_done) -> None:
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    pipe.schedule._warmup_p2p = vote
 
 
 def _create_optimizer_state(trainer) -> None:
@@ -194,3 +230,46 @@ def _peak(snapshot: dict, pp_rank: int) -> StepPeak:
             else:
                 components[_KINDS.get(kind, "temp")] += float(nbytes)
     return StepPeak(pp_rank=pp_rank, components=components, peak=peak)
+
+
+def peak_rows(traced: StepPeak, states, planned) -> dict[str, dict[str, float]]:
+    """Measured vs planned bytes of the traced rank's step, by what the planner models:
+    ``fsdp_buffers`` (gathered parameters and gradients while unsharded: the traced parameter
+    and gradient bytes above the rank's shards, ``states``), ``activations``, ``transient``
+    (backward / optimizer temporaries: not modelled, planned 0) and ``peak`` (planned: the
+    planner's total without its fixed ``overhead``). ``planned``: the planner's
+    :class:`~vfm_core.perf.memory.MemoryEstimate`."""
+    from vfm_core.perf.memory import GiB
+    from vfm_core.perf.memory_check import report_row
+
+    c = traced.components
+    unsharded = max(0.0, c["params"] - states.params) + max(0.0, c["grads"] - states.grads)
+    return {
+        "fsdp_buffers": report_row(unsharded + c["gathered"], planned.fsdp_buffers_gib * GiB),
+        "activations": report_row(c["activations"], planned.activations_gib * GiB),
+        "transient": report_row(c["temp"], 0.0),
+        "peak": report_row(traced.peak, (planned.total_gib - planned.overhead_gib) * GiB),
+    }
+
+
+def fit_verdict(rows: dict[str, dict[str, float]], planned, hardware: str) -> tuple[bool, str]:
+    """(fits, one line): the measured peak plus the planner's fixed overhead against the GPU's
+    usable memory; when it does not fit, the component furthest above its plan is named."""
+    from vfm_core.perf.memory import GiB
+
+    need = rows["peak"]["measured_bytes"] / GiB + planned.overhead_gib
+    cap = planned.capacity_gib
+    if need <= cap:
+        return True, (
+            f"fits: peak + {planned.overhead_gib:.1f} GiB overhead = {need:.1f} of {cap:.1f} "
+            f"GiB usable on {hardware}"
+        )
+    parts = {k: v for k, v in rows.items() if k != "peak"}
+    name = max(parts, key=lambda k: parts[k]["measured_bytes"] - parts[k]["planned_bytes"])
+    row = parts[name]
+    return False, (
+        f"does not fit: peak + {planned.overhead_gib:.1f} GiB overhead = {need:.1f} GiB > "
+        f"{cap:.1f} GiB usable on {hardware}; {name.replace('_', ' ')} is furthest above the plan "
+        f"({row['measured_bytes'] / GiB:.1f} GiB measured, {row['planned_bytes'] / GiB:.1f} "
+        "planned)"
+    )
