@@ -213,8 +213,14 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         traced = measure_step(run, args.gpus, seq_len=args.seq)
-    except (ConfigError, ValueError) as e:
-        raise ConfigError(f"vfm plan --check: --seq {args.seq}: cannot trace a step: {e}") from None
+    except ConfigError:
+        raise
+    except Exception as e:  # one line naming what was traced; --debug shows the traceback
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(
+            f"--check: cannot trace a training step of {cfg.recipe} at --seq {args.seq} tokens "
+            f"on {args.gpus} GPU(s): {type(e).__name__}: {why}"
+        ) from e
     seconds = time.perf_counter() - t0
     rows = peak_rows(traced, measured[0], best.memory)
     fits, verdict = fit_verdict(rows, best.memory, result.gpu.name)

@@ -1,7 +1,8 @@
-"""``vfm plan --check``: the real model built under the real layout at world size N in one process
-(fake process group, meta tensors) holds, on its busiest rank, the model-state bytes the planner's
-memory model predicts: within 5% per component (parameters, gradients, optimizer, EMA) for dit-7b
-and dit-28b on the paper's four layouts at 64 and 256 GPUs; bad requests are one line, exit 2."""
+"""``vfm plan --check``'s model states: the real model built under the real layout at world size
+N in one process (fake process group, meta tensors) holds, on its busiest rank, the model-state
+bytes the planner's memory model predicts: within 5% per component (parameters, gradients,
+optimizer, EMA) for dit-7b and dit-28b on the paper's four layouts at 64 and 256 GPUs; bad
+requests are one line, exit 2. (The traced step of ``--check``: tests/train/test_step_check.py.)"""
 
 from __future__ import annotations
 
@@ -30,12 +31,19 @@ CHECKS += [
 ]
 
 _SCRIPT = """
-import json, sys
-from vfm_core.cli import main
+import dataclasses, json, sys
+from vfm_core.perf.layout_rules import trainer_config
+from vfm_core.perf.memory_check import busiest, check_report, measure_states, planned_states
+from vfm_core.perf.planner import plan
+from vfm_core.recipes import get_recipe
 for recipe, seq, fixed, gpus in json.loads(sys.argv[1]):
-    rc = main(["plan", "--check", "--json", "--recipe", recipe, "--seq", str(seq), "--gpus",
-               str(gpus), "--fixed", fixed])
-    assert rc == 0, (recipe, fixed, gpus)
+    cfg = get_recipe(recipe)
+    best = plan(cfg.model, seq_len=seq, gpus=gpus, fixed=fixed).plans[0]
+    measured = measure_states(trainer_config(cfg, best.layout), gpus)
+    rank, mine = busiest(measured)
+    print(json.dumps({"recipe": recipe, "gpus": gpus, "layout": dataclasses.asdict(best.layout),
+                      "components": check_report(mine, planned_states(best.memory)),
+                      "per_pp_rank": [m.as_dict() for m in measured]}))
 """
 
 

@@ -28,7 +28,7 @@ from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid, PackLayout, ShapeError, per_sample_mean, rope_angles
 from vfm_core.models.attention import Attention, KVCache
 from vfm_core.models.init import Init, linear_rule
-from vfm_core.models.layers import PooledTextEmbedder, make_mlp, make_norm, rope_3d
+from vfm_core.models.layers import PooledTextEmbedder, has_values, make_mlp, make_norm, rope_3d
 from vfm_core.models.packed import TokenPack, token_pack
 
 
@@ -122,7 +122,7 @@ class CausalVideoTransformer(nn.Module):
     def check_tokens(self, tokens: torch.Tensor) -> None:
         if tokens.dtype.is_floating_point:
             raise ShapeError(f"video tokens must be integer ids, got {tokens.dtype}")
-        if not tokens.numel():
+        if not tokens.numel() or not has_values(tokens):  # traced: shapes only
             return
         lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one pass, one host read
         if lo < 0 or hi >= self.cfg.vocab_size:

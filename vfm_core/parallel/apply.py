@@ -111,6 +111,7 @@ def build_parts(
             activation_checkpointing=ac,
             full_recompute_blocks=p.activation_checkpointing_blocks,
             compile_blocks=compile_enabled(cfg.train.compile, dims.mesh.device_type),
+            fsdp_unit=p.fsdp_unit,
             param_dtype=torch.bfloat16 if bf16 else None,
             reduce_dtype=torch.float32 if bf16 else None,
         )

@@ -237,6 +237,25 @@ def _packs_to(batched: Callable, packed: Callable) -> Callable:
     return attn_fn
 
 
+def fsdp_units(model: nn.Module, unit: str) -> list[nn.Module]:
+    """The modules FSDP2 wraps below the root (``parallel.fsdp_unit``), in forward order:
+    every block, or every block's sub-layers (its attention, cross-attention, MLP and
+    modulation modules; the block itself keeps the rest, its norms) then the block."""
+    if unit not in ("block", "sublayer"):
+        raise ConfigError(f"parallel.fsdp_unit: {unit!r} unknown (block | sublayer)")
+    units: list[nn.Module] = []
+    for block in model.blocks.values():
+        if unit == "sublayer":
+            for name in ("self_attn", "cross_attn", "mlp", "modulation"):
+                sub = getattr(block, name, None)
+                if isinstance(sub, nn.ModuleList):
+                    units.extend(sub)
+                elif sub is not None and any(True for _ in sub.parameters()):
+                    units.append(sub)
+        units.append(block)
+    return units
+
+
 def compile_each_block(model: nn.Module) -> None:
     """Regional compilation (``train.compile``, torchtitan's ``apply_compile``): each of the
     model's blocks compiled in place, parameter names unchanged."""
@@ -253,6 +272,7 @@ def parallelize_dit(
     activation_checkpointing: bool | str = False,
     full_recompute_blocks: int = 0,
     compile_blocks: bool = False,
+    fsdp_unit: str = "auto",
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
@@ -311,9 +331,13 @@ def parallelize_dit(
     if dims.fsdp_enabled or dims.cp_enabled:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         fsdp_mesh = dims.fsdp_mesh()
-        for block in model.blocks.values():
-            fully_shard(block, mesh=fsdp_mesh, mp_policy=mp)
-        fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
+        if fsdp_unit == "auto":  # parallel.fsdp_unit
+            fsdp_unit = "block" if fsdp_mesh.device_type == "cuda" else "sublayer"
+        for unit in fsdp_units(model, fsdp_unit):
+            fully_shard(unit, mesh=fsdp_mesh, mp_policy=mp)
+        # the root's own parameters (embedding, output layer, conditioning) stay gathered through
+        # the step by default; with sub-layer units they are resharded after the forward too
+        fully_shard(model, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=fsdp_unit != "block")
         for module in model.modules():
             if isinstance(module, FSDPModule) and dims.cp_enabled:
                 module.set_gradient_divide_factor(float(dims.dp))

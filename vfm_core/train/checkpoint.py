@@ -104,6 +104,34 @@ def _from_rank0(obj: Any) -> Any:
     return json.loads(all_gather_bytes(json.dumps(obj).encode() if is_rank0() else b"")[0])
 
 
+FILE_BYTES = 512 * 2**20
+"""Tensors of one rank per safetensors file, at most (one larger tensor gets a file alone): the
+writer serialises a whole file in memory before writing it, so this bounds the extra memory of
+a save (one file for everything had doubled a rank's resident memory at every save)."""
+
+
+def file_index(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Every tensor key of every rank -> its file (1..n), the same on every rank: keys in sorted
+    order, a new file once the global bytes so far would pass :data:`FILE_BYTES` times the
+    world size (a sharded tensor's rank holds about 1/world of it)."""
+    sizes = {k: _global_bytes(t) for k, t in tensors.items()}
+    merged: dict[str, int] = {}
+    for raw in all_gather_bytes(json.dumps(sizes).encode()):  # ranks may hold other keys (PP)
+        merged.update(json.loads(raw))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    limit, index, used, out = FILE_BYTES * world, 1, 0, {}
+    for key in sorted(merged):
+        if used and used + merged[key] > limit:
+            index, used = index + 1, 0
+        out[key] = index
+        used += merged[key]
+    return out
+
+
+def _global_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()  # a DTensor's numel is its global size
+
+
 class CheckpointManager:
     """Saves and restores a Stateful state dict under ``root/checkpoints`` on every rank of the
     default process group (or alone); keeps the last ``keep``; ``async_save`` writes in the
@@ -172,7 +200,10 @@ class CheckpointManager:
             if is_rank0()
             else None
         )
-        writer = HuggingFaceStorageWriter(str(tmp), save_distributed=True)
+        files = file_index(tensors)
+        writer = HuggingFaceStorageWriter(
+            str(tmp), save_distributed=True, fqn_to_index_mapping=files
+        )
         with warnings.catch_warnings():  # one process: DCP notes it runs without a process group
             warnings.simplefilter("ignore", UserWarning)
             if use_async:  # returns once the tensors are staged (copied) to host memory

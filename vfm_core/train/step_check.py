@@ -65,42 +65,55 @@ class StepPeak:
     """Total bytes at the peak (the sum of the components)."""
 
 
-def check_config(run: Config, seq_len: int) -> Config:
-    """The run as the check traces it: the GPU's precision; synthetic samples of ``seq_len``
-    tokens on the planner's grid (:func:`~vfm_core.perf.flops.default_grid`: the data's values do
-    not change memory); and, without a pipeline, two microbatches of the layout's size instead of
-    all of them — every microbatch after the first holds the same (the first has no gradients
-    yet), so the peak is the same and the trace is shorter. A pipeline keeps its schedule."""
+def check_config(run: Config, seq_len: int | None, *, as_gpu: bool = True) -> Config:
+    """The run as the check traces it: synthetic samples (their values do not change memory) of
+    ``seq_len`` tokens on the planner's grid (:func:`~vfm_core.perf.flops.default_grid`; None:
+    the run's own latent grid); ``as_gpu``: the GPU's precision (bf16) and FSDP unit, else the
+    run's own settings on this CPU; and, without a pipeline, two microbatches of the layout's
+    size instead of all of them — every microbatch after the first holds the same (the first has
+    no gradients yet), so the peak is the same and the trace is shorter; a pipeline keeps its
+    schedule over 2·pp microbatches of its size (a multiple of pp, as the schedules need): the
+    first stage holds its most activations once the warm-up is done (1F1B: pp in flight;
+    interleaved: (v-1)·pp + 2·(pp-1) + 1 chunks for every m that is a multiple of pp)."""
     from vfm_core.perf.flops import default_grid
 
-    t, h, w = default_grid(seq_len)
-    pt, ph, pw = run.model.patch
-    data = dataclasses.replace(
-        run.data,
-        source="synthetic",
-        tokenizer=None,
-        latent_frames=t * pt,
-        latent_height=h * ph,
-        latent_width=w * pw,
-    )
-    train = dataclasses.replace(run.train, dtype="bfloat16", device="cpu", compile="off")
+    data = dataclasses.replace(run.data, source="synthetic", tokenizer=None)
+    if seq_len is not None:
+        t, h, w = default_grid(seq_len)
+        pt, ph, pw = run.model.patch
+        data = dataclasses.replace(
+            data, latent_frames=t * pt, latent_height=h * ph, latent_width=w * pw
+        )
+    train = dataclasses.replace(run.train, device="cpu", compile="off")
+    parallel = run.parallel
+    if as_gpu:
+        train = dataclasses.replace(train, dtype="bfloat16")
+        if parallel.fsdp_unit == "auto":  # what ``auto`` picks on a GPU
+            parallel = dataclasses.replace(parallel, fsdp_unit="block")
     if run.parallel.pp == 1 and run.train.grad_accum > 2:
         micro = run.data.batch_size // run.train.grad_accum  # samples per microbatch, all dp
         data = dataclasses.replace(data, batch_size=2 * micro)
         train = dataclasses.replace(train, grad_accum=2)
-    return dataclasses.replace(run, data=data, train=train)
+    m, pp = parallel.pp_microbatches, parallel.pp
+    if pp > 1 and m > 2 * pp and m % pp == 0:  # the schedule's warm-up fills the peak by then
+        micro = run.data.batch_size // (m * run.train.grad_accum)  # samples per microbatch
+        data = dataclasses.replace(data, batch_size=2 * pp * micro * run.train.grad_accum)
+        parallel = dataclasses.replace(parallel, pp_microbatches=2 * pp)
+    return dataclasses.replace(run, data=data, train=train, parallel=parallel)
 
 
-def measure_step(run: Config, world: int, *, seq_len: int, pp_rank: int = 0) -> StepPeak:
+def measure_step(
+    run: Config, world: int, *, seq_len: int | None, pp_rank: int = 0, as_gpu: bool = True
+) -> StepPeak:
     """Trace one training step of ``run`` (a config of the layout to check, ``data.batch_size``
-    its global batch) at ``seq_len`` tokens per sample on the rank with pipeline coordinate
-    ``pp_rank`` of ``world`` ranks."""
+    its global batch) at ``seq_len`` tokens per sample (:func:`check_config`) on the rank with
+    pipeline coordinate ``pp_rank`` of ``world`` ranks."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from vfm_core.tokenizer.sources import make_source
     from vfm_core.train.trainer import Trainer
 
-    run = check_config(run, seq_len)
+    run = check_config(run, seq_len, as_gpu=as_gpu)
     pt, ph, pw = run.model.patch  # one real sample of one patch: the batch's fields and dtypes
     tiny = dataclasses.replace(
         run.data, batch_size=1, latent_frames=pt, latent_height=ph, latent_width=pw
@@ -234,8 +247,9 @@ def _peak(snapshot: dict, pp_rank: int) -> StepPeak:
 
 def peak_rows(traced: StepPeak, states, planned) -> dict[str, dict[str, float]]:
     """Measured vs planned bytes of the traced rank's step, by what the planner models:
+    ``states`` (the rank's shards of parameters, gradients, AdamW moments, EMA: ``states``),
     ``fsdp_buffers`` (gathered parameters and gradients while unsharded: the traced parameter
-    and gradient bytes above the rank's shards, ``states``), ``activations``, ``transient``
+    and gradient bytes above the rank's shards), ``activations``, ``transient``
     (backward / optimizer temporaries: not modelled, planned 0) and ``peak`` (planned: the
     planner's total without its fixed ``overhead``). ``planned``: the planner's
     :class:`~vfm_core.perf.memory.MemoryEstimate`."""
@@ -244,7 +258,10 @@ def peak_rows(traced: StepPeak, states, planned) -> dict[str, dict[str, float]]:
 
     c = traced.components
     unsharded = max(0.0, c["params"] - states.params) + max(0.0, c["grads"] - states.grads)
+    planned_states = planned.params_gib + planned.grads_gib + planned.optimizer_gib
+    planned_states += planned.ema_gib
     return {
+        "states": report_row(states.total, planned_states * GiB),
         "fsdp_buffers": report_row(unsharded + c["gathered"], planned.fsdp_buffers_gib * GiB),
         "activations": report_row(c["activations"], planned.activations_gib * GiB),
         "transient": report_row(c["temp"], 0.0),
@@ -254,7 +271,8 @@ def peak_rows(traced: StepPeak, states, planned) -> dict[str, dict[str, float]]:
 
 def fit_verdict(rows: dict[str, dict[str, float]], planned, hardware: str) -> tuple[bool, str]:
     """(fits, one line): the measured peak plus the planner's fixed overhead against the GPU's
-    usable memory; when it does not fit, the component furthest above its plan is named."""
+    usable memory; when it does not fit, the component that takes the most of the peak is named
+    with its plan."""
     from vfm_core.perf.memory import GiB
 
     need = rows["peak"]["measured_bytes"] / GiB + planned.overhead_gib
@@ -265,11 +283,11 @@ def fit_verdict(rows: dict[str, dict[str, float]], planned, hardware: str) -> tu
             f"GiB usable on {hardware}"
         )
     parts = {k: v for k, v in rows.items() if k != "peak"}
-    name = max(parts, key=lambda k: parts[k]["measured_bytes"] - parts[k]["planned_bytes"])
+    name = max(parts, key=lambda k: parts[k]["measured_bytes"])
     row = parts[name]
     return False, (
         f"does not fit: peak + {planned.overhead_gib:.1f} GiB overhead = {need:.1f} GiB > "
-        f"{cap:.1f} GiB usable on {hardware}; {name.replace('_', ' ')} is furthest above the plan "
+        f"{cap:.1f} GiB usable on {hardware}; {name.replace('_', ' ')} take the most "
         f"({row['measured_bytes'] / GiB:.1f} GiB measured, {row['planned_bytes'] / GiB:.1f} "
         "planned)"
     )
