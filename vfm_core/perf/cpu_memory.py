@@ -65,12 +65,19 @@ def hold_freed_memory() -> bool:
 
 def trim_budget(ram_bytes: int | None = None, local_ranks: int | None = None) -> int:
     """This process's trim threshold: min(2 GiB, RAM / :data:`RAM_SHARE`) over the ranks on
-    this machine (``LOCAL_WORLD_SIZE``, set by torchrun; 1 otherwise)."""
+    this machine (``LOCAL_WORLD_SIZE``, set by torchrun; else the process group's size, all
+    ranks taken as local; 1 without one)."""
     if ram_bytes is None:
         ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if local_ranks is None:
-        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return min(MAX_TRIM, ram_bytes // RAM_SHARE) // local_ranks
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 0) or _world_size()
+    return min(MAX_TRIM, ram_bytes // RAM_SHARE) // max(1, local_ranks)
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _mallopt(param: int, value: int) -> bool:

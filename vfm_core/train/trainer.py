@@ -114,9 +114,9 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, source: LatentSource | None = None):
         self.device = resolve_device(cfg.train.device)
+        init_world(self.device)
         if self.device.type == "cpu":  # each step's memory stays mapped (perf.cpu_memory)
             hold_freed_memory()
-        init_world(self.device)
         self.world = dist.get_world_size()
         self.dims = dims = validate_layout(cfg, self.world)
         dims.build_mesh(self.device.type)
