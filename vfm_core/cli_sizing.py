@@ -216,10 +216,14 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
     except ConfigError:
         raise
     except Exception as e:  # one line naming what was traced; --debug shows the traceback
-        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        root = e
+        while root.__cause__ is not None:  # the failure under a schedule's wrapping error
+            root = root.__cause__
+        text = str(root).strip()
+        why = f"{type(root).__name__}: {text.splitlines()[-1] if text else ''}"
         raise ConfigError(
             f"--check: cannot trace a training step of {cfg.recipe} at --seq {args.seq} tokens "
-            f"on {args.gpus} GPU(s): {type(e).__name__}: {why}"
+            f"on {args.gpus} GPU(s): {why}"
         ) from e
     seconds = time.perf_counter() - t0
     rows = peak_rows(traced, measured[0], best.memory)

@@ -210,11 +210,13 @@ def _tracker(trainer):
     class StepTracker(MemTracker):
         """MemTracker takes a model's second forward for a new iteration and stops; in one step
         the model runs once per microbatch (gradient accumulation, pipeline schedules). A part's
-        forward outside backward starts fresh per-module statistics; the peak is kept."""
+        forward outside backward starts fresh statistics for that part alone (the backward of
+        an earlier microbatch, or of another stage, still finds its modules'); the peak is
+        kept."""
 
         def _pre_fw_hook(self, module, inputs) -> None:
             if any(module is part for part in parts) and not self._mod_tracker.is_bw:
-                self.reset_mod_stats()
+                self.memory_tracking.pop(module, None)
             super()._pre_fw_hook(module, inputs)
 
         def _update_peak_stats(self, peak_state) -> None:
