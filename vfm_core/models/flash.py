@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from vfm_core.models.layers import attention
 
@@ -111,22 +112,44 @@ def grouped_attention(
     if ids.shape != (n,):
         shape = tuple(ids.shape)
         raise ValueError(f"sample_ids: expected shape ({n},) for {n} tokens, got {shape}")
+    buckets, inverse = group_buckets(ids)
+    if inverse is None:  # one group: plain attention
+        return attention(q, k, v, causal=causal)
+    b, hq, d = q.shape[0], q.shape[1], q.shape[3]
+    outs = []
+    for tok in buckets:
+        tok = tok.to(q.device)
+        g, length = tok.shape
+        o = attention(*(_bucket(t, tok) for t in (q, k, v)), causal=causal)  # (B*G_L, Hq, L, d)
+        outs.append(o.view(b, g, hq, length, d).transpose(1, 2).reshape(b, hq, g * length, d))
+    return torch.cat(outs, dim=2).index_select(2, inverse.to(q.device))  # (B, Hq, N, d)
+
+
+_buckets: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""Group buckets per ids tensor: a pack's ids serve every layer of a step, so they are sorted
+(and read on the host) once, not once per layer."""
+
+
+def group_buckets(ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The groups of ``ids`` (N,) by length: [(G_L, L) token indices of the G_L groups of each
+    length L], and the inverse permutation (N,) from their concatenation back to token order
+    (None: a single group)."""
+    if ids in _buckets:
+        return _buckets[ids]
     order = torch.argsort(ids, stable=True)  # (N,) tokens grouped, in order within a group
     _, counts = torch.unique_consecutive(ids[order], return_counts=True)  # (G,)
-    if counts.numel() == 1:  # one group: plain attention
-        return attention(q, k, v, causal=causal)
-    starts = torch.cumsum(counts, 0) - counts  # (G,) first sorted index of every group
-    outs, placed = [], []
-    for length in torch.unique(counts).tolist():
-        first = starts[counts == length]  # (G_L,)
-        tok = order[first[:, None] + torch.arange(length, device=ids.device)].to(q.device)
-        o = attention(*(_bucket(t, tok) for t in (q, k, v)), causal=causal)  # (B*G_L, Hq, L, d)
-        b, hq, d = q.shape[0], q.shape[1], q.shape[3]
-        g = tok.shape[0]
-        outs.append(o.view(b, g, hq, length, d).transpose(1, 2).reshape(b, hq, g * length, d))
-        placed.append(tok.flatten())
-    inverse = torch.argsort(torch.cat(placed))  # (N,) where every token's output landed
-    return torch.cat(outs, dim=2).index_select(2, inverse)  # (B, Hq, N, d)
+    if counts.numel() == 1:
+        plan: tuple[list[torch.Tensor], torch.Tensor | None] = ([], None)
+    else:
+        starts = torch.cumsum(counts, 0) - counts  # (G,) first sorted index of every group
+        buckets = []
+        for length in torch.unique(counts).tolist():
+            first = starts[counts == length]  # (G_L,)
+            buckets.append(order[first[:, None] + torch.arange(length, device=ids.device)])
+        inverse = torch.argsort(torch.cat([t.flatten() for t in buckets]))  # (N,)
+        plan = (buckets, inverse)
+    _buckets[ids] = plan
+    return plan
 
 
 def _bucket(t: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:

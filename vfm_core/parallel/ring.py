@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
 
 from vfm_core.models.flash import Aux, default_scale, flash_backward, flash_forward
 
@@ -313,11 +314,18 @@ def ring_attention(
         )
     if overlap is None:
         overlap = dist.get_backend(group) != "gloo"
-    ids = sample_ids.cpu().view(world, n)
-    pos = causal_positions(n, world, balanced=balanced) if causal else None
-    rects = []
-    for step in range(world):
-        src = (rank - step) % world
-        q_pos, k_pos = (pos[rank], pos[src]) if pos is not None else (None, None)
-        rects.append(block_rects(ids[rank], ids[src], q_pos, k_pos))
-    return _PackedRing.apply(q, k, v, group, rects, overlap)
+    key = (world, rank, causal, balanced)
+    plans = _rects.setdefault(sample_ids, {})  # a pack's ids serve every layer of the step
+    if key not in plans:
+        ids = sample_ids.cpu().view(world, n)
+        pos = causal_positions(n, world, balanced=balanced) if causal else None
+        plans[key] = []
+        for step in range(world):
+            src = (rank - step) % world
+            q_pos, k_pos = (pos[rank], pos[src]) if pos is not None else (None, None)
+            plans[key].append(block_rects(ids[rank], ids[src], q_pos, k_pos))
+    return _PackedRing.apply(q, k, v, group, plans[key], overlap)
+
+
+_rects: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""Every ring step's rectangles per sample-ids tensor (read on the host once per pack)."""
