@@ -11,9 +11,12 @@ blocks, the first stage the patch embedding, the last the final layer, and every
 the conditioning modules. ``vfm plan --check`` compares this count with the local shard shapes of
 the real model built under the layout. While a layer runs, FSDP keeps its all-gathered bf16
 parameters (current + prefetched layer) and its unsharded gradient; under a pipeline schedule a
-stage keeps all of its parameters gathered (bf16) and its gradients unsharded (fp32) from the first
-microbatch to the last backward (torch ``PipelineStage``: no resharding or reduce-scatter until the
-last microbatch).
+stage keeps its gradients unsharded (fp32) from the first microbatch to the last backward (torch
+``PipelineStage``: no reduce-scatter until the last microbatch), while its parameters are
+resharded after every forward (no resharding after a backward but the next forward's), so the
+peak — the end of a forward, the most microbatches in flight — holds the live layers gathered
+as without a pipeline (``vfm plan --check`` traces: 6 B per parameter of the stage had counted a
+bf16 copy of the whole stage that is not there then).
 
 **Activations** are the tensors autograd saves for backward. :func:`block_saved_elements` lists them
 op by op for the blocks of ``vfm_core.models.dit`` (what the modules actually save, read off the
@@ -479,8 +482,10 @@ def estimate_memory(
     layer = layer_params / tp
     if shard == 1:
         fsdp = 0.0
-    elif pp > 1:  # the stage stays gathered (bf16) with unsharded fp32 gradients all step
-        fsdp = owned * (2 + 4) / GiB
+    elif pp > 1:  # the stage's fp32 gradients stay unsharded all step; its parameters are
+        # resharded after each forward (gathered again in the backward), so at the peak (a
+        # forward's end, most microbatches in flight) the live layers are gathered as without PP
+        fsdp = (owned * 4 + layer * 2 * FSDP_LIVE_LAYERS) / GiB
     else:
         fsdp = layer * (2 * FSDP_LIVE_LAYERS + 2) / GiB
     layers = cfg.depth // pp
