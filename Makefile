@@ -33,7 +33,7 @@ demo: venv   # make demo FAMILY=autoregressive: discrete tokenizer + ar-tiny ins
 test: venv
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks infra
 	$(BIN)/ruff format --check vfm_core flows tasks tests benchmarks infra
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=40
 
 lint: venv   # ruff (the formatter decides layout), the layering contract (tests/test_layering.py)
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks infra

@@ -324,7 +324,8 @@ class ParallelConfig:
     too, so a rank holds its share plus its largest sub-layer gathered (with its gradient and
     reduce-scatter buffer) instead of a whole block. ``auto``: block on CUDA, sub-layer on the
     CPU, where memory, not overlap, is what runs out (dit-7b at depth 2 on 4 CPU ranks: 0.32x
-    one process's peak per rank, 0.52x with block units)."""
+    one process's peak per rank, 0.52x with block units); block under selective recompute, whose
+    op cache does not hold sub-layer units' hooks (sub-layer with selective is an error)."""
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     """Pipeline schedule (pp > 1): GPipe, 1F1B, or interleaved 1F1B over virtual stages
     (Narayanan et al. 2021; smaller bubble, more stage-to-stage sends)."""

@@ -58,7 +58,7 @@ from vfm_core.parallel.context import (
     split_seq,
 )
 from vfm_core.parallel.dims import ParallelDims
-from vfm_core.parallel.recompute import checkpoint_blocks
+from vfm_core.parallel.recompute import checkpoint_blocks, uses_selective
 
 _MLP_IN = ("fc1", "w1", "w3")  # GELU fc1, SwiGLU gate w1 and up w3: column-parallel
 _MLP_OUT = ("fc2", "w2")  # row-parallel
@@ -256,6 +256,21 @@ def fsdp_units(model: nn.Module, unit: str) -> list[nn.Module]:
     return units
 
 
+def _fsdp_unit(unit: str, device_type: str, selective: bool) -> str:
+    """``parallel.fsdp_unit`` resolved: ``auto`` is block on CUDA and under selective recompute
+    (whose op cache replays a block's ops one by one in the backward, and a sub-layer unit's
+    FSDP hooks inside the block run a different number of them in the recompute), sub-layer
+    otherwise."""
+    if unit == "sublayer" and selective:
+        raise ConfigError(
+            "parallel.fsdp_unit=sublayer does not combine with selective activation checkpointing "
+            "(the recompute replays the FSDP hooks inside the block): use fsdp_unit=block or auto"
+        )
+    if unit == "auto":
+        return "block" if device_type == "cuda" or selective else "sublayer"
+    return unit
+
+
 def compile_each_block(model: nn.Module) -> None:
     """Regional compilation (``train.compile``, torchtitan's ``apply_compile``): each of the
     model's blocks compiled in place, parameter names unchanged."""
@@ -331,8 +346,11 @@ def parallelize_dit(
     if dims.fsdp_enabled or dims.cp_enabled:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         fsdp_mesh = dims.fsdp_mesh()
-        if fsdp_unit == "auto":  # parallel.fsdp_unit
-            fsdp_unit = "block" if fsdp_mesh.device_type == "cuda" else "sublayer"
+        fsdp_unit = _fsdp_unit(
+            fsdp_unit,
+            fsdp_mesh.device_type,
+            uses_selective(activation_checkpointing, full_recompute_blocks),
+        )
         for unit in fsdp_units(model, fsdp_unit):
             fully_shard(unit, mesh=fsdp_mesh, mp_policy=mp)
         # the root's own parameters (embedding, output layer, conditioning) stay gathered through

@@ -66,6 +66,12 @@ def normalize(mode: bool | str | None) -> Recompute:
     return mode  # type: ignore[return-value]
 
 
+def uses_selective(mode: bool | str | None, full_blocks: int = 0) -> bool:
+    """Whether :func:`checkpoint_blocks` runs any block under the selective policy."""
+    mode = normalize(mode)
+    return mode == "selective" or (mode == "full" and full_blocks > 0)
+
+
 def checkpoint_blocks(
     blocks: nn.ModuleDict | dict, mode: bool | str | None, *, full_blocks: int = 0
 ) -> None:
