@@ -5,7 +5,7 @@ import torch
 
 from vfm_core.config import ConfigError
 from vfm_core.models.layers import attention, set_attention_backend
-from vfm_core.models.te_adapter import resolve_attention_backend, te_status
+from vfm_core.models.te_adapter import context_backend, resolve_attention_backend, te_status
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
@@ -36,5 +36,38 @@ def test_te_attention_matches_sdpa_on_gpu():
     set_attention_backend("te")
     try:
         torch.testing.assert_close(attention(q, k, v), ref, rtol=2e-2, atol=2e-2)
+    finally:
+        set_attention_backend("sdpa")
+
+
+def test_context_parallel_attention_selects_te_only_where_it_applies():
+    """The ring call takes TE's context-parallel attention only with the ``te`` backend, on a
+    GPU, unpacked, and causal only over the balanced placement; elsewhere PyTorch's / vfm's
+    ring, saying why."""
+    q = torch.zeros(1, 2, 8, 4)
+    assert context_backend(q, packed=False, causal=False, balanced=True) == (
+        "torch",
+        "attention backend 'sdpa'",
+    )
+    set_attention_backend("te")
+    try:
+        impl, why = context_backend(q, packed=True, causal=False, balanced=True)
+        assert impl == "torch" and "packed" in why
+        impl, why = context_backend(q, packed=False, causal=True, balanced=False)
+        assert impl == "torch" and "zigzag" in why
+        impl, why = context_backend(q, packed=False, causal=True, balanced=True)
+        assert (impl, why) == ("torch", "tensors not on a CUDA device")
+    finally:
+        set_attention_backend("sdpa")
+
+
+@pytest.mark.gpu
+def test_te_context_parallel_attention_is_chosen_on_gpu():
+    if not te_status()[0]:
+        pytest.skip(te_status()[1])
+    q = torch.zeros(1, 2, 8, 4, device="cuda")
+    set_attention_backend("te")
+    try:
+        assert context_backend(q, packed=False, causal=True, balanced=True)[0] == "te"
     finally:
         set_attention_backend("sdpa")

@@ -313,6 +313,11 @@ def set_attention_backend(name: str) -> None:
     _backend = name
 
 
+def attention_backend() -> str:
+    """The attention kernel :func:`set_attention_backend` selected."""
+    return _backend
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,

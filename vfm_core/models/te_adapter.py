@@ -3,6 +3,11 @@
 transformer-engine cannot be built or imported without CUDA, so it is imported lazily, only when
 the ``te`` backend is selected on a CUDA machine. ``auto`` picks TE when it is usable and falls back
 to torch SDPA otherwise, saying why (:func:`resolve_attention_backend`).
+
+Under context parallelism the same backend runs TE's own context-parallel attention
+(:func:`te_context_attention`, its P2P ring with fused kernels) for full attention and for
+causal attention over the balanced zigzag placement (TE's own: rank r holds chunks r and
+2·cp-1-r); :func:`context_backend` says which implementation a ring call takes and why.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import importlib.util
 from functools import cache
 
 import torch
+import torch.distributed as dist
 
 from vfm_core.config import ConfigError
 
@@ -57,3 +63,50 @@ def te_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
     mod = _te_module(hq, k.shape[1], d)
     out = mod(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, S, Hq*d)
     return out.view(b, s, hq, d).transpose(1, 2)  # (B, Hq, S, d)
+
+
+def context_backend(
+    q: torch.Tensor, *, packed: bool, causal: bool, balanced: bool
+) -> tuple[str, str]:
+    """(implementation, why) of a context-parallel ring call: ``te`` (TE's context-parallel
+    attention) where the ``te`` backend is selected, the tensors are on a GPU and the case is
+    one TE covers (unpacked; causal only over the balanced placement), else ``torch`` (PyTorch's
+    ring / vfm's packed ring, :mod:`vfm_core.parallel.ring`)."""
+    from vfm_core.models.layers import attention_backend
+
+    if attention_backend() != "te":
+        return "torch", f"attention backend {attention_backend()!r}"
+    if packed:
+        return "torch", "packed sequences (sample ids) run vfm's packed ring"
+    if causal and not balanced:
+        return "torch", "causal attention over contiguous chunks (TE expects the zigzag)"
+    if not q.is_cuda:
+        return "torch", "tensors not on a CUDA device"
+    return "te", "transformer-engine context-parallel attention (p2p)"
+
+
+@cache
+def _te_cp_module(heads: int, kv_heads: int, head_dim: int, causal: bool, group):
+    import transformer_engine.pytorch as te
+
+    mod = te.DotProductAttention(
+        heads,
+        head_dim,
+        num_gqa_groups=kv_heads,
+        qkv_format="bshd",
+        attn_mask_type="causal" if causal else "no_mask",
+    )
+    ranks = dist.get_process_group_ranks(group)
+    mod.set_context_parallel_group(group, ranks, torch.cuda.Stream(), "p2p")
+    return mod
+
+
+def te_context_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, *, causal: bool
+) -> torch.Tensor:
+    """This rank's chunk q (B, Hq, n, d), k/v (B, Hkv, n, d) -> (B, Hq, n, d): exact attention
+    over every rank's chunk of ``group`` through TE's context-parallel fused attention."""
+    b, hq, n, d = q.shape
+    mod = _te_cp_module(hq, k.shape[1], d, causal, group)
+    out = mod(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, n, Hq*d)
+    return out.view(b, n, hq, d).transpose(1, 2)  # (B, Hq, n, d)

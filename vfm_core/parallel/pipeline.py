@@ -22,6 +22,9 @@ gradients); :meth:`Pipeline.sync_replicas` sums those replicas' gradients over t
 **Loss.** The last stage hands the model output to the objective's loss with the microbatch
 (:class:`Pipeline`'s ``loss_fn``); losses arrive pre-weighted as each microbatch's share of the
 global mean, so gradients are never rescaled by the microbatch count.
+
+**Receive buffers** live only while their microbatch is in flight
+(:class:`~vfm_core.parallel.lean_stage.LeanStage`), not the whole step for every microbatch.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
-    PipelineStage,
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
@@ -44,6 +46,7 @@ from torch.distributed.tensor import DTensor
 from vfm_core.config import ConfigError
 from vfm_core.models.layers import has_values
 from vfm_core.parallel.dims import ParallelDims
+from vfm_core.parallel.lean_stage import LeanStage
 
 
 def replicated(model: nn.Module) -> tuple[str, ...]:
@@ -136,7 +139,7 @@ class Pipeline:
             part.register_forward_pre_hook(self._conditioning, with_kwargs=True)
             if index != stages - 1:  # the index travels on with the hidden stream
                 part.register_forward_hook(self._pass_index)
-            self.stages.append(PipelineStage(part, index, stages, device, group=self.group))
+            self.stages.append(LeanStage(part, index, stages, device, group=self.group))
         self.last = self.stages[-1].is_last
 
         def loss(output, index: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vfm_core.models.flash import Aux, default_scale, flash_backward, flash_forward
+from vfm_core.models.te_adapter import context_backend, te_context_attention
 
 Rect = tuple[int, int, int, int, bool]
 """(query start, query end, key start, key end, causal square) of one block's visible part."""
@@ -300,12 +301,17 @@ def ring_attention(
 
     ``overlap`` (packed ring): move the next K/V block while the current one is computed; None
     (default): unless the group is gloo (on CPU the ranks' compute already fills the cores).
-    PyTorch's ring (unpacked) always issues its transfers asynchronously.
+    PyTorch's ring (unpacked) always issues its transfers asynchronously. With the ``te``
+    attention backend on a GPU, unpacked calls run TransformerEngine's own context-parallel
+    attention (:func:`~vfm_core.models.te_adapter.context_backend`).
     """
     world, rank, n = dist.get_world_size(group), dist.get_rank(group), q.shape[2]
     if sample_ids is None:
         if causal:
             causal_positions(n, world, balanced=balanced)  # checks the chunk divides
+        impl, _ = context_backend(q, packed=False, causal=causal, balanced=balanced)
+        if impl == "te":
+            return te_context_attention(q, k, v, group, causal=causal)
         return _TorchRing.apply(q, k, v, group, causal, balanced)
     if sample_ids.shape != (world * n,):
         raise ValueError(

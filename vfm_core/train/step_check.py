@@ -74,7 +74,10 @@ def check_config(run: Config, seq_len: int | None, *, as_gpu: bool = True) -> Co
     no gradients yet), so the peak is the same and the trace is shorter; a pipeline keeps its
     schedule over 2·pp microbatches of its size (a multiple of pp, as the schedules need): the
     first stage holds its most activations once the warm-up is done (1F1B: pp in flight;
-    interleaved: (v-1)·pp + 2·(pp-1) + 1 chunks for every m that is a multiple of pp)."""
+    interleaved: (v-1)·pp + 2·(pp-1) + 1 chunks for every m that is a multiple of pp), and its
+    receive buffers live only while their microbatch is in flight
+    (:class:`~vfm_core.parallel.lean_stage.LeanStage`; torch's own stage keeps one per
+    microbatch all step, which a shortened schedule would hide)."""
     from vfm_core.perf.flops import default_grid
 
     data = dataclasses.replace(run.data, source="synthetic", tokenizer=None)
