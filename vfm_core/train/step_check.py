@@ -224,11 +224,17 @@ def _tracker(trainer):
 
         def _update_peak_stats(self, peak_state) -> None:
             """The device's peak only: MemTracker also walks every module's statistics after
-            every op (quadratic in depth: a 32-block model's step took minutes)."""
+            every op (quadratic in depth: a 32-block model's step took minutes). FSDP's
+            unsharded gradients (kept across a pipeline's microbatches), which MemTracker files
+            under 'Temp', are counted apart at the peak."""
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
+                    unsharded = min(_unsharded_grad_bytes(parts), snap.get("Temp", 0))
+                    if unsharded:
+                        self._peak_mem_snap[dev]["Temp"] -= unsharded
+                        self._peak_mem_snap[dev]["Unsharded Grad"] = unsharded
 
     tracker = StepTracker()
     tracker.track_external(*parts, trainer.optimizer)
@@ -236,6 +242,27 @@ def _tracker(trainer):
         shadow = [t for part in trainer.ema.shadow for t in part.values()]
         tracker.track_external(*(t.to_local() if isinstance(t, DTensor) else t for t in shadow))
     return tracker
+
+
+def _unsharded_grad_bytes(parts) -> int:
+    """Bytes of the gradients FSDP2 holds unsharded (accumulated across microbatches without
+    a reduce-scatter, or just produced by the backward) in ``parts``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    seen: dict[int, int] = {}
+    for part in parts:
+        for module in part.modules():
+            group = (
+                module._get_fsdp_state()._fsdp_param_group
+                if isinstance(module, FSDPModule)
+                else None
+            )
+            for fsdp_param in group.fsdp_params if group is not None else ():
+                param = getattr(fsdp_param, "_unsharded_param", None)
+                for grad in (fsdp_param.unsharded_accumulated_grad, getattr(param, "grad", None)):
+                    if grad is not None and not isinstance(grad, DTensor):
+                        seen[id(grad)] = grad.untyped_storage().nbytes()
+    return sum(seen.values())
 
 
 def _peak(snapshot: dict, pp_rank: int) -> StepPeak:
