@@ -231,11 +231,12 @@ def _tracker(trainer):
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
-                    unsharded = min(_unsharded_grad_bytes(parts), snap.get("Temp", 0))
+                    unsharded = min(_unsharded_grad_bytes(fsdp_params), snap.get("Temp", 0))
                     if unsharded:
                         self._peak_mem_snap[dev]["Temp"] -= unsharded
                         self._peak_mem_snap[dev]["Unsharded Grad"] = unsharded
 
+    fsdp_params = _fsdp_params(parts)
     tracker = StepTracker()
     tracker.track_external(*parts, trainer.optimizer)
     if trainer.ema is not None:
@@ -244,25 +245,31 @@ def _tracker(trainer):
     return tracker
 
 
-def _unsharded_grad_bytes(parts) -> int:
-    """Bytes of the gradients FSDP2 holds unsharded (accumulated across microbatches without
-    a reduce-scatter, or just produced by the backward) in ``parts``."""
+def _fsdp_params(parts) -> list:
+    """FSDP2's per-parameter records in ``parts`` (each holds the unsharded gradient)."""
     from torch.distributed.fsdp import FSDPModule
 
-    seen: dict[int, int] = {}
+    out = []
     for part in parts:
         for module in part.modules():
-            group = (
-                module._get_fsdp_state()._fsdp_param_group
-                if isinstance(module, FSDPModule)
-                else None
-            )
-            for fsdp_param in group.fsdp_params if group is not None else ():
-                param = getattr(fsdp_param, "_unsharded_param", None)
-                for grad in (fsdp_param.unsharded_accumulated_grad, getattr(param, "grad", None)):
-                    if grad is not None and not isinstance(grad, DTensor):
-                        seen[id(grad)] = grad.untyped_storage().nbytes()
-    return sum(seen.values())
+            if isinstance(module, FSDPModule):
+                group = module._get_fsdp_state()._fsdp_param_group
+                out.extend(group.fsdp_params if group is not None else ())
+    return out
+
+
+def _unsharded_grad_bytes(fsdp_params: list) -> int:
+    """Bytes of the gradients FSDP2 holds unsharded (accumulated across microbatches without
+    a reduce-scatter, or just produced by the backward)."""
+    seen: dict[int, tuple[torch.Tensor, int]] = {}  # the tensors kept: their ids stay theirs
+    for fsdp_param in fsdp_params:
+        param = getattr(fsdp_param, "_unsharded_param", None)
+        for grad in (fsdp_param.unsharded_accumulated_grad, getattr(param, "grad", None)):
+            if isinstance(grad, DTensor):  # FSDP over TP: its tensor-parallel shard
+                grad = grad.to_local()
+            if grad is not None:
+                seen[id(grad)] = (grad, grad.untyped_storage().nbytes())
+    return sum(nbytes for _, nbytes in seen.values())
 
 
 def _peak(snapshot: dict, pp_rank: int) -> StepPeak:
