@@ -247,6 +247,28 @@ def test_rope_off_needs_absolute_positions():
     validate(apply_overrides(get_recipe("ar-tiny"), ["model.rope=false", "model.abs_pos=6"]))
 
 
+def test_sublayer_fsdp_units_refuse_selective_recompute():
+    on = ["parallel.activation_checkpointing=true", "parallel.fsdp_unit=sublayer"]
+    for extra in (
+        ["parallel.activation_checkpointing_mode=selective"],
+        ["parallel.activation_checkpointing_blocks=1"],
+    ):
+        cfg = apply_overrides(get_recipe("dit-tiny"), on + extra)
+        with pytest.raises(ConfigError, match="parallel.fsdp_unit: 'sublayer' cannot combine"):
+            validate(cfg)
+    validate(apply_overrides(get_recipe("dit-tiny"), on))  # full recompute of every block
+    validate(
+        apply_overrides(
+            get_recipe("dit-tiny"),
+            [
+                *on[:1],
+                "parallel.fsdp_unit=auto",
+                "parallel.activation_checkpointing_mode=selective",
+            ],
+        )
+    )
+
+
 def test_yaml_round_trip_and_errors(tmp_path):
     cfg = apply_overrides(get_recipe("llama-dit-tiny"), ["train.steps=7"])
     path = tmp_path / "c.yaml"

@@ -247,4 +247,14 @@ def validate(cfg: Config) -> Config:
             f"train.fp8: 'on' cannot combine with parallel.tp={cfg.parallel.tp} (DTensor tensor "
             "parallelism shards torch linears, not transformer-engine ones); use 'auto' or tp=1"
         )
+    p = cfg.parallel
+    selective = p.activation_checkpointing and (
+        p.activation_checkpointing_mode == "selective" or p.activation_checkpointing_blocks > 0
+    )
+    if p.fsdp_unit == "sublayer" and selective:
+        raise ConfigError(
+            "parallel.fsdp_unit: 'sublayer' cannot combine with selective activation "
+            "checkpointing (its recompute replays the FSDP hooks inside a block); use 'block' or "
+            "'auto'"
+        )
     return cfg
