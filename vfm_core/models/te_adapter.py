@@ -59,10 +59,15 @@ def _te_module(heads: int, kv_heads: int, head_dim: int):
 
 def te_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q (B, Hq, S, d), k/v (B, Hkv, S, d) -> (B, Hq, S, d) through TE's fused kernels."""
+    return _bshd(_te_module(q.shape[1], k.shape[1], q.shape[3]), q, k, v)
+
+
+def _bshd(mod, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q (B, Hq, S, d), k/v (B, Hkv, S, d) through a TE attention module in its (B, S, H, d)
+    layout -> (B, Hq, S, d)."""
     b, hq, s, d = q.shape
-    mod = _te_module(hq, k.shape[1], d)
     out = mod(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, S, Hq*d)
-    return out.view(b, s, hq, d).transpose(1, 2)  # (B, Hq, S, d)
+    return out.view(b, s, hq, d).transpose(1, 2)
 
 
 def context_backend(
@@ -106,7 +111,4 @@ def te_context_attention(
 ) -> torch.Tensor:
     """This rank's chunk q (B, Hq, n, d), k/v (B, Hkv, n, d) -> (B, Hq, n, d): exact attention
     over every rank's chunk of ``group`` through TE's context-parallel fused attention."""
-    b, hq, n, d = q.shape
-    mod = _te_cp_module(hq, k.shape[1], d, causal, group)
-    out = mod(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, n, Hq*d)
-    return out.view(b, n, hq, d).transpose(1, 2)  # (B, Hq, n, d)
+    return _bshd(_te_cp_module(q.shape[1], k.shape[1], q.shape[3], causal, group), q, k, v)

@@ -17,6 +17,8 @@ stage holds them for the microbatches in flight — what the planner's activatio
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining._utils import _make_tensor_from_meta
@@ -24,12 +26,11 @@ from torch.distributed.pipelining.stage import _RecvInfo
 
 
 def _idle(info: _RecvInfo, device: torch.device) -> _RecvInfo:
-    """``info`` with an empty buffer in place of its own (root inputs and absent gradients, which
-    have none, unchanged)."""
-    if info.is_root_arg or info.buffer is None:
-        return info
-    empty = torch.empty(0, dtype=info.buffer.dtype, device=device)
-    return _RecvInfo(info.input_name, info.source, empty, info.tensor_meta)
+    """A copy of ``info`` holding an empty buffer (root inputs and absent gradients, which have
+    none, unchanged)."""
+    info = copy.copy(info)
+    _release((info,), device)
+    return info
 
 
 def _allocate(infos: tuple[_RecvInfo, ...], device: torch.device) -> None:
@@ -55,8 +56,9 @@ class LeanStage(PipelineStage):
             self.args_recv_info[chunk] = tuple(_idle(info, self.device) for info in template)
 
     def _create_grad_recv_info(self, act_send_info: dict) -> tuple[_RecvInfo, ...]:
-        infos = super()._create_grad_recv_info(act_send_info)
-        return tuple(_idle(info, self.device) for info in infos)
+        infos = super()._create_grad_recv_info(act_send_info)  # fresh per microbatch
+        _release(infos, self.device)
+        return infos
 
     def get_fwd_recv_ops(self, fwd_chunk_id: int):
         _allocate(self.args_recv_info[fwd_chunk_id], self.device)
