@@ -170,7 +170,7 @@ def submit_and_drain(
         submit_s=submit_s,
         drain_s=drain_s,
         states=states,
-        run_dirs=[p["parameters"]["params"].get("out_dir", "") for p in params],
+        run_dirs=[p.get("parameters", {}).get("params", {}).get("out_dir", "") for p in params],
         flow_run_ids=[r["id"] for r in runs],
         busy_retries=busy,
         poll_timeouts=timeouts,

@@ -83,45 +83,8 @@ def test_bad_layouts_in_the_form_fail_before_launch(prefect_api, tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
-def test_deployment_defaults_run_twice_and_a_failure_ends_its_mlflow_run(
-    prefect_api, tmp_path, monkeypatch
-):
-    """With the defaults (no out_dir) every flow run trains in its own directory, so a second
-    run never collides with the first; a run that fails after its MLflow run was created ends
-    that run FAILED with the error as a tag, and the flow run is Failed."""
-    import mlflow
-    from prefect.client.orchestration import get_client
-
-    monkeypatch.setenv("VFM_DATA_DIR", str(tmp_path / "data"))
-    common = dict(steps=1, overrides=FAST, experiment="test-repeat")
-    first = train_flow(TrainParams(**common))
-    second = train_flow(TrainParams(**common))
-    assert first["out_dir"] != second["out_dir"]
-    assert (
-        Path(first["out_dir"]).parent
-        == Path(second["out_dir"]).parent
-        == (tmp_path / "data" / "runs" / "dit-tiny")
-    )
-    client = mlflow.MlflowClient()
-    for s in (first, second):
-        assert client.get_run(s["mlflow_run_id"]).info.status == "FINISHED"
-    bad = TrainParams(
-        **{**common, "overrides": FAST + ["data.source=shards", f"data.shards={tmp_path}/none"]}
-    )
-    state = train_flow(bad, return_state=True)
-    assert state.is_failed()
-    exp = client.get_experiment_by_name("test-repeat")
-    failed = client.search_runs([exp.experiment_id], "attributes.status = 'FAILED'")
-    assert len(failed) == 1 and failed[0].data.tags["vfm.error"]
-
-    async def states():
-        async with get_client() as c:
-            runs = await c.read_flow_runs()
-            return sorted(r.state.type.value for r in runs if r.flow_id and r.name)
-
-    import asyncio
-
-    seen = asyncio.run(states())
-    assert seen.count("COMPLETED") >= 2 and "FAILED" in seen
+def test_resume_without_a_run_name_is_refused_by_the_form():
+    """(Runs of the deployment's defaults, each in its own directory, and a failing run ending its
+    MLflow run FAILED: tests/infra/test_deployment_e2e.py, on a real server and worker.)"""
     with pytest.raises(ValidationError, match="name the run to continue"):
         TrainParams(resume=True)

@@ -119,33 +119,13 @@ def _run_deployment(env: dict, dep_id: str, params: dict | None) -> tuple[str, d
 
 
 @pytest.mark.slow
-def test_train_deployment_twice_with_defaults_and_a_failing_run(servers):
-    """Repeatable: the deployment's defaults twice (each flow run its own directory, both MLflow
-    runs FINISHED); a run failing after its MLflow run was created: Prefect FAILED, MLflow FAILED
-    with the error as tag vfm.error."""
+def test_a_failing_train_run_ends_its_mlflow_run_failed(servers):
+    """A run failing after its MLflow run was created: Prefect FAILED, MLflow FAILED with the
+    error as tag vfm.error. (Runs of the deployment's defaults: the load test below.)"""
     import mlflow
 
     env = servers
-    code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
-    if code == 404:  # this module's first test deploys; run alone, deploy here
-        deploy("deployments/prefect.yaml", env)
-        code, dep = _api("GET", f"{env['PREFECT_API_URL']}/deployments/name/train/train")
-    assert code == 200, dep
-    runs = [_run_deployment(env, dep["id"], None) for _ in range(2)]
-    assert [state for state, _ in runs] == ["COMPLETED", "COMPLETED"], _worker_log(env)
-    dirs = [Path(env["VFM_DATA_DIR"]) / "runs" / "dit-tiny" / r["name"] for _, r in runs]
-    for d in dirs:
-        assert len((d / "metrics.jsonl").read_text().splitlines()) == 20
-
-    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    exp = client.get_experiment_by_name("vfm")
-    for _, r in runs:
-        (ml,) = client.search_runs(
-            [exp.experiment_id], f"tags.`vfm.prefect_flow_run_id` = '{r['id']}'"
-        )
-        assert ml.info.status == "FINISHED" and ml.info.run_name == "dit-tiny 1proc 20 steps"
-        assert ml.data.tags["vfm.prefect_flow_run_url"].endswith(f"/runs/flow-run/{r['id']}")
-
+    dep = _train_deployment(env)
     bad = {
         "params": {
             "steps": 2,
@@ -154,11 +134,24 @@ def test_train_deployment_twice_with_defaults_and_a_failing_run(servers):
     }
     state, run = _run_deployment(env, dep["id"], bad)
     assert state == "FAILED", _worker_log(env)
+    client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("vfm")
     (ml,) = client.search_runs(
         [exp.experiment_id], f"tags.`vfm.prefect_flow_run_id` = '{run['id']}'"
     )
     assert ml.info.status == "FAILED"
     assert "/nonexistent/shards" in ml.data.tags["vfm.error"]
+
+
+def _train_deployment(env: dict) -> dict:
+    """The train deployment of deployments/prefect.yaml (deployed here when a test runs alone)."""
+    url = f"{env['PREFECT_API_URL']}/deployments/name/train/train"
+    code, dep = _api("GET", url)
+    if code == 404:
+        deploy("deployments/prefect.yaml", env)
+        code, dep = _api("GET", url)
+    assert code == 200, dep
+    return dep
 
 
 @pytest.mark.slow
@@ -226,17 +219,18 @@ def test_require_names_make_up():
 def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(servers, tmp_path):
     """The load test (#27 part 3) at CI size: flow runs of the train deployment submitted at once
     (``python infra/load.py --runs 20`` is the full one) all complete, each with its own run
-    directory and MLflow run, and the servers log no error while they drain."""
+    directory and MLflow run, and the servers log no error while they drain. Two of them are the
+    deployment's defaults (what the UI's Run button sends): repeatable, each flow run in its own
+    directory under the data dir, its MLflow run named and linked to the flow run."""
     import mlflow
 
     from infra.load import submit_and_drain
 
     env = servers
     api = env["PREFECT_API_URL"]
-    if _api("GET", f"{api}/deployments/name/train/train")[0] == 404:
-        deploy("deployments/prefect.yaml", env)
+    _train_deployment(env)
     n = int(os.environ.get("VFM_LOAD_RUNS", "4"))
-    params = [
+    small = [
         {
             "parameters": {
                 "params": {
@@ -246,19 +240,29 @@ def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(servers, t
                 }
             }
         }
-        for i in range(n)
+        for i in range(n - 2)
     ]
     infra_dir = Path(env["VFM_INFRA_DIR"])
-    report = submit_and_drain(api, "train/train", params, infra_dir=infra_dir, timeout_s=900)
+    report = submit_and_drain(api, "train/train", [{}, {}, *small], infra_dir=infra_dir)
     print(f"load: {n} runs, submit {report.submit_s:.1f} s, drain {report.drain_s:.1f} s")
     assert report.states == {"COMPLETED": n}, (report, _worker_log(env))
-    for i in range(n):
+    for i in range(n - 2):
         assert len((tmp_path / f"load-{i}" / "metrics.jsonl").read_text().splitlines()) == 2
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    exp = client.get_experiment_by_name("vfm-load")
-    found = client.search_runs([exp.experiment_id])
+    found = client.search_runs([client.get_experiment_by_name("vfm-load").experiment_id])
     ids = {r.data.tags["vfm.prefect_flow_run_id"] for r in found}
-    assert ids == set(report.flow_run_ids) and all(r.info.status == "FINISHED" for r in found)
+    assert ids == set(report.flow_run_ids[2:]) and all(r.info.status == "FINISHED" for r in found)
+
+    defaults = report.flow_run_ids[:2]
+    names = [_api("GET", f"{api}/flow_runs/{rid}")[1]["name"] for rid in defaults]
+    for name in names:  # each its own directory: the flow run's name under the data dir
+        metrics = Path(env["VFM_DATA_DIR"]) / "runs" / "dit-tiny" / name / "metrics.jsonl"
+        assert len(metrics.read_text().splitlines()) == 20
+    exp = client.get_experiment_by_name("vfm")
+    for rid in defaults:
+        (ml,) = client.search_runs([exp.experiment_id], f"tags.`vfm.prefect_flow_run_id` = '{rid}'")
+        assert ml.info.status == "FINISHED" and ml.info.run_name == "dit-tiny 1proc 20 steps"
+        assert ml.data.tags["vfm.prefect_flow_run_url"].endswith(f"/runs/flow-run/{rid}")
     if any(report.log_errors.values()):  # the whole log, to see what a traceback was about
         print((infra_dir / "prefect.log").read_text(errors="replace")[-20000:])
     assert report.log_errors == {"prefect": [], "worker": [], "mlflow": []}, report.log_errors

@@ -1,11 +1,14 @@
-"""The one trainer under pipeline parallelism combined with every other degree (the paper's 4D
-layouts) trains the one-process run: the same loss at every step (fp32, relative 1e-4) for
-PP x CP and PP x TP (DiT, ST-DiT, the autoregressive family), interleaved 1F1B over virtual stages,
-packs through PP x TP, gradient accumulation under PP x FSDP2, and packed autoregressive training
-under TP and under CP. Every rank builds its part of the model on the meta device and materialises
-only its shards, yet the gathered initial weights equal the one-process model's exactly, and the
-EMA is sharded like the parameters. The full TP x SP x CP x PP on 8 ranks through ``vfm train``
-(packed), and its checkpoint resumed by one process, are in the last test."""
+"""One trainer, every layout: the one-process run and the same run under each layout give the
+same loss at every step (fp32, relative 1e-4). On 2 ranks: every preset (DiT, ST-DiT, Llama-DiT,
+the autoregressive ar-tiny) under each plain degree (DDP, FSDP2, TP with and without SP, CP, PP),
+and packed autoregressive training under TP and under CP. On 4 ranks, pipeline parallelism
+combined with every other degree (the paper's 4D layouts): PP x CP and PP x TP (DiT, ST-DiT, the
+autoregressive family), interleaved 1F1B over virtual stages, packs through PP x TP, gradient
+accumulation under PP x FSDP2. Every rank builds its part of the model on the meta device and
+materialises only its shards, yet the gathered initial weights equal the one-process model's
+exactly, and the EMA is sharded like the parameters. The full TP x SP x CP x PP on 8 ranks
+through ``vfm train`` (packed), and its checkpoint resumed by one process, are in the last test.
+All one-process references run in one spawn, each rank count's cases in one more."""
 
 from __future__ import annotations
 
@@ -49,6 +52,18 @@ FOUR = [
     ("dit-tiny", dict(pp=2, dp_shard=2), ["data.batch_size=8", "train.grad_accum=2"]),
 ]
 TWO = [
+    ("dit-tiny", dict(dp_replicate=2), []),
+    ("dit-tiny", dict(tp=2), ["parallel.sequence_parallel=false"]),
+    ("stdit-tiny", dict(cp=2), []),
+    ("stdit-tiny", dict(pp=2), []),
+    ("llama-dit-tiny", dict(tp=2), []),
+    ("llama-dit-tiny", dict(dp_shard=2), []),
+    # the autoregressive family: FSDP2, balanced causal ring CP, TP+SP (vocabulary-parallel head
+    # and loss), PP; then packed token shards
+    ("ar-tiny", dict(dp_shard=2), []),
+    ("ar-tiny", dict(cp=2), []),
+    ("ar-tiny", dict(tp=2), []),
+    ("ar-tiny", dict(pp=2), []),
     ("ar-tiny", dict(tp=2), ["tokens"]),
     ("ar-tiny", dict(cp=2), ["tokens"]),
     ("ar-tiny", dict(cp=2), ["tokens", "model.text_conditioning=pooled"]),  # the caption's mean
@@ -157,7 +172,7 @@ def test_4_rank_pipelines_train_the_one_process_run(data, references):
 
 
 @pytest.mark.slow
-def test_packed_autoregressive_training_under_tp_and_cp(data, references):
+def test_2_rank_layouts_of_every_preset_train_the_one_process_run(data, references):
     _check(TWO, run_ranks(_fit_cases, 2, TWO, data), references)
 
 

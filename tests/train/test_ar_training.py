@@ -1,7 +1,7 @@
 """The autoregressive family on the one trainer: ar-tiny's next-token loss falls from ln(vocab) on
 the synthetic token source, MFU is logged, a resume continues bit-identically, and the layouts
 the family does not run (yet) are refused in one line. Its parallel layouts are in
-tests/parallel/test_one_trainer.py and test_causal_context.py."""
+tests/parallel/test_4d_training.py and test_causal_context.py."""
 
 from __future__ import annotations
 
