@@ -76,7 +76,9 @@ def stage_states(state, stages=STAGE_TASKS) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, tmp_path):
+def test_pipeline_fails_with_stage_named_resumes_with_lineage_then_reruns_only_what_changed(
+    prefect_api, tmp_path
+):
     import mlflow
 
     bad = small(tmp_path, overrides=TINY + ["model.in_channels=7"])  # != tokenizer latents
@@ -153,8 +155,11 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
         if r.data.tags.get("vfm.stage") == "pipeline"
     )
 
-    again = pipeline_flow(small(tmp_path))  # everything done: no work
+    again_state = pipeline_flow(small(tmp_path), return_state=True)  # everything done: no work
+    assert stage_states(again_state) == dict.fromkeys(STAGE_TASKS, "Cached")
+    again = again_state.result()
     assert again["train"]["mlflow_run_id"] == out["train"]["mlflow_run_id"]
+    assert again["train"]["checkpoint"] == out["train"]["checkpoint"]  # read back
     # the new pipeline run has no children: its report and tag say where the reused runs are
     assert again["reused"] == [
         "sample",
@@ -182,6 +187,28 @@ def test_pipeline_fails_with_stage_named_then_resumes_with_lineage(prefect_api, 
         r.get("checkpoint") for r in results if isinstance(r, dict)
     ]
 
+    # a changed training setting reruns train and generate only; a deleted output folder reruns
+    # its stage, and the stages after it only if its content changed
+    changed = pipeline_flow(small(tmp_path, train_steps=3), return_state=True)
+    upstream = ("sample", "curate", "shard", "tokenizer", "encode")
+    assert stage_states(changed) == {
+        **dict.fromkeys(upstream, "Cached"),
+        "train": "Completed",
+        "generate": "Completed",
+    }
+    assert changed.result()["train"]["step"] == 3
+
+    index = (tmp_path / "latents" / "index.json").read_bytes()
+    shutil.rmtree(tmp_path / "latents")
+    deleted = pipeline_flow(small(tmp_path, train_steps=3), return_state=True)
+    states = stage_states(deleted)
+    assert states["encode"] == "Completed"
+    assert {states[s] for s in ("sample", "curate", "shard", "tokenizer")} == {"Cached"}
+    # the same shards and tokenizer give the same latents: their index (the fingerprint the
+    # training stage is keyed on) is unchanged, so training and generation stay cached
+    assert (tmp_path / "latents" / "index.json").read_bytes() == index
+    assert states["train"] == states["generate"] == "Cached"
+
 
 def test_pipeline_form_rejects_bad_values():
     from pydantic import ValidationError
@@ -195,40 +222,6 @@ def test_pipeline_form_rejects_bad_values():
     assert PipelineParams().recipe == "dit-tiny"
     with pytest.raises(ValidationError, match="recipe 'dit-tiny' is a diffusion model, but family"):
         PipelineParams(family="autoregressive", recipe="dit-tiny")
-
-
-@pytest.mark.slow
-def test_pipeline_reruns_only_what_changed(prefect_api, tmp_path):
-    """A second run is all Cached; a changed training setting reruns train and generate only; a
-    deleted output folder reruns its stage, and the stages after it only if its content changed."""
-    first = pipeline_flow(small(tmp_path, name="t-cache"), return_state=True)
-    out = first.result()
-    assert stage_states(first) == dict.fromkeys(STAGE_TASKS, "Completed")
-
-    again = pipeline_flow(small(tmp_path, name="t-cache"), return_state=True)
-    assert stage_states(again) == dict.fromkeys(STAGE_TASKS, "Cached")
-    assert again.result()["reused"] == list(STAGE_TASKS)
-    assert again.result()["train"]["checkpoint"] == out["train"]["checkpoint"]  # read back
-
-    changed = pipeline_flow(small(tmp_path, name="t-cache", train_steps=3), return_state=True)
-    upstream = ("sample", "curate", "shard", "tokenizer", "encode")
-    assert stage_states(changed) == {
-        **dict.fromkeys(upstream, "Cached"),
-        "train": "Completed",
-        "generate": "Completed",
-    }
-    assert changed.result()["train"]["step"] == 3
-
-    index = (tmp_path / "latents" / "index.json").read_bytes()
-    shutil.rmtree(tmp_path / "latents")
-    deleted = pipeline_flow(small(tmp_path, name="t-cache", train_steps=3), return_state=True)
-    states = stage_states(deleted)
-    assert states["encode"] == "Completed"
-    assert {states[s] for s in ("sample", "curate", "shard", "tokenizer")} == {"Cached"}
-    # the same shards and tokenizer give the same latents: their index (the fingerprint the
-    # training stage is keyed on) is unchanged, so training and generation stay cached
-    assert (tmp_path / "latents" / "index.json").read_bytes() == index
-    assert states["train"] == states["generate"] == "Cached"
 
 
 def test_fingerprint_of_folders_and_indexed_shards(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import pytest
 
@@ -78,14 +77,6 @@ def test_ranked_layouts_are_valid_and_consistent(recipe, seq, gpus):
             t.compute_s + t.exposed_comm_s + t.bubble_s + t.optimizer_s
         )
         assert 0 < p.mfu < 1
-
-
-def test_plan_is_fast():
-    cfg = get_recipe("dit-28b").model
-    plan(cfg, seq_len=73728, gpus=256)  # warm imports
-    t0 = time.perf_counter()
-    plan(cfg, seq_len=73728, gpus=256)
-    assert time.perf_counter() - t0 < 1.5  # ~0.3 s on an idle core; slack for a loaded CI box
 
 
 def test_bubble_and_pipeline_time():
