@@ -15,6 +15,7 @@ events a client dropped while the store was locked, are counted apart: they are 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -24,10 +25,13 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,16 +68,88 @@ class LoadReport:
     """State polls the busy server did not answer within 60 s (polled again, as a browser does)."""
 
 
-def api(method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
-    """(status, JSON body) of one REST call to a Prefect server (what the UI sends)."""
+AUTH_VAR = "PREFECT_API_AUTH_STRING"
+CHANGES = ("POST", "PATCH", "PUT", "DELETE")
+"""Methods Prefect's CSRF protection guards (``PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED``)."""
+_CSRF_CLIENT = str(uuid.uuid4())
+_csrf: dict[tuple[str, str], tuple[str, float] | None] = {}
+"""(API base URL, auth string) -> (CSRF token, monotonic expiry), None where CSRF is off."""
+
+
+def api(
+    method: str,
+    url: str,
+    body: dict | None = None,
+    timeout: float = 60,
+    *,
+    auth: str | None = None,
+) -> tuple[int, dict]:
+    """(status, JSON body) of one REST call to a Prefect server (what the UI sends). ``auth``:
+    the server's auth string (default ``$PREFECT_API_AUTH_STRING``), sent as HTTP basic auth;
+    a call that changes something carries a CSRF token of this client, fetched once per server
+    (again when the server no longer knows it); where the token cannot be had, the answer to
+    that request is the call's (401 without the secret, 503 from a busy server)."""
+    auth = os.environ.get(AUTH_VAR, "") if auth is None else auth
+    change = method.upper() in CHANGES
+    for fresh in (False, True) if change else (False,):
+        headers = {"Content-Type": "application/json", **_basic(auth)}
+        if change:
+            csrf = _csrf_headers(url, auth, timeout, fresh=fresh)
+            if isinstance(csrf, tuple):
+                return csrf
+            headers.update(csrf)
+        code, out = _call(method, url, body, headers, timeout)
+        if not (code == 403 and "csrf" in json.dumps(out).lower()):
+            break
+    return code, out
+
+
+def _call(
+    method: str, url: str, body: dict | None, headers: dict[str, str], timeout: float
+) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        raw = e.read() or b"{}"
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:  # a plain-text refusal (a wrong Host header: 400)
+            return e.code, {"detail": raw.decode(errors="replace")}
+
+
+def _basic(auth: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+
+
+def _csrf_headers(
+    url: str, auth: str, timeout: float, *, fresh: bool
+) -> dict[str, str] | tuple[int, dict]:
+    """``Prefect-Csrf-Token`` / ``Prefect-Csrf-Client`` for a change to the API of ``url`` ({}
+    where the server's CSRF protection is off), or (status, body) of the token request that
+    failed."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.split("/api/", 1)[0] + "/api" if "/api/" in parts.path else "/api"
+    base = f"{parts.scheme}://{parts.netloc}{path}"
+    key = (base, auth)
+    held = _csrf.get(key, ("", 0.0))
+    if fresh or (held is not None and held[1] < time.monotonic()):
+        token_url = f"{base}/csrf-token?client={_CSRF_CLIENT}"
+        code, token = _call("GET", token_url, None, _basic(auth), timeout)
+        if code == 422 and "disabled" in json.dumps(token):
+            held = None  # the server does not ask for CSRF tokens
+        elif code != 200:
+            return code, token
+        else:
+            expires = datetime.fromisoformat(token["expiration"].replace("Z", "+00:00"))
+            left = (expires - datetime.now(UTC)).total_seconds() - 60
+            held = (token["token"], time.monotonic() + left)
+        _csrf[key] = held
+    if held is None:
+        return {}
+    return {"Prefect-Csrf-Token": held[0], "Prefect-Csrf-Client": _CSRF_CLIENT}
 
 
 def create_flow_run(
@@ -258,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--runs and --steps must be >= 1")
     try:  # a failed start, deploy or submission: its message, exit 1
         with own_servers("vfm-load-") as (root, env):
+            os.environ[AUTH_VAR] = env[AUTH_VAR]  # the REST calls below
             deploy("deployments/prefect.yaml", env)
             params = [
                 {

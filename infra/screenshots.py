@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             model, champion = _register(root, env)
             prefect = env["PREFECT_API_URL"].removesuffix("/api")
             mlflow = env["MLFLOW_TRACKING_URI"].rstrip("/")
-            code, autos = api("POST", f"{env['PREFECT_API_URL']}/automations/filter", {})
+            url = f"{env['PREFECT_API_URL']}/automations/filter"
+            code, autos = api("POST", url, {}, auth=env["PREFECT_API_AUTH_STRING"])
             n = len(autos) if code == 200 else "?"
             print(f"{n} automations; model {model}, champion version {champion}")
             time.sleep(2)

@@ -8,16 +8,23 @@ Services (each binds ``$VFM_HOST``, default 127.0.0.1; ports overridable by envi
 
 | service | what                                               | port (env)                  |
 |---------|----------------------------------------------------|-----------------------------|
-| prefect | ``prefect server start`` (API + UI)                | 4200 (``VFM_PREFECT_PORT``) |
+| prefect | Prefect's server (API + UI), ``prefect_server.py`` | 4200 (``VFM_PREFECT_PORT``) |
 | worker  | ``prefect worker start`` on the process pool       | —                           |
 | mlflow  | ``mlflow server``, sqlite store, served artifacts  | 5000 (``VFM_MLFLOW_PORT``)  |
-| s3      | moto's S3-protocol server (local S3 testing)       | 9000 (``VFM_S3_PORT``)      |
+| s3      | moto's S3 server (local S3), ``s3_server.py``      | 9000 (``VFM_S3_PORT``)      |
 | ray     | ``ray start --head`` (optional, ``--with-ray``)    | 6379 (``VFM_RAY_PORT``)     |
 
 State lives in ``$VFM_INFRA_DIR`` (default ``data/infra``): one log per service, ``services.json``
 (pids, ports, health URLs, client settings: ``vfm``, ``make demo`` and ``make status`` read it) and
 ``env.sh`` — ``source data/infra/env.sh`` points a shell (Prefect, MLflow, s3fs clients) at them.
 Production swaps the sqlite store for a Postgres URI (``VFM_MLFLOW_BACKEND``) and moto for real S3.
+
+Another local user cannot use them (issue #46): the run dir is 0700, ``services.json``, ``env.sh``
+and ``secrets.json`` (:mod:`infra.server_secrets`) 0600; the Prefect API asks for the basic-auth
+string of ``secrets.json`` and a CSRF token; the Prefect and S3 servers refuse a ``Host`` that is
+not loopback (DNS rebinding); the work pools fix the command a flow run starts (a deployment's
+``job_variables.command`` is ignored); the S3 endpoint has no admin API and takes only requests
+signed with the generated access key id.
 """
 
 from __future__ import annotations
@@ -34,7 +41,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfm_core.infra_env import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from infra.load import api  # noqa: E402
+from infra.server_secrets import (  # noqa: E402
+    SecretsError,
+    ServerSecrets,
+    private_dir,
+    server_secrets,
+    write_private,
+)
+from vfm_core.infra_env import (  # noqa: E402
     EXTRA_LOGGERS,
     LIBRARY_LOGGER,
     extra_loggers_with,
@@ -115,17 +131,36 @@ class Settings:
     def s3_endpoint(self) -> str:
         return f"http://{self.host}:{self.s3_port}"
 
+    def secrets(self) -> ServerSecrets:
+        """The servers' secrets (``run_dir/secrets.json``, 0600; generated the first time)."""
+        return server_secrets(self.run_dir)
+
     def client_env(self) -> dict[str, str]:
-        """What a client (or the worker's flow runs) needs to talk to these servers."""
+        """What a client (or the worker's flow runs) needs to talk to these servers: addresses
+        and credentials (secrets: write it only to files of mode 0600)."""
+        secrets = self.secrets()
         return {
             "PREFECT_API_URL": self.prefect_api,
+            "PREFECT_API_AUTH_STRING": secrets.prefect_auth,
             "MLFLOW_TRACKING_URI": self.mlflow_uri,
             "AWS_ENDPOINT_URL": self.s3_endpoint,
-            "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+            "AWS_ACCESS_KEY_ID": secrets.s3_access_key_id,
+            "AWS_SECRET_ACCESS_KEY": secrets.s3_secret_access_key,
             "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
             "VFM_ROOT": str(ROOT),
         }
+
+    def server_env(self, name: str) -> dict[str, str]:
+        """What the server ``name`` alone is started with (its side of the secrets)."""
+        secrets = self.secrets()
+        if name == "prefect":
+            return {
+                "PREFECT_SERVER_API_AUTH_STRING": secrets.prefect_auth,
+                "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
+            }
+        if name == "s3":
+            return {"VFM_S3_ACCESS_KEY_ID": secrets.s3_access_key_id}
+        return {}
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -142,9 +177,12 @@ def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]
     """service -> (argv, health URL or None, port or None)."""
     store = s.mlflow_backend or f"sqlite:///{s.run_dir / 'mlflow' / 'mlflow.db'}"
     prefect = [str(BIN / "prefect")]
+    here = [sys.executable, "-u"]
     return {
         "prefect": (
-            prefect + ["server", "start", "--host", s.host, "--port", str(s.prefect_port)],
+            here
+            + [str(ROOT / "infra" / "prefect_server.py")]
+            + ["--host", s.host, "--port", str(s.prefect_port)],
             f"{s.prefect_api}/health",
             s.prefect_port,
         ),
@@ -174,8 +212,10 @@ def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]
             s.mlflow_port,
         ),
         "s3": (
-            [str(BIN / "moto_server"), "-H", s.host, "-p", str(s.s3_port)],
-            f"{s.s3_endpoint}/moto-api/",
+            here
+            + [str(ROOT / "infra" / "s3_server.py"), "--host", s.host]
+            + ["--port", str(s.s3_port)],
+            f"{s.s3_endpoint}/vfm-health",
             s.s3_port,
         ),
         "ray": (
@@ -200,9 +240,28 @@ def _commands(s: Settings) -> dict[str, tuple[list[str], str | None, int | None]
     }
 
 
+def pool_job_template() -> dict:
+    """The process worker's default base job template without ``command`` (neither in the job
+    configuration nor among the variables a deployment or flow run may set): every flow run
+    starts the worker's own engine command, and a deployment's ``job_variables.command`` (``sh
+    -c ...``) is ignored instead of run by the worker."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    template["job_configuration"].pop("command", None)
+    template["variables"]["properties"].pop("command", None)
+    template["variables"]["required"] = [
+        x for x in template["variables"].get("required", []) if x != "command"
+    ]
+    return template
+
+
 def _create_pools(s: Settings, env: dict[str, str]) -> None:
     """The CPU pool this worker serves, and the GPU pool that cluster workers serve (deployments
-    naming it register here; their runs wait for a GPU worker)."""
+    naming it register here; their runs wait for a GPU worker); both with
+    :func:`pool_job_template`."""
+    template = s.run_dir / "pool-template.json"
+    template.write_text(json.dumps(pool_job_template(), indent=1))
     for pool in (s.pool, GPU_POOL):
         argv = [
             str(BIN / "prefect"),
@@ -211,6 +270,8 @@ def _create_pools(s: Settings, env: dict[str, str]) -> None:
             pool,
             "--type",
             "process",
+            "--base-job-template",
+            str(template),
             "--overwrite",
         ]
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
@@ -224,13 +285,15 @@ HEARTBEAT_S = 30
 3.8.8's minimum is 30)."""
 
 
-def crash_silent_flow_runs(api: str, *, within_s: int = 3 * HEARTBEAT_S) -> str:
+def crash_silent_flow_runs(
+    api_url: str, *, within_s: int = 3 * HEARTBEAT_S, auth: str | None = None
+) -> str:
     """Create (once) the server automation that marks a flow run CRASHED when its heartbeats
     stop for ``within_s`` seconds without it ending: a worker or node that died with the run.
     Prefect 3.8.8's server has no other zombie detection (its foreman only marks workers
     offline; the runs stay RUNNING forever). Flow runs send heartbeats only with
-    ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` set (the worker's environment). Returns its id."""
-    import urllib.request
+    ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` set (the worker's environment). ``auth``: the API's
+    auth string (default ``$PREFECT_API_AUTH_STRING``). Returns its id."""
     from datetime import timedelta
 
     from prefect.client.schemas.objects import StateType
@@ -238,16 +301,12 @@ def crash_silent_flow_runs(api: str, *, within_s: int = 3 * HEARTBEAT_S) -> str:
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
     def call(method: str, url: str, body: dict | None = None) -> object:
-        req = urllib.request.Request(
-            url,
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read() or b"null")
+        code, out = api(method, url, body, auth=auth)
+        if code >= 300:
+            raise InfraError(f"{method} {url}: {code} {out}")
+        return out
 
-    found = call("POST", f"{api}/automations/filter", {"limit": 200})
+    found = call("POST", f"{api_url}/automations/filter", {"limit": 200})
     for a in found if isinstance(found, list) else []:
         if a.get("name") == ZOMBIE_AUTOMATION:
             return a["id"]
@@ -271,7 +330,7 @@ def crash_silent_flow_runs(api: str, *, within_s: int = 3 * HEARTBEAT_S) -> str:
             )
         ],
     )
-    return call("POST", f"{api}/automations/", automation.model_dump(mode="json"))["id"]
+    return call("POST", f"{api_url}/automations/", automation.model_dump(mode="json"))["id"]
 
 
 def _env(s: Settings) -> dict[str, str]:
@@ -303,7 +362,7 @@ def _write_record(s: Settings, services: dict[str, dict]) -> None:
     """``services.json``: what runs (pid, port, health URL) and the client settings; clients
     (``vfm``, ``make demo``, ``make status``) read it instead of assuming the default ports."""
     record = {"host": s.host, "services": services, "env": s.client_env()}
-    _record_path(s).write_text(json.dumps(record, indent=1))
+    write_private(_record_path(s), json.dumps(record, indent=1))
 
 
 def _wait(url: str | None, proc: subprocess.Popen, name: str, log: Path, timeout: float) -> None:
@@ -321,7 +380,11 @@ def _wait(url: str | None, proc: subprocess.Popen, name: str, log: Path, timeout
 def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str, int]:
     """Start ``services`` (skipping those already running), wait until each is healthy, write
     ``env.sh``; returns service -> pid."""
-    s.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        private_dir(s.run_dir)
+        s.secrets()
+    except SecretsError as e:
+        raise InfraError(str(e)) from e
     (s.run_dir / "mlflow").mkdir(exist_ok=True)
     known = read_services(s.run_dir).get("services", {})
     running = {k: v for k, v in known.items() if pid_alive(int(v["pid"]))}
@@ -341,13 +404,18 @@ def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str,
         if name == "worker":
             _create_pools(s, env)
             try:  # a run whose worker dies is CRASHED, not RUNNING forever (its heartbeats stop)
-                crash_silent_flow_runs(s.prefect_api)
+                crash_silent_flow_runs(s.prefect_api, auth=s.secrets().prefect_auth)
             except Exception as e:  # the server without automations: say so, keep going
                 print(f"worker: no crash detection for silent flow runs ({e})")
         log = s.run_dir / f"{name}.log"
         with log.open("ab") as f:
             proc = subprocess.Popen(
-                argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+                argv,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env={**env, **s.server_env(name)},
+                cwd=ROOT,
+                start_new_session=True,
             )
         pids[name] = proc.pid
         running[name] = {"pid": proc.pid, "port": port, "health": health}
@@ -357,7 +425,7 @@ def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str,
     _write_record(s, running)
     env = read_services(s.run_dir)["env"]  # the settings of the servers already up win
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    (s.run_dir / "env.sh").write_text("\n".join(lines) + "\n")
+    write_private(s.run_dir / "env.sh", "\n".join(lines) + "\n")
     return pids
 
 
@@ -416,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                 chosen.remove("worker")
                 chosen.insert(chosen.index("prefect") + 1, "worker")
             up(s, chosen)
-            print(f"\nPrefect UI  http://{s.host}:{s.prefect_port}\nMLflow UI   {s.mlflow_uri}")
+            print(f"\nPrefect UI  http://{s.host}:{s.prefect_port} (it asks for the string after")
+            print(f"            PREFECT_API_AUTH_STRING= in {s.run_dir / 'env.sh'})")
+            print(f"MLflow UI   {s.mlflow_uri}")
             print(f"S3 endpoint {s.s3_endpoint}\nclients:    source {s.run_dir / 'env.sh'}")
         elif args.action == "down":
             stopped = down(s)

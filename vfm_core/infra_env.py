@@ -2,11 +2,16 @@
 
 ``infra/services.py up`` records what it started in ``$VFM_INFRA_DIR/services.json`` (default
 ``$VFM_DATA_DIR/infra``): each service's pid, port and health URL, and the client settings
-(``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``, the S3 endpoint). :func:`use_running_services`
-copies the settings of the services that are alive and healthy into the environment, never over a
-variable the user set, so ``make demo``, ``vfm ...`` and the flows log to the MLflow server and the
-Prefect server a user has open; with nothing running they keep the embedded defaults (a sqlite
-store under the data dir, an ephemeral Prefect API). ``VFM_NO_SERVICES=1`` opts out.
+(``PREFECT_API_URL`` and its auth string, ``MLFLOW_TRACKING_URI``, the S3 endpoint and its keys;
+the file is the owner's only, 0600). :func:`use_running_services` copies the settings of the
+services that are alive and healthy into the environment, never over a variable the user set, so
+``make demo``, ``vfm ...`` and the flows log to the MLflow server and the Prefect server a user
+has open; with nothing running they keep the embedded defaults (a sqlite store under the data
+dir, an ephemeral Prefect API). ``VFM_NO_SERVICES=1`` opts out. A service's address and its
+credentials go together: where the user set the address (``PREFECT_API_URL=...``) none of the
+service's settings are used (its secret is never sent to another server); where the address comes
+from the record, so do its credentials (:data:`CREDENTIAL_VARS`), over the user's own (AWS keys of
+a real account would only be refused by the local endpoint).
 
 Without a server a flow starts Prefect's temporary API, which needs ``$PREFECT_HOME`` (its sqlite
 database) to exist and more than Prefect's 20 s to start on a busy machine:
@@ -33,11 +38,16 @@ from pathlib import Path
 from vfm_core.tracking import data_dir
 
 SERVICE_VARS: dict[str, tuple[str, ...]] = {
-    "prefect": ("PREFECT_API_URL",),
+    "prefect": ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING"),
     "mlflow": ("MLFLOW_TRACKING_URI",),
     "s3": ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"),
 }
-"""The client variables each service provides."""
+"""The client variables each service provides, its address first."""
+
+CREDENTIAL_VARS = frozenset(
+    {"PREFECT_API_AUTH_STRING", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+)
+"""The variables of :data:`SERVICE_VARS` that are secrets of that service's address."""
 
 
 def infra_dir() -> Path:
@@ -117,16 +127,20 @@ def _alive(record: dict) -> dict[str, dict]:
 
 
 def use_running_services(root: Path | None = None) -> dict[str, str]:
-    """Point this process at the running servers of ``make up`` (variables the user set win);
-    returns the variables it set."""
+    """Point this process at the running servers of ``make up`` (variables the user set win,
+    credentials follow their address: see the module's docstring); returns the variables it
+    set."""
     if os.environ.get("VFM_NO_SERVICES") == "1":
         return {}
     record = read_services(root)
     env = record.get("env", {}) if record else {}
     chosen: dict[str, str] = {}
     for name in _alive(record) if env else {}:
-        for var in SERVICE_VARS.get(name, ()):
-            if var in env and var not in os.environ:
+        names = SERVICE_VARS.get(name, ())
+        if names and names[0] in os.environ:  # the user's own server: none of these settings
+            continue
+        for var in names:
+            if var in env and (var not in os.environ or var in CREDENTIAL_VARS):
                 chosen[var] = str(env[var])
     os.environ.update(chosen)
     return chosen

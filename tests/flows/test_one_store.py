@@ -47,6 +47,37 @@ def test_user_settings_win_and_opt_out(record, monkeypatch):
     assert use_running_services(record) == {} and "MLFLOW_TRACKING_URI" not in os.environ
 
 
+def test_credentials_follow_their_address(tmp_path, monkeypatch):
+    """The Prefect server's auth string and the S3 endpoint's keys are used with that server's
+    address only: never sent to a server the user chose, and over the user's own keys where the
+    address is the record's (the local endpoint would refuse those)."""
+    for var in (
+        "PREFECT_API_URL",
+        "PREFECT_API_AUTH_STRING",
+        "AWS_ENDPOINT_URL",
+        "VFM_NO_SERVICES",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    alive = {"pid": os.getpid(), "port": None, "health": None}
+    env = {
+        "PREFECT_API_URL": "http://127.0.0.1:4321/api",
+        "PREFECT_API_AUTH_STRING": "vfm:secret",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9001",
+        "AWS_ACCESS_KEY_ID": "VFMKEY",
+        "AWS_SECRET_ACCESS_KEY": "vfmsecret",
+    }
+    record = {"services": {"prefect": alive, "s3": alive}, "env": env}
+    (tmp_path / "services.json").write_text(json.dumps(record))
+    monkeypatch.setenv("PREFECT_API_URL", "https://prefect.example.com/api")  # the user's own
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAREAL")  # a real account's, for real S3
+    got = use_running_services(tmp_path)
+    assert "PREFECT_API_AUTH_STRING" not in got and "PREFECT_API_AUTH_STRING" not in os.environ
+    assert got["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9001"
+    assert os.environ["AWS_ACCESS_KEY_ID"] == "VFMKEY" == got["AWS_ACCESS_KEY_ID"]
+    monkeypatch.delenv("PREFECT_API_URL")
+    assert use_running_services(tmp_path)["PREFECT_API_AUTH_STRING"] == "vfm:secret"
+
+
 def test_no_or_broken_record_is_embedded_defaults(tmp_path):
     """A record that cannot be read, or of another shape, is ignored with one warning naming it
     (a pid "abc" stopped every command, `vfm recipes` too, with a traceback)."""

@@ -42,7 +42,9 @@ def servers(tmp_path_factory):
             key, _, value = line.removeprefix("export ").partition("=")
             client[key] = value.strip("'")
         client["PREFECT_HOME"] = str(root / "client-prefect")
-        yield client
+        with pytest.MonkeyPatch.context() as mp:  # infra.load.api's credentials
+            mp.setenv("PREFECT_API_AUTH_STRING", client["PREFECT_API_AUTH_STRING"])
+            yield client
     finally:
         down = subprocess.run(
             SERVICES + ["down"], env=env, capture_output=True, text=True, timeout=120
@@ -160,11 +162,13 @@ def test_one_store_when_servers_run(servers, tmp_path):
     logs to the MLflow server, and `make status` finds the ports `make up` chose."""
     import mlflow
 
+    from vfm_core.infra_env import SERVICE_VARS
+
+    sourced = {var for names in SERVICE_VARS.values() for var in names}
     plain = {
         k: v
         for k, v in servers.items()
-        if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "AWS_ENDPOINT_URL")
-        and not (k.startswith("VFM_") and k.endswith("_PORT"))
+        if k not in sourced and not (k.startswith("VFM_") and k.endswith("_PORT"))
     }
     st = subprocess.run(
         SERVICES + ["status"], env=plain, capture_output=True, text=True, timeout=60

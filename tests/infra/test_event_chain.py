@@ -172,6 +172,7 @@ def chain(tmp_path_factory):
         mlflow_port=_free_port(),
         pool="vfm-chain-e2e",
     )
+    os.environ["PREFECT_API_AUTH_STRING"] = s.secrets().prefect_auth  # infra.load.api's
     try:
         up(s, ["prefect", "mlflow", "worker"], timeout=180)
         env = dict(os.environ, **s.client_env(), PREFECT_HOME=str(root / "client-prefect"))

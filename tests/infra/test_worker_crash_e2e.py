@@ -52,6 +52,7 @@ def server_and_worker(tmp_path, monkeypatch):
     }.items():
         monkeypatch.setenv(key, value)
     s = Settings(run_dir=tmp_path / "infra", prefect_port=_free_port(), pool="vfm-crash-e2e")
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", s.secrets().prefect_auth)  # infra.load.api's
     try:
         up(s, ["prefect", "worker"], timeout=180)
         env = dict(os.environ, **s.client_env(), PREFECT_HOME=str(tmp_path / "client-prefect"))
