@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from vfm_core.config import (
@@ -8,6 +11,7 @@ from vfm_core.config import (
     ConfigError,
     apply_overrides,
     load_yaml,
+    read_yaml,
     save_yaml,
     validate,
 )
@@ -356,3 +360,50 @@ def test_synthetic_run_checks_its_tokenizer_at_the_start(tmp_path):
     cfg = validate(apply_overrides(cfg, [f"data.tokenizer={tmp_path}/t8"]))
     with pytest.raises(ConfigError, match="data.tokenizer: .*8 latent channels"):
         make_source(cfg.data, cfg.model)
+
+
+def _laughs(levels: int = 9) -> str:
+    """The "billion laughs" YAML: ``levels`` lists of 9 aliases of the list before."""
+    lines, prev = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]'], "a"
+    for name in "bcdefghijk"[: levels - 1]:
+        lines.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+        prev = name
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (_laughs(), "aliases expand it to more than 100000 values"),
+        ("train: {steps: " + "[" * 100_000 + "]" * 100_000 + "}\n", "nested deeper than 64"),
+        ("train: {steps: " + "9" * 5000 + "}\n", "an integer of 5000 digits (at most 40)"),
+        ("train: &t {steps: [*t]}\n", "an alias refers to the collection that holds it"),
+        ("# " + "x" * (1 << 20) + "\n", "larger than 1 MiB"),
+    ],
+    ids=["alias-bomb", "deep-nesting", "huge-int", "self-reference", "over-1-MiB"],
+)
+def test_hostile_config_files_are_one_line_each(tmp_path, text, problem):
+    """Config files are untrusted input: each of these is refused in one line naming the file,
+    before the settings builder walks it (the alias bomb used to grow without end there)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_yaml(path)
+    assert str(e.value).startswith(f"config file {path}: ") and problem in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path):
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)  # opening it to read would block until a writer comes
+    for path, kind in ((fifo, "a named pipe"), (Path("/dev/zero"), "a character device")):
+        with pytest.raises(ConfigError, match=f"not a regular file \\({kind}\\)"):
+            load_yaml(path)
+    with pytest.raises(ConfigError, match="not a regular file \\(a directory\\)"):
+        load_yaml(tmp_path)
+
+
+def test_a_few_aliases_and_a_nested_list_still_load(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train: &t {steps: 3}\nsample: {tags: [[1, 2], [3]]}\nx: *t\n")
+    assert read_yaml(path)["x"] == {"steps": 3}

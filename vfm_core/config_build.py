@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import stat
 import types
 import typing
 from pathlib import Path
@@ -54,10 +55,47 @@ def _resolvers(base: dict, *, keep_yaml11: bool) -> dict:
     return out
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this (1 MiB) is refused before it is parsed."""
+MAX_DEPTH = 64
+"""Collections nested deeper than this are refused (PyYAML's composer recurses per level)."""
+MAX_ALIASES = 256
+MAX_VALUES = 100_000
+"""A document whose aliases expand it to more values than this is refused ("billion laughs":
+9 levels of 9 aliases are 9**9 values once the settings builder walks them)."""
+MAX_INT_DIGITS = 40
+
+
+def _limit(problem: str, mark: yaml.Mark | None) -> yaml.composer.ComposerError:
+    return yaml.composer.ComposerError(None, None, problem, mark)
+
+
 class YamlLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` reading plain scalars by the YAML 1.2 core schema (module docstring);
     a key twice in one mapping is an error (YAML 1.2 requires unique keys; PyYAML keeps the last
-    and drops the first without a word)."""
+    and drops the first without a word). Config files are untrusted input: nesting, aliases
+    and integers are bounded (:data:`MAX_DEPTH`, :data:`MAX_ALIASES`, :data:`MAX_INT_DIGITS`;
+    the expansion of aliases by :func:`parse_yaml`), each a one-line YAML error."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _limit(f"more than {MAX_ALIASES} aliases", mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _limit(f"nested deeper than {MAX_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
@@ -84,6 +122,13 @@ class YamlLoader(yaml.SafeLoader):
 
     def construct_yaml12_int(self, node: yaml.ScalarNode) -> int:
         text = str(self.construct_scalar(node))
+        if len(text) > MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"an integer of {len(text)} digits (at most {MAX_INT_DIGITS})",
+                node.start_mark,
+            )
         if text.startswith(("0o", "0x")):
             return int(text[2:], 8 if text[1] == "o" else 16)
         return int(text)
@@ -104,8 +149,39 @@ class YamlDumper(yaml.SafeDumper):
 
 
 def parse_yaml(text: str) -> Any:
-    """``text`` parsed as YAML with the YAML 1.2 core schema (:class:`YamlLoader`)."""
-    return yaml.load(text, Loader=YamlLoader)  # a SafeLoader: no Python objects
+    """``text`` parsed as YAML with the YAML 1.2 core schema (:class:`YamlLoader`, a SafeLoader:
+    no Python objects), refused (a YAML error) when its aliases expand it past
+    :data:`MAX_VALUES` values or make it refer to itself."""
+    loader = YamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_values(node, {})
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_values(node: yaml.Node, memo: dict[int, int]) -> int:
+    """How many values ``node`` stands for once every alias is expanded (memoised per node, so
+    counting costs one visit of each node however often it is referred to)."""
+    key = id(node)
+    if key in memo:
+        if memo[key] < 0:
+            raise _limit("an alias refers to the collection that holds it", node.start_mark)
+        return memo[key]
+    memo[key] = -1  # in progress: met again below, a cycle
+    if isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_values(c, memo) for c in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded_values(k, memo) + _expanded_values(v, memo) for k, v in node.value)
+    else:
+        n = 1
+    if n > MAX_VALUES:
+        raise _limit(f"aliases expand it to more than {MAX_VALUES} values", node.start_mark)
+    memo[key] = n
+    return n
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:
@@ -116,12 +192,36 @@ def yaml_problem(e: yaml.YAMLError) -> str:
     return " ".join(str(e).split())
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_config_bytes(path: Path) -> bytes:
+    """The bytes of a config file: a regular file (a named pipe would block, ``/dev/zero`` never
+    ends) of at most :data:`MAX_CONFIG_BYTES`, else a one-line :class:`ConfigError`."""
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise ConfigError(f"config file {path}: not a regular file ({kind})")
+    with path.open("rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path}: larger than {MAX_CONFIG_BYTES >> 20} MiB")
+    return data
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML run config file as a mapping of sections (a key twice is an error, as is a file
-    that is not UTF-8 text), each problem one line naming the file."""
+    that is not UTF-8 text, not a regular file, over 1 MiB, nested too deep or expanding too
+    far through aliases), each problem one line naming the file."""
     path = Path(path)
     try:
-        data = parse_yaml(path.read_bytes().decode("utf-8")) or {}
+        data = parse_yaml(_read_config_bytes(path).decode("utf-8")) or {}
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
