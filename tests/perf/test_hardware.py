@@ -151,3 +151,25 @@ def test_recheck_cpu_peak_keeps_the_better_figure_and_says_so(caplog):
     )
     assert new > 1.0 and source.startswith("measured at start-up; re-measured during training")
     assert "CPU MFU above 100%" in caplog.text
+
+
+def test_mfu_is_never_above_100_percent(caplog):
+    """A rate above the peak even after the re-measurement (the GEMM measurement understates
+    this machine) raises the peak to that rate, says so once in the log and in the peak's
+    source, and the logged MFU reads 100%, not 164%."""
+    from tests.tiny_runs import TINY_CPU
+    from vfm_core.config import apply_overrides
+    from vfm_core.recipes import get_recipe
+    from vfm_core.train.trainer import Trainer
+
+    assert hardware.peak_at_least(2.0, "spec", achieved=1.0) == (2.0, "spec")
+    trainer = Trainer(apply_overrides(get_recipe("dit-tiny"), [*TINY_CPU, "tracking.mlflow=false"]))
+    trainer.step_work = (1e3, 1e9)  # a step of 1 GFLOP per process in 1 s ...
+    trainer.peak_rechecked = True  # ... the one re-measurement spent ...
+    trainer.peak_flops = 1e9 / 1.644  # ... and the peak still 1.644x too low
+    source = trainer.peak_source
+    for _ in range(2):
+        m = trainer.metrics({"loss": 1.0}, step_time=1.0, data_time=0.0)
+        assert m["mfu"] == pytest.approx(1.0)
+    assert trainer.peak_source == f"{source}; {hardware.RAISED}"
+    assert caplog.text.count("MFU above 100%") == 1

@@ -412,3 +412,25 @@ def recheck_cpu_peak(
     )
     note = f"re-measured during training ({peak / 1e9:.1f} -> {new / 1e9:.1f} GFLOP/s)"
     return new, f"{source}; {note}"
+
+
+RAISED = "raised to the rate the model reached"
+
+
+def peak_at_least(peak: float, source: str, *, achieved: float) -> tuple[float, str]:
+    """MFU is never shown above 100%: a model that reached ``achieved`` FLOP/s above ``peak``
+    (on a CPU after its one re-measurement, :func:`recheck_cpu_peak`) shows the peak understated
+    for this machine. Returns (``achieved``, the source marked ":data:`RAISED`" — a warning the
+    first time) when it is above ``peak``, else ``peak`` and ``source`` unchanged."""
+    if achieved <= peak:
+        return peak, source
+    if RAISED not in source:
+        log.warning(
+            "MFU above 100%%: the model reached %.1f GFLOP/s, above the peak of %.1f (%s); the "
+            "peak is raised to the rate reached, so MFU reads 100%% at most",
+            achieved / 1e9,
+            peak / 1e9,
+            source,
+        )
+        source = f"{source}; {RAISED}"
+    return achieved, source

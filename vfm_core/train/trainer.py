@@ -58,7 +58,7 @@ from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.world import init_world
 from vfm_core.perf.cpu_memory import hold_freed_memory
 from vfm_core.perf.flops import train_flops, train_flops_per_token
-from vfm_core.perf.hardware import peak_flops, recheck_cpu_peak
+from vfm_core.perf.hardware import peak_at_least, peak_flops, recheck_cpu_peak
 from vfm_core.tokenizer.sources import make_source
 from vfm_core.train.ema import EMA
 from vfm_core.train.errors import TrainingDiverged
@@ -379,21 +379,24 @@ class Trainer:
         drawn = getattr(self.source, "dataset_samples", {})  # blend: over all dp ranks
         tokens_per_s = self.step_work[0] / step_time
         achieved = self.step_work[1] / step_time  # FLOP/s
-        if achieved / self.world > self.peak_flops and self.device.type == "cpu":
-            if not self.peak_rechecked:  # once: the start-up measurement met a busy machine
-                self.peak_rechecked = True
-                self.peak_flops, self.peak_source = recheck_cpu_peak(
-                    self.peak_flops,
-                    self.peak_source,
-                    achieved=achieved / self.world,
-                    width=self.cfg.model.hidden,
-                    dtype=self.cfg.train.dtype,
-                )
+        per_process = achieved / self.world
+        if per_process > self.peak_flops and self.device.type == "cpu" and not self.peak_rechecked:
+            self.peak_rechecked = True  # once: the start-up measurement met a busy machine
+            self.peak_flops, self.peak_source = recheck_cpu_peak(
+                self.peak_flops,
+                self.peak_source,
+                achieved=per_process,
+                width=self.cfg.model.hidden,
+                dtype=self.cfg.train.dtype,
+            )
+        self.peak_flops, self.peak_source = peak_at_least(
+            self.peak_flops, self.peak_source, achieved=per_process
+        )
         return {
             **step_out,
             "tokens_per_s": tokens_per_s,
-            "tflops": achieved / self.world / 1e12,
-            "mfu": achieved / self.world / self.peak_flops,
+            "tflops": per_process / 1e12,
+            "mfu": per_process / self.peak_flops,
             "data_wait": data_time / step_time,
             "step_time": step_time,
             "peak_mem_gb": peak_memory_gb(self.device),
