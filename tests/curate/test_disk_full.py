@@ -11,35 +11,12 @@ from __future__ import annotations
 
 import errno
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.curate.conftest import CFG, assert_covered
 from vfm_core import storage
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """(mount point, resize(size)): a tmpfs of 200 kB in tmp_path, unmounted afterwards."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
-
-    def resize(size: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
-
-    try:
-        yield mnt, resize
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_write_on_a_full_disk_leaves_no_half_file(small_disk):

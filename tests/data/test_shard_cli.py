@@ -124,3 +124,23 @@ def test_real_curation_output_to_shards_to_loader(tmp_path, capsys):
     s = ld.next_batch().samples[0]
     assert s.frames.shape == (s.meta["n_frames"], s.meta["height"], s.meta["width"], 3)
     assert s.meta["source_uri"].endswith("demo.mp4") and s.meta["end_s"] > s.meta["start_s"]
+
+
+def test_vfm_shard_on_a_full_disk_is_one_line_and_leaves_no_partial_output(
+    clips_dir, small_disk, capsys
+):
+    """A real full disk (a tmpfs of 40 kB): one line naming the folder, the files this run wrote
+    removed, what was there before kept; after space is freed the same command completes."""
+    mnt, resize = small_disk
+    resize("40k")
+    out = mnt / "shards"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["shard", str(clips_dir), str(out), "--target-shard-mb", "0.02"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"vfm shard: error: {out}: the disk is full (No space left on device)")
+    assert "files this run wrote" in err and "are removed" in err
+    assert sorted(p.name for p in out.rglob("*")) == ["notes.txt"]
+    resize("4M")
+    assert main(["shard", str(clips_dir), str(out), "--target-shard-mb", "0.02", "--json"]) == 0
+    assert len(read_index(str(out))) == 24

@@ -5,8 +5,11 @@ indexed in place): their flags and their runs. Bad input raises the data layer's
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import shutil
 import sys
+from pathlib import Path
 
 from vfm_core import storage
 from vfm_core.cli_types import number
@@ -127,14 +130,20 @@ def run_shard(args: argparse.Namespace) -> int:
     from vfm_core.data.make_shards import shard_clips_dir
 
     storage.check_access(args.shards_dir)  # before the captions are embedded
-    summary = shard_clips_dir(
-        args.clips_dir,
-        args.shards_dir,
-        target_shard_mb=args.target_shard_mb,
-        text_model=args.text_model,
-        text_mode=args.text_mode,
-        index_format=args.index_format,
-    )
+    before = _local_files(args.shards_dir)
+    try:
+        summary = shard_clips_dir(
+            args.clips_dir,
+            args.shards_dir,
+            target_shard_mb=args.target_shard_mb,
+            text_model=args.text_model,
+            text_mode=args.text_mode,
+            index_format=args.index_format,
+        )
+    except OSError as e:
+        if e.errno not in DISK_FULL or before is None:
+            raise
+        raise _disk_full(args.shards_dir, before, e) from None
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -154,6 +163,38 @@ def run_shard(args: argparse.Namespace) -> int:
     )
     _say_some(summary["stale_shards_removed"], "shards of an earlier run removed", str)
     return 0
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _local_files(url: str) -> set[Path] | None:
+    """The files under a local output folder now (None for a remote one)."""
+    if storage.is_remote(url):
+        return None
+    root = Path(url)
+    return {p for p in root.rglob("*") if p.is_file()} if root.is_dir() else set()
+
+
+def _disk_full(url: str, before: set[Path], error: OSError) -> storage.StorageError:
+    """A shard run that met a full disk: the files it wrote are removed (what was there before
+    is kept), one line says so, with the space then free."""
+    root = Path(url)
+    written = [p for p in root.rglob("*") if p.is_file() and p not in before]
+    size = sum(p.stat().st_size for p in written)
+    for p in written:
+        p.unlink(missing_ok=True)
+    if not before and root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
+    try:
+        free = f"{shutil.disk_usage(root if root.exists() else root.parent).free / 1e6:.1f} MB"
+    except OSError:
+        free = "unknown space"
+    return storage.StorageError(
+        url,
+        f"the disk is full ({error.strerror}): the {len(written)} files this run wrote "
+        f"({size / 1e6:.1f} MB) are removed, {free} free there; free space and run it again",
+    )
 
 
 def _say_some(items: list, what: str, show) -> None:
