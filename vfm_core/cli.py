@@ -102,6 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.parallel.layout import validate_layout, with_degrees
     from vfm_core.train.launch import Launch, launch_training
     from vfm_core.train.main import check_restartable, run_training
+    from vfm_core.train.preempt import Preempted
 
     degrees = {k: getattr(args, k) for k in DEGREES}
     cfg = with_degrees(_config(args), **degrees)
@@ -122,6 +123,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             resume_from=args.resume_from,
             debug=args.debug,
         )
+        if res.signum:  # forwarded to the ranks, which saved and said so
+            return 128 + res.signum
         if res.returncode != 0:
             print(f"vfm train: error: torchrun exited with code {res.returncode}", file=sys.stderr)
             return res.returncode if res.returncode in (1, 2) else 1
@@ -129,13 +132,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     # one process: the entry point in this process (the layout checked first, one clear line)
     validate_layout(cfg, launch.world_size)
     check_restartable(cfg, launch.max_restarts)
-    summary = run_training(
-        cfg,
-        out_dir=args.out,
-        resume=args.resume,
-        progress=sys.stderr.isatty(),
-        resume_from=args.resume_from,
-    )
+    try:
+        summary = run_training(
+            cfg,
+            out_dir=args.out,
+            resume=args.resume,
+            progress=sys.stderr.isatty(),
+            resume_from=args.resume_from,
+        )
+    except Preempted as e:  # SIGTERM / SIGUSR1: saved after the step; the signal's status
+        print(f"vfm train: {e}", file=sys.stderr)
+        return e.exit_code
     m = summary["metrics"]
     if "loss" in m:
         print(
@@ -157,11 +164,16 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     from vfm_core.train.integrity import MANIFEST_FILE, verify
 
     path = Path(args.path)
+    leftovers: list[Path] = []
     if (path / MANIFEST_FILE).exists() or (path / "state.json").exists():
         folders = [path]
     else:
-        root = path.parent if path.name == "checkpoints" else path
-        folders = CheckpointManager(root).candidates()
+        manager = CheckpointManager(path.parent if path.name == "checkpoints" else path)
+        folders, leftovers = manager.candidates(), manager.leftovers()
+    for left in leftovers:  # not checkpoints: said apart, never counted as damaged
+        why = "a save that never finished (--resume removes it)"
+        line = json.dumps({"leftover": str(left), "reason": why}) if args.json else ""
+        print(line or f"left {left}: {why}")
     if not folders:
         print(f"vfm checkpoint: error: no checkpoint under {args.path}", file=sys.stderr)
         return 2

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from parallel_harness import launch_ok, set_args, vfm_argv
 
+from vfm_core.train.launch import TORCHRUN
+
 STEPS = 6
 SMALL = [
     "model.hidden=64",
@@ -117,7 +119,7 @@ def _workers(out: Path) -> list[int]:
         if (
             "vfm_core.train.main" in args
             and str(out) in args
-            and "torch.distributed.run" not in " ".join(args)
+            and not {"torch.distributed.run", TORCHRUN} & set(args)  # the agent
         ):
             pids.append(int(proc.name))
     return sorted(pids)

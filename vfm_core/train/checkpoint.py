@@ -159,6 +159,20 @@ class CheckpointManager:
             return []
         return sorted(p for p in self.dir.iterdir() if _STEP_DIR.match(p.name) and p.is_dir())
 
+    def leftovers(self) -> list[Path]:
+        """Folders of saves that never finished (``step_N.tmp``: killed while writing) or of
+        removals that stopped halfway (``.del`` / ``.old``), oldest first."""
+        if not self.dir.exists():
+            return []
+        return sorted(p for p in self.dir.iterdir() if _LEFTOVER.match(p.name))
+
+    def remove_leftovers(self) -> list[Path]:
+        """Remove :meth:`leftovers` (call on one rank, before this run saves); returns them."""
+        gone = self.leftovers()
+        for p in gone:
+            shutil.rmtree(p, ignore_errors=True)
+        return gone
+
     def list(self) -> list[Path]:
         """Finished checkpoints (a manifest written), oldest first; not verified."""
         return [p for p in self.candidates() if (p / MANIFEST_FILE).is_file()]

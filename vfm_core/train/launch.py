@@ -19,14 +19,22 @@ included, does before its ranks start.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from vfm_core.config import DEGREES, ConfigError
+from vfm_core.train.preempt import StopRequest
+
+TORCHRUN = "vfm_core.train.torchrun"
+"""torch.distributed.run, a stop signal ending it in one line."""
 
 ENTRY = "vfm_core.train.main"
 
@@ -104,9 +112,10 @@ def wait_for_rendezvous(launch: Launch) -> None:
 
 
 def torchrun_prefix(launch: Launch, *, rdzv_id: str = "vfm-train") -> list[str]:
-    """``python -m torch.distributed.run ...`` up to the entry point: this node's ranks, a private
-    rendezvous on one node, the c10d rendezvous ``rdzv_id`` on several."""
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.nproc}"]
+    """``torchrun ...`` (:mod:`vfm_core.train.torchrun`: torch's, ending in one line on a stop
+    signal) up to the entry point: this node's ranks, a private rendezvous on one node, the c10d
+    rendezvous ``rdzv_id`` on several."""
+    argv = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={launch.nproc}"]
     if launch.nnodes == 1:
         argv += ["--standalone"]
     else:
@@ -131,7 +140,7 @@ def torchrun_argv(
     resume: bool = False,
     **degrees: int | None,
 ) -> list[str]:
-    """``python -m torch.distributed.run`` command running :mod:`vfm_core.train.main` on this
+    """``torchrun`` command running :mod:`vfm_core.train.main` on this
     node's ranks (``launch``: a :class:`Launch`, or the process count of one node);
     ``degrees`` (e.g. ``tp=2``) override the config's parallel section."""
     if isinstance(launch, int):
@@ -178,6 +187,9 @@ class LaunchResult:
     wrote one."""
     lines: list[str]
     """The output lines, when they were captured (``on_line`` given), else []."""
+    signum: int = 0
+    """A stop signal (SIGTERM / SIGUSR1) this process received and passed on to the launcher
+    (0: none): the ranks saved and stopped (:mod:`vfm_core.train.preempt`)."""
 
     def error_line(self) -> str:
         """The ranks' one-line error (``error: ...``, a user error) from the captured output,
@@ -210,25 +222,40 @@ def run_launch(
 
     if result is not None:
         Path(result).unlink(missing_ok=True)
-    if on_line is None:
-        code = subprocess.run(argv, env=env).returncode
-        lines: list[str] = []
-    else:
-        popen = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        lines = []
-        assert popen.stdout is not None
-        for line in popen.stdout:
-            lines.append(line.rstrip("\n"))
-            on_line(line)
+    lines: list[str] = []
+    capture = {} if on_line is None else {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    popen = subprocess.Popen(argv, text=True, env=env, **capture)
+    with forward_stop_signals(popen) as forwarded:
+        if on_line is not None:
+            assert popen.stdout is not None
+            for line in popen.stdout:
+                lines.append(line.rstrip("\n"))
+                on_line(line)
         code = popen.wait()
     if result is not None:
         path = Path(result)
         summary = json.loads(path.read_text()) if code == 0 and path.is_file() else None
     else:
         summary = next((json.loads(ln) for ln in reversed(lines) if ln.startswith("{")), None)
-    return LaunchResult(returncode=code, summary=summary, lines=lines)
+    return LaunchResult(returncode=code, summary=summary, lines=lines, signum=forwarded.signum)
+
+
+@contextmanager
+def forward_stop_signals(child) -> Iterator[StopRequest]:
+    """While ``child`` (the launcher of the ranks) runs, SIGTERM / SIGUSR1 sent to this process
+    (Slurm, Kubernetes, ``kill``) go on to it instead of ending this process: torchrun passes
+    them to the ranks, which finish their step and save. Yields the request (``signum``: the
+    signal received, 0 if none)."""
+    stop = StopRequest()
+
+    def forward(signum: int, frame: object) -> None:
+        stop.signum = stop.signum or signum
+        with contextlib.suppress(ProcessLookupError):  # torchrun passes SIGTERM on (not USR1)
+            child.send_signal(signal.SIGTERM)
+
+    stop.handler = forward
+    with stop:
+        yield stop
 
 
 def prepare_training(

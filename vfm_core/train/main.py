@@ -44,6 +44,7 @@ from vfm_core.tracking import (
 from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.mlflow_backlog import BACKLOG_FILE
+from vfm_core.train.preempt import Preempted, StopRequest
 from vfm_core.train.trainer import Trainer, resolve_device
 
 
@@ -160,6 +161,12 @@ def _train(
     path = None
     if resume:  # any layout: DCP reshards the saved tensors into this one
         path = load_trainer(ckpt, trainer, ckpt.choose(resume_from), verified=True)
+        if is_rank0() and (gone := ckpt.remove_leftovers()):  # saves killed while writing
+            names = ", ".join(p.name for p in gone)
+            print(
+                f"removed {len(gone)} unfinished save(s) of an earlier attempt: {names}",
+                file=sys.stderr,
+            )
         run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
         if is_rank0():
             print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
@@ -216,7 +223,13 @@ def _train(
     def save(tr: Trainer) -> None:
         save_trainer(ckpt, tr, meta={"mlflow_run_id": shared_run_id})
 
-    last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out)
+    with StopRequest(trainer.device) as stop:  # SIGTERM / SIGUSR1: save after this step
+        try:
+            last = fit_and_close(trainer, loggers, checkpoint=save, mlflow=mlf, out=out, stop=stop)
+        except Preempted as e:
+            ckpt.wait()  # the stop's checkpoint written on every rank
+            e.checkpoint = str(ckpt.written or "")
+            raise
     ckpt.wait()  # the last asynchronous save finished on every rank
     # where the weights of this run are: the checkpoint it wrote last, else the one it resumed
     # from (not ckpt.latest(): a newer checkpoint of an older attempt may lie beside them)
@@ -297,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: the launcher says it once
         return 130
+    except Preempted as e:  # SIGTERM / SIGUSR1: saved; one line, the signal's status
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"vfm train: {e}", file=sys.stderr)
+        return e.exit_code
     if int(os.environ.get("RANK", "0")) == 0:  # the group is gone: torchrun's rank says
         final = {k: v for k, v in summary.items() if k != "metrics"}
         print(json.dumps(final | {"final": summary["metrics"]}))

@@ -400,14 +400,20 @@ def _system_metrics_monitor(run_id: str, uri: str):
 
 
 def fit_and_close(
-    trainer, loggers: list, *, checkpoint, mlflow: MLflowLogger | None, out: Path
+    trainer, loggers: list, *, checkpoint, mlflow: MLflowLogger | None, out: Path, stop=None
 ) -> dict[str, float]:
-    """Run ``trainer.fit`` and close every logger whatever happens; the MLflow run gets the run's
-    config and metrics file as artifacts and ends FINISHED or FAILED."""
+    """Run ``trainer.fit`` (``stop``: its :class:`~vfm_core.train.preempt.StopRequest`) and close
+    every logger whatever happens; the MLflow run gets the run's config and metrics file as
+    artifacts and ends FINISHED, KILLED (preempted: it goes on with ``--resume``) or FAILED."""
+    from vfm_core.train.preempt import Preempted
+
     status = "FAILED"
     try:
-        last = trainer.fit(loggers=loggers, checkpoint=checkpoint)
+        last = trainer.fit(loggers=loggers, checkpoint=checkpoint, stop=stop)
         status = "FINISHED"
+    except Preempted:
+        status = "KILLED"
+        raise
     finally:
         for lg in loggers:
             if lg is mlflow:

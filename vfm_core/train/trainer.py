@@ -69,6 +69,7 @@ from vfm_core.train.optim import (
     optimizer_state,
     restore_schedule,
 )
+from vfm_core.train.preempt import Preempted, StopRequest
 
 __all__ = ["Trainer", "TrainingDiverged", "resolve_device"]
 
@@ -404,9 +405,11 @@ class Trainer:
             **({"captions_cut": self.captions_cut} if hasattr(self.source, "captions_cut") else {}),
         }
 
-    def fit(self, *, loggers: list, checkpoint=None) -> dict[str, float]:
+    def fit(self, *, loggers: list, checkpoint=None, stop: StopRequest | None = None) -> dict:
         """Train until ``train.steps``; log every ``log_every``; checkpoint every ``ckpt_every``
-        and at the end. Returns the last logged metrics."""
+        and at the end. Returns the last logged metrics. ``stop``: a signal asked the run to
+        stop (:mod:`vfm_core.train.preempt`): the step in progress finishes on every rank, is
+        checkpointed, and :class:`Preempted` is raised."""
         t = self.cfg.train
         last: dict[str, float] = {}
         while self.step < t.steps:
@@ -419,8 +422,12 @@ class Trainer:
                 last = self.metrics(out, step_time=dt, data_time=t_data)
                 for lg in loggers:
                     lg.log(self.step, last)
-            if checkpoint is not None and (self.step % t.ckpt_every == 0 or self.step == t.steps):
+            due = self.step % t.ckpt_every == 0 or self.step == t.steps
+            signum = stop.agreed() if stop is not None else 0
+            if checkpoint is not None and (due or signum):
                 checkpoint(self)
+            if signum:
+                raise Preempted(signum, self.step)
         return last
 
 
