@@ -4,8 +4,8 @@ filter; retried, resumable) -> validated manifests.
 Thin by design: parameters are a pydantic model (a form in the Prefect UI). With executor
 "local" each video is one task run, so a crash loses at most the videos in flight; with "ray"
 one task runs all videos through Ray Data (a local instance, or the cluster at `ray_address`),
-which balances workers across stages and nodes. Either way a rerun skips finished videos. Never
-imports torch.
+which balances workers across stages and nodes. Either way a rerun skips finished videos. The
+flow holds DST's writer lock while its tasks run (one writer per DST). Never imports torch.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
 from vfm_core.curate.inputs import check_paths
 from vfm_core.curate.semdedup import SemDedupConfig
+from vfm_core.output_lock import output_lock
 
 _D = CurateConfig()
 """The curation defaults (shared with `vfm curate`): the form's defaults come from here."""
@@ -100,9 +101,15 @@ class CurateParams(Form):
 @flow(name="curate", log_prints=True)
 def curate_flow(params: CurateParams) -> dict[str, Any]:
     cfg = params.config().to_dict()
-    dst = params.dst
-    check_paths(params.src, dst)  # before any work: both given, DST a directory outside SRC
+    out = check_paths(params.src, params.dst)  # before any work: both given, DST outside SRC
     refs = discover_task(params.src)
+    with output_lock(out, what="dst"):  # one writer per DST: the flow's tasks write it for it
+        return _curate(params, refs, cfg)
+
+
+def _curate(params: CurateParams, refs: list[dict[str, str]], cfg: dict[str, Any]) -> dict:
+    """The tasks of the flow, DST's writer lock held."""
+    dst = params.dst
     if params.executor == "ray":
         results = curate_ray_task(
             refs, dst, cfg, address=params.ray_address, recaption=params.recaption

@@ -18,6 +18,7 @@ and shard index as MLflow dataset inputs). Never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core import storage
 from vfm_core.config import ConfigError, TrackingConfig
 from vfm_core.curate.config import CurateConfig
+from vfm_core.output_lock import LOCK_FILE, output_lock
 from vfm_core.pipeline_report import headline_metrics
 from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri
 
@@ -280,7 +282,9 @@ def train_stage(
     contents of the latents and the tokenizer it trains on. It runs only when no finished run
     matches, so a checkpoint folder already there is stale: it trains from scratch."""
     params.to_config()  # a bad form fails here, before an earlier run is removed
-    _remove_earlier_run(Path(params.out_dir))
+    out = Path(params.out_dir)
+    with output_lock(out, what="out_dir"):  # never the folder of a run another process writes
+        _remove_earlier_run(out)
     summary = train_flow(params, parent_run_id=parent_run_id)
     if summary.get("mlflow_run_id"):
         lineage_task(
@@ -307,16 +311,24 @@ def _remove_earlier_run(out: Path) -> None:
         return
     if not out.is_dir():
         raise ValueError(f"{out} is a file, not the training run's folder: move it away")
+    found = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)  # the lock: the caller's
+    if not found:
+        return
     if not any((out / mark).exists() for mark in RUN_MARKS):
-        found = sorted(p.name for p in out.iterdir())
-        if found:
-            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-            raise ValueError(
-                f"{out} holds files that are not a training run's ({shown}); the train stage "
-                "would replace them: move them away or choose another work_dir"
-            )
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise ValueError(
+            f"{out} holds files that are not a training run's ({shown}); the train stage "
+            "would replace them: move them away or choose another work_dir"
+        )
     print(f"stage train: {out} holds an earlier run (other inputs, or stopped), starting over")
-    shutil.rmtree(out)
+    for name in found:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    with contextlib.suppress(OSError):  # empty unless the caller holds its writer lock
+        out.rmdir()
 
 
 @task(

@@ -46,17 +46,24 @@ def train_model(
     cfg = with_degrees(cfg, **(degrees or {}))
     out = Path(out_dir)
     if launcher == "slurm":
-        # what every launch does first, for the whole job: the layout over nnodes x nproc ranks
-        # checked, out checked, out/run.yaml written (Slurm's ranks read the degrees from it)
-        cfg_path = prepare_training(cfg, out, world_size=nproc * nnodes, max_restarts=max_restarts)
+        from vfm_core.output_lock import lock_env
         from vfm_core.train.slurm import SlurmOptions, submit_training
 
-        env = {"MLFLOW_RUN_ID": mlflow_run_id} if mlflow_run_id else {}
-        opts = SlurmOptions.from_env(
-            nodes=nnodes, nproc_per_node=nproc, max_restarts=max_restarts, extra_env=env
-        )
-        logger.info("submitting to Slurm: %d node(s) x %d process(es)", nnodes, nproc)
-        job = submit_training(cfg_path, out, options=opts, resume=resume)
+        # what every launch does first, for the whole job: the layout over nnodes x nproc ranks
+        # checked, out checked and locked while the job runs (this task waits for it; its ranks
+        # told so), out/run.yaml written (Slurm's ranks read the degrees from it)
+        with prepare_training(
+            cfg, out, world_size=nproc * nnodes, max_restarts=max_restarts
+        ) as cfg_path:
+            env = {"MLFLOW_RUN_ID": mlflow_run_id} if mlflow_run_id else {}
+            opts = SlurmOptions.from_env(
+                nodes=nnodes,
+                nproc_per_node=nproc,
+                max_restarts=max_restarts,
+                extra_env=lock_env(out, env),
+            )
+            logger.info("submitting to Slurm: %d node(s) x %d process(es)", nnodes, nproc)
+            job = submit_training(cfg_path, out, options=opts, resume=resume)
         logger.info("Slurm job %s %s, log %s", job.job_id, job.state, job.log)
         if job.summary is None:
             raise RuntimeError(f"Slurm job {job.job_id} wrote no summary line (log {job.log})")

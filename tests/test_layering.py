@@ -69,6 +69,7 @@ VFM_CORE_LAYERS = [
         "infra_env",
         "geometry",
         "errors",
+        "output_lock",
         "cli_types",
         "progress",
     ),

@@ -6,6 +6,7 @@
     DST/videos.parquet          VideoManifest of the readable inputs
     DST/_state/{key}.json       one per finished input video: its clip and reject rows
     DST/_pending/               clips of unfinished videos, only while a run is going
+    DST/.vfm-writer.lock        who is writing DST, only while a run is going (one at a time)
 
 Resumability: a video is finished when all of its final items arrived; its clips are then
 committed (moved from DST/_pending, where the encoder writes them, to DST/clips) and its state
@@ -15,10 +16,12 @@ the few renames just before a state write excepted: the rerun curates that video
 skips inputs whose state file matches (same source, size and settings) and re-runs the rest; clip
 ids are deterministic, so a clip committed before a crash is overwritten, never duplicated.
 Inputs that failed to be read (stage "read", e.g. a transient S3 error) are not marked finished
-and are retried. The manifests are rebuilt from the state files of the current inputs, so
-accepted ∪ rejected = inputs, always; and within each probed input, its clips and rejects
-together cover its whole duration (`coverage`: a short shot, a transition, a filtered
-clip is a reject row with its start / end seconds and reason; the summary counts those seconds).
+and are retried. One run writes DST at a time (:mod:`vfm_core.output_lock`): a second is
+refused in one line naming the first. The manifests are rebuilt from the state files of the
+current inputs, so accepted ∪ rejected = inputs, always; and within each probed input, its clips
+and rejects together cover its whole duration (`coverage`: a short shot, a transition, a
+filtered clip is a reject row with its start / end seconds and reason; the summary counts those
+seconds).
 
 A damaged state file (truncated, corrupt bytes, not a state object) never stops a run: it is
 reported in one warning line and rebuilt from the manifests of the last finished run when
@@ -68,6 +71,7 @@ from vfm_core.curate.recaption import recaption_all
 from vfm_core.curate.records import AnnotatedClip, Item, ProbedVideo, RejectRow, VideoRef
 from vfm_core.curate.semdedup import SemDedupConfig, find_duplicates
 from vfm_core.curate.stages import CurateConfig, build_stages
+from vfm_core.output_lock import output_lock
 
 log = logging.getLogger(__name__)
 
@@ -436,6 +440,24 @@ def curate(
     refs = discover_videos(src) if refs is None else refs
     if not refs:
         raise storage.StorageError(str(src), "no videos given to curate (an empty subset)")
+    # one writer per DST: a second run into it is refused before it reads or removes anything
+    with output_lock(dst, what="DST"):
+        return _curate_locked(
+            refs, dst, cfg=cfg, ex=ex, progress=progress, recaption=recaption, t0=t0
+        )
+
+
+def _curate_locked(
+    refs: list[VideoRef],
+    dst: str,
+    *,
+    cfg: CurateConfig,
+    ex: Executor,
+    progress: bool | None,
+    recaption: bool,
+    t0: float,
+) -> dict[str, Any]:
+    """:func:`curate` once DST's writer lock is held: skip, recaption, process, assemble."""
     states: dict[str, dict] = {}
     todo = []
     for r in refs:

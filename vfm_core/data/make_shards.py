@@ -25,6 +25,7 @@ from vfm_core.data.shards import (
     verify_shards,
     write_shards,
 )
+from vfm_core.output_lock import output_lock
 
 MANIFEST = "clips.parquet"
 
@@ -56,7 +57,9 @@ def shard_clips_dir(
     earlier run into ``shards_dir`` that the new, verified index does not list are removed
     (``stale_shards_removed``: only names ``shard-NNNNNN.tar``, as the writer names them).
     ``text_mode``: ``tokens`` stores per-token caption embeddings (L, D), ``pooled`` one vector;
-    the index meta ``text`` records the encoder and its null (empty-caption) embedding."""
+    the index meta ``text`` records the encoder and its null (empty-caption) embedding. One
+    writer per ``shards_dir`` (:mod:`vfm_core.output_lock`): a second is refused, naming the
+    first."""
     t0 = time.perf_counter()
     check_directory(clips_dir, "CLIPS_DIR")
     check_directory(shards_dir, "SHARDS_DIR")
@@ -66,6 +69,30 @@ def shard_clips_dir(
             "holds a dataset indexed by `vfm index` (foreign tars + index.json): "
             "write the shards to another directory",
         )
+    # one writer per SHARDS_DIR: held from the first write to the removal of stale shards
+    with output_lock(shards_dir, what="SHARDS_DIR"):
+        return _shard_locked(
+            clips_dir,
+            shards_dir,
+            target_shard_mb=target_shard_mb,
+            text_model=text_model,
+            text_mode=text_mode,
+            index_format=index_format,
+            t0=t0,
+        )
+
+
+def _shard_locked(
+    clips_dir: str,
+    shards_dir: str,
+    *,
+    target_shard_mb: float,
+    text_model: str | None,
+    text_mode: str,
+    index_format: str,
+    t0: float,
+) -> dict[str, Any]:
+    """:func:`shard_clips_dir` once the writer lock of ``shards_dir`` is held."""
     clips = read_clips_manifest(clips_dir)
     encoder = TextEncoder(TextSpec(model=text_model, mode=text_mode))
     cfg = ShardWriterConfig(target_shard_bytes=int(target_shard_mb * (1 << 20)))

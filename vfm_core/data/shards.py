@@ -51,6 +51,7 @@ from vfm_core.data.shard_reader import (  # noqa: F401  (re-exported: the readin
     sample_checksum,
     verify_shards,
 )
+from vfm_core.output_lock import output_lock
 from vfm_core.progress import Progress
 
 KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -269,8 +270,34 @@ def write_shards(
     does at least); one that does not decode is left out and listed in the index meta
     ``rejected`` (clip_id, uri, reason). Frame count and size come from the manifest
     (``n_frames``, ``height``, ``width``) or, when absent, from that probe. ``index_format``:
-    ``json`` (schema 1) or ``parquet`` (columnar, see :mod:`vfm_core.data.columnar`).
+    ``json`` (schema 1) or ``parquet`` (columnar, see :mod:`vfm_core.data.columnar`). One writer
+    per ``out_url`` (:mod:`vfm_core.output_lock`): a second is refused, naming the first.
     """
+    with output_lock(out_url, what="shards folder"):
+        return _write_shards(
+            clips,
+            out_url,
+            embed=embed,
+            config=config,
+            latents=latents,
+            base_url=base_url,
+            meta=meta,
+            index_format=index_format,
+        )
+
+
+def _write_shards(
+    clips: pd.DataFrame,
+    out_url: str,
+    *,
+    embed: Embedder,
+    config: ShardWriterConfig | None,
+    latents: dict[str, np.ndarray] | None,
+    base_url: str | None,
+    meta: dict[str, Any] | None,
+    index_format: str,
+) -> DatasetIndex:
+    """:func:`write_shards` once the writer lock of ``out_url`` is held."""
     from vfm_core.video.io import VideoError, probe
 
     cfg = config or ShardWriterConfig()

@@ -33,6 +33,7 @@ from vfm_core import storage
 from vfm_core.data.index import DatasetIndex, read_index, write_index
 from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
 from vfm_core.data.shards import ShardWriter, npy_bytes
+from vfm_core.output_lock import output_lock
 from vfm_core.progress import Progress
 from vfm_core.tokenizer.autoencoder import TokenizerShapeError
 from vfm_core.video.io import VideoError, decode_frames
@@ -77,14 +78,23 @@ def encode_shards(
 ) -> EncodeShardsResult:
     """Write a copy of the shard dataset ``src`` under ``dst`` with latents (module docstring);
     a progress line every few seconds through :mod:`logging` (:class:`vfm_core.progress.Progress`).
+    One writer per ``dst`` (:mod:`vfm_core.output_lock`): a second is refused, naming the first.
     """
+    if storage.join(src, "") == storage.join(dst, ""):
+        raise ShardError(dst, "the output directory must differ from the source shards")
+    with output_lock(dst, what="shards folder"):
+        return _encode_shards(src, dst, tokenizer=tokenizer, overwrite=overwrite)
+
+
+def _encode_shards(
+    src: str, dst: str, *, tokenizer: str | Path, overwrite: bool
+) -> EncodeShardsResult:
+    """:func:`encode_shards` once the writer lock of ``dst`` is held."""
     import time
 
     from vfm_core.tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
-    if storage.join(src, "") == storage.join(dst, ""):
-        raise ShardError(dst, "the output directory must differ from the source shards")
     index = read_index(src)
     tok = load_tokenizer(tokenizer)
     rows: list[dict[str, Any]] = []

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from vfm_core.config import ConfigError
+from vfm_core.output_lock import output_lock
 from vfm_core.progress import Progress
 from vfm_core.recipes import FSQ_L2
 from vfm_core.tokenizer.autoencoder import pixels_from_uint8
@@ -92,7 +93,9 @@ def train_tokenizer_on_shards(
     """Train ``preset`` on the shards' clips; write the tokenizer to ``out_dir``. Its PSNR / SSIM
     are measured on ``held_out`` crops drawn with another seed (16: two crops say little; a crop
     may miss the object and make the mean-colour baseline look strong).
-    ``fsq_levels``: make it discrete with these FSQ levels (:func:`discrete_variant`)."""
+    ``fsq_levels``: make it discrete with these FSQ levels (:func:`discrete_variant`). One
+    writer per ``out_dir`` (:mod:`vfm_core.output_lock`): a second is refused, naming the first.
+    """
     cfg = get_tokenizer_config(preset)
     if fsq_levels is not None:
         cfg = discrete_variant(cfg, fsq_levels)
@@ -102,6 +105,39 @@ def train_tokenizer_on_shards(
             f"tokenizer {preset}: frames must be 1 + {ct}k and size a positive multiple of {cs}, "
             f"got frames={frames}, size={size}"
         )
+    with output_lock(out_dir, what="--out"):
+        return _train_locked(
+            cfg,
+            shards,
+            out_dir,
+            frames=frames,
+            size=size,
+            steps=steps,
+            batch_size=batch_size,
+            held_out=held_out,
+            seed=seed,
+            lr=lr,
+            max_batches=max_batches,
+            progress=progress,
+        )
+
+
+def _train_locked(
+    cfg: TokenizerConfig,
+    shards: str,
+    out_dir: str | Path,
+    *,
+    frames: int,
+    size: int,
+    steps: int,
+    batch_size: int,
+    held_out: int,
+    seed: int,
+    lr: float,
+    max_batches: int,
+    progress: bool | None,
+) -> TokenizerTrainMetrics:
+    """:func:`train_tokenizer_on_shards` once the writer lock of ``out_dir`` is held."""
     from vfm_core.data.index import read_index
 
     # decode every clip once and cycle the decoded batches (decoding dominates otherwise); a

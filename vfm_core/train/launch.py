@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,24 +258,38 @@ def forward_stop_signals(child) -> Iterator[StopRequest]:
         yield stop
 
 
+@contextmanager
 def prepare_training(
-    cfg, out: str | Path, *, world_size: int, max_restarts: int = 0, name: str = "run.yaml"
-) -> Path:
+    cfg,
+    out: str | Path,
+    *,
+    world_size: int,
+    max_restarts: int = 0,
+    name: str = "run.yaml",
+    hold_lock: bool = True,
+) -> Iterator[Path]:
     """Everything before a training run's ranks start, wherever they start (this node, or the
-    Slurm template): the layout over ``world_size`` ranks and the restarts checked (one clear
-    error, nothing started), ``out`` checked writable, and the run config written there as
-    ``name`` (the layout's degrees included: every rank reads them from it). Returns its path."""
+    Slurm template), held for the block in which they run: the layout over ``world_size`` ranks
+    and the restarts checked (one clear error, nothing started), ``out`` checked writable, its
+    writer lock taken (:mod:`vfm_core.output_lock`; a second run into ``out`` is refused here;
+    ``hold_lock`` False: the launcher of node 0 holds it), and the run config written there as
+    ``name`` (the layout's degrees included: every rank reads them from it). Yields its path;
+    start the ranks with :func:`~vfm_core.output_lock.lock_env` so that rank 0 knows its launcher
+    holds the lock."""
     from vfm_core.config import save_yaml
+    from vfm_core.output_lock import output_lock
     from vfm_core.parallel.layout import validate_layout
     from vfm_core.train.main import check_out_dir, check_restartable
 
     validate_layout(cfg, world_size)
     check_restartable(cfg, max_restarts)
     out = Path(out)
+    new = not out.exists()
     check_out_dir(out)  # a file, or a read-only place: one line naming --out, nothing started
-    config = out / name
-    save_yaml(cfg, config)
-    return config
+    with output_lock(out, what="--out", new=new) if hold_lock else nullcontext():
+        config = out / name
+        save_yaml(cfg, config)
+        yield config
 
 
 def launch_training(
@@ -291,17 +305,25 @@ def launch_training(
 ) -> LaunchResult:
     """The one way a run is launched on this node (``vfm train --nproc``, the Prefect training
     task; the Slurm path of that task prepares the run with :func:`prepare_training` and the
-    cluster template runs the same entry point): :func:`prepare_training`, the rendezvous waited
-    for on joining nodes, then the entry point started (:func:`run_launch`)."""
+    cluster template runs the same entry point): :func:`prepare_training` (node 0 holding the
+    run's writer lock until its ranks end), the rendezvous waited for on joining nodes, then the
+    entry point started (:func:`run_launch`)."""
+    from vfm_core.output_lock import lock_env
+
     name = f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else "run.yaml"
-    config = prepare_training(
-        cfg, out, world_size=launch.world_size, max_restarts=launch.max_restarts, name=name
-    )
-    wait_for_rendezvous(launch)
-    argv = entry_argv(
-        launch, config=config, out=out, resume=resume, resume_from=resume_from, debug=debug
-    )
-    return run_launch(argv, env=env, on_line=on_line)
+    with prepare_training(
+        cfg,
+        out,
+        world_size=launch.world_size,
+        max_restarts=launch.max_restarts,
+        name=name,
+        hold_lock=launch.node_rank == 0,
+    ) as config:
+        wait_for_rendezvous(launch)
+        argv = entry_argv(
+            launch, config=config, out=out, resume=resume, resume_from=resume_from, debug=debug
+        )
+        return run_launch(argv, env=lock_env(out, env), on_line=on_line)
 
 
 GENERATE_ENTRY = "vfm_core.infer.main"

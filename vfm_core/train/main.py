@@ -11,13 +11,16 @@ Rank 0 writes ``DIR/config.yaml``, ``DIR/metrics.jsonl`` (the global-batch loss 
 run); every rank takes part in checkpoints. The last stdout line of rank 0 is the JSON summary.
 ``--resume`` continues from the newest intact checkpoint (damaged ones are skipped with one
 warning line each); ``--resume-from`` names one. Before any work every rank checks that ``--out``
-is (or can be made) a directory it can write. Errors a user can cause are one line (exit code
-2); ``--debug`` adds the traceback of the library error behind it.
+is (or can be made) a directory it can write, and rank 0 holds ``--out``'s writer lock
+(:mod:`vfm_core.output_lock`; a launcher that started the ranks holds it for them): a second run
+into the same ``--out`` is refused while this one runs. Errors a user can cause are one line
+(exit code 2); ``--debug`` adds the traceback of the library error behind it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -31,6 +34,7 @@ import torch.distributed as dist
 from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, validate
 from vfm_core.errors import UserError
+from vfm_core.output_lock import output_lock
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, exit_process, init_world, is_rank0
 from vfm_core.tracking import (
@@ -112,6 +116,24 @@ def run_training(
     validate(cfg)
     out = Path(out_dir)
     refuse_non_directory(out)  # before "--resume: no checkpoint under FILE/checkpoints"
+    new = not out.exists()
+    check_out_dir(out)  # every rank writes checkpoint files there
+    # one writer per run: rank 0 holds the lock (unless its launcher does) before any check
+    # reads the run's checkpoints, so a second run into --out is refused, not half-checked
+    rank0 = os.environ.get("RANK", "0") == "0"
+    with output_lock(out, what="--out", new=new) if rank0 else contextlib.nullcontext():
+        return _checked_run(cfg, out, resume=resume, progress=progress, resume_from=resume_from)
+
+
+def _checked_run(
+    cfg: Config,
+    out: Path,
+    *,
+    resume: bool,
+    progress: bool,
+    resume_from: str | Path | None,
+) -> dict[str, Any]:
+    """The checks of what ``out`` holds against ``resume`` / ``resume_from``, then the run."""
     ckpt = CheckpointManager(out, keep=cfg.train.keep_ckpts, async_save=cfg.train.async_checkpoint)
     saved = ckpt.candidates()  # finished or not; verified after the process group exists
     if restart_count() > 0:  # torchrun restarted the job after a rank died: continue, if possible
@@ -135,7 +157,6 @@ def run_training(
             f"{out} already holds checkpoints (latest {saved[-1].name}): pass --resume to "
             "continue, or choose a new --out"
         )
-    check_out_dir(out)  # every rank writes checkpoint files there
     if cfg.tracking.mlflow and os.environ.get("RANK", "0") == "0":  # rank 0 logs
         open_tracking_store(cfg.tracking)  # a store it cannot use: one line before any work
     created = init_world(resolve_device(cfg.train.device))
