@@ -159,8 +159,18 @@ def _train_deployment(env: dict) -> dict:
 @pytest.mark.slow
 def test_one_store_when_servers_run(servers, tmp_path):
     """With the servers of `make up` running, `vfm train` in a plain shell (no env.sh sourced)
-    logs to the MLflow server, and `make status` finds the ports `make up` chose."""
+    logs to the MLflow server, and `make status` finds the ports `make up` chose. The MLflow
+    server keeps its own host check (a DNS-rebinding page is refused)."""
+    import urllib.error
+    import urllib.request
+
     import mlflow
+
+    search = f"{servers['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1"
+    req = urllib.request.Request(search, headers={"Host": "evil.example.com"})  # not /health
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=60)
+    assert refused.value.code == 403
 
     from vfm_core.infra_env import SERVICE_VARS
 
