@@ -12,6 +12,7 @@ PUT is atomic by itself).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,10 @@ import fsspec
 from vfm_core.errors import UserError
 
 _CHUNK = 1 << 20
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+"""The errno of a write that met a full disk or quota: the store, not the input, failed."""
 
 
 class StorageError(UserError, OSError):

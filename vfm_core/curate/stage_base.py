@@ -12,7 +12,6 @@ Stages are plain picklable objects: the same instances run in-process or inside 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import tempfile
@@ -36,7 +35,6 @@ from vfm_core.curate.records import (
 from vfm_core.video.container import VideoError
 
 _USER_ERRORS = (VideoError, storage.StorageError, OSError, ValueError, av.FFmpegError)
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @runtime_checkable
@@ -79,7 +77,7 @@ class _MapStage:
                     raise  # the store failed, not the input: fail the run (retry/resume)
                 out.append(self._reject(item, e))
             except _USER_ERRORS as e:
-                if getattr(e, "errno", None) in _DISK_FULL:  # the store, not the video: fail
+                if getattr(e, "errno", None) in storage.DISK_FULL:  # the store, not the video: fail
                     # the run; the video gets no finished state and is curated on the next run
                     raise storage.StorageError(self.dst, f"disk full ({e})") from None
                 out.append(self._reject(item, e))

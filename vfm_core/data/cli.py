@@ -5,7 +5,6 @@ indexed in place): their flags and their runs. Bad input raises the data layer's
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import shutil
 import sys
@@ -141,7 +140,7 @@ def run_shard(args: argparse.Namespace) -> int:
             index_format=args.index_format,
         )
     except OSError as e:
-        if e.errno not in DISK_FULL or before is None:
+        if e.errno not in storage.DISK_FULL or before is None:
             raise
         raise _disk_full(args.shards_dir, before, e) from None
     if args.json:
@@ -163,9 +162,6 @@ def run_shard(args: argparse.Namespace) -> int:
     )
     _say_some(summary["stale_shards_removed"], "shards of an earlier run removed", str)
     return 0
-
-
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _local_files(url: str) -> set[Path] | None:
