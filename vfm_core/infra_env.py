@@ -92,10 +92,14 @@ def _record_problem(record: object) -> str | None:
     return None
 
 
-def pid_alive(pid: int) -> bool:
-    """Running (a zombie is not)."""
+def pid_alive(pid: object) -> bool:
+    """Running (a zombie is not; another user's process is); not a positive int: False."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
+    except PermissionError:  # another user's process
+        return True
     except (OSError, OverflowError):
         return False
     try:

@@ -40,6 +40,7 @@ from datetime import datetime
 from pathlib import Path
 
 from vfm_core.errors import UserError
+from vfm_core.infra_env import pid_alive
 
 LOCK_FILE = ".vfm-writer.lock"
 """The lock file's name inside the output folder."""
@@ -93,18 +94,6 @@ def _read_record(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data else None
-
-
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _open_locked(path: Path, what: str, folder: Path) -> int | None:
@@ -167,7 +156,7 @@ def _take_over(fd: int, what: str, folder: Path) -> None:
         old = {"command": "an unreadable record"}
     if not old:
         return
-    if old.get("host") == socket.gethostname() and not _pid_alive(old.get("pid")):
+    if old.get("host") == socket.gethostname() and not pid_alive(old.get("pid")):
         gone = f"pid {old.get('pid')} is not running"
     else:
         gone = "it no longer holds the lock"
