@@ -66,7 +66,7 @@ def _worker(rank: int, world: int, recipe: str, depth: int, mode: str) -> dict:
     empty = _rss()
     cfg = _config(recipe, depth, world)
     if mode == "before":  # the old order: whole model + deep-copied EMA on every rank, then shard
-        from vfm_core.models.dit import build_model
+        from vfm_core.families import build_model
         from vfm_core.parallel.dims import ParallelDims
         from vfm_core.parallel.parallelize import parallelize_dit
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vfm_core.config import apply_overrides  # noqa: E402
 from vfm_core.data.samples import TrainBatch  # noqa: E402
+from vfm_core.families import build_model, family_of  # noqa: E402
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8  # noqa: E402
 from vfm_core.models.layers import set_attention_backend  # noqa: E402
 from vfm_core.models.te_adapter import resolve_attention_backend  # noqa: E402
@@ -43,7 +44,6 @@ from vfm_core.perf.flops import train_flops_per_token  # noqa: E402
 from vfm_core.perf.hardware import peak_flops  # noqa: E402
 from vfm_core.recipes import get_recipe  # noqa: E402
 from vfm_core.train.ema import EMA  # noqa: E402
-from vfm_core.train.objectives import make_objective  # noqa: E402
 from vfm_core.train.optim import build_optimizer  # noqa: E402
 
 LATENT = {8192: (8, 64, 64), 16384: (8, 64, 128), 32768: (8, 128, 128), 65536: (16, 128, 128)}
@@ -75,7 +75,7 @@ def run(
     dims = validate_layout(cfg, 1)
     dims.build_mesh(device.type)
     m = cfg.model
-    obj = make_objective(
+    obj = family_of(cfg).objective(
         cfg,
         draws=StepRNG(seed=1),
         device=device,
@@ -84,7 +84,9 @@ def run(
         null_length=1,
         tensor_parallel=False,
     )
-    layout = apply_layout(cfg, dims, device=device, loss_fn=obj.loss, fp8=use_fp8)
+    layout = apply_layout(
+        cfg, dims, build=build_model, device=device, loss_fn=obj.loss, fp8=use_fp8
+    )
     model = layout.parts[0]
     params = [p for _, p in layout.named_parameters()]
     opt, _ = build_optimizer(params, cfg.optim, 100)

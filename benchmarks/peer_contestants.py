@@ -240,7 +240,7 @@ def dit_contestants(args: argparse.Namespace, dit_mod: types.ModuleType | None) 
     tokens, QK-norm, AdaLN-LoRA) and ``matched`` to the peer (:data:`MATCHED`, AdaLN-Zero), each
     in a plain loop and through vfm's trainer; the peer in its plain loop."""
     from vfm_core.config import apply_overrides
-    from vfm_core.models.dit import build_model
+    from vfm_core.families import build_model
     from vfm_core.recipes import get_recipe
 
     w, b = args.width, 8
@@ -336,8 +336,8 @@ def nanogpt(args: argparse.Namespace, gpt_mod: types.ModuleType, n: int, vocab: 
 
 
 def ar_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType) -> list:
+    from vfm_core.families import build_model
     from vfm_core.models.ar import next_token_loss
-    from vfm_core.models.dit import build_model
 
     b, grid, dev = AR_BATCH, AR_GRID, device_of(args)
     n, g = int(np.prod(grid)), torch.Generator().manual_seed(1)
@@ -412,8 +412,8 @@ def sampler_contestants(args: argparse.Namespace) -> list:
     in one batch, the objective's preconditioning) vs a bare loop of exactly the model calls it
     made (recorded once: the same inputs, replayed under ``no_grad``)."""
     from vfm_core.config import apply_overrides
+    from vfm_core.families import build_model
     from vfm_core.infer.generate import sample_latent
-    from vfm_core.models.dit import build_model
     from vfm_core.recipes import get_recipe
 
     w, steps = args.width, 24
@@ -457,8 +457,8 @@ def ar_generate_contestants(args: argparse.Namespace, gpt_mod: types.ModuleType 
     """vfm's ``sample_tokens`` (KV cache; and without it) vs nanoGPT's ``GPT.generate`` (no
     cache: the whole prefix again for every token) at the same size: width W, depth 4, vocab
     1000, 192 tokens, batch 4, temperature 1, no guidance, no top-k."""
+    from vfm_core.families import build_model
     from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
-    from vfm_core.models.dit import build_model
 
     m, b, grid, dev = ar_config(args).model, AR_BATCH, AR_GRID, device_of(args)
     n = int(np.prod(grid))

@@ -31,8 +31,8 @@ import time
 import torch
 
 from vfm_core.config import ConfigError
+from vfm_core.families import build_model
 from vfm_core.models import layers
-from vfm_core.models.dit import build_model
 from vfm_core.perf.calibrate import calibrate
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, gpu_spec
 from vfm_core.perf.memory import measure_saved_bytes, model_saved_bytes, param_count

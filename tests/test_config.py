@@ -350,8 +350,8 @@ def test_synthetic_run_checks_its_tokenizer_at_the_start(tmp_path):
     """data.tokenizer on synthetic data is kept (generation decodes with it), so a missing
     folder or one of another latent width is the run's error when its source is made, not
     the generation's at its end."""
+    from vfm_core.families.sources import make_source
     from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
-    from vfm_core.tokenizer.sources import make_source
 
     cfg = validate(apply_overrides(get_recipe("dit-tiny"), [f"data.tokenizer={tmp_path}/none"]))
     with pytest.raises(ConfigError, match=r"data.tokenizer: tokenizer weights not found: .*none"):

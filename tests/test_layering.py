@@ -53,6 +53,7 @@ VFM_CORE_LAYERS = [
     ("cli", "cli_parser", "cli_sizing", "pipeline_report"),
     ("train", "infer", "search", "curate", "registry"),
     ("perf",),
+    ("families",),
     ("parallel",),
     ("models", "diffusion", "tokenizer"),
     ("data",),

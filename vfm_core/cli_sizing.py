@@ -16,7 +16,8 @@ from vfm_core.recipes import RECIPES, get_recipe
 
 
 def cmd_flops(args: argparse.Namespace) -> int:
-    from vfm_core.models.dit import build_model, count_params
+    from vfm_core.families import build_model
+    from vfm_core.models.dit import count_params
     from vfm_core.perf.flops import train_flops_per_token
     from vfm_core.perf.planner import check_sizes
 
@@ -268,7 +269,8 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    from vfm_core.models.dit import build_model, count_params
+    from vfm_core.families import build_model
+    from vfm_core.models.dit import count_params
 
     for name in RECIPES:
         cfg = get_recipe(name)

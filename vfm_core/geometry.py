@@ -19,6 +19,7 @@ video does not outweigh an image by its token count.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,43 @@ def rope_dims(head_dim: int) -> tuple[int, int, int]:
 
 def grid_tokens(grid: Grid) -> int:
     return grid[0] * grid[1] * grid[2]
+
+
+def default_grid(seq_len: int, *, spatial_to_temporal: float = 4.0) -> Grid:
+    """A plausible token grid (t, h, w) with t·h·w == seq_len, for ST-DiT when only N is known.
+
+    Rule: t is the divisor of ``seq_len`` closest, on a log scale, to the t that solves
+    ``t · (spatial_to_temporal · t)² = seq_len``, i.e. a clip whose spatial side (in tokens) is
+    ``spatial_to_temporal`` times its temporal length; then h ≤ w is the most nearly square
+    factorisation of ``seq_len / t``. The default 4 reproduces the paper recipes: 56,320 tokens ->
+    (16, 55, 64) against the real (16, 44, 80) grid — same t and frame size, so the same ST-DiT
+    attention FLOPs. Only t and h·w matter for the count; pass the real grid when it is known.
+    """
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    target = (seq_len / spatial_to_temporal**2) ** (1 / 3)
+    divisors = [d for d in range(1, seq_len + 1) if seq_len % d == 0]
+    t = min(divisors, key=lambda d: (abs(math.log(d / target)), d))
+    s = seq_len // t
+    h = max(d for d in range(1, math.isqrt(s) + 1) if s % d == 0)
+    return (t, h, s // h)
+
+
+def sample_grids(seq_lens: list[int], grid: Grid | Sequence[Grid] | None) -> list[Grid]:
+    """One token grid per sample of ``seq_lens`` tokens: ``grid`` shared by all, one each, or
+    :func:`default_grid` of each (None); ValueError when a grid does not hold its sample."""
+    if grid is None:
+        return [default_grid(s) for s in seq_lens]
+    if len(grid) == 3 and all(isinstance(g, int) for g in grid):
+        grids = [tuple(grid)] * len(seq_lens)  # one grid shared by every sample
+    else:
+        grids = [tuple(g) for g in grid]
+    if len(grids) != len(seq_lens):
+        raise ValueError(f"{len(grids)} grids for {len(seq_lens)} sequences")
+    for s, g in zip(seq_lens, grids, strict=True):
+        if len(g) != 3 or math.prod(g) != s:
+            raise ValueError(f"grid {g} has {math.prod(g)} tokens, seq_len is {s}")
+    return grids  # type: ignore[return-value]
 
 
 @dataclass(kw_only=True, slots=True)

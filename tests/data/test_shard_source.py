@@ -14,8 +14,8 @@ from datagen import hash_embed
 from vfm_core.config import ConfigError, apply_overrides
 from vfm_core.data.shard_source import ShardLatentSource
 from vfm_core.data.shards import write_shards
+from vfm_core.families.sources import make_source
 from vfm_core.recipes import get_recipe
-from vfm_core.tokenizer.sources import make_source
 from vfm_core.train.main import run_training
 
 SMALL = [

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vfm_core.config import apply_overrides, save_yaml, to_dict, validate
-from vfm_core.models.dit import build_model
+from vfm_core.families import build_model
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
 from vfm_core.train.checkpoint import CheckpointManager

@@ -12,10 +12,10 @@ import pytest
 
 from vfm_core.config import ConfigError, apply_overrides
 from vfm_core.data.index import read_index
+from vfm_core.families.sources import make_source
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import TokenizerConfig, save_tokenizer
 from vfm_core.tokenizer.autoencoder import CausalVideoAutoencoder
-from vfm_core.tokenizer.sources import make_source
 from vfm_core.train.main import run_training
 
 

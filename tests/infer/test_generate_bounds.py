@@ -17,6 +17,7 @@ import torch
 from tests.infer.conftest import PROMPT
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides, save_yaml, to_dict, validate
+from vfm_core.families import build_model
 from vfm_core.infer import generate as gen
 from vfm_core.infer import progress
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
@@ -29,7 +30,6 @@ from vfm_core.infer.budget import (
 from vfm_core.infer.dit_checkpoint import load_dit
 from vfm_core.infer.generate import GenerateRequest, generate
 from vfm_core.infer.shapes import GenerateError, plan_latent
-from vfm_core.models.dit import build_model
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, get_tokenizer_config
 from vfm_core.train.checkpoint import CheckpointManager

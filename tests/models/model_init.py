@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from vfm_core.config import ModelConfig
-from vfm_core.models.dit import build_model
+from vfm_core.families import build_model
 
 
 def random_model(cfg: ModelConfig, *, seed: int) -> torch.nn.Module:

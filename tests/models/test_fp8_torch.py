@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from fp8_gpu import require_fp8_backend
 from torch import nn
 
+from vfm_core.families import build_model
 from vfm_core.models import fp8 as fp8_mod
-from vfm_core.models.dit import build_model
 from vfm_core.models.fp8 import (
     fp8_autocast,
     fp8_backend,

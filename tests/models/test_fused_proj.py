@@ -11,8 +11,8 @@ import torch
 from model_init import random_model
 
 from vfm_core.config import ModelConfig
+from vfm_core.families import build_model
 from vfm_core.models.attention import fuse_qkv, split_qkv
-from vfm_core.models.dit import build_model
 
 BASE = dict(in_channels=4, hidden=64, depth=2, heads=4, text_dim=16, text_len=3)
 CASES = {

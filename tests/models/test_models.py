@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from vfm_core.config import apply_overrides
+from vfm_core.families import build_model
 from vfm_core.geometry import ShapeError, patchify, unpatchify
 from vfm_core.models.attention import Attention
-from vfm_core.models.dit import DiTBlock, build_model, count_params
+from vfm_core.models.dit import DiTBlock, count_params
 from vfm_core.models.layers import apply_rope, attention, rope_3d, set_attention_backend
 from vfm_core.recipes import get_recipe
 

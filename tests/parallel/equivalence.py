@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from vfm_core.config import DiffusionConfig, ModelConfig
 from vfm_core.diffusion.edm import create_diffusion
-from vfm_core.models.dit import build_model
+from vfm_core.families import build_model
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 
@@ -178,8 +178,9 @@ def pipeline_step(
     per rank, each parallelised with ``options``) on its data-parallel slice vs the fp64
     one-process reference: {"loss_err", "grad_err", "worst", "names" of the parameters held,
     "has_loss", "pp", "sharded"}."""
+    from vfm_core.families.diffusion import diffusion_loss
+    from vfm_core.families.objective import Microbatch
     from vfm_core.parallel.pipeline import Pipeline, rank_stages, split_stage
-    from vfm_core.train.objectives import Microbatch, diffusion_loss
 
     cfg_over = {} if depth is None else {"depth": depth}
     edm, ref, model, (x0, text, sigma, noise), ref_loss = reference_step(arch, **cfg_over)

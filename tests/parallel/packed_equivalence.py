@@ -19,8 +19,8 @@ from equivalence import data_parallel_report, run_cases, seeded_pair, tiny_model
 from vfm_core.config import DiffusionConfig
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
+from vfm_core.families import build_model
 from vfm_core.geometry import pack_latents
-from vfm_core.models.dit import build_model
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 

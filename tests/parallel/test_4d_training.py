@@ -87,7 +87,7 @@ def _initial_weights_error(trainer) -> float:
     """max |gathered initial weight - one-process initial weight| over this rank's parameters."""
     from torch.distributed.tensor import DTensor
 
-    from vfm_core.models.dit import build_model
+    from vfm_core.families import build_model
 
     ref = dict(build_model(trainer.cfg.model, seed=trainer.cfg.train.seed).named_parameters())
     worst = 0.0

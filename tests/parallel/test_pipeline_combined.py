@@ -12,7 +12,7 @@ import pytest
 from equivalence import pipeline_worker, tiny_model_cfg
 from parallel_harness import run_ranks
 
-from vfm_core.models.dit import build_model
+from vfm_core.families import build_model
 
 TOL = 1e-9
 FSDP = dict(pp=2, dp_shard=2)

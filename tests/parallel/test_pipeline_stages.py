@@ -12,7 +12,8 @@ from equivalence import pipeline_worker, tiny_model_cfg
 from parallel_harness import run_ranks
 
 from vfm_core.config import ConfigError
-from vfm_core.models.dit import DiT, build_model
+from vfm_core.families import build_model
+from vfm_core.models.dit import DiT
 from vfm_core.parallel.pipeline import replicated, split_stage, stage_blocks
 
 TOL = 1e-9

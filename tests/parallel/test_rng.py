@@ -68,7 +68,7 @@ def test_bad_rng_inputs_are_named():
 def _worker_init(rank, world):
     from equivalence import tiny_model_cfg
 
-    from vfm_core.models.dit import build_model
+    from vfm_core.families import build_model
     from vfm_core.parallel.dims import ParallelDims
     from vfm_core.parallel.parallelize import parallelize_dit
 

@@ -18,11 +18,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from vfm_core.config import ModelConfig
+from vfm_core.families import build_model
+from vfm_core.geometry import default_grid
 from vfm_core.models import layers
-from vfm_core.models.dit import build_model
 from vfm_core.perf.flops import (
     COMPONENTS,
-    default_grid,
     forward_flops,
     param_count,
     train_flops,

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from vfm_core.config import ModelConfig
+from vfm_core.families import build_model
 from vfm_core.models import layers
-from vfm_core.models.dit import build_model, count_params
+from vfm_core.models.dit import count_params
 from vfm_core.perf.memory import (
     FRAMEWORK_OVERHEAD_GIB,
     USABLE_FRACTION,

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from vfm_core.config import ConfigError
+from vfm_core.geometry import default_grid
 from vfm_core.parallel.context import seq_chunk
 from vfm_core.parallel.layout import validate_layout
 from vfm_core.parallel.parallelize import _check
-from vfm_core.perf.flops import default_grid
 from vfm_core.perf.hardware import gpu_spec
 from vfm_core.perf.layout_rules import check_layout, global_batch, trainer_config
 from vfm_core.perf.planner import Layout, plan
@@ -193,7 +193,8 @@ def test_sequence_split_is_refused_by_config_and_planner_exactly_where_the_train
 def test_ar_memory_counts_the_logits_and_its_parameters():
     """The causal model's parameters are counted exactly, and its logits (N x V, fp32 in the
     loss) are part of the activations, divided by the TP degree (vocabulary-parallel head)."""
-    from vfm_core.models.dit import build_model, count_params
+    from vfm_core.families import build_model
+    from vfm_core.models.dit import count_params
     from vfm_core.perf.memory import estimate_memory, param_count
 
     m = get_recipe("ar-4b").model

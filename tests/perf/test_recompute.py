@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from vfm_core.config import apply_overrides
+from vfm_core.families import build_model
 from vfm_core.models import layers
-from vfm_core.models.dit import build_model
 from vfm_core.parallel.recompute import checkpoint_blocks, live_saved_bytes, normalize
 from vfm_core.perf.memory import block_saved_elements, measure_saved_bytes
 from vfm_core.recipes import get_recipe

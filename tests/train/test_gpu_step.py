@@ -10,14 +10,13 @@ import torch
 
 from vfm_core.config import apply_overrides
 from vfm_core.data.samples import TrainBatch
-from vfm_core.models.dit import build_model
+from vfm_core.families import build_model, family_of
 from vfm_core.parallel.apply import apply_layout
 from vfm_core.parallel.layout import validate_layout
 from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.world import init_world
 from vfm_core.recipes import get_recipe
 from vfm_core.train.ema import EMA
-from vfm_core.train.objectives import make_objective
 from vfm_core.train.optim import build_optimizer
 
 
@@ -31,7 +30,7 @@ def test_bf16_step_on_cuda_from_a_meta_built_model():
     dims = validate_layout(cfg, 1)
     dims.build_mesh("cuda")
     m = cfg.model
-    obj = make_objective(
+    obj = family_of(cfg).objective(
         cfg,
         draws=StepRNG(seed=1),
         device=device,
@@ -40,7 +39,7 @@ def test_bf16_step_on_cuda_from_a_meta_built_model():
         null_length=1,
         tensor_parallel=False,
     )
-    layout = apply_layout(cfg, dims, device=device, loss_fn=obj.loss)
+    layout = apply_layout(cfg, dims, build=build_model, device=device, loss_fn=obj.loss)
     model = layout.parts[0]
     ref = dict(build_model(m, seed=cfg.train.seed).named_parameters())
     for name, p in model.named_parameters():

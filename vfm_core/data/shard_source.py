@@ -84,13 +84,16 @@ class ShardLatentSource:
         dp_size: int = 1,
         mp_group: Any = None,
         tokenizer: Any = None,
+        discrete: bool = False,
     ) -> None:
         """``dp_rank`` / ``dp_size``: this rank's share of each global step (``data.batch_size``
         samples of ``dp_size * data.batch_size``). ``mp_group``: the model-parallel ranks that
         share this data-parallel rank; each reads 1/k of the samples and the group all-gathers the
         bytes, so every rank of the group ends with the same batch. ``tokenizer``: the encoder of
         ``data.tokenizer``, loaded by the caller (the data layer runs no network of its own;
-        :func:`vfm_core.tokenizer.sources.make_source`)."""
+        :func:`vfm_core.families.sources.make_source`). ``discrete``: the model trains on token
+        ids, the FSQ codes of a discrete tokenizer (the family's
+        :attr:`~vfm_core.families.Family.discrete`), not on latents."""
         datasets = data.datasets()  # [(directory, weight)]: data.blend, or data.shards alone
         if not datasets:
             raise ConfigError(
@@ -100,17 +103,17 @@ class ShardLatentSource:
         self.tokenizer = None
         self.channels = model.in_channels  # of the latents read or encoded
         ct, cs = 4, 8
-        discrete = model.arch == "ar"  # token ids: the FSQ codes of a discrete tokenizer
+        self.discrete = discrete  # token ids: the FSQ codes of a discrete tokenizer
         if discrete and not data.tokenizer:
             raise ConfigError(
-                "data.tokenizer: arch 'ar' reads shards through a discrete tokenizer (its FSQ "
-                "codes in latent.npy, or it encodes the clips); set data.tokenizer=DIR"
+                f"data.tokenizer: arch {model.arch!r} reads shards through a discrete tokenizer "
+                "(its FSQ codes in latent.npy, or it encodes the clips); set data.tokenizer=DIR"
             )
         if data.tokenizer:
             if tokenizer is None:
                 raise ConfigError(
                     f"data.tokenizer={data.tokenizer}: the shard source was given no tokenizer "
-                    "(build it with vfm_core.tokenizer.sources.make_source)"
+                    "(build it with vfm_core.families.sources.make_source)"
                 )
             self.tokenizer = tokenizer
             ct, cs = self.tokenizer.cfg.temporal_factor, self.tokenizer.cfg.spatial_factor
@@ -294,8 +297,8 @@ class ShardLatentSource:
         return z
 
     def _as_ids(self, latent: torch.Tensor) -> torch.Tensor:
-        """Arch ar: FSQ codes (C, T, H, W) -> token ids (T, H, W); else the latent as it is."""
-        if self.model.arch != "ar":
+        """Discrete: FSQ codes (C, T, H, W) -> token ids (T, H, W); else the latent as it is."""
+        if not self.discrete:
             return latent
         assert self.tokenizer is not None and self.tokenizer.fsq is not None
         return self.tokenizer.fsq.codes_to_indices(latent.movedim(0, -1))
@@ -313,7 +316,7 @@ class ShardLatentSource:
                 continue
             ss = [batch.samples[m] for m in members]
             latents = [self._packed_latent(s) for s in ss]  # [(C, t, h, w)]
-            if self.model.arch == "ar":  # one token per latent cell, raster order
+            if self.discrete:  # one token per latent cell, raster order
                 ids = torch.zeros(layout.length, dtype=torch.long)  # padding id 0 (ignored)
                 ids[: layout.n_tokens] = torch.cat([self._as_ids(z).flatten() for z in latents])
                 rows.append(ids)  # (length,)
@@ -323,8 +326,8 @@ class ShardLatentSource:
             samples += ss
         values = torch.stack(rows)  # (P, length, C*p) | (P, length)
         return TrainBatch(
-            latents=None if self.model.arch == "ar" else values,
-            token_ids=values if self.model.arch == "ar" else None,
+            latents=None if self.discrete else values,
+            token_ids=values if self.discrete else None,
             text=torch.stack([self._text(s) for s in samples]),  # (S, L, Dt)
             text_lengths=torch.tensor([self._text_length(s) for s in samples]),  # (S,)
             keys=[s.key for s in samples],
@@ -378,11 +381,10 @@ class ShardLatentSource:
         else:
             ss = batch.samples
             values = torch.stack([self._as_ids(self._latent(s)) for s in ss])
-            ar = self.model.arch == "ar"
             offset = batch.source * POSITION_STRIDE
-            out = TrainBatch(  # latents (B, C, T, H, W), or token ids (B, T, H, W) for arch ar
-                latents=None if ar else values,
-                token_ids=values if ar else None,
+            out = TrainBatch(  # latents (B, C, T, H, W), or token ids (B, T, H, W) if discrete
+                latents=None if self.discrete else values,
+                token_ids=values if self.discrete else None,
                 text=torch.stack([self._text(s) for s in ss]),  # (B, L, Dt)
                 text_lengths=torch.tensor([self._text_length(s) for s in ss]),  # (B,)
                 keys=[s.key for s in ss],

@@ -226,7 +226,7 @@ def _decoding(plan: LatentPlan, tok: TokenizerConfig | None) -> tuple[dict[str, 
 
 def _block_bytes(model: ModelConfig, rows: float, b: int) -> float:
     """One block's live tensors for ``rows`` token rows (see the module docstring)."""
-    from vfm_core.perf.memory import mlp_width
+    from vfm_core.families.terms import mlp_width
 
     mlp = mlp_width(model)
     return rows * (14 * model.hidden + 3 * mlp) * b

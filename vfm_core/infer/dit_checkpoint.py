@@ -27,7 +27,8 @@ from torch.distributed.checkpoint import CheckpointException, HuggingFaceStorage
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.config import Config, ConfigError, load_yaml, model_config_mismatch, to_dict, validate
-from vfm_core.models.dit import DiT, build_model
+from vfm_core.families import build_model
+from vfm_core.models.dit import DiT
 from vfm_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager, dcp_error_line
 
 __all__ = ["LoadedDiT", "load_dit", "resolve_checkpoint"]

@@ -38,6 +38,7 @@ import torch
 
 from vfm_core.config import Config, ConfigError
 from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.families.sources import make_source
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.generate import PREVIEW_FACTORS, sample_latent
@@ -45,7 +46,6 @@ from vfm_core.infer.request import load_decoder, load_token_decoder
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
 from vfm_core.progress import Progress
 from vfm_core.tokenizer.fsq import FSQ
-from vfm_core.tokenizer.sources import make_source
 from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
 __all__ = [
@@ -359,7 +359,7 @@ def _prompt_following(
 def _untrained(cfg: Config) -> torch.nn.Module:
     """The run's model at initialisation (its seed: the weights every layout of the run started
     from), for the untrained baseline."""
-    from vfm_core.models.dit import build_model
+    from vfm_core.families import build_model
 
     return build_model(cfg.model, device="cpu", seed=cfg.train.seed).eval()
 

@@ -81,6 +81,10 @@ class CausalVideoTransformer(nn.Module):
     """Modules only the last pipeline stage keeps."""
     STAGE_ALL = ()
     """Nothing is replicated over the stages (the caption enters with the embedding)."""
+    SEQUENCE = ("embed", "head", 2)
+    """As :data:`DiT.SEQUENCE <vfm_core.models.dit.DiT.SEQUENCE>`: block(x, text, rope (N, d/2))."""
+    CAUSAL = True
+    """Causal attention: a CP rank's chunk is a balanced zigzag set of positions."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

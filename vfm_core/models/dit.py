@@ -27,7 +27,7 @@ from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid, PackLayout, ShapeError, patchify, rope_angles, unpatchify
 from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
 from vfm_core.models.attention import Attention, Layout
-from vfm_core.models.init import Init, init_parameters, linear_rule
+from vfm_core.models.init import Init, linear_rule
 from vfm_core.models.layers import (
     PooledTextEmbedder,
     TimestepEmbedder,
@@ -138,6 +138,12 @@ class DiT(nn.Module):
     """Modules only the last pipeline stage keeps."""
     STAGE_ALL = ("t_embedder", "adaln_global", "text_embedder")
     """Conditioning every stage keeps a replica of (recomputed per stage; gradients summed)."""
+    SEQUENCE = ("x_embedder", "final", 4)
+    """(module whose output is the token sequence, module whose output is the whole sequence
+    again, index of the RoPE angles among a block's positional arguments) for the context- and
+    sequence-parallel hooks: block(h, emb, shared, text, rope, grid)."""
+    CAUSAL = False
+    """Bidirectional attention: any contiguous chunk of the sequence per CP rank."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -262,25 +268,6 @@ class DiT(nn.Module):
     ) -> torch.Tensor:
         """:meth:`forward` of one pack given as tokens (length, C*P) -> (length, C*P)."""
         return self(tokens[None], c_noise, text, text_lengths=text_lengths, layout=layout)[0]
-
-
-def build_model(
-    cfg: ModelConfig, *, device: str | torch.device | None = None, seed: int = 0
-) -> nn.Module:
-    """Construct the network of any arch (the DiT denoiser, or the causal video transformer for
-    ``arch='ar'``), initialised from ``seed`` (:func:`vfm_core.models.init.init_parameters`);
-    ``device="meta"`` builds a 28B model without memory and leaves it uninitialised (parallelise,
-    ``to_empty``, then ``init_parameters(model, model.init_rule, seed=...)``)."""
-    with torch.device(device or "cpu"):
-        if cfg.arch == "ar":
-            from vfm_core.models.ar import CausalVideoTransformer
-
-            model = CausalVideoTransformer(cfg)
-        else:
-            model = DiT(cfg)
-    if torch.device(device or "cpu").type != "meta":
-        init_parameters(model, model.init_rule, seed=seed)
-    return model
 
 
 def count_params(model: nn.Module) -> int:

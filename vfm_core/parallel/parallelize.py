@@ -138,12 +138,12 @@ def _vocab_plan(model: nn.Module, sp: bool) -> dict:
 
 def _sequence_ends(model: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int, bool]:
     """(module whose output is the token sequence, module whose output is gathered back, index
-    of the RoPE angles among a block's positional arguments, causal) of a DiT or of the causal
-    video transformer (whose CP chunks are balanced zigzag sets of positions). A pipeline stage
-    has the first only on the first stage, the second only on the last (None elsewhere)."""
-    if getattr(model.cfg, "arch", "") == "ar":
-        return model.embed, model.head, 2, True  # block(x, text, rope (N, d/2))
-    return model.x_embedder, model.final, 4, False  # block(h, emb, shared, text, rope, grid)
+    of the RoPE angles among a block's positional arguments, causal), as the model declares them
+    (``SEQUENCE``, ``CAUSAL``: a causal model's CP chunks are balanced zigzag sets of positions).
+    A pipeline stage has the first only on the first stage, the second only on the last (None
+    elsewhere)."""
+    seq_in, seq_out, rope_arg = model.SEQUENCE
+    return getattr(model, seq_in), getattr(model, seq_out), rope_arg, model.CAUSAL
 
 
 def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from vfm_core.config import Config, ConfigError, ModelConfig
 from vfm_core.config_validate import sequence_split
+from vfm_core.families import family_of
 from vfm_core.perf.hardware import GpuSpec
 from vfm_core.perf.memory import RECOMPUTE_MODES
 from vfm_core.perf.timing import Layout
@@ -43,8 +44,9 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
     why = _pipeline_reason(cfg, lay)
     if why:
         return why
-    if cfg.arch == "ar" and lay.cp > 1 and lay.cp_mode != "ring":
-        return "the autoregressive family's context parallelism is a balanced causal ring"
+    why = family_of(cfg).layout_reason(cfg, cp=lay.cp, cp_mode=lay.cp_mode)
+    if why:
+        return why
     parts, how = sequence_split(cfg.arch, cp=lay.cp, tp=lay.tp if lay.sp else 1, prefix="")
     if seq_len % parts:
         return f"the sequence of {seq_len} tokens cannot be split into {parts} equal chunks ({how})"

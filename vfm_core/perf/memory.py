@@ -61,8 +61,9 @@ from typing import Literal
 import torch
 
 from vfm_core.config import ModelConfig
+from vfm_core.families import family_of
+from vfm_core.families.terms import attention_mlp_params, mlp_width
 from vfm_core.models.dit import block_layouts
-from vfm_core.models.layers import swiglu_width
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -81,58 +82,17 @@ USABLE_FRACTION = 0.95
 
 
 # ---------------------------------------------------------------------------------- parameters
-def mlp_width(cfg: ModelConfig) -> int:
-    """Inner width F of the block MLP (GELU: ratio·D; SwiGLU: the Llama 2/3 rule)."""
-    if cfg.mlp == "swiglu":
-        return swiglu_width(cfg.hidden, cfg.mlp_ratio)
-    return int(cfg.hidden * cfg.mlp_ratio)
-
-
 def block_params(cfg: ModelConfig, index: int) -> int:
-    """Parameters of block ``index`` of ``build_model(cfg)`` (pre-norms carry no affine weights)."""
-    d, hd, dt = cfg.hidden, cfg.head_dim, cfg.text_dim
-    dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
-    qk = 2 * hd if cfg.qk_norm else 0
+    """Parameters of block ``index`` of ``build_model(cfg)``: attention and MLP, plus the
+    family's norms or modulation (:meth:`vfm_core.families.Family.block_norm_params`)."""
     passes = len(block_layouts(cfg, index))
-    cross = 1 if cfg.cross_attention else 0
-    n = passes + cross + 1
-    total = passes * (d * dq + 2 * d * dkv + dq * d + qk)  # self-attention q, k, v, o (+ QK norm)
-    total += cross * (d * dq + 2 * dt * dkv + dq * d + qk)  # cross-attention
-    f = mlp_width(cfg)
-    bias = f + d if cfg.mlp_bias else 0
-    total += 3 * d * f if cfg.mlp == "swiglu" else d * f + f * d + bias
-    if cfg.arch == "ar":  # causal video transformer: affine RMSNorms, no AdaLN
-        return total + n * d
-    if cfg.adaln == "zero":
-        total += d * n * 3 * d + n * 3 * d
-    else:
-        total += n * (d * cfg.adaln_lora_rank + cfg.adaln_lora_rank * 3 * d)
-    return total
-
-
-def _pooled_text_params(cfg: ModelConfig) -> int:
-    """The pooled caption's projection Dt -> D (``text_conditioning='pooled'``), else 0."""
-    return 0 if cfg.cross_attention else cfg.text_dim * cfg.hidden + cfg.hidden
-
-
-def _ar_position_params(cfg: ModelConfig) -> int:
-    """The causal model's absolute-position projection head_dim -> D (``abs_pos`` > 0), else 0."""
-    return cfg.head_dim * cfg.hidden if cfg.abs_pos else 0
+    sublayers = passes + (1 if cfg.cross_attention else 0) + 1
+    return attention_mlp_params(cfg, passes) + family_of(cfg).block_norm_params(cfg, sublayers)
 
 
 def nonblock_params(cfg: ModelConfig) -> int:
-    """Patch embedding, timestep MLP, AdaLN-LoRA global term and the final layer (the causal
-    video transformer: token embedding with BOS, final RMSNorm, output head), and the pooled
-    caption's projection."""
-    text = _pooled_text_params(cfg)
-    if cfg.arch == "ar":
-        v, d = cfg.vocab_size, cfg.hidden
-        return (v + 1) * d + _ar_position_params(cfg) + text + d + d * v
-    d, cp = cfg.hidden, cfg.in_channels * math.prod(cfg.patch)
-    total = (cp + cfg.abs_pos) * d + d + cfg.freq_dim * d + d + d * d + d + text  # (+ pos)
-    if cfg.adaln == "lora":
-        total += d * 3 * d + 3 * d
-    return total + d * 2 * d + 2 * d + d * cp + cp
+    """Every parameter outside the blocks (:meth:`vfm_core.families.Family.nonblock_params`)."""
+    return family_of(cfg).nonblock_params(cfg)
 
 
 def param_count(cfg: ModelConfig) -> int:
@@ -168,25 +128,13 @@ def rank_params(
     (the causal video transformer: token embedding and head split over the vocabulary)."""
     from vfm_core.parallel.pipeline import stage_blocks
 
-    d, stages = cfg.hidden, pp * vpp
+    stages, family = pp * vpp, family_of(cfg)
     total = 0.0
     for stage in range(rank, stages, pp):
         for i in map(int, stage_blocks(cfg.depth, stages, stage)):
             split, whole = block_param_split(cfg, i)
             total += split / tp + whole
-        text = _pooled_text_params(cfg)  # the DiT's on every stage, the AR's on the first
-        if cfg.arch == "ar":
-            v = cfg.vocab_size
-            first = (v + 1) * d / tp + _ar_position_params(cfg) + text
-            total += first if stage == 0 else 0
-            total += d * v / tp + d if stage == stages - 1 else 0
-            continue
-        patch = cfg.in_channels * math.prod(cfg.patch)
-        total += cfg.freq_dim * d + d + d * d + d + text  # timestep MLP (+ text): every stage
-        if cfg.adaln == "lora":
-            total += d * 3 * d + 3 * d
-        total += (patch + cfg.abs_pos) * d + d if stage == 0 else 0
-        total += d * 2 * d + 2 * d + d * patch + patch if stage == stages - 1 else 0
+        total += family.stage_nonblock_params(cfg, stage=stage, stages=stages, tp=tp)
     return total
 
 
@@ -505,9 +453,8 @@ def estimate_memory(
     # patch embedding / final layer / text: small, held once per in-flight micro-batch
     d = cfg.hidden
     act += in_flight * micro_batch * seq_len / cp * (4 * d / (tp if sp else 1)) * act_bytes
-    if cfg.arch == "ar":  # the logits: bf16 out of the head, fp32 in the cross-entropy and its
-        # gradient; sharded over the vocabulary by tp, gathered over cp (the loss sees them all)
-        act += in_flight * micro_batch * seq_len * cfg.vocab_size / tp * (act_bytes + 4 + 4)
+    tokens = in_flight * micro_batch * seq_len  # the output beyond the blocks (AR: the logits)
+    act += family_of(cfg).output_activation_bytes(cfg, tokens=tokens, tp=tp, act_bytes=act_bytes)
     act_gib = act / GiB
     total = params_gib + grads_gib + optim_gib + ema_gib + fsdp + act_gib + overhead_gib
     return MemoryEstimate(

@@ -63,9 +63,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vfm_core.config import ModelConfig
-from vfm_core.geometry import Grid
+from vfm_core.families import family_of
+from vfm_core.geometry import Grid, default_grid
 from vfm_core.models.dit import block_layouts
-from vfm_core.perf.flops import default_grid, train_flops
+from vfm_core.perf.flops import train_flops
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, Efficiency, GpuSpec
 from vfm_core.perf.memory import Recompute, Split, block_params, param_count, stage_saved_bytes
 
@@ -167,9 +168,7 @@ def workload(
     weights = {"full": float(seq_len) ** 2, "spatial": t * float(h * w) ** 2}
     weights["temporal"] = h * w * float(t) ** 2  # 4·S²·D per group, as in flops.py
     total_w = sum(weights[lo] for x in kinds for lo in x)
-    cond = fl["timestep_embed"]
-    if cfg.arch != "ar" and cfg.adaln == "lora":  # global term: 2·D·3D forward, 3x trained
-        cond += 3 * 2.0 * cfg.hidden * 3 * cfg.hidden
+    cond = family_of(cfg).conditioning_flops(cfg, fl["timestep_embed"])
     return Workload(
         cfg=cfg,
         seq_len=seq_len,

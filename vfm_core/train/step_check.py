@@ -67,7 +67,7 @@ class StepPeak:
 
 def check_config(run: Config, seq_len: int | None, *, as_gpu: bool = True) -> Config:
     """The run as the check traces it: synthetic samples (their values do not change memory) of
-    ``seq_len`` tokens on the planner's grid (:func:`~vfm_core.perf.flops.default_grid`; None:
+    ``seq_len`` tokens on the planner's grid (:func:`~vfm_core.geometry.default_grid`; None:
     the run's own latent grid); ``as_gpu``: the GPU's precision (bf16) and FSDP unit, else the
     run's own settings on this CPU; and, without a pipeline, two microbatches of the layout's
     size instead of all of them — every microbatch after the first holds the same (the first has
@@ -78,7 +78,7 @@ def check_config(run: Config, seq_len: int | None, *, as_gpu: bool = True) -> Co
     receive buffers live only while their microbatch is in flight
     (:class:`~vfm_core.parallel.lean_stage.LeanStage`; torch's own stage keeps one per
     microbatch all step, which a shortened schedule would hide)."""
-    from vfm_core.perf.flops import default_grid
+    from vfm_core.geometry import default_grid
 
     data = dataclasses.replace(run.data, source="synthetic", tokenizer=None)
     if seq_len is not None:
@@ -113,7 +113,7 @@ def measure_step(
     pipeline coordinate ``pp_rank`` of ``world`` ranks."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from vfm_core.tokenizer.sources import make_source
+    from vfm_core.families.sources import make_source
     from vfm_core.train.trainer import Trainer
 
     run = check_config(run, seq_len, as_gpu=as_gpu)

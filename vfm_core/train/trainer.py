@@ -8,8 +8,8 @@ collective below is an identity over one rank. ``data.batch_size`` is the global
 ``vfm train`` and ``vfm train --nproc N --tp/--cp/--pp/--dp-shard ...`` train on the same samples
 with the same draws and give the same loss at every step.
 
-The family lives in the objective (:mod:`vfm_core.train.objectives`). One step, in order
-(:meth:`Trainer.train_step`):
+The family is an object (:func:`vfm_core.families.family_of`) that gives the objective. One
+step, in order (:meth:`Trainer.train_step`):
 
 1. this rank's data-parallel slice of the global batch (``batch_size / dp`` samples, or packs;
    the shard loader hands it out directly, read 1/k per model-parallel rank and all-gathered);
@@ -47,7 +47,9 @@ from torch.distributed.tensor import DTensor
 
 from vfm_core.config import Config, ConfigError, to_dict
 from vfm_core.data.samples import LatentSource, TrainBatch
-from vfm_core.models.dit import build_model, count_params
+from vfm_core.families import build_model, family_of
+from vfm_core.families.sources import make_source
+from vfm_core.models.dit import count_params
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8
 from vfm_core.models.layers import set_attention_backend
 from vfm_core.models.te_adapter import resolve_attention_backend
@@ -59,10 +61,8 @@ from vfm_core.parallel.world import init_world
 from vfm_core.perf.cpu_memory import hold_freed_memory
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 from vfm_core.perf.hardware import peak_at_least, peak_flops, recheck_cpu_peak
-from vfm_core.tokenizer.sources import make_source
 from vfm_core.train.ema import EMA
 from vfm_core.train.errors import TrainingDiverged
-from vfm_core.train.objectives import make_objective
 from vfm_core.train.optim import (
     build_optimizer,
     load_optimizer_state,
@@ -148,7 +148,8 @@ class Trainer:
         null = getattr(self.source, "null_text", None)  # (L, Dt) empty caption, None: zeros
         null = torch.zeros(m.text_len, m.text_dim) if null is None else null
         self.draws = StepRNG.from_dims(cfg.train.seed + 1, dims)
-        self.objective = make_objective(
+        self.family = family_of(cfg)
+        self.objective = self.family.objective(
             cfg,
             draws=self.draws,
             device=self.device,
@@ -158,7 +159,12 @@ class Trainer:
             tensor_parallel=dims.tp_enabled,
         )
         self.layout = apply_layout(
-            cfg, dims, device=self.device, loss_fn=self.objective.loss, fp8=self.fp8
+            cfg,
+            dims,
+            build=build_model,
+            device=self.device,
+            loss_fn=self.objective.loss,
+            fp8=self.fp8,
         )
         self.model = self.layout.parts[0]
         """The whole parallelised model (pp = 1), or this rank's first pipeline stage."""

@@ -1,5 +1,6 @@
 """Training objectives as components: what a step draws, what the model is fed, what it is scored
-on. The trainer knows no family; a new family is one new objective here.
+on. The trainer knows no family: it asks the family for its objective
+(:meth:`vfm_core.families.Family.objective`).
 
 An objective turns this rank's share of a step's batch into :class:`Microbatch` es
 (:meth:`Objective.microbatches`) and scores the model's output on one of them
@@ -10,14 +11,9 @@ global step)``: the microbatches of all data-parallel ranks (each averaged over 
 gradient reduction) add up to the mean over the global batch, however the batch is cut into
 gradient-accumulation passes and pipeline microbatches.
 
-* :class:`DiffusionObjective` (EDM, or rectified flow in the same interface): sigma, noise and
-  caption dropout drawn per sample; the model sees ``x_in = c_in (x0 + sigma noise)`` and
-  ``c_noise``; the per-sample loss is ``mean |F - target|^2``
-  (:meth:`~vfm_core.diffusion.edm.EDM.training_pair`), the same formula on the whole model and on
-  a pipeline's last stage.
-* :class:`NextTokenObjective` (the autoregressive family): caption dropout only; the model sees
-  the token ids; the per-sample loss is the mean next-token cross-entropy in nats per token
-  (vocabulary-parallel logits under tensor parallelism: :meth:`Objective.context`).
+The families' objectives: :class:`vfm_core.families.diffusion.DiffusionObjective` (EDM, or
+rectified flow in the same interface) and
+:class:`vfm_core.families.autoregressive.NextTokenObjective` (next-token cross-entropy).
 
 Unpacked batches are cut into equal microbatches of samples; packed batches (``data.max_tokens``)
 give one microbatch per pack, each with the :class:`~vfm_core.geometry.PackLayout` the loader
@@ -31,15 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 
 from vfm_core.config import Config
 from vfm_core.data.samples import TrainBatch
-from vfm_core.diffusion.edm import create_diffusion
-from vfm_core.diffusion.packed import packed_training_pair
-from vfm_core.geometry import PackLayout, pack_tokens, patchify, per_sample_mean
+from vfm_core.geometry import PackLayout, pack_tokens, patchify
 from vfm_core.parallel.rng import StepRNG, counter_generator
 
 
@@ -178,137 +169,3 @@ def _slice(mb: Microbatch, start: int, size: int) -> Microbatch:
     return Microbatch(
         inputs=mb.inputs[cut], kwargs=kwargs, target=mb.target[cut], weight=mb.weight[cut]
     )
-
-
-class DiffusionObjective(Objective):
-    """EDM (Karras et al. 2022) or rectified flow (``diffusion.objective``), module docstring."""
-
-    def __init__(self, cfg: Config, **kw: Any):
-        super().__init__(cfg, **kw)
-        self.edm = create_diffusion(cfg.diffusion)
-
-    def batched(self, batch: TrainBatch, *, step: int, weight: float) -> Microbatch:
-        b = self.local_batch
-        x0 = batch.values.to(self.device, torch.float32)  # (n, C, T, H, W)
-        n = x0.shape[0]  # below b when the loader skipped bad samples: the first n draws
-        d = self.cfg.diffusion
-        keep = self.draws.keep_caption(step, b, d.cond_dropout)[:n].to(self.device)  # (n,)
-        text = self.drop_captions(batch.text.to(self.device), keep)  # (n, L, Dt)
-        mean, std = self.edm.log_sigma_normal()  # EDM's log-normal, or rectified flow's
-        sigma = self.draws.sigma(step, b, p_mean=mean, p_std=std)[:n]  # (n,) float64
-        sigma = sigma.to(self.device, torch.float32)
-        noise = self.draws.noise(step, (b, *x0.shape[1:]))[:n].to(self.device)  # like x0
-        x_in, target = self.edm.training_pair(x0, sigma, noise)  # (n, C, T, H, W) each
-        c_noise = self.edm.precondition(sigma)[3]  # (n,)
-        return Microbatch(
-            inputs=x_in,
-            kwargs={"c_noise": c_noise, "text": text, "grid": self.grid},
-            target=target,
-            weight=torch.full((n,), weight, device=self.device),
-        )
-
-    def packed(self, pack: TrainBatch, *, step: int, weight: float) -> Microbatch:
-        dev = self.device
-        z, eps, keep = self.pack_draws(pack, step, noise=True)
-        mean, std = self.edm.log_sigma_normal()
-        sigma = (mean + std * z).exp().to(dev, torch.float32)  # (S,)
-        (layout,) = pack.layouts  # type: ignore[misc]
-        x0 = pack.values[0].to(dev, torch.float32)  # (length, C*P)
-        noise = eps.to(dev)  # (length, C*P)
-        ids = layout.sample_ids.to(dev)
-        x_in, target = packed_training_pair(self.edm, x0, sigma, noise, ids)  # (length, C*P)
-        text, lengths = self.drop_captions(
-            pack.text.to(dev), keep.to(dev), pack.text_lengths.to(dev)
-        )
-        kwargs = {
-            "c_noise": self.edm.precondition(sigma)[3],
-            "text": text,
-            "text_lengths": lengths,
-            "layout": layout,
-        }
-        return Microbatch(
-            inputs=x_in[None],
-            kwargs=kwargs,
-            target=target,
-            layout=layout,
-            weight=torch.full((pack.n_samples,), weight, device=dev),
-        )
-
-    def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
-        return diffusion_loss(output, mb)
-
-
-class NextTokenObjective(Objective):
-    """Next-token cross-entropy over discrete video tokens (module docstring)."""
-
-    def context(self):
-        """Under tensor parallelism the head's logits are sharded over the vocabulary (a
-        DTensor): the cross-entropy reduces across the TP ranks without gathering them."""
-        return loss_parallel() if self.tensor_parallel else contextlib.nullcontext()
-
-    def batched(self, batch: TrainBatch, *, step: int, weight: float) -> Microbatch:
-        b = self.local_batch
-        ids = batch.values.to(self.device)  # (n, T, H, W) token ids
-        n = ids.shape[0]
-        keep = self.draws.keep_caption(step, b, self.cfg.diffusion.cond_dropout)[:n]
-        text = self.drop_captions(batch.text.to(self.device), keep.to(self.device))
-        return Microbatch(
-            inputs=ids,
-            kwargs={"text": text, "grid": tuple(ids.shape[1:])},
-            target=ids.flatten(1),  # (n, N)
-            weight=torch.full((n,), weight, device=self.device),
-        )
-
-    def packed(self, pack: TrainBatch, *, step: int, weight: float) -> Microbatch:
-        dev = self.device
-        _, _, keep = self.pack_draws(pack, step, noise=False)
-        (layout,) = pack.layouts  # type: ignore[misc]
-        ids = pack.values[0].to(dev)  # (length,) padding id 0 (ignored)
-        text, lengths = self.drop_captions(
-            pack.text.to(dev), keep.to(dev), pack.text_lengths.to(dev)
-        )
-        return Microbatch(
-            inputs=ids[None],
-            kwargs={"text": text, "text_lengths": lengths, "layout": layout},
-            target=ids,
-            weight=torch.full((pack.n_samples,), weight, device=dev),
-            layout=layout,
-        )
-
-    def loss(self, output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
-        return next_token_loss(output, mb)
-
-
-def make_objective(cfg: Config, **kw: Any) -> Objective:
-    """The objective of the model family: next-token for ``model.arch='ar'``, else diffusion."""
-    cls = NextTokenObjective if cfg.model.arch == "ar" else DiffusionObjective
-    return cls(cfg, **kw)
-
-
-def diffusion_loss(output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
-    """sum_s weight_s * mean over the sample's elements of (F - target)^2 (one microbatch)."""
-    f = output.to(mb.target.dtype)
-    if mb.layout is None:
-        per_sample = (f - mb.target).square().flatten(1).mean(1)  # (b,)
-    else:
-        token = (f[0] - mb.target).square().mean(1)  # (length,)
-        ids = mb.layout.sample_ids.to(token.device)
-        per_sample = per_sample_mean(token, ids, mb.layout.n_samples)  # (S,)
-    return (per_sample * mb.weight).sum()
-
-
-def next_token_loss(output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
-    """sum_s weight_s * mean next-token cross-entropy over the sample's tokens (nats per token);
-    ``output``: logits (b, N, V) | (1, length, V), vocabulary-sharded DTensor under TP."""
-    logits = output.flatten(0, -2)  # (tokens, V)
-    if not isinstance(logits, DTensor):
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    ce = F.cross_entropy(logits, mb.target.flatten(), reduction="none")  # (tokens,)
-    if isinstance(ce, DTensor):  # replicated over the TP ranks
-        ce = ce.full_tensor()
-    if mb.layout is None:
-        per_sample = ce.view(mb.target.shape).mean(1)  # (b,)
-    else:
-        ids = mb.layout.sample_ids.to(ce.device)
-        per_sample = per_sample_mean(ce, ids, mb.layout.n_samples)  # (S,)
-    return (per_sample * mb.weight).sum()
