@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 FOREACH_ADAMW = "optim.fused=false"
 """The demos' AdamW is the ``foreach`` pass their documented figures were trained with (the fused
 kernel, the default, rounds differently: another trajectory, within the training-seed spread of
-the README's autoregressive section but not the documented run)."""
+docs/families.md but not the documented run)."""
 
 DEMO_OVERRIDES = [
     "optim.lr=0.001",
@@ -58,11 +58,10 @@ AR_DEMO_OVERRIDES = [
     FOREACH_ADAMW,
 ]
 """What the autoregressive demo trains and samples with on top of ar-tiny (measured: the table in
-the README's autoregressive section)."""
+docs/families.md)."""
 AR_DEMO_STEPS = 1300
 """The autoregressive demo's training steps: direction over 3 training seeds x 6 sampling seeds
-50% at 1000 steps, 61% at 1300 (+85 s, the most the 10-minute demo allows; the README's
-autoregressive section)."""
+50% at 1000 steps, 61% at 1300 (+85 s, the most the 10-minute demo allows; docs/families.md)."""
 AR_DEMO_TOP_K = 16
 """The autoregressive demo draws each token from the 16 likeliest of 256 (videos and evaluation):
 at 1300 steps over the same seeds colour 85 -> 89%, direction 61 -> 64% (the same table)."""

@@ -1,5 +1,5 @@
 """Stage events: a flow announces what it wrote when it finishes, so that the next stage can start
-from it (the deployment triggers in ``deployments/prefect.yaml``; README "Event-driven chain").
+from it (the deployment triggers in ``deployments/prefect.yaml``; docs/registry-and-deployments.md).
 
 Chain, each arrow a ``DeploymentEventTrigger`` on the upstream stage's event::
 

@@ -6,7 +6,7 @@ vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume | --resume-from
           [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT [--rdzv-timeout S]]
 vfm flops --recipe NAME --seq TOKENS [--json]
 vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--global-batch SAMPLES]
-         [--fixed key=value,...] [--top K] [--json] [--explain] [--calibrate RUNS]
+         [--fixed key=value,...] [--top K] [--json] [--explain] [--calibrate RUNS] [--check]
 vfm recipes
 vfm checkpoint verify RUN_DIR|CKPT_DIR [--json]
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH]
@@ -15,10 +15,12 @@ vfm index SHARDS_DIR [--caption-key txt|json:FIELD] [--video-key mp4|webm|jpg|pn
           [--skip-uncaptioned] [--text-model PATH] [--text-mode tokens|pooled]
           [--index-format json|parquet] [--json]
 vfm index --migrate SHARDS_DIR   (index.json -> columnar samples.parquet, in place)
-vfm curate SRC DST [--executor local|ray] [--splitter color|stride|transnetv2] [--json] [...]
+vfm curate SRC DST [--executor local|ray] [--splitter hybrid|color|stride|transnetv2] [--json] [...]
 vfm generate --checkpoint DIR --prompt "..." --frames F --size HxW --seed S --out FILE.mp4
              [--nproc N] [--steps K] [--guidance G] [--tokenizer PATH]
+             [--temperature T --top-k K --top-p P] [--prompt-video PATH | --prompt-tokens FILE]
 vfm tokenizer train --shards DIR --out DIR [--preset tok-tiny] [--steps N] [--frames F] [--size S]
+                    [--discrete [LEVELS]]
 vfm report --study NAME [--out DIR] [--json]
 vfm track backfill RUN_DIR [--tracking-uri URI] [--json]
 vfm search CLIPS_DIR "QUERY" [--top K] [--json] [--like CLIP_ID] [--sheet OUT.png] [--exact]

@@ -84,10 +84,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="vfm", description="vfm: raw videos to a trained video DiT")
+    ap = _Parser(prog="vfm", description="vfm: raw videos to a trained video model")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    tr = sub.add_parser("train", help="train a DiT (one process, or --nproc N under torchrun)")
+    tr = sub.add_parser(
+        "train", help="train a DiT or autoregressive model (one process, or --nproc N: torchrun)"
+    )
     tr.add_argument(
         "--recipe",
         help=f"preset ({', '.join(RECIPES)}; default: the --config file's recipe, else dit-tiny)",

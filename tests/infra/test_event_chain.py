@@ -1,4 +1,4 @@
-"""The nightly chain of ``deployments/prefect.yaml`` (README "Event-driven chain"):
+"""The nightly chain of ``deployments/prefect.yaml`` (docs/registry-and-deployments.md):
 curate-nightly -> shard-nightly -> train-nightly -> generate-nightly, each link a deployment
 trigger on the ``vfm.STAGE.completed`` event the upstream flow emits as its last step
 (tasks/events.py), with the downstream parameters rendered from the event's payload.

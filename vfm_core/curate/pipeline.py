@@ -510,7 +510,7 @@ def _curate_locked(
     if out["n_clips"] and out["n_uncaptioned"] == out["n_clips"]:
         log.warning(
             "curation: none of the %d clips has a caption: put a caption sidecar (.txt / .json) "
-            "beside each video or pass a VLM, then vfm curate --recaption (see the README)",
+            "beside each video or pass a VLM, then vfm curate --recaption (docs/curation.md)",
             out["n_clips"],
         )
     return out

@@ -33,7 +33,9 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    g = sub.add_parser("generate", help="text -> video with a trained DiT (CP over --nproc ranks)")
+    g = sub.add_parser(
+        "generate", help="text -> video with a trained run, either family (CP over --nproc ranks)"
+    )
     add_generate_args(g)
     g.add_argument("--nproc", type=int, default=1, help="context-parallel ranks (torchrun)")
     g.add_argument("--json", action="store_true", help="print the result as one JSON object")

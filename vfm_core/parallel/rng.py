@@ -1,10 +1,10 @@
 """Random numbers per parallel dimension (paper Table 3), independent of the layout.
 
-| draw                      | across DP | across CP | across TP / PP |
-|---------------------------|-----------|-----------|----------------|
-| timestep sigma, CFG drop  | differ    | same      | same           |
-| Gaussian noise            | differ    | differ    | same           |
-| weight init               | (FSDP shards of one init) | — | shards of one full init |
+| draw                      | across DP         | across CP         | across TP / PP        |
+|---------------------------|-------------------|-------------------|-----------------------|
+| timestep sigma, CFG drop  | differ            | same              | same                  |
+| Gaussian noise            | differ            | differ            | same                  |
+| weight init               | one (FSDP: shard) | one (FSDP: shard) | shards/stages of one  |
 
 Instead of one sequential stream per rank (whose numbers would change with the rank count) every
 draw is *counter-based*: a function of (seed, purpose, step, global sample index[, latent frame]).
@@ -13,8 +13,10 @@ CP x TP x PP group hold the same samples, so their sigma is the same; a CP rank 
 its own latent frames only, so CP ranks differ — and every layout, one process included, produces
 the same global sigma and noise, which is what makes N-process training equal 1-process training.
 
-Weight init: every rank builds the full model from the same seed and TP/FSDP keep their shard of
-it (``parallelize_dit``), so shards differ across TP and gather to the single-process init.
+Weight init is not drawn here: every rank builds the model on the ``meta`` device, keeps only its
+own pipeline stages and TP / FSDP shards, and fills them from generators keyed by (seed, parameter
+name, row block) (:mod:`vfm_core.models.init`, in the order of :mod:`vfm_core.parallel.apply`),
+so no rank ever holds the full model and the shards gather to the single-process init.
 """
 
 from __future__ import annotations
