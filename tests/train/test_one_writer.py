@@ -1,13 +1,16 @@
 """Two ``vfm train`` into one ``--out`` at once (#46): one runs, the other is refused in one line
-naming it, before it writes anything; the run's files are all the runner's."""
+naming it, before it writes anything; the run's files are all the runner's. The first is paused
+(SIGSTOP) once it holds the lock, so the second meets it mid-run however loaded the machine is."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -29,14 +32,29 @@ def _train(out: Path, seed: int) -> subprocess.Popen:
     )
 
 
+def _holds_lock(out: Path, p: subprocess.Popen, timeout: float = 300) -> None:
+    """Wait until ``p`` has written its holder record into ``out``'s writer lock."""
+    lock, deadline = out / LOCK_FILE, time.monotonic() + timeout
+    while not (lock.is_file() and lock.stat().st_size > 0):
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the first run never took the writer lock"
+        time.sleep(0.05)
+
+
 def test_two_runs_into_one_out_one_is_refused_and_the_run_is_one_runs(tmp_path):
     out = tmp_path / "run"
-    runs = {seed: _train(out, seed) for seed in (1, 2)}  # started at once
-    ends = {seed: (p, *p.communicate(timeout=300)) for seed, p in runs.items()}
+    won, lost = 1, 2
+    runs = {won: _train(out, won)}
+    _holds_lock(out, runs[won])
+    os.kill(runs[won].pid, signal.SIGSTOP)  # mid-run, holding the lock
+    try:
+        runs[lost] = _train(out, lost)
+        ends = {lost: (runs[lost], *runs[lost].communicate(timeout=300))}
+    finally:
+        os.kill(runs[won].pid, signal.SIGCONT)
+    ends[won] = (runs[won], *runs[won].communicate(timeout=300))
     codes = {seed: p.returncode for seed, (p, _, _) in ends.items()}
-    assert sorted(codes.values()) == [0, 2], {s: (c, ends[s][2][-2000:]) for s, c in codes.items()}
-    won = next(s for s, c in codes.items() if c == 0)
-    lost = 3 - won
+    assert codes == {won: 0, lost: 2}, {s: (c, ends[s][2][-2000:]) for s, c in codes.items()}
     errors = [ln for ln in ends[lost][2].splitlines() if "error" in ln.lower()]
     assert len(errors) == 1 and "Traceback" not in ends[lost][2], ends[lost][2]
     holder = f"pid {runs[won].pid} on {socket.gethostname()} since "

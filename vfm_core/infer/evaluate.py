@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vfm_core.config import Config, ConfigError
+from vfm_core.config import Config
 from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.families import ConfigError, family_of
 from vfm_core.families.sources import make_source
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
@@ -235,7 +236,7 @@ def evaluate(
     ec = config or EvalConfig()
     loaded = checkpoint if isinstance(checkpoint, LoadedDiT) else load_dit(checkpoint)
     cfg, model = loaded.cfg, loaded.model
-    ar = cfg.model.arch == "ar"
+    ar = family_of(cfg).discrete  # token ids: bits per token; latents: the EDM loss
     held_out = heldout_bits if ar else heldout_loss
     n = max(ec.loss_samples, ec.fd_samples)
     data, text, null = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W) | (n, T, H, W), (n, L, Dt)
@@ -292,7 +293,7 @@ def evaluate(
 def _load_decoder(cfg: Config, path: str | Path) -> Any:
     """The run's tokenizer: a discrete one of the model's vocabulary (autoregressive), else one
     with the DiT's latent channels."""
-    if cfg.model.arch == "ar":
+    if family_of(cfg).discrete:
         return load_token_decoder(path, vocab_size=cfg.model.vocab_size)
     return load_decoder(path, latent_channels=cfg.model.in_channels)
 
@@ -301,7 +302,7 @@ def _decoding(cfg: Config, ec: EvalConfig, decoder: Any, ref: torch.Tensor) -> A
     """``decode(x)``: latents (m, C, T, H, W) or token ids (m, T, H, W) -> videos (m, 3, F, H, W)
     in ~[-1, 1], by the tokenizer in batches, else a latent preview at one fixed scale (token ids
     through the run's synthetic FSQ grid first)."""
-    ar = cfg.model.arch == "ar"
+    ar = family_of(cfg).discrete
     fsq = FSQ(synthetic_levels(cfg.model)) if ar and decoder is None else None
 
     def codes(x: torch.Tensor) -> torch.Tensor:
@@ -379,7 +380,7 @@ def _generate(
     denoised from fixed noise, or token ids (m, T, H, W) drawn token by token (autoregressive);
     ``desc`` names the progress lines."""
     guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
-    ar = cfg.model.arch == "ar"
+    ar = family_of(cfg).discrete  # token by token, else denoised
     if ar:
         sampling = SamplingConfig(
             temperature=ec.temperature, top_k=ec.top_k, guidance=guidance, seed=ec.seed + 1

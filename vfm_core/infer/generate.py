@@ -40,7 +40,7 @@ config before anything loads, the prompt embedded once, then :func:`generate` in
 Equivalence: 1, 2 and 4 ranks give the same video up to float rounding of the ring attention's
 online-softmax merge (tested: max abs difference of the decoded [-1, 1] video below 1e-3).
 
-Autoregressive runs (``model.arch == "ar"``) sample token ids instead of steps 4-5
+Autoregressive runs (the family's ``discrete``) sample token ids instead of steps 4-5
 (:mod:`vfm_core.infer.ar_sample`), optionally continuing a token prompt (``prompt_tokens`` /
 ``prompt_video``, ``prompt_frames`` latent frames); under torchrun the prompt's prefill is split
 over the ranks and decoding runs identically on each (:mod:`vfm_core.infer.ar_prefill`): the same
@@ -65,6 +65,7 @@ import torch.distributed as dist
 from vfm_core.config import DiffusionConfig
 from vfm_core.diffusion.edm import create_diffusion
 from vfm_core.diffusion.sampler import sample
+from vfm_core.families import family_of
 from vfm_core.infer.ar_prefill import SplitPrefill, sync_tokens
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
@@ -306,7 +307,7 @@ def generate(
     )
     steps = check_steps(cfg.diffusion.num_steps if request.steps is None else request.steps)
     tok_path = tokenizer or cfg.data.tokenizer or None
-    ar = cfg.model.arch == "ar"
+    ar = family_of(cfg).discrete
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     decoder, plan, s = decoder_and_plan(cfg, request, tok_path, world)
     t_c = decoder.cfg.temporal_factor if decoder else PREVIEW_FACTORS[0]

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from vfm_core.config import Config
+from vfm_core.families import family_of
 from vfm_core.infer.ar_prefill import load_prompt
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError
 from vfm_core.infer.budget import (
@@ -215,7 +216,7 @@ def plan_request(
 ) -> tuple[LatentPlan, int, int]:
     """(plan, temporal factor, spatial factor) of ``request`` on ``world`` ranks with a decoder
     of config ``tok`` (None: the latent preview)."""
-    ar = cfg.model.arch == "ar"
+    ar = family_of(cfg).discrete
     if ar:
         channels = tok.latent_channels if tok else len(synthetic_levels(cfg.model))
         _refuse_other_family(
@@ -278,7 +279,7 @@ def _refuse_other_family(
 def decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, world: int):
     """(decoder or None, LatentPlan, spatial factor) of a request on ``world`` ranks."""
     decoder = None
-    if tok_path and cfg.model.arch == "ar":  # the tokenizer's FSQ grid must be the vocabulary
+    if tok_path and family_of(cfg).discrete:  # its FSQ grid must be the vocabulary
         decoder = load_token_decoder(tok_path, vocab_size=cfg.model.vocab_size)
     elif tok_path:
         decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels)
@@ -348,7 +349,7 @@ def check_cost(
     rate = device_rate(device, width=cfg.model.hidden, tflops=bounds.device_tflops)
     dev_type = torch.device(device).type
     common = dict(decoder=tok, ranks=world, rate=rate, device_type=dev_type)
-    if cfg.model.arch == "ar":
+    if family_of(cfg).discrete:
         given = request.prompt_tokens is not None or request.prompt_video is not None
         n, hw = math.prod(plan.latent[1:]), math.prod(plan.latent[2:])
         p = min(max(request.prompt_frames, 0) * hw, n) if given else 0  # checked later
@@ -370,7 +371,7 @@ def check_cost(
         request.bounds,
         request=f"--frames {request.frames} --size {request.height}x{request.width}",
         flags=_shrink_flags(cfg, plan),
-        time_flags=("--steps",) if cfg.model.arch != "ar" and steps > 1 else (),
+        time_flags=() if family_of(cfg).discrete or steps == 1 else ("--steps",),
         resident_bytes=resident_bytes,
         device=device,
     )

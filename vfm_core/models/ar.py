@@ -88,8 +88,6 @@ class CausalVideoTransformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.arch != "ar":
-            raise ValueError(f"CausalVideoTransformer needs model.arch 'ar', got {cfg.arch!r}")
         self.cfg = cfg
         self.bos = cfg.vocab_size  # one extra embedding row: the start of every video
         self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)
