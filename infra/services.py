@@ -256,27 +256,22 @@ def pool_job_template() -> dict:
     return template
 
 
-def _create_pools(s: Settings, env: dict[str, str]) -> None:
+def _create_pools(s: Settings) -> None:
     """The CPU pool this worker serves, and the GPU pool that cluster workers serve (deployments
     naming it register here; their runs wait for a GPU worker); both with
-    :func:`pool_job_template`."""
-    template = s.run_dir / "pool-template.json"
-    template.write_text(json.dumps(pool_job_template(), indent=1))
+    :func:`pool_job_template` (``prefect work-pool create --overwrite``, through the REST API the
+    CLI calls: no CLI start per pool)."""
+    template = pool_job_template()
+    (s.run_dir / "pool-template.json").write_text(json.dumps(template, indent=1))
+    auth = s.secrets().prefect_auth
     for pool in (s.pool, GPU_POOL):
-        argv = [
-            str(BIN / "prefect"),
-            "work-pool",
-            "create",
-            pool,
-            "--type",
-            "process",
-            "--base-job-template",
-            str(template),
-            "--overwrite",
-        ]
-        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise InfraError(f"cannot create work pool {pool}: {r.stdout[-500:]}{r.stderr[-500:]}")
+        body = {"name": pool, "type": "process", "base_job_template": template}
+        code, out = api("POST", f"{s.prefect_api}/work_pools/", body, auth=auth)
+        if code == 409:  # it exists: its template is ours again
+            update = {"base_job_template": template}
+            code, out = api("PATCH", f"{s.prefect_api}/work_pools/{pool}", update, auth=auth)
+        if code >= 300:
+            raise InfraError(f"cannot create work pool {pool}: {code} {str(out)[-500:]}")
 
 
 ZOMBIE_AUTOMATION = "vfm-crash-silent-flow-runs"
@@ -393,35 +388,41 @@ def up(s: Settings, services: list[str], *, timeout: float = 120.0) -> dict[str,
         if info.get("port") and hasattr(s, f"{name}_port"):
             setattr(s, f"{name}_port", int(info["port"]))
     cmds, env = _commands(s), _env(s)
-    for name in services:
-        if name in pids:
-            print(f"{name}: already running (pid {pids[name]})")
-            continue
-        argv, health, port = cmds[name]
-        if port is not None and not _port_free(s.host, port):
-            var = f"VFM_{name.upper()}_PORT"
-            raise InfraError(f"{name}: port {s.host}:{port} is taken; set {var} to another port")
-        if name == "worker":
-            _create_pools(s, env)
-            try:  # a run whose worker dies is CRASHED, not RUNNING forever (its heartbeats stop)
-                crash_silent_flow_runs(s.prefect_api, auth=s.secrets().prefect_auth)
-            except Exception as e:  # the server without automations: say so, keep going
-                print(f"worker: no crash detection for silent flow runs ({e})")
-        log = s.run_dir / f"{name}.log"
-        with log.open("ab") as f:
-            proc = subprocess.Popen(
-                argv,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env={**env, **s.server_env(name)},
-                cwd=ROOT,
-                start_new_session=True,
-            )
-        pids[name] = proc.pid
-        running[name] = {"pid": proc.pid, "port": port, "health": health}
-        _write_record(s, running)
-        _wait(health, proc, name, log, timeout)
-        print(f"{name}: up (pid {proc.pid}){f' at {health}' if health else ''}, log {log}")
+    # the servers start together (each migrates its own database), the worker once Prefect is up
+    waves = [[n for n in services if n != "worker"], [n for n in services if n == "worker"]]
+    for wave in waves:
+        started = []
+        for name in wave:
+            if name in pids:
+                print(f"{name}: already running (pid {pids[name]})")
+                continue
+            argv, health, port = cmds[name]
+            if port is not None and not _port_free(s.host, port):
+                var = f"VFM_{name.upper()}_PORT"
+                raise InfraError(f"{name}: port {s.host}:{port} is taken; set {var} to another")
+            if name == "worker":
+                _create_pools(s)
+                try:  # a run whose worker dies is CRASHED, not RUNNING forever (heartbeats stop)
+                    crash_silent_flow_runs(s.prefect_api, auth=s.secrets().prefect_auth)
+                except Exception as e:  # the server without automations: say so, keep going
+                    print(f"worker: no crash detection for silent flow runs ({e})")
+            log = s.run_dir / f"{name}.log"
+            with log.open("ab") as f:
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    env={**env, **s.server_env(name)},
+                    cwd=ROOT,
+                    start_new_session=True,
+                )
+            pids[name] = proc.pid
+            running[name] = {"pid": proc.pid, "port": port, "health": health}
+            _write_record(s, running)
+            started.append((name, proc, health, log))
+        for name, proc, health, log in started:
+            _wait(health, proc, name, log, timeout)
+            print(f"{name}: up (pid {proc.pid}){f' at {health}' if health else ''}, log {log}")
     _write_record(s, running)
     env = read_services(s.run_dir)["env"]  # the settings of the servers already up win
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]

@@ -1,6 +1,9 @@
-"""Both demos at reduced size, through `make demo`'s own entry point (flows.demo.main) and
-parameters: the same captioned sample, evaluation and report for the diffusion and the
-autoregressive family, and the same headline metrics on each pipeline's MLflow run."""
+"""The demo at reduced size, through `make demo`'s own entry point (flows.demo.main) and
+parameters, for the autoregressive family (`make demo FAMILY=autoregressive`): the captioned
+sample, evaluation and report, and the headline metrics both families log on the pipeline's
+MLflow run. The diffusion family's demo is the same flow (flows.pipeline) with the diffusion
+recipe, which tests/flows/test_pipeline_flow.py runs end to end with the same report and
+evaluation; running it here again would only repeat it (CI time, issue #45)."""
 
 from __future__ import annotations
 
@@ -24,8 +27,7 @@ BOTH = (set(HEADLINE) | TOKENIZER) - ONE_FAMILY - {k for k in HEADLINE if k.ends
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["diffusion", "autoregressive"])
-def test_demo_at_reduced_size(family, prefect_api, data_root, monkeypatch):
+def test_demo_at_reduced_size(prefect_api, data_root, monkeypatch):
     import contextlib
     import io
 
@@ -33,7 +35,7 @@ def test_demo_at_reduced_size(family, prefect_api, data_root, monkeypatch):
 
     from flows.demo import main
 
-    for k, v in {**REDUCED, "VFM_DEMO_FAMILY": family}.items():
+    for k, v in {**REDUCED, "VFM_DEMO_FAMILY": "autoregressive"}.items():
         monkeypatch.setenv(k, v)
     # not capsys: Prefect's console handler keeps the stream it first wrote to, and capsys
     # closes its stream after each test
@@ -41,7 +43,7 @@ def test_demo_at_reduced_size(family, prefect_api, data_root, monkeypatch):
     with contextlib.redirect_stdout(buf):
         assert main() == 0
     out = buf.getvalue()
-    name = "demo" if family == "diffusion" else "demo-ar"
+    name = "demo-ar"
     work = data_root / "pipeline" / name
     report = (work / "report.md").read_text()
     assert report in out  # the demo prints its report, then where to look
@@ -56,13 +58,13 @@ def test_demo_at_reduced_size(family, prefect_api, data_root, monkeypatch):
     )
     metrics = runs[0].data.metrics
     assert BOTH <= set(metrics) <= set(HEADLINE) | TOKENIZER
-    if family == "autoregressive":
-        assert "| train | ar-tiny 3 steps" in report and "bits/token" in report
-        assert "of the codebook used" in report and 0 < metrics["tokenizer_codebook_usage"] <= 1
-        assert 0 < metrics["heldout_bits_per_token"]
-        tokens = np.load(work / "generated" / "video_000.tokens.npy", allow_pickle=False)
-        assert tokens.shape == (3, 8, 8) and 0 <= tokens.min() and tokens.max() < 256
-        # the demo's top-k reaches the videos' and the evaluation's token draws (logged params)
-        assert mlflow.search_runs(
-            experiment_names=["vfm-demo"], filter_string="params.top_k = '16'", output_format="list"
-        )
+    # the autoregressive family's own rows and metrics
+    assert "| train | ar-tiny 3 steps" in report and "bits/token" in report
+    assert "of the codebook used" in report and 0 < metrics["tokenizer_codebook_usage"] <= 1
+    assert 0 < metrics["heldout_bits_per_token"]
+    tokens = np.load(work / "generated" / "video_000.tokens.npy", allow_pickle=False)
+    assert tokens.shape == (3, 8, 8) and 0 <= tokens.min() and tokens.max() < 256
+    # the demo's top-k reaches the videos' and the evaluation's token draws (logged params)
+    assert mlflow.search_runs(
+        experiment_names=["vfm-demo"], filter_string="params.top_k = '16'", output_format="list"
+    )

@@ -109,6 +109,7 @@ def test_pipeline_fails_with_stage_named_resumes_with_lineage_then_reruns_only_w
     assert m["prompt_n_scored"] == 3 and 0 <= m["prompt_colour_acc"] <= 1
     assert 0 <= m["untrained_prompt_direction_acc"] <= 1
     assert "| prompt following | 3 vocabulary prompts" in report
+    assert "x lower than untrained" in report and "two halves of the data" in report
     assert out["generate"]["prompt_sheet"] in report
 
     run = mlflow.MlflowClient().get_run(out["train"]["mlflow_run_id"])

@@ -23,33 +23,13 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    root = tmp_path_factory.mktemp("infra")
-    env = dict(os.environ)
-    env.update(
-        VFM_PREFECT_PORT=str(_free_port()),
-        VFM_MLFLOW_PORT=str(_free_port()),
-        VFM_S3_PORT=str(_free_port()),
-        VFM_INFRA_DIR=str(root / "infra"),
-        VFM_DATA_DIR=str(root / "data"),
-        VFM_WORK_POOL="vfm-cpu",
-    )
-    up = subprocess.run(SERVICES + ["up"], env=env, capture_output=True, text=True, timeout=400)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        client = dict(env)
-        for line in (root / "infra" / "env.sh").read_text().splitlines():
-            key, _, value = line.removeprefix("export ").partition("=")
-            client[key] = value.strip("'")
-        client["PREFECT_HOME"] = str(root / "client-prefect")
-        with pytest.MonkeyPatch.context() as mp:  # infra.load.api's credentials
-            mp.setenv("PREFECT_API_AUTH_STRING", client["PREFECT_API_AUTH_STRING"])
-            yield client
-    finally:
-        down = subprocess.run(
-            SERVICES + ["down"], env=env, capture_output=True, text=True, timeout=120
-        )
-        assert down.returncode == 0, down.stderr
+def servers(make_up):
+    """The client environment of the session's ``make up`` servers (tests/infra/conftest.py),
+    its secret also where :func:`infra.load.api` reads it."""
+    _, client = make_up
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_API_AUTH_STRING", client["PREFECT_API_AUTH_STRING"])
+        yield client
 
 
 @pytest.mark.slow

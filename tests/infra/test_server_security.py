@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.load import api, own_servers
+from infra.load import api
 from infra.s3_server import credential
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,15 +39,13 @@ def _raw(method: str, url: str, body: dict | None = None, **headers: str) -> tup
 
 
 @pytest.fixture(scope="module")
-def servers():
-    """Prefect server, process worker and S3 endpoint of ``infra/services.py up``; yields (run
-    dir, client env). The worker polls every 2 s."""
+def servers(make_up):
+    """(run dir, client env) of the session's ``make up`` servers (tests/infra/conftest.py); the
+    worker polls every 2 s; this process holds no secret (the attacker's calls carry none)."""
+    root, env = make_up
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.delenv("PREFECT_API_AUTH_STRING", raising=False)  # the attacker's calls carry none
-        with own_servers("vfm-security-", only="prefect,worker,s3") as (root, env):
-            yield root / "infra", env
+        mp.delenv("PREFECT_API_AUTH_STRING", raising=False)
+        yield root / "infra", env
 
 
 @pytest.mark.slow
