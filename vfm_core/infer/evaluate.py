@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from vfm_core.config import Config, ConfigError
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.generate import PREVIEW_FACTORS, sample_latent

@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from vfm_core.config import Config
 from vfm_core.data.samples import TrainBatch
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.packed import packed_training_pair
 from vfm_core.geometry import PackLayout, pack_tokens, patchify, per_sample_mean
 from vfm_core.parallel.rng import StepRNG, counter_generator
