@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vfm_core.models.flash import Aux, default_scale, flash_backward, flash_forward
+from vfm_core.models.layers import attention_backend
 from vfm_core.models.te_adapter import context_backend, te_context_attention
 
 Rect = tuple[int, int, int, int, bool]
@@ -309,7 +310,9 @@ def ring_attention(
     if sample_ids is None:
         if causal:
             causal_positions(n, world, balanced=balanced)  # checks the chunk divides
-        impl, _ = context_backend(q, packed=False, causal=causal, balanced=balanced)
+        impl, _ = context_backend(
+            q, backend=attention_backend(), packed=False, causal=causal, balanced=balanced
+        )
         if impl == "te":
             return te_context_attention(q, k, v, group, causal=causal)
         return _TorchRing.apply(q, k, v, group, causal, balanced)
