@@ -330,7 +330,7 @@ def test_foreign_index_schema_checks(foreign_dir, tmp_path):
     """The foreign columns come all or none, with a sidecar table inside the dataset."""
     import shutil
 
-    from vfm_core.data.index import DatasetIndexError
+    from vfm_core.data.index_tables import DatasetIndexError
 
     index_foreign_shards(str(foreign_dir), embed=hash_embed)
     root = tmp_path / "copy"
