@@ -174,11 +174,11 @@ def test_columnar_index_on_s3(s3_server, clips_dir):
 def test_foreign_webdataset_in_columnar_form(tmp_path):
     """``vfm index --index-format parquet``: the second byte range (sidecars) and the foreign
     columns (``member_key`` with a directory, ``media``) read back the same as in JSON."""
-    from test_foreign_webdataset import _foreign_samples, _write_foreign
+    from test_foreign_webdataset import foreign_samples, write_foreign
 
     from vfm_core.data.foreign_index import index_foreign_shards
 
-    js = _write_foreign(tmp_path / "js", _foreign_samples(tmp_path))
+    js = write_foreign(tmp_path / "js", foreign_samples(tmp_path))
     col = tmp_path / "col"
     shutil.copytree(js, col)
     index_foreign_shards(str(js), embed=hash_embed)

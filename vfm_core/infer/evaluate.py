@@ -128,7 +128,7 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a) + np.trace(s_b) - 2 * cross)
 
 
-def _heldout_batches(
+def heldout_batches(
     cfg: Config, ec: EvalConfig, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """n held-out (latents (n, C, T, H, W), text (n, L, Dt)) from the run's data source, and its
@@ -238,7 +238,7 @@ def evaluate(
     ar = cfg.model.arch == "ar"
     held_out = heldout_bits if ar else heldout_loss
     n = max(ec.loss_samples, ec.fd_samples)
-    data, text, null = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W) | (n, T, H, W), (n, L, Dt)
+    data, text, null = heldout_batches(cfg, ec, n)  # (n, C, T, H, W) | (n, T, H, W), (n, L, Dt)
     metrics = held_out(model, cfg, data[: ec.loss_samples], text[: ec.loss_samples], ec)
 
     tok_path = tokenizer or cfg.data.tokenizer or None
