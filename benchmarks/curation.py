@@ -157,7 +157,7 @@ def _decode_with(path: Path, st: DecodeSetting) -> int:
     import av
 
     from vfm_core.video.io import analysis_size
-    from vfm_core.video.plane_sampler import _PlaneSampler
+    from vfm_core.video.plane_sampler import PlaneSampler
 
     if st.output == "split":
         return len(_vfm(path))
@@ -173,7 +173,7 @@ def _decode_with(path: Path, st: DecodeSetting) -> int:
             if st.output == "swscale":
                 frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="FAST_BILINEAR")
             elif st.output == "sample":
-                sampler = sampler or _PlaneSampler(frame.width, frame.height, w, h)
+                sampler = sampler or PlaneSampler(frame.width, frame.height, w, h)
                 sampler(frame)
             n += 1
         return n

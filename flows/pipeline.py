@@ -284,7 +284,7 @@ def train_stage(
     params.to_config()  # a bad form fails here, before an earlier run is removed
     out = Path(params.out_dir)
     with output_lock(out, what="out_dir"):  # never the folder of a run another process writes
-        _remove_earlier_run(out)
+        remove_earlier_run(out)
     summary = train_flow(params, parent_run_id=parent_run_id)
     if summary.get("mlflow_run_id"):
         lineage_task(
@@ -302,7 +302,7 @@ RUN_MARKS = ("checkpoints", "metrics.jsonl", "summary.json", "config.yaml", "run
 """What a training run's folder holds (any one marks it as a run's)."""
 
 
-def _remove_earlier_run(out: Path) -> None:
+def remove_earlier_run(out: Path) -> None:
     """The train stage runs only when no finished run matches its inputs, so a run folder
     already at ``out`` is an earlier run's (other inputs, or crashed): removed, to start over.
     A file there, or a folder that is not a training run's, is an error naming it: nothing but

@@ -110,7 +110,7 @@ def curate_video_task(
     return _result(r, dst, cfg, state, skipped, recaptioned)  # contract: valid rows, covered
 
 
-def _retry_unless_no_cluster(task, task_run, state) -> bool:
+def retry_unless_no_cluster(task, task_run, state) -> bool:
     """A wrong Ray address fails once, fast; anything else (a node lost mid-run) is retried."""
     try:
         state.result()
@@ -122,7 +122,7 @@ def _retry_unless_no_cluster(task, task_run, state) -> bool:
 
 
 @task(
-    name="curate-ray", retries=1, retry_delay_seconds=5, retry_condition_fn=_retry_unless_no_cluster
+    name="curate-ray", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_no_cluster
 )
 def curate_ray_task(
     refs: list[dict[str, str]],

@@ -131,34 +131,34 @@ def test_a_remote_store_without_credentials_is_one_line_before_any_work(tmp_path
 def test_the_config_files_recipe_is_the_base_unless_another_is_named(tmp_path):
     """``recipe:`` in a ``--config`` file picks the preset its sections go on top of; with a
     different ``--recipe`` it is one error (it relabelled a DiT run 'ar-tiny')."""
-    from vfm_core.cli import _config
+    from vfm_core.cli import run_config
     from vfm_core.cli_parser import build_parser
     from vfm_core.config import ConfigError
 
     path = tmp_path / "run.yaml"
     path.write_text("recipe: ar-tiny\nmodel: {depth: 1}\n")
     argv = ["train", "--config", str(path), "--steps", "1", "--out", str(tmp_path / "o")]
-    cfg = _config(build_parser().parse_args(argv))
+    cfg = run_config(build_parser().parse_args(argv))
     assert (cfg.recipe, cfg.model.arch, cfg.model.depth) == ("ar-tiny", "ar", 1)
-    assert _config(build_parser().parse_args([*argv, "--recipe", "ar-tiny"])) == cfg
+    assert run_config(build_parser().parse_args([*argv, "--recipe", "ar-tiny"])) == cfg
     with pytest.raises(ConfigError, match="recipe: ar-tiny but --recipe dit-tiny"):
-        _config(build_parser().parse_args([*argv, "--recipe", "dit-tiny"]))
+        run_config(build_parser().parse_args([*argv, "--recipe", "dit-tiny"]))
     with pytest.raises(ConfigError, match="--out is empty"):  # it trained into the cwd
-        _config(build_parser().parse_args(["train", "--steps", "1", "--out", ""]))
+        run_config(build_parser().parse_args(["train", "--steps", "1", "--out", ""]))
 
 
 def test_a_flag_and_a_setting_of_the_same_field_must_agree(tmp_path):
     """``--tp 2 --set parallel.tp=4`` (or the config file's ``parallel.tp``) trained with the
     flag's value and said nothing; now one error names both. Equal values, or a flag over the
     recipe's default, are fine."""
-    from vfm_core.cli import _config
+    from vfm_core.cli import run_config
     from vfm_core.cli_parser import build_parser
     from vfm_core.config import ConfigError
 
     base = ["train", "--steps", "3", "--out", str(tmp_path / "o")]
 
     def config(*argv):
-        return _config(build_parser().parse_args([*base, *argv]))
+        return run_config(build_parser().parse_args([*base, *argv]))
 
     for argv, message in [
         (["--tp", "2", "--set", "parallel.tp=4"], "--tp 2 but --set parallel.tp=4: two values"),

@@ -109,3 +109,17 @@ def test_vfm_core_layers_only_point_down():
                 unplaced.append(target)
     assert not unplaced, f"packages in no layer: {sorted(set(unplaced))}"
     assert upward == []
+
+
+def test_no_file_cycles_in_vfm_core():
+    """Inside vfm_core no two files import each other, directly or round a cycle (lazy imports
+    inside functions count), and no private name (leading underscore) is imported from another
+    file: a shared piece lives in the module that owns it, or in a small module below its users
+    (issue #47, "split by responsibility"; benchmarks/code_health.py measures both)."""
+    from benchmarks.code_health import measure
+
+    m = measure()
+    cycles = "\n".join(" <-> ".join(c) for c in m["file_cycles"])
+    assert m["file_cycles"] == [], f"file cycles in vfm_core:\n{cycles}"
+    private = "\n".join(m["_private_imports"])
+    assert m["private_cross_file_imports"] == 0, f"private names imported across files:\n{private}"

@@ -47,7 +47,7 @@ from vfm_core.errors import UserError
 from vfm_core.recipes import get_recipe
 
 
-def _config(args: argparse.Namespace):
+def run_config(args: argparse.Namespace):
     """The run's config: the recipe (``--recipe``, else the config file's ``recipe``, else
     dit-tiny), the config file on top, then ``--set`` and the flags."""
     if getattr(args, "out", None) is not None and not args.out.strip():
@@ -107,7 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.train.preempt import Preempted
 
     degrees = {k: getattr(args, k) for k in DEGREES}
-    cfg = with_degrees(_config(args), **degrees)
+    cfg = with_degrees(run_config(args), **degrees)
     launch = Launch(
         nproc=args.nproc,
         nnodes=args.nnodes,

@@ -22,7 +22,6 @@ import yaml
 from vfm_core.config_build import (  # noqa: F401  (re-exported: ConfigError, build_settings)
     ConfigError,
     YamlDumper,
-    _build,
     build_settings,
     override_keys,
     parse_override,
@@ -473,7 +472,7 @@ def merge(cfg: Config, values: dict[str, Any]) -> Config:
             base[k] = {**base[k], **v}
         else:
             base[k] = v
-    return _build(Config, base)
+    return build_settings(Config, base)
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:

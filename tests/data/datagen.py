@@ -87,7 +87,8 @@ def craft_dataset(root: Path, samples: dict[str, list[tuple[str, bytes]]], dim: 
     valid index, as the writer would produce: for the bad-input tests."""
     import tarfile
 
-    from vfm_core.data.index import DatasetIndex, write_index
+    from vfm_core.data.index import write_index
+    from vfm_core.data.index_tables import DatasetIndex
 
     root.mkdir(parents=True, exist_ok=True)
     rows = []

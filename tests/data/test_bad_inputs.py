@@ -13,7 +13,8 @@ import pytest
 from datagen import craft_dataset, good_members, npy
 
 from vfm_core import storage
-from vfm_core.data.index import DatasetIndexError, read_index
+from vfm_core.data.index import read_index
+from vfm_core.data.index_tables import DatasetIndexError
 from vfm_core.data.loader import build_loader
 from vfm_core.data.shards import SampleError, ShardError, read_range, verify_shards
 
@@ -332,7 +333,7 @@ def test_damaged_clip_never_reaches_the_tokenizer(clips_dir, tmp_path):
     against the frames it must give, instead of a TokenizerShapeError from inside the model."""
     import torch
 
-    from vfm_core.data.blend import BucketSpec
+    from vfm_core.data.buckets import BucketSpec
     from vfm_core.data.shard_source import ShardLatentSource
     from vfm_core.tokenizer import CausalVideoAutoencoder, get_tokenizer_config, save_tokenizer
 

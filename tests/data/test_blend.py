@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from vfm_core.data.blend import BlendedLoader, BucketSpec, assign_bucket
+from vfm_core.data.blend import BlendedLoader
+from vfm_core.data.buckets import BucketSpec, assign_bucket
 from vfm_core.data.loader import build_loader
 
 SPEC = BucketSpec(resolutions=((32, 32), (32, 48), (48, 32)), durations=(1, 5, 9))

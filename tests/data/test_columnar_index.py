@@ -16,7 +16,8 @@ from loader_worker import batch_digest
 from vfm_core.cli import main
 from vfm_core.data.columnar import ParquetIndex
 from vfm_core.data.columnar_writer import arrow_schema
-from vfm_core.data.index import DatasetIndexError, migrate_index, read_index
+from vfm_core.data.index import migrate_index, read_index
+from vfm_core.data.index_tables import DatasetIndexError
 from vfm_core.data.loader import build_loader
 
 RG = 5  # rows per row group: the 24-sample fixture spans 5 row groups
@@ -39,7 +40,7 @@ def pair(shard_dir, tmp_path):
 def _loader(root, mode, **kw):
     extra = {}
     if mode == "buckets":
-        from vfm_core.data.blend import BucketSpec
+        from vfm_core.data.buckets import BucketSpec
 
         extra["buckets"] = BucketSpec(resolutions=((16, 16),), durations=(1, 5))
     return build_loader(shards=str(root), seed=7, decode="none", **MODES[mode], **extra, **kw)
@@ -60,7 +61,7 @@ def test_parquet_and_json_give_identical_batches_states_and_restores(pair, mode)
         again.load_state_dict(state)
         assert [batch_digest(again.next_batch()) for _ in range(4)] == expected
     if mode == "packed":
-        assert a.token_extremes() == b.token_extremes()  # stats == the scan
+        assert a.geometry.token_extremes() == b.geometry.token_extremes()  # stats == the scan
     assert a.index.latent_channels() == b.index.latent_channels()
 
 
@@ -173,11 +174,11 @@ def test_columnar_index_on_s3(s3_server, clips_dir):
 def test_foreign_webdataset_in_columnar_form(tmp_path):
     """``vfm index --index-format parquet``: the second byte range (sidecars) and the foreign
     columns (``member_key`` with a directory, ``media``) read back the same as in JSON."""
-    from test_foreign_webdataset import _foreign_samples, _write_foreign
+    from test_foreign_webdataset import foreign_samples, write_foreign
 
     from vfm_core.data.foreign_index import index_foreign_shards
 
-    js = _write_foreign(tmp_path / "js", _foreign_samples(tmp_path))
+    js = write_foreign(tmp_path / "js", foreign_samples(tmp_path))
     col = tmp_path / "col"
     shutil.copytree(js, col)
     index_foreign_shards(str(js), embed=hash_embed)
@@ -204,7 +205,7 @@ def test_stored_latents_in_columnar_form(clips_dir, tmp_path):
     assert b.row(2)["latent_shape"] == [4, 2, 4, 4] and list(b.geometry(2)[3:]) == [4, 2, 4, 4]
     assert b.latent_channels() == a.latent_channels() == {4}
     la, lb = (build_loader(shards=x, seed=4, batch_size=2, max_tokens=32) for x in (a, b))
-    assert la.token_extremes() == lb.token_extremes()
+    assert la.geometry.token_extremes() == lb.geometry.token_extremes()
     for _ in range(2):
         assert batch_digest(la.next_batch()) == batch_digest(lb.next_batch())
 
@@ -219,7 +220,7 @@ def test_start_up_checks_read_the_stats_and_say_the_same(pair):
     msgs = []
     for root in pair:
         ld = _loader(root, "packed")
-        _, most, _ = ld.token_extremes()
+        _, most, _ = ld.geometry.token_extremes()
         fake = SimpleNamespace(data=SimpleNamespace(max_tokens=most - 1))
         with pytest.raises(ConfigError, match="smaller than the largest sample") as e:
             ShardLatentSource._check_fits(fake, ld, "DIR")

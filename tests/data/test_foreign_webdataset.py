@@ -52,7 +52,7 @@ def _image(i: int, h: int, w: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def _foreign_samples(tmp: Path, *, caption: str = "txt") -> list[dict]:
+def foreign_samples(tmp: Path, *, caption: str = "txt") -> list[dict]:
     """12 webdataset samples: videos (mp4) and images (png / jpg), a caption (``txt`` member or
     a field of the ``json`` member), an extra ``cls`` member; sample 7 has no caption and
     sample 10's key holds a directory (``part/...``)."""
@@ -75,7 +75,7 @@ def _foreign_samples(tmp: Path, *, caption: str = "txt") -> list[dict]:
     return out
 
 
-def _write_foreign(root: Path, samples: list[dict], maxcount: int = 5) -> Path:
+def write_foreign(root: Path, samples: list[dict], maxcount: int = 5) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with wds.ShardWriter(str(root / "data-%06d.tar"), maxcount=maxcount, verbose=0) as sink:
         for s in samples:
@@ -86,7 +86,7 @@ def _write_foreign(root: Path, samples: list[dict], maxcount: int = 5) -> Path:
 @pytest.fixture(scope="module")
 def foreign_dir(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("foreign")
-    return _write_foreign(tmp / "wds", _foreign_samples(tmp))
+    return write_foreign(tmp / "wds", foreign_samples(tmp))
 
 
 def _sha(root: Path) -> dict[str, str]:
@@ -179,7 +179,7 @@ def test_webdataset_reads_our_sidecars(foreign_dir):
 
 
 def test_caption_from_json_field_and_skip_uncaptioned(tmp_path):
-    root = _write_foreign(tmp_path / "wds", _foreign_samples(tmp_path, caption="json"))
+    root = write_foreign(tmp_path / "wds", foreign_samples(tmp_path, caption="json"))
     cfg = ForeignIndexConfig(caption_key="json:caption", video_key="mp4;png;jpg")
     summary = index_foreign_shards(str(root), embed=hash_embed, config=cfg)
     assert summary["n_samples"] == 12 and summary["n_uncaptioned"] == 1
@@ -203,7 +203,7 @@ def test_bad_foreign_inputs(tmp_path, shard_dir):
     tmp.mkdir()
     mp4 = _mp4(tmp, 0, 5, 32, 32)
     good = [{"__key__": f"k{i}", "mp4": mp4, "txt": b"a caption"} for i in range(3)]
-    root = _write_foreign(tmp_path / "a", good)
+    root = write_foreign(tmp_path / "a", good)
 
     with pytest.raises(ForeignIndexError, match=r"no sample has a media member webm.*mp4 \(3\)"):
         index_foreign_shards(
@@ -221,7 +221,7 @@ def test_bad_foreign_inputs(tmp_path, shard_dir):
     # duplicate keys across shards: both shards named
     dup = tmp_path / "dup"
     for n in range(2):
-        _write_foreign(dup, [])  # the directory
+        write_foreign(dup, [])  # the directory
         with wds.TarWriter(str(dup / f"part-{n}.tar")) as w:
             w.write({"__key__": "same", "mp4": mp4, "txt": b"x"})
     with pytest.raises(ForeignIndexError, match=r"duplicate sample key 'same'.*part-1.tar.*part-0"):
@@ -252,7 +252,7 @@ def test_bad_foreign_inputs(tmp_path, shard_dir):
         {"__key__": "badjson", "mp4": mp4, "json": b"{oops"},
         {"__key__": "other", "mp4": mp4, "txt": b"d", "seg.weird": b"\1\2"},
     ]
-    root = _write_foreign(tmp_path / "mixed", mixed)
+    root = write_foreign(tmp_path / "mixed", mixed)
     summary = index_foreign_shards(str(root), embed=hash_embed)
     assert summary["n_samples"] == 4 and summary["n_skipped"] == 2
     assert summary["skipped"] == {"media does not decode": 1, "invalid json member": 1}
@@ -330,7 +330,7 @@ def test_foreign_index_schema_checks(foreign_dir, tmp_path):
     """The foreign columns come all or none, with a sidecar table inside the dataset."""
     import shutil
 
-    from vfm_core.data.index import DatasetIndexError
+    from vfm_core.data.index_tables import DatasetIndexError
 
     index_foreign_shards(str(foreign_dir), embed=hash_embed)
     root = tmp_path / "copy"

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from vfm_core.config import DiffusionConfig
-from vfm_core.diffusion.edm import EDM, create_diffusion, scale_latents, unscale_latents
+from vfm_core.diffusion.edm import EDM, scale_latents, unscale_latents
+from vfm_core.diffusion.objective import create_diffusion
 
 SHAPE = (3, 4, 2, 6, 5)  # (B, C, T, H, W)
 

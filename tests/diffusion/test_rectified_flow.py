@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vfm_core.config import DiffusionConfig, apply_overrides
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.rectified_flow import RectifiedFlow
 from vfm_core.diffusion.sampler import sample
 from vfm_core.recipes import get_recipe

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from vfm_core.config import DiffusionConfig
-from vfm_core.diffusion.edm import EDM
-from vfm_core.diffusion.sampler import guided, karras_sigmas, sample, sample_from_config
+from vfm_core.diffusion.edm import EDM, karras_sigmas
+from vfm_core.diffusion.sampler import guided, sample, sample_from_config
 
 S = 0.5  # data std of the Gaussian toy problem
 SHAPE = (2, 3, 2, 4, 4)  # (B, C, T, H, W)

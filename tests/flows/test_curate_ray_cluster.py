@@ -14,7 +14,7 @@ import pytest
 from prefect.states import Failed
 
 from flows.curate import CurateParams, curate_flow
-from tasks.curate import _retry_unless_no_cluster, curate_ray_task
+from tasks.curate import curate_ray_task, retry_unless_no_cluster
 from tests.flows.ray_cluster import REPO, free_port, ray_cluster
 from vfm_core.contracts import Rejects, VideoManifest, read_manifest
 from vfm_core.curate import CurateConfig, curate
@@ -106,8 +106,8 @@ def test_no_cluster_one_line(src, tmp_path):
         curate_ray_task.fn(refs, str(tmp_path / "out"), cfg, address=f"127.0.0.1:{port}")
     assert time.monotonic() - t0 < 10
     # the task is not retried on a wrong address, only on other failures (a node lost mid-run)
-    assert not _retry_unless_no_cluster(None, None, Failed(data=RayClusterError("x")))
-    assert _retry_unless_no_cluster(None, None, Failed(data=RuntimeError("node died")))
+    assert not retry_unless_no_cluster(None, None, Failed(data=RayClusterError("x")))
+    assert retry_unless_no_cluster(None, None, Failed(data=RuntimeError("node died")))
     env = dict(os.environ, PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")
     r = subprocess.run(
         [

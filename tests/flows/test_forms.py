@@ -15,8 +15,8 @@ from flows.forms import form_config, nested
 from flows.pipeline import (
     MAX_TEXT_LEN,
     PipelineParams,
-    _remove_earlier_run,
     pixel_shape,
+    remove_earlier_run,
     train_settings,
 )
 from flows.scaling import ScalingParams
@@ -216,12 +216,12 @@ def test_the_train_stage_removes_an_earlier_run_and_nothing_else(tmp_path):
     run = tmp_path / "train"
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.jsonl").write_text("")
-    _remove_earlier_run(run)  # an earlier run's folder: starting over
+    remove_earlier_run(run)  # an earlier run's folder: starting over
     assert not run.exists()
     run.mkdir()
     (run / "important.txt").write_text("notes")
     with pytest.raises(ValueError, match=r"holds files that are not a training run's"):
-        _remove_earlier_run(run)
+        remove_earlier_run(run)
     assert (run / "important.txt").read_text() == "notes"
 
 

@@ -11,9 +11,9 @@ from vfm_core.config import ConfigError, TrackingConfig
 from vfm_core.infer.dit_checkpoint import load_dit
 from vfm_core.infer.evaluate import (
     EvalConfig,
-    _heldout_batches,
     evaluate,
     frechet_distance,
+    heldout_batches,
     heldout_loss,
     log_evaluation,
 )
@@ -48,19 +48,19 @@ def test_frechet_distance_rejects_bad_shapes():
 def test_heldout_loss_fixed_sigmas_and_deterministic(tiny_run):
     loaded = load_dit(tiny_run)
     ec = EvalConfig(sigmas=(0.1, 1.0), loss_samples=4, batch=2)
-    lat, txt, _ = _heldout_batches(loaded.cfg, ec, 4)
+    lat, txt, _ = heldout_batches(loaded.cfg, ec, 4)
     a = heldout_loss(loaded.model, loaded.cfg, lat, txt, ec)
     b = heldout_loss(loaded.model, loaded.cfg, lat, txt, ec)
     assert a == b and set(a) == {"loss_sigma_0.1", "loss_sigma_1", "heldout_loss"}
     assert a["heldout_loss"] == pytest.approx((a["loss_sigma_0.1"] + a["loss_sigma_1"]) / 2)
     # held-out data is not the training stream (other data seed)
-    train_lat, _, _ = _heldout_batches(
+    train_lat, _, _ = heldout_batches(
         loaded.cfg, EvalConfig(heldout_seed=loaded.cfg.data.seed, batch=2), 4
     )
     assert not np.allclose(lat.numpy(), train_lat.numpy())
     # held-out shards for a run on synthetic data were ignored: synthetic held-out data instead
     with pytest.raises(ConfigError, match="heldout_shards=/data/test: the run trained on data.so"):
-        _heldout_batches(loaded.cfg, EvalConfig(heldout_shards="/data/test"), 4)
+        heldout_batches(loaded.cfg, EvalConfig(heldout_shards="/data/test"), 4)
 
 
 def test_evaluate_end_to_end_logs_to_mlflow(tiny_run, tiny_tokenizer, data_root):

@@ -66,7 +66,7 @@ def test_deploy_trigger_train_and_mfu_in_mlflow_server(servers, tmp_path):
             "overrides": ["data.batch_size=2"],
         }
     }
-    state, _ = _run_deployment(env, dep["id"], params)
+    state, _ = run_deployment(env, dep["id"], params)
     assert state == "COMPLETED", (state, _worker_log(env))
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").open()] == [1, 2, 3]
 
@@ -86,7 +86,7 @@ def _worker_log(env: dict) -> str:
     return (Path(env["VFM_INFRA_DIR"]) / "worker.log").read_text()[-4000:]
 
 
-def _run_deployment(env: dict, dep_id: str, params: dict | None) -> tuple[str, dict]:
+def run_deployment(env: dict, dep_id: str, params: dict | None) -> tuple[str, dict]:
     """What the UI's Run button does; waits for the flow run to end: (state type, flow run)."""
     api = env["PREFECT_API_URL"]
     body = {} if params is None else {"parameters": params}
@@ -114,7 +114,7 @@ def test_a_failing_train_run_ends_its_mlflow_run_failed(servers):
             "overrides": ["data.source=shards", "data.shards=/nonexistent/shards"],
         }
     }
-    state, run = _run_deployment(env, dep["id"], bad)
+    state, run = run_deployment(env, dep["id"], bad)
     assert state == "FAILED", _worker_log(env)
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("vfm")

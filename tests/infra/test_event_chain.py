@@ -199,7 +199,7 @@ def chain(tmp_path_factory):
 
 
 def _quiesce(api: str, pool: str) -> None:
-    from test_schedule_e2e import _quiesce as quiesce
+    from test_schedule_e2e import quiesce
 
     quiesce(api, pool)
 
@@ -233,11 +233,11 @@ def _wait_for(api: str, name: str, n: int, root: Path, timeout: float = 420) -> 
 
 
 def _start_curation(api: str, root: Path, src: Path, dst: Path) -> dict:
-    from test_deployment_e2e import _run_deployment
+    from test_deployment_e2e import run_deployment
 
     env = {"PREFECT_API_URL": api}
     params = {"params": {"src": str(src), "dst": str(dst), "min_len_s": 1.0}}
-    state, run = _run_deployment(env, _dep_id(api, "curate-nightly"), params)
+    state, run = run_deployment(env, _dep_id(api, "curate-nightly"), params)
     assert state == "COMPLETED", run["state"]
     return run
 

@@ -62,7 +62,7 @@ def _time(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
-def _quiesce(api: str, pool: str) -> None:
+def quiesce(api: str, pool: str) -> None:
     """Pause the pool, then wait (bounded) for the runs the worker already started: each flow run
     is a session of its own, outside the worker's process group that down() kills."""
 
@@ -94,7 +94,7 @@ def server_and_worker(tmp_path, monkeypatch):
         env = dict(os.environ, **s.client_env(), PREFECT_HOME=str(tmp_path / "client-prefect"))
         yield s, env
     finally:
-        _quiesce(s.prefect_api, s.pool)
+        quiesce(s.prefect_api, s.pool)
         down(s)
 
 

@@ -19,7 +19,7 @@ from vfm_core.models.flash import (
     grouped_attention,
 )
 from vfm_core.models.layers import attention
-from vfm_core.parallel.ring import _merge, block_rects, causal_positions
+from vfm_core.parallel.ring import block_rects, causal_positions, merge_block
 from vfm_core.perf.memory import measure_saved_bytes
 
 
@@ -47,7 +47,7 @@ def test_blocks_merged_by_lse_equal_whole_attention_forward_and_backward():
     blocks = [(0, 5), (5, 17), (17, 24)]
     for a, b in blocks:
         o, lo, _ = flash_forward(q, k[:, :, a:b], v[:, :, a:b], scale=scale)
-        _merge(out, lse, 0, 24, o, lo)
+        merge_block(out, lse, 0, 24, o, lo)
     assert (out - ref).abs().max() < 1e-12
     dq = torch.zeros_like(q)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from fp8_gpu import require_fp8_backend
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC2701
 
 from vfm_core.config import ConfigError, apply_overrides, validate
 from vfm_core.families import build_model

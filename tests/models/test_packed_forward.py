@@ -10,7 +10,7 @@ import torch
 from model_init import random_model
 
 from vfm_core.config import DiffusionConfig, ModelConfig
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
 from vfm_core.geometry import PackLayout, ShapeError, attention_groups, pack_latents, unpack_latents
 

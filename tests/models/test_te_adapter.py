@@ -45,20 +45,16 @@ def test_context_parallel_attention_selects_te_only_where_it_applies():
     GPU, unpacked, and causal only over the balanced placement; elsewhere PyTorch's / vfm's
     ring, saying why."""
     q = torch.zeros(1, 2, 8, 4)
-    assert context_backend(q, packed=False, causal=False, balanced=True) == (
+    assert context_backend(q, backend="sdpa", packed=False, causal=False, balanced=True) == (
         "torch",
         "attention backend 'sdpa'",
     )
-    set_attention_backend("te")
-    try:
-        impl, why = context_backend(q, packed=True, causal=False, balanced=True)
-        assert impl == "torch" and "packed" in why
-        impl, why = context_backend(q, packed=False, causal=True, balanced=False)
-        assert impl == "torch" and "zigzag" in why
-        impl, why = context_backend(q, packed=False, causal=True, balanced=True)
-        assert (impl, why) == ("torch", "tensors not on a CUDA device")
-    finally:
-        set_attention_backend("sdpa")
+    impl, why = context_backend(q, backend="te", packed=True, causal=False, balanced=True)
+    assert impl == "torch" and "packed" in why
+    impl, why = context_backend(q, backend="te", packed=False, causal=True, balanced=False)
+    assert impl == "torch" and "zigzag" in why
+    impl, why = context_backend(q, backend="te", packed=False, causal=True, balanced=True)
+    assert (impl, why) == ("torch", "tensors not on a CUDA device")
 
 
 @pytest.mark.gpu
@@ -66,8 +62,5 @@ def test_te_context_parallel_attention_is_chosen_on_gpu():
     if not te_status()[0]:
         pytest.skip(te_status()[1])
     q = torch.zeros(1, 2, 8, 4, device="cuda")
-    set_attention_backend("te")
-    try:
-        assert context_backend(q, packed=False, causal=True, balanced=True)[0] == "te"
-    finally:
-        set_attention_backend("sdpa")
+    impl, _ = context_backend(q, backend="te", packed=False, causal=True, balanced=True)
+    assert impl == "te"

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from vfm_core.config import DiffusionConfig, ModelConfig
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.families import build_model
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads

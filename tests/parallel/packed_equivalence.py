@@ -17,7 +17,7 @@ import torch
 from equivalence import data_parallel_report, run_cases, seeded_pair, tiny_model_cfg
 
 from vfm_core.config import DiffusionConfig
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.packed import packed_loss
 from vfm_core.families import build_model
 from vfm_core.geometry import pack_latents

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from parallel_harness import run_ranks
 
-from vfm_core.models.attention import _group, _ungroup
+from vfm_core.models.attention import group_tokens, ungroup_tokens
 from vfm_core.models.layers import attention
 from vfm_core.parallel.comm_stats import CommCounter, alltoall_bytes, ring_bytes
 from vfm_core.parallel.context import (
@@ -31,10 +31,10 @@ def _reference(q, k, v, layout, ids=None):
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     if layout != "full":
-        q, k, v = (_group(t, GRID, layout) for t in (q, k, v))
+        q, k, v = (group_tokens(t, GRID, layout) for t in (q, k, v))
     mask = None if ids is None else (ids[:, None] == ids[None, :])[None, None]  # block diagonal
     out = attention(q, k, v, mask)
-    return _ungroup(out, b, GRID, layout) if layout != "full" else out
+    return ungroup_tokens(out, b, GRID, layout) if layout != "full" else out
 
 
 def _case(hq: int, hkv: int):

@@ -18,7 +18,7 @@ from vfm_core.config import ConfigError
 from vfm_core.geometry import default_grid
 from vfm_core.parallel.context import seq_chunk
 from vfm_core.parallel.layout import validate_layout
-from vfm_core.parallel.parallelize import _check
+from vfm_core.parallel.parallelize import check_parallel_fit
 from vfm_core.perf.hardware import gpu_spec
 from vfm_core.perf.layout_rules import check_layout, global_batch, trainer_config
 from vfm_core.perf.planner import Layout, plan
@@ -68,7 +68,7 @@ def _check_trainer_accepts(base, lay: Layout, seq: int) -> None:
     else:  # ... or gradient accumulation
         assert (p.pp_microbatches, cfg.train.grad_accum) == (0, lay.microbatches)
     assert cfg.data.batch_size // dims.dp // lay.microbatches == lay.micro_batch
-    _check(SimpleNamespace(cfg=cfg.model), dims, p.cp_mode)  # stdit ring, a2a heads
+    check_parallel_fit(SimpleNamespace(cfg=cfg.model), dims, p.cp_mode)  # stdit ring, a2a heads
     split = lay.cp * (lay.tp if lay.sp else 1)
     assert seq % split == 0
     mode = "none" if not p.activation_checkpointing else p.activation_checkpointing_mode

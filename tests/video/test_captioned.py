@@ -12,14 +12,8 @@ import numpy as np
 import polars as pl
 
 from vfm_core.curate import curate
-from vfm_core.video.captioned import (
-    COLOURS,
-    DIRECTIONS,
-    all_subjects,
-    captioned_spec,
-    held_out,
-    parse_caption,
-)
+from vfm_core.video.caption_vocabulary import COLOURS, DIRECTIONS
+from vfm_core.video.captioned import all_subjects, captioned_spec, held_out, parse_caption
 from vfm_core.video.sample_set import write_sample_videos
 from vfm_core.video.synthetic import render_frames
 

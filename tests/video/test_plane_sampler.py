@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 
 from vfm_core.video.io import iter_frames
-from vfm_core.video.plane_sampler import _SAMPLED_FORMATS, _PlaneSampler
+from vfm_core.video.plane_sampler import SAMPLED_FORMATS, PlaneSampler
 
 
 def _reference(frame: av.VideoFrame, w: int, h: int) -> np.ndarray:
     """Per-pixel float32 BT.601 conversion of point samples (the sampler's specification)."""
     ys = ((np.arange(h) + 0.5) * frame.height / h).astype(np.intp).clip(0, frame.height - 2)
     xs = ((np.arange(w) + 0.5) * frame.width / w).astype(np.intp).clip(0, frame.width - 2)
-    sub = _SAMPLED_FORMATS[frame.format.name]
+    sub = SAMPLED_FORMATS[frame.format.name]
     planes = []
     for i, p in enumerate(frame.planes[:3]):
         a = np.frombuffer(p, np.uint8).reshape(-1, p.line_size)  # (ph, stride)
@@ -33,20 +33,20 @@ def _reference(frame: av.VideoFrame, w: int, h: int) -> np.ndarray:
     return np.clip(rgb + 0.5, 0, 255).astype(np.uint8)  # (h, w, 3)
 
 
-@pytest.mark.parametrize("fmt", sorted(_SAMPLED_FORMATS))
+@pytest.mark.parametrize("fmt", sorted(SAMPLED_FORMATS))
 def test_sampler_matches_formula_bit_for_bit(fmt):
     rng = np.random.default_rng(0)
     rgb = rng.integers(0, 256, (90, 130, 3), dtype=np.uint8)  # odd size: padded line sizes
     frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format=fmt)
     for w, h in ((64, 36), (17, 11), (128, 88)):
-        s = _PlaneSampler(frame.width, frame.height, w, h)
+        s = PlaneSampler(frame.width, frame.height, w, h)
         np.testing.assert_array_equal(s(frame), _reference(frame, w, h))
 
 
 def test_sampler_covers_every_yuv_code():
     """Every (U, V) pair at 33 luma codes (0..255) through the tables equals the formula."""
     for fmt in ("yuv444p", "yuvj444p"):
-        s = _PlaneSampler(512, 512, 256, 256)  # distinct sample rows / columns
+        s = PlaneSampler(512, 512, 256, 256)  # distinct sample rows / columns
         for y in (*range(0, 255, 8), 255):
             frame = av.VideoFrame(512, 512, fmt)
             planes = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in frame.planes[:3]]

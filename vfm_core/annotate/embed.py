@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from vfm_core.annotate.vectors import l2_normalize
 from vfm_core.video.stitch import color_thumb_embed
 
 
@@ -38,12 +39,6 @@ class ColorThumbEmbedder:
 
     def embed(self, frames: np.ndarray) -> np.ndarray:
         return color_thumb_embed(frames).astype(np.float32)  # (N, 448)
-
-
-def l2_normalize(x: np.ndarray) -> np.ndarray:
-    """Vectors along the last axis scaled to unit L2 norm (zero vectors stay zero); the dtype
-    is kept."""
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 def _l2(x: np.ndarray) -> np.ndarray:

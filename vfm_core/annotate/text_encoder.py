@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from vfm_core.annotate.vectors import l2_normalize
 from vfm_core.errors import UserError
 
 MODES = ("tokens", "pooled")
@@ -196,8 +197,6 @@ class TextEncoder:
         if self.spec.mode == "pooled":
             tokens = [t.mean(axis=0, keepdims=True) for t in tokens]  # (1, D) mean pooling
         if self.spec.normalize:
-            from vfm_core.annotate.embed import l2_normalize
-
             tokens = [l2_normalize(t) for t in tokens]
         return [np.ascontiguousarray(t, dtype=np.float32) for t in tokens]
 

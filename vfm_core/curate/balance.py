@@ -151,7 +151,7 @@ def ray_actor_events(stage_of_class: Mapping[str, str], *, since: float) -> list
     import ray
 
     try:
-        from ray._private.state import actors
+        from ray._private.state import actors  # noqa: PLC2701
 
         table = actors()
         job = ray.get_runtime_context().get_job_id()

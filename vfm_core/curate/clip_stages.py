@@ -28,7 +28,7 @@ from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedde
 from vfm_core.annotate.filters import reject_reasons, sample_indices, score_frames
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
-from vfm_core.curate.stage_base import _local_video, _MapStage, local_copy
+from vfm_core.curate.stage_base import MapStage, local_copy, local_video
 from vfm_core.video.io import decode_frames
 from vfm_core.video.quality import PictureReport, inspect_span
 from vfm_core.video.transcode import select_encoder, transcode_span
@@ -106,7 +106,7 @@ def discard_pending(dst: str) -> int:
 
 
 @dataclass(kw_only=True)
-class TranscodeStage(_MapStage):
+class TranscodeStage(MapStage):
     """SpanTask -> ClipTask: H.264 MP4 at DST/_pending/{clip_id}.mp4 (keyframe first), moved to
     DST/clips/{clip_id}.mp4 (the ClipTask's `uri`) when its video is committed."""
 
@@ -122,7 +122,7 @@ class TranscodeStage(_MapStage):
         if self._encoder is None:
             self.setup()
         v, cfg = item.video, self.cfg
-        src = _local_video(v, self.work_dir)
+        src = local_video(v, self.work_dir)
         look = self._inspect(item, src)
         unfit = unfit_reason(look, cfg)
         if unfit is not None:  # decided before encoding: no work spent on the span
@@ -236,7 +236,7 @@ def _span_reject(item: SpanTask, *, stage: str, reason: str) -> RejectRow:
 
 
 @dataclass(kw_only=True)
-class AnnotateStage(_MapStage):
+class AnnotateStage(MapStage):
     """ClipTask -> AnnotatedClip (embedding, caption, scores) or a filter reject."""
 
     name = "annotate"

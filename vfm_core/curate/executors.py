@@ -66,7 +66,7 @@ def probe_ray_address(address: str, *, timeout_s: float = 5.0) -> str:
     proxy); a "ray://" (Ray Client) address gets the TCP probe only.
     """
     if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
+        from ray._private.services import canonicalize_bootstrap_address  # noqa: PLC2701
 
         try:
             resolved = canonicalize_bootstrap_address("auto")
@@ -95,7 +95,7 @@ def probe_ray_address(address: str, *, timeout_s: float = 5.0) -> str:
     if address.startswith("ray://"):
         return address
     try:
-        from ray._raylet import InnerGcsClient  # Ray's GCS client, with a deadline
+        from ray._raylet import InnerGcsClient  # Ray's GCS client, with a deadline  # noqa: PLC2701
     except ImportError:  # a Ray without it: the TCP probe has to do
         return address
     try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vfm_core.annotate.embed import l2_normalize
+from vfm_core.annotate.vectors import l2_normalize
 
 COLOR_THUMB_THRESHOLD = 0.995
 """Calibrated cosine for the built-in colour embedding (`ColorThumbEmbedder`; ``--semdedup``

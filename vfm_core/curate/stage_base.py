@@ -1,4 +1,4 @@
-"""The `Stage` protocol and `_MapStage`, the base of every curation stage (user errors become
+"""The `Stage` protocol and `MapStage`, the base of every curation stage (user errors become
 rejects), with the local copy of an input that the stages share.
 
 A stage turns every user-caused failure (bad file, unreadable object, undecodable span, a path
@@ -49,7 +49,7 @@ class Stage(Protocol):
 
 
 @dataclass(kw_only=True)
-class _MapStage:
+class MapStage:
     """A stage that maps each non-reject item to a list of items; user errors become rejects."""
 
     cfg: CurateConfig
@@ -130,6 +130,6 @@ def local_copy(url: str, work_dir: str) -> str:
     return str(path)
 
 
-def _local_video(v: ProbedVideo, work_dir: str) -> str:
+def local_video(v: ProbedVideo, work_dir: str) -> str:
     """The video's local copy (re-fetched when this worker does not share the prober's disk)."""
     return v.local_path if os.path.exists(v.local_path) else local_copy(v.url, work_dir)

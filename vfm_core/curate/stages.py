@@ -26,7 +26,7 @@ from vfm_core import storage
 from vfm_core.curate.clip_stages import AnnotateStage, TranscodeStage
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import Item, ProbedVideo, RejectRow, SpanTask, SplitVideo, VideoRef
-from vfm_core.curate.stage_base import Stage, _local_video, _MapStage, local_copy
+from vfm_core.curate.stage_base import MapStage, Stage, local_copy, local_video
 from vfm_core.storage import not_regular
 from vfm_core.video.container import VideoError
 from vfm_core.video.io import probe
@@ -43,7 +43,7 @@ def _hash_file(path: str) -> str:
 
 
 @dataclass(kw_only=True)
-class ProbeStage(_MapStage):
+class ProbeStage(MapStage):
     """VideoRef -> ProbedVideo: fetch, content hash (video_id), probe. A local input that is not
     a regular file (a FIFO named ``x.mp4`` would block the run forever) is refused unopened."""
 
@@ -71,7 +71,7 @@ class ProbeStage(_MapStage):
 
 
 @dataclass(kw_only=True)
-class SplitStage(_MapStage):
+class SplitStage(MapStage):
     """ProbedVideo -> SplitVideo: spans plus every dropped range with its reason (or one reject
     of the whole video when no shot is long enough)."""
 
@@ -85,7 +85,7 @@ class SplitStage(_MapStage):
     def one(self, item: ProbedVideo) -> list[Item]:
         if self._splitter is None:
             self.setup()
-        seg = self._splitter.segment(_local_video(item, self.work_dir), fps=item.fps)
+        seg = self._splitter.segment(local_video(item, self.work_dir), fps=item.fps)
         if not seg.spans:
             raise ValueError(_no_shot_reason(seg, item, self.cfg.min_len_s))
         dropped = seg.dropped + _undecoded(seg, item)
@@ -129,7 +129,7 @@ def _undecoded(seg: Segmentation, v: ProbedVideo) -> list[DroppedSpan]:
 
 
 @dataclass(kw_only=True)
-class StitchStage(_MapStage):
+class StitchStage(MapStage):
     """SplitVideo -> one SpanTask per clip candidate, after merging false cuts, and one reject per
     dropped range. Short shots are not merged into a neighbour: each is a reject with its length.
     """
@@ -144,7 +144,7 @@ class StitchStage(_MapStage):
             max_f = None if self.cfg.max_len_s is None else int(self.cfg.max_len_s * v.fps + 1e-6)
             spans = stitch(
                 spans,
-                _local_video(v, self.work_dir),
+                local_video(v, self.work_dir),
                 threshold=self.cfg.stitch_threshold,
                 max_frames=max_f,
                 width=self.cfg.analysis_width,

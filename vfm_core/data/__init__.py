@@ -6,7 +6,10 @@ max_tokens=...)`` is the public entry point (imported lazily: it pulls in torch)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vfm_core.data.loader import build_loader
 
 __all__ = ["build_loader"]
 

@@ -24,10 +24,12 @@ import pandas as pd
 from vfm_core import storage
 from vfm_core.data.columnar_reader import ParquetSamples
 from vfm_core.data.columnar_writer import SAMPLES_NAME
-from vfm_core.data.index import (
+from vfm_core.data.index_tables import (
     FOREIGN_COLUMNS,
     DatasetIndex,
     DatasetIndexError,
+    ShardTable,
+    SidecarTable,
     validate_schema,
 )
 
@@ -90,8 +92,6 @@ class ParquetIndex(DatasetIndex):
 
 def open_parquet_index(url: str, doc: dict[str, Any], root: str) -> ParquetIndex:
     """The columnar index whose ``index.json`` (at ``url``) parsed to ``doc``."""
-    from vfm_core.data.index import ShardTable, SidecarTable
-
     try:
         shards = pd.DataFrame(doc["shards"], columns=list(ShardTable.columns))
         sidecars = None

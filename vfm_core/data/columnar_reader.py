@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from vfm_core import storage
 from vfm_core.data.columnar_writer import GEOMETRY, arrow_schema, arrow_to_frame
-from vfm_core.data.index import FOREIGN_COLUMNS, DatasetIndexError
+from vfm_core.data.index_tables import FOREIGN_COLUMNS, DatasetIndexError
 
 _ROW_ORDER = (
     "key",

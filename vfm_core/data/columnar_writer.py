@@ -25,7 +25,7 @@ import pyarrow as pa_arrow
 import pyarrow.parquet as pq
 
 from vfm_core import storage
-from vfm_core.data.index import FOREIGN_COLUMNS
+from vfm_core.data.index_tables import FOREIGN_COLUMNS
 
 SAMPLES_NAME = "samples.parquet"
 ROW_GROUP_SIZE = 1 << 14

@@ -53,7 +53,8 @@ from vfm_core.data.foreign_scan import (
     list_foreign_shards,
     scan_shard,
 )
-from vfm_core.data.index import INDEX_NAME, DatasetIndex, index_writer, write_index
+from vfm_core.data.index import INDEX_NAME, index_writer, write_index
+from vfm_core.data.index_tables import DatasetIndex
 from vfm_core.data.shards import ShardWriter, embed_captions, npy_bytes, remove_stale_shards
 
 WRITER = "vfm_core.data.foreign_index"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vfm_core import storage
-from vfm_core.data.index import is_member_key
+from vfm_core.data.index_tables import is_member_key
 from vfm_core.data.shard_reader import ShardError, check_directory, relative_files
 
 VIDEO_EXTS = ("mp4", "webm", "mkv", "mov", "m4v", "avi")

@@ -8,9 +8,9 @@ dtype/shape/NaN) → decode the clip (optional; it must decode to the index's si
 its token grid or bucket needs) → :class:`Batch` (with a :class:`PackLayout` per pack when packing).
 A sample failing any check is skipped for this rank only: one warning line naming its shard, key and
 reason, counted in ``skipped_total`` and listed in ``Batch.skipped`` / ``Batch.skip_reasons``.
-Reading, checking and decoding one sample: :mod:`vfm_core.data.loader_reading`; token grids,
-buckets and the dataset's extremes: :mod:`vfm_core.data.loader_geometry` (mixins of
-:class:`ShardLoader`).
+Reading, checking and decoding samples: :class:`~vfm_core.data.loader_reading.SampleReader`;
+token grids, buckets and the dataset's extremes:
+:class:`~vfm_core.data.loader_geometry.SampleGeometry` (both held by :class:`ShardLoader`).
 
 Integrity (:func:`build_loader`'s ``verify``, ``"sample"`` by default): shard sizes at start and
 every sample's checksum as it is read; its cost is measured in ``benchmarks/loader.py``. An index
@@ -32,10 +32,13 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
-from vfm_core.data.blend import BucketPlanner, BucketSpec, assign_bucket
-from vfm_core.data.index import DatasetIndex, read_index
-from vfm_core.data.loader_geometry import LoaderGeometry
-from vfm_core.data.loader_reading import LoaderReading
+import numpy as np
+
+from vfm_core.data.buckets import BucketPlanner, BucketSpec
+from vfm_core.data.index import read_index
+from vfm_core.data.index_tables import DatasetIndex
+from vfm_core.data.loader_geometry import SampleGeometry
+from vfm_core.data.loader_reading import SampleReader
 from vfm_core.data.plan import GlobalOrder, Planner
 from vfm_core.data.shard_batch import Batch, Sample
 from vfm_core.data.shard_reader import SampleError, verify_shards
@@ -65,7 +68,7 @@ class NoSampleFitsError(UserError, ValueError):
         self.largest = largest
 
 
-class ShardLoader(LoaderGeometry, LoaderReading):
+class ShardLoader:
     """Iterable loader; see the module docstring. Use :func:`build_loader`.
 
     ``batch_size``: samples (unpacked) or packs (``max_tokens``) per step and DP rank. ``decode``:
@@ -76,6 +79,9 @@ class ShardLoader(LoaderGeometry, LoaderReading):
     and all-gathers. ``buckets``: same-shape batches (unpacked). ``prefetch``: steps built ahead in
     a background thread (not with ``mp_group``); never changes batches or state. ``checksums``:
     check every sample against its checksum in the index (where it has one).
+
+    ``geometry`` answers token grids, buckets and the dataset's extremes; ``reader`` reads,
+    checks and decodes the samples.
     """
 
     def __init__(
@@ -109,43 +115,27 @@ class ShardLoader(LoaderGeometry, LoaderReading):
             raise ValueError(f"max_tokens={max_tokens} must be positive or None")
         self.index, self.seed = index, seed
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.num_workers, self.decode, self.on_error = num_workers, decode, on_error
-        self.patch, self.compression = patch, compression
-        self.mp_group, self.checksums = mp_group, checksums
+        self.num_workers, self.on_error = num_workers, on_error
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.buffer_size, self.slack = buffer_size, slack
-        # JSON index: every grid precomputed (vectorised); columnar index: computed per sample
-        # from its row group's geometry, and start-up checks read the index's summary stats
-        self._grids = self._all_grids() if index.stats is None else None
-        self._grid_cache: dict[int, Grid] = {}
+        self.geometry = geometry = SampleGeometry(
+            index, patch=patch, compression=compression, buckets=buckets
+        )
         self._walked = 0  # positions the packer walked last step (what to prefetch next)
-        if max_tokens is not None and (fewest := self.token_extremes()[0]) > max_tokens:
+        if max_tokens is not None and (fewest := geometry.token_extremes()[0]) > max_tokens:
             raise NoSampleFitsError(
                 f"max_tokens={max_tokens}: no sample of the dataset fits ({index.root}: the "
                 f"smallest sample has {fewest} tokens)",
-                largest=self.largest_sample(),
+                largest=geometry.largest_sample(),
             )
         self.order = GlobalOrder(len(index), seed)
-        self.buckets = buckets
         self.planner: Planner | BucketPlanner
         if buckets is not None:
             if max_tokens is not None:
                 raise ValueError("buckets are for unpacked training: pass max_tokens=None")
-            self._bucket_list = buckets.buckets()
-            self._bucket_of: list[int | None] | None = None
-            geoms = (index.stats or {}).get("geometries")
-            if geoms is not None:  # columnar: any sample with a bucket, from the stats
-                fits = any(assign_bucket(g[0], g[1], g[2], buckets) is not None for g in geoms)
-            else:
-                rows = index.samples
-                self._bucket_of = [
-                    assign_bucket(int(f), int(h), int(w), buckets)
-                    for f, h, w in zip(rows["frames"], rows["height"], rows["width"])
-                ]
-                fits = any(b is not None for b in self._bucket_of)
-            if not fits:
-                f, h, w = self.largest_sample()
-                shapes = ", ".join(f"{t} frames of {bh}x{bw}" for bh, bw, t in self._bucket_list)
+            if not geometry.any_bucket_fits():
+                f, h, w = geometry.largest_sample()
+                shapes = ", ".join(f"{t} frames of {bh}x{bw}" for bh, bw, t in geometry.bucket_list)
                 raise NoSampleFitsError(
                     f"{index.root}: every sample is smaller than every bucket shape (the largest "
                     f"sample is {f} frames of {h}x{w} px (HxW); buckets: {shapes})",
@@ -153,22 +143,24 @@ class ShardLoader(LoaderGeometry, LoaderReading):
                 )
             self.planner = BucketPlanner(
                 self.order,
-                self.bucket_of,
+                geometry.bucket_of,
                 batch_size=batch_size,
-                n_buckets=len(self._bucket_list),
+                n_buckets=len(geometry.bucket_list),
             )
         else:
             self.planner = Planner(
                 self.order,
-                self.tokens,
+                geometry.tokens,
                 batch_size=batch_size,
                 max_tokens=max_tokens,
                 buffer_size=buffer_size,
                 slack=slack,
             )
         self.skipped_total = 0
-        self.bytes_read = 0
         self._pool = ThreadPoolExecutor(num_workers) if num_workers > 0 else None
+        self.reader = SampleReader(
+            index, geometry, decode=decode, checksums=checksums, mp_group=mp_group, pool=self._pool
+        )
         if prefetch < 0:
             raise ValueError(f"prefetch={prefetch} must be >= 0")
         self.prefetch = prefetch
@@ -177,17 +169,23 @@ class ShardLoader(LoaderGeometry, LoaderReading):
         use = prefetch > 0 and mp_group is None
         self._ahead_pool = ThreadPoolExecutor(1, "vfm-prefetch") if use else None
 
+    @property
+    def bytes_read(self) -> int:
+        """Bytes this rank has read (its share of a model-parallel group's reads)."""
+        return self.reader.bytes_read
+
     # ------------------------------------------------------------------ iteration
     def _build(self, plan: list[list[int]], step: int, global_samples: int) -> Batch:
         """Read, check and decode the samples of one planned step (this rank's groups);
         ``global_samples``: those of the step over all ranks."""
         positions = [p for g in plan for p in g]
+        ids = [self.order.sample(p) for p in positions]
         before = self.bytes_read
-        raws = self._read_all([self.order.sample(p) for p in positions])
+        raws = self.reader.read_all(ids)
 
         def load(j: int) -> Sample | SampleError:
             try:
-                return self._load(positions[j], raws[j])
+                return self.reader.load(ids[j], raws[j], position=positions[j])
             except SampleError as e:
                 if self.on_error == "raise":
                     raise
@@ -227,6 +225,26 @@ class ShardLoader(LoaderGeometry, LoaderReading):
             bytes_read=self.bytes_read - before,
             global_samples=global_samples,
         )
+
+    def _prefetch_grids(self) -> None:
+        """Columnar index, packed: the grids of the positions the packer will likely walk this
+        step (as many as last step, plus a margin), their row groups read in one call rather
+        than one read per sample as the packer asks."""
+        if not self.geometry.read_ahead or not isinstance(self.planner, Planner):
+            return
+        if self.max_tokens is None:
+            return
+        start = self.planner.state.position
+        k = self._walked or self.dp_size * self.batch_size * 4 + self.buffer_size
+        pos = np.arange(start, start + k + k // 4 + 8, dtype=np.int64)
+        n = self.order.n
+        ids = np.concatenate(
+            [
+                self.order.epoch_order(int(e)).map(pos[pos // n == e] % n)
+                for e in np.unique(pos // n)
+            ]
+        )
+        self.geometry.prefetch(ids)
 
     def _plan(self) -> tuple[dict[str, Any], tuple[list[list[int]], int, int]]:
         """(planner state before, (this rank's groups, step, samples of the step on all ranks))."""
@@ -270,9 +288,11 @@ class ShardLoader(LoaderGeometry, LoaderReading):
             "batch_size": self.batch_size,
             "buffer_size": self.buffer_size,
             "slack": self.slack,
-            "patch": list(self.patch),
-            "compression": list(self.compression),
-            "buckets": None if self.buckets is None else [list(b) for b in self._bucket_list],
+            "patch": list(self.geometry.patch),
+            "compression": list(self.geometry.compression),
+            "buckets": None
+            if self.geometry.buckets is None
+            else [list(b) for b in self.geometry.bucket_list],
         }
 
     def state_dict(self) -> dict[str, Any]:

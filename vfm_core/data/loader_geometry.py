@@ -1,35 +1,45 @@
-"""The token-grid, bucket and size queries of :class:`~vfm_core.data.loader.ShardLoader`
-(:class:`LoaderGeometry`, a mixin): every sample's token grid from the index's geometry (JSON
-index: all precomputed; columnar index: per sample, cached, and a step's worth read ahead in one
-call), its bucket, and the dataset's extremes from the index's summary stats when it has them."""
+"""The token-grid, bucket and size queries of a dataset index for
+:class:`~vfm_core.data.loader.ShardLoader` (:class:`SampleGeometry`, which the loader holds):
+every sample's token grid from the index's geometry (JSON index: all precomputed; columnar index:
+per sample, cached, and a step's worth read ahead in one call), its bucket, and the dataset's
+extremes from the index's summary stats when it has them."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from vfm_core.data.blend import BucketPlanner, BucketSpec, assign_bucket
-from vfm_core.data.index import DatasetIndex
-from vfm_core.data.plan import GlobalOrder, Planner
+from vfm_core.data.buckets import Bucket, BucketSpec, assign_bucket
+from vfm_core.data.index_tables import DatasetIndex
 from vfm_core.geometry import Grid
 
 
-class LoaderGeometry:
-    """Mixed into :class:`~vfm_core.data.loader.ShardLoader`, which sets the attributes below."""
+class SampleGeometry:
+    """Token grids of the samples of ``index`` for a model with patch size ``patch`` over latents
+    of a tokenizer with ``compression``; with ``buckets``, every sample's bucket."""
 
-    index: DatasetIndex
-    patch: Grid
-    compression: Grid
-    buckets: BucketSpec | None
-    order: GlobalOrder
-    planner: Planner | BucketPlanner
-    max_tokens: int | None
-    dp_size: int
-    batch_size: int
-    buffer_size: int
-    _grids: list[Grid] | None
-    _grid_cache: dict[int, Grid]
-    _bucket_of: list[int | None] | None
-    _walked: int
+    def __init__(
+        self,
+        index: DatasetIndex,
+        *,
+        patch: Grid,
+        compression: Grid,
+        buckets: BucketSpec | None = None,
+    ) -> None:
+        self.index, self.patch, self.compression = index, patch, compression
+        self.buckets = buckets
+        self.bucket_list: list[Bucket] = [] if buckets is None else buckets.buckets()
+        """The shapes of ``buckets`` (what :meth:`bucket_of` indexes)."""
+        # JSON index: every grid precomputed (vectorised); columnar index: computed per sample
+        # from its row group's geometry, and start-up checks read the index's summary stats
+        self._grids: list[Grid] | None = self._all_grids() if index.stats is None else None
+        self._grid_cache: dict[int, Grid] = {}
+        self._bucket_of: list[int | None] | None = None
+        if buckets is not None and (index.stats or {}).get("geometries") is None:
+            rows = index.samples  # no stats to answer from: every sample's bucket, up front
+            self._bucket_of = [
+                assign_bucket(int(f), int(h), int(w), buckets)
+                for f, h, w in zip(rows["frames"], rows["height"], rows["width"])
+            ]
 
     # ------------------------------------------------------------------ geometry
     def _all_grids(self) -> list[Grid]:
@@ -73,6 +83,19 @@ class LoaderGeometry:
         f, h, w = (int(x) for x in self.index.geometry(i)[:3])
         return assign_bucket(f, h, w, self.buckets)
 
+    def bucket_shape(self, i: int) -> Bucket | None:
+        """(height, width, frames) of sample ``i``'s bucket; None without buckets."""
+        return None if self.buckets is None else self.bucket_list[self.bucket_of(i)]
+
+    def any_bucket_fits(self) -> bool:
+        """Whether some sample has a bucket (``buckets`` only): from the index's stats when it has
+        them, else from every sample's bucket."""
+        assert self.buckets is not None
+        if self._bucket_of is not None:
+            return any(b is not None for b in self._bucket_of)
+        geoms = (self.index.stats or {}).get("geometries")
+        return any(assign_bucket(g[0], g[1], g[2], self.buckets) is not None for g in geoms)
+
     def token_extremes(self) -> tuple[int, int, int]:
         """(fewest tokens of any sample, most tokens, the first sample with the most): from the
         index's summary stats when it has them, else a scan of every sample."""
@@ -99,24 +122,15 @@ class LoaderGeometry:
         f, h, w = rows[int(np.argmax(rows.prod(1)))].tolist()
         return int(f), int(h), int(w)
 
-    def _prefetch_grids(self) -> None:
-        """Columnar index, packed: the grids of the positions the packer will likely walk this
-        step (as many as last step, plus a margin), their row groups read in one call rather
-        than one read per sample as the packer asks."""
-        if self._grids is not None or not isinstance(self.planner, Planner):
-            return
-        if self.max_tokens is None or not hasattr(self.index, "geometries"):
-            return
-        start = self.planner.state.position
-        k = self._walked or self.dp_size * self.batch_size * 4 + self.buffer_size
-        pos = np.arange(start, start + k + k // 4 + 8, dtype=np.int64)
-        n = self.order.n
-        ids = np.concatenate(
-            [
-                self.order.epoch_order(int(e)).map(pos[pos // n == e] % n)
-                for e in np.unique(pos // n)
-            ]
-        )
+    @property
+    def read_ahead(self) -> bool:
+        """Whether :meth:`prefetch` helps: grids computed per sample from an index that reads
+        the geometries of many samples in one call (columnar)."""
+        return self._grids is None and hasattr(self.index, "geometries")
+
+    def prefetch(self, ids: np.ndarray) -> None:
+        """Columnar index: the grids of samples ``ids`` (those the packer will likely ask for),
+        their row groups read in one call rather than one read per sample as the packer asks."""
         fresh = np.array([i for i in ids.tolist() if i not in self._grid_cache], np.int64)
         if len(fresh):
             grids = self._grids_of(self.index.geometries(fresh))  # (n, 3)

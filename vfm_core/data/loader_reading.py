@@ -1,7 +1,7 @@
-"""Reading one sample for :class:`~vfm_core.data.loader.ShardLoader` (:class:`LoaderReading`, a
-mixin): its byte range (a model-parallel group reads 1/k each and all-gathers the raw bytes), its
-checksum, parse + check, and the decode of its clip, checked against the index's size and the
-frames its token grid or bucket needs."""
+"""Reading samples for :class:`~vfm_core.data.loader.ShardLoader` (:class:`SampleReader`, which
+the loader holds): a sample's byte range (a model-parallel group reads 1/k each and all-gathers the
+raw bytes), its checksum, parse + check, and the decode of its clip, checked against the index's
+size and the frames its token grid or bucket needs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from vfm_core.data.blend import Bucket, BucketSpec
-from vfm_core.data.index import DatasetIndex
-from vfm_core.data.plan import GlobalOrder
+from vfm_core.data.index_tables import DatasetIndex
+from vfm_core.data.loader_geometry import SampleGeometry
 from vfm_core.data.shard_batch import Sample
 from vfm_core.data.shard_reader import (
     SampleError,
@@ -22,24 +21,30 @@ from vfm_core.data.shard_reader import (
     parse_indexed,
     read_raw,
 )
-from vfm_core.geometry import Grid
 
 
-class LoaderReading:
-    """Mixed into :class:`~vfm_core.data.loader.ShardLoader`, which sets the attributes below
-    (``grid`` / ``bucket_of``: :class:`~vfm_core.data.loader_geometry.LoaderGeometry`)."""
+class SampleReader:
+    """Reads, checks and decodes samples of ``index``; their token grids and buckets come from
+    ``geometry``. ``decode``: ``"frames"`` decodes clips to uint8 (T, H, W, 3) unless the shard
+    has latents, ``"none"`` hands out the encoded mp4. ``checksums``: check every sample against
+    its checksum in the index (where it has one). ``mp_group``: model-parallel group that reads
+    1/k each and all-gathers. ``pool``: threads for the reads (None: in the caller's thread)."""
 
-    index: DatasetIndex
-    order: GlobalOrder
-    mp_group: Any
-    checksums: bool
-    decode: Literal["frames", "none"]
-    patch: Grid
-    compression: Grid
-    buckets: BucketSpec | None
-    bytes_read: int
-    _pool: ThreadPoolExecutor | None
-    _bucket_list: list[Bucket]
+    def __init__(
+        self,
+        index: DatasetIndex,
+        geometry: SampleGeometry,
+        *,
+        decode: Literal["frames", "none"] = "frames",
+        checksums: bool = True,
+        mp_group: Any = None,
+        pool: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.index, self.geometry = index, geometry
+        self.decode, self.checksums = decode, checksums
+        self.mp_group, self.pool = mp_group, pool
+        self.bytes_read = 0
+        """Bytes this rank read (its share of a model-parallel group's reads)."""
 
     # ------------------------------------------------------------------ reading
     def _mp(self) -> tuple[int, int]:
@@ -49,7 +54,7 @@ class LoaderReading:
 
         return dist.get_rank(self.mp_group), dist.get_world_size(self.mp_group)
 
-    def _read_all(self, idx: list[int]) -> list[bytes | Exception]:
+    def read_all(self, idx: list[int]) -> list[bytes | Exception]:
         """Raw tar records of samples ``idx``; with a model-parallel group each rank reads every
         k-th one and the group all-gathers (everyone ends with all of them)."""
         mp_rank, k = self._mp()
@@ -61,7 +66,7 @@ class LoaderReading:
             except ShardError as e:
                 return e
 
-        got = list(self._pool.map(read, mine)) if self._pool else [read(j) for j in mine]
+        got = list(self.pool.map(read, mine)) if self.pool else [read(j) for j in mine]
         self.bytes_read += sum(len(g) for g in got if isinstance(g, bytes))
         if k == 1:
             return got
@@ -69,8 +74,10 @@ class LoaderReading:
 
         return all_gather_bytes(got, n_total=len(idx), group=self.mp_group)
 
-    def _load(self, position: int, raw: bytes | Exception) -> Sample:
-        i = self.order.sample(position)
+    def load(self, i: int, raw: bytes | Exception, *, position: int) -> Sample:
+        """Sample ``i`` (at global ``position`` of the order) from its raw tar records ``raw``
+        (:meth:`read_all`; an exception: its read failed); a bad sample raises
+        :class:`~vfm_core.data.shard_reader.SampleError`."""
         row = self.index.row(i)
         key = str(row["key"])
         if isinstance(raw, Exception):
@@ -100,11 +107,11 @@ class LoaderReading:
             index=i,
             meta=s.meta,
             txt_emb=s.txt_emb,
-            grid=self.grid(i),
+            grid=self.geometry.grid(i),
             frames=frames,
             mp4=mp4,
             latent=s.latent,
-            bucket=None if self.buckets is None else self._bucket_list[self.bucket_of(i)],
+            bucket=self.geometry.bucket_shape(i),
         )
 
     def _check_decoded(self, frames: np.ndarray, row: dict[str, Any], i: int, where: str) -> None:
@@ -116,10 +123,12 @@ class LoaderReading:
             raise SampleError(
                 where, f"clip decodes to {h}x{w} px, the index says {row['height']}x{row['width']}"
             )
-        if self.buckets is not None:
-            need = self._bucket_list[self.bucket_of(i)][2]
+        bucket = self.geometry.bucket_shape(i)
+        if bucket is not None:
+            need = bucket[2]
         else:  # the latent frames of its token grid, in pixel frames (causal: 1 + ct * (n - 1))
-            need = 1 + self.compression[0] * (self.grid(i)[0] * self.patch[0] - 1)
+            geo = self.geometry
+            need = 1 + geo.compression[0] * (geo.grid(i)[0] * geo.patch[0] - 1)
             need = min(need, int(row["frames"]))
         if t < need:
             raise SampleError(

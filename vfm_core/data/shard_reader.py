@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from vfm_core import storage
-from vfm_core.data.index import DatasetIndex
+from vfm_core.data.index_tables import DatasetIndex
 from vfm_core.errors import UserError
 from vfm_core.progress import Progress
 

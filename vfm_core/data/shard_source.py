@@ -37,8 +37,9 @@ import numpy as np
 import torch
 
 from vfm_core.config import ConfigError, DataConfig, ModelConfig
-from vfm_core.data.blend import POSITION_STRIDE, BlendedLoader, BucketSpec, dataset_names
-from vfm_core.data.index import DatasetIndexError
+from vfm_core.data.blend import POSITION_STRIDE, BlendedLoader, dataset_names
+from vfm_core.data.buckets import BucketSpec
+from vfm_core.data.index_tables import DatasetIndexError
 from vfm_core.data.loader import (
     LoaderStateError,
     NoSampleFitsError,
@@ -250,12 +251,12 @@ class ShardLatentSource:
 
     def _check_fits(self, ld: ShardLoader, where: str) -> None:
         """Every sample of the index fits one pack (else the planner would skip it silently)."""
-        _, most, worst = ld.token_extremes()  # from the index's stats when it has them
+        _, most, worst = ld.geometry.token_extremes()  # from the index's stats when it has them
         if most > self.data.max_tokens:
             key = ld.index.row(worst)["key"]
             raise ConfigError(
                 f"data.max_tokens={self.data.max_tokens} is smaller than the largest sample "
-                f"({key}: {most} tokens, grid {ld.grid(worst)}) of "
+                f"({key}: {most} tokens, grid {ld.geometry.grid(worst)}) of "
                 f"{where}; set data.max_tokens >= {most}"
             )
 

@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from vfm_core import storage
-from vfm_core.data.index import DatasetIndex, write_index
+from vfm_core.data.index import write_index
+from vfm_core.data.index_tables import DatasetIndex
 from vfm_core.data.shard_reader import (  # noqa: F401  (re-exported: the reading side)
     EXTENSIONS,
     REQUIRED,

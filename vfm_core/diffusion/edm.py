@@ -1,4 +1,4 @@
-"""EDM preconditioning, training loss and noise-level distribution.
+"""EDM preconditioning, training loss, noise-level distribution and sampling schedule (eq. 5).
 
 Implements the training side of Karras et al. 2022, "Elucidating the Design Space of
 Diffusion-Based Generative Models" (EDM), https://arxiv.org/abs/2206.00364.
@@ -37,7 +37,8 @@ Net = Callable[[Tensor, Tensor, Any], Tensor]
 __all__ = [
     "EDM",
     "Net",
-    "create_diffusion",
+    "compute_dtype",
+    "karras_sigmas",
     "scale_latents",
     "unscale_latents",
 ]
@@ -62,7 +63,39 @@ def unscale_latents(
     return x / sigma_data * std + mean
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def karras_sigmas(
+    num_steps: int,
+    *,
+    sigma_min: float,
+    sigma_max: float,
+    rho: float,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Noise levels of EDM eq. 5, descending, with t_N = 0 appended; shape (num_steps + 1,).
+
+    ``t_i = (sigma_max^(1/rho) + i / (N - 1) * (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``
+    for i = 0 .. N-1 (N = ``num_steps``), so t_0 = sigma_max and t_{N-1} = sigma_min; then
+    t_N = 0. With ``num_steps == 1`` the schedule is ``[sigma_max, 0]``. Computed in float64 and
+    cast to ``dtype``.
+    """
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps: must be an integer >= 1, got {num_steps!r}")
+    if not 0 < sigma_min <= sigma_max:
+        raise ValueError(
+            f"sigma_min/sigma_max: need 0 < sigma_min <= sigma_max, got {sigma_min}, {sigma_max}"
+        )
+    if rho <= 0:
+        raise ValueError(f"rho: must be positive, got {rho}")
+    i = torch.arange(num_steps, dtype=torch.float64, device=device)  # (N,)
+    ramp = i / (num_steps - 1) if num_steps > 1 else i  # (N,) in [0, 1]
+    lo, hi = sigma_min ** (1.0 / rho), sigma_max ** (1.0 / rho)
+    t = (hi + ramp * (lo - hi)) ** rho  # (N,)  EDM eq. 5
+    t = torch.cat([t, t.new_zeros(1)])  # (N + 1,)  t_N = 0
+    return t.to(dtype)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """At least float32 (bf16/fp16 inputs get float32 coefficients; float64 stays float64)."""
     return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else torch.float32
 
@@ -88,7 +121,7 @@ def _bcast(v: Tensor, x: Tensor) -> Tensor:
 class EDM:
     """EDM preconditioning and loss (Karras et al. 2022, Table 1, "Ours" column).
 
-    Build it with :func:`create_diffusion` or ``EDM(cfg)``.
+    Build it with :func:`~vfm_core.diffusion.objective.create_diffusion` or ``EDM(cfg)``.
     """
 
     __slots__ = ("cfg", "sigma_data", "p_mean", "p_std")
@@ -120,7 +153,7 @@ class EDM:
         Computed in float32 (float64 if ``sigma`` is float64).
         """
         sigma = torch.as_tensor(sigma)
-        sigma = sigma.to(_compute_dtype(sigma.dtype))  # (B,)
+        sigma = sigma.to(compute_dtype(sigma.dtype))  # (B,)
         sd = self.sigma_data
         var = sigma**2 + sd**2  # (B,)
         c_skip = sd**2 / var
@@ -141,7 +174,7 @@ class EDM:
         Returns:
             (B, ...) denoised estimate in float32 (float64 if ``x`` is float64).
         """
-        dtype = _compute_dtype(x.dtype)
+        dtype = compute_dtype(x.dtype)
         sigma = _batch_sigma(sigma, x, dtype)  # (B,)
         c_skip, c_out, c_in, c_noise = self.precondition(sigma)  # each (B,)
         x = x.to(dtype)  # (B, C, T, H, W)
@@ -158,7 +191,7 @@ class EDM:
         output F is uniform over noise levels (EDM Sec. 5, eq. 8).
         """
         sigma = torch.as_tensor(sigma)
-        sigma = sigma.to(_compute_dtype(sigma.dtype))
+        sigma = sigma.to(compute_dtype(sigma.dtype))
         sd = self.sigma_data
         return (sigma**2 + sd**2) / (sigma * sd) ** 2
 
@@ -168,8 +201,6 @@ class EDM:
 
     def sampling_sigmas(self, num_steps: int) -> Tensor:
         """Descending noise levels of the sampler, ending in 0: EDM's Karras schedule."""
-        from vfm_core.diffusion.sampler import karras_sigmas
-
         c = self.cfg
         return karras_sigmas(num_steps, sigma_min=c.sigma_min, sigma_max=c.sigma_max, rho=c.rho)
 
@@ -201,7 +232,7 @@ class EDM:
         level per index of x0's first dimension (a sample, or a packed token); computed in
         float32 (float64 for float64 inputs).
         """
-        dtype = _compute_dtype(x0.dtype)
+        dtype = compute_dtype(x0.dtype)
         sigma = torch.as_tensor(sigma, dtype=dtype, device=x0.device)  # (B,)
         c_skip, c_out, c_in, _ = self.precondition(sigma)  # each (B,)
         x0 = x0.to(dtype)
@@ -228,7 +259,7 @@ class EDM:
             raise ValueError(
                 f"noise: expected the shape of x0 {tuple(x0.shape)}, got {tuple(noise.shape)}"
             )
-        dtype = _compute_dtype(x0.dtype)
+        dtype = compute_dtype(x0.dtype)
         sigma = _batch_sigma(sigma, x0, dtype)  # (B,)
         x_in, target = self.training_pair(x0, sigma, noise)  # (B, C, T, H, W) each
         f = net(x_in, self.precondition(sigma)[3], text)  # (B, C, T, H, W)
@@ -247,7 +278,7 @@ class EDM:
         sigma = self.sample_sigma(x0.shape[0], generator=generator, device=x0.device)  # (B,)
         gen_device = generator.device if generator is not None else x0.device
         noise = torch.randn(
-            x0.shape, generator=generator, device=gen_device, dtype=_compute_dtype(x0.dtype)
+            x0.shape, generator=generator, device=gen_device, dtype=compute_dtype(x0.dtype)
         ).to(x0.device)  # (B, C, T, H, W)
         return self.loss(net, x0, text, sigma=sigma, noise=noise), sigma
 
@@ -259,15 +290,3 @@ class EDM:
     def unscale_latents(self, x: Tensor, mean: float | Tensor, std: float | Tensor) -> Tensor:
         """:func:`unscale_latents` with this EDM's ``sigma_data``."""
         return unscale_latents(x, mean, std, sigma_data=self.sigma_data)
-
-
-def create_diffusion(cfg: DiffusionConfig | None = None) -> EDM:
-    """Single entry point (cf. DiT's ``create_diffusion``): the objective of ``cfg`` (default
-    config): :class:`EDM`, or :class:`~vfm_core.diffusion.rectified_flow.RectifiedFlow` in the
-    same interface."""
-    cfg = cfg if cfg is not None else DiffusionConfig()
-    if cfg.objective == "rectified_flow":
-        from vfm_core.diffusion.rectified_flow import RectifiedFlow
-
-        return RectifiedFlow(cfg)
-    return EDM(cfg)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vfm_core.diffusion.edm import EDM, _compute_dtype
+from vfm_core.diffusion.edm import EDM, compute_dtype
 from vfm_core.geometry import per_sample_mean
 
 PackedNet = Callable[[Tensor, Tensor, Any], Tensor]
@@ -81,7 +81,7 @@ def packed_loss(
             f"x0 and noise: expected the same (N, F) shape, got {tuple(x0.shape)} and "
             f"{tuple(noise.shape)}"
         )
-    dtype = _compute_dtype(x0.dtype)
+    dtype = compute_dtype(x0.dtype)
     sigma = torch.as_tensor(sigma, dtype=dtype, device=x0.device)
     if sigma.ndim != 1:
         raise ValueError(f"sigma: expected one level per sample (S,), got {tuple(sigma.shape)}")
@@ -99,7 +99,7 @@ def packed_training_pair(
 ) -> tuple[Tensor, Tensor]:
     """(x_in, target) of a pack's tokens (N, F) (:meth:`EDM.training_pair` with every token at
     its sample's sigma (S,); padding tokens (id -1) at sigma_data, finite and ignored)."""
-    dtype = _compute_dtype(x0.dtype)
+    dtype = compute_dtype(x0.dtype)
     sigma = torch.as_tensor(sigma, dtype=dtype, device=x0.device)  # (S,)
     pad = sample_ids < 0  # (N,)
     sig_tok = sigma[sample_ids.clamp(min=0)].masked_fill(pad, edm.sigma_data)  # (N,)

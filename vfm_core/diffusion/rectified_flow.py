@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from vfm_core.config import DiffusionConfig
-from vfm_core.diffusion.edm import EDM, _compute_dtype
+from vfm_core.diffusion.edm import EDM, compute_dtype
 
 T_MAX = 1.0 - 1e-4
 """First sampling time (sigma ~ 1e4): the sample starts from noise at t = 1 up to fp32 range."""
@@ -52,14 +52,14 @@ class RectifiedFlow(EDM):
     def precondition(self, sigma: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(c_skip, c_out, c_in, c_noise)`` of the module docstring, each (B,)."""
         sigma = torch.as_tensor(sigma)
-        sigma = sigma.to(_compute_dtype(sigma.dtype))  # (B,)
+        sigma = sigma.to(compute_dtype(sigma.dtype))  # (B,)
         one = 1.0 + sigma
         return 1.0 / one, -sigma / one, 1.0 / one, sigma / one  # c_noise = t
 
     def loss_weight(self, sigma: Tensor) -> Tensor:
         """``1 / c_out^2``: the loss is the plain velocity MSE."""
         sigma = torch.as_tensor(sigma)
-        sigma = sigma.to(_compute_dtype(sigma.dtype))
+        sigma = sigma.to(compute_dtype(sigma.dtype))
         return ((1.0 + sigma) / sigma) ** 2
 
     def log_sigma_normal(self) -> tuple[float, float]:

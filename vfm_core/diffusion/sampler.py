@@ -1,9 +1,10 @@
 """Deterministic EDM samplers (Euler / Heun) with classifier-free guidance.
 
 Sampling side of Karras et al. 2022, "Elucidating the Design Space of Diffusion-Based Generative
-Models" (EDM), https://arxiv.org/abs/2206.00364: the noise schedule of eq. 5 and the deterministic
-2nd-order sampler of Algorithm 1, which integrates the probability-flow ODE
-``dx/dsigma = (x - D(x; sigma)) / sigma`` (eq. 4 with sigma(t) = t, s(t) = 1) from sigma_max to 0.
+Models" (EDM), https://arxiv.org/abs/2206.00364: the deterministic 2nd-order sampler of
+Algorithm 1, which integrates the probability-flow ODE ``dx/dsigma = (x - D(x; sigma)) / sigma``
+(eq. 4 with sigma(t) = t, s(t) = 1) from sigma_max to 0 over a schedule such as EDM's eq. 5
+(:func:`vfm_core.diffusion.edm.karras_sigmas`).
 
 Model-agnostic: the sampler only sees a denoiser callable ``denoise_fn(x, sigma, text) -> D`` with
 x (B, ...) e.g. (B, C, T, H, W), sigma (B,), text (B, L, Dt); see
@@ -35,42 +36,9 @@ __all__ = [
     "Denoiser",
     "GuidedDenoiser",
     "guided",
-    "karras_sigmas",
     "sample",
     "sample_from_config",
 ]
-
-
-def karras_sigmas(
-    num_steps: int,
-    *,
-    sigma_min: float,
-    sigma_max: float,
-    rho: float,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
-    """Noise levels of EDM eq. 5, descending, with t_N = 0 appended; shape (num_steps + 1,).
-
-    ``t_i = (sigma_max^(1/rho) + i / (N - 1) * (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``
-    for i = 0 .. N-1 (N = ``num_steps``), so t_0 = sigma_max and t_{N-1} = sigma_min; then
-    t_N = 0. With ``num_steps == 1`` the schedule is ``[sigma_max, 0]``. Computed in float64 and
-    cast to ``dtype``.
-    """
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps: must be an integer >= 1, got {num_steps!r}")
-    if not 0 < sigma_min <= sigma_max:
-        raise ValueError(
-            f"sigma_min/sigma_max: need 0 < sigma_min <= sigma_max, got {sigma_min}, {sigma_max}"
-        )
-    if rho <= 0:
-        raise ValueError(f"rho: must be positive, got {rho}")
-    i = torch.arange(num_steps, dtype=torch.float64, device=device)  # (N,)
-    ramp = i / (num_steps - 1) if num_steps > 1 else i  # (N,) in [0, 1]
-    lo, hi = sigma_min ** (1.0 / rho), sigma_max ** (1.0 / rho)
-    t = (hi + ramp * (lo - hi)) ** rho  # (N,)  EDM eq. 5
-    t = torch.cat([t, t.new_zeros(1)])  # (N + 1,)  t_N = 0
-    return t.to(dtype)
 
 
 def _cat(a: Any, b: Any) -> Any:
@@ -148,7 +116,7 @@ def sample(
     """Deterministic EDM sampler (Algorithm 1 without stochastic churn, S_churn = 0).
 
     Integrates ``dx/dsigma = (x - D(x; sigma)) / sigma`` over ``sigmas`` (descending, e.g. from
-    :func:`karras_sigmas`)::
+    :func:`~vfm_core.diffusion.edm.karras_sigmas`)::
 
         x_0 = noise * sigmas[0]
         d_i = (x_i - D(x_i; s_i)) / s_i                               # Alg. 1 line 7

@@ -22,7 +22,7 @@ from torch import nn
 from vfm_core.config import Config, DataConfig, ModelConfig
 from vfm_core.data.samples import TrainBatch
 from vfm_core.data.synthetic_latents import SyntheticLatents
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.packed import packed_training_pair
 from vfm_core.families.family import Family
 from vfm_core.families.objective import Microbatch, Objective

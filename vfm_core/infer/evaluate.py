@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vfm_core.config import Config
-from vfm_core.diffusion.edm import create_diffusion
-from vfm_core.families import ConfigError, family_of
+from vfm_core.config import Config, ConfigError
+from vfm_core.diffusion.objective import create_diffusion
+from vfm_core.families import family_of
 from vfm_core.families.sources import make_source
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
@@ -129,7 +129,7 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a) + np.trace(s_b) - 2 * cross)
 
 
-def _heldout_batches(
+def heldout_batches(
     cfg: Config, ec: EvalConfig, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """n held-out (latents (n, C, T, H, W), text (n, L, Dt)) from the run's data source, and its
@@ -239,7 +239,7 @@ def evaluate(
     ar = family_of(cfg).discrete  # token ids: bits per token; latents: the EDM loss
     held_out = heldout_bits if ar else heldout_loss
     n = max(ec.loss_samples, ec.fd_samples)
-    data, text, null = _heldout_batches(cfg, ec, n)  # (n, C, T, H, W) | (n, T, H, W), (n, L, Dt)
+    data, text, null = heldout_batches(cfg, ec, n)  # (n, C, T, H, W) | (n, T, H, W), (n, L, Dt)
     metrics = held_out(model, cfg, data[: ec.loss_samples], text[: ec.loss_samples], ec)
 
     tok_path = tokenizer or cfg.data.tokenizer or None

@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 
 from vfm_core.config import DiffusionConfig
-from vfm_core.diffusion.edm import create_diffusion
+from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.sampler import sample
 from vfm_core.families import family_of
 from vfm_core.infer.ar_prefill import SplitPrefill, sync_tokens

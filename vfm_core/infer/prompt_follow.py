@@ -1,6 +1,6 @@
 """Prompt following without a learned model: read a generated video, find the moving object of a
-vocabulary colour (:mod:`vfm_core.video.captioned`) and measure its colour and direction, then
-compare with the prompt "a {colour} {shape} moving {direction}".
+vocabulary colour (:mod:`vfm_core.video.caption_vocabulary`) and measure its colour and direction,
+then compare with the prompt "a {colour} {shape} moving {direction}".
 
 Per frame, a pixel votes for the vocabulary colour it is nearest to when it is within
 ``max_dist`` (RGB Euclidean) of it and bright/saturated enough to be an object, not the dark
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vfm_core.video.captioned import COLOURS, DIRECTIONS, all_subjects, held_out, parse_caption
+from vfm_core.video.caption_vocabulary import COLOURS, DIRECTIONS
+from vfm_core.video.captioned import all_subjects, held_out, parse_caption
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

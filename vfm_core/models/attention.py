@@ -23,7 +23,7 @@ from vfm_core.models.layers import RMSNorm, apply_rope, attention, padding_mask
 Layout = Literal["full", "spatial", "temporal"]
 
 
-def _group(x: torch.Tensor, grid: Grid, layout: Layout) -> torch.Tensor:
+def group_tokens(x: torch.Tensor, grid: Grid, layout: Layout) -> torch.Tensor:
     """(B, h, N, d) with N = T*H*W raster order -> (B', h, S, d) attention groups."""
     if layout == "full":
         return x
@@ -35,8 +35,8 @@ def _group(x: torch.Tensor, grid: Grid, layout: Layout) -> torch.Tensor:
     return x.permute(0, 3, 1, 2, 4).reshape(b * hh * ww, h, t, d)  # (B*HW, h, T, d)
 
 
-def _ungroup(x: torch.Tensor, batch: int, grid: Grid, layout: Layout) -> torch.Tensor:
-    """Inverse of :func:`_group`: (B', h, S, d) -> (B, h, N, d)."""
+def ungroup_tokens(x: torch.Tensor, batch: int, grid: Grid, layout: Layout) -> torch.Tensor:
+    """Inverse of :func:`group_tokens`: (B', h, S, d) -> (B, h, N, d)."""
     if layout == "full":
         return x
     t, hh, ww = grid
@@ -230,10 +230,10 @@ class Attention(nn.Module):
         if layout != "full":
             if grid is None:
                 raise ValueError(f"layout {layout!r} needs the token grid")
-            q, k, v = (_group(t, grid, layout) for t in (q, k, v))  # (B', H, S', d)
+            q, k, v = (group_tokens(t, grid, layout) for t in (q, k, v))  # (B', H, S', d)
         out = attention(q, k, v)  # (B', Hq, S', d)
         if layout != "full":
-            out = _ungroup(out, b, grid, layout)  # (B, Hq, N, d)
+            out = ungroup_tokens(out, b, grid, layout)  # (B, Hq, N, d)
         return self.o(out.transpose(1, 2).reshape(b, n, -1))  # (B, N, D)
 
 

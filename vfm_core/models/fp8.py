@@ -33,12 +33,13 @@ so FP8 with ``parallel.tp > 1`` resolves to off (``auto``) or is refused (``on``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from vfm_core.config import ConfigError
+from vfm_core.models.linear_swap import swap_linears
 from vfm_core.models.te_adapter import te_status
 
 FP8_MIN_CAPABILITY = (8, 9)
@@ -140,19 +141,6 @@ def to_te_linears(model: nn.Module) -> int:
         return new.train(old.training)
 
     return swap_linears(model, fp8_linear_names(model), te_linear)
-
-
-def swap_linears(model: nn.Module, names: list[str], make: Callable[[nn.Linear], nn.Module]) -> int:
-    """Replace each ``nn.Linear`` submodule ``names`` of ``model`` by ``make(old)`` (same
-    parameter names: the FP8 linear of either backend); returns how many."""
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old = getattr(parent, child)
-        if not isinstance(old, nn.Linear):
-            raise TypeError(f"swap_linears: {name} is a {type(old).__name__}, not Linear")
-        setattr(parent, child, make(old))
-    return len(names)
 
 
 def to_fp8_linears(model: nn.Module, *, backend: str | None = None) -> int:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vfm_core.models.fp8 import swap_linears
+from vfm_core.models.linear_swap import swap_linears
 
 E4M3 = torch.float8_e4m3fn
 """Forward operands (inputs, weights): more mantissa."""

@@ -83,8 +83,8 @@ def _local_box(p: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[in
     parameter."""
     if not isinstance(p, DTensor):
         return p.data, tuple(p.shape), (0,) * p.ndim
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch._subclasses.fake_tensor import unset_fake_temporarily  # noqa: PLC2701
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC2701
 
     with unset_fake_temporarily():  # integers, also under ``vfm plan --check``'s fake tensors
         shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)

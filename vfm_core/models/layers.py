@@ -79,7 +79,7 @@ def padding_mask(context: torch.Tensor) -> torch.Tensor | None:
 def has_values(t: torch.Tensor) -> bool:
     """Whether ``t``'s values can be read on the host for a shortcut: not while compiling, nor
     for the fake tensors ``vfm plan --check`` traces a step with (shapes only)."""
-    from torch._subclasses.fake_tensor import is_fake
+    from torch._subclasses.fake_tensor import is_fake  # noqa: PLC2701
 
     return not torch.compiler.is_compiling() and not is_fake(t)
 

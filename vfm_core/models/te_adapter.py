@@ -71,16 +71,15 @@ def _bshd(mod, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 
 def context_backend(
-    q: torch.Tensor, *, packed: bool, causal: bool, balanced: bool
+    q: torch.Tensor, *, backend: str, packed: bool, causal: bool, balanced: bool
 ) -> tuple[str, str]:
     """(implementation, why) of a context-parallel ring call: ``te`` (TE's context-parallel
-    attention) where the ``te`` backend is selected, the tensors are on a GPU and the case is
-    one TE covers (unpacked; causal only over the balanced placement), else ``torch`` (PyTorch's
-    ring / vfm's packed ring, :mod:`vfm_core.parallel.ring`)."""
-    from vfm_core.models.layers import attention_backend
-
-    if attention_backend() != "te":
-        return "torch", f"attention backend {attention_backend()!r}"
+    attention) where the selected attention ``backend`` (``layers.attention_backend()``) is
+    ``te``, the tensors are on a GPU and the case is one TE covers (unpacked; causal only over
+    the balanced placement), else ``torch`` (PyTorch's ring / vfm's packed ring,
+    :mod:`vfm_core.parallel.ring`)."""
+    if backend != "te":
+        return "torch", f"attention backend {backend!r}"
     if packed:
         return "torch", "packed sequences (sample ids) run vfm's packed ring"
     if causal and not balanced:

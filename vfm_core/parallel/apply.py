@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import unset_fake_temporarily  # noqa: PLC2701
 
 from vfm_core.config import Config
 from vfm_core.models.init import init_parameters

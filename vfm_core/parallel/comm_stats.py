@@ -18,13 +18,13 @@ from collections import defaultdict
 
 import torch
 from torch.distributed import ProcessGroup
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC2701
 
 _NAMESPACES = ("c10d", "_c10d_functional")
 
 
 def _group(args) -> ProcessGroup | None:
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.distributed_c10d import _resolve_process_group  # noqa: PLC2701
 
     for a in args:
         if isinstance(a, torch.ScriptObject):

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from vfm_core.geometry import Grid
-from vfm_core.models.attention import _group, _ungroup
+from vfm_core.models.attention import group_tokens, ungroup_tokens
 from vfm_core.models.flash import grouped_attention
 from vfm_core.models.layers import attention
 from vfm_core.parallel.ring import causal_positions, ring_attention
@@ -109,21 +109,21 @@ def ulysses_attention(
     if layout != "full":
         if grid is None:
             raise ValueError(f"layout {layout!r} needs the token grid")
-        q, k, v = (_group(t, grid, layout) for t in (q, k, v))  # (B', H/P, S, d)
+        q, k, v = (group_tokens(t, grid, layout) for t in (q, k, v))  # (B', H/P, S, d)
     if sample_ids is not None:
         out = grouped_attention(q, k, v, sample_ids.to(q.device))  # (B, H/P, N, d)
     else:
         out = attention(q, k, v)  # (B', H/P, S, d)
     if layout != "full":
-        out = _ungroup(out, b, grid, layout)  # (B, H/P, N, d)
+        out = ungroup_tokens(out, b, grid, layout)  # (B, H/P, N, d)
     return heads_to_seq(out, group)  # (B, Hq, n, d)
 
 
 def local_attention(q, k, v, *, grid: Grid) -> torch.Tensor:
     """Spatial attention of a chunk of whole frames ``grid`` = (local t, h, w): no communication."""
     b = q.shape[0]
-    q, k, v = (_group(t, grid, "spatial") for t in (q, k, v))  # (B*t, H, h*w, d)
-    return _ungroup(attention(q, k, v), b, grid, "spatial")  # (B, Hq, n, d)
+    q, k, v = (group_tokens(t, grid, "spatial") for t in (q, k, v))  # (B*t, H, h*w, d)
+    return ungroup_tokens(attention(q, k, v), b, grid, "spatial")  # (B, Hq, n, d)
 
 
 def cp_attention(

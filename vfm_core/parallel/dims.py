@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import unset_fake_temporarily  # noqa: PLC2701
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from vfm_core.config import ConfigError, ParallelConfig, resolve_degrees

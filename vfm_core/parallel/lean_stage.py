@@ -21,7 +21,7 @@ import copy
 
 import torch
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining._utils import _make_tensor_from_meta
+from torch.distributed.pipelining._utils import _make_tensor_from_meta  # noqa: PLC2701
 from torch.distributed.pipelining.stage import _RecvInfo
 
 

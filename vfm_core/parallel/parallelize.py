@@ -72,7 +72,9 @@ class GradSync:
     """(process group, parameter names whose gradients are summed over it)."""
 
 
-def _check(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
+def check_parallel_fit(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
+    """The model's heads split over the TP and CP degrees as ``cp_mode`` needs; else a
+    :class:`ConfigError` naming the setting."""
     cfg = model.cfg
     if dims.tp_enabled:
         if cfg.heads % dims.tp or cfg.n_kv_heads % dims.tp:
@@ -307,7 +309,7 @@ def parallelize_dit(
     if device.type == "meta":  # the mesh is normally built already (by the trainer)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dims.build_mesh(device.type)
-    _check(model, dims, cp_mode)
+    check_parallel_fit(model, dims, cp_mode)
     sp = sequence_parallel and dims.tp_enabled
     plain_before_tp = {n for n, p in model.named_parameters() if not isinstance(p, DTensor)}
 

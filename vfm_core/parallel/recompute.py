@@ -95,8 +95,8 @@ def live_saved_bytes(fn, exclude) -> int:
     checkpoint caches) keeps for the backward. Works for every recompute mode, unlike counting
     ``saved_tensors_hooks`` (checkpointing installs its own)."""
     from torch.multiprocessing.reductions import StorageWeakRef
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC2701
+    from torch.utils._pytree import tree_leaves  # noqa: PLC2701
 
     seen: list[tuple[int, StorageWeakRef, int]] = []  # addresses are reused: keep every one
 

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vfm_core.models.flash import Aux, default_scale, flash_backward, flash_forward
+from vfm_core.models.layers import attention_backend
 from vfm_core.models.te_adapter import context_backend, te_context_attention
 
 Rect = tuple[int, int, int, int, bool]
@@ -101,7 +102,7 @@ def _torch_options(*, load_balance: bool, dtype: torch.dtype) -> Iterator[None]:
     """PyTorch's ring options for one call: head-tail load balancing for causal attention, K/V
     passed one hop at a time (``ALL_TO_ALL``: one block in flight, not the whole sequence
     gathered), merging in float32 (float64 inputs merge in float64)."""
-    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp  # noqa: PLC2701
 
     opts = cp._cp_options
     before = (opts.enable_load_balance, opts.rotate_method, opts.convert_to_f32)
@@ -136,7 +137,7 @@ class _TorchRing(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, causal, balanced):
-        from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cp  # noqa: PLC2701
 
         op = _BlockOp(default_scale(q))
         with _torch_options(load_balance=causal and balanced, dtype=q.dtype):
@@ -149,7 +150,7 @@ class _TorchRing(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cp  # noqa: PLC2701
 
         q, k, v, out, lse = ctx.saved_tensors
         with _torch_options(load_balance=ctx.causal and ctx.balanced, dtype=q.dtype):
@@ -211,7 +212,7 @@ def block_rects(
     return rects
 
 
-def _merge(out, lse, qs: int, qe: int, o: torch.Tensor, lo: torch.Tensor) -> None:
+def merge_block(out, lse, qs: int, qe: int, o: torch.Tensor, lo: torch.Tensor) -> None:
     """Fold one block's (o (B, H, r, d), lse (B, H, r)) into the accumulators' rows [qs, qe)."""
     acc_o, acc_l = out[:, :, qs:qe], lse[:, :, qs:qe]  # views
     new = torch.logaddexp(acc_l, lo)
@@ -237,7 +238,7 @@ class _PackedRing(torch.autograd.Function):
                 o, lo, a = flash_forward(
                     q[:, :, qs:qe], kb[:, :, ks:ke], vb[:, :, ks:ke], causal=causal, scale=scale
                 )
-                _merge(out, lse, qs, qe, o.to(acc), lo.to(acc))
+                merge_block(out, lse, qs, qe, o.to(acc), lo.to(acc))
                 aux[-1].append(a)
             if step + 1 < world:
                 kb, vb = _finish(pending) if pending else _pass_on([kb, vb], group)
@@ -309,7 +310,9 @@ def ring_attention(
     if sample_ids is None:
         if causal:
             causal_positions(n, world, balanced=balanced)  # checks the chunk divides
-        impl, _ = context_backend(q, packed=False, causal=causal, balanced=balanced)
+        impl, _ = context_backend(
+            q, backend=attention_backend(), packed=False, causal=causal, balanced=balanced
+        )
         if impl == "te":
             return te_context_attention(q, k, v, group, causal=causal)
         return _TorchRing.apply(q, k, v, group, causal, balanced)

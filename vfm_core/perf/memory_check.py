@@ -48,7 +48,7 @@ class StateBytes:
 @contextlib.contextmanager
 def fake_world(rank: int, world: int) -> Iterator[None]:
     """A fake process group of ``world`` ranks seen from ``rank`` (no communication)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC2701
 
     if dist.is_initialized():
         raise RuntimeError("vfm plan --check needs a process without a process group")

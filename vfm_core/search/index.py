@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from vfm_core import storage
-from vfm_core.annotate.embed import l2_normalize
+from vfm_core.annotate.vectors import l2_normalize
 from vfm_core.search.errors import SearchError
 
 FORMAT = "vfm.search.index"

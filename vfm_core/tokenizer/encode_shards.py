@@ -30,7 +30,8 @@ import pandas as pd
 import torch
 
 from vfm_core import storage
-from vfm_core.data.index import DatasetIndex, read_index, write_index
+from vfm_core.data.index import read_index, write_index
+from vfm_core.data.index_tables import DatasetIndex
 from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
 from vfm_core.data.shards import ShardWriter, npy_bytes
 from vfm_core.output_lock import output_lock

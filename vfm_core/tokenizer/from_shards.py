@@ -51,7 +51,7 @@ def shard_clips(
     shards: str, *, frames: int, size: int, batch_size: int, seed: int = 0
 ) -> Iterator[torch.Tensor]:
     """Endless batches (B, 3, frames, size, size) in [-1, 1] from the clips in ``shards``."""
-    from vfm_core.data.blend import BucketSpec
+    from vfm_core.data.buckets import BucketSpec
     from vfm_core.data.loader import build_loader
 
     loader = build_loader(

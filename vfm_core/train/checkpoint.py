@@ -61,7 +61,13 @@ from torch.distributed.checkpoint import (
 )
 
 from vfm_core.parallel.world import all_gather_bytes, barrier, is_rank0
-from vfm_core.train.checkpoint_failures import _local_bytes, _mismatch, _os_error, _size, _summary
+from vfm_core.train.checkpoint_failures import (
+    byte_size,
+    local_bytes,
+    mismatch_line,
+    os_error_behind,
+    problems_line,
+)
 from vfm_core.train.checkpoint_layout import FORMAT_VERSION, STATE_FILE
 from vfm_core.train.checkpoint_trainer import load_trainer, save_trainer
 from vfm_core.train.errors import CheckpointError
@@ -202,7 +208,7 @@ class CheckpointManager:
         barrier()
         tensors, skeleton = split_state(state)
         tensors = {k: v.detach() for k, v in tensors.items()}
-        nbytes = sum(_local_bytes(t) for t in tensors.values())
+        nbytes = sum(local_bytes(t) for t in tensors.values())
         skeletons = [json.loads(b) for b in all_gather_bytes(json.dumps(skeleton).encode())]
         doc = (
             {
@@ -254,12 +260,12 @@ class CheckpointManager:
         that is not the file system's is a bug and propagates as it is."""
         if is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)
-        cause = _os_error(error)
+        cause = os_error_behind(error)
         if cause is None:
             raise error
         why = cause.strerror or (os.strerror(cause.errno) if cause.errno else str(cause))
         try:
-            free = f"{_size(shutil.disk_usage(self.dir).free)} free there after removing it"
+            free = f"{byte_size(shutil.disk_usage(self.dir).free)} free there after removing it"
         except OSError:
             free = "the free space there unknown"
         share = (
@@ -267,7 +273,7 @@ class CheckpointManager:
         )
         return CheckpointError(
             f"checkpoint of step {step}: writing {tmp} failed ({why}): it tried to write "
-            f"{_size(nbytes)} of tensors{share}, {free}; the previous checkpoints under "
+            f"{byte_size(nbytes)} of tensors{share}, {free}; the previous checkpoints under "
             f"{self.dir} are intact"
         )
 
@@ -383,7 +389,7 @@ class CheckpointManager:
             if explicit is not None:
                 problems = verify(Path(explicit))
                 if problems:
-                    result["error"] = f"{explicit_flag}: {_summary(problems)}"
+                    result["error"] = f"{explicit_flag}: {problems_line(problems)}"
                 else:
                     result["path"] = str(explicit)
             else:
@@ -392,7 +398,7 @@ class CheckpointManager:
                     if not problems:
                         result["path"] = str(p)
                         break
-                    print(f"warning: skipping {_summary(problems)}", file=sys.stderr)
+                    print(f"warning: skipping {problems_line(problems)}", file=sys.stderr)
                 else:
                     n = len(self.candidates())
                     if n:
@@ -431,7 +437,7 @@ class CheckpointManager:
             everyone.update(json.loads(raw))
         missing, extra = everyone - saved_paths, saved_paths - everyone
         if missing or extra:
-            raise CheckpointError(_mismatch(path, missing, extra))
+            raise CheckpointError(mismatch_line(path, missing, extra))
         buffers = {k: torch.empty_like(v) for k, v in tensors.items()}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)

@@ -13,13 +13,13 @@ from torch.distributed.tensor import DTensor
 from vfm_core.train.checkpoint_layout import STATE_FILE
 
 
-def _local_bytes(t: torch.Tensor) -> int:
+def local_bytes(t: torch.Tensor) -> int:
     """Bytes of this rank's part of ``t`` (its local shard for a DTensor)."""
     local = t.to_local() if isinstance(t, DTensor) else t
     return local.numel() * local.element_size()
 
 
-def _size(n: int) -> str:
+def byte_size(n: int) -> str:
     """``65214000`` -> ``'65,214,000 bytes (62.2 MiB)'``."""
     scaled, unit = float(n), "B"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -29,7 +29,7 @@ def _size(n: int) -> str:
     return f"{n:,} bytes" if unit == "B" else f"{n:,} bytes ({scaled:.1f} {unit})"
 
 
-def _os_error(error: BaseException) -> OSError | None:
+def os_error_behind(error: BaseException) -> OSError | None:
     """The OSError behind ``error``: itself, its cause or context, or a rank's failure inside
     DCP's CheckpointException (which wraps every rank's exception)."""
     todo: list[BaseException | None] = [error]
@@ -47,12 +47,13 @@ def _os_error(error: BaseException) -> OSError | None:
     return None
 
 
-def _summary(problems: list) -> str:
+def problems_line(problems: list) -> str:
+    """The first of a damaged checkpoint's problems, and how many more there are."""
     more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
     return f"{problems[0]}{more}"
 
 
-def _mismatch(path: Path, missing: set[str], extra: set[str]) -> str:
+def mismatch_line(path: Path, missing: set[str], extra: set[str]) -> str:
     """One line for tensors that do not match: the optimizer's, or the model's."""
     paths = missing | extra
     if all(p.startswith("optim.") for p in paths):

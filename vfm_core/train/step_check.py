@@ -111,7 +111,7 @@ def measure_step(
     """Trace one training step of ``run`` (a config of the layout to check, ``data.batch_size``
     its global batch) at ``seq_len`` tokens per sample (:func:`check_config`) on the rank with
     pipeline coordinate ``pp_rank`` of ``world`` ranks."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC2701
 
     from vfm_core.families.sources import make_source
     from vfm_core.train.trainer import Trainer
@@ -169,7 +169,7 @@ def _static_pipeline(trainer, batch: TrainBatch) -> None:
     nothing and a fake tensor has no value. The shapes come from one untracked forward of this
     rank's first stage; this rank's other stages (interleaved) take and give the same hidden
     stream (the last stage, the only one with another output, is never on pipeline rank 0)."""
-    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas
+    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas  # noqa: PLC2701
 
     pipe = trainer.layout.pipe
     if pipe.last:
@@ -206,7 +206,7 @@ def _create_optimizer_state(trainer) -> None:
 
 def _tracker(trainer):
     """PyTorch's MemTracker over the parts, the optimizer and the EMA ('Other')."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker  # noqa: PLC2701
 
     parts = trainer.layout.parts
 

@@ -15,23 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vfm_core.video.caption_vocabulary import BACKGROUNDS, COLOURS, DIRECTIONS, SHAPES
 from vfm_core.video.synthetic import Segment, VideoSpec
-
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40),
-    "green": (40, 200, 60),
-    "blue": (40, 80, 235),
-    "yellow": (235, 220, 40),
-    "white": (245, 245, 245),
-}
-SHAPES = ("circle", "square")
-DIRECTIONS: dict[str, tuple[int, int]] = {  # (dx, dy) in image coordinates (y down)
-    "left": (-1, 0),
-    "right": (1, 0),
-    "up": (0, -1),
-    "down": (0, 1),
-}
-BACKGROUNDS = ("plain", "textured")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -32,7 +32,7 @@ class VideoError(UserError):
         super().__init__(f"{self.path}: {reason}")
 
 
-def _name(src: Source) -> str:
+def source_name(src: Source) -> str:
     if isinstance(src, (str, os.PathLike)):
         return os.fspath(src)
     return str(getattr(src, "name", None) or getattr(src, "path", None) or repr(src))
@@ -41,7 +41,7 @@ def _name(src: Source) -> str:
 def open_container(src: Source) -> av.container.InputContainer:
     """`av.open` for reading, with user-caused failures turned into `VideoError`; a path that is
     not a regular file (FIFO, device, directory) is refused without opening it."""
-    name = _name(src)
+    name = source_name(src)
     if isinstance(src, (str, os.PathLike)):
         p = Path(src)
         if not p.exists():
@@ -56,17 +56,17 @@ def open_container(src: Source) -> av.container.InputContainer:
     try:
         return av.open(src if not isinstance(src, os.PathLike) else os.fspath(src), mode="r")
     except av.FFmpegError as e:
-        raise VideoError(name, f"not a readable media file ({_ffmpeg_reason(e)})") from e
+        raise VideoError(name, f"not a readable media file ({ffmpeg_reason(e)})") from e
     except (OSError, ValueError) as e:
         raise VideoError(name, f"unreadable ({e})") from e
 
 
-def _ffmpeg_reason(e: BaseException) -> str:
+def ffmpeg_reason(e: BaseException) -> str:
     msg = getattr(e, "strerror", None) or str(e)
     return msg.split(":")[0].strip() if msg else type(e).__name__
 
 
-def _video_stream(container: av.container.InputContainer, name: str) -> av.VideoStream:
+def video_stream(container: av.container.InputContainer, name: str) -> av.VideoStream:
     if not container.streams.video:
         kinds = sorted({s.type for s in container.streams})
         raise VideoError(
@@ -75,11 +75,11 @@ def _video_stream(container: av.container.InputContainer, name: str) -> av.Video
     return container.streams.video[0]
 
 
-def _t0(stream: av.VideoStream) -> int:
+def stream_t0(stream: av.VideoStream) -> int:
     return stream.start_time if stream.start_time is not None else 0
 
 
-def _media_seconds(c: av.container.InputContainer, s: av.VideoStream | None) -> float | None:
+def media_seconds(c: av.container.InputContainer, s: av.VideoStream | None) -> float | None:
     """Duration the container states for stream ``s`` (or itself); None when it states none."""
     if s is not None and s.duration is not None and s.time_base is not None:
         return float(s.duration * s.time_base)
@@ -103,7 +103,7 @@ def _source_size(src: Source) -> int | None:
         return None
 
 
-def _check_complete(src: Source, stream: av.VideoStream, name: str) -> None:
+def check_complete(src: Source, stream: av.VideoStream, name: str) -> None:
     """Raise if the sample index (MP4/MOV/MKV) points past the end of the file (truncated)."""
     try:
         entries = stream.index_entries

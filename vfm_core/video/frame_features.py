@@ -90,7 +90,7 @@ def thumbnails(frames: np.ndarray) -> np.ndarray:
     return frames[:, ys[:, None], xs[None, :]]  # (T, THUMB, THUMB, 3)
 
 
-def _luma(frames: np.ndarray) -> np.ndarray:
+def luma(frames: np.ndarray) -> np.ndarray:
     """(T, H, W, 3) uint8 -> (T, H, W) float32 luma (BT.601)."""
     f = frames.astype(np.float32)
     return f[..., 0] * 0.299 + f[..., 1] * 0.587 + f[..., 2] * 0.114
@@ -112,7 +112,7 @@ class FrameFeatures:
     """(T, THUMB, THUMB, 3) uint8 thumbnails: with `hist`, the stitch embedder's input."""
 
 
-class _FeatureAccumulator:
+class FeatureAccumulator:
     """Streams frame chunks into `FrameFeatures` (keeps only the previous frame's luma)."""
 
     def __init__(self) -> None:
@@ -126,7 +126,7 @@ class _FeatureAccumulator:
     def add(self, frames: np.ndarray, times: list[float] | None = None) -> None:
         if times is not None:
             self.times += times
-        y = _luma(frames)  # (B, H, W)
+        y = luma(frames)  # (B, H, W)
         self.hist.append(hsv_histograms(frames))
         self.thumbs.append(thumbnails(frames))
         prev = y[:1] if self.prev is None else self.prev[None]
@@ -151,7 +151,7 @@ class _FeatureAccumulator:
         )
 
 
-def _chunks(
+def frame_chunks(
     source: FramesOrSource,
     width: int,
     chunk: int,
@@ -188,7 +188,7 @@ def compute_features(
 ) -> FrameFeatures:
     """Features of every frame of `source` (decoded at `width` px wide when it is a video, with
     FFmpeg `threads` and `decoder_options`, e.g. `io.SKIP_LOOP_FILTER`; see `iter_frames`)."""
-    acc = _FeatureAccumulator()
-    for c, ts in _chunks(source, width, chunk, threads, decoder_options):
+    acc = FeatureAccumulator()
+    for c, ts in frame_chunks(source, width, chunk, threads, decoder_options):
         acc.add(c, ts)
     return acc.result()

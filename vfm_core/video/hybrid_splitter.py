@@ -39,14 +39,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vfm_core.video.frame_features import (
+    FeatureAccumulator,
     FrameFeatures,
     FramesOrSource,
-    _chunks,
-    _FeatureAccumulator,
-    _luma,
+    frame_chunks,
+    luma,
 )
 from vfm_core.video.io import SKIP_LOOP_FILTER
-from vfm_core.video.shots import ColorChangeSplitter, Detection, _fps_of, _local_max
+from vfm_core.video.shots import ColorChangeSplitter, Detection, fps_of, local_max
 from vfm_core.video.spans import LengthRules, Segmentation, Span
 
 
@@ -80,7 +80,7 @@ class HybridSplitter:
         return self.segment(source, fps=fps).spans
 
     def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
-        fps_ = _fps_of(source, fps)
+        fps_ = fps_of(source, fps)
         feats, grid = self.features(source)
         det = self.detect(feats, grid, fps_)
         return self._color().segmentation(det, fps_, times=feats.times)
@@ -91,9 +91,9 @@ class HybridSplitter:
     def features(self, source: FramesOrSource) -> tuple[FrameFeatures, np.ndarray]:
         """Colour features and the (T, grid_h, grid_w) normalised layout grid, one decode."""
         opts = SKIP_LOOP_FILTER if self.color.skip_loop_filter else None
-        acc = _FeatureAccumulator()
+        acc = FeatureAccumulator()
         grids: list[np.ndarray] = []
-        for c, ts in _chunks(source, self.color.analysis_width, 256, "AUTO", opts):
+        for c, ts in frame_chunks(source, self.color.analysis_width, 256, "AUTO", opts):
             acc.add(c, ts)
             grids.append(layout_grid(c, self.grid_w, self.grid_h))
         empty = np.zeros((0, self.grid_h, self.grid_w), np.float32)
@@ -123,7 +123,7 @@ class HybridSplitter:
             & (d1 >= self.layout_ratio * (d_nb + eps))
             & (s >= self.color_ratio * (s_nb + eps))
         )
-        hit = (layout_step | color_step) & _local_max(s, 2)
+        hit = (layout_step | color_step) & local_max(s, 2)
         hit[0] = False
         hits = np.flatnonzero(hit).tolist()
         det.gradual = [(a, b) for a, b in det.gradual if not any(a - 2 <= t <= b + 2 for t in hits)]
@@ -146,7 +146,7 @@ def _neighbour_max(x: np.ndarray, half: int) -> np.ndarray:
 def layout_grid(frames: np.ndarray, gw: int, gh: int) -> np.ndarray:
     """(T, H, W, 3) uint8 -> (T, gh, gw) float32 block-mean luma, each frame normalised to zero
     mean and unit mean-absolute deviation (a brightness change or fade leaves it unchanged)."""
-    y = _luma(frames)  # (T, H, W)
+    y = luma(frames)  # (T, H, W)
     # a frame with fewer rows (columns) than the grid, a very wide (tall) video's analysis
     # frame: every row (column) repeated so that each cell covers at least one
     y = np.repeat(np.repeat(y, -(-gh // y.shape[1]), axis=1), -(-gw // y.shape[2]), axis=2)

@@ -28,16 +28,16 @@ import numpy as np
 from vfm_core.video.container import (
     Source,
     VideoError,
-    _check_complete,
-    _ffmpeg_reason,
-    _media_seconds,
-    _name,
-    _t0,
-    _video_stream,
+    check_complete,
+    ffmpeg_reason,
+    media_seconds,
     open_container,
+    source_name,
+    stream_t0,
+    video_stream,
 )
 from vfm_core.video.convert import FrameConverter
-from vfm_core.video.plane_sampler import _SAMPLED_FORMATS, _PlaneSampler
+from vfm_core.video.plane_sampler import SAMPLED_FORMATS, PlaneSampler
 
 MAX_PIXELS = 8192 * 8192
 """Largest declared frame (width * height) probe accepts; bigger is rejected as a bogus header."""
@@ -129,12 +129,12 @@ def probe(
     False) / undecodable inputs, for declared sizes above `max_pixels` and when it takes longer
     than `timeout_s` (default: `DECODE_TIMEOUT`).
     """
-    name = _name(src)
+    name = source_name(src)
     began = time.monotonic()
     with open_container(src) as c:
         if not c.streams.video:
             if require_video:
-                _video_stream(c, name)
+                video_stream(c, name)
             dur = float(c.duration / av.time_base) if c.duration else 0.0
             return VideoInfo(
                 duration_s=dur,
@@ -154,12 +154,12 @@ def probe(
             raise VideoError(name, f"invalid frame size {w}x{h}")
         if w * h > max_pixels:
             raise VideoError(name, f"declared frame size {w}x{h} exceeds {max_pixels} pixels")
-        _check_complete(src, s, name)
+        check_complete(src, s, name)
         tb = s.time_base
         # timestamps of the first packets (in decode order) -> variable frame rate flag
         pts: list[int] = []
         first: av.VideoFrame | None = None
-        deadline = _Deadline(name, timeout_s, _media_seconds(c, s))
+        deadline = _Deadline(name, timeout_s, media_seconds(c, s))
         deadline.end -= time.monotonic() - began  # the open counts too
         try:
             for packet in c.demux(s):
@@ -174,7 +174,7 @@ def probe(
                     break
         except av.FFmpegError as e:
             if first is None:
-                raise VideoError(name, f"undecodable video stream ({_ffmpeg_reason(e)})") from e
+                raise VideoError(name, f"undecodable video stream ({ffmpeg_reason(e)})") from e
         if first is None:
             raise VideoError(name, "video stream has no decodable frame (truncated or empty)")
         vfr = _is_vfr(pts)
@@ -268,11 +268,11 @@ def iter_frames(
     decoded and skipped. The whole iteration (the caller's work between frames included) runs under
     `timeout_s` (default: `DECODE_TIMEOUT` for the range's length); past it, `VideoError`.
     """
-    name = _name(src)
+    name = source_name(src)
     size: tuple[int, int] | None = None
-    sampler: _PlaneSampler | None = None
+    sampler: PlaneSampler | None = None
     converter = FrameConverter()  # swscale contexts reused across the clip's frames
-    frames = _iter_av_frames(
+    frames = iter_av_frames(
         src,
         start_s=start_s,
         end_s=end_s,
@@ -288,9 +288,9 @@ def iter_frames(
             else:
                 size = (width or frame.width, height)
         w, h = size
-        if resize == "sample" and frame.format.name in _SAMPLED_FORMATS:
+        if resize == "sample" and frame.format.name in SAMPLED_FORMATS:
             if sampler is None:
-                sampler = _PlaneSampler(frame.width, frame.height, w, h)
+                sampler = PlaneSampler(frame.width, frame.height, w, h)
             yield t, sampler(frame)
         else:
             # scale + convert inside swscale: (h, w, 3) uint8
@@ -324,11 +324,11 @@ def decode_frames(
     )
     frames = [a for _, a in it]
     if not frames:
-        raise VideoError(_name(src), "no frames in the requested range")
+        raise VideoError(source_name(src), "no frames in the requested range")
     return np.stack(frames)  # (T, H, W, 3)
 
 
-def _iter_av_frames(
+def iter_av_frames(
     src: Source,
     *,
     start_s: float | None,
@@ -346,11 +346,11 @@ def _iter_av_frames(
     sees fewer frames than probed); before it, it raises `VideoError`. So does running past
     `timeout_s` (default: `DECODE_TIMEOUT` for the range's length), checked at every packet.
     """
-    name = name or _name(src)
+    name = name or source_name(src)
     began = time.monotonic()
     with open_container(src) as c:
-        s = _video_stream(c, name)
-        media = _media_seconds(c, s)  # seconds of media in [start_s, end_s)
+        s = video_stream(c, name)
+        media = media_seconds(c, s)  # seconds of media in [start_s, end_s)
         if end_s is not None:
             media = (end_s if media is None else min(media, end_s)) - (start_s or 0.0)
         elif media is not None and start_s:
@@ -360,7 +360,7 @@ def _iter_av_frames(
         s.codec_context.thread_type = threads
         if options:
             s.codec_context.options = dict(options)
-        tb, t0 = s.time_base, _t0(s)
+        tb, t0 = s.time_base, stream_t0(s)
         # a frame's time (pts - t0) * tb as one int division: the correctly rounded float of the
         # exact fraction, as float(Fraction) gives, without a Fraction per frame
         num, den = (tb.numerator, tb.denominator) if tb is not None else (None, None)
@@ -382,7 +382,7 @@ def _iter_av_frames(
                 yield t, frame
         except av.FFmpegError as e:
             if n_out == 0:
-                raise VideoError(name, f"decode failed ({_ffmpeg_reason(e)})") from e
+                raise VideoError(name, f"decode failed ({ffmpeg_reason(e)})") from e
 
 
 def _decode(
@@ -409,12 +409,12 @@ def count_frames(src: Source, *, timeout_s: float | None = None) -> FrameCount:
 
     Raises `VideoError` when no frame decodes or the decode runs past `timeout_s`; a clip that
     decodes to fewer frames than it declares is damaged (flipped or lost bytes)."""
-    name = _name(src)
+    name = source_name(src)
     n = 0
-    for _ in _iter_av_frames(src, start_s=None, end_s=None, threads="AUTO", timeout_s=timeout_s):
+    for _ in iter_av_frames(src, start_s=None, end_s=None, threads="AUTO", timeout_s=timeout_s):
         n += 1
     if n == 0:
         raise VideoError(name, "video stream has no decodable frame")
     with open_container(src) as c:
-        declared = int(_video_stream(c, name).frames or 0)
+        declared = int(video_stream(c, name).frames or 0)
     return FrameCount(decoded=n, declared=declared)

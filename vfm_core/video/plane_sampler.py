@@ -1,6 +1,6 @@
 """Point-sampling of decoded YUV planes on a small output grid, converted to RGB through per-code
 BT.601 tables: the `resize="sample"` path of `video.io.iter_frames` (8-bit 4:2:0 / 4:4:4 formats
-only, `_SAMPLED_FORMATS`; other formats go through swscale).
+only, `SAMPLED_FORMATS`; other formats go through swscale).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import av
 import numpy as np
 
-_SAMPLED_FORMATS = {"yuv420p": 2, "yuvj420p": 2, "yuv444p": 1, "yuvj444p": 1}
+SAMPLED_FORMATS = {"yuv420p": 2, "yuvj420p": 2, "yuv444p": 1, "yuvj444p": 1}
 
 
 def _yuv_luts(full_range: bool) -> tuple[np.ndarray, ...]:
@@ -27,7 +27,7 @@ def _yuv_luts(full_range: bool) -> tuple[np.ndarray, ...]:
     return y, 1.402 * c, 0.344136 * c, 0.714136 * c, 1.772 * c
 
 
-class _PlaneSampler:
+class PlaneSampler:
     """Point-sample Y/U/V planes of a frame on a (h, w) grid and convert to RGB (BT.601).
 
     Luma is the rounded mean of the 2x2 pixels at each grid point, chroma the co-sited sample.
@@ -53,7 +53,7 @@ class _PlaneSampler:
     def __call__(self, frame: av.VideoFrame) -> np.ndarray:
         name = frame.format.name
         p0, p1, p2 = frame.planes[:3]
-        i00, i01, i10, i11, ic = self._indices(_SAMPLED_FORMATS[name], p0.line_size, p1.line_size)
+        i00, i01, i10, i11, ic = self._indices(SAMPLED_FORMATS[name], p0.line_size, p1.line_size)
         lum = np.frombuffer(p0, np.uint8)
         y = (lum[i00].astype(np.uint16) + lum[i01] + lum[i10] + lum[i11] + 2) >> 2  # (h*w,)
         u = np.frombuffer(p1, np.uint8)[ic]  # (h*w,)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vfm_core.video.io import Source, _iter_av_frames
+from vfm_core.video.io import Source, iter_av_frames
 
 BLOCK = 8
 """Transform block size whose boundaries `blockiness` looks at (MPEG-2 / H.264 8x8)."""
@@ -86,7 +86,7 @@ def sample_luma(src: Source, start_s: float, end_s: float, *, n: int, n_frames: 
     want = set(np.linspace(0, max(n_frames - 1, 0), min(n, max(n_frames, 1))).round().astype(int))
     last = max(want)
     out, seen = [], 0
-    for _, frame in _iter_av_frames(src, start_s=start_s, end_s=end_s, threads="AUTO"):
+    for _, frame in iter_av_frames(src, start_s=start_s, end_s=end_s, threads="AUTO"):
         if seen in want:
             out.append(frame.to_ndarray(format="gray"))  # (H, W) full-range luma
         seen += 1

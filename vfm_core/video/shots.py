@@ -45,9 +45,9 @@ from vfm_core.video.spans import (
     LengthRules,
     Segmentation,
     Span,
-    _dropped,
-    _span,
+    dropped_span,
     segmentation,
+    timed_span,
 )
 
 
@@ -64,7 +64,7 @@ class Splitter(Protocol):
         ...
 
 
-def _fps_of(source: FramesOrSource, fps: float | None) -> float:
+def fps_of(source: FramesOrSource, fps: float | None) -> float:
     if fps is not None:
         return float(fps)
     if isinstance(source, np.ndarray):
@@ -83,7 +83,7 @@ def _rolling(x: np.ndarray, half: int, fn) -> np.ndarray:
     return fn(np.lib.stride_tricks.sliding_window_view(p, 2 * half + 1), axis=-1)
 
 
-def _local_max(x: np.ndarray, half: int) -> np.ndarray:
+def local_max(x: np.ndarray, half: int) -> np.ndarray:
     """True where x[t] is the (first) maximum of its window [t - half, t + half]."""
     if x.size == 0:
         return np.zeros(0, bool)
@@ -152,7 +152,7 @@ class ColorChangeSplitter:
         return self.split_features(source, fps=fps)[0]
 
     def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
-        fps_ = _fps_of(source, fps)
+        fps_ = fps_of(source, fps)
         feats = self._features(source)
         return self.segmentation(self.detect(feats, fps_), fps_, times=feats.times)
 
@@ -160,7 +160,7 @@ class ColorChangeSplitter:
         self, source: FramesOrSource, *, fps: float | None = None
     ) -> tuple[list[Span], FrameFeatures]:
         """`split`, also returning the per-frame features (stitching reuses them: no re-decode)."""
-        fps_ = _fps_of(source, fps)
+        fps_ = fps_of(source, fps)
         feats = self._features(source)
         return self.spans(self.detect(feats, fps_), fps_, times=feats.times), feats
 
@@ -188,15 +188,17 @@ class ColorChangeSplitter:
             if a > pos:
                 raw.append((pos, a))
             if b > max(a, pos):  # a gradual transition's blended frames
-                span = _span(max(a, pos), b, fps, times)
-                dropped.append(_dropped(span, "gradual transition (dissolve / fade)"))
+                span = timed_span(max(a, pos), b, fps, times)
+                dropped.append(dropped_span(span, "gradual transition (dissolve / fade)"))
             pos = max(pos, b)
         if pos < det.n_frames:
             raw.append((pos, det.n_frames))
         if self.drop_black:
             bset = set(black)
             dropped += [
-                _dropped(_span(a, b, fps, times), "black segment") for a, b in raw if (a, b) in bset
+                dropped_span(timed_span(a, b, fps, times), "black segment")
+                for a, b in raw
+                if (a, b) in bset
             ]
             raw = [r for r in raw if r not in bset]
         spans, short = self.lengths.partition(raw, fps, times)
@@ -215,14 +217,14 @@ class ColorChangeSplitter:
         d1 = 0.7 * dh + 0.3 * np.minimum(1.0, 4.0 * feats.dpix)  # (T,)
         base = _rolling(d1, w, np.median)
         eps = 0.01
-        is_cut = (d1 >= self.cut_min) & (d1 >= self.cut_ratio * (base + eps)) & _local_max(d1, 2)
+        is_cut = (d1 >= self.cut_min) & (d1 >= self.cut_ratio * (base + eps)) & local_max(d1, 2)
         is_cut[0] = False
         cuts = np.flatnonzero(is_cut).tolist()
 
         # black runs
         dark = feats.bright < self.black_level
         black: list[tuple[int, int]] = []
-        for a, b in _runs(dark):
+        for a, b in true_runs(dark):
             if b - a >= self.min_black_frames:
                 black.append((a, b))
         # cuts at (or inside) black runs are the runs' edges
@@ -242,7 +244,7 @@ class ColorChangeSplitter:
         base = _rolling(d1, 2 * w, np.median)  # (T,) long window: a fade must not raise it
         hot = (d1 >= self.grad_step) & (d1 >= self.grad_ratio * (base + 0.005))
         hot[0] = False
-        runs = _runs(_close_gaps(hot, self.grad_gap))
+        runs = true_runs(_close_gaps(hot, self.grad_gap))
         out: list[tuple[int, int]] = []
         for a, b in runs:
             if b - a < self.grad_min_frames:
@@ -264,13 +266,13 @@ class ColorChangeSplitter:
 def _close_gaps(mask: np.ndarray, gap: int) -> np.ndarray:
     """Fill False runs of length <= gap that lie between True values."""
     out = mask.copy()
-    for a, b in _runs(~mask):
+    for a, b in true_runs(~mask):
         if b - a <= gap and a > 0 and b < len(mask):
             out[a:b] = True
     return out
 
 
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+def true_runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) of the True runs of a boolean vector."""
     m = np.concatenate([[False], mask.astype(bool), [False]])
     d = np.flatnonzero(np.diff(m.astype(np.int8)))
@@ -290,7 +292,7 @@ class FixedStrideSplitter:
         return self.segment(source, fps=fps).spans
 
     def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
-        fps_ = _fps_of(source, fps)
+        fps_ = fps_of(source, fps)
         if isinstance(source, np.ndarray):
             n = len(source)
         else:

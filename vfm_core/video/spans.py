@@ -86,24 +86,26 @@ class LengthRules:
             if n <= 0:
                 continue
             if n < min_f:
-                s = _span(a, b, fps, times)
+                s = timed_span(a, b, fps, times)
                 why = f"shot {s.duration_s:.2f} s < min {self.min_len_s:.2f} s"
-                short.append(_dropped(s, why))
+                short.append(dropped_span(s, why))
                 continue
             k = 1 if max_f is None else -(-n // max_f)
             edges = [a + (n * i) // k for i in range(k + 1)]
-            out += [_span(s, e, fps, times) for s, e in zip(edges[:-1], edges[1:], strict=True)]
+            out += [
+                timed_span(s, e, fps, times) for s, e in zip(edges[:-1], edges[1:], strict=True)
+            ]
         return out, short
 
 
-def _span(start: int, end: int, fps: float, times: np.ndarray | None) -> Span:
+def timed_span(start: int, end: int, fps: float, times: np.ndarray | None) -> Span:
     if times is None or len(times) == 0:
         return Span.of(start, end, fps)
     t_end = float(times[end]) if end < len(times) else float(times[-1]) + 1.0 / fps
     return Span(start_frame=start, end_frame=end, start_s=float(times[start]), end_s=t_end)
 
 
-def _dropped(span: Span, reason: str) -> DroppedSpan:
+def dropped_span(span: Span, reason: str) -> DroppedSpan:
     return DroppedSpan(
         start_frame=span.start_frame,
         end_frame=span.end_frame,
@@ -129,7 +131,7 @@ def segmentation(
     pos, rest = 0, []
     for a, b in [*taken, (n_frames, n_frames)]:
         if a > pos:
-            rest.append(_dropped(_span(pos, a, fps, times), other))
+            rest.append(dropped_span(timed_span(pos, a, fps, times), other))
         pos = max(pos, b)
     dropped = sorted([*dropped, *rest], key=lambda d: d.start_frame)
     return Segmentation(spans=spans, dropped=dropped, n_frames=n_frames)

@@ -23,6 +23,7 @@ from typing import Literal
 import av
 import numpy as np
 
+from vfm_core.video.caption_vocabulary import COLOURS, DIRECTIONS
 from vfm_core.video.transcode import encode_h264
 
 OBJECT_MOVE_FRACTION = 0.57
@@ -60,7 +61,7 @@ class Segment:
     """Length of a dissolve, in frames (the first frames of this segment)."""
     subject: tuple[str, str, str, str] | None = None
     """kind "object": (colour, shape, direction, background) of the one object it shows, e.g.
-    ("red", "circle", "right", "plain"); see :mod:`vfm_core.video.captioned`."""
+    ("red", "circle", "right", "plain"); see :mod:`vfm_core.video.caption_vocabulary`."""
     caption: str | None = None
     """Caption of this segment (written to the JSON sidecar with its time range)."""
 
@@ -219,8 +220,6 @@ class _Scene:
         where the object goes: a model has to take the direction from the caption. (Crossing the
         frame from the opposite edge, as before, let the first frame's position give the
         direction away; an autoregressive model then ignored the caption's direction word.)"""
-        from vfm_core.video.captioned import COLOURS, DIRECTIONS
-
         colour, shape, direction, background = self.subject or ("white", "square", "right", "plain")
         w, h, pad = self.w, self.h, self.pad
         if background == "plain":  # one dark colour per shot (so cuts show in colour)

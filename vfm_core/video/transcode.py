@@ -21,9 +21,9 @@ from typing import Any, Literal
 import av
 import numpy as np
 
-from vfm_core.video.container import Source, VideoError, _name, _video_stream, open_container
+from vfm_core.video.container import Source, VideoError, open_container, source_name, video_stream
 from vfm_core.video.convert import FrameConverter
-from vfm_core.video.io import _iter_av_frames, analysis_size
+from vfm_core.video.io import analysis_size, iter_av_frames
 
 log = logging.getLogger(__name__)
 
@@ -235,9 +235,9 @@ def transcode_span(
     `vfm_core.video.quality`) keeps only that box; sizes then apply to the box.
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
-    name = _name(src)
+    name = source_name(src)
     with open_container(src) as c:
-        s = _video_stream(c, name)
+        s = video_stream(c, name)
         w0, h0 = s.codec_context.width, s.codec_context.height
         in_rate = s.average_rate or s.guessed_rate or Fraction(30)
     k = (rotation // 90) % 4
@@ -269,7 +269,7 @@ def transcode_span(
     fc = FrameConverter()  # swscale contexts reused across the span, one per conversion
     with out:
         resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
-        for t, frame in _iter_av_frames(
+        for t, frame in iter_av_frames(
             src, start_s=start_s, end_s=end_s, threads=threads, name=name
         ):
             if crop is not None:

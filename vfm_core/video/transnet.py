@@ -24,17 +24,17 @@ from typing import Any
 import numpy as np
 
 from vfm_core.progress import Progress
-from vfm_core.video.container import _name
+from vfm_core.video.container import source_name
 from vfm_core.video.frame_features import FramesOrSource
 from vfm_core.video.io import SKIP_LOOP_FILTER, iter_frames, probe
-from vfm_core.video.shots import _fps_of, _runs
+from vfm_core.video.shots import fps_of, true_runs
 from vfm_core.video.spans import (
     LengthRules,
     Segmentation,
     Span,
-    _dropped,
-    _span,
+    dropped_span,
     segmentation,
+    timed_span,
 )
 
 WINDOW, STEP, CONTEXT = 100, 50, 25
@@ -112,7 +112,7 @@ class TransNetV2Splitter:
         if isinstance(source, np.ndarray):
             total, what = len(source), "frames"
         else:
-            total, what = probe(source).n_frames, _name(source)
+            total, what = probe(source).n_frames, source_name(source)
         prog = Progress(
             total, desc=f"TransNetV2 {what}", unit="frame", delay_s=self.progress_delay_s
         )
@@ -126,12 +126,12 @@ class TransNetV2Splitter:
         return self.segment(source, fps=fps).spans
 
     def segment(self, source: FramesOrSource, *, fps: float | None = None) -> Segmentation:
-        fps_ = _fps_of(source, fps)
+        fps_ = fps_of(source, fps)
         p, times = self.predict(source)
         shots, trans = shots_of(p > self.threshold)
         spans, short = self.lengths.partition(shots, fps_, times)
         why = f"shot transition (TransNetV2 p > {self.threshold:g})"
-        dropped = [_dropped(_span(a, b, fps_, times), why) for a, b in trans]
+        dropped = [dropped_span(timed_span(a, b, fps_, times), why) for a, b in trans]
         return segmentation(spans, dropped + short, len(p), fps_, times)
 
 
@@ -146,7 +146,7 @@ def shots_of(hot: np.ndarray) -> tuple[list[tuple[int, int]], list[tuple[int, in
     shots: list[tuple[int, int]] = []
     trans: list[tuple[int, int]] = []
     pos = 0
-    for a, b in _runs(hot):
+    for a, b in true_runs(hot):
         first = a + 1 if a > 0 else 0  # first frame of the transition proper
         if first > pos:
             shots.append((pos, first))
