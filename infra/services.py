@@ -160,6 +160,8 @@ class Settings:
             }
         if name == "s3":
             return {"VFM_S3_ACCESS_KEY_ID": secrets.s3_access_key_id}
+        if name == "mlflow":  # no GenAI job runners: 7 huey consumer processes vfm never uses
+            return {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         return {}
 
 

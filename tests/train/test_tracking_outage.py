@@ -62,6 +62,7 @@ class MlflowServer:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as make up
             start_new_session=True,  # its own group: kill() takes the workers with it
         )
         deadline = time.monotonic() + timeout
