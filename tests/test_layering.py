@@ -53,8 +53,8 @@ VFM_CORE_LAYERS = [
     ("cli", "cli_parser", "cli_sizing", "pipeline_report"),
     ("train", "infer", "search", "curate", "registry"),
     ("perf",),
-    ("families",),
     ("parallel",),
+    ("families",),
     ("models", "diffusion", "tokenizer"),
     ("data",),
     (
@@ -73,6 +73,7 @@ VFM_CORE_LAYERS = [
         "output_lock",
         "cli_types",
         "progress",
+        "rng",
     ),
 ]
 
