@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vfm_core.config import apply_overrides  # noqa: E402
 from vfm_core.data.samples import TrainBatch  # noqa: E402
-from vfm_core.families import build_model, family_of  # noqa: E402
+from vfm_core.families import family_of  # noqa: E402
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8  # noqa: E402
 from vfm_core.models.layers import set_attention_backend  # noqa: E402
 from vfm_core.models.te_adapter import resolve_attention_backend  # noqa: E402
@@ -84,9 +84,7 @@ def run(
         null_length=1,
         tensor_parallel=False,
     )
-    layout = apply_layout(
-        cfg, dims, build=build_model, device=device, loss_fn=obj.loss, fp8=use_fp8
-    )
+    layout = apply_layout(cfg, dims, device=device, loss_fn=obj.loss, fp8=use_fp8)
     model = layout.parts[0]
     params = [p for _, p in layout.named_parameters()]
     opt, _ = build_optimizer(params, cfg.optim, 100)

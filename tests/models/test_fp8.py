@@ -160,7 +160,7 @@ def rank_parts(cfg, world: int, rank: int, prepare) -> dict:
     with fake_world(rank, world):
         dims = validate_layout(cfg, world)
         dims.build_mesh("cpu")
-        parts = build_parts(cfg, dims, build=build_model, device="meta", prepare=prepare)
+        parts = build_parts(cfg, dims, device="meta", prepare=prepare)
         params = [(n, p) for part in parts for n, p in part.named_parameters()]
         out = {
             "classes": {n: type(m) for part in parts for n, m in part.named_modules()},
@@ -240,9 +240,7 @@ def test_apply_layout_converts_the_meta_model_and_never_builds_it_whole(
         with fake_world(1, 2):
             dims = validate_layout(cfg, 2)
             dims.build_mesh("cpu")
-            model = apply_layout(
-                cfg, dims, build=build_model, device=torch.device("cpu"), fp8=fp8
-            ).parts[0]
+            model = apply_layout(cfg, dims, device=torch.device("cpu"), fp8=fp8).parts[0]
             kinds = {type(m) for m in model.modules()}
             state[fp8] = {n: local(p).detach().clone() for n, p in model.named_parameters()}
         assert (Float8Linear in kinds) is fp8
@@ -318,7 +316,7 @@ def test_fp8_layout_on_cuda_starts_from_the_cpu_init_and_trains(backend):
     )
     dims = validate_layout(cfg, 1)
     dims.build_mesh("cuda")
-    model = apply_layout(cfg, dims, build=build_model, device=device, fp8=True).parts[0]
+    model = apply_layout(cfg, dims, device=device, fp8=True).parts[0]
     mods = dict(model.named_modules())
     names = fp8_linear_names(build_model(cfg.model, device="meta"))
     assert all(type(mods[n]) is not nn.Linear for n in names)  # te.Linear or Float8Linear

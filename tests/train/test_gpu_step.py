@@ -39,7 +39,7 @@ def test_bf16_step_on_cuda_from_a_meta_built_model():
         null_length=1,
         tensor_parallel=False,
     )
-    layout = apply_layout(cfg, dims, build=build_model, device=device, loss_fn=obj.loss)
+    layout = apply_layout(cfg, dims, device=device, loss_fn=obj.loss)
     model = layout.parts[0]
     ref = dict(build_model(m, seed=cfg.train.seed).named_parameters())
     for name, p in model.named_parameters():

@@ -40,19 +40,11 @@ def build_model(
     return model
 
 
-def family_named(name: str) -> Family:
-    """The family called ``name``; ConfigError naming the known ones."""
-    if name not in FAMILIES:
-        raise ConfigError(f"family {name!r}: expected one of {', '.join(FAMILIES)}")
-    return FAMILIES[name]
-
-
 __all__ = [
     "AUTOREGRESSIVE",
     "DIFFUSION",
     "FAMILIES",
     "Family",
     "build_model",
-    "family_named",
     "family_of",
 ]

@@ -105,7 +105,6 @@ class AutoregressiveFamily(Family):
     discrete = True
     model_cls = CausalVideoTransformer
     objective_cls = NextTokenObjective
-    causal = True
 
     def flop_terms(
         self, cfg: ModelConfig, lens: list[int], grid: Grid | Sequence[Grid] | None, L: float

@@ -113,7 +113,6 @@ class DiffusionFamily(Family):
     discrete = False
     model_cls = DiT
     objective_cls = DiffusionObjective
-    causal = False
 
     def flop_terms(
         self, cfg: ModelConfig, lens: list[int], grid: Grid | Sequence[Grid] | None, L: float

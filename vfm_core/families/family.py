@@ -33,8 +33,6 @@ class Family:
     """The ``model.arch`` values whose networks this family builds."""
     discrete: ClassVar[bool]
     """Trains on the token ids of a discrete tokenizer (True) or on continuous latents."""
-    causal: ClassVar[bool]
-    """Attends causally: context parallelism is then a balanced causal ring only."""
 
     model_cls: ClassVar[type[nn.Module]]
     """The network, built from the model config."""

@@ -1,7 +1,7 @@
 """The layout a trainer runs: the model built on the ``meta`` device, cut into this rank's pipeline
 stages, parallelised, then materialised sharded (torchtitan's order).
 
-1. the family's network (``build``: :func:`~vfm_core.families.build_model`) on ``meta`` (no
+1. the family's network (:func:`~vfm_core.families.build_model`) on ``meta`` (no
    memory at any size); with FP8 its block linears become FP8 linears there
    (:func:`~vfm_core.models.fp8.to_fp8_linears`: module classes only, no data);
 2. pp > 1: this rank's stages (:func:`~vfm_core.parallel.pipeline.split_stage`, ``v`` of them
@@ -27,6 +27,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily  # noqa: PLC2701
 
 from vfm_core.config import Config
+from vfm_core.families import build_model
 from vfm_core.models.init import init_parameters
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.grads import clip_grad_norm
@@ -78,7 +79,6 @@ def build_parts(
     cfg: Config,
     dims: ParallelDims,
     *,
-    build: Callable[..., nn.Module],
     device: torch.device | str = "meta",
     seed: int = 0,
     prepare: Callable[[nn.Module], Any] | None = None,
@@ -86,13 +86,12 @@ def build_parts(
     """Steps 1-3 of the module docstring: this rank's parts of ``cfg.model`` (the whole model,
     or its pipeline stages), parallelised under ``cfg.parallel``, on ``device`` (``meta``: no
     memory; the local shard shapes are already final, which ``vfm plan --check`` reads).
-    ``build(model_cfg, device=, seed=)``: the network (:func:`vfm_core.families.build_model`);
     ``prepare``: a conversion of the whole model before it is cut and parallelised (FP8: on
     ``meta`` it changes module classes only)."""
     p = cfg.parallel
     ac = p.activation_checkpointing and p.activation_checkpointing_mode  # False | full | selective
     bf16 = cfg.train.dtype == "bfloat16"  # FSDP gathers bf16, reduces fp32 (any device)
-    model = build(cfg.model, device=device, seed=seed)
+    model = build_model(cfg.model, device=device, seed=seed)
     if prepare is not None:  # a conversion of the whole model, before it is cut (FP8)
         prepare(model)
     if dims.pp_enabled:
@@ -128,13 +127,12 @@ def apply_layout(
     cfg: Config,
     dims: ParallelDims,
     *,
-    build: Callable[..., nn.Module],
     device: torch.device,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     fp8: bool = False,
 ) -> AppliedLayout:
     """Build ``cfg.model`` for this rank under ``cfg.parallel`` (degrees in ``dims``, mesh built)
-    in the order of the module docstring (``build``: as for :func:`build_parts`).
+    in the order of the module docstring.
     ``loss_fn(output, microbatch)``: the objective's loss, needed by the pipeline's last stage
     (pp > 1). ``fp8``: FP8 linears of this machine's backend
     (transformer-engine, else torch-native ``torch._scaled_mm``) replace the block GEMMs, on the
@@ -146,7 +144,7 @@ def apply_layout(
         prepare = to_fp8_linears
     with unset_fake_temporarily():  # meta tensors and rank bookkeeping: no values, no memory,
         # also under ``vfm plan --check``'s fake tensors (whose mesh slicing would need values)
-        parts = build_parts(cfg, dims, build=build, device="meta", prepare=prepare)
+        parts = build_parts(cfg, dims, device="meta", prepare=prepare)
     for part in parts:
         part.to_empty(device=device)
         init_parameters(part, part.init_rule, seed=cfg.train.seed)

@@ -62,14 +62,13 @@ def fake_world(rank: int, world: int) -> Iterator[None]:
 def measure_rank(cfg: Config, world: int, pp_rank: int) -> StateBytes:
     """State bytes of the rank with pipeline coordinate ``pp_rank`` (all other coordinates 0)
     under ``cfg.parallel`` on ``world`` ranks, from the local shard shapes of the real model."""
-    from vfm_core.families import build_model
     from vfm_core.parallel.apply import build_parts
     from vfm_core.parallel.layout import validate_layout
 
     with fake_world(pp_rank * (world // cfg.parallel.pp), world):
         dims = validate_layout(cfg, world)
         dims.build_mesh("cpu")
-        parts = build_parts(cfg, dims, build=build_model, device="meta")
+        parts = build_parts(cfg, dims, device="meta")
         local = [
             p.to_local() if isinstance(p, DTensor) else p
             for part in parts

@@ -161,7 +161,6 @@ class Trainer:
         self.layout = apply_layout(
             cfg,
             dims,
-            build=build_model,
             device=self.device,
             loss_fn=self.objective.loss,
             fp8=self.fp8,
