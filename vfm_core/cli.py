@@ -162,8 +162,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """``vfm checkpoint verify PATH``: one line per checkpoint, oldest first; exit 1 when any is
     damaged or unfinished (``--resume`` would skip it), 2 when PATH holds no checkpoint."""
-    from vfm_core.train.checkpoint import CheckpointManager
-    from vfm_core.train.integrity import MANIFEST_FILE, verify
+    from vfm_core.checkpoints.integrity import MANIFEST_FILE, verify
+    from vfm_core.checkpoints.manager import CheckpointManager
 
     path = Path(args.path)
     leftovers: list[Path] = []

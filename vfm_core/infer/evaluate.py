@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from vfm_core.checkpoints.load import LoadedDiT, load_dit
 from vfm_core.config import Config, ConfigError
 from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.families import family_of
 from vfm_core.families.sources import make_source
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
-from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.generate import PREVIEW_FACTORS, sample_latent
 from vfm_core.infer.request import load_decoder, load_token_decoder
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames

@@ -4,7 +4,7 @@ Stage order of :func:`generate` (top to bottom):
 
 0. **check** the request's scalar inputs and that ``out`` can be written, before any model is
    loaded (:mod:`vfm_core.infer.request`);
-1. **load** the DiT of a ``vfm train`` run (:func:`vfm_core.infer.dit_checkpoint.load_dit`; EMA
+1. **load** the DiT of a ``vfm train`` run (:func:`vfm_core.checkpoints.load.load_dit`; EMA
    weights, another architecture refused) and the tokenizer (``--tokenizer``, else the run's
    ``data.tokenizer``; latent channels must equal ``model.in_channels``);
 2. **plan** the latent for ``frames`` x H x W (:mod:`vfm_core.infer.shapes`: frame counts rounded
@@ -62,6 +62,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from vfm_core.checkpoints.load import LoadedDiT, load_dit
 from vfm_core.config import DiffusionConfig
 from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.sampler import sample
@@ -69,7 +70,6 @@ from vfm_core.families import family_of
 from vfm_core.infer.ar_prefill import SplitPrefill, sync_tokens
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
-from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.progress import Progress
 from vfm_core.infer.request import (
     GUIDANCE_RANGE,

@@ -48,7 +48,7 @@ def generate_request(
     :class:`~vfm_core.train.launch.LaunchError`."""
     import tempfile
 
-    from vfm_core.infer.dit_checkpoint import read_text_record
+    from vfm_core.checkpoints.load import read_text_record
     from vfm_core.train.launch import LaunchError, launch_generation
 
     checkpoint, run_dir, cfg = check_request(
@@ -91,11 +91,11 @@ def check_request(
     then the plan and its estimated memory and time against ``request.bounds``
     (:func:`~vfm_core.infer.request.preflight`); returns (the local checkpoint, its run dir, its
     config). A flow runs them for every prompt before it starts its MLflow run."""
+    from vfm_core.checkpoints.load import resolve_checkpoint
+    from vfm_core.checkpoints.manager import CheckpointError
+    from vfm_core.checkpoints.uri import local_checkpoint
     from vfm_core.config import ConfigError, load_yaml, validate
-    from vfm_core.infer.dit_checkpoint import resolve_checkpoint
     from vfm_core.infer.request import preflight
-    from vfm_core.registry.uri import local_checkpoint
-    from vfm_core.train.checkpoint import CheckpointError
 
     check_prompt(request.prompt)
     check_options(request)

@@ -16,30 +16,19 @@ Stage order of a registration (:func:`register_checkpoint`, then :func:`promote`
    the current champion's ``eval.*`` tags (the first version always does); the decision and its
    reason are tags of the version either way (:mod:`vfm_core.registry.promotion`).
 
-Consumers resolve a ``models:/`` URI to a local folder (:func:`resolve_model_uri`: downloaded
+Consumers resolve a ``models:/`` URI to a local folder
+(:func:`vfm_core.checkpoints.uri.resolve_model_uri`: downloaded
 once into a cache keyed by store, name and version) and load it like any run directory.
 """
 
 from vfm_core.registry.promotion import PromotionRule, decide, promote
 from vfm_core.registry.register import RegisteredVersion, model_name, register_checkpoint
-from vfm_core.registry.uri import (
-    RegistryError,
-    ResolvedModel,
-    is_model_uri,
-    local_checkpoint,
-    resolve_model_uri,
-)
 
 __all__ = [
     "PromotionRule",
     "RegisteredVersion",
-    "RegistryError",
-    "ResolvedModel",
     "decide",
-    "is_model_uri",
-    "local_checkpoint",
     "model_name",
     "promote",
     "register_checkpoint",
-    "resolve_model_uri",
 ]

@@ -106,7 +106,7 @@ class VideoModel(mlflow.pyfunc.PythonModel):
     """Text -> MP4 with the registered DiT (loaded once in :meth:`load_context`)."""
 
     def load_context(self, context) -> None:
-        from vfm_core.infer.dit_checkpoint import load_dit
+        from vfm_core.checkpoints.load import load_dit
 
         self.loaded = load_dit(context.artifacts["checkpoint"])
         self.tokenizer = context.artifacts.get("tokenizer")

@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vfm_core.checkpoints.uri import RegistryError
 from vfm_core.config import Config, TrackingConfig
 from vfm_core.registry.promotion import METRIC_TAG
-from vfm_core.registry.uri import RegistryError
 from vfm_core.tracking import STAGE_TAG, create_run, ensure_experiment
 
 __all__ = ["RegisteredVersion", "lineage_tags", "model_name", "register_checkpoint"]
@@ -102,8 +102,8 @@ def register_checkpoint(
     ``tokenizer``: the decoder to ship (default the run's ``data.tokenizer``)."""
     import mlflow
 
+    from vfm_core.checkpoints.load import resolve_checkpoint
     from vfm_core.config import ConfigError, load_yaml, validate
-    from vfm_core.infer.dit_checkpoint import resolve_checkpoint
     from vfm_core.registry.pyfunc import stage_artifacts
 
     tracking = tracking or TrackingConfig()

@@ -32,6 +32,12 @@ from typing import Any
 import torch.distributed as dist
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
+from vfm_core.checkpoints.manager import (
+    CheckpointError,
+    CheckpointManager,
+    load_trainer,
+    save_trainer,
+)
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, validate
 from vfm_core.errors import UserError
 from vfm_core.output_lock import output_lock
@@ -45,7 +51,6 @@ from vfm_core.tracking import (
     open_tracking_store,
     train_run_name,
 )
-from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.mlflow_backlog import BACKLOG_FILE
 from vfm_core.train.preempt import Preempted, StopRequest
