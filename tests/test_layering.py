@@ -52,7 +52,7 @@ def test_checker_detects_a_violation(tmp_path):
 VFM_CORE_LAYERS = [
     ("cli", "cli_parser", "cli_sizing", "pipeline_report"),
     ("train", "infer", "search", "curate", "registry"),
-    ("checkpoints",),
+    ("checkpoints", "launch"),
     ("perf",),
     ("families",),
     ("parallel",),

@@ -101,10 +101,11 @@ def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> N
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.config import DEGREES
+    from vfm_core.launch.launcher import Launch
+    from vfm_core.launch.preempt import Preempted
     from vfm_core.parallel.layout import validate_layout, with_degrees
-    from vfm_core.train.launch import Launch, launch_training
+    from vfm_core.train.launch import launch_training
     from vfm_core.train.main import check_restartable, run_training
-    from vfm_core.train.preempt import Preempted
 
     degrees = {k: getattr(args, k) for k in DEGREES}
     cfg = with_degrees(run_config(args), **degrees)

@@ -35,7 +35,7 @@ Stage order of :func:`generate` (top to bottom):
 generate``, the Prefect generation task): the cheap checks and the cost bounds from the run's
 config before anything loads, the prompt embedded once, then :func:`generate` in this process
 (``nproc`` 1) or ``nproc`` context-parallel ranks through the one launcher
-(:func:`vfm_core.train.launch.launch_generation`).
+(:func:`vfm_core.launch.launcher.launch_generation`).
 
 Equivalence: 1, 2 and 4 ranks give the same video up to float rounding of the ring attention's
 online-softmax merge (tested: max abs difference of the decoded [-1, 1] video below 1e-3).

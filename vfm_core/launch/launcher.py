@@ -1,18 +1,15 @@
-"""Launch the entry points under torchrun: training (:mod:`vfm_core.train.main`) and
-generation (:mod:`vfm_core.infer.main`), one design with the entry point as the parameter.
+"""Launch an entry point's ranks under torchrun, one design with the entry point as the
+parameter: training (:mod:`vfm_core.train.launch` over :mod:`vfm_core.train.main`) and generation
+(:func:`launch_generation`, :mod:`vfm_core.infer.main`).
 
-:func:`torchrun_argv` is the command line every training launcher uses: ``vfm train --nproc N``,
-the Prefect training task, and the cluster templates in ``infra/`` (Slurm, Kubernetes), which fill
-in the node count, node rank and rendezvous endpoint from their own variables;
-:func:`run_launch` starts and waits for the ranks of either entry point (:func:`launch_training`,
-:func:`launch_generation`), and :func:`prepare_training` is what every training launch, Slurm's
-included, does before its ranks start.
+:func:`torchrun_prefix` is the ``torchrun`` command line up to the entry point (this node's ranks,
+the rendezvous); :func:`run_launch` starts and waits for the ranks of either entry point, passing
+on the stop signals this process receives (:func:`forward_stop_signals`).
 
 * one node: ``--standalone`` (a private rendezvous on a free local port);
 * several nodes: a c10d rendezvous on ``--rdzv-endpoint HOST:PORT``; node rank 0 hosts the
   rendezvous store (``is_host``), the others join it and give up with a clear error after
-  ``rdzv_timeout`` seconds; ``nproc`` is per node and the layout's degrees multiply to
-  ``nnodes * nproc``;
+  ``rdzv_timeout`` seconds (:func:`wait_for_rendezvous`); ``nproc`` is per node;
 * ``max_restarts`` K: torchrun restarts every rank of the job when one dies, up to K times; the
   restarted ranks resume from the newest complete checkpoint (:mod:`vfm_core.train.main`).
 """
@@ -26,17 +23,15 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vfm_core.config import DEGREES, ConfigError
-from vfm_core.train.preempt import StopRequest
+from vfm_core.config import ConfigError
+from vfm_core.launch.preempt import StopRequest
 
-TORCHRUN = "vfm_core.train.torchrun"
+TORCHRUN = "vfm_core.launch.torchrun"
 """torch.distributed.run, a stop signal ending it in one line."""
-
-ENTRY = "vfm_core.train.main"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -112,7 +107,7 @@ def wait_for_rendezvous(launch: Launch) -> None:
 
 
 def torchrun_prefix(launch: Launch, *, rdzv_id: str = "vfm-train") -> list[str]:
-    """``torchrun ...`` (:mod:`vfm_core.train.torchrun`: torch's, ending in one line on a stop
+    """``torchrun ...`` (:mod:`vfm_core.launch.torchrun`: torch's, ending in one line on a stop
     signal) up to the entry point: this node's ranks, a private rendezvous on one node, the c10d
     rendezvous ``rdzv_id`` on several."""
     argv = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={launch.nproc}"]
@@ -132,49 +127,6 @@ def torchrun_prefix(launch: Launch, *, rdzv_id: str = "vfm-train") -> list[str]:
     return argv + [f"--max-restarts={launch.max_restarts}", "--monitor-interval=1"]
 
 
-def torchrun_argv(
-    launch: Launch | int,
-    *,
-    config: str | Path,
-    out: str | Path,
-    resume: bool = False,
-    **degrees: int | None,
-) -> list[str]:
-    """``torchrun`` command running :mod:`vfm_core.train.main` on this
-    node's ranks (``launch``: a :class:`Launch`, or the process count of one node);
-    ``degrees`` (e.g. ``tp=2``) override the config's parallel section."""
-    if isinstance(launch, int):
-        launch = Launch(nproc=launch)
-    argv = torchrun_prefix(launch)
-    argv += ["-m", ENTRY, "--config", str(config), "--out", str(out), "--no-progress"]
-    for name, value in degrees.items():
-        if name not in DEGREES:
-            raise ConfigError(f"parallel degree {name!r} unknown (known: {DEGREES})")
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-    return argv + (["--resume"] if resume else [])
-
-
-def entry_argv(
-    launch: Launch,
-    *,
-    config: str | Path,
-    out: str | Path,
-    resume: bool = False,
-    resume_from: str | Path | None = None,
-    debug: bool = False,
-) -> list[str]:
-    """The command that runs the one entry point for ``launch``: torchrun over this node's ranks,
-    or the entry point itself in one process (one rank, nothing to restart)."""
-    if launch.in_process:
-        argv = [sys.executable, "-m", ENTRY, "--config", str(config), "--out", str(out)]
-        argv += ["--no-progress"] + (["--resume"] if resume else [])
-    else:
-        argv = torchrun_argv(launch, config=config, out=out, resume=resume)
-    argv += ["--resume-from", str(resume_from)] if resume_from else []
-    return argv + (["--debug"] if debug else [])
-
-
 @dataclass(kw_only=True, slots=True)
 class LaunchResult:
     """How a launched run ended."""
@@ -189,7 +141,7 @@ class LaunchResult:
     """The output lines, when they were captured (``on_line`` given), else []."""
     signum: int = 0
     """A stop signal (SIGTERM / SIGUSR1) this process received and passed on to the launcher
-    (0: none): the ranks saved and stopped (:mod:`vfm_core.train.preempt`)."""
+    (0: none): the ranks saved and stopped (:mod:`vfm_core.launch.preempt`)."""
 
     def error_line(self) -> str:
         """The ranks' one-line error (``error: ...``, a user error) from the captured output,
@@ -258,74 +210,6 @@ def forward_stop_signals(child) -> Iterator[StopRequest]:
         yield stop
 
 
-@contextmanager
-def prepare_training(
-    cfg,
-    out: str | Path,
-    *,
-    world_size: int,
-    max_restarts: int = 0,
-    name: str = "run.yaml",
-    hold_lock: bool = True,
-) -> Iterator[Path]:
-    """Everything before a training run's ranks start, wherever they start (this node, or the
-    Slurm template), held for the block in which they run: the layout over ``world_size`` ranks
-    and the restarts checked (one clear error, nothing started), ``out`` checked writable, its
-    writer lock taken (:mod:`vfm_core.output_lock`; a second run into ``out`` is refused here;
-    ``hold_lock`` False: the launcher of node 0 holds it), and the run config written there as
-    ``name`` (the layout's degrees included: every rank reads them from it). Yields its path;
-    start the ranks with :func:`~vfm_core.output_lock.lock_env` so that rank 0 knows its launcher
-    holds the lock."""
-    from vfm_core.config import save_yaml
-    from vfm_core.output_lock import output_lock
-    from vfm_core.parallel.layout import validate_layout
-    from vfm_core.train.main import check_out_dir, check_restartable
-
-    validate_layout(cfg, world_size)
-    check_restartable(cfg, max_restarts)
-    out = Path(out)
-    new = not out.exists()
-    check_out_dir(out)  # a file, or a read-only place: one line naming --out, nothing started
-    with output_lock(out, what="--out", new=new) if hold_lock else nullcontext():
-        config = out / name
-        save_yaml(cfg, config)
-        yield config
-
-
-def launch_training(
-    cfg,
-    out: str | Path,
-    *,
-    launch: Launch,
-    resume: bool = False,
-    resume_from: str | Path | None = None,
-    debug: bool = False,
-    env: dict[str, str] | None = None,
-    on_line=None,
-) -> LaunchResult:
-    """The one way a run is launched on this node (``vfm train --nproc``, the Prefect training
-    task; the Slurm path of that task prepares the run with :func:`prepare_training` and the
-    cluster template runs the same entry point): :func:`prepare_training` (node 0 holding the
-    run's writer lock until its ranks end), the rendezvous waited for on joining nodes, then the
-    entry point started (:func:`run_launch`)."""
-    from vfm_core.output_lock import lock_env
-
-    name = f"run-node{launch.node_rank}.yaml" if launch.nnodes > 1 else "run.yaml"
-    with prepare_training(
-        cfg,
-        out,
-        world_size=launch.world_size,
-        max_restarts=launch.max_restarts,
-        name=name,
-        hold_lock=launch.node_rank == 0,
-    ) as config:
-        wait_for_rendezvous(launch)
-        argv = entry_argv(
-            launch, config=config, out=out, resume=resume, resume_from=resume_from, debug=debug
-        )
-        return run_launch(argv, env=lock_env(out, env), on_line=on_line)
-
-
 GENERATE_ENTRY = "vfm_core.infer.main"
 
 
@@ -338,7 +222,7 @@ def launch_generation(
     on_line=None,
 ) -> LaunchResult:
     """``nproc`` generation ranks on this node (``vfm generate --nproc``, the Prefect generation
-    task, through :func:`vfm_core.infer.generate.generate_request`): torchrun over
+    task, through :func:`vfm_core.infer.run.generate_request`): torchrun over
     :mod:`vfm_core.infer.main` with ``args`` (its flags); the result is the JSON file ``result``
     rank 0 writes beside the video (:func:`run_launch`)."""
     launch = Launch(nproc=nproc)

@@ -40,6 +40,7 @@ from vfm_core.checkpoints.manager import (
 )
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, validate
 from vfm_core.errors import UserError
+from vfm_core.launch.preempt import Preempted, StopRequest
 from vfm_core.output_lock import output_lock
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, exit_process, init_world, is_rank0
@@ -53,7 +54,6 @@ from vfm_core.tracking import (
 )
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
 from vfm_core.train.mlflow_backlog import BACKLOG_FILE
-from vfm_core.train.preempt import Preempted, StopRequest
 from vfm_core.train.trainer import Trainer, resolve_device
 
 

@@ -402,10 +402,10 @@ def _system_metrics_monitor(run_id: str, uri: str):
 def fit_and_close(
     trainer, loggers: list, *, checkpoint, mlflow: MLflowLogger | None, out: Path, stop=None
 ) -> dict[str, float]:
-    """Run ``trainer.fit`` (``stop``: its :class:`~vfm_core.train.preempt.StopRequest`) and close
+    """Run ``trainer.fit`` (``stop``: its :class:`~vfm_core.launch.preempt.StopRequest`) and close
     every logger whatever happens; the MLflow run gets the run's config and metrics file as
     artifacts and ends FINISHED, KILLED (preempted: it goes on with ``--resume``) or FAILED."""
-    from vfm_core.train.preempt import Preempted
+    from vfm_core.launch.preempt import Preempted
 
     status = "FAILED"
     try:
