@@ -68,6 +68,8 @@ VFM_CORE_LAYERS = [
         "contracts",
         "recipes",
         "tracking",
+        "tracking_logger",
+        "tracking_backlog",
         "infra_env",
         "geometry",
         "errors",

@@ -270,8 +270,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_track(args: argparse.Namespace) -> int:
     """``vfm track backfill RUN_DIR``: the steps of metrics.jsonl the MLflow run lacks, the
-    tags, artifacts and end status a server outage left unsent (vfm_core.train.mlflow_backlog)."""
-    from vfm_core.train.mlflow_backlog import backfill
+    tags, artifacts and end status a server outage left unsent (vfm_core.tracking_backlog)."""
+    from vfm_core.tracking_backlog import backfill
 
     done = backfill(args.run_dir, tracking_uri=args.tracking_uri)
     if args.json:

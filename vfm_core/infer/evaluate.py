@@ -423,7 +423,7 @@ def log_evaluation(
 ) -> str:
     """Log ``metrics`` (prefixed), ``params`` and ``artifacts`` to MLflow; returns the run id
     (``run_id`` / $MLFLOW_RUN_ID, else a new run in ``tracking.experiment``)."""
-    from vfm_core.train.metrics import MLflowLogger
+    from vfm_core.tracking_logger import MLflowLogger
 
     created = run_id is None and not os.environ.get("MLFLOW_RUN_ID")
     mlf = MLflowLogger(tracking, run_id=run_id, tags={"vfm.stage": "generate"})

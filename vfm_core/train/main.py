@@ -52,8 +52,9 @@ from vfm_core.tracking import (
     open_tracking_store,
     train_run_name,
 )
-from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
-from vfm_core.train.mlflow_backlog import BACKLOG_FILE
+from vfm_core.tracking_backlog import BACKLOG_FILE
+from vfm_core.tracking_logger import MLflowLogger
+from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, resolve_device
 
 
