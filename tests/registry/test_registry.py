@@ -254,8 +254,8 @@ def test_a_version_outlives_its_run_and_tokenizer_folders(
 )
 def test_predict_names_the_row_and_column_of_bad_input(rows, match):
     """Checked before any model work: the input alone decides (no load_context needed)."""
+    from vfm_core.infer.pyfunc import VideoModel
     from vfm_core.infer.shapes import GenerateError
-    from vfm_core.registry.pyfunc import VideoModel
 
     with pytest.raises(GenerateError, match=match):
         VideoModel().predict(None, rows)
