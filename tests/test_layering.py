@@ -114,6 +114,28 @@ def test_vfm_core_layers_only_point_down():
     assert upward == []
 
 
+OWNERS = ("train", "infer", "registry")
+"""Packages of one layer that never import each other: what two of them share lives below them
+(checkpoints, launch, tracking_logger; issue #47, "Owners")."""
+
+
+def test_train_infer_registry_do_not_import_each_other():
+    root = REPO / "vfm_core"
+    crossing = [
+        f"{path.relative_to(REPO)} imports vfm_core.{target}"
+        for owner in OWNERS
+        for path in sorted((root / owner).rglob("*.py"))
+        for target in sorted(vfm_core_edges(path) & set(OWNERS) - {owner})
+    ]
+    assert crossing == []
+
+
+def test_owner_check_sees_lazy_imports(tmp_path):
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from vfm_core.infer.run import generate_request\n")
+    assert vfm_core_edges(lazy) == {"infer"}
+
+
 def test_no_file_cycles_in_vfm_core():
     """Inside vfm_core no two files import each other, directly or round a cycle (lazy imports
     inside functions count), and no private name (leading underscore) is imported from another
