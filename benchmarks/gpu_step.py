@@ -38,11 +38,11 @@ from vfm_core.models.layers import set_attention_backend  # noqa: E402
 from vfm_core.models.te_adapter import resolve_attention_backend  # noqa: E402
 from vfm_core.parallel.apply import apply_layout  # noqa: E402
 from vfm_core.parallel.layout import validate_layout  # noqa: E402
-from vfm_core.parallel.rng import StepRNG  # noqa: E402
 from vfm_core.parallel.world import init_world  # noqa: E402
 from vfm_core.perf.flops import train_flops_per_token  # noqa: E402
 from vfm_core.perf.hardware import peak_flops  # noqa: E402
 from vfm_core.recipes import get_recipe  # noqa: E402
+from vfm_core.rng import StepRNG  # noqa: E402
 from vfm_core.train.ema import EMA  # noqa: E402
 from vfm_core.train.optim import build_optimizer  # noqa: E402
 

@@ -54,8 +54,8 @@ VFM_CORE_LAYERS = [
     ("train", "infer", "search", "curate", "registry"),
     ("checkpoints", "launch"),
     ("perf",),
-    ("families",),
     ("parallel",),
+    ("families",),
     ("models", "diffusion", "tokenizer"),
     ("data",),
     (
@@ -76,6 +76,7 @@ VFM_CORE_LAYERS = [
         "output_lock",
         "cli_types",
         "progress",
+        "rng",
     ),
 ]
 

@@ -213,9 +213,11 @@ def test_require_names_make_up():
 def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(servers, tmp_path):
     """The load test (#27 part 3) at CI size: flow runs of the train deployment submitted at once
     (``python infra/load.py --runs 20`` is the full one) all complete, each with its own run
-    directory and MLflow run, and the servers log no error while they drain. Two of them are the
+    directory and MLflow run, and the servers log no error while they drain. Two of them (at CI
+    size, the only two: each flow run is a process start, issue #45's CI time) are the
     deployment's defaults (what the UI's Run button sends): repeatable, each flow run in its own
-    directory under the data dir, its MLflow run named and linked to the flow run."""
+    directory under the data dir, its MLflow run named and linked to the flow run;
+    ``VFM_LOAD_RUNS=N`` adds N - 2 short runs of their own."""
     import mlflow
 
     from infra.load import submit_and_drain
@@ -223,7 +225,7 @@ def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(servers, t
     env = servers
     api = env["PREFECT_API_URL"]
     _train_deployment(env)
-    n = int(os.environ.get("VFM_LOAD_RUNS", "4"))
+    n = max(2, int(os.environ.get("VFM_LOAD_RUNS", "2")))
     small = [
         {
             "parameters": {
@@ -240,12 +242,14 @@ def test_flow_runs_submitted_at_once_all_complete_with_their_own_runs(servers, t
     report = submit_and_drain(api, "train/train", [{}, {}, *small], infra_dir=infra_dir)
     print(f"load: {n} runs, submit {report.submit_s:.1f} s, drain {report.drain_s:.1f} s")
     assert report.states == {"COMPLETED": n}, (report, _worker_log(env))
-    for i in range(n - 2):
-        assert len((tmp_path / f"load-{i}" / "metrics.jsonl").read_text().splitlines()) == 2
     client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    found = client.search_runs([client.get_experiment_by_name("vfm-load").experiment_id])
-    ids = {r.data.tags["vfm.prefect_flow_run_id"] for r in found}
-    assert ids == set(report.flow_run_ids[2:]) and all(r.info.status == "FINISHED" for r in found)
+    if small:
+        for i in range(n - 2):
+            assert len((tmp_path / f"load-{i}" / "metrics.jsonl").read_text().splitlines()) == 2
+        found = client.search_runs([client.get_experiment_by_name("vfm-load").experiment_id])
+        ids = {r.data.tags["vfm.prefect_flow_run_id"] for r in found}
+        assert ids == set(report.flow_run_ids[2:])
+        assert all(r.info.status == "FINISHED" for r in found)
 
     defaults = report.flow_run_ids[:2]
     names = [_api("GET", f"{api}/flow_runs/{rid}")[1]["name"] for rid in defaults]

@@ -9,7 +9,7 @@ import torch
 from parallel_harness import run_ranks
 from torch.distributed.tensor import DTensor
 
-from vfm_core.parallel.rng import StepRNG, counter_generator
+from vfm_core.rng import StepRNG, counter_generator
 
 SEED, STEP, B, SHAPE = 3, 7, 2, (2, 4, 8, 3, 3)  # local batch 2 of (C, T, H, W) = (4, 8, 3, 3)
 SIG = dict(p_mean=-1.2, p_std=1.2)

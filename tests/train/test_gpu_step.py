@@ -13,9 +13,9 @@ from vfm_core.data.samples import TrainBatch
 from vfm_core.families import build_model, family_of
 from vfm_core.parallel.apply import apply_layout
 from vfm_core.parallel.layout import validate_layout
-from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.world import init_world
 from vfm_core.recipes import get_recipe
+from vfm_core.rng import StepRNG
 from vfm_core.train.ema import EMA
 from vfm_core.train.optim import build_optimizer
 

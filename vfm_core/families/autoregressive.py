@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from vfm_core.config import Config, DataConfig, ModelConfig
+from vfm_core.config import DataConfig, ModelConfig
 from vfm_core.data.samples import TrainBatch
 from vfm_core.families.family import Family
 from vfm_core.families.objective import Microbatch, Objective
@@ -105,13 +103,9 @@ class AutoregressiveFamily(Family):
     name = "autoregressive"
     archs = ("ar",)
     discrete = True
+    model_cls = CausalVideoTransformer
+    objective_cls = NextTokenObjective
     causal = True
-
-    def build(self, cfg: ModelConfig) -> nn.Module:
-        return CausalVideoTransformer(cfg)
-
-    def objective(self, cfg: Config, **kw: Any) -> Objective:
-        return NextTokenObjective(cfg, **kw)
 
     def flop_terms(
         self, cfg: ModelConfig, lens: list[int], grid: Grid | Sequence[Grid] | None, L: float

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from vfm_core.config import Config, DataConfig, ModelConfig
 from vfm_core.data.samples import TrainBatch
@@ -112,13 +111,9 @@ class DiffusionFamily(Family):
     name = "diffusion"
     archs = ("dit", "stdit", "llama_dit")
     discrete = False
+    model_cls = DiT
+    objective_cls = DiffusionObjective
     causal = False
-
-    def build(self, cfg: ModelConfig) -> nn.Module:
-        return DiT(cfg)
-
-    def objective(self, cfg: Config, **kw: Any) -> Objective:
-        return DiffusionObjective(cfg, **kw)
 
     def flop_terms(
         self, cfg: ModelConfig, lens: list[int], grid: Grid | Sequence[Grid] | None, L: float

@@ -36,14 +36,19 @@ class Family:
     causal: ClassVar[bool]
     """Attends causally: context parallelism is then a balanced causal ring only."""
 
+    model_cls: ClassVar[type[nn.Module]]
+    """The network, built from the model config."""
+    objective_cls: ClassVar[type[Objective]]
+    """The training objective (:class:`vfm_core.families.objective.Objective`)."""
+
     # ------------------------------------------------------------------ model and objective
     def build(self, cfg: ModelConfig) -> nn.Module:
         """The network, constructed on the current default device, uninitialised."""
-        raise NotImplementedError
+        return self.model_cls(cfg)
 
     def objective(self, cfg: Config, **kw: Any) -> Objective:
-        """The training objective (:class:`vfm_core.families.objective.Objective`)."""
-        raise NotImplementedError
+        """The training objective for ``cfg`` (``kw``: the trainer's draws, device, batch)."""
+        return self.objective_cls(cfg, **kw)
 
     # ------------------------------------------------------------------ accounting
     def flop_terms(

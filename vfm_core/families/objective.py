@@ -4,7 +4,7 @@ on. The trainer knows no family: it asks the family for its objective
 
 An objective turns this rank's share of a step's batch into :class:`Microbatch` es
 (:meth:`Objective.microbatches`) and scores the model's output on one of them
-(:meth:`Objective.loss`). Every draw is counter-based (:mod:`vfm_core.parallel.rng`: keyed by
+(:meth:`Objective.loss`). Every draw is counter-based (:mod:`vfm_core.rng`: keyed by
 step and global sample position, the same numbers in every layout), and a microbatch's loss is
 the sum over its samples of ``weight x per-sample loss`` with ``weight = dp / (samples of the
 global step)``: the microbatches of all data-parallel ranks (each averaged over dp by the
@@ -31,7 +31,7 @@ import torch
 from vfm_core.config import Config
 from vfm_core.data.samples import TrainBatch
 from vfm_core.geometry import PackLayout, pack_tokens, patchify
-from vfm_core.parallel.rng import StepRNG, counter_generator
+from vfm_core.rng import StepRNG, counter_generator
 
 
 @dataclass(kw_only=True, slots=True)

@@ -57,11 +57,11 @@ from vfm_core.models.te_adapter import resolve_attention_backend
 from vfm_core.parallel.apply import apply_layout
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.layout import pipeline_microbatches, validate_layout
-from vfm_core.parallel.rng import StepRNG
 from vfm_core.parallel.world import init_world
 from vfm_core.perf.cpu_memory import hold_freed_memory
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 from vfm_core.perf.hardware import peak_at_least, peak_flops, recheck_cpu_peak
+from vfm_core.rng import StepRNG
 from vfm_core.train.ema import EMA
 from vfm_core.train.errors import TrainingDiverged
 from vfm_core.train.optim import (
