@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
+from vfm_core.checkpoints.manager import CheckpointManager, save_trainer
 from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
-from vfm_core.train.checkpoint import CheckpointManager, save_trainer
 from vfm_core.train.trainer import Trainer
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vfm_core.checkpoints.manager import CheckpointManager
 from vfm_core.config import apply_overrides, save_yaml, validate
 from vfm_core.infer.evaluate import EvalConfig, evaluate, log_evaluation
 from vfm_core.recipes import get_recipe
@@ -43,7 +44,6 @@ from vfm_core.tokenizer import (
     synthetic_clips,
     train_tokenizer,
 )
-from vfm_core.train.checkpoint import CheckpointManager
 from vfm_core.train.main import run_training
 from vfm_core.train.trainer import Trainer
 

@@ -34,8 +34,9 @@ def train_model(
     parallel section, its output logged), or submit it to Slurm (``launcher="slurm"``: ``nnodes``
     nodes of ``nproc`` processes, the cluster template); the layout is checked first (one clear
     error before any process starts); raise with its last log lines if it fails."""
+    from vfm_core.launch.launcher import Launch
     from vfm_core.parallel.layout import with_degrees
-    from vfm_core.train.launch import Launch, launch_training, prepare_training
+    from vfm_core.train.launch import launch_training, prepare_training
 
     logger = task_logger()
     if launcher not in ("local", "slurm"):

@@ -52,6 +52,7 @@ def test_checker_detects_a_violation(tmp_path):
 VFM_CORE_LAYERS = [
     ("cli", "cli_parser", "cli_sizing", "pipeline_report"),
     ("train", "infer", "search", "curate", "registry"),
+    ("checkpoints", "launch"),
     ("perf",),
     ("parallel",),
     ("families",),
@@ -67,6 +68,8 @@ VFM_CORE_LAYERS = [
         "contracts",
         "recipes",
         "tracking",
+        "tracking_logger",
+        "tracking_backlog",
         "infra_env",
         "geometry",
         "errors",
@@ -110,6 +113,28 @@ def test_vfm_core_layers_only_point_down():
                 unplaced.append(target)
     assert not unplaced, f"packages in no layer: {sorted(set(unplaced))}"
     assert upward == []
+
+
+OWNERS = ("train", "infer", "registry")
+"""Packages of one layer that never import each other: what two of them share lives below them
+(checkpoints, launch, tracking_logger; issue #47, "Owners")."""
+
+
+def test_train_infer_registry_do_not_import_each_other():
+    root = REPO / "vfm_core"
+    crossing = [
+        f"{path.relative_to(REPO)} imports vfm_core.{target}"
+        for owner in OWNERS
+        for path in sorted((root / owner).rglob("*.py"))
+        for target in sorted(vfm_core_edges(path) & set(OWNERS) - {owner})
+    ]
+    assert crossing == []
+
+
+def test_owner_check_sees_lazy_imports(tmp_path):
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from vfm_core.infer.run import generate_request\n")
+    assert vfm_core_edges(lazy) == {"infer"}
 
 
 def test_no_file_cycles_in_vfm_core():

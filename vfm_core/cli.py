@@ -101,10 +101,11 @@ def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> N
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.config import DEGREES
+    from vfm_core.launch.launcher import Launch
+    from vfm_core.launch.preempt import Preempted
     from vfm_core.parallel.layout import validate_layout, with_degrees
-    from vfm_core.train.launch import Launch, launch_training
+    from vfm_core.train.launch import launch_training
     from vfm_core.train.main import check_restartable, run_training
-    from vfm_core.train.preempt import Preempted
 
     degrees = {k: getattr(args, k) for k in DEGREES}
     cfg = with_degrees(run_config(args), **degrees)
@@ -162,8 +163,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """``vfm checkpoint verify PATH``: one line per checkpoint, oldest first; exit 1 when any is
     damaged or unfinished (``--resume`` would skip it), 2 when PATH holds no checkpoint."""
-    from vfm_core.train.checkpoint import CheckpointManager
-    from vfm_core.train.integrity import MANIFEST_FILE, verify
+    from vfm_core.checkpoints.integrity import MANIFEST_FILE, verify
+    from vfm_core.checkpoints.manager import CheckpointManager
 
     path = Path(args.path)
     leftovers: list[Path] = []
@@ -269,8 +270,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_track(args: argparse.Namespace) -> int:
     """``vfm track backfill RUN_DIR``: the steps of metrics.jsonl the MLflow run lacks, the
-    tags, artifacts and end status a server outage left unsent (vfm_core.train.mlflow_backlog)."""
-    from vfm_core.train.mlflow_backlog import backfill
+    tags, artifacts and end status a server outage left unsent (vfm_core.tracking_backlog)."""
+    from vfm_core.tracking_backlog import backfill
 
     done = backfill(args.run_dir, tracking_uri=args.tracking_uri)
     if args.json:

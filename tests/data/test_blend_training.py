@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from vfm_core.checkpoints.manager import CheckpointManager
 from vfm_core.config import ConfigError, apply_overrides, parse_blend, validate
 from vfm_core.data.blend import POSITION_STRIDE
 from vfm_core.data.loader import LoaderStateError
 from vfm_core.data.shard_source import ShardLatentSource
 from vfm_core.recipes import get_recipe
-from vfm_core.train.checkpoint import CheckpointManager
 from vfm_core.train.main import run_training
 
 SMALL = [

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from vfm_core.checkpoints.manager import CheckpointManager
 from vfm_core.config import apply_overrides, save_yaml, to_dict, validate
 from vfm_core.families import build_model
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
-from vfm_core.train.checkpoint import CheckpointManager
 
 TINY = [
     "model.hidden=64",

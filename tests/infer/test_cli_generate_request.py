@@ -1,6 +1,6 @@
 """Issue #25: ``vfm generate`` is a thin wrapper over the library's ``generate_request``, which the
 Prefect generation task calls too; ``nproc`` N ranks go through the one launcher
-(``vfm_core.train.launch``) and their result is read from the ``OUT.result.json`` rank 0 writes,
+(``vfm_core.launch.launcher``) and their result is read from the ``OUT.result.json`` rank 0 writes,
 never parsed from stdout."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from vfm_core.infer.budget import GenerateBounds
 from vfm_core.infer.generate import GenerateRequest, read_result, result_path
 from vfm_core.infer.run import generate_request, rank_args
 from vfm_core.infer.shapes import GenerateError
-from vfm_core.train import launch
-from vfm_core.train.launch import LaunchError, run_launch
+from vfm_core.launch import launcher as launch
+from vfm_core.launch.launcher import LaunchError, run_launch
 
 pytestmark = pytest.mark.filterwarnings("ignore:no tokenizer:UserWarning")
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+from vfm_core.checkpoints.load import load_dit
 from vfm_core.config import ConfigError, TrackingConfig
-from vfm_core.infer.dit_checkpoint import load_dit
 from vfm_core.infer.evaluate import (
     EvalConfig,
     evaluate,

@@ -15,7 +15,9 @@ import torch
 import yaml
 
 from tests.infer.conftest import PROMPT, make_run
-from vfm_core.infer.dit_checkpoint import load_dit
+from vfm_core.checkpoints.integrity import write_manifest
+from vfm_core.checkpoints.load import load_dit
+from vfm_core.checkpoints.manager import CheckpointError
 from vfm_core.infer.generate import (
     GenerateRequest,
     check_guidance,
@@ -26,8 +28,6 @@ from vfm_core.infer.generate import (
 )
 from vfm_core.infer.shapes import FramesRoundedWarning, GenerateError, parse_size, plan_latent
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
-from vfm_core.train.checkpoint import CheckpointError
-from vfm_core.train.integrity import write_manifest
 from vfm_core.video.io import decode_frames, probe
 
 

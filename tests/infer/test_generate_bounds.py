@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from tests.infer.conftest import PROMPT
+from vfm_core.checkpoints.load import load_dit
+from vfm_core.checkpoints.manager import CheckpointManager
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides, save_yaml, to_dict, validate
 from vfm_core.families import build_model
@@ -27,12 +29,10 @@ from vfm_core.infer.budget import (
     decoder_flops,
     estimate_ar,
 )
-from vfm_core.infer.dit_checkpoint import load_dit
 from vfm_core.infer.generate import GenerateRequest, generate
 from vfm_core.infer.shapes import GenerateError, plan_latent
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, get_tokenizer_config
-from vfm_core.train.checkpoint import CheckpointManager
 
 pytestmark = [  # expected here: the latent preview, and sizes beyond the run's training shape
     pytest.mark.filterwarnings("ignore:no tokenizer:UserWarning"),

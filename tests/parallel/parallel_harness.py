@@ -115,7 +115,7 @@ def build_trainer(config: Any, world: int, degrees: dict | None = None) -> Any:
 
 def resume_trainer(trainer: Any, path: str | Path) -> Path:
     """Load the checkpoint folder ``path`` (``.../checkpoints/step_N``) into ``trainer``."""
-    from vfm_core.train.checkpoint import CheckpointManager, load_trainer
+    from vfm_core.checkpoints.manager import CheckpointManager, load_trainer
 
     path = Path(path)
     return load_trainer(CheckpointManager(path.parent.parent), trainer, path)

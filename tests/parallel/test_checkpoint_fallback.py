@@ -38,7 +38,7 @@ def _trainer(world):
 
 
 def _fit_async(rank, world, root):
-    from vfm_core.train.checkpoint import CheckpointManager, save_trainer
+    from vfm_core.checkpoints.manager import CheckpointManager, save_trainer
 
     ckpt = CheckpointManager(root, keep=2, async_save=True)
     losses = fit_collect(_trainer(world), checkpoint=lambda t: save_trainer(ckpt, t)).losses
@@ -48,7 +48,7 @@ def _fit_async(rank, world, root):
 
 
 def _resume_each(rank, world, roots):
-    from vfm_core.train.checkpoint import CheckpointManager, load_trainer
+    from vfm_core.checkpoints.manager import CheckpointManager, load_trainer
 
     out = []
     for root in roots:

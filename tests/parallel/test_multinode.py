@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from parallel_harness import launch_ok, set_args, vfm_argv
 
-from vfm_core.train.launch import TORCHRUN
+from vfm_core.launch.launcher import TORCHRUN
 
 STEPS = 6
 SMALL = [

@@ -13,11 +13,11 @@ import shutil
 import pytest
 from parallel_harness import build_trainer, fit_collect, launch_ok, resume_trainer, run_ranks
 
+from vfm_core.checkpoints.state_tree import merge_skeletons, restrict_skeleton
 from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
 from vfm_core.train.launch import torchrun_argv
 from vfm_core.train.main import main
-from vfm_core.train.state_tree import merge_skeletons, restrict_skeleton
 
 TOL = 1e-5
 STEPS = 4
@@ -49,7 +49,7 @@ def _resume_from(rank, world, config, path, degrees):
 
 def _fit_saving(rank, world, config, root, degrees):
     """Train from scratch under ``degrees`` with checkpoints under ``root``: the losses."""
-    from vfm_core.train.checkpoint import CheckpointManager, save_trainer
+    from vfm_core.checkpoints.manager import CheckpointManager, save_trainer
 
     ckpt = CheckpointManager(root)
     tr = build_trainer(config, world, degrees)

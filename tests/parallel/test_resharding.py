@@ -33,7 +33,7 @@ def _trainer(world, degrees, steps):
 
 
 def _save_then_continue(rank, world, root):
-    from vfm_core.train.checkpoint import CheckpointManager, save_trainer
+    from vfm_core.checkpoints.manager import CheckpointManager, save_trainer
 
     ckpt = CheckpointManager(root)
     tr = _trainer(world, dict(tp=2, dp_shard=1), steps=2)
@@ -43,7 +43,7 @@ def _save_then_continue(rank, world, root):
 
 
 def _resume(rank, world, root, degrees):
-    from vfm_core.train.checkpoint import CheckpointManager, load_trainer
+    from vfm_core.checkpoints.manager import CheckpointManager, load_trainer
 
     tr = _trainer(world, degrees, steps=4)
     path = load_trainer(CheckpointManager(root), tr)
@@ -52,7 +52,7 @@ def _resume(rank, world, root, degrees):
 
 
 def _resume_wrong_model(rank, world, root):
-    from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer
+    from vfm_core.checkpoints.manager import CheckpointError, CheckpointManager, load_trainer
 
     cfg = apply_overrides(get_recipe("dit-tiny"), [*TINY, "model.depth=3"])
     try:

@@ -83,8 +83,8 @@ def _resume_checks(rank, world, config, path):
     another data seed, which must fail with a clear CheckpointError."""
     import dataclasses
 
+    from vfm_core.checkpoints.manager import CheckpointError
     from vfm_core.config import load_yaml
-    from vfm_core.train.checkpoint import CheckpointError
 
     got = _fit(rank, world, config, {}, path)
     cfg = load_yaml(config)

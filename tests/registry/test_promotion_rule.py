@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vfm_core.registry import PromotionRule, RegistryError, decide
+from vfm_core.checkpoints.uri import RegistryError
+from vfm_core.registry import PromotionRule, decide
 
 CHAMP = {"prompt_colour_acc": 0.5, "prompt_direction_acc": 0.4, "frechet_distance": 10.0}
 

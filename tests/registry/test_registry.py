@@ -13,12 +13,8 @@ import pytest
 import yaml
 from registry_support import SMALL, training_run
 
-from vfm_core.registry import (
-    RegistryError,
-    promote,
-    register_checkpoint,
-    resolve_model_uri,
-)
+from vfm_core.checkpoints.uri import RegistryError, resolve_model_uri
+from vfm_core.registry import promote, register_checkpoint
 from vfm_core.video.io import decode_frames, probe
 
 NAME = "vfm-dit-tiny"
@@ -102,7 +98,7 @@ def test_promotion_moves_alias_only_when_rule_holds(trained_run, store):
 
 
 def test_models_uri_resolves_to_a_cached_run_dir(trained_run, store, tmp_path):
-    from vfm_core.infer.dit_checkpoint import load_dit
+    from vfm_core.checkpoints.load import load_dit
 
     _register(trained_run, store, GOOD)
     promote(NAME, 1)
@@ -258,8 +254,8 @@ def test_a_version_outlives_its_run_and_tokenizer_folders(
 )
 def test_predict_names_the_row_and_column_of_bad_input(rows, match):
     """Checked before any model work: the input alone decides (no load_context needed)."""
+    from vfm_core.infer.pyfunc import VideoModel
     from vfm_core.infer.shapes import GenerateError
-    from vfm_core.registry.pyfunc import VideoModel
 
     with pytest.raises(GenerateError, match=match):
         VideoModel().predict(None, rows)

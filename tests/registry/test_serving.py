@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from registry_support import SMALL, training_run
 
-from vfm_core.registry import promote, register_checkpoint, resolve_model_uri
+from vfm_core.checkpoints.uri import resolve_model_uri
+from vfm_core.registry import promote, register_checkpoint
 from vfm_core.video.io import decode_frames
 
 pytestmark = pytest.mark.slow

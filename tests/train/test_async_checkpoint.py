@@ -17,10 +17,10 @@ import torch
 from safetensors import safe_open
 
 from tests.tiny_runs import TINY_CPU
+from vfm_core.checkpoints.integrity import verify
+from vfm_core.checkpoints.manager import CheckpointManager
 from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
-from vfm_core.train.checkpoint import CheckpointManager
-from vfm_core.train.integrity import verify
 from vfm_core.train.main import run_training
 
 TINY = [

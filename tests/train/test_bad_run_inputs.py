@@ -22,14 +22,14 @@ import pytest
 from torch.distributed.checkpoint import filesystem as dcp_filesystem
 
 from tests.tiny_runs import TINY_CPU
+from vfm_core.checkpoints import manager as checkpoint_mod
+from vfm_core.checkpoints.manager import CheckpointError, CheckpointManager
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import ConfigError, apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
 from vfm_core.tracking import CHECKPOINT_TAG, PREVIOUS_RUN_TAG
-from vfm_core.train import checkpoint as checkpoint_mod
 from vfm_core.train import main as main_mod
 from vfm_core.train import metrics as metrics_mod
-from vfm_core.train.checkpoint import CheckpointError, CheckpointManager
 from vfm_core.train.main import OutDirError, run_training
 from vfm_core.train.main import main as train_main
 from vfm_core.train.metrics import JsonlLogger, MetricsFileError

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from tests.tiny_runs import TINY_CPU
+from vfm_core.checkpoints import manager as checkpoint_mod
+from vfm_core.checkpoints.integrity import MANIFEST_FILE, verify, write_manifest
+from vfm_core.checkpoints.manager import CheckpointError, CheckpointManager, load_trainer
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides
 from vfm_core.recipes import get_recipe
-from vfm_core.train import checkpoint as checkpoint_mod
-from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer
-from vfm_core.train.integrity import MANIFEST_FILE, verify, write_manifest
 from vfm_core.train.main import main as train_main
 from vfm_core.train.main import run_training
 from vfm_core.train.trainer import Trainer

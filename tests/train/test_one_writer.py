@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from tests.tiny_runs import TINY_CPU
+from vfm_core.checkpoints.manager import CheckpointManager
 from vfm_core.output_lock import LOCK_FILE
-from vfm_core.train.checkpoint import CheckpointManager
 
 STEPS = 6
 

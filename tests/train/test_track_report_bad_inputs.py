@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from vfm_core.cli import main
-from vfm_core.train.mlflow_backlog import BACKLOG_FILE
+from vfm_core.tracking_backlog import BACKLOG_FILE
 
 METRICS = b'{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n'
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from vfm_core.config import TrackingConfig
-from vfm_core.train.mlflow_backlog import BACKLOG_FILE, Backlog
+from vfm_core.tracking_backlog import BACKLOG_FILE, Backlog
 
 BIN = Path(sys.executable).parent
 TINY = ["model.hidden=64", "model.depth=2", "data.batch_size=2", "train.device=cpu"]
@@ -100,7 +100,7 @@ def _history(uri: str, run_id: str, key: str) -> dict[int, float]:
 def test_metrics_buffered_while_the_server_is_down_reach_it_when_it_is_back(
     mlflow_server, tmp_path, monkeypatch
 ):
-    from vfm_core.train.metrics import MLflowLogger
+    from vfm_core.tracking_logger import MLflowLogger
 
     for k in MLflowLogger.HTTP_LIMITS:
         monkeypatch.delenv(k, raising=False)
@@ -219,7 +219,7 @@ def test_a_resumed_run_sends_the_steps_it_re_runs_once(tmp_path):
     steps MLflow has: they are not sent again (MLflow would chart two points for each)."""
     import mlflow
 
-    from vfm_core.train.metrics import MLflowLogger
+    from vfm_core.tracking_logger import MLflowLogger
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     cfg = TrackingConfig(tracking_uri=uri, experiment="resume")

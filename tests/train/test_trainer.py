@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from vfm_core.checkpoints.manager import CheckpointError, CheckpointManager
 from vfm_core.config import apply_overrides
 from vfm_core.data.samples import TrainBatch
 from vfm_core.data.synthetic_latents import SyntheticLatents
 from vfm_core.recipes import get_recipe
-from vfm_core.train.checkpoint import CheckpointError, CheckpointManager
 from vfm_core.train.main import run_training
 from vfm_core.train.trainer import Trainer, TrainingDiverged
 

@@ -14,7 +14,7 @@ A thin wrapper: the flags become a :class:`~vfm_core.infer.request.GenerateReque
 :func:`vfm_core.infer.run.generate_request` (what the Prefect generation task calls too) does
 the work. ``--nproc 1`` (default) runs in this process. ``--nproc N`` embeds the prompt here (the
 text model loads once), then launches ``torchrun --standalone --nproc-per-node N -m
-vfm_core.infer.main`` (:func:`vfm_core.train.launch.launch_generation`) so N context-parallel
+vfm_core.infer.main`` (:func:`vfm_core.launch.launcher.launch_generation`) so N context-parallel
 ranks denoise one video together (same noise, same video as one process); their result is read
 from ``OUT.result.json``. An autoregressive run's token prompt (``--prompt-tokens`` /
 ``--prompt-video``) is read and checked here, before the text model loads, and goes on as ids; N
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``vfm generate``; user errors raise GenerateError / CheckpointError (exit 2 upstream),
     failed ranks exit with their code (their own error line is on the terminal)."""
     from vfm_core.infer.run import generate_request
-    from vfm_core.train.launch import LaunchError
+    from vfm_core.launch.launcher import LaunchError
 
     request = request_from_args(args)
     try:

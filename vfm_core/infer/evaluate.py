@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from vfm_core.checkpoints.load import LoadedDiT, load_dit
 from vfm_core.config import Config, ConfigError
 from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.families import family_of
 from vfm_core.families.sources import make_source
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
-from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.generate import PREVIEW_FACTORS, sample_latent
 from vfm_core.infer.request import load_decoder, load_token_decoder
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
@@ -423,7 +423,7 @@ def log_evaluation(
 ) -> str:
     """Log ``metrics`` (prefixed), ``params`` and ``artifacts`` to MLflow; returns the run id
     (``run_id`` / $MLFLOW_RUN_ID, else a new run in ``tracking.experiment``)."""
-    from vfm_core.train.metrics import MLflowLogger
+    from vfm_core.tracking_logger import MLflowLogger
 
     created = run_id is None and not os.environ.get("MLFLOW_RUN_ID")
     mlf = MLflowLogger(tracking, run_id=run_id, tags={"vfm.stage": "generate"})

@@ -4,7 +4,7 @@ Stage order of :func:`generate` (top to bottom):
 
 0. **check** the request's scalar inputs and that ``out`` can be written, before any model is
    loaded (:mod:`vfm_core.infer.request`);
-1. **load** the DiT of a ``vfm train`` run (:func:`vfm_core.infer.dit_checkpoint.load_dit`; EMA
+1. **load** the DiT of a ``vfm train`` run (:func:`vfm_core.checkpoints.load.load_dit`; EMA
    weights, another architecture refused) and the tokenizer (``--tokenizer``, else the run's
    ``data.tokenizer``; latent channels must equal ``model.in_channels``);
 2. **plan** the latent for ``frames`` x H x W (:mod:`vfm_core.infer.shapes`: frame counts rounded
@@ -35,7 +35,7 @@ Stage order of :func:`generate` (top to bottom):
 generate``, the Prefect generation task): the cheap checks and the cost bounds from the run's
 config before anything loads, the prompt embedded once, then :func:`generate` in this process
 (``nproc`` 1) or ``nproc`` context-parallel ranks through the one launcher
-(:func:`vfm_core.train.launch.launch_generation`).
+(:func:`vfm_core.launch.launcher.launch_generation`).
 
 Equivalence: 1, 2 and 4 ranks give the same video up to float rounding of the ring attention's
 online-softmax merge (tested: max abs difference of the decoded [-1, 1] video below 1e-3).
@@ -62,6 +62,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from vfm_core.checkpoints.load import LoadedDiT, load_dit
 from vfm_core.config import DiffusionConfig
 from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.sampler import sample
@@ -69,7 +70,6 @@ from vfm_core.families import family_of
 from vfm_core.infer.ar_prefill import SplitPrefill, sync_tokens
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
-from vfm_core.infer.dit_checkpoint import LoadedDiT, load_dit
 from vfm_core.infer.progress import Progress
 from vfm_core.infer.request import (
     GUIDANCE_RANGE,

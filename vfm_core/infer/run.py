@@ -42,14 +42,14 @@ def generate_request(
     is read and checked here too. The prompt is
     embedded once (the text model loads here, not on every rank); ``nproc`` 1 then runs
     :func:`generate` in this process, ``nproc`` N starts N ranks through the one launcher
-    (:func:`vfm_core.train.launch.launch_generation`; ``env``, ``on_line`` as there) and reads
+    (:func:`vfm_core.launch.launcher.launch_generation`; ``env``, ``on_line`` as there) and reads
     their result from ``OUT.result.json``. Bad input raises a :class:`~vfm_core.errors.UserError`
     (GenerateError, CheckpointError); ranks that fail raise
-    :class:`~vfm_core.train.launch.LaunchError`."""
+    :class:`~vfm_core.launch.launcher.LaunchError`."""
     import tempfile
 
-    from vfm_core.infer.dit_checkpoint import read_text_record
-    from vfm_core.train.launch import LaunchError, launch_generation
+    from vfm_core.checkpoints.load import read_text_record
+    from vfm_core.launch.launcher import LaunchError, launch_generation
 
     checkpoint, run_dir, cfg = check_request(
         checkpoint, request, out, tokenizer=tokenizer, nproc=nproc
@@ -91,11 +91,11 @@ def check_request(
     then the plan and its estimated memory and time against ``request.bounds``
     (:func:`~vfm_core.infer.request.preflight`); returns (the local checkpoint, its run dir, its
     config). A flow runs them for every prompt before it starts its MLflow run."""
+    from vfm_core.checkpoints.load import resolve_checkpoint
+    from vfm_core.checkpoints.manager import CheckpointError
+    from vfm_core.checkpoints.uri import local_checkpoint
     from vfm_core.config import ConfigError, load_yaml, validate
-    from vfm_core.infer.dit_checkpoint import resolve_checkpoint
     from vfm_core.infer.request import preflight
-    from vfm_core.registry.uri import local_checkpoint
-    from vfm_core.train.checkpoint import CheckpointError
 
     check_prompt(request.prompt)
     check_options(request)

@@ -43,7 +43,7 @@ class PromotionRule:
     """Relative slack on every comparison (0.05: up to 5% worse still passes)."""
 
     def __post_init__(self) -> None:
-        from vfm_core.registry.uri import RegistryError
+        from vfm_core.checkpoints.uri import RegistryError
 
         self.higher_is_better = tuple(self.higher_is_better)
         self.lower_is_better = tuple(self.lower_is_better)
@@ -57,7 +57,7 @@ class PromotionRule:
         """A rule from a form / task parameter; unknown keys are a one-line error."""
         from dataclasses import fields as dc_fields
 
-        from vfm_core.registry.uri import RegistryError
+        from vfm_core.checkpoints.uri import RegistryError
 
         known = {f.name for f in dc_fields(cls)}
         unknown = sorted(set(fields or {}) - known)

@@ -1,8 +1,9 @@
 """A trained checkpoint -> a version of the registered model ``vfm-<recipe>``.
 
 :func:`register_checkpoint` verifies the checkpoint (its manifest, as ``--resume`` does), stages
-it with its tokenizer (:func:`vfm_core.registry.pyfunc.stage_artifacts`), logs the pyfunc model
-from code in the training run (the version's source run) and registers it. The version's tags:
+it with its tokenizer (:func:`stage_artifacts`), logs the pyfunc model from code
+(:data:`MODEL_CODE`: :class:`vfm_core.infer.pyfunc.VideoModel`) in the training run (the
+version's source run) and registers it. The version's tags:
 
 ========================== ==========================================================
 ``eval.<metric>``          each evaluation metric (``eval.frechet_distance``, ...)
@@ -25,21 +26,34 @@ tags updated): a retried task never makes a duplicate.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vfm_core.checkpoints.uri import RegistryError
 from vfm_core.config import Config, TrackingConfig
 from vfm_core.registry.promotion import METRIC_TAG
-from vfm_core.registry.uri import RegistryError
 from vfm_core.tracking import STAGE_TAG, create_run, ensure_experiment
 
-__all__ = ["RegisteredVersion", "lineage_tags", "model_name", "register_checkpoint"]
+__all__ = [
+    "MODEL_CODE",
+    "RegisteredVersion",
+    "lineage_tags",
+    "model_name",
+    "register_checkpoint",
+    "stage_artifacts",
+]
 
 MODEL_PREFIX = "vfm-"
 """Registered model names are ``vfm-<recipe>``."""
+MODEL_CODE = Path(__file__).resolve().parents[1] / "infer" / "model_code.py"
+"""The models-from-code file logged as ``python_model`` (:mod:`vfm_core.infer.model_code`: the
+generation pyfunc, :class:`vfm_core.infer.pyfunc.VideoModel`), named by its path: MLflow copies
+the file into the model folder and runs it at load time, and the registry never imports the
+inference package."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -85,6 +99,25 @@ def lineage_tags(cfg: Config) -> dict[str, str]:
     return tags
 
 
+def stage_artifacts(run_dir: Path, ckpt: Path, dst: Path, *, tokenizer: str | None) -> dict:
+    """Copy the parts of a run a registered version needs into ``dst``: ``dst/checkpoint`` (the
+    run's ``config.yaml``, ``text.json`` and ``checkpoints/<ckpt.name>``) and ``dst/tokenizer``;
+    returns the pyfunc ``artifacts`` mapping."""
+    from vfm_core.annotate.text_encoder import TEXT_RECORD
+
+    out = dst / "checkpoint"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copy2(run_dir / "config.yaml", out / "config.yaml")
+    if (run_dir / TEXT_RECORD).is_file():
+        shutil.copy2(run_dir / TEXT_RECORD, out / TEXT_RECORD)
+    shutil.copytree(ckpt, out / "checkpoints" / ckpt.name)
+    artifacts = {"checkpoint": str(out)}
+    if tokenizer:
+        shutil.copytree(tokenizer, dst / "tokenizer")
+        artifacts["tokenizer"] = str(dst / "tokenizer")
+    return artifacts
+
+
 def register_checkpoint(
     checkpoint: str | Path,
     *,
@@ -102,9 +135,8 @@ def register_checkpoint(
     ``tokenizer``: the decoder to ship (default the run's ``data.tokenizer``)."""
     import mlflow
 
+    from vfm_core.checkpoints.load import resolve_checkpoint
     from vfm_core.config import ConfigError, load_yaml, validate
-    from vfm_core.infer.dit_checkpoint import resolve_checkpoint
-    from vfm_core.registry.pyfunc import stage_artifacts
 
     tracking = tracking or TrackingConfig()
     run_dir, ckpt = resolve_checkpoint(checkpoint)  # verified against its manifest
@@ -173,8 +205,6 @@ def _log_in_run(client, run_id: str, name: str, artifacts: dict[str, str]):
     the run keeps the status it had (a running run stays running)."""
     import mlflow
     import torch
-
-    from vfm_core.registry.pyfunc import MODEL_CODE
 
     before = client.get_run(run_id).info.status
     active = mlflow.active_run()

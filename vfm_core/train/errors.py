@@ -6,9 +6,5 @@ from __future__ import annotations
 from vfm_core.errors import UserError
 
 
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint is missing, unreadable or does not fit the model being trained."""
-
-
 class TrainingDiverged(UserError, RuntimeError):
     """Loss or gradient norm became NaN/inf; raised before the optimizer touches the weights."""

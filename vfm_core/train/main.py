@@ -32,8 +32,15 @@ from typing import Any
 import torch.distributed as dist
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
+from vfm_core.checkpoints.manager import (
+    CheckpointError,
+    CheckpointManager,
+    load_trainer,
+    save_trainer,
+)
 from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, validate
 from vfm_core.errors import UserError
+from vfm_core.launch.preempt import Preempted, StopRequest
 from vfm_core.output_lock import output_lock
 from vfm_core.parallel.layout import with_degrees
 from vfm_core.parallel.world import broadcast_str, exit_process, init_world, is_rank0
@@ -45,10 +52,9 @@ from vfm_core.tracking import (
     open_tracking_store,
     train_run_name,
 )
-from vfm_core.train.checkpoint import CheckpointError, CheckpointManager, load_trainer, save_trainer
-from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, MLflowLogger, fit_and_close
-from vfm_core.train.mlflow_backlog import BACKLOG_FILE
-from vfm_core.train.preempt import Preempted, StopRequest
+from vfm_core.tracking_backlog import BACKLOG_FILE
+from vfm_core.tracking_logger import MLflowLogger
+from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, resolve_device
 
 

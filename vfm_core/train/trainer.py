@@ -49,6 +49,7 @@ from vfm_core.config import Config, ConfigError, to_dict
 from vfm_core.data.samples import LatentSource, TrainBatch
 from vfm_core.families import build_model, family_of
 from vfm_core.families.sources import make_source
+from vfm_core.launch.preempt import Preempted, StopRequest
 from vfm_core.models.dit import count_params
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8
 from vfm_core.models.layers import set_attention_backend
@@ -69,7 +70,6 @@ from vfm_core.train.optim import (
     optimizer_state,
     restore_schedule,
 )
-from vfm_core.train.preempt import Preempted, StopRequest
 
 __all__ = ["Trainer", "TrainingDiverged", "resolve_device"]
 
@@ -413,7 +413,7 @@ class Trainer:
     def fit(self, *, loggers: list, checkpoint=None, stop: StopRequest | None = None) -> dict:
         """Train until ``train.steps``; log every ``log_every``; checkpoint every ``ckpt_every``
         and at the end. Returns the last logged metrics. ``stop``: a signal asked the run to
-        stop (:mod:`vfm_core.train.preempt`): the step in progress finishes on every rank, is
+        stop (:mod:`vfm_core.launch.preempt`): the step in progress finishes on every rank, is
         checkpointed, and :class:`Preempted` is raised."""
         t = self.cfg.train
         last: dict[str, float] = {}

@@ -3,6 +3,6 @@ copied into the model folder and run at load time; nothing is unpickled)."""
 
 import mlflow.models
 
-from vfm_core.registry.pyfunc import VideoModel
+from vfm_core.infer.pyfunc import VideoModel
 
 mlflow.models.set_model(VideoModel())

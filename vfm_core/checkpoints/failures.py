@@ -10,7 +10,7 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.tensor import DTensor
 
-from vfm_core.train.checkpoint_layout import STATE_FILE
+from vfm_core.checkpoints.layout import STATE_FILE
 
 
 def local_bytes(t: torch.Tensor) -> int:

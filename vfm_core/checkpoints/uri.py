@@ -1,7 +1,7 @@
 """``models:/NAME@ALIAS`` and ``models:/NAME/VERSION`` -> a local run directory.
 
 A registered version's model folder holds ``artifacts/checkpoint`` (a run directory with one
-checkpoint, :func:`vfm_core.registry.pyfunc.stage_artifacts`) and, when the run decodes with one,
+checkpoint, :func:`vfm_core.registry.register.stage_artifacts`) and, when the run decodes with one,
 ``artifacts/tokenizer``. :func:`resolve_model_uri` asks the registry (the tracking URI of
 :func:`vfm_core.tracking.tracking_uri`: sqlite, file or an http server) which version the URI
 names, downloads that version once into ``CACHE/NAME/VERSION-KEY`` (``KEY``: a hash of the

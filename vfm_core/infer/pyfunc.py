@@ -1,11 +1,12 @@
 """The pyfunc face of a registered DiT: ``mlflow.pyfunc.load_model("models:/vfm-dit-tiny@champion")
 .predict({"prompt": [...]})`` and ``mlflow models serve`` generate videos.
 
-Artifacts (:func:`stage_artifacts`): ``checkpoint``, a run directory holding ``config.yaml``,
-``text.json`` (how captions were embedded) and the one checkpoint registered; ``tokenizer``, the
-decoder the run generates with (absent for runs on synthetic latents: a latent preview is
-written). :class:`VideoModel` is logged from code (``model_code.py``): the model folder holds no
-pickle.
+Artifacts (staged by :func:`vfm_core.registry.register.stage_artifacts`): ``checkpoint``, a run
+directory holding ``config.yaml``, ``text.json`` (how captions were embedded) and the one
+checkpoint registered; ``tokenizer``, the decoder the run generates with (absent for runs on
+synthetic latents: a latent preview is written). :class:`VideoModel` is logged from code
+(:mod:`vfm_core.infer.model_code`, by :mod:`vfm_core.registry.register`): the model folder holds
+no pickle.
 
 ``predict`` input: a DataFrame (or dict of lists / list of records) with a ``prompt`` column and
 optional ``frames``, ``size`` (``HxW``), ``seed``, ``steps``, ``guidance`` per row. Output: one
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import math
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,33 +27,12 @@ import pandas as pd
 
 from vfm_core.infer.shapes import GenerateError, parse_size
 
-__all__ = ["MODEL_CODE", "VideoModel", "stage_artifacts"]
+__all__ = ["VideoModel"]
 
-MODEL_CODE = Path(__file__).with_name("model_code.py")
-"""The models-from-code file logged as ``python_model``."""
 DEFAULTS = {"frames": 5, "size": "32x32", "seed": 0, "steps": None, "guidance": None}
 """Per-row defaults of ``predict`` (a small, fast clip)."""
 NUMBERS = {"frames": int, "seed": int, "steps": int, "guidance": float}
 """The numeric input columns and their types."""
-
-
-def stage_artifacts(run_dir: Path, ckpt: Path, dst: Path, *, tokenizer: str | None) -> dict:
-    """Copy the parts of a run a registered version needs into ``dst``: ``dst/checkpoint`` (the
-    run's ``config.yaml``, ``text.json`` and ``checkpoints/<ckpt.name>``) and ``dst/tokenizer``;
-    returns the pyfunc ``artifacts`` mapping."""
-    from vfm_core.annotate.text_encoder import TEXT_RECORD
-
-    out = dst / "checkpoint"
-    (out / "checkpoints").mkdir(parents=True)
-    shutil.copy2(run_dir / "config.yaml", out / "config.yaml")
-    if (run_dir / TEXT_RECORD).is_file():
-        shutil.copy2(run_dir / TEXT_RECORD, out / TEXT_RECORD)
-    shutil.copytree(ckpt, out / "checkpoints" / ckpt.name)
-    artifacts = {"checkpoint": str(out)}
-    if tokenizer:
-        shutil.copytree(tokenizer, dst / "tokenizer")
-        artifacts["tokenizer"] = str(dst / "tokenizer")
-    return artifacts
 
 
 def _rows(model_input: Any) -> list[dict[str, Any]]:
@@ -106,7 +85,7 @@ class VideoModel(mlflow.pyfunc.PythonModel):
     """Text -> MP4 with the registered DiT (loaded once in :meth:`load_context`)."""
 
     def load_context(self, context) -> None:
-        from vfm_core.infer.dit_checkpoint import load_dit
+        from vfm_core.checkpoints.load import load_dit
 
         self.loaded = load_dit(context.artifacts["checkpoint"])
         self.tokenizer = context.artifacts.get("tokenizer")

@@ -1,6 +1,6 @@
 """Checkpointing a trainer: :func:`save_trainer`, :func:`load_trainer` (which refuses a checkpoint
 of another model shape or data position in one line) and :func:`init_optimizer_state`, on top of
-:class:`~vfm_core.train.checkpoint.CheckpointManager`."""
+:class:`~vfm_core.checkpoints.manager.CheckpointManager`."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from vfm_core.checkpoints.errors import CheckpointError
+from vfm_core.checkpoints.layout import STATE_FILE
 from vfm_core.config import model_config_mismatch
 from vfm_core.data.loader import LoaderStateError
-from vfm_core.train.checkpoint_layout import STATE_FILE
-from vfm_core.train.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from vfm_core.train.checkpoint import CheckpointManager
+    from vfm_core.checkpoints.manager import CheckpointManager
 
 
 def init_optimizer_state(trainer) -> None:

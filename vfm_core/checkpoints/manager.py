@@ -10,9 +10,10 @@ Layout of ``DIR/checkpoints/step_00000010/``:
   under FSDP2, TP2 x CP2, PP2 or one process (paper §4: resharding);
 * ``state.json``: the non-tensor leaves (step, loader position, LR-schedule counters, MLflow run
   id), the model config (to refuse a resume of another model shape) and the union of every
-  rank's state skeleton (:mod:`vfm_core.train.state_tree`; ranks may hold different tensors under
-  pipeline parallelism). Each rank loads the subset of the saved tensors its own state holds;
-* ``manifest.json``: size and sha256 of every file above (:mod:`vfm_core.train.integrity`).
+  rank's state skeleton (:mod:`vfm_core.checkpoints.state_tree`; ranks may hold different
+  tensors under pipeline parallelism). Each rank loads the subset of the saved tensors its own
+  state holds;
+* ``manifest.json``: size and sha256 of every file above (:mod:`vfm_core.checkpoints.integrity`).
 
 A save, in order: every rank writes its tensors into ``step_N.tmp`` → rank 0 writes
 ``state.json`` → rank 0 hashes the files and writes the manifest (fsynced) → renames the folder
@@ -60,19 +61,17 @@ from torch.distributed.checkpoint import (
     HuggingFaceStorageWriter,
 )
 
-from vfm_core.parallel.world import all_gather_bytes, barrier, is_rank0
-from vfm_core.train.checkpoint_failures import (
+from vfm_core.checkpoints.errors import CheckpointError
+from vfm_core.checkpoints.failures import (
     byte_size,
     local_bytes,
     mismatch_line,
     os_error_behind,
     problems_line,
 )
-from vfm_core.train.checkpoint_layout import FORMAT_VERSION, STATE_FILE
-from vfm_core.train.checkpoint_trainer import load_trainer, save_trainer
-from vfm_core.train.errors import CheckpointError
-from vfm_core.train.integrity import MANIFEST_FILE, verify, write_manifest
-from vfm_core.train.state_tree import (
+from vfm_core.checkpoints.integrity import MANIFEST_FILE, verify, write_manifest
+from vfm_core.checkpoints.layout import FORMAT_VERSION, STATE_FILE
+from vfm_core.checkpoints.state_tree import (
     join_state,
     merge_skeletons,
     restore_int_keys,
@@ -80,6 +79,8 @@ from vfm_core.train.state_tree import (
     split_state,
     split_state_paths,
 )
+from vfm_core.checkpoints.trainer_state import load_trainer, save_trainer
+from vfm_core.parallel.world import all_gather_bytes, barrier, is_rank0
 
 __all__ = [
     "MANIFEST_FILE",

@@ -1,6 +1,6 @@
 """What a training run could not send to its MLflow server, and the one command that sends it.
 
-A run whose tracking server stops answering goes on (:class:`vfm_core.train.metrics.MLflowLogger`
+A run whose tracking server stops answering goes on (:class:`vfm_core.tracking_logger.MLflowLogger`
 buffers and sends when the server is back). What is still unsent when the run ends is named in
 ``RUN_DIR/mlflow_backlog.json`` (:data:`BACKLOG_FILE`): the MLflow run id and tracking URI, the
 status the run ended with, the tags and artifacts not yet set. ``metrics.jsonl`` always holds

@@ -1,8 +1,8 @@
 """``torchrun`` (``torch.distributed.run``) whose stop signal ends in one line.
 
 torchrun passes SIGTERM to the ranks, which finish their step, save and say so in one line
-(:mod:`vfm_core.train.preempt`); then torchrun itself raises ``SignalException`` and prints its
-traceback. Run as ``python -m vfm_core.train.torchrun ARGS`` (the ``torchrun`` arguments): the
+(:mod:`vfm_core.launch.preempt`); then torchrun itself raises ``SignalException`` and prints its
+traceback. Run as ``python -m vfm_core.launch.torchrun ARGS`` (the ``torchrun`` arguments): the
 same launcher, exiting with the signal's status (128 + signal) instead.
 """
 

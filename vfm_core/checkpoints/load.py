@@ -3,7 +3,7 @@
 Accepted paths: the run directory (``DIR/config.yaml`` + ``DIR/checkpoints/step_*/``; the latest
 checkpoint is used), one checkpoint folder ``DIR/checkpoints/step_XXXXXXXX`` (the config is read
 from ``DIR/config.yaml``) or a registered version (``models:/NAME@ALIAS``,
-``models:/NAME/VERSION``: downloaded once into a local cache by :mod:`vfm_core.registry`).
+``models:/NAME/VERSION``: downloaded once into a local cache, :mod:`vfm_core.checkpoints.uri`).
 Before any tensor is read, the model section of ``config.yaml`` is compared with the one
 recorded in the checkpoint's ``state.json`` and every tensor name and shape the architecture
 needs is checked against the safetensors headers, so a checkpoint of another architecture is
@@ -26,10 +26,12 @@ from safetensors import SafetensorError, safe_open
 from torch.distributed.checkpoint import CheckpointException, HuggingFaceStorageReader
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
+from vfm_core.checkpoints.errors import CheckpointError
+from vfm_core.checkpoints.layout import STATE_FILE
+from vfm_core.checkpoints.manager import CheckpointManager, dcp_error_line
 from vfm_core.config import Config, ConfigError, load_yaml, model_config_mismatch, to_dict, validate
 from vfm_core.families import build_model
 from vfm_core.models.dit import DiT
-from vfm_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager, dcp_error_line
 
 __all__ = ["LoadedDiT", "load_dit", "resolve_checkpoint"]
 
@@ -58,8 +60,8 @@ def resolve_checkpoint(path: str | Path, *, check: bool = True) -> tuple[Path, P
     ``check=False``: only the layout (cheap, for early argument checks); the folder returned
     is then the newest finished one, not yet verified. A registry URI (``models:/NAME@ALIAS``,
     ``models:/NAME/VERSION``) is first resolved to its local copy
-    (:func:`vfm_core.registry.resolve_model_uri`)."""
-    from vfm_core.registry.uri import local_checkpoint
+    (:func:`vfm_core.checkpoints.uri.resolve_model_uri`)."""
+    from vfm_core.checkpoints.uri import local_checkpoint
 
     local = local_checkpoint(path)
     if "://" in str(local):  # Path() would read s3://b/run as s3:/b/run

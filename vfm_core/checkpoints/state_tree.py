@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from vfm_core.train.errors import CheckpointError
+from vfm_core.checkpoints.errors import CheckpointError
 
 
 def split_state(tree: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], Any]:

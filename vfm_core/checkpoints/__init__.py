@@ -1,0 +1,15 @@
+"""Checkpoints of a training run, below the packages that write and read them (train, infer,
+registry):
+
+    manager.py        CheckpointManager: DCP save / load under any layout, choose the newest
+                      intact checkpoint, keep N (the layout of a checkpoint folder is described
+                      there)
+    trainer_state.py  save_trainer / load_trainer: a trainer's state into and out of a checkpoint
+    state_tree.py     a Stateful state as JSON skeleton + flat tensors
+    integrity.py      manifest.json: size and sha256 of every file, written last, verified
+    layout.py         the names a checkpoint folder's readers share (state.json)
+    failures.py       how a failed save or load is told in one line
+    errors.py         CheckpointError
+    uri.py            models:/NAME@ALIAS | models:/NAME/VERSION -> a local run directory
+    load.py           a checkpoint of either family loaded for inference (load_dit)
+"""
