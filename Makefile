@@ -9,6 +9,10 @@ export PREFECT_HOME ?= $(CURDIR)/data/prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 
+# two xdist workers (this machine has 2 cores), whole files per worker, slowest files first
+# (tests/conftest.py); PYTEST_WORKERS= runs in one process
+PYTEST_WORKERS ?= -n 2 --dist loadscope
+
 .PHONY: venv demo test lint bench clean up down status deploy
 
 venv: $(STAMP)
@@ -33,7 +37,7 @@ demo: venv   # make demo FAMILY=autoregressive: discrete tokenizer + ar-tiny ins
 test: venv
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks infra
 	$(BIN)/ruff format --check vfm_core flows tasks tests benchmarks infra
-	$(BIN)/python -m pytest -q --durations=40
+	$(BIN)/python -m pytest -q --durations=40 $(PYTEST_WORKERS)
 
 lint: venv   # ruff (the formatter decides layout), the layering contract (tests/test_layering.py)
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks infra

@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two xdist workers on this 2-core machine: one intra-op thread each, or the
+    # two torch thread pools fight over the cores (measured 4x slower than one worker)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 _ROOT = Path(tempfile.mkdtemp(prefix="vfm-tests-"))
 os.environ["VFM_DATA_DIR"] = str(_ROOT / "data")
 os.environ["PREFECT_HOME"] = str(_ROOT / "prefect")
@@ -22,9 +28,66 @@ os.environ.pop("VFM_INFRA_DIR", None)  # servers a developer started with `make 
 REPO = Path(__file__).resolve().parents[1]
 
 
+# the slowest test files (or folders, sharing a package fixture) go first, so that the two xdist
+# workers end together (longest first); from `--durations=0` of a CI run
+SLOW_FIRST = (
+    "tests/infra/",
+    "tests/flows/test_pipeline_flow.py",
+    "tests/flows/test_demo.py",
+    "tests/parallel/test_4d_training.py",
+    "tests/curate/test_ray_executor.py",
+    "tests/flows/test_curate_ray_cluster.py",
+    "tests/train/test_step_check.py",
+    "tests/parallel/test_parallel_packed_training.py",
+    "tests/parallel/test_shard_training.py",
+    "tests/infer/test_ar_cp_prefill.py",
+)
+
+
+def xdist_group(nodeid: str) -> str:
+    """One xdist work unit per test file, except ``tests/infra``: its modules share one set of
+    servers (the package fixture ``make_up``), so they run on one worker."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/infra/" if path.startswith("tests/infra/") else path
+
+
+class FileUnits:
+    """``--dist loadscope`` with the work units of ``xdist_group``, in collection order (xdist's
+    own ``loadgroup`` cannot be used: it renames ``item._nodeid``, which pytest 9 no longer
+    reads). A plugin registered only where xdist is installed: pytest rejects unknown hooks."""
+
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") != "loadscope":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class FileScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return xdist_group(nodeid)
+
+        config.option.loadscopereorder = False
+        return FileScheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(FileUnits(), "vfm-file-units")
+
+
+def slow_rank(group: str) -> int:
+    for i, prefix in enumerate(SLOW_FIRST):
+        if group.startswith(prefix):
+            return i
+    return len(SLOW_FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    # whole files per worker (`--dist loadscope`), slowest first; the sort is stable, so tests keep
+    # their order inside a file
+    items.sort(key=lambda item: slow_rank(xdist_group(item.nodeid)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
