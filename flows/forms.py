@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict
 
 from vfm_core.config import (
     Config,
-    ConfigError,
     apply_overrides,
     merge,
+    nested,
     override_keys,
     refuse_disagreement,
     validate,
@@ -47,18 +47,6 @@ def folder_name(v: str) -> str:
     if v in (".", ".."):
         raise ValueError(f"{v!r} is not a folder name of its own; use letters, digits, _ . -")
     return v
-
-
-def nested(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"data.shards": "s", "train.steps": 2}`` -> ``{"data": {"shards": "s"}, "train":
-    {"steps": 2}}``; a key that is not ``section.field`` is a ConfigError naming it."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in values.items():
-        section, _, name = key.partition(".")
-        if not section or not name or "." in name:
-            raise ConfigError(f"{key}: expected section.field, e.g. train.steps")
-        out.setdefault(section, {})[name] = value
-    return out
 
 
 def form_config(recipe: str, *layers: Mapping[str, Any] | Sequence[str]) -> Config:

@@ -205,11 +205,6 @@ def pipeline_flow(params: PipelineParams | None = None) -> dict[str, Any]:
     return out
 
 
-MAX_TEXT_LEN = 256
-"""The most caption tokens the pipeline sizes ``model.text_len`` to (longer captions are cut,
-and counted as ``captions_cut``)."""
-
-
 def train_settings(
     p: PipelineParams,
     *,
@@ -219,28 +214,29 @@ def train_settings(
     caption_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The training form's config values (typed, by dotted key) for the pipeline's own data:
-    the encoded shards, the tokenizer, the latent grid, the tokenizer's latent channels
-    (diffusion) or its token ids (autoregressive: ``model.vocab_size``), ``model.text_len``
-    sized to the longest caption of the data (``caption_tokens``, at most
-    :data:`MAX_TEXT_LEN`), a checkpoint every 100 steps; ``p.overrides`` still win over them."""
+    the encoded shards, the tokenizer, the latent grid, a checkpoint every 100 steps, and what
+    the model takes from the tokenizer and the data, derived as ``vfm train`` derives it
+    (:func:`vfm_core.tokenizer.run_settings.model_settings`: the latent channels or token ids,
+    unit-variance latents, ``model.text_len`` sized to the longest caption); ``p.overrides``
+    still win over them."""
+    from vfm_core.tokenizer.run_settings import model_settings
+
     t, h, w = p.latent_grid
-    settings: dict[str, Any] = {
+    return {
         "data.source": "shards",
         "data.shards": latents,
         "data.tokenizer": tokenizer,
         "data.latent_frames": t,
         "data.latent_height": h,
         "data.latent_width": w,
-        "diffusion.sigma_data": 1.0,  # encode-shards writes unit-variance latents
+        **model_settings(
+            discrete=p.family != "diffusion",
+            geometry=geometry,
+            caption_tokens=caption_tokens,
+            normalized=True,  # encode-shards writes unit-variance latents
+        ),
         "train.ckpt_every": 100,
     }
-    if p.family == "diffusion":  # the DiT denoises the tokenizer's latents
-        settings["model.in_channels"] = geometry["latent_channels"]
-    elif geometry.get("vocab_size"):  # the causal model predicts the tokenizer's ids
-        settings["model.vocab_size"] = geometry["vocab_size"]
-    if caption_tokens:  # no caption cut that the data does not force
-        settings["model.text_len"] = min(int(caption_tokens), MAX_TEXT_LEN)
-    return settings
 
 
 def pixel_shape(latent_grid: tuple[int, int, int], geometry: dict[str, int]) -> tuple[int, str]:

@@ -17,7 +17,15 @@ from flows.forms import Form, form_config, nested, refuse_conflicts
 from tasks.events import emit_stage_completed
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
-from vfm_core.config import DEGREES, Config, ConfigError, merge, resolve_degrees, validate
+from vfm_core.config import (
+    DEGREES,
+    Config,
+    merge,
+    override_keys,
+    resolve_degrees,
+    validate,
+)
+from vfm_core.errors import UserError
 from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import (
     LAYOUT_TAG,
@@ -148,6 +156,13 @@ class TrainParams(Form):
         refuse_conflicts(named, below, self.settings, self.overrides)
         return validate(merge(below, nested(named)))
 
+    def user_keys(self) -> set[str]:
+        """The dotted config keys the form sets: its settings, overrides and the named fields
+        filled in (what the data's own settings never replace)."""
+        fields = {**FIELD_KEYS, **{k: f"parallel.{k}" for k in DEGREES}}
+        named = {fields[f] for f in self.model_fields_set if f in fields}
+        return named | set(self.settings) | set(override_keys(self.overrides))
+
     def field_values(self) -> dict[str, Any]:
         """The form's named fields as config values by dotted key."""
         return {
@@ -178,9 +193,11 @@ def train_flow(
     """Train ``params.recipe`` in the layout of the form; the MLflow run (named after recipe,
     layout and steps) is nested under ``parent_run_id`` (the pipeline's run) when given."""
     params = params or TrainParams()
-    try:
-        cfg = params.to_config()
-    except ConfigError as e:
+    from vfm_core.families.data_settings import with_data_settings
+
+    try:  # shards: what the model takes from them and their tokenizer, as vfm train does
+        cfg = with_data_settings(params.to_config(), params.user_keys())
+    except UserError as e:
         raise ValueError(f"train flow parameters: {e}") from None
     run_id = None
     if cfg.tracking.mlflow and not params.resume:

@@ -125,35 +125,21 @@ encode_stage = encode_latents.with_options(
 
 @task(name="tokenizer-geometry")
 def tokenizer_geometry(tokenizer: str) -> dict[str, int]:
-    """The tokenizer's compression from its own saved config (no weights are read):
-    ``temporal_factor`` t (1 + t·k frames -> 1 + k latent frames), ``spatial_factor`` s (H x W
-    -> H/s x W/s), ``latent_channels`` and ``vocab_size`` (token ids of a discrete tokenizer: the
-    product of its FSQ levels; 0 for a continuous one)."""
-    from vfm_core.infer.request import tokenizer_config
-    from vfm_core.tokenizer.config import TokenizerConfigError
+    """The tokenizer's compression from its own saved config
+    (:func:`vfm_core.tokenizer.run_settings.tokenizer_geometry`)."""
+    from vfm_core.tokenizer.run_settings import tokenizer_geometry as geometry
 
-    cfg = tokenizer_config(tokenizer)
-    if cfg is None:
-        raise TokenizerConfigError(
-            f"tokenizer {tokenizer}: no readable config (tokenizer.safetensors metadata or "
-            "config.json); name a tokenizer directory written by vfm tokenizer train"
-        )
-    return {
-        "temporal_factor": cfg.temporal_factor,
-        "spatial_factor": cfg.spatial_factor,
-        "latent_channels": cfg.latent_channels,
-        "vocab_size": cfg.vocab_size,
-    }
+    return geometry(tokenizer)
 
 
 def caption_tokens(index_root: str) -> int | None:
     """The longest caption, in embedding tokens, of the shards at ``index_root`` (their index's
     ``caption_tokens`` meta, written by the shard writer and kept by the latent encoder); None
     for shards written without it."""
-    from vfm_core.data.index import read_index
+    from vfm_core.tokenizer.run_settings import caption_tokens as longest
+    from vfm_core.tokenizer.run_settings import index_meta
 
-    stats = read_index(index_root).meta.get("caption_tokens")
-    return int(stats["max"]) if isinstance(stats, dict) and "max" in stats else None
+    return longest(index_meta(index_root))
 
 
 @task(name="lineage", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error)

@@ -78,6 +78,16 @@ def run_config(args: argparse.Namespace):
     return validate(merge(cfg, extra))
 
 
+def user_keys(args: argparse.Namespace) -> set[str]:
+    """The dotted config keys the user set in the config file or with ``--set``."""
+    from vfm_core.config import override_keys
+
+    path = getattr(args, "config", None)
+    data = read_yaml(path) if path else {}
+    keys = {f"{s}.{n}" for s, fields in data.items() if isinstance(fields, dict) for n in fields}
+    return keys | set(override_keys(args.set))
+
+
 def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> None:
     """A flag and ``--set`` / the config file naming the same field with other values is an
     error naming both (the flag would otherwise win silently)."""
@@ -101,6 +111,7 @@ def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> N
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.config import DEGREES
+    from vfm_core.families.data_settings import with_data_settings
     from vfm_core.launch.launcher import Launch
     from vfm_core.launch.preempt import Preempted
     from vfm_core.parallel.layout import validate_layout, with_degrees
@@ -108,7 +119,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.train.main import check_restartable, run_training
 
     degrees = {k: getattr(args, k) for k in DEGREES}
-    cfg = with_degrees(run_config(args), **degrees)
+    # shards: what the model takes from them and their tokenizer, unless the user set it
+    cfg = with_data_settings(with_degrees(run_config(args), **degrees), user_keys(args))
     launch = Launch(
         nproc=args.nproc,
         nnodes=args.nnodes,

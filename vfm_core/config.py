@@ -13,6 +13,7 @@ both are re-exported here.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -473,6 +474,19 @@ def merge(cfg: Config, values: dict[str, Any]) -> Config:
         else:
             base[k] = v
     return build_settings(Config, base)
+
+
+def nested(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"data.shards": "s", "train.steps": 2}`` -> ``{"data": {"shards": "s"}, "train":
+    {"steps": 2}}`` (for :func:`merge`); a key that is not ``section.field`` is a ConfigError
+    naming it."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        if not section or not name or "." in name:
+            raise ConfigError(f"{key}: expected section.field, e.g. train.steps")
+        out.setdefault(section, {})[name] = value
+    return out
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:

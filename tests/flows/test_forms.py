@@ -13,7 +13,6 @@ from pydantic import ValidationError
 from flows.curate import CurateParams
 from flows.forms import form_config, nested
 from flows.pipeline import (
-    MAX_TEXT_LEN,
     PipelineParams,
     pixel_shape,
     remove_earlier_run,
@@ -26,6 +25,7 @@ from tasks.pipeline import tokenizer_geometry
 from vfm_core.config import ConfigError, apply_overrides, to_dict, validate
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError
+from vfm_core.tokenizer.run_settings import MAX_TEXT_LEN
 
 
 def test_form_config_is_the_override_config_with_typed_values():

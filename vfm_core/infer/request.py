@@ -16,7 +16,6 @@ the text model and the checkpoint load):
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import dataclass, field, fields
@@ -40,6 +39,7 @@ from vfm_core.infer.budget import (
 )
 from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent, warn_beyond_training
 from vfm_core.tokenizer.config import TokenizerConfig
+from vfm_core.tokenizer.run_settings import tokenizer_config
 from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
 __all__ = [
@@ -188,26 +188,6 @@ def load_token_decoder(path: str | Path, *, vocab_size: int):
             f"{list(tok.cfg.fsq_levels)}), the model's vocabulary {vocab_size}"
         )
     return tok
-
-
-def tokenizer_config(path: str | Path) -> TokenizerConfig | None:
-    """The config of the tokenizer at ``path`` from its metadata alone (no weights are read);
-    None when it cannot be read that way (loading it then says why)."""
-    from safetensors import safe_open
-
-    from vfm_core.tokenizer.io import CONFIG_FILE, WEIGHTS_FILE
-
-    p = Path(path)
-    weights = p / WEIGHTS_FILE if p.is_dir() else p
-    try:
-        if weights.is_file():
-            with safe_open(str(weights), framework="pt") as st:
-                return TokenizerConfig.from_dict(json.loads((st.metadata() or {})["config"]))
-        raw = json.loads((p / CONFIG_FILE).read_text())
-        raw.pop("latent_mean", None), raw.pop("latent_std", None)
-        return TokenizerConfig.from_dict(raw)
-    except Exception:  # any unreadable form: the full load reports it as a GenerateError
-        return None
 
 
 # ------------------------------------------------------------------ the plan
