@@ -189,7 +189,8 @@ def form_fields(cls: type, *, optional: bool = False) -> dict[str, Any]:
     for spec in field_specs(cls):
         kind = Literal[spec.choices] if spec.choices else spec.type
         if optional:
-            field = Field(None, ge=spec.ge, le=spec.le, description=spec.doc)
+            unset = "inferred" if spec.default == spec.inferred else spec.default
+            field = Field(None, ge=spec.ge, le=spec.le, description=f"{spec.doc} (unset: {unset})")
             out[spec.name] = (kind | None, field)
             continue
         if spec.inferred is not None and spec.ge is not None and spec.inferred < spec.ge:
