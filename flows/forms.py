@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
 
 from vfm_core.config import (
     Config,
+    ParallelDegrees,
     apply_overrides,
     merge,
     nested,
@@ -24,9 +25,18 @@ from vfm_core.config import (
     refuse_disagreement,
     validate,
 )
+from vfm_core.config_fields import form_fields
 from vfm_core.recipes import get_recipe
 
-__all__ = ["NAME_PATTERN", "Form", "folder_name", "form_config", "nested"]
+__all__ = [
+    "NAME_PATTERN",
+    "DegreeFields",
+    "Form",
+    "OptionalDegreeFields",
+    "folder_name",
+    "form_config",
+    "nested",
+]
 
 
 class Form(BaseModel):
@@ -35,6 +45,22 @@ class Form(BaseModel):
     and failed deep in a task)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+DegreeFields = create_model(
+    "DegreeFields", __base__=Form, __module__=__name__, **form_fields(ParallelDegrees)
+)
+"""Base of a form with the parallel degrees as fields, generated from
+:class:`~vfm_core.config.ParallelDegrees` (defaults, bounds, descriptions; dp_shard -1 = what is
+left of the ranks, 0 refused)."""
+
+OptionalDegreeFields = create_model(
+    "OptionalDegreeFields",
+    __base__=Form,
+    __module__=__name__,
+    **form_fields(ParallelDegrees, optional=True),
+)
+"""The same, every degree optional: unset (None) = inferred."""
 
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"

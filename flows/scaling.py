@@ -16,11 +16,12 @@ from typing import Any
 from prefect import flow
 from pydantic import Field, field_validator, model_validator
 
-from flows.forms import NAME_PATTERN, Form, folder_name, refuse_owned
+from flows.forms import NAME_PATTERN, Form, OptionalDegreeFields, folder_name, refuse_owned
 from tasks.report import scaling_report_task
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
 from vfm_core.config import (
+    DEGREES,
     Config,
     ConfigError,
     apply_overrides,
@@ -38,23 +39,15 @@ from vfm_core.tracking import (
     train_run_name,
 )
 
-_DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
-
-class LayoutSpec(Form):
-    """One point of the study: process count and the parallel degrees (unset = inferred)."""
+class LayoutSpec(OptionalDegreeFields):
+    """One point of the study: process count and the parallel degrees (unset = inferred:
+    :class:`flows.forms.OptionalDegreeFields`)."""
 
     nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) for this run")
-    dp_replicate: int | None = Field(
-        None, ge=1, description="replicated data-parallel degree (HSDP; None: 1)"
-    )
-    dp_shard: int | None = Field(None, ge=1, description="FSDP degree (None: what is left)")
-    tp: int | None = Field(None, ge=1, description="tensor-parallel degree")
-    cp: int | None = Field(None, ge=1, description="context-parallel degree")
-    pp: int | None = Field(None, ge=1, description="pipeline stages")
 
     def degrees(self) -> dict[str, int]:
-        return {k: v for k in _DEGREES if (v := getattr(self, k, None)) is not None}
+        return {k: v for k in DEGREES if (v := getattr(self, k, None)) is not None}
 
     def label(self) -> str:
         return layout_label(self.degrees(), self.nproc)
@@ -74,7 +67,7 @@ STUDY_KEYS = {
     "train.out_dir": "out_dir",
     "train.ckpt_every": "steps (a study writes no checkpoints)",
     "tracking.experiment": "experiment",
-    **{f"parallel.{k}": "layouts" for k in _DEGREES},
+    **{f"parallel.{k}": "layouts" for k in DEGREES},
 }
 """Config keys the study sets itself, and the form field that sets them: an override of one
 would be replaced silently."""

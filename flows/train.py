@@ -13,7 +13,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import Field, field_validator, model_validator
 
-from flows.forms import Form, form_config, nested, refuse_conflicts
+from flows.forms import DegreeFields, form_config, nested, refuse_conflicts
 from tasks.events import emit_stage_completed
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
@@ -80,8 +80,8 @@ FIELD_KEYS = {
 """The training form's named fields that set a config key (and the parallel degrees)."""
 
 
-class TrainParams(Form):
-    """Form of the training flow."""
+class TrainParams(DegreeFields):
+    """Form of the training flow (the parallel degrees: :class:`flows.forms.DegreeFields`)."""
 
     family: Family = family_field()
     recipe: str = recipe_field()
@@ -110,19 +110,7 @@ class TrainParams(Form):
         description="local: torchrun on the worker's machine; slurm: sbatch the cluster template "
         "(default: the work pool's VFM_TRAIN_LAUNCHER job variable, else local)",
     )
-    tp: int = Field(1, ge=1, description="tensor (+ sequence) parallel degree")
-    cp: int = Field(1, ge=1, description="context parallel degree")
-    pp: int = Field(1, ge=1, description="pipeline stages")
-    dp_shard: int = Field(-1, ge=-1, description="FSDP degree (-1: what is left of the ranks)")
-    dp_replicate: int = Field(1, ge=1, description="replicated data-parallel degree (HSDP)")
     max_restarts: int = Field(0, ge=0, le=100, description="restart all ranks after one dies")
-
-    @field_validator("dp_shard")
-    @classmethod
-    def _shard(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("dp_shard: use -1 (inferred) or a degree >= 1")
-        return v
 
     _family = model_validator(mode="after")(settle_family)
 

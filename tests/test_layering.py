@@ -64,6 +64,7 @@ VFM_CORE_LAYERS = [
         "storage",
         "config",
         "config_build",
+        "config_fields",
         "config_validate",
         "contracts",
         "recipes",

@@ -12,7 +12,11 @@ import math
 import sys
 
 from vfm_core.cli_types import int_at_least
-from vfm_core.recipes import RECIPES, TINY_FSQ_LEVELS
+from vfm_core.config import ParallelDegrees
+from vfm_core.config_fields import add_flags
+from vfm_core.launch.launcher import Launch
+from vfm_core.recipes import TINY_FSQ_LEVELS
+from vfm_core.train.args import TrainArgs
 
 
 class _Refused(Exception):
@@ -90,74 +94,34 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser(
         "train", help="train a DiT or autoregressive model (one process, or --nproc N: torchrun)"
     )
-    tr.add_argument(
-        "--recipe",
-        help=f"preset ({', '.join(RECIPES)}; default: the --config file's recipe, else dit-tiny)",
-    )
-    tr.add_argument("--config", help="YAML config applied on top of the recipe")
-    tr.add_argument("--steps", type=int_at_least("--steps"), required=True, help="total steps")
-    tr.add_argument("--out", required=True, help="output dir (metrics.jsonl, checkpoints)")
-    tr.add_argument("--seed", type=int_at_least("--seed"), help="seed for init, sigma and noise")
-    tr.add_argument(
-        "--resume", action="store_true", help="continue from the newest intact checkpoint"
-    )
-    tr.add_argument(
-        "--resume-from",
-        metavar="CKPT_DIR",
-        help="continue from this checkpoint folder (implies --resume)",
-    )
-    tr.add_argument("--debug", action="store_true", help="show the traceback behind an error")
-    tr.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override a config field (repeatable)",
-    )
-    tr.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    tr.add_argument(
-        "--nproc",
-        type=int_at_least("--nproc", 1),
-        default=1,
-        help="processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)",
-    )
-    for degree in ("dp-replicate", "dp-shard", "tp", "cp", "pp"):
-        tr.add_argument(
-            f"--{degree}",
-            type=int_at_least(f"--{degree}"),
-            help=f"parallel.{degree.replace('-', '_')} degree",
-        )
-    tr.add_argument(
-        "--nnodes",
-        type=int_at_least("--nnodes"),
-        default=1,
-        help="nodes of a multi-node run (torchrun c10d rendezvous)",
-    )
-    tr.add_argument(
-        "--node-rank",
-        type=int_at_least("--node-rank"),
-        default=0,
-        help="this node's index (0 hosts the rendezvous)",
-    )
-    tr.add_argument(
-        "--rdzv-endpoint",
-        default="",
-        metavar="HOST:PORT",
-        help="rendezvous endpoint of a multi-node run",
-    )
-    tr.add_argument(
-        "--rdzv-timeout",
-        type=int_at_least("--rdzv-timeout"),
-        default=300,
-        help="seconds to wait for the other nodes before giving up",
-    )
-    tr.add_argument(
-        "--max-restarts",
-        type=int_at_least("--max-restarts"),
-        default=0,
-        help="restart all ranks after one dies, from the last checkpoint",
-    )
+    add_flags(tr, TrainArgs, skip=("no_progress",))
+    add_flags(tr, Launch)
+    add_flags(tr, ParallelDegrees, unset="parallel")
+    _add_sizing(sub)
+    sub.add_parser("recipes", help="list presets")
+    _add_checkpoint(sub)
+    _add_tokenizer(sub)
+    _add_sample(sub)
+    _add_report(sub)
 
+    from vfm_core.data.cli import add_parsers as add_data_parsers
+    from vfm_core.search.cli import add_parser as add_search_parser
+
+    add_data_parsers(sub)
+    add_search_parser(sub)
+
+    from vfm_core.curate.cli import add_parser as add_curate_parser
+
+    add_curate_parser(sub)
+
+    from vfm_core.infer.cli import add_parser as add_generate_parser
+
+    add_generate_parser(sub)
+    return ap
+
+
+def _add_sizing(sub: argparse._SubParsersAction) -> None:
+    """``vfm flops`` and ``vfm plan``."""
     fl = sub.add_parser("flops", help="parameters and training FLOPs per token of a preset")
     fl.add_argument("--recipe", required=True)
     seq = int_at_least("--seq", 1)
@@ -215,14 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(one layout: not with --top or --explain)",
     )
 
-    sub.add_parser("recipes", help="list presets")
 
+def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
+    """``vfm checkpoint verify``."""
     ck = sub.add_parser("checkpoint", help="training checkpoints")
     cks = ck.add_subparsers(dest="ckpt_cmd", required=True, parser_class=_Parser)
     cv = cks.add_parser("verify", help="check checkpoints against their manifests (sha256)")
     cv.add_argument("path", help="a run directory (every checkpoint) or one step_* folder")
     cv.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
 
+
+def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
+    """``vfm tokenizer train``."""
     tk = sub.add_parser("tokenizer", help="causal video tokenizer")
     tks = tk.add_subparsers(dest="tok_cmd", required=True, parser_class=_Parser)
     tt = tks.add_parser("train", help="train a tokenizer on the clips in shards")
@@ -246,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{math.prod(TINY_FSQ_LEVELS)} ids, ar-tiny's vocabulary; 8,5,5,5 = 1000)",
     )
 
+
+def _add_sample(sub: argparse._SubParsersAction) -> None:
+    """``vfm sample``."""
     sp = sub.add_parser("sample", help="write the built-in captioned sample videos")
     sp.add_argument("dst", help="folder for sample_XX.mp4 and their per-shot caption sidecars")
     sp.add_argument("--videos", type=int_at_least("--videos", 1), default=3, help="how many videos")
@@ -257,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--json", action="store_true", help="print the written paths as JSON")
 
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    """``vfm report`` and ``vfm track backfill``."""
     rp = sub.add_parser("report", help="scaling-study table from MLflow runs (+ plots with --out)")
     rp.add_argument("--study", required=True, help="study name (MLflow tag vfm.study)")
     rp.add_argument("--out", help="also write report.md, rows.json and PNG plots here")
@@ -272,18 +246,3 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("run_dir", metavar="RUN_DIR", help="the training run's --out directory")
     bf.add_argument("--tracking-uri", help="MLflow tracking URI (default: the run's own)")
     bf.add_argument("--json", action="store_true", help="print the counts as JSON")
-
-    from vfm_core.data.cli import add_parsers as add_data_parsers
-    from vfm_core.search.cli import add_parser as add_search_parser
-
-    add_data_parsers(sub)
-    add_search_parser(sub)
-
-    from vfm_core.curate.cli import add_parser as add_curate_parser
-
-    add_curate_parser(sub)
-
-    from vfm_core.infer.cli import add_parser as add_generate_parser
-
-    add_generate_parser(sub)
-    return ap

@@ -32,6 +32,7 @@ from vfm_core.config_build import (  # noqa: F401  (re-exported: ConfigError, bu
     to_dict,
     yaml_problem,
 )
+from vfm_core.config_fields import bounds
 from vfm_core.config_validate import RANGES, validate  # noqa: F401  (re-exported)
 
 
@@ -285,22 +286,34 @@ def parse_blend(text: str) -> list[tuple[str, float]]:
     return out
 
 
-DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
-"""The parallel degrees of a layout (``ParallelConfig`` fields, CLI flags, form fields)."""
+@dataclass(kw_only=True, slots=True)
+class ParallelDegrees:
+    """The five parallel degrees, declared once: :class:`ParallelConfig`'s first fields, the
+    resolved degrees :class:`~vfm_core.parallel.dims.ParallelDims` holds, and the source of the
+    degree flags and form fields (:mod:`vfm_core.config_fields`)."""
+
+    dp_replicate: int = field(default=1, metadata=bounds(ge=1))
+    """Replicated data-parallel degree (DDP/HSDP outer)."""
+    dp_shard: int = field(default=-1, metadata=bounds(ge=1, inferred=-1))
+    """FSDP degree (-1 = whatever is left of the world size)."""
+    cp: int = field(default=1, metadata=bounds(ge=1))
+    """Context-parallel degree."""
+    tp: int = field(default=1, metadata=bounds(ge=1))
+    """Tensor/sequence-parallel degree."""
+    pp: int = field(default=1, metadata=bounds(ge=1))
+    """Pipeline-parallel degree."""
+
+    def degrees(self) -> dict[str, int]:
+        """The degrees by name (a declared dp_shard may be -1)."""
+        return {k: getattr(self, k) for k in DEGREES}
+
+
+DEGREES = tuple(f.name for f in fields(ParallelDegrees))
+"""The parallel degrees of a layout: :class:`ParallelDegrees`' fields, in their order."""
 
 
 @dataclass(kw_only=True, slots=True)
-class ParallelConfig:
-    dp_replicate: int = 1
-    """Replicated data-parallel degree (DDP/HSDP outer)."""
-    dp_shard: int = -1
-    """FSDP degree (-1 = whatever is left of the world size)."""
-    cp: int = 1
-    """Context-parallel degree."""
-    tp: int = 1
-    """Tensor/sequence-parallel degree."""
-    pp: int = 1
-    """Pipeline-parallel degree."""
+class ParallelConfig(ParallelDegrees):
     sequence_parallel: bool = True
     """With tp > 1, also split the sequence over the TP ranks outside attention / MLP (SP)."""
     cp_mode: Literal["ring", "alltoall", "hybrid"] = "hybrid"
@@ -335,10 +348,6 @@ class ParallelConfig:
     pp_microbatches: int = 0
     """Microbatches per pipeline schedule run (0 = pp, one per stage); each data-parallel rank's
     share of the batch (divided by train.grad_accum) is split into this many."""
-
-    def degrees(self) -> dict[str, int]:
-        """The declared degrees (dp_shard may be -1)."""
-        return {k: getattr(self, k) for k in DEGREES}
 
     def resolve(self, world_size: int) -> dict[str, int]:
         """The degrees on ``world_size`` ranks, dp_shard=-1 worked out (:func:`resolve_degrees`)."""

@@ -24,10 +24,11 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfm_core.config import ConfigError
+from vfm_core.config_fields import bounds, out_of_bounds
 from vfm_core.launch.preempt import StopRequest
 
 TORCHRUN = "vfm_core.launch.torchrun"
@@ -36,26 +37,25 @@ TORCHRUN = "vfm_core.launch.torchrun"
 
 @dataclass(kw_only=True, slots=True)
 class Launch:
-    """Where the ranks of a run come from (the ``vfm train`` / training-form flags)."""
+    """Where the ranks of a run come from (the ``vfm train`` / training-form flags; the field
+    docstrings are their help)."""
 
-    nproc: int = 1
-    """Processes (GPUs) per node."""
-    nnodes: int = 1
-    """Nodes taking part; > 1 needs ``rdzv_endpoint``."""
-    node_rank: int = 0
-    """This node's index, 0 .. nnodes - 1 (node 0 hosts the rendezvous)."""
-    rdzv_endpoint: str = ""
-    """HOST:PORT of the c10d rendezvous (multi-node)."""
-    rdzv_timeout: int = 300
-    """Seconds a node waits for the others to join before it gives up."""
-    max_restarts: int = 0
-    """Restarts of all ranks after a rank dies (resuming from the last checkpoint)."""
+    nproc: int = field(default=1, metadata=bounds(ge=1))
+    """processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)"""
+    nnodes: int = field(default=1, metadata=bounds(ge=1))
+    """nodes of a multi-node run (torchrun c10d rendezvous); > 1 needs --rdzv-endpoint"""
+    node_rank: int = field(default=0, metadata=bounds(ge=0))
+    """this node's index, 0 .. nnodes - 1 (0 hosts the rendezvous)"""
+    rdzv_endpoint: str = field(default="", metadata={"metavar": "HOST:PORT"})
+    """rendezvous endpoint of a multi-node run"""
+    rdzv_timeout: int = field(default=300, metadata=bounds(ge=1))
+    """seconds to wait for the other nodes before giving up"""
+    max_restarts: int = field(default=0, metadata=bounds(ge=0))
+    """restart all ranks after one dies, from the last checkpoint"""
 
     def __post_init__(self) -> None:
-        if self.nproc < 1:
-            raise ConfigError(f"--nproc: must be >= 1, got {self.nproc}")
-        if self.nnodes < 1:
-            raise ConfigError(f"--nnodes: must be >= 1, got {self.nnodes}")
+        if problem := out_of_bounds(self):
+            raise ConfigError(problem)
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(
                 f"--node-rank: {self.node_rank} is out of range for --nnodes {self.nnodes} "
@@ -68,10 +68,6 @@ class Launch:
                     f"--rdzv-endpoint: expected HOST:PORT for --nnodes {self.nnodes}, got "
                     f"{self.rdzv_endpoint!r}"
                 )
-        if self.rdzv_timeout < 1:
-            raise ConfigError(f"--rdzv-timeout: must be >= 1 s, got {self.rdzv_timeout}")
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
 
     @property
     def world_size(self) -> int:

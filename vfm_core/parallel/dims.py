@@ -20,47 +20,43 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import unset_fake_temporarily  # noqa: PLC2701
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from vfm_core.config import ConfigError, ParallelConfig, resolve_degrees
+from vfm_core.config import ConfigError, ParallelDegrees, resolve_degrees
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """Mesh dimension names, outermost first."""
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(init=False, slots=True)
 class ParallelDims:
-    """Validated parallel degrees for ``world_size`` ranks and the mesh built from them."""
+    """Validated parallel degrees for ``world_size`` ranks and the mesh built from them:
+    ``ParallelDims(tp=2, world_size=8)`` takes the degrees of :class:`ParallelDegrees` (their
+    defaults, dp_shard=-1 worked out) and holds them resolved in :attr:`sizes`; ``dims.tp`` and
+    the others read them."""
 
-    dp_replicate: int = 1
-    """Replicated data-parallel degree (HSDP outer dimension)."""
-    dp_shard: int = -1
-    """FSDP degree; -1 = world_size divided by all other degrees."""
-    cp: int = 1
-    """Context-parallel degree (sequence split with ring / all-to-all attention)."""
-    tp: int = 1
-    """Tensor-parallel degree (heads and MLP width split; + sequence parallel if enabled)."""
-    pp: int = 1
-    """Pipeline-parallel degree."""
+    sizes: ParallelDegrees
+    """The resolved degrees (no -1); their product is ``world_size``."""
     world_size: int
     """Number of ranks the degrees must multiply to."""
-    _mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
+    _mesh: DeviceMesh | None = field(default=None, repr=False)
     """The built mesh (see :meth:`build_mesh`)."""
-    _fsdp: DeviceMesh | None = field(default=None, init=False, repr=False)
+    _fsdp: DeviceMesh | None = field(default=None, repr=False)
     """The FSDP mesh (see :meth:`fsdp_mesh`)."""
 
-    def __post_init__(self) -> None:
-        degrees = {name: getattr(self, name) for name in MESH_DIMS}
-        for name, value in resolve_degrees(degrees, self.world_size).items():
-            object.__setattr__(self, name, value)
+    def __init__(self, *, world_size: int, **degrees: int) -> None:
+        declared = ParallelDegrees(**degrees)  # unknown names: TypeError; defaults declared there
+        self.sizes = ParallelDegrees(**resolve_degrees(declared.degrees(), world_size))
+        self.world_size = world_size
+        self._mesh = self._fsdp = None
 
     @classmethod
-    def from_config(cls, cfg: ParallelConfig, world_size: int) -> ParallelDims:
+    def from_config(cls, cfg: ParallelDegrees, world_size: int) -> ParallelDims:
         return cls(**cfg.degrees(), world_size=world_size)
 
     # ------------------------------------------------------------------ degrees
     @property
     def degrees(self) -> dict[str, int]:
         """Degree of every mesh dimension, outermost first."""
-        return {name: getattr(self, name) for name in MESH_DIMS}
+        return {name: getattr(self.sizes, name) for name in MESH_DIMS}
 
     @property
     def dp(self) -> int:
@@ -165,3 +161,12 @@ class ParallelDims:
     def dp_rank(self) -> int:
         """Index of this rank's data-parallel batch slice (0 .. dp-1)."""
         return self.coord("dp_replicate") * self.dp_shard + self.coord("dp_shard")
+
+
+def _degree(name: str) -> property:
+    return property(lambda self: getattr(self.sizes, name), doc=f"The resolved ``{name}`` degree.")
+
+
+for _name in MESH_DIMS:  # dims.tp, dims.dp_shard, ...: read from ``sizes``, declared there
+    setattr(ParallelDims, _name, _degree(_name))
+del _name

@@ -38,7 +38,16 @@ from vfm_core.checkpoints.manager import (
     load_trainer,
     save_trainer,
 )
-from vfm_core.config import DEGREES, Config, ConfigError, load_yaml, save_yaml, validate
+from vfm_core.config import (
+    DEGREES,
+    Config,
+    ConfigError,
+    ParallelDegrees,
+    load_yaml,
+    save_yaml,
+    validate,
+)
+from vfm_core.config_fields import add_flags
 from vfm_core.errors import UserError
 from vfm_core.launch.preempt import Preempted, StopRequest
 from vfm_core.output_lock import output_lock
@@ -54,6 +63,7 @@ from vfm_core.tracking import (
 )
 from vfm_core.tracking_backlog import BACKLOG_FILE
 from vfm_core.tracking_logger import MLflowLogger
+from vfm_core.train.args import ENTRY_FLAGS, TrainArgs
 from vfm_core.train.metrics import ConsoleLogger, JsonlLogger, fit_and_close
 from vfm_core.train.trainer import Trainer, resolve_device
 
@@ -299,21 +309,11 @@ def finished_summary(out: Path, trainer: Trainer, path: Path) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The entry point's flags: :data:`~vfm_core.train.args.ENTRY_FLAGS` of ``vfm train``'s (the
+    config file required here) and the parallel degrees."""
     ap = argparse.ArgumentParser(prog="python -m vfm_core.train.main")
-    ap.add_argument("--config", required=True, help="run config YAML (from Config.to_dict)")
-    ap.add_argument("--out", required=True, help="output directory (rank 0 writes)")
-    ap.add_argument(
-        "--resume", action="store_true", help="continue from the newest intact checkpoint"
-    )
-    ap.add_argument(
-        "--resume-from",
-        metavar="CKPT_DIR",
-        help="continue from this checkpoint folder (implies --resume)",
-    )
-    ap.add_argument("--debug", action="store_true", help="tracebacks behind one-line errors")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    for name in DEGREES:
-        ap.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=f"parallel.{name}")
+    add_flags(ap, TrainArgs, ENTRY_FLAGS, required=("config",))
+    add_flags(ap, ParallelDegrees, unset="parallel")
     return ap
 
 
