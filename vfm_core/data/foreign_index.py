@@ -175,6 +175,30 @@ def _sample_table(
     return samples
 
 
+def _index_meta(
+    cfg: ForeignIndexConfig, *, video_key: str, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The index meta of foreign tars: who wrote it, their format and keys, and ``extra``."""
+    return {
+        "writer": WRITER,
+        "format": "webdataset",
+        "caption_key": cfg.caption_key,
+        "video_key": video_key,
+        "skip_uncaptioned": cfg.skip_uncaptioned,
+        **(extra or {}),
+    }
+
+
+def _write_index_and_prune(
+    index: DatasetIndex, shards_dir: str, sidecars: pd.DataFrame, *, index_format: str
+) -> None:
+    """Write ``index``, then remove the caption sidecars of earlier runs that it does not list
+    (``sidecars``: its sidecar table)."""
+    write_index(index, format=index_format)
+    keep = {n.removeprefix(f"{SIDECAR_DIR}/") for n in sidecars["name"]}
+    remove_stale_shards(storage.join(shards_dir, SIDECAR_DIR), "emb", keep)
+
+
 def index_foreign_shards(
     shards_dir: str,
     *,
@@ -237,19 +261,10 @@ def index_foreign_shards(
         shards=pd.DataFrame(shard_rows),
         samples=samples,
         embedding_dim=summary["embedding_dim"],
-        meta={
-            "writer": WRITER,
-            "format": "webdataset",
-            "caption_key": cfg.caption_key,
-            "video_key": summary["video_key"],
-            "skip_uncaptioned": cfg.skip_uncaptioned,
-            **(meta or {}),
-        },
+        meta=_index_meta(cfg, video_key=summary["video_key"], extra=meta),
         sidecars=sidecars,
     )
-    write_index(index, format=index_format)
-    keep = {n.removeprefix(f"{SIDECAR_DIR}/") for n in sidecars["name"]}
-    remove_stale_shards(storage.join(shards_dir, SIDECAR_DIR), "emb", keep)
+    _write_index_and_prune(index, shards_dir, sidecars, index_format=index_format)
     summary["index_format"] = index_format
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     return summary
