@@ -188,7 +188,6 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
     planned; exit 1 when the measured peak does not fit the GPU."""
     import dataclasses
     import resource
-    import time
 
     from vfm_core.perf.layout_rules import trainer_config
     from vfm_core.perf.memory_check import (
@@ -198,7 +197,7 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
         measure_states,
         planned_states,
     )
-    from vfm_core.train.step_check import fit_verdict, measure_step, peak_rows
+    from vfm_core.train.step_check import fit_verdict, peak_rows
 
     if not result.plans:
         raise ConfigError("vfm plan --check: no layout to build (see vfm plan --explain)")
@@ -211,22 +210,7 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
         planned = dataclasses.replace(planned, ema=0.0)
     report = check_report(mine, planned)
     lay = {k: v for k, v in dataclasses.asdict(best.layout).items()}
-    t0 = time.perf_counter()
-    try:
-        traced = measure_step(run, args.gpus, seq_len=args.seq)
-    except ConfigError:
-        raise
-    except Exception as e:  # one line naming what was traced; --debug shows the traceback
-        root = e
-        while root.__cause__ is not None:  # the failure under a schedule's wrapping error
-            root = root.__cause__
-        text = str(root).strip()
-        why = f"{type(root).__name__}: {text.splitlines()[-1] if text else ''}"
-        raise ConfigError(
-            f"--check: cannot trace a training step of {cfg.recipe} at --seq {args.seq} tokens "
-            f"on {args.gpus} GPU(s): {why}"
-        ) from e
-    seconds = time.perf_counter() - t0
+    traced, seconds = _trace_step(run, recipe=cfg.recipe, seq=args.seq, gpus=args.gpus)
     rows = peak_rows(traced, measured[0], best.memory)
     fits, verdict = fit_verdict(rows, best.memory, result.gpu.name)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
@@ -266,6 +250,31 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
     print(format_check(rows, header=False))
     print(verdict)
     return 0 if fits else 1
+
+
+def _trace_step(run, *, recipe: str, seq: int, gpus: int) -> tuple[Any, float]:
+    """(one training step of ``run`` traced under fake tensors, the seconds it took); a failure
+    raises ConfigError in one line naming what was traced (``--debug`` shows the traceback)."""
+    import time
+
+    from vfm_core.train.step_check import measure_step
+
+    t0 = time.perf_counter()
+    try:
+        traced = measure_step(run, gpus, seq_len=seq)
+    except ConfigError:
+        raise
+    except Exception as e:
+        root = e
+        while root.__cause__ is not None:  # the failure under a schedule's wrapping error
+            root = root.__cause__
+        text = str(root).strip()
+        why = f"{type(root).__name__}: {text.splitlines()[-1] if text else ''}"
+        raise ConfigError(
+            f"--check: cannot trace a training step of {recipe} at --seq {seq} tokens "
+            f"on {gpus} GPU(s): {why}"
+        ) from e
+    return traced, time.perf_counter() - t0
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:

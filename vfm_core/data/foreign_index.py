@@ -37,6 +37,7 @@ import json
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,94 @@ def _refuse_foreign_index_over_ours(shards_dir: str) -> None:
         )
 
 
+def _refuse_empty_scan(shards_dir: str, scan: Scan, wanted: Sequence[str]) -> None:
+    """No usable sample in the tars: say why (no media member of the ``wanted`` extensions, or
+    the skip reasons) and which member extensions were found."""
+    if scan.samples:
+        return
+    found = ", ".join(f"{e} ({n})" for e, n in scan.exts.most_common(12)) or "none"
+    if scan.skipped.get("no media member") and not any(e in scan.exts for e in wanted):
+        raise ForeignIndexError(
+            str(shards_dir),
+            f"no sample has a media member {'|'.join(wanted)} "
+            f"(--video-key); member extensions found: {found}",
+        )
+    raise ForeignIndexError(
+        str(shards_dir),
+        f"no usable sample; skipped: {dict(scan.skipped)}; e.g. "
+        f"{scan.examples[:3]}; member extensions found: {found}",
+    )
+
+
+def _shard_row(shards_dir: str, name: str, n_samples: int) -> dict[str, Any]:
+    """The index's row of one tar: name, usable samples, size and content hash."""
+    url = storage.join(shards_dir, name)
+    fs, path = storage.filesystem(url)
+    return {
+        "name": name,
+        "n_samples": n_samples,
+        "bytes": int(fs.size(path)),
+        "sha256": storage.content_hash(url, length=64),
+    }
+
+
+def _sample_table(
+    scanned: Sequence[ForeignSample],
+    ranges: Sequence[tuple[int, int, int]],
+    checksums: Sequence[str],
+    remap: dict[int, int],
+) -> pd.DataFrame:
+    """The index's sample rows: where each sample lies in its tar (shard numbers ``remap``-ped
+    to the indexed tars), its media, and its caption embedding's sidecar range."""
+    samples = pd.DataFrame(
+        [
+            {
+                "key": s.key,
+                "shard": remap[s.shard],
+                "offset": s.offset,
+                "length": s.length,
+                "frames": s.frames,
+                "height": s.height,
+                "width": s.width,
+                "latent_shape": None,
+                "member_key": s.member_key,
+                "media": s.media,
+                "emb_shard": r[0],
+                "emb_offset": r[1],
+                "emb_length": r[2],
+                "checksum": c,
+            }
+            for s, r, c in zip(scanned, ranges, checksums)
+        ]
+    )
+    samples["latent_shape"] = samples["latent_shape"].astype(object)
+    return samples
+
+
+def _index_meta(
+    cfg: ForeignIndexConfig, *, video_key: str, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The index meta of foreign tars: who wrote it, their format and keys, and ``extra``."""
+    return {
+        "writer": WRITER,
+        "format": "webdataset",
+        "caption_key": cfg.caption_key,
+        "video_key": video_key,
+        "skip_uncaptioned": cfg.skip_uncaptioned,
+        **(extra or {}),
+    }
+
+
+def _write_index_and_prune(
+    index: DatasetIndex, shards_dir: str, sidecars: pd.DataFrame, *, index_format: str
+) -> None:
+    """Write ``index``, then remove the caption sidecars of earlier runs that it does not list
+    (``sidecars``: its sidecar table)."""
+    write_index(index, format=index_format)
+    keep = {n.removeprefix(f"{SIDECAR_DIR}/") for n in sidecars["name"]}
+    remove_stale_shards(storage.join(shards_dir, SIDECAR_DIR), "emb", keep)
+
+
 def index_foreign_shards(
     shards_dir: str,
     *,
@@ -130,62 +219,18 @@ def index_foreign_shards(
         scan_shard(storage.join(shards_dir, n), n, i, cfg, scan) for i, n in enumerate(names)
     ]
     n_uncaptioned = sum(not s.captioned for s in scan.samples) + scan.skipped[NO_CAPTION]
-    if not scan.samples:
-        found = ", ".join(f"{e} ({n})" for e, n in scan.exts.most_common(12)) or "none"
-        if scan.skipped.get("no media member") and not any(e in scan.exts for e in wanted):
-            raise ForeignIndexError(
-                str(shards_dir),
-                f"no sample has a media member {'|'.join(wanted)} "
-                f"(--video-key); member extensions found: {found}",
-            )
-        raise ForeignIndexError(
-            str(shards_dir),
-            f"no usable sample; skipped: {dict(scan.skipped)}; e.g. "
-            f"{scan.examples[:3]}; member extensions found: {found}",
-        )
+    _refuse_empty_scan(shards_dir, scan, wanted)
 
     # shards without a usable sample stay out of the index (its shard numbers are remapped)
     used = [i for i, n in enumerate(per_shard) if n > 0]
     remap = {old: new for new, old in enumerate(used)}
-    shard_rows = []
-    for i in used:
-        url = storage.join(shards_dir, names[i])
-        fs, path = storage.filesystem(url)
-        shard_rows.append(
-            {
-                "name": names[i],
-                "n_samples": per_shard[i],
-                "bytes": int(fs.size(path)),
-                "sha256": storage.content_hash(url, length=64),
-            }
-        )
+    shard_rows = [_shard_row(shards_dir, names[i], per_shard[i]) for i in used]
 
     embs = embed_captions([s.caption for s in scan.samples], embed, cfg.embed_batch)
     sidecars, ranges, checksums = write_sidecars(
         shards_dir, scan.samples, embs, names, cfg.sidecar_shard_bytes
     )
-    samples = pd.DataFrame(
-        [
-            {
-                "key": s.key,
-                "shard": remap[s.shard],
-                "offset": s.offset,
-                "length": s.length,
-                "frames": s.frames,
-                "height": s.height,
-                "width": s.width,
-                "latent_shape": None,
-                "member_key": s.member_key,
-                "media": s.media,
-                "emb_shard": r[0],
-                "emb_offset": r[1],
-                "emb_length": r[2],
-                "checksum": c,
-            }
-            for s, r, c in zip(scan.samples, ranges, checksums)
-        ]
-    )
-    samples["latent_shape"] = samples["latent_shape"].astype(object)
+    samples = _sample_table(scan.samples, ranges, checksums, remap)
     n_images = int((samples["frames"] == 1).sum())
     summary = {
         "shards_dir": str(shards_dir),
@@ -216,19 +261,10 @@ def index_foreign_shards(
         shards=pd.DataFrame(shard_rows),
         samples=samples,
         embedding_dim=summary["embedding_dim"],
-        meta={
-            "writer": WRITER,
-            "format": "webdataset",
-            "caption_key": cfg.caption_key,
-            "video_key": summary["video_key"],
-            "skip_uncaptioned": cfg.skip_uncaptioned,
-            **(meta or {}),
-        },
+        meta=_index_meta(cfg, video_key=summary["video_key"], extra=meta),
         sidecars=sidecars,
     )
-    write_index(index, format=index_format)
-    keep = {n.removeprefix(f"{SIDECAR_DIR}/") for n in sidecars["name"]}
-    remove_stale_shards(storage.join(shards_dir, SIDECAR_DIR), "emb", keep)
+    _write_index_and_prune(index, shards_dir, sidecars, index_format=index_format)
     summary["index_format"] = index_format
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     return summary

@@ -68,6 +68,64 @@ class NoSampleFitsError(UserError, ValueError):
         self.largest = largest
 
 
+def _refuse_bad_sizes(
+    *, dp_rank: int, dp_size: int, batch_size: int, num_workers: int, max_tokens: int | None
+) -> None:
+    """ValueError for a rank outside the data-parallel group or a size out of range."""
+    if not 0 <= dp_rank < dp_size:
+        raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    if num_workers < 0:
+        raise ValueError(f"num_workers={num_workers} must be >= 0")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be positive or None")
+
+
+def _batch_planner(
+    order: GlobalOrder,
+    geometry: SampleGeometry,
+    *,
+    root: str,
+    batch_size: int,
+    max_tokens: int | None,
+    buckets: BucketSpec | None,
+    buffer_size: int,
+    slack: float,
+) -> Planner | BucketPlanner:
+    """The planner of the steps' batches: same-shape batches of ``buckets``, else packs of at
+    most ``max_tokens`` (or ``batch_size`` samples). NoSampleFitsError when no sample of the
+    dataset at ``root`` fits a pack or a bucket."""
+    if max_tokens is not None and (fewest := geometry.token_extremes()[0]) > max_tokens:
+        raise NoSampleFitsError(
+            f"max_tokens={max_tokens}: no sample of the dataset fits ({root}: the "
+            f"smallest sample has {fewest} tokens)",
+            largest=geometry.largest_sample(),
+        )
+    if buckets is None:
+        return Planner(
+            order,
+            geometry.tokens,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            buffer_size=buffer_size,
+            slack=slack,
+        )
+    if max_tokens is not None:
+        raise ValueError("buckets are for unpacked training: pass max_tokens=None")
+    if not geometry.any_bucket_fits():
+        f, h, w = geometry.largest_sample()
+        shapes = ", ".join(f"{t} frames of {bh}x{bw}" for bh, bw, t in geometry.bucket_list)
+        raise NoSampleFitsError(
+            f"{root}: every sample is smaller than every bucket shape (the largest "
+            f"sample is {f} frames of {h}x{w} px (HxW); buckets: {shapes})",
+            largest=(f, h, w),
+        )
+    return BucketPlanner(
+        order, geometry.bucket_of, batch_size=batch_size, n_buckets=len(geometry.bucket_list)
+    )
+
+
 class ShardLoader:
     """Iterable loader; see the module docstring. Use :func:`build_loader`.
 
@@ -105,14 +163,13 @@ class ShardLoader:
         prefetch: int = 0,
         checksums: bool = True,
     ) -> None:
-        if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
-        if num_workers < 0:
-            raise ValueError(f"num_workers={num_workers} must be >= 0")
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens} must be positive or None")
+        _refuse_bad_sizes(
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            max_tokens=max_tokens,
+        )
         self.index, self.seed = index, seed
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.num_workers, self.on_error = num_workers, on_error
@@ -122,40 +179,17 @@ class ShardLoader:
             index, patch=patch, compression=compression, buckets=buckets
         )
         self._walked = 0  # positions the packer walked last step (what to prefetch next)
-        if max_tokens is not None and (fewest := geometry.token_extremes()[0]) > max_tokens:
-            raise NoSampleFitsError(
-                f"max_tokens={max_tokens}: no sample of the dataset fits ({index.root}: the "
-                f"smallest sample has {fewest} tokens)",
-                largest=geometry.largest_sample(),
-            )
         self.order = GlobalOrder(len(index), seed)
-        self.planner: Planner | BucketPlanner
-        if buckets is not None:
-            if max_tokens is not None:
-                raise ValueError("buckets are for unpacked training: pass max_tokens=None")
-            if not geometry.any_bucket_fits():
-                f, h, w = geometry.largest_sample()
-                shapes = ", ".join(f"{t} frames of {bh}x{bw}" for bh, bw, t in geometry.bucket_list)
-                raise NoSampleFitsError(
-                    f"{index.root}: every sample is smaller than every bucket shape (the largest "
-                    f"sample is {f} frames of {h}x{w} px (HxW); buckets: {shapes})",
-                    largest=(f, h, w),
-                )
-            self.planner = BucketPlanner(
-                self.order,
-                geometry.bucket_of,
-                batch_size=batch_size,
-                n_buckets=len(geometry.bucket_list),
-            )
-        else:
-            self.planner = Planner(
-                self.order,
-                geometry.tokens,
-                batch_size=batch_size,
-                max_tokens=max_tokens,
-                buffer_size=buffer_size,
-                slack=slack,
-            )
+        self.planner = _batch_planner(
+            self.order,
+            geometry,
+            root=index.root,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            buckets=buckets,
+            buffer_size=buffer_size,
+            slack=slack,
+        )
         self.skipped_total = 0
         self._pool = ThreadPoolExecutor(num_workers) if num_workers > 0 else None
         self.reader = SampleReader(

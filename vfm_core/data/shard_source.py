@@ -72,6 +72,32 @@ def _no_latents(s: Sample) -> ConfigError:
     )
 
 
+def _checked_tokenizer(
+    data: DataConfig, model: ModelConfig, tokenizer: Any, *, discrete: bool
+) -> Any:
+    """The tokenizer of ``data.tokenizer`` (None without one), ConfigError when it is missing
+    or, for a ``discrete`` model, not a discrete tokenizer of ``model.vocab_size`` ids."""
+    if discrete and not data.tokenizer:
+        raise ConfigError(
+            f"data.tokenizer: arch {model.arch!r} reads shards through a discrete tokenizer "
+            "(its FSQ codes in latent.npy, or it encodes the clips); set data.tokenizer=DIR"
+        )
+    if not data.tokenizer:
+        return None
+    if tokenizer is None:
+        raise ConfigError(
+            f"data.tokenizer={data.tokenizer}: the shard source was given no tokenizer "
+            "(build it with vfm_core.families.sources.make_source)"
+        )
+    if discrete and (tokenizer.fsq is None or tokenizer.vocab_size != model.vocab_size):
+        have = "continuous" if tokenizer.fsq is None else f"{tokenizer.vocab_size} ids"
+        raise ConfigError(
+            f"data.tokenizer {data.tokenizer}: a discrete tokenizer with "
+            f"model.vocab_size={model.vocab_size} ids is needed, it is {have}"
+        )
+    return tokenizer
+
+
 class ShardLatentSource:
     """Latent batches of the configured shape from a shard directory or a weighted blend of
     them (see module docstring)."""
@@ -101,32 +127,14 @@ class ShardLatentSource:
                 "data.shards: set the shard directory (or data.blend) for data.source='shards'"
             )
         self.data, self.model = data, model
-        self.tokenizer = None
+        self.tokenizer = _checked_tokenizer(data, model, tokenizer, discrete=discrete)
+        self.discrete = discrete  # token ids: the FSQ codes of a discrete tokenizer
         self.channels = model.in_channels  # of the latents read or encoded
         ct, cs = 4, 8
-        self.discrete = discrete  # token ids: the FSQ codes of a discrete tokenizer
-        if discrete and not data.tokenizer:
-            raise ConfigError(
-                f"data.tokenizer: arch {model.arch!r} reads shards through a discrete tokenizer "
-                "(its FSQ codes in latent.npy, or it encodes the clips); set data.tokenizer=DIR"
-            )
-        if data.tokenizer:
-            if tokenizer is None:
-                raise ConfigError(
-                    f"data.tokenizer={data.tokenizer}: the shard source was given no tokenizer "
-                    "(build it with vfm_core.families.sources.make_source)"
-                )
-            self.tokenizer = tokenizer
+        if self.tokenizer is not None:
             ct, cs = self.tokenizer.cfg.temporal_factor, self.tokenizer.cfg.spatial_factor
             if discrete:
-                tok = self.tokenizer
-                if tok.fsq is None or tok.vocab_size != model.vocab_size:
-                    have = "continuous" if tok.fsq is None else f"{tok.vocab_size} ids"
-                    raise ConfigError(
-                        f"data.tokenizer {data.tokenizer}: a discrete tokenizer with "
-                        f"model.vocab_size={model.vocab_size} ids is needed, it is {have}"
-                    )
-                self.channels = tok.cfg.latent_channels
+                self.channels = self.tokenizer.cfg.latent_channels
         self.ct, self.cs = ct, cs
         self.frames = 1 + ct * (data.latent_frames - 1)  # pixel frames of one training sample
         self.pixels = (data.latent_height * cs, data.latent_width * cs)

@@ -302,16 +302,7 @@ def _write_shards(
     from vfm_core.video.io import VideoError, probe
 
     cfg = config or ShardWriterConfig()
-    missing = [c for c in MANIFEST_COLUMNS if c not in clips.columns]
-    if missing:
-        raise ShardError("manifest", f"missing columns {missing} (has {list(clips.columns)})")
-    if clips.empty:
-        raise ShardError("manifest", "no clips to shard")
-    rows = typed_manifest(clips).to_dict(orient="records")
-    keys = [_key(r["clip_id"]) for r in rows]
-    dup = sorted({k for k in keys if keys.count(k) > 1})
-    if dup:
-        raise ShardError("manifest", f"duplicate sample keys {dup[:5]}")
+    rows, keys = _manifest_rows(clips)
     embs = embed_captions([r["caption"] for r in rows], embed, cfg.embed_batch)
     dim = int(embs[0].shape[-1])
 
@@ -325,13 +316,7 @@ def _write_shards(
     ):
         for row, key, emb in zip(rows, keys, embs):
             bar.update()
-            uri = str(row["uri"])
-            if base_url and not storage.is_remote(uri) and not os.path.isabs(uri):
-                uri = storage.join(base_url, uri)
-            try:
-                mp4 = storage.read_bytes(uri)
-            except storage.StorageError as e:
-                raise ShardError(f"clip {key}", f"cannot read {uri} ({e.reason})") from None
+            uri, mp4 = _read_clip(row, key, base_url)
             try:
                 info = probe(io.BytesIO(mp4))
             except VideoError as e:
@@ -346,13 +331,8 @@ def _write_shards(
                 (f"{key}.mp4", mp4),
                 (f"{key}.txt_emb.npy", npy_bytes(emb.astype(np.float16))),
             ]
-            lat = None if latents is None else latents.get(str(row["clip_id"]))
+            lat = _checked_latent(latents, row, key)  # (C, T, H, W) float32 or None
             if lat is not None:
-                lat = np.asarray(lat, dtype=np.float32)
-                if lat.ndim != 4 or not np.isfinite(lat).all():
-                    raise ShardError(
-                        f"clip {key}", f"latent must be finite (C, T, H, W), got shape {lat.shape}"
-                    )
                 members.append((f"{key}.latent.npy", npy_bytes(lat)))
             placed = writer.add(members)
             kept.append(emb)
@@ -369,26 +349,80 @@ def _write_shards(
     if not sample_rows:
         reasons = [f"{r['clip_id']}: {r['reason']}" for r in rejected[:3]]
         raise ShardError("manifest", f"no clip decodes ({len(rejected)} left out), e.g. {reasons}")
-    shard_rows = writer.shards
     for r, placed in zip(sample_rows, writer.samples, strict=True):
         r["checksum"] = placed["checksum"]
+    index_meta = {
+        "writer": "vfm_core.data.shards",
+        "caption_tokens": caption_token_stats(kept),
+        **({"rejected": rejected} if rejected else {}),
+        **(meta or {}),
+    }
+    index = _dataset_index(out_url, writer.shards, sample_rows, embedding_dim=dim, meta=index_meta)
+    write_index(index, format=index_format)
+    return index
 
+
+def _dataset_index(
+    out_url: str,
+    shard_rows: list[dict[str, Any]],
+    sample_rows: list[dict[str, Any]],
+    *,
+    embedding_dim: int,
+    meta: dict[str, Any],
+) -> DatasetIndex:
+    """The index of the written shards (its tables from the writer's rows)."""
     samples = pd.DataFrame(sample_rows)
     samples["latent_shape"] = samples["latent_shape"].astype(object)
-    index = DatasetIndex(
+    return DatasetIndex(
         root=str(out_url),
         shards=pd.DataFrame(shard_rows),
         samples=samples,
-        embedding_dim=dim,
-        meta={
-            "writer": "vfm_core.data.shards",
-            "caption_tokens": caption_token_stats(kept),
-            **({"rejected": rejected} if rejected else {}),
-            **(meta or {}),
-        },
+        embedding_dim=embedding_dim,
+        meta=meta,
     )
-    write_index(index, format=index_format)
-    return index
+
+
+def _manifest_rows(clips: pd.DataFrame) -> tuple[list[dict[str, Any]], list[str]]:
+    """The typed manifest rows and their sample keys; ShardError for missing columns, no clips
+    or duplicate keys."""
+    missing = [c for c in MANIFEST_COLUMNS if c not in clips.columns]
+    if missing:
+        raise ShardError("manifest", f"missing columns {missing} (has {list(clips.columns)})")
+    if clips.empty:
+        raise ShardError("manifest", "no clips to shard")
+    rows = typed_manifest(clips).to_dict(orient="records")
+    keys = [_key(r["clip_id"]) for r in rows]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ShardError("manifest", f"duplicate sample keys {dup[:5]}")
+    return rows, keys
+
+
+def _read_clip(row: dict[str, Any], key: str, base_url: str | None) -> tuple[str, bytes]:
+    """(uri, mp4 bytes) of a manifest row, a relative uri taken under ``base_url``."""
+    uri = str(row["uri"])
+    if base_url and not storage.is_remote(uri) and not os.path.isabs(uri):
+        uri = storage.join(base_url, uri)
+    try:
+        return uri, storage.read_bytes(uri)
+    except storage.StorageError as e:
+        raise ShardError(f"clip {key}", f"cannot read {uri} ({e.reason})") from None
+
+
+def _checked_latent(
+    latents: dict[str, np.ndarray] | None, row: dict[str, Any], key: str
+) -> np.ndarray | None:
+    """The row's latent as float32 (C, T, H, W), None without one; ShardError when it is not
+    finite or not 4-D."""
+    lat = None if latents is None else latents.get(str(row["clip_id"]))
+    if lat is None:
+        return None
+    lat = np.asarray(lat, dtype=np.float32)
+    if lat.ndim != 4 or not np.isfinite(lat).all():
+        raise ShardError(
+            f"clip {key}", f"latent must be finite (C, T, H, W), got shape {lat.shape}"
+        )
+    return lat
 
 
 def typed_manifest(clips: pd.DataFrame) -> pd.DataFrame:

@@ -69,6 +69,7 @@ from vfm_core.diffusion.sampler import sample
 from vfm_core.families import family_of
 from vfm_core.infer.ar_prefill import SplitPrefill, sync_tokens
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
+from vfm_core.infer.budget import CostEstimate
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.progress import Progress
 from vfm_core.infer.request import (
@@ -85,7 +86,7 @@ from vfm_core.infer.request import (
     load_decoder,
     prompt_ids,
 )
-from vfm_core.infer.shapes import GenerateError
+from vfm_core.infer.shapes import GenerateError, LatentPlan
 from vfm_core.infer.video_out import check_writable, latent_preview, to_uint8_frames, write_outputs
 from vfm_core.tokenizer.fsq import FSQ
 from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
@@ -294,12 +295,7 @@ def generate(
 ) -> GenerateResult:
     """Generate one video (see the module docstring). Under torchrun every rank calls this with
     the same arguments; rank 0 writes ``out`` (``.mp4``), ``out.gif`` and ``out.latent.npy``."""
-    check_prompt(request.prompt)
-    check_options(request)
-    request.bounds.check()
-    out = check_writable(out)  # before any model is loaded
-    if result_path(out).is_dir():
-        raise GenerateError(f"--out {out}: {result_path(out)} is a directory")
+    out = _check_request(request, out)  # before any model is loaded
     loaded = checkpoint if isinstance(checkpoint, LoadedDiT) else load_dit(checkpoint)
     cfg = loaded.cfg
     guidance = check_guidance(
@@ -311,45 +307,22 @@ def generate(
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     decoder, plan, s = decoder_and_plan(cfg, request, tok_path, world)
     t_c = decoder.cfg.temporal_factor if decoder else PREVIEW_FACTORS[0]
-    param = next(loaded.model.parameters())
-    est = check_cost(  # before the prompt, the noise, the caches and the activations are built
-        cfg,
-        request,
-        plan,
-        decoder.cfg if decoder is not None else None,
-        steps=steps,
-        guidance=guidance,
-        world=world,
-        device=param.device,
-        dtype_bytes=param.element_size(),
-        resident_bytes=_resident_bytes(loaded.model, decoder),
-    )
+    # before the prompt, the noise, the caches and the activations are built
+    est = _check_cost(loaded, request, plan, decoder, steps=steps, guidance=guidance, world=world)
     prompt = prompt_ids(cfg, request, decoder, plan, s) if ar else None  # (1, P) or None
-    if text_emb is None:
-        text_emb = embed_prompt(request.prompt, record=loaded.text, text_len=cfg.model.text_len)
-    text = text_condition(text_emb, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
-    null = null_condition(loaded.text, text_len=cfg.model.text_len, text_dim=cfg.model.text_dim)
+    text, null = _text_conditions(loaded, request.prompt, text_emb)  # (1, L, Dt) each
     show = request.progress and (world == 1 or dist.get_rank() == 0)
     tokens = None
     t0 = time.perf_counter()
     if ar:
         ranks = world
         tokens = _sample_tokens(loaded, request, plan, text, null, prompt, guidance, show)
-        fsq = decoder.fsq if decoder is not None else FSQ(synthetic_levels(cfg.model))
-        latent = fsq.indices_to_codes(tokens).movedim(-1, 1)  # (1, C, T', h, w) codes
+        latent = _token_codes(tokens, decoder, cfg)  # (1, C, T', h, w) codes
         steps = math.prod(plan.latent[1:])  # one model call per token
     else:
         ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
-        noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
-        latent = sample_latent(
-            loaded.model,
-            cfg.diffusion,
-            noise,
-            text,
-            steps=steps,
-            guidance=guidance,
-            null_text=null,
-            progress=show,
+        latent = _denoise(
+            loaded, plan, request, text, null, steps=steps, guidance=guidance, show=show
         )
     _refuse_not_finite(latent, loaded)  # the same latent on every rank: every rank refuses
     sample_s = time.perf_counter() - t0
@@ -357,32 +330,8 @@ def generate(
     rank = dist.get_rank() if ranks > 1 else 0
     gif = None
     if rank == 0:
-        with torch.no_grad():
-            if decoder is not None and tokens is not None:
-                video = decoder.decode_tokens(tokens)  # (1, 3, F, H, W) in ~[-1, 1]
-            elif decoder is not None:
-                video = decoder.decode(latent.float())  # (1, 3, F, H, W) in ~[-1, 1]
-            else:
-                warnings.warn(
-                    "no tokenizer (--tokenizer, or data.tokenizer in the run config): writing a "
-                    "latent preview (3 latent channels up-sampled), not a decoded video",
-                    stacklevel=2,
-                )
-                video = latent_preview(latent, temporal_factor=t_c, spatial_factor=s)
-        if not torch.isfinite(video).all():
-            raise GenerateError(
-                f"tokenizer {tok_path}: the decoded frames hold NaN or inf; no video written"
-            )
-        paths = write_outputs(
-            to_uint8_frames(video[0]), latent[0].numpy(), out, fps=request.fps, gif=request.gif
-        )
-        gif = paths["gif"]
-        if tokens is not None:  # the sampled ids (T', h, w) int32 beside the codes
-            np.save(
-                out.with_suffix(".tokens.npy"),
-                tokens[0].numpy().astype(np.int32),
-                allow_pickle=False,
-            )
+        video = _decoded_video(decoder, latent, tokens, temporal_factor=t_c, spatial_factor=s)
+        gif = _write_video(video, latent, tokens, out, request=request, tokenizer=tok_path)
     result = GenerateResult(
         mp4=str(out),
         gif=gif,
@@ -408,6 +357,143 @@ def generate(
     if ranks > 1:
         dist.barrier()
     return result
+
+
+def _check_cost(
+    loaded: LoadedDiT,
+    request: GenerateRequest,
+    plan: LatentPlan,
+    decoder: Any,
+    *,
+    steps: int,
+    guidance: float,
+    world: int,
+) -> CostEstimate:
+    """:func:`check_cost` of ``request`` on the checkpoint's device and dtype, the model and the
+    decoder resident."""
+    param = next(loaded.model.parameters())
+    return check_cost(
+        loaded.cfg,
+        request,
+        plan,
+        decoder.cfg if decoder is not None else None,
+        steps=steps,
+        guidance=guidance,
+        world=world,
+        device=param.device,
+        dtype_bytes=param.element_size(),
+        resident_bytes=_resident_bytes(loaded.model, decoder),
+    )
+
+
+def _denoise(
+    loaded: LoadedDiT,
+    plan: LatentPlan,
+    request: GenerateRequest,
+    text: torch.Tensor,
+    null: torch.Tensor,
+    *,
+    steps: int,
+    guidance: float,
+    show: bool,
+) -> torch.Tensor:
+    """The sampled latent (1, C, T', h, w) of a diffusion request, from its seed's noise."""
+    noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
+    return sample_latent(
+        loaded.model,
+        loaded.cfg.diffusion,
+        noise,
+        text,
+        steps=steps,
+        guidance=guidance,
+        null_text=null,
+        progress=show,
+    )
+
+
+def _check_request(request: GenerateRequest, out: str | Path) -> Path:
+    """``out`` as a writable path, once the prompt, the options and the bounds of ``request``
+    are checked (GenerateError otherwise)."""
+    check_prompt(request.prompt)
+    check_options(request)
+    request.bounds.check()
+    out = check_writable(out)
+    if result_path(out).is_dir():
+        raise GenerateError(f"--out {out}: {result_path(out)} is a directory")
+    return out
+
+
+def _text_conditions(
+    loaded: LoadedDiT, prompt: str, text_emb: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(text, null text) conditions of the prompt, each (1, L, Dt); ``text_emb``: the prompt's
+    embedding when the caller has it, else embedded with the checkpoint's text encoder."""
+    model = loaded.cfg.model
+    if text_emb is None:
+        text_emb = embed_prompt(prompt, record=loaded.text, text_len=model.text_len)
+    text = text_condition(text_emb, text_len=model.text_len, text_dim=model.text_dim)
+    null = null_condition(loaded.text, text_len=model.text_len, text_dim=model.text_dim)
+    return text, null
+
+
+def _token_codes(tokens: torch.Tensor, decoder: Any, cfg: Any) -> torch.Tensor:
+    """FSQ codes (1, C, T', h, w) of token ids (1, T', h, w): the tokenizer's quantiser, or the
+    synthetic levels of the model without one."""
+    fsq = decoder.fsq if decoder is not None else FSQ(synthetic_levels(cfg.model))
+    return fsq.indices_to_codes(tokens).movedim(-1, 1)
+
+
+def _decoded_video(
+    decoder: Any,
+    latent: torch.Tensor,
+    tokens: torch.Tensor | None,
+    *,
+    temporal_factor: int,
+    spatial_factor: int,
+) -> torch.Tensor:
+    """The video (1, 3, F, H, W) in ~[-1, 1]: the tokenizer's decoding of the tokens or the
+    latent (1, C, T', h, w), else a latent preview (with a warning)."""
+    with torch.no_grad():
+        if decoder is not None and tokens is not None:
+            return decoder.decode_tokens(tokens)
+        if decoder is not None:
+            return decoder.decode(latent.float())
+        warnings.warn(
+            "no tokenizer (--tokenizer, or data.tokenizer in the run config): writing a "
+            "latent preview (3 latent channels up-sampled), not a decoded video",
+            stacklevel=3,
+        )
+        return latent_preview(
+            latent, temporal_factor=temporal_factor, spatial_factor=spatial_factor
+        )
+
+
+def _write_video(
+    video: torch.Tensor,
+    latent: torch.Tensor,
+    tokens: torch.Tensor | None,
+    out: Path,
+    *,
+    request: GenerateRequest,
+    tokenizer: Any,
+) -> str | None:
+    """Write the video (1, 3, F, H, W) as ``out`` (and the gif), the latent beside it and the
+    sampled ids when there are any; returns the gif's path. GenerateError, writing nothing,
+    when the decoded frames are not finite."""
+    if not torch.isfinite(video).all():
+        raise GenerateError(
+            f"tokenizer {tokenizer}: the decoded frames hold NaN or inf; no video written"
+        )
+    paths = write_outputs(
+        to_uint8_frames(video[0]), latent[0].numpy(), out, fps=request.fps, gif=request.gif
+    )
+    if tokens is not None:  # the sampled ids (T', h, w) int32 beside the codes
+        np.save(
+            out.with_suffix(".tokens.npy"),
+            tokens[0].numpy().astype(np.int32),
+            allow_pickle=False,
+        )
+    return paths["gif"]
 
 
 def result_path(out: str | Path) -> Path:

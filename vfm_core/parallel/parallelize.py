@@ -315,29 +315,13 @@ def parallelize_dit(
 
     # 1. tensor (+ sequence) parallel
     if dims.tp_enabled:
-        tp_mesh = dims.submesh("tp")
-        for block in model.blocks.values():
-            parallelize_module(block, tp_mesh, _tp_plan(block, sp), src_data_rank=None)
-        if _sequence_ends(model)[3]:  # causal model: vocabulary-parallel embedding and head
-            parallelize_module(model, tp_mesh, _vocab_plan(model, sp), src_data_rank=None)
+        _tensor_parallel(model, dims, sp)
     # 2. context parallel: self-attention cores become ring / all-to-all over the cp group
     if dims.cp_enabled:
-        fn = cp_attention(dims.group("cp"), cp_mode)
-        local_fn = fn
-        if cp_mode == "hybrid":  # packed spatial / temporal groups: all-to-all, as unpacked
-            local_fn = _packs_to(fn, cp_attention(dims.group("cp"), "alltoall"))
-        for block in model.blocks.values():
-            for layout, attn in zip(block.layouts, block.self_attn):
-                attn.attn_fn = fn if layout in ("full", "causal") else local_fn
+        _context_parallel_attention(model, dims, cp_mode)
     if sp or dims.cp_enabled:
         _split_sequence(model, dims, sp)
-    groups = []
-    if dims.tp_enabled:
-        unsharded = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
-        unsharded = [n for n in unsharded if n in plain_before_tp]
-        if not sp:
-            unsharded = [n for n in unsharded if ".q_norm." in n or ".k_norm." in n]
-        groups.append((dims.group("tp"), unsharded))
+    groups = [_tp_partial_grads(model, dims, sp, plain_before_tp)] if dims.tp_enabled else []
     model.vfm_grad_sync = GradSync(groups=groups)  # cp partial sums: FSDP's reduce-scatter
     # 3. activation checkpointing: recompute each block in backward (parameter names unchanged)
     # False | True/"full" | "selective"; full on the first ``full_recompute_blocks`` only
@@ -348,24 +332,68 @@ def parallelize_dit(
     # Gradients are divided by dp only: averaged over the batch slices, summed over the CP ranks'
     # token chunks of the same samples.
     if dims.fsdp_enabled or dims.cp_enabled:
+        selective = uses_selective(activation_checkpointing, full_recompute_blocks)
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-        fsdp_mesh = dims.fsdp_mesh()
-        fsdp_unit = _fsdp_unit(
-            fsdp_unit,
-            fsdp_mesh.device_type,
-            uses_selective(activation_checkpointing, full_recompute_blocks),
-        )
-        for unit in fsdp_units(model, fsdp_unit):
-            fully_shard(unit, mesh=fsdp_mesh, mp_policy=mp)
-        # the root's own parameters (embedding, output layer, conditioning) stay gathered through
-        # the step by default; with sub-layer units they are resharded after the forward too
-        fully_shard(model, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=fsdp_unit != "block")
-        for module in model.modules():
-            if isinstance(module, FSDPModule) and dims.cp_enabled:
-                module.set_gradient_divide_factor(float(dims.dp))
-                if fsdp_mesh.device_type == "cpu":  # gloo has no PREMUL_SUM: sum, then divide
-                    module.set_force_sum_reduction_for_comms(True)
+        _fully_shard(model, dims, fsdp_unit=fsdp_unit, selective=selective, mp=mp)
     return model
+
+
+def _tensor_parallel(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
+    """Megatron-style TP (+ SP) plans on every block, and for the causal model the
+    vocabulary-parallel embedding and head."""
+    tp_mesh = dims.submesh("tp")
+    for block in model.blocks.values():
+        parallelize_module(block, tp_mesh, _tp_plan(block, sp), src_data_rank=None)
+    if _sequence_ends(model)[3]:  # causal model: vocabulary-parallel embedding and head
+        parallelize_module(model, tp_mesh, _vocab_plan(model, sp), src_data_rank=None)
+
+
+def _context_parallel_attention(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
+    """Self-attention cores become ring / all-to-all over the cp group: full (and causal)
+    attention by ``cp_mode``, spatial / temporal groups all-to-all under ``hybrid``."""
+    fn = cp_attention(dims.group("cp"), cp_mode)
+    local_fn = fn
+    if cp_mode == "hybrid":  # packed spatial / temporal groups: all-to-all, as unpacked
+        local_fn = _packs_to(fn, cp_attention(dims.group("cp"), "alltoall"))
+    for block in model.blocks.values():
+        for layout, attn in zip(block.layouts, block.self_attn):
+            attn.attn_fn = fn if layout in ("full", "causal") else local_fn
+
+
+def _tp_partial_grads(
+    model: nn.Module, dims: ParallelDims, sp: bool, plain_before_tp: set[str]
+) -> tuple[dist.ProcessGroup, list[str]]:
+    """(tp group, names) of the parameters TP left whole whose gradients are partial sums over
+    the group: every one under SP (each rank saw its sequence chunk), else the QK norms."""
+    unsharded = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
+    unsharded = [n for n in unsharded if n in plain_before_tp]
+    if not sp:
+        unsharded = [n for n in unsharded if ".q_norm." in n or ".k_norm." in n]
+    return dims.group("tp"), unsharded
+
+
+def _fully_shard(
+    model: nn.Module,
+    dims: ParallelDims,
+    *,
+    fsdp_unit: str,
+    selective: bool,
+    mp: MixedPrecisionPolicy,
+) -> None:
+    """FSDP2 over the data-parallel x context-parallel ranks (HSDP when dp_replicate > 1), the
+    ``fsdp_unit`` modules first, then the root; with CP, gradients divided by dp only."""
+    fsdp_mesh = dims.fsdp_mesh()
+    fsdp_unit = _fsdp_unit(fsdp_unit, fsdp_mesh.device_type, selective)
+    for unit in fsdp_units(model, fsdp_unit):
+        fully_shard(unit, mesh=fsdp_mesh, mp_policy=mp)
+    # the root's own parameters (embedding, output layer, conditioning) stay gathered through
+    # the step by default; with sub-layer units they are resharded after the forward too
+    fully_shard(model, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=fsdp_unit != "block")
+    for module in model.modules():
+        if isinstance(module, FSDPModule) and dims.cp_enabled:
+            module.set_gradient_divide_factor(float(dims.dp))
+            if fsdp_mesh.device_type == "cpu":  # gloo has no PREMUL_SUM: sum, then divide
+                module.set_force_sum_reduction_for_comms(True)
 
 
 @torch.no_grad()

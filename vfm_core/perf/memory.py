@@ -188,37 +188,58 @@ def block_saved_elements(
     That is 22·D + 2·F = 30·D for a GELU DiT block (close to Korthikanti et al.'s 34·s·b·h for
     a GPT block, by coincidence: theirs counts bytes, without flash attention).
     """
+    L = cfg.text_len if text_len is None else text_len
+    if recompute == "full":  # checkpoint boundary: the block input only
+        tok = micro_batch * seq_len / split.cp  # tokens of this rank
+        return {"act": tok * cfg.hidden / (split.tp if split.sp else 1), "stat": 0.0}
+    saved = _selective_saved_elements if recompute == "selective" else _all_saved_elements
+    return saved(cfg, index, micro_batch=micro_batch, seq_len=seq_len, text_len=L, split=split)
+
+
+def _selective_saved_elements(
+    cfg: ModelConfig, index: int, *, micro_batch: int, seq_len: int, text_len: int, split: Split
+) -> dict[str, float]:
+    """:func:`block_saved_elements` under selective recompute: the outputs of the matmuls and
+    of attention, and the block input."""
+    d, hd = cfg.hidden, cfg.head_dim
+    dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
+    f = mlp_width(cfg)
+    L, b, t = text_len, micro_batch, split.tp
+    tok = b * seq_len / split.cp  # tokens of this rank
+    dsplit = split.tp if split.sp else 1
+    passes = len(block_layouts(cfg, index))
+    cross = 1 if cfg.cross_attention else 0  # pooled text conditioning: no cross-attention
+    # the row-parallel o / fc2 matmuls' outputs are whole-width partial sums (their
+    # reduce-scatter / all-reduce comes after): d per token, not d / tp
+    act = tok * d / dsplit  # block input
+    act += passes * tok * ((2 * dq + 2 * dkv) / t + d)  # q, k, v, attn out; o out
+    # cross-attention q, out, o; text k, v
+    act += cross * (tok * (2 * dq / t + d) + b * L * 2 * dkv / t)
+    act += tok * ((2 if cfg.mlp == "swiglu" else 1) * f / t + d)  # fc1 (w1, w3); fc2
+    stat = (passes + cross) * tok * cfg.heads / t  # LSE
+    ring = sum(lo == "full" for lo in block_layouts(cfg, index)) if split.ring else 0
+    if split.cp > 1 and ring:  # every ring step's kernel output + LSE, not only the merge
+        act += ring * (split.cp - 1) * tok * dq / t
+        stat += ring * (split.cp - 1) * tok * cfg.heads / t
+    return {"act": act, "stat": stat}
+
+
+def _all_saved_elements(
+    cfg: ModelConfig, index: int, *, micro_batch: int, seq_len: int, text_len: int, split: Split
+) -> dict[str, float]:
+    """:func:`block_saved_elements` without recompute: everything the modules save."""
     d, hd = cfg.hidden, cfg.head_dim
     dq, dkv = cfg.heads * hd, cfg.n_kv_heads * hd
     h, hkv = cfg.heads, cfg.n_kv_heads
     f = mlp_width(cfg)
-    L = cfg.text_len if text_len is None else text_len
-    b = micro_batch
+    L, b, t = text_len, micro_batch, split.tp
     tok = b * seq_len / split.cp  # tokens of this rank
     rows = seq_len / split.cp  # RoPE tables are per position, shared by the samples
     dsplit = split.tp if split.sp else 1
-    t = split.tp
     norm_stats = 2 if cfg.norm == "layer" else 1
     passes = len(block_layouts(cfg, index))
     cross = 1 if cfg.cross_attention else 0  # pooled text conditioning: no cross-attention
     n = passes + cross + 1
-    if recompute == "full":  # checkpoint boundary: the block input only
-        return {"act": tok * d / dsplit, "stat": 0.0}
-    if recompute == "selective":  # outputs of matmuls and attention (+ block input)
-        # the row-parallel o / fc2 matmuls' outputs are whole-width partial sums (their
-        # reduce-scatter / all-reduce comes after): d per token, not d / tp
-        act = tok * d / dsplit  # block input
-        act += passes * tok * ((2 * dq + 2 * dkv) / t + d)  # q, k, v, attn out; o out
-        # cross-attention q, out, o; text k, v
-        act += cross * (tok * (2 * dq / t + d) + b * L * 2 * dkv / t)
-        act += tok * ((2 if cfg.mlp == "swiglu" else 1) * f / t + d)  # fc1 (w1, w3); fc2
-        stat = (passes + cross) * tok * h / t  # LSE
-        ring = sum(lo == "full" for lo in block_layouts(cfg, index)) if split.ring else 0
-        if split.cp > 1 and ring:  # every ring step's kernel output + LSE, not only the merge
-            act += ring * (split.cp - 1) * tok * dq / t
-            stat += ring * (split.cp - 1) * tok * h / t
-        return {"act": act, "stat": stat}
-    # --- no recompute: everything the modules save
     qk = cfg.qk_norm
     # norm input, modulate (norm output), gated output: sequence-split under SP; the linear input
     # is the all-gathered sequence (torch's SP saves it gathered, Megatron's re-gathers it)
@@ -427,26 +448,15 @@ def estimate_memory(
     ema_gib = state * EMA_BYTES / GiB if ema else 0.0
     if layer_params is None:
         layer_params = max(block_params(cfg, i) for i in range(cfg.depth))
-    layer = layer_params / tp
-    if shard == 1:
-        fsdp = 0.0
-    elif pp > 1:  # the stage's fp32 gradients stay unsharded all step; its parameters are
-        # resharded after each forward (gathered again in the backward), so at the peak (a
-        # forward's end, most microbatches in flight) the live layers are gathered as without PP
-        fsdp = (owned * 4 + layer * 2 * FSDP_LIVE_LAYERS) / GiB
-    else:
-        fsdp = layer * (2 * FSDP_LIVE_LAYERS + 2) / GiB
-    layers = cfg.depth // pp
-    split = Split(tp=tp, sp=sp, cp=cp)
-    kw = dict(micro_batch=micro_batch, seq_len=seq_len, text_len=text_len, split=split, kinds=kinds)
+    fsdp = _fsdp_buffers_gib(owned=owned, layer=layer_params / tp, shard=shard, pp=pp)
     if saved is None:
-        stage = stage_saved_bytes(
-            cfg, range(layers), recompute=recompute, act_bytes=act_bytes, **kw
-        )
-        block = stage_saved_bytes(cfg, range(1), act_bytes=act_bytes, **kw)
-    else:
-        stage, block = saved
+        split = Split(tp=tp, sp=sp, cp=cp)
+        kw = dict(micro_batch=micro_batch, seq_len=seq_len, text_len=text_len, split=split)
+        kw |= dict(kinds=kinds, act_bytes=act_bytes)
+        stage = stage_saved_bytes(cfg, range(cfg.depth // pp), recompute=recompute, **kw)
+        saved = (stage, stage_saved_bytes(cfg, range(1), **kw))
     in_flight = in_flight_microbatches(pp, vpp, microbatches)
+    stage, block = saved
     act = stage * in_flight
     if recompute == "full":  # one block's activations live again during its backward
         act += block
@@ -468,3 +478,15 @@ def estimate_memory(
         total_gib=total,
         capacity_gib=hbm_gb * USABLE_FRACTION,
     )
+
+
+def _fsdp_buffers_gib(*, owned: float, layer: float, shard: int, pp: int) -> float:
+    """All-gathered bf16 parameters and unsharded gradients of the live layers (``layer``: one
+    block's parameters on this TP rank), GiB."""
+    if shard == 1:
+        return 0.0
+    if pp > 1:  # the stage's fp32 gradients stay unsharded all step; its parameters are
+        # resharded after each forward (gathered again in the backward), so at the peak (a
+        # forward's end, most microbatches in flight) the live layers are gathered as without PP
+        return (owned * 4 + layer * 2 * FSDP_LIVE_LAYERS) / GiB
+    return layer * (2 * FSDP_LIVE_LAYERS + 2) / GiB

@@ -44,10 +44,11 @@ rejected; fitting the efficiency constants to measured runs lives in :mod:`vfm_c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,9 +333,7 @@ def plan(
     rejected: list[tuple[Any, Any]] = []
     evaluated = 0
     split = 0  # degree sets whose data-parallel replicas can share the global batch
-
-    def options(key: str, default: Iterable[Any]) -> list[Any]:
-        return [pins[key]] if key in pins else list(default)
+    options = functools.partial(_choices, pins)
 
     def reject(
         reason: str, lay: Layout | dict[str, Any], mem: MemoryEstimate | None = None
@@ -344,6 +343,46 @@ def plan(
         else:
             rejected.append((lay, reason))
 
+    for (tp, cp, pp), shards, splits in _degree_sets(
+        cfg, seq_len=seq_len, gpus=gpus, gpu=gpu, batch=global_batch, pins=pins, reject=reject
+    ):
+        split += 1
+        for dp_shard in shards:
+            dp = gpus // (tp * cp * pp)
+            base = dict(dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)
+            args = (base, splits, pins, options, keep_all, plans, reject)
+            evaluated += _search_inner(cfg, work, gpu, efficiency, *args)
+    if not plans:
+        raise _no_layout_error(
+            rejected, split=split, gpus=gpus, seq_len=seq_len, batch=global_batch, pins=pins
+        )
+    # fitting layouts by throughput; the ones that do not fit (listed with --fixed) after them,
+    # closest to fitting first
+    plans.sort(key=lambda p: (0, -p.tokens_per_s_per_gpu) if p.fits else (1, p.memory.total_gib))
+    return PlanResult(
+        plans=plans,
+        rejected=rejected,
+        work=work,
+        gpu=gpu,
+        evaluated=evaluated,
+        global_batch=global_batch,
+    )
+
+
+def _degree_sets(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    gpus: int,
+    gpu: GpuSpec,
+    batch: int,
+    pins: Mapping[str, Any],
+    reject: Callable[[str, dict[str, Any]], None],
+) -> Iterator[tuple[tuple[int, int, int], list[int], list[tuple[int, int]]]]:
+    """The valid (tp, cp, pp) of ``gpus`` GPUs, each with its searched ``dp_shard`` degrees and
+    the (micro_batch, microbatches) splits of the global ``batch``; the invalid ones go to
+    ``reject`` with their reason."""
+    options = functools.partial(_choices, pins)
     for tp in options("tp", _divisors(gpus)):
         if gpus % tp:
             continue
@@ -369,50 +408,59 @@ def plan(
                     )
                     continue
                 dp = gpus // (tp * cp * pp)
-                gpn = gpu.gpus_per_node  # cross-node FSDP groups short of all of dp: dominated
-                shards = [x for x in _divisors(dp) if x == dp or tp * cp * x <= gpn]
-                shards = [
-                    x
-                    for x in options("dp_shard", shards)
-                    if dp % x == 0 and pins.get("dp_replicate", dp // x) == dp // x
-                ]
+                shards = _shard_degrees(dp, tp=tp, cp=cp, gpu=gpu, pins=pins)
                 if not shards:  # the pinned data-parallel degrees need another tp x cp x pp
                     continue
-                splits = batch_splits(global_batch, dp=dp, pp=pp, pins=pins, sizes=MICRO_BATCHES)
+                splits = batch_splits(batch, dp=dp, pp=pp, pins=pins, sizes=MICRO_BATCHES)
                 if isinstance(splits, str):
                     reject(splits, {"tp": tp, "cp": cp, "pp": pp})
                     continue
-                split += 1
-                for dp_shard in shards:
-                    base = dict(dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)
-                    args = (base, splits, pins, options, keep_all, plans, reject)
-                    evaluated += _search_inner(cfg, work, gpu, efficiency, *args)
+                yield (tp, cp, pp), shards, splits
+
+
+def _shard_degrees(
+    dp: int, *, tp: int, cp: int, gpu: GpuSpec, pins: Mapping[str, Any]
+) -> list[int]:
+    """The searched ``dp_shard`` of ``dp`` data-parallel ranks: not the cross-node FSDP groups
+    short of all of dp (dominated: module docstring), and only those the pins allow."""
+    gpn = gpu.gpus_per_node
+    shards = [x for x in _divisors(dp) if x == dp or tp * cp * x <= gpn]
+    return [
+        x
+        for x in _choices(pins, "dp_shard", shards)
+        if dp % x == 0 and pins.get("dp_replicate", dp // x) == dp // x
+    ]
+
+
+def _no_layout_error(
+    rejected: list[tuple[Any, Any]],
+    *,
+    split: int,
+    gpus: int,
+    seq_len: int,
+    batch: int,
+    pins: Mapping[str, Any],
+) -> ConfigError:
+    """Why no layout came out: the global batch when every degree set left was refused for it
+    (none of them could ``split`` it), else the three commonest rejection reasons."""
+    pinned = f" with --fixed {_fmt(pins)}" if pins else ""
     why = Counter(r for r in map(rejection_reason, rejected) if BATCH_REASON in r)
-    if not plans and not split and why:  # every degree set left was refused for the batch
-        raise ConfigError(
-            f"--global-batch {global_batch}: no layout of {gpus} GPU(s)"
-            + (f" with --fixed {_fmt(pins)}" if pins else "")
-            + f" can split it (e.g. {why.most_common(1)[0][0]})"
+    if not split and why:
+        return ConfigError(
+            f"--global-batch {batch}: no layout of {gpus} GPU(s){pinned}"
+            f" can split it (e.g. {why.most_common(1)[0][0]})"
         )
-    if not plans:
-        reasons = Counter(rejection_reason(e).split(":")[0] for e in rejected)
-        top = "; ".join(f"{r} ({n}x)" for r, n in reasons.most_common(3))
-        raise ConfigError(
-            f"no valid layout for {gpus} GPU(s), sequence {seq_len}"
-            + (f" with --fixed {_fmt(pins)}" if pins else "")
-            + (f": {top}" if top else "")
-        )
-    # fitting layouts by throughput; the ones that do not fit (listed with --fixed) after them,
-    # closest to fitting first
-    plans.sort(key=lambda p: (0, -p.tokens_per_s_per_gpu) if p.fits else (1, p.memory.total_gib))
-    return PlanResult(
-        plans=plans,
-        rejected=rejected,
-        work=work,
-        gpu=gpu,
-        evaluated=evaluated,
-        global_batch=global_batch,
+    reasons = Counter(rejection_reason(e).split(":")[0] for e in rejected)
+    top = "; ".join(f"{r} ({n}x)" for r, n in reasons.most_common(3))
+    return ConfigError(
+        f"no valid layout for {gpus} GPU(s), sequence {seq_len}{pinned}"
+        + (f": {top}" if top else "")
     )
+
+
+def _choices(pins: Mapping[str, Any], key: str, default: Iterable[Any]) -> list[Any]:
+    """The pinned value of ``key``, else every ``default``."""
+    return [pins[key]] if key in pins else list(default)
 
 
 def _fmt(d: Mapping[str, Any]) -> str:

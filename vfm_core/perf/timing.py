@@ -246,6 +246,149 @@ def _attn_eff(eff: Efficiency, span: float, head_dim: int) -> float:
     return base * span / (span + eff.attention_half_seq)
 
 
+def _stage_shape(work: Workload, pp: int) -> tuple[dict[str, int], int, int]:
+    """(attention passes by layout, sub-layers, GEMM calls) of the first stage's blocks (all
+    stages alike), memoised per pipeline degree."""
+    key = ("stage", pp)
+    if key not in work.cache:
+        cfg = work.cfg
+        kinds = work.kinds[: cfg.depth // pp]
+        passes: dict[str, int] = {}
+        for lo in (lo for x in kinds for lo in x):
+            passes[lo] = passes.get(lo, 0) + 1
+        n_sub = sum(len(x) + 2 for x in kinds)  # sub-layers of the stage
+        mlp_mats = 3 if cfg.mlp == "swiglu" else 2
+        calls = 3 * sum(4 * len(x) + 4 + mlp_mats for x in kinds)  # fwd, dX, dW per linear
+        work.cache[key] = (passes, n_sub, calls)
+    return work.cache[key]
+
+
+def _gemm_seconds(
+    work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency, gemm_calls: int
+) -> tuple[float, float]:
+    """(GEMM seconds, conditioning seconds) of one micro-batch: the blocks' GEMMs split over the
+    stages, the ends on the first (patch embedding) and last stage (final layer, vocabulary
+    head), the conditioning on every rank."""
+    fl, peak = work.flops, gpu.bf16_tflops * 1e12
+    tp, cp, pp, mb = lay.tp, lay.cp, lay.pp, lay.micro_batch
+    first, last = fl["patch_embed"], fl["final"] + fl.get("head", 0.0)
+    cond = work.conditioning_flops
+    blocks = fl["total"] - fl["attention"] - fl["cross_attention"] - first - last - cond
+    ends = max(first, last) if pp > 1 else first + last
+    gemm_flops = (blocks / pp + ends) * mb / (tp * cp)
+    gemm = gemm_flops / (eff.gemm * peak) + gemm_calls * eff.gemm_launch_s
+    conditioning = cond * mb / (eff.gemm * peak)
+    return gemm, conditioning
+
+
+def _attention_pass_seconds(
+    work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency, passes: dict[str, int]
+) -> dict[str, float]:
+    """Seconds of one self-attention pass (fwd + bwd) of one micro-batch on one GPU, by layout.
+
+    Attended length per kernel call: ring attention computes (S/cp)-long blocks per step of any
+    pass it distributes (spatial is local when frames are whole on each rank); Ulysses keeps S."""
+    fl, peak, hd = work.flops, gpu.bf16_tflops * 1e12, work.cfg.head_dim
+    tp, cp, mb = lay.tp, lay.cp, lay.micro_batch
+    t, hh, ww = work.grid
+    ring = cp > 1 and lay.cp_mode == "ring"
+    span = {
+        "full": work.seq_len / (cp if ring else 1),
+        "spatial": hh * ww,  # ST-DiT: all-to-all (whole frames / locations per head group)
+        "temporal": t,
+    }
+    return {
+        lo: fl["attention"]
+        * work.pass_share[lo]
+        * mb
+        / (tp * cp)
+        / (peak * _attn_eff(eff, span[lo], hd))
+        for lo in passes
+    }
+
+
+def _saved_bytes(work: Workload, lay: Layout) -> float:
+    """Activation bytes one micro-batch of the first stage saves for backward; memoised as
+    a + b·mb (saved bytes are affine in the micro-batch size)."""
+    cfg, tp, cp = work.cfg, lay.tp, lay.cp
+    key = ("saved", lay.pp, tp, lay.sp, cp, lay.cp_mode)
+    if key not in work.cache:
+        stage_layers = range(cfg.depth // lay.pp)
+        kw = dict(seq_len=work.seq_len, text_len=work.text_len, kinds=work.kinds)
+        split = Split(tp=tp, sp=lay.sp, cp=cp, ring=lay.cp_mode == "ring")
+        one, two = (
+            stage_saved_bytes(cfg, stage_layers, micro_batch=k, split=split, **kw) for k in (1, 2)
+        )
+        work.cache[key] = (2 * one - two, two - one)
+    const, per_mb = work.cache[key]
+    return const + per_mb * lay.micro_batch
+
+
+def _tp_seconds(
+    work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency, n_sub: int, full: float
+) -> float:
+    """Exposed TP/SP collectives of one micro-batch: AG + RS (or AR) forward and backward per
+    sub-layer, the forward's again under full recompute."""
+    tp = lay.tp
+    if tp == 1:
+        return 0.0
+    act_bytes = lay.micro_batch * work.seq_len / lay.cp * work.cfg.hidden * 2
+    bw = _link_bw(gpu, eff, size=tp, stride=1)
+    per = 4 * act_bytes * (tp - 1) / tp / bw + 4 * eff.collective_latency_s
+    n_fwd = n_sub * (1 + 0.5 * full)  # full recompute: the forward's collectives again
+    return per * n_fwd * (1 - eff.tp_overlap)
+
+
+def _cp_seconds(
+    work: Workload,
+    lay: Layout,
+    gpu: GpuSpec,
+    eff: Efficiency,
+    passes: dict[str, int],
+    per_pass: dict[str, float],
+) -> tuple[float, float]:
+    """(exposed, hidden) context-parallel seconds of one micro-batch: ring K/V passes hidden
+    behind each step's attention up to ``eff.ring_overlap``, all-to-all re-sharding exposed."""
+    cfg, tp, cp = work.cfg, lay.tp, lay.cp
+    cp_s = cp_hidden = 0.0
+    if cp == 1:
+        return cp_s, cp_hidden
+    stdit = cfg.arch == "stdit"
+    bw = _link_bw(gpu, eff, size=cp, stride=tp)
+    tok = lay.micro_batch * work.seq_len / cp
+    dq, dkv = cfg.heads * cfg.head_dim / tp, cfg.n_kv_heads * cfg.head_dim / tp
+    for lo, n_pass in passes.items():
+        if lo == "spatial" and work.grid[0] % cp == 0:
+            continue  # frames are whole on each rank
+        # ST-DiT trains its spatial / temporal passes with all-to-all in either mode (the
+        # trainer's "hybrid" = ring for full attention only)
+        ring_pass = lay.cp_mode == "ring" and not (stdit and lo != "full")
+        if ring_pass:
+            kv = tok * 2 * dkv * 2  # local K and V, bf16
+            comm = 3 * (cp - 1) * (kv / bw + eff.collective_latency_s)  # fwd kv, bwd kv + dkv
+            hidden = min(comm, eff.ring_overlap * per_pass[lo])
+            cp_s += n_pass * (comm - hidden)
+            cp_hidden += n_pass * hidden
+        else:
+            qkvo = tok * (2 * dq + 2 * dkv) * 2
+            cp_s += n_pass * 2 * (qkvo * (cp - 1) / cp / bw + 4 * eff.collective_latency_s)
+    return cp_s, cp_hidden
+
+
+def _pp_seconds(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> float:
+    """PP sends of one micro-batch, each of the vpp virtual stages of this GPU: the activation
+    chunk (B, N/(cp·tp_sp), D) forward, its gradient backward (the conditioning is not sent:
+    every stage looks up its micro-batch's own, vfm_core.parallel.pipeline). The slowest
+    boundary paces the lock-stepped stages."""
+    if lay.pp == 1:
+        return 0.0
+    across, _ = pp_boundaries_across_nodes(lay, gpu.gpus_per_node)
+    bw = _bw(gpu, eff, across_nodes=across > 0)
+    act_bytes = lay.micro_batch * work.seq_len / lay.cp * work.cfg.hidden * 2
+    chunk = act_bytes / (lay.tp if lay.sp else 1)  # (B, N/(cp·tp_sp), D) bf16
+    return lay.vpp * 2 * (chunk / bw + eff.collective_latency_s)
+
+
 def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> dict[str, float]:
     """Seconds of one micro-batch on one GPU of the busiest stage: compute parts, TP, CP, PP sends
     (all ``vpp`` virtual stages of the GPU). Independent of the data-parallel split and of the
@@ -254,123 +397,30 @@ def _micro_batch(work: Workload, lay: Layout, gpu: GpuSpec, eff: Efficiency) -> 
     mkey += (lay.cp_mode, lay.world // lay.pp, lay.vpp, lay.recompute_blocks)
     if mkey in work.cache:
         return work.cache[mkey]
-    cfg = work.cfg
-    peak = gpu.bf16_tflops * 1e12
-    tp, cp, pp, mb = lay.tp, lay.cp, lay.pp, lay.micro_batch
-    share = mb / (tp * cp * pp)  # fraction of one sample's work per GPU and micro-batch, × mb
-    fl = work.flops
-    d, hd = cfg.hidden, cfg.head_dim
-    t, hh, ww = work.grid
-    stage_layers = range(cfg.depth // pp)  # the first stage's blocks (all stages alike)
-    key = ("stage", pp)
-    if key not in work.cache:
-        kinds = work.kinds[: len(stage_layers)]
-        passes: dict[str, int] = {}
-        for lo in (lo for x in kinds for lo in x):
-            passes[lo] = passes.get(lo, 0) + 1
-        n_sub = sum(len(x) + 2 for x in kinds)  # sub-layers of the stage
-        mlp_mats = 3 if cfg.mlp == "swiglu" else 2
-        calls = 3 * sum(4 * len(x) + 4 + mlp_mats for x in kinds)  # fwd, dX, dW per linear
-        work.cache[key] = (passes, n_sub, calls)
-    passes, n_sub, gemm_calls = work.cache[key]
-
-    # --- compute (one micro-batch): the blocks' GEMMs split over the stages, the ends on the
-    # first (patch embedding) and last stage (final layer, vocabulary head), the conditioning on
-    # every rank
-    first, last = fl["patch_embed"], fl["final"] + fl.get("head", 0.0)
-    cond = work.conditioning_flops
-    blocks = fl["total"] - fl["attention"] - fl["cross_attention"] - first - last - cond
-    ends = max(first, last) if pp > 1 else first + last
-    gemm_flops = (blocks / pp + ends) * mb / (tp * cp)
-    gemm = gemm_flops / (eff.gemm * peak) + gemm_calls * eff.gemm_launch_s
-    conditioning = cond * mb / (eff.gemm * peak)
-    # attended length per kernel call: ring attention computes (S/cp)-long blocks per step of any
-    # pass it distributes (spatial is local when frames are whole on each rank); Ulysses keeps S
-    ring = cp > 1 and lay.cp_mode == "ring"
-    span = {
-        "full": work.seq_len / (cp if ring else 1),
-        "spatial": hh * ww,  # ST-DiT: all-to-all (whole frames / locations per head group)
-        "temporal": t,
-    }
-    per_pass = {  # seconds of one attention pass (fwd + bwd) of one micro-batch on one GPU
-        lo: fl["attention"]
-        * work.pass_share[lo]
-        * mb
-        / (tp * cp)
-        / (peak * _attn_eff(eff, span[lo], hd))
-        for lo in passes
-    }
+    passes, n_sub, gemm_calls = _stage_shape(work, lay.pp)
+    gemm, conditioning = _gemm_seconds(work, lay, gpu, eff, gemm_calls)
+    per_pass = _attention_pass_seconds(work, lay, gpu, eff, passes)
     attn = sum(per_pass[lo] * n for lo, n in passes.items())
-    attn += fl["cross_attention"] * share / (peak * _attn_eff(eff, work.text_len, hd))
-    key = ("saved", pp, tp, lay.sp, cp, lay.cp_mode)
-    if key not in work.cache:  # saved bytes are affine in the micro-batch size: a + b·mb
-        kw = dict(seq_len=work.seq_len, text_len=work.text_len, kinds=work.kinds)
-        split = Split(tp=tp, sp=lay.sp, cp=cp, ring=lay.cp_mode == "ring")
-        one, two = (
-            stage_saved_bytes(cfg, stage_layers, micro_batch=k, split=split, **kw) for k in (1, 2)
-        )
-        work.cache[key] = (2 * one - two, two - one)
-    const, per_mb = work.cache[key]
-    saved = const + per_mb * mb
-    pointwise = saved * eff.pointwise_passes / (gpu.hbm_tbps * 1e12 * eff.hbm)
+    share = lay.micro_batch / (lay.tp * lay.cp * lay.pp)  # of one sample's work per GPU
+    peak_xattn = gpu.bf16_tflops * 1e12 * _attn_eff(eff, work.text_len, work.cfg.head_dim)
+    attn += work.flops["cross_attention"] * share / peak_xattn
+    pointwise = _saved_bytes(work, lay) * eff.pointwise_passes / (gpu.hbm_tbps * 1e12 * eff.hbm)
     # full: the forward again (1/3 of fwd + bwd); selective: its element-wise work; block-wise
     # full (recompute_blocks): full on that share of the blocks, selective on the rest
-    full = lay.full_fraction(cfg.depth)
+    full = lay.full_fraction(work.cfg.depth)
     recompute = 0.0
     if lay.recompute != "none":
         recompute = full * (gemm + attn) / 3 + pointwise / 3
-
-    # --- TP/SP collectives (one micro-batch): AG + RS (or AR) forward and backward per sub-layer
-    act_bytes = mb * work.seq_len / cp * d * 2
-    tp_s = 0.0
-    if tp > 1:
-        bw = _link_bw(gpu, eff, size=tp, stride=1)
-        per = 4 * act_bytes * (tp - 1) / tp / bw + 4 * eff.collective_latency_s
-        n_fwd = n_sub * (1 + 0.5 * full)  # full recompute: the forward's collectives again
-        tp_s = per * n_fwd * (1 - eff.tp_overlap)
-
-    # --- CP (one micro-batch)
-    cp_s = cp_hidden = 0.0
-    stdit = cfg.arch == "stdit"
-    if cp > 1:
-        bw = _link_bw(gpu, eff, size=cp, stride=tp)
-        tok = mb * work.seq_len / cp
-        dq, dkv = cfg.heads * hd / tp, cfg.n_kv_heads * hd / tp
-        for lo, n_pass in passes.items():
-            if lo == "spatial" and t % cp == 0:
-                continue  # frames are whole on each rank
-            # ST-DiT trains its spatial / temporal passes with all-to-all in either mode (the
-            # trainer's "hybrid" = ring for full attention only)
-            ring_pass = lay.cp_mode == "ring" and not (stdit and lo != "full")
-            if ring_pass:
-                kv = tok * 2 * dkv * 2  # local K and V, bf16
-                comm = 3 * (cp - 1) * (kv / bw + eff.collective_latency_s)  # fwd kv, bwd kv + dkv
-                hidden = min(comm, eff.ring_overlap * per_pass[lo])
-                cp_s += n_pass * (comm - hidden)
-                cp_hidden += n_pass * hidden
-            else:
-                qkvo = tok * (2 * dq + 2 * dkv) * 2
-                cp_s += n_pass * 2 * (qkvo * (cp - 1) / cp / bw + 4 * eff.collective_latency_s)
-
-    # --- PP sends (one micro-batch, each of the vpp virtual stages of this GPU): the activation
-    # chunk (B, N/(cp·tp_sp), D) forward, its gradient backward (the conditioning is not sent:
-    # every stage looks up its micro-batch's own, vfm_core.parallel.pipeline)
-    pp_s = 0.0
-    if pp > 1:  # the slowest boundary paces the lock-stepped stages
-        across, _ = pp_boundaries_across_nodes(lay, gpu.gpus_per_node)
-        bw = _bw(gpu, eff, across_nodes=across > 0)
-        chunk = act_bytes / (tp if lay.sp else 1)  # (B, N/(cp·tp_sp), D) bf16
-        pp_s = lay.vpp * 2 * (chunk / bw + eff.collective_latency_s)
-
+    cp_s, cp_hidden = _cp_seconds(work, lay, gpu, eff, passes, per_pass)
     out = {
         "gemm": gemm,
         "attention": attn,
         "pointwise": pointwise,
         "recompute": recompute,
         "conditioning": conditioning,
-        "tp": tp_s,
+        "tp": _tp_seconds(work, lay, gpu, eff, n_sub, full),
         "cp": cp_s,
-        "pp_p2p": pp_s,
+        "pp_p2p": _pp_seconds(work, lay, gpu, eff),
         "cp_hidden": cp_hidden,
     }
     work.cache[mkey] = out

@@ -32,7 +32,7 @@ import torch
 from vfm_core import storage
 from vfm_core.data.index import read_index, write_index
 from vfm_core.data.index_tables import DatasetIndex
-from vfm_core.data.shard_reader import ShardError, parse_indexed, read_raw
+from vfm_core.data.shard_reader import RawSample, ShardError, parse_indexed, read_raw
 from vfm_core.data.shards import ShardWriter, npy_bytes
 from vfm_core.output_lock import output_lock
 from vfm_core.progress import Progress
@@ -114,23 +114,9 @@ def _encode_shards(
                 )
                 latent = s.latent
                 if latent is None or overwrite:
-                    try:
-                        frames = decode_frames(io.BytesIO(s.mp4), threads="SLICE")  # (F, H, W, 3)
-                    except VideoError as e:
-                        raise ShardError(where, f"cannot decode the clip ({e})") from None
-                    latent = encode_clip(tok, frames, where=where)
+                    latent = _encoded_latent(tok, s.mp4, where=where)  # (C, T', h, w)
                     encoded += 1
-                members = [
-                    (f"{key}.json", json.dumps(s.meta, sort_keys=True).encode()),
-                    (f"{key}.mp4", s.mp4),
-                    (f"{key}.txt_emb.npy", npy_bytes(s.txt_emb)),
-                    (f"{key}.latent.npy", npy_bytes(latent)),
-                ]
-                if tok.fsq is not None:  # discrete: the ids (T', h, w) int32 too
-                    codes = torch.from_numpy(np.ascontiguousarray(latent)).movedim(0, -1)
-                    ids = tok.fsq.codes_to_indices(codes).numpy().astype(np.int32)
-                    members.append((f"{key}.tokens.npy", npy_bytes(ids)))
-                placed = writer.add(members)
+                placed = writer.add(_members(key, s, latent, tok))
                 rows.append(
                     {
                         **{k: row[k] for k in ("key", "frames", "height", "width")},
@@ -140,7 +126,55 @@ def _encode_shards(
                 )
                 bar.update()
     shard_rows = writer.shards
-    rows = [{**r.pop("placed"), **r} for r in rows]  # shard, offset, length, checksum
+    samples = _sample_table(rows)
+    meta = {**index.meta, "latents": _latents_meta(tok, tokenizer=tokenizer, src=src)}
+    out = DatasetIndex(
+        root=str(dst),
+        shards=pd.DataFrame(shard_rows),
+        samples=samples,
+        embedding_dim=index.embedding_dim,
+        meta=meta,
+    )
+    url = write_index(out)
+    return EncodeShardsResult(
+        index=url,
+        samples=len(samples),
+        encoded=encoded,
+        shards=len(shard_rows),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _encoded_latent(tok: Any, mp4: bytes, *, where: str) -> np.ndarray:
+    """The tokenizer's latent (C, T', h, w) of one encoded clip; ShardError naming ``where``
+    when the clip does not decode."""
+    try:
+        frames = decode_frames(io.BytesIO(mp4), threads="SLICE")  # (F, H, W, 3)
+    except VideoError as e:
+        raise ShardError(where, f"cannot decode the clip ({e})") from None
+    return encode_clip(tok, frames, where=where)
+
+
+def _members(key: str, s: RawSample, latent: np.ndarray, tok: Any) -> list[tuple[str, bytes]]:
+    """The tar members of one sample: the source's metadata, clip and caption embedding, the
+    latent (C, T', h, w), and for a discrete tokenizer the ids (T', h, w) int32 too."""
+    members = [
+        (f"{key}.json", json.dumps(s.meta, sort_keys=True).encode()),
+        (f"{key}.mp4", s.mp4),
+        (f"{key}.txt_emb.npy", npy_bytes(s.txt_emb)),
+        (f"{key}.latent.npy", npy_bytes(latent)),
+    ]
+    if tok.fsq is not None:
+        codes = torch.from_numpy(np.ascontiguousarray(latent)).movedim(0, -1)  # (T', h, w, C)
+        ids = tok.fsq.codes_to_indices(codes).numpy().astype(np.int32)
+        members.append((f"{key}.tokens.npy", npy_bytes(ids)))
+    return members
+
+
+def _sample_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The index's sample table of the written rows (each with where the writer ``placed`` it:
+    shard, offset, length, checksum)."""
+    rows = [{**r.pop("placed"), **r} for r in rows]
     samples = pd.DataFrame(rows)[
         [
             "key",
@@ -157,32 +191,19 @@ def _encode_shards(
     for c in ("shard", "offset", "length", "frames", "height", "width"):
         samples[c] = samples[c].astype(int)
     samples["latent_shape"] = samples["latent_shape"].astype(object)
-    meta = {
-        **index.meta,
-        "latents": {
-            "tokenizer": str(tokenizer),
-            "normalized": True,
-            "compression": [
-                tok.cfg.temporal_factor,
-                tok.cfg.spatial_factor,
-                tok.cfg.spatial_factor,
-            ],
-            "source": str(src),
-            "fsq_levels": list(tok.cfg.fsq_levels),
-        },
+    return samples
+
+
+def _latents_meta(tok: Any, *, tokenizer: str | Path, src: str) -> dict[str, Any]:
+    """The index meta ``latents``: which tokenizer encoded them, from which shards."""
+    return {
+        "tokenizer": str(tokenizer),
+        "normalized": True,
+        "compression": [
+            tok.cfg.temporal_factor,
+            tok.cfg.spatial_factor,
+            tok.cfg.spatial_factor,
+        ],
+        "source": str(src),
+        "fsq_levels": list(tok.cfg.fsq_levels),
     }
-    out = DatasetIndex(
-        root=str(dst),
-        shards=pd.DataFrame(shard_rows),
-        samples=samples,
-        embedding_dim=index.embedding_dim,
-        meta=meta,
-    )
-    url = write_index(out)
-    return EncodeShardsResult(
-        index=url,
-        samples=len(samples),
-        encoded=encoded,
-        shards=len(shard_rows),
-        seconds=time.perf_counter() - t0,
-    )

@@ -197,16 +197,7 @@ def _train(
     run_id = None
     path = None
     if resume:  # any layout: DCP reshards the saved tensors into this one
-        path = load_trainer(ckpt, trainer, ckpt.choose(resume_from), verified=True)
-        if is_rank0() and (gone := ckpt.remove_leftovers()):  # saves killed while writing
-            names = ", ".join(p.name for p in gone)
-            print(
-                f"removed {len(gone)} unfinished save(s) of an earlier attempt: {names}",
-                file=sys.stderr,
-            )
-        run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
-        if is_rank0():
-            print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
+        path, run_id = _resume(ckpt, trainer, resume_from)
         if trainer.step >= cfg.train.steps:  # a finished run: its summary stays as it was
             if is_rank0():
                 print(
@@ -218,41 +209,13 @@ def _train(
     loggers: list = []
     mlf = None
     if is_rank0():
-        out.mkdir(parents=True, exist_ok=True)
-        save_yaml(cfg, out / "config.yaml")
-        text = getattr(trainer.source, "text_record", None)  # how the captions were encoded
-        if text:
-            (out / TEXT_RECORD).write_text(json.dumps(text))
+        _write_run_files(cfg, out, trainer)
         loggers = [
             JsonlLogger(out / "metrics.jsonl", resume_step=trainer.step if resume else None),
             ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=progress),
         ]
         if cfg.tracking.mlflow:
-            degrees = trainer.dims.degrees
-            mlf = MLflowLogger(
-                cfg.tracking,
-                run_id=run_id,
-                name=train_run_name(cfg.recipe, degrees, cfg.train.steps, trainer.world),
-                tags={
-                    "recipe": cfg.recipe,
-                    STAGE_TAG: "train",
-                    LAYOUT_TAG: layout_label(degrees, trainer.world),
-                },
-                system_metrics=cfg.tracking.system_metrics,
-                backlog=out / BACKLOG_FILE,  # what a server outage left unsent at the end
-            )
-            mlf.log_params(
-                {
-                    **cfg.flat(),
-                    "world_size": trainer.world,
-                    "params": trainer.params,
-                    "flops_per_token": trainer.flops_per_token,
-                    "peak_flops_per_gpu": trainer.peak_flops,
-                    "peak_source": trainer.peak_source,
-                    "attn_backend_used": trainer.attn_backend_reason,
-                    "fp8_used": trainer.fp8_reason,
-                }
-            )
+            mlf = _mlflow_logger(cfg, out, trainer, run_id=run_id)
             loggers.append(mlf)
     # every rank takes part in a save; only rank 0 knows the MLflow run id
     shared_run_id = broadcast_str(mlf.run_id if mlf else "") or None
@@ -281,6 +244,62 @@ def _train(
     if is_rank0():
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _resume(
+    ckpt: CheckpointManager, trainer: Trainer, resume_from: str | Path | None
+) -> tuple[Path, str | None]:
+    """Load the chosen checkpoint into ``trainer``; (its path, the MLflow run id it saved)."""
+    path = load_trainer(ckpt, trainer, ckpt.choose(resume_from), verified=True)
+    if is_rank0() and (gone := ckpt.remove_leftovers()):  # saves killed while writing
+        names = ", ".join(p.name for p in gone)
+        print(
+            f"removed {len(gone)} unfinished save(s) of an earlier attempt: {names}",
+            file=sys.stderr,
+        )
+    run_id = ckpt.read_meta(path)["meta"].get("mlflow_run_id")
+    if is_rank0():
+        print(f"resumed from {path} at step {trainer.step}", file=sys.stderr)
+    return path, run_id
+
+
+def _write_run_files(cfg: Config, out: Path, trainer: Trainer) -> None:
+    """The run's ``config.yaml`` and how its captions were encoded (rank 0)."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_yaml(cfg, out / "config.yaml")
+    text = getattr(trainer.source, "text_record", None)
+    if text:
+        (out / TEXT_RECORD).write_text(json.dumps(text))
+
+
+def _mlflow_logger(cfg: Config, out: Path, trainer: Trainer, *, run_id: str | None) -> MLflowLogger:
+    """The run's MLflow logger (a resumed run's ``run_id`` goes on), its parameters logged."""
+    degrees = trainer.dims.degrees
+    mlf = MLflowLogger(
+        cfg.tracking,
+        run_id=run_id,
+        name=train_run_name(cfg.recipe, degrees, cfg.train.steps, trainer.world),
+        tags={
+            "recipe": cfg.recipe,
+            STAGE_TAG: "train",
+            LAYOUT_TAG: layout_label(degrees, trainer.world),
+        },
+        system_metrics=cfg.tracking.system_metrics,
+        backlog=out / BACKLOG_FILE,  # what a server outage left unsent at the end
+    )
+    mlf.log_params(
+        {
+            **cfg.flat(),
+            "world_size": trainer.world,
+            "params": trainer.params,
+            "flops_per_token": trainer.flops_per_token,
+            "peak_flops_per_gpu": trainer.peak_flops,
+            "peak_source": trainer.peak_source,
+            "attn_backend_used": trainer.attn_backend_reason,
+            "fp8_used": trainer.fp8_reason,
+        }
+    )
+    return mlf
 
 
 def run_summary(out: Path, trainer: Trainer, checkpoint: Path | None) -> dict[str, Any]:

@@ -135,19 +135,7 @@ def probe(
         if not c.streams.video:
             if require_video:
                 video_stream(c, name)
-            dur = float(c.duration / av.time_base) if c.duration else 0.0
-            return VideoInfo(
-                duration_s=dur,
-                fps=0.0,
-                vfr=False,
-                width=0,
-                height=0,
-                codec="",
-                pix_fmt="",
-                rotation=0,
-                n_frames=0,
-                has_video=False,
-            )
+            return _no_video_info(c)
         s = c.streams.video[0]
         w, h = s.codec_context.width, s.codec_context.height
         if w <= 0 or h <= 0:
@@ -155,35 +143,11 @@ def probe(
         if w * h > max_pixels:
             raise VideoError(name, f"declared frame size {w}x{h} exceeds {max_pixels} pixels")
         check_complete(src, s, name)
-        tb = s.time_base
-        # timestamps of the first packets (in decode order) -> variable frame rate flag
-        pts: list[int] = []
-        first: av.VideoFrame | None = None
         deadline = _Deadline(name, timeout_s, media_seconds(c, s))
         deadline.end -= time.monotonic() - began  # the open counts too
-        try:
-            for packet in c.demux(s):
-                deadline.check()
-                if packet.pts is not None and len(pts) < _VFR_PACKETS + _VFR_REORDER:
-                    pts.append(packet.pts)
-                if first is None:
-                    for frame in packet.decode():
-                        first = frame
-                        break
-                if first is not None and len(pts) >= _VFR_PACKETS + _VFR_REORDER:
-                    break
-        except av.FFmpegError as e:
-            if first is None:
-                raise VideoError(name, f"undecodable video stream ({ffmpeg_reason(e)})") from e
-        if first is None:
-            raise VideoError(name, "video stream has no decodable frame (truncated or empty)")
+        first, pts = _first_frame_and_pts(c, s, deadline, name)
         vfr = _is_vfr(pts)
-        if s.duration is not None and tb is not None:
-            duration = float(s.duration * tb)
-        elif c.duration is not None:
-            duration = float(c.duration / av.time_base)
-        else:
-            duration = 0.0
+        duration = _duration_s(c, s)
         rate = s.average_rate or s.guessed_rate or s.base_rate
         fps = float(rate) if rate else (len(pts) / duration if duration > 0 else 0.0)
         n_frames = int(s.frames) if s.frames else int(round(duration * fps))
@@ -199,6 +163,58 @@ def probe(
             n_frames=max(n_frames, 1),
             has_video=True,
         )
+
+
+def _no_video_info(c: av.container.InputContainer) -> VideoInfo:
+    """The :class:`VideoInfo` of a container without a video stream (its duration only)."""
+    dur = float(c.duration / av.time_base) if c.duration else 0.0
+    return VideoInfo(
+        duration_s=dur,
+        fps=0.0,
+        vfr=False,
+        width=0,
+        height=0,
+        codec="",
+        pix_fmt="",
+        rotation=0,
+        n_frames=0,
+        has_video=False,
+    )
+
+
+def _first_frame_and_pts(
+    c: av.container.InputContainer, s: av.VideoStream, deadline: _Deadline, name: str
+) -> tuple[av.VideoFrame, list[int]]:
+    """The first decoded frame of stream ``s`` and the timestamps of its first packets (in
+    decode order: the variable frame rate flag's input); VideoError when no frame decodes."""
+    pts: list[int] = []
+    first: av.VideoFrame | None = None
+    try:
+        for packet in c.demux(s):
+            deadline.check()
+            if packet.pts is not None and len(pts) < _VFR_PACKETS + _VFR_REORDER:
+                pts.append(packet.pts)
+            if first is None:
+                for frame in packet.decode():
+                    first = frame
+                    break
+            if first is not None and len(pts) >= _VFR_PACKETS + _VFR_REORDER:
+                break
+    except av.FFmpegError as e:
+        if first is None:
+            raise VideoError(name, f"undecodable video stream ({ffmpeg_reason(e)})") from e
+    if first is None:
+        raise VideoError(name, "video stream has no decodable frame (truncated or empty)")
+    return first, pts
+
+
+def _duration_s(c: av.container.InputContainer, s: av.VideoStream) -> float:
+    """Seconds of stream ``s`` as declared (by the stream, else the container; 0: unknown)."""
+    if s.duration is not None and s.time_base is not None:
+        return float(s.duration * s.time_base)
+    if c.duration is not None:
+        return float(c.duration / av.time_base)
+    return 0.0
 
 
 def _is_vfr(pts: list[int], *, reorder: int = _VFR_REORDER) -> bool:

@@ -236,23 +236,9 @@ def transcode_span(
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = source_name(src)
-    with open_container(src) as c:
-        s = video_stream(c, name)
-        w0, h0 = s.codec_context.width, s.codec_context.height
-        in_rate = s.average_rate or s.guessed_rate or Fraction(30)
-    k = (rotation // 90) % 4
-    if k % 2:
-        w0, h0 = h0, w0  # upright size
-    if crop is not None:
-        cx, cy, cw_, ch_ = crop
-        if cw_ < 2 or ch_ < 2 or cx < 0 or cy < 0 or cx + cw_ > w0 or cy + ch_ > h0:
-            raise VideoError(name, f"crop {crop} is not inside the {w0}x{h0} picture")
-        w0, h0 = cw_, ch_
-    if height is None:
-        w, h = analysis_size(w0, h0, width) if width else (w0, h0)
-    else:
-        w, h = width or w0, height
-    w, h = _even(w), _even(h)
+    w0, h0, in_rate = _coded_size_and_rate(src, name)
+    k = (rotation // 90) % 4  # quarter turns counter-clockwise
+    w, h = _output_size(w0, h0, k=k, crop=crop, width=width, height=height, name=name)
     out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
     out, st = _open_h264(
         out_path,
@@ -272,30 +258,13 @@ def transcode_span(
         for t, frame in iter_av_frames(
             src, start_s=start_s, end_s=end_s, threads=threads, name=name
         ):
-            if crop is not None:
-                a = fc.convert(frame, format="rgb24").to_ndarray()  # (H0, W0, 3) coded
-                a = np.rot90(a, k) if k else a  # upright
-                a = a[cy : cy + ch_, cx : cx + cw_]  # (ch_, cw_, 3) the picture inside the box
-                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(a), "rgb24")
-                vf = fc.convert(vf, width=w, height=h, format="yuv420p")
-            elif k:
-                # rotate the coded picture upright: (h0', w0', 3) -> np.rot90 is counter-clockwise
-                cw, ch = (h, w) if k % 2 else (w, h)
-                a = fc.convert(frame, format="rgb24", width=cw, height=ch).to_ndarray()
-                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(a, k)), "rgb24")
-                vf = fc.convert(vf, format="yuv420p")
-            else:
-                vf = fc.convert(frame, width=w, height=h, format="yuv420p")
+            vf = _upright_frame(fc, frame, k=k, crop=crop, width=w, height=h)
+            copies = 1
             if resample:
-                # repeat/drop: emit output frames whose grid time falls before the next input frame
-                rel = t - start_s
-                while n / float(out_rate) <= rel + 0.5 / float(in_rate) and (
-                    start_s + n / float(out_rate) < end_s - 1e-9
-                ):
-                    vf.pts, vf.time_base = n, st.codec_context.time_base
-                    out.mux(st.encode(vf))
-                    n += 1
-            else:
+                copies = _grid_copies(
+                    n, t - start_s, span=(start_s, end_s), rates=(in_rate, out_rate)
+                )
+            for _ in range(copies):
                 vf.pts, vf.time_base = n, st.codec_context.time_base
                 out.mux(st.encode(vf))
                 n += 1
@@ -312,3 +281,86 @@ def transcode_span(
         fps=float(out_rate),
         encoder=codec,
     )
+
+
+def _coded_size_and_rate(src: Source, name: str) -> tuple[int, int, Fraction]:
+    """(width, height) of the video stream's coded picture and its frame rate (30 when it
+    declares none)."""
+    with open_container(src) as c:
+        s = video_stream(c, name)
+        return (
+            s.codec_context.width,
+            s.codec_context.height,
+            s.average_rate or s.guessed_rate or Fraction(30),
+        )
+
+
+def _output_size(
+    w0: int,
+    h0: int,
+    *,
+    k: int,
+    crop: tuple[int, int, int, int] | None,
+    width: int | None,
+    height: int | None,
+    name: str,
+) -> tuple[int, int]:
+    """Even (width, height) of the clip of a (w0, h0) coded picture turned upright by ``k``
+    quarter turns and cut to ``crop`` (VideoError when the box is not inside the picture);
+    ``width`` alone keeps the aspect ratio."""
+    if k % 2:
+        w0, h0 = h0, w0  # upright size
+    if crop is not None:
+        cx, cy, cw, ch = crop
+        if cw < 2 or ch < 2 or cx < 0 or cy < 0 or cx + cw > w0 or cy + ch > h0:
+            raise VideoError(name, f"crop {crop} is not inside the {w0}x{h0} picture")
+        w0, h0 = cw, ch
+    if height is None:
+        w, h = analysis_size(w0, h0, width) if width else (w0, h0)
+    else:
+        w, h = width or w0, height
+    return _even(w), _even(h)
+
+
+def _upright_frame(
+    fc: FrameConverter,
+    frame: av.VideoFrame,
+    *,
+    k: int,
+    crop: tuple[int, int, int, int] | None,
+    width: int,
+    height: int,
+) -> av.VideoFrame:
+    """A decoded frame as the clip's yuv420p (height, width) frame: turned upright by ``k``
+    quarter turns counter-clockwise, cut to ``crop`` (upright source pixels) and scaled."""
+    w, h = width, height
+    if crop is not None:
+        cx, cy, cw, ch = crop
+        a = fc.convert(frame, format="rgb24").to_ndarray()  # (H0, W0, 3) coded
+        a = np.rot90(a, k) if k else a  # upright
+        a = a[cy : cy + ch, cx : cx + cw]  # (ch, cw, 3) the picture inside the box
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(a), "rgb24")
+        return fc.convert(vf, width=w, height=h, format="yuv420p")
+    if k:
+        # rotate the coded picture upright: (h0', w0', 3) -> np.rot90 is counter-clockwise
+        cw, ch = (h, w) if k % 2 else (w, h)
+        a = fc.convert(frame, format="rgb24", width=cw, height=ch).to_ndarray()
+        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(a, k)), "rgb24")
+        return fc.convert(vf, format="yuv420p")
+    return fc.convert(frame, width=w, height=h, format="yuv420p")
+
+
+def _grid_copies(
+    n: int, rel: float, *, span: tuple[float, float], rates: tuple[Fraction, Fraction]
+) -> int:
+    """Repeat / drop onto the output time grid: how many times the input frame at ``rel``
+    seconds into the span is written once ``n`` output frames are — one per output frame whose
+    grid time falls before the next input frame and inside ``span`` (start_s, end_s); 0 drops
+    it. ``rates``: (input, output) frames per second."""
+    (start_s, end_s), (in_rate, out_rate) = span, rates
+    m = n
+    while m / float(out_rate) <= rel + 0.5 / float(in_rate) and (
+        start_s + m / float(out_rate) < end_s - 1e-9
+    ):
+        m += 1
+    return m - n
