@@ -63,9 +63,9 @@ class ARBlock(nn.Module):
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         h = self.norms[0](x)
-        x = x + self.self_attn[0](h, spec.for_layout("causal"), rope=rope, cache=cache)
+        x = x + self.self_attn[0](h, spec=spec.for_layout("causal"), rope=rope, cache=cache)
         if self.cross_attn is not None:
-            x = x + self.cross_attn(self.norms[1](x), spec.cross(), context=text)
+            x = x + self.cross_attn(self.norms[1](x), spec=spec.cross(), context=text)
         return x + self.mlp(self.norms[-1](x))  # (B, N, D)
 
 

@@ -109,8 +109,8 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (B, N, D)
-        spec: AttentionSpec = FULL_ATTENTION,
         *,
+        spec: AttentionSpec = FULL_ATTENTION,  # keyword: a TP plan prepares the one input x
         context: torch.Tensor | None = None,  # (B, S, Dk) cross-attention keys / values
         rope: torch.Tensor | None = None,  # (N, d/2) RoPE angles of the queries (and keys)
         cache: KVCache | None = None,

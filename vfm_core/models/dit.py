@@ -82,12 +82,14 @@ class DiTBlock(nn.Module):
         for i, (layout, attn) in enumerate(zip(self.layouts, self.self_attn)):
             shift, scale, gate = mods[i]
             h = modulate(self.norms[i](x), shift, scale)
-            a = attn(h, spec.for_layout(layout), rope=rope)  # (B, N, D)
+            a = attn(h, spec=spec.for_layout(layout), rope=rope)  # (B, N, D)
             x = x + per_token(gate) * a  # (B, N, D)
         if self.cross_attn is not None:
             shift, scale, gate = mods[-2]
             h = modulate(self.norms[-2](x), shift, scale)
-            x = x + per_token(gate) * self.cross_attn(h, spec.cross(), context=text)  # (B, N, D)
+            x = x + per_token(gate) * self.cross_attn(
+                h, spec=spec.cross(), context=text
+            )  # (B, N, D)
         shift, scale, gate = mods[-1]
         h = modulate(self.norms[-1](x), shift, scale)
         return x + per_token(gate) * self.mlp(h)  # (B, N, D)
