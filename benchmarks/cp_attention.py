@@ -4,8 +4,8 @@
         [--modes ring,causal,packed,alltoall] [--dtype bfloat16] [--json FILE]
 
 One forward + backward of one attention layer (B=1, 4 heads of 64, the issue's shape), the
-sequence split over ``--cp`` gloo ranks on this CPU, each mode through the callable the trainer
-hangs on its attention modules (:func:`vfm_core.parallel.context.cp_attention`):
+sequence split over ``--cp`` gloo ranks on this CPU, each mode through the core the trainer swaps
+into its attention modules (:class:`vfm_core.parallel.context.ContextParallelAttention`):
 
 * ``ring``: full attention, K/V around the ring; ``causal``: the autoregressive family's causal
   ring over balanced (zigzag) chunks; ``packed``: a THD pack of 3 samples per 2k tokens whose
@@ -16,8 +16,8 @@ Peak memory is the rise of the rank's resident set during the call: the kernel's
 it counts what the call allocates (scores, saved tensors, K/V blocks, gradients) and nothing
 before. Without an n x n tensor it grows linearly in the sequence length (the "x prev" column:
 ~2 per doubling; quadratic would be ~4). Time: wall seconds of the call, median over ranks.
-The same script runs unchanged on an older checkout (its ``ring_attention`` / ``cp_attention``
-take the same arguments) for the before/after table.
+The same script runs on an older checkout (before the attention spec: the ``cp_attention``
+callable, taking ``layout`` / ``sample_ids``) for the before/after table.
 """
 
 from __future__ import annotations
@@ -43,10 +43,27 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def _core(group, mode: str):
+    """(q, k, v, layout, sample_ids) -> out through the context-parallel attention core."""
+    try:
+        from vfm_core.models.attention_spec import AttentionSpec
+        from vfm_core.parallel.context import ContextParallelAttention
+    except ImportError:  # an older checkout: the callable hung on the attention modules
+        from vfm_core.parallel.context import cp_attention
+
+        old = cp_attention(group, mode)
+        return lambda q, k, v, layout, ids: old(q, k, v, layout=layout, sample_ids=ids)
+    core = ContextParallelAttention(group, mode)
+
+    def call(q, k, v, layout, ids):
+        groups = None if ids is None else {layout: ids}
+        return core(q, k, v, AttentionSpec(layout=layout, groups=groups))
+
+    return call
+
+
 def _worker(rank, world, mode, seq, dtype_name):
     import torch.distributed as dist
-
-    from vfm_core.parallel.context import cp_attention
 
     dtype = getattr(torch, dtype_name)
     n = seq // world
@@ -55,18 +72,18 @@ def _worker(rank, world, mode, seq, dtype_name):
         torch.randn(1, HEADS, n, HEAD_DIM, generator=g).to(dtype).requires_grad_() for _ in range(3)
     )
     group = dist.group.WORLD
-    fn = cp_attention(group, "alltoall" if mode == "alltoall" else "ring")
+    fn = _core(group, "alltoall" if mode == "alltoall" else "ring")
     ids = None
     if mode == "packed":  # samples of 700 tokens: several straddle every chunk boundary
         ids = torch.arange(seq) // 700
     layout = "causal" if mode == "causal" else "full"
     warm = [t[:, :, :64].detach().clone().requires_grad_() for t in (q, k, v)]  # imports, first
-    fn(*warm, layout=layout, sample_ids=None if ids is None else ids[: 64 * world]).sum().backward()
+    fn(*warm, layout, None if ids is None else ids[: 64 * world]).sum().backward()
     dist.barrier()
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
     base = _rss_kib("VmRSS")
     t0 = time.perf_counter()
-    out = fn(q, k, v, layout=layout, sample_ids=ids)
+    out = fn(q, k, v, layout, ids)
     out.float().sum().backward()
     seconds = time.perf_counter() - t0
     peak = _rss_kib("VmHWM") - base

@@ -34,7 +34,7 @@ from vfm_core.config import apply_overrides  # noqa: E402
 from vfm_core.data.samples import TrainBatch  # noqa: E402
 from vfm_core.families import family_of  # noqa: E402
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8  # noqa: E402
-from vfm_core.models.layers import set_attention_backend  # noqa: E402
+from vfm_core.models.local_attention import set_attention_backend  # noqa: E402
 from vfm_core.models.te_adapter import resolve_attention_backend  # noqa: E402
 from vfm_core.parallel.apply import apply_layout  # noqa: E402
 from vfm_core.parallel.layout import validate_layout  # noqa: E402
@@ -70,7 +70,6 @@ def run(
     )
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, fp8=fp8))
     backend, why = resolve_attention_backend(cfg.model.attn_backend)
-    set_attention_backend(backend)
     use_fp8, fp8_why = resolve_fp8(cfg.train.fp8, tp=1)
     dims = validate_layout(cfg, 1)
     dims.build_mesh(device.type)
@@ -85,7 +84,7 @@ def run(
         tensor_parallel=False,
     )
     layout = apply_layout(cfg, dims, device=device, loss_fn=obj.loss, fp8=use_fp8)
-    model = layout.parts[0]
+    model = set_attention_backend(layout.parts[0], backend)
     params = [p for _, p in layout.named_parameters()]
     opt, _ = build_optimizer(params, cfg.optim, 100)
     ema = EMA(layout.parts, 0.999)

@@ -32,7 +32,6 @@ import torch
 
 from vfm_core.config import ConfigError
 from vfm_core.families import build_model
-from vfm_core.models import layers
 from vfm_core.perf.calibrate import calibrate
 from vfm_core.perf.hardware import DEFAULT_EFFICIENCY, gpu_spec
 from vfm_core.perf.memory import measure_saved_bytes, model_saved_bytes, param_count
@@ -76,7 +75,6 @@ def validation_table() -> None:
         f"{'config':24s} {'params':>8s} {'B':>2s} {'tokens':>6s} {'measured':>12s} "
         f"{'predicted':>12s} {'error':>8s}"
     )
-    layers.set_attention_backend("sdpa")
     for name, recipe, over, batch, (t, h, w) in VALIDATION:
         cfg = dataclasses.replace(get_recipe(recipe).model, **over)
         torch.manual_seed(0)

@@ -20,7 +20,7 @@ from vfm_core.geometry import (
     rope_angles,
     unpack_tokens,
 )
-from vfm_core.models.layers import apply_rope, attention, rope_3d, set_attention_backend
+from vfm_core.models.layers import apply_rope, attention, rope_3d
 
 GRIDS = [(1, 2, 2), (3, 2, 3), (2, 3, 3), (1, 4, 2)]  # an image, videos, a wide image
 
@@ -65,32 +65,31 @@ def test_packed_self_and_cross_attention_equal_per_sample(backend):
     def heads_(t: torch.Tensor) -> torch.Tensor:  # (N, D) -> (1, H, N, hd)
         return t.view(1, -1, heads, hd).transpose(1, 2)
 
-    set_attention_backend(backend)
-    try:
-        # one by one: 3D RoPE of each sample's own grid, full attention, cross-attn to own text
-        ref = []
-        for x, g, txt in zip(xs, GRIDS, texts):
-            ang = rope_3d(g, hd, theta)  # (n, hd/2)
-            q, k = apply_rope(heads_(x @ wq), ang), apply_rope(heads_(x @ wk), ang)
-            y = attention(q, k, heads_(x @ wv))  # (1, H, n, hd)
-            y = y + attention(heads_(x @ wq), heads_(txt @ wk), heads_(txt @ wv))
-            ref.append(y.transpose(1, 2).reshape(-1, dim))  # (n, D)
-        # packed: one sequence, per-token positions, block-diagonal + own-text masks
-        xp = pack_tokens(xs, lay)  # (64, D)
-        ang = rope_angles(lay.positions, hd, theta)  # (64, hd/2)
-        q, k = apply_rope(heads_(xp @ wq), ang), apply_rope(heads_(xp @ wk), ang)
-        ids = attention_groups(lay, "full")  # the sample; each padding token its own group
-        y = attention(q, k, heads_(xp @ wv), mask=(ids[:, None] == ids[None, :])[None, None])
-        tl = torch.tensor([t.shape[0] for t in texts])  # (S,) own caption lengths
-        tp = torch.zeros(len(texts), int(tl.max()), dim, dtype=torch.float64)
-        for i, t in enumerate(texts):
-            tp[i, : t.shape[0]] = t  # (S, Lmax, D) zero padded
-        tflat = tp.reshape(-1, dim)  # (S*Lmax, D)
-        cmask = cross_attention_mask(lay.sample_ids, tl)[None, None]  # (1, 1, 64, S*Lmax)
-        y = y + attention(heads_(xp @ wq), heads_(tflat @ wk), heads_(tflat @ wv), mask=cmask)
-        out = unpack_tokens(y.transpose(1, 2).reshape(-1, dim), lay)
-    finally:
-        set_attention_backend("sdpa")
+    def attend(*args, **kw):  # through the kernel under test
+        return attention(*args, **kw, backend=backend)
+
+    # one by one: 3D RoPE of each sample's own grid, full attention, cross-attn to own text
+    ref = []
+    for x, g, txt in zip(xs, GRIDS, texts):
+        ang = rope_3d(g, hd, theta)  # (n, hd/2)
+        q, k = apply_rope(heads_(x @ wq), ang), apply_rope(heads_(x @ wk), ang)
+        y = attend(q, k, heads_(x @ wv))  # (1, H, n, hd)
+        y = y + attend(heads_(x @ wq), heads_(txt @ wk), heads_(txt @ wv))
+        ref.append(y.transpose(1, 2).reshape(-1, dim))  # (n, D)
+    # packed: one sequence, per-token positions, block-diagonal + own-text masks
+    xp = pack_tokens(xs, lay)  # (64, D)
+    ang = rope_angles(lay.positions, hd, theta)  # (64, hd/2)
+    q, k = apply_rope(heads_(xp @ wq), ang), apply_rope(heads_(xp @ wk), ang)
+    ids = attention_groups(lay, "full")  # the sample; each padding token its own group
+    y = attend(q, k, heads_(xp @ wv), mask=(ids[:, None] == ids[None, :])[None, None])
+    tl = torch.tensor([t.shape[0] for t in texts])  # (S,) own caption lengths
+    tp = torch.zeros(len(texts), int(tl.max()), dim, dtype=torch.float64)
+    for i, t in enumerate(texts):
+        tp[i, : t.shape[0]] = t  # (S, Lmax, D) zero padded
+    tflat = tp.reshape(-1, dim)  # (S*Lmax, D)
+    cmask = cross_attention_mask(lay.sample_ids, tl)[None, None]  # (1, 1, 64, S*Lmax)
+    y = y + attend(heads_(xp @ wq), heads_(tflat @ wk), heads_(tflat @ wv), mask=cmask)
+    out = unpack_tokens(y.transpose(1, 2).reshape(-1, dim), lay)
     assert torch.isfinite(y).all()  # padding rows stay finite
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

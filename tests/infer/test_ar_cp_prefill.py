@@ -25,6 +25,7 @@ from vfm_core.infer.ar_prefill import SplitPrefill, prefill_layout
 from vfm_core.infer.ar_sample import SamplingConfig, local_prefill, sample_tokens
 from vfm_core.infer.generate import GenerateRequest, generate
 from vfm_core.models.ar import CausalVideoTransformer
+from vfm_core.models.local_attention import LocalAttention
 from vfm_core.recipes import get_recipe
 from vfm_core.tokenizer import CausalVideoAutoencoder, TokenizerConfig, save_tokenizer
 from vfm_core.train.main import run_training
@@ -116,7 +117,9 @@ def test_split_prefill_on_one_rank_equals_local_prefill(one_rank_group):
         assert c2[0].length == m and (a - b).abs().max() <= 1e-5
         for x, y in zip(c1, c2, strict=True):
             assert (x.k[:, :, :m] - y.k[:, :, :m]).abs().max() <= 1e-5
-    assert all(blk.self_attn[0].attn_fn is None for blk in model.blocks.values())  # restored
+    assert all(  # restored
+        isinstance(blk.self_attn[0].core, LocalAttention) for blk in model.blocks.values()
+    )
     text = _inputs(model, 1, 1)[1]
     prompt = torch.arange(20)[None] % CFG.vocab_size
     for kw in (dict(temperature=0.0), dict(temperature=1.0, top_k=10, guidance=3.0, seed=2)):

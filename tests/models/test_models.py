@@ -2,13 +2,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_init import random_model
 
 from vfm_core.config import apply_overrides
 from vfm_core.families import build_model
 from vfm_core.geometry import ShapeError, patchify, unpatchify
 from vfm_core.models.attention import Attention
+from vfm_core.models.attention_spec import AttentionSpec
 from vfm_core.models.dit import DiTBlock, count_params
-from vfm_core.models.layers import apply_rope, attention, rope_3d, set_attention_backend
+from vfm_core.models.layers import apply_rope, attention, rope_3d
+from vfm_core.models.local_attention import LocalAttention, set_attention_backend
 from vfm_core.recipes import get_recipe
 
 
@@ -65,12 +68,12 @@ def test_layouts_equal_loops_over_groups():
     grid = (3, 2, 4)
     x = torch.randn(2, 24, 32)
     rope = rope_3d(grid, 8, 10000.0)
-    full = attn(x, rope=rope, grid=grid, layout="full")
-    spatial = attn(x, rope=rope, grid=grid, layout="spatial")
-    temporal = attn(x, rope=rope, grid=grid, layout="temporal")
+    full = attn(x, spec=AttentionSpec(grid=grid, layout="full"), rope=rope)
+    spatial = attn(x, spec=AttentionSpec(grid=grid, layout="spatial"), rope=rope)
+    temporal = attn(x, spec=AttentionSpec(grid=grid, layout="temporal"), rope=rope)
     xs = x.reshape(2, 3, 8, 32)
     for t in range(3):  # spatial == full attention within each frame (rope's t part cancels)
-        ref = attn(xs[:, t], rope=rope_3d((1, 2, 4), 8, 10000.0), grid=(1, 2, 4))
+        ref = attn(xs[:, t], rope=rope_3d((1, 2, 4), 8, 10000.0))
         torch.testing.assert_close(spatial.reshape(2, 3, 8, 32)[:, t], ref, rtol=1e-4, atol=1e-5)
     xt = x.reshape(2, 3, 8, 32)
     for j in range(8):  # temporal == full attention along t at each location
@@ -86,13 +89,25 @@ def test_layouts_equal_loops_over_groups():
 def test_sdpa_and_math_backends_agree_with_gqa():
     q, k, v = torch.randn(2, 8, 10, 16), torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)
     ref = attention(q, k, v)
-    set_attention_backend("math")
-    try:
-        torch.testing.assert_close(attention(q, k, v), ref, rtol=1e-5, atol=1e-5)
-    finally:
-        set_attention_backend("sdpa")
+    torch.testing.assert_close(attention(q, k, v, backend="math"), ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="unknown"):
-        set_attention_backend("flash9")
+        LocalAttention("flash9")
+
+
+def test_the_attention_backend_belongs_to_the_model():
+    """set_attention_backend sets the kernel of every core of one model and no other's (no
+    process-global backend); the kernels agree."""
+    cfg = get_recipe("stdit-tiny").model
+    a, b = random_model(cfg, seed=1), random_model(cfg, seed=1)
+    assert set_attention_backend(a, "math") is a
+    kernels = [[m.backend for m in x.modules() if isinstance(m, LocalAttention)] for x in (a, b)]
+    n_self = sum(len(blk.self_attn) for blk in a.blocks.values())
+    assert kernels == [["math"] * (n_self + cfg.depth), ["sdpa"] * (n_self + cfg.depth)]
+    x = torch.randn(2, cfg.in_channels, 4, 8, 8, dtype=torch.float64)
+    c, text = torch.randn(2, dtype=torch.float64), torch.randn(2, cfg.text_len, cfg.text_dim)
+    torch.testing.assert_close(a(x, c, text), b(x, c, text), rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="unknown"):
+        set_attention_backend(a, "flash9")
 
 
 def test_qk_norm_is_per_head():
@@ -117,7 +132,7 @@ def test_blocks_start_as_identity_and_model_outputs_zero(recipe, adaln):
     emb = torch.randn(2, cfg.hidden)
     shared = torch.randn(2, 3 * cfg.hidden) * 0 if adaln == "lora" else None
     rope = rope_3d((4, 4, 4), cfg.head_dim, cfg.rope_theta)
-    assert torch.equal(block(h, emb, shared, text, rope, (4, 4, 4)), h)
+    assert torch.equal(block(h, emb, shared, text, rope, spec=AttentionSpec(grid=(4, 4, 4))), h)
 
 
 def test_training_moves_output_and_all_parts_get_gradients():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vfm_core.config import ConfigError
-from vfm_core.models.layers import attention, set_attention_backend
+from vfm_core.models.layers import attention
 from vfm_core.models.te_adapter import context_backend, resolve_attention_backend, te_status
 
 
@@ -33,11 +33,7 @@ def test_te_attention_matches_sdpa_on_gpu():
     k = torch.randn(2, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
     ref = attention(q, k, v)
-    set_attention_backend("te")
-    try:
-        torch.testing.assert_close(attention(q, k, v), ref, rtol=2e-2, atol=2e-2)
-    finally:
-        set_attention_backend("sdpa")
+    torch.testing.assert_close(attention(q, k, v, backend="te"), ref, rtol=2e-2, atol=2e-2)
 
 
 def test_context_parallel_attention_selects_te_only_where_it_applies():

@@ -11,7 +11,7 @@ import torch
 from model_init import random_model
 
 from vfm_core.config import ModelConfig
-from vfm_core.models.attention import padding_mask
+from vfm_core.models.layers import padding_mask
 
 ARCHS = {
     "dit": dict(arch="dit"),

@@ -12,9 +12,10 @@ from parallel_harness import run_ranks
 
 from vfm_core.config import ModelConfig
 from vfm_core.models.ar import CausalVideoTransformer, next_token_loss
-from vfm_core.models.attention import causal_mask
+from vfm_core.models.attention_spec import AttentionSpec
 from vfm_core.models.layers import attention
-from vfm_core.parallel.context import causal_positions, cp_attention, ring_attention
+from vfm_core.models.local_attention import causal_mask
+from vfm_core.parallel.context import ContextParallelAttention, causal_positions, ring_attention
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.parallelize import parallelize_dit, sync_grads
 
@@ -41,8 +42,9 @@ def _worker(rank, world):
             ref.backward(dout)
             idx = causal_positions(N // world, world, balanced=balanced)[rank]  # (n,)
             loc = [t[:, :, idx].clone().requires_grad_() for t in (q, k, v)]
-            if balanced:  # through the callable parallelize_dit hangs on causal attention
-                out = cp_attention(dist.group.WORLD)(*loc, layout="causal")
+            if balanced:  # through the core parallelize_dit swaps into causal attention
+                core = ContextParallelAttention(dist.group.WORLD)
+                out = core(*loc, AttentionSpec(layout="causal"))
             else:
                 out = ring_attention(*loc, dist.group.WORLD, causal=True, balanced=False)
             out.backward(dout[:, :, idx])

@@ -8,11 +8,12 @@ import torch
 import torch.distributed as dist
 from parallel_harness import run_ranks
 
-from vfm_core.models.attention import group_tokens, ungroup_tokens
+from vfm_core.models.attention_spec import AttentionSpec
 from vfm_core.models.layers import attention
+from vfm_core.models.local_attention import group_tokens, ungroup_tokens
 from vfm_core.parallel.comm_stats import CommCounter, alltoall_bytes, ring_bytes
 from vfm_core.parallel.context import (
-    cp_attention,
+    ContextParallelAttention,
     gather_seq,
     heads_to_seq,
     ring_attention,
@@ -74,7 +75,7 @@ def _worker_attention(rank, world):
                 rank,
                 world,
                 lambda q, k, v, lay=layout: ulysses_attention(
-                    q, k, v, group, grid=GRID, layout=lay
+                    q, k, v, group, AttentionSpec(grid=GRID, layout=lay)
                 ),
                 hq,
                 hkv,
@@ -96,18 +97,18 @@ def _worker_attention(rank, world):
         results[f"a2a/packed/{hq}-{hkv}"] = _compare(
             rank,
             world,
-            lambda q, k, v: ulysses_attention(q, k, v, group, sample_ids=ids),
+            lambda q, k, v: ulysses_attention(q, k, v, group, AttentionSpec(groups={"full": ids})),
             hq,
             hkv,
             "full",
             ids,
         )
-    hybrid = cp_attention(group, "hybrid")
+    hybrid = ContextParallelAttention(group, "hybrid")
     for layout in ("full", "spatial", "temporal"):
         results[f"hybrid/{layout}"] = _compare(
             rank,
             world,
-            lambda q, k, v, lay=layout: hybrid(q, k, v, grid=GRID, layout=lay),
+            lambda q, k, v, lay=layout: hybrid(q, k, v, AttentionSpec(grid=GRID, layout=lay)),
             4,
             4,
             layout,
@@ -138,7 +139,12 @@ def _measured_bytes(rank, world):
     out = {}
     for name, fn in (
         ("ring", lambda q, k, v: ring_attention(q, k, v, group)),
-        ("a2a", lambda q, k, v: ulysses_attention(q, k, v, group, grid=GRID, layout="temporal")),
+        (
+            "a2a",
+            lambda q, k, v: ulysses_attention(
+                q, k, v, group, AttentionSpec(grid=GRID, layout="temporal")
+            ),
+        ),
     ):
         loc = [seq_chunk(t, rank, world, dim=2).clone().requires_grad_() for t in (q, k, v)]
         with CommCounter() as counter:
@@ -146,7 +152,8 @@ def _measured_bytes(rank, world):
         out[name] = counter.bytes
     loc = [seq_chunk(t, rank, world, dim=2).clone().requires_grad_() for t in (q, k, v)]
     with CommCounter() as counter:  # GRID has 4 frames: 2 whole frames per rank, no traffic
-        cp_attention(group, "hybrid")(*loc, grid=GRID, layout="spatial").sum().backward()
+        spatial = AttentionSpec(grid=GRID, layout="spatial")
+        ContextParallelAttention(group, "hybrid")(*loc, spatial).sum().backward()
     out["hybrid_spatial"] = counter.bytes
     n = q.shape[2]
     out["ring_formula"] = ring_bytes(b=2, tokens=n, dim_kv=2 * 8, cp=world, elem=8)
@@ -163,7 +170,9 @@ def _bad_input_messages(rank, world):
     except ValueError as e:
         msgs.append(str(e))
     try:
-        cp_attention(group, "ring")(q, q, q, grid=(2, 2, 2), layout="spatial")
+        ContextParallelAttention(group, "ring")(
+            q, q, q, AttentionSpec(grid=(2, 2, 2), layout="spatial")
+        )
     except ValueError as e:
         msgs.append(str(e))
     try:
@@ -200,7 +209,7 @@ def test_ring_and_alltoall_equal_full_attention_forward_and_backward():
 
 def test_cp_mode_unknown_is_rejected():
     with pytest.raises(ValueError, match="mode 'zigzag' unknown"):
-        cp_attention(None, "zigzag")
+        ContextParallelAttention(None, "zigzag")
 
 
 def _worker_ring_overlap(rank, world):

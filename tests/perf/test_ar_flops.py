@@ -8,8 +8,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vfm_core.config import ModelConfig
-from vfm_core.models import layers
 from vfm_core.models.ar import CausalVideoTransformer, next_token_loss
+from vfm_core.models.local_attention import set_attention_backend
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 
 
@@ -27,18 +27,13 @@ def test_ar_train_flops_match_flop_counter(kv_heads, text):
         text_conditioning=text,
     )
     torch.manual_seed(0)
-    model = CausalVideoTransformer(cfg)
+    model = set_attention_backend(CausalVideoTransformer(cfg), "math")
     tokens = torch.randint(0, cfg.vocab_size, (2, 3, 4, 4))  # 48 tokens per sample
     text = torch.randn(2, cfg.text_len, cfg.text_dim)
     n = 48
-    previous = layers._backend
-    layers.set_attention_backend("math")
-    try:
-        counter = FlopCounterMode(display=False)
-        with counter:
-            next_token_loss(model(tokens, text), tokens.flatten(1)).backward()
-    finally:
-        layers.set_attention_backend(previous)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        next_token_loss(model(tokens, text), tokens.flatten(1)).backward()
     counted = counter.get_total_flops()
     inner = cfg.heads * cfg.head_dim
     # the math kernel computes the full square for self-attention (fwd 4·S²·Dq, training 3×);

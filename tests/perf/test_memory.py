@@ -15,7 +15,6 @@ import torch
 
 from vfm_core.config import ModelConfig
 from vfm_core.families import build_model
-from vfm_core.models import layers
 from vfm_core.models.dit import count_params
 from vfm_core.perf.memory import (
     FRAMEWORK_OVERHEAD_GIB,
@@ -62,7 +61,6 @@ def measure(cfg: ModelConfig, *, batch: int, latent: tuple[int, int, int]) -> tu
     x = torch.randn(batch, cfg.in_channels, t, h, w)
     c_noise = torch.randn(batch)
     text = torch.randn(batch, cfg.text_len, cfg.text_dim)
-    layers.set_attention_backend("sdpa")
     measured = measure_saved_bytes(lambda: model(x, c_noise, text), model.parameters())
     pt, ph, pw = cfg.patch
     seq = (t // pt) * (h // ph) * (w // pw)
@@ -225,7 +223,6 @@ def test_activation_model_matches_autograd_cuda_bf16(name):
     x = torch.randn(batch, cfg.in_channels, t, h, w, device="cuda", dtype=torch.bfloat16)
     c_noise = torch.randn(batch, device="cuda")
     text = torch.randn(batch, cfg.text_len, cfg.text_dim, device="cuda", dtype=torch.bfloat16)
-    layers.set_attention_backend("sdpa")
     measured = measure_saved_bytes(lambda: model(x, c_noise, text), model.parameters())
     pt, ph, pw = cfg.patch
     seq = (t // pt) * (h // ph) * (w // pw)

@@ -11,7 +11,6 @@ import torch
 
 from vfm_core.config import apply_overrides
 from vfm_core.families import build_model
-from vfm_core.models import layers
 from vfm_core.parallel.recompute import checkpoint_blocks, live_saved_bytes, normalize
 from vfm_core.perf.memory import block_saved_elements, measure_saved_bytes
 from vfm_core.recipes import get_recipe
@@ -45,7 +44,6 @@ def _predicted(recipe: str, mode: str, full_blocks: int = 0) -> float:
 def test_recompute_memory_matches_the_planner_model(recipe):
     """What the blocks keep alive for the backward (measured: storages still referenced after the
     forward) drops by what block_saved_elements predicts for full and selective, within 1 %."""
-    layers.set_attention_backend("sdpa")
     measured = {m: _saved(recipe, m) for m in ("none", "full", "selective")}
     predicted = {m: _predicted(recipe, m) for m in measured}
     for mode in ("full", "selective"):

@@ -43,7 +43,7 @@ from vfm_core.infer.context_parallel import sampling_cp_group
 from vfm_core.infer.shapes import GenerateError
 from vfm_core.models.ar import CausalVideoTransformer
 from vfm_core.models.attention import KVCache
-from vfm_core.parallel.context import causal_positions, cp_attention
+from vfm_core.parallel.context import ContextParallelAttention, causal_positions
 from vfm_core.tokenizer.autoencoder import pixels_from_uint8
 
 __all__ = ["PrefillLayout", "SplitPrefill", "load_prompt", "prefill_layout", "sync_tokens"]
@@ -189,17 +189,17 @@ def prefill_layout(length: int, world: int) -> PrefillLayout:
 
 @contextmanager
 def _causal_ring(model: CausalVideoTransformer, group: dist.ProcessGroup) -> Iterator[None]:
-    """Self-attention of every block as the balanced causal ring over ``group``, then restored."""
+    """Self-attention of every block as the balanced causal ring over ``group`` (the core
+    swapped, its kernel kept), then restored."""
     mods = [block.self_attn[0] for block in model.blocks.values()]
-    before = [m.attn_fn for m in mods]
-    ring = cp_attention(group, "ring", balanced=True)
+    before = [m.core for m in mods]
     for m in mods:
-        m.attn_fn = ring
+        m.core = ContextParallelAttention(group, "ring", local=m.core, balanced=True)
     try:
         yield
     finally:
-        for m, fn in zip(mods, before, strict=True):
-            m.attn_fn = fn
+        for m, core in zip(mods, before, strict=True):
+            m.core = core
 
 
 class SplitPrefill:

@@ -1,7 +1,8 @@
 """Context parallelism for inference: each rank embeds, attends and transforms a contiguous slice
 of the latent tokens; the DiT's output is all-gathered so the sampler state stays replicated.
 
-Built from the parallel package's public pieces (:func:`vfm_core.parallel.context.cp_attention`,
+Built from the parallel package's public pieces (:class:`vfm_core.parallel.context.
+ContextParallelAttention`,
 :func:`~vfm_core.parallel.context.seq_chunk`, :func:`~vfm_core.parallel.context.gather_seq`) and
 :class:`~vfm_core.parallel.dims.ParallelDims` for the mesh, with the same hooks as
 ``parallelize_dit``'s sequence split, but without what training adds (gradient sync, FSDP
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from vfm_core.parallel.context import cp_attention, gather_seq, seq_chunk
+from vfm_core.parallel.context import ContextParallelAttention, gather_seq, seq_chunk
 from vfm_core.parallel.dims import ParallelDims
 
 __all__ = ["context_parallel_for_sampling", "sampling_cp_group"]
@@ -37,15 +38,15 @@ def context_parallel_for_sampling(model: nn.Module, *, arch: str) -> int:
         return 1
     group, rank, world = sampling_cp_group(next(model.parameters()).device.type)
     # full 3D attention: ring (exact online softmax); ST-DiT spatial/temporal: all-to-all
-    attn = cp_attention(group, "hybrid" if arch == "stdit" else "ring")
+    mode = "hybrid" if arch == "stdit" else "ring"
     for block in model.blocks.values():
         for a in block.self_attn:
-            a.attn_fn = attn
+            a.core = ContextParallelAttention(group, mode, local=a.core)
 
     def split(_mod, _inp, out):  # (B, N, D) -> (B, N/P, D)
         return seq_chunk(out, rank, world)
 
-    def rope_chunk(_mod, args):  # block(h, emb, shared, text, rope (N, d/2), grid)
+    def rope_chunk(_mod, args):  # block(h, emb, shared, text, rope (N, d/2), *, spec)
         args = list(args)
         args[4] = seq_chunk(args[4], rank, world, dim=0)  # (N/P, d/2)
         return tuple(args)

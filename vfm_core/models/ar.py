@@ -27,9 +27,10 @@ from torch import nn
 from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid, PackLayout, ShapeError, per_sample_mean, rope_angles
 from vfm_core.models.attention import Attention, KVCache
+from vfm_core.models.attention_spec import AttentionSpec, caption_mask
 from vfm_core.models.init import Init, linear_rule
 from vfm_core.models.layers import PooledTextEmbedder, has_values, make_mlp, make_norm, rope_3d
-from vfm_core.models.packed import TokenPack, token_pack
+from vfm_core.models.packed import pack_attention, token_pack
 
 
 class ARBlock(nn.Module):
@@ -58,15 +59,13 @@ class ARBlock(nn.Module):
         text: torch.Tensor,  # (B, L, Dt)
         rope: torch.Tensor,  # (N, d/2)
         *,
+        spec: AttentionSpec,  # the forward's: pack groups (documents), caption mask
         cache: KVCache | None = None,
-        pack: TokenPack | None = None,  # packed samples (B = 1)
     ) -> torch.Tensor:
-        ids = pack.groups["causal"] if pack is not None else None  # (N_pack,) document ids
-        mask = pack.cross_mask if pack is not None else None  # (N, S*L) own caption only
         h = self.norms[0](x)
-        x = x + self.self_attn[0](h, rope=rope, causal=True, cache=cache, sample_ids=ids)
+        x = x + self.self_attn[0](h, spec=spec.for_layout("causal"), rope=rope, cache=cache)
         if self.cross_attn is not None:
-            x = x + self.cross_attn(self.norms[1](x), context=text, mask=mask)
+            x = x + self.cross_attn(self.norms[1](x), spec=spec.cross(), context=text)
         return x + self.mlp(self.norms[-1](x))  # (B, N, D)
 
 
@@ -82,7 +81,8 @@ class CausalVideoTransformer(nn.Module):
     STAGE_ALL = ()
     """Nothing is replicated over the stages (the caption enters with the embedding)."""
     SEQUENCE = ("embed", "head", 2)
-    """As :data:`DiT.SEQUENCE <vfm_core.models.dit.DiT.SEQUENCE>`: block(x, text, rope (N, d/2))."""
+    """As :data:`DiT.SEQUENCE <vfm_core.models.dit.DiT.SEQUENCE>`: block(x, text, rope (N, d/2),
+    *, spec)."""
     CAUSAL = True
     """Causal attention: a CP rank's chunk is a balanced zigzag set of positions."""
 
@@ -154,9 +154,10 @@ class CausalVideoTransformer(nn.Module):
         block) the inputs continue the cached prefix (generation)."""
         h = self.embed_inputs(inputs, rope, text)  # (B, n, D)
         text = text.to(h.dtype)
+        spec = self.attention_spec(text)
         for i, block in enumerate(self.blocks.values()):
             cache = caches[i] if caches is not None else None
-            h = block(h, text, rope, cache=cache)  # (B, n, D)
+            h = block(h, text, rope, spec=spec, cache=cache)  # (B, n, D)
         return self.head(self.norm(h))  # (B, n, V)
 
     def forward(
@@ -180,7 +181,7 @@ class CausalVideoTransformer(nn.Module):
         A stage without ``embed`` takes the hidden stream (B, n, D) (``grid``: the batch's token
         grid; packs: ``layout``); one without ``head`` returns it.
         """
-        pack = None
+        pack = spec = None
         text_in = text  # (B | S, L, Dt) before a pack's captions are joined
         if layout is None:
             if self.embed is not None:
@@ -215,7 +216,8 @@ class CausalVideoTransformer(nn.Module):
                 x = self.packed_inputs(x[0], layout)[None]  # (1, length)
             rope = rope_angles(layout.positions, self.cfg.head_dim, self.cfg.rope_theta)
             rope = rope.to(x.device)  # (length, d/2)
-            pack = token_pack(layout, text_lengths, ["causal"], device=x.device)
+            pack = token_pack(layout, device=x.device)
+            spec = pack_attention(layout, text_lengths, ["causal"], device=x.device)
             lmax = int(text_lengths.max())
             text = text[:, :lmax].reshape(1, s * lmax, -1)  # (1, S*L, Dt)
         if self.embed is not None:
@@ -224,11 +226,18 @@ class CausalVideoTransformer(nn.Module):
         else:
             h = x  # (B, N, D) from the previous stage
         text = text.to(h.dtype)
+        if spec is None:  # batched
+            spec = self.attention_spec(text)
         for block in self.blocks.values():
-            h = block(h, text, rope, pack=pack)  # (B, N, D)
+            h = block(h, text, rope, spec=spec)  # (B, N, D)
         if self.head is None:
             return h
         return self.head(self.norm(h))  # (B, N, V)
+
+    def attention_spec(self, text: torch.Tensor) -> AttentionSpec:
+        """The attention spec of a batched forward: the real tokens of zero-padded captions
+        (B, L, Dt) for cross-attention."""
+        return AttentionSpec(mask=caption_mask(text) if self.cfg.cross_attention else None)
 
     def embed_inputs(
         self,

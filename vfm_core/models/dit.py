@@ -26,7 +26,8 @@ from torch import nn
 from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid, PackLayout, ShapeError, patchify, rope_angles, unpatchify
 from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
-from vfm_core.models.attention import Attention, Layout
+from vfm_core.models.attention import Attention
+from vfm_core.models.attention_spec import AttentionSpec, Layout, caption_mask
 from vfm_core.models.init import Init, linear_rule
 from vfm_core.models.layers import (
     PooledTextEmbedder,
@@ -37,7 +38,7 @@ from vfm_core.models.layers import (
     rope_3d,
     with_positions,
 )
-from vfm_core.models.packed import TokenPack, token_pack
+from vfm_core.models.packed import TokenPack, pack_attention, token_pack
 
 
 class DiTBlock(nn.Module):
@@ -69,28 +70,26 @@ class DiTBlock(nn.Module):
         shared: torch.Tensor | None,  # (B, 3D) AdaLN-LoRA global term
         text: torch.Tensor,  # (B, L, Dt)
         rope: torch.Tensor,  # (N, d/2)
-        grid: Grid | None,
         *,
+        spec: AttentionSpec,  # the forward's: grid or pack groups, caption mask
         pack: TokenPack | None = None,
     ) -> torch.Tensor:
         """Batched, or one pack (``pack`` given): x (1, N, D), emb (S, D), shared (S, 3D),
-        text (1, S*L, Dt), rope (N, d/2) per token, grid None."""
+        text (1, S*L, Dt), rope (N, d/2) per token."""
         mods = self.modulation(emb, shared)  # n × (shift, scale, gate), each (B | S, D)
         if pack is not None:  # per-sample modulation -> per token
             mods = [tuple(pack.per_token(m) for m in mod) for mod in mods]  # each (1, N, D)
         for i, (layout, attn) in enumerate(zip(self.layouts, self.self_attn)):
             shift, scale, gate = mods[i]
             h = modulate(self.norms[i](x), shift, scale)
-            if pack is None:
-                a = attn(h, rope=rope, grid=grid, layout=layout)  # (B, N, D)
-            else:
-                a = attn(h, rope=rope, sample_ids=pack.groups[layout])  # (1, N, D)
+            a = attn(h, spec=spec.for_layout(layout), rope=rope)  # (B, N, D)
             x = x + per_token(gate) * a  # (B, N, D)
         if self.cross_attn is not None:
             shift, scale, gate = mods[-2]
             h = modulate(self.norms[-2](x), shift, scale)
-            mask = None if pack is None else pack.cross_mask  # (N, S*L)
-            x = x + per_token(gate) * self.cross_attn(h, context=text, mask=mask)  # (B, N, D)
+            x = x + per_token(gate) * self.cross_attn(
+                h, spec=spec.cross(), context=text
+            )  # (B, N, D)
         shift, scale, gate = mods[-1]
         h = modulate(self.norms[-1](x), shift, scale)
         return x + per_token(gate) * self.mlp(h)  # (B, N, D)
@@ -141,7 +140,7 @@ class DiT(nn.Module):
     SEQUENCE = ("x_embedder", "final", 4)
     """(module whose output is the token sequence, module whose output is the whole sequence
     again, index of the RoPE angles among a block's positional arguments) for the context- and
-    sequence-parallel hooks: block(h, emb, shared, text, rope, grid)."""
+    sequence-parallel hooks: block(h, emb, shared, text, rope, *, spec, pack)."""
     CAUSAL = False
     """Bidirectional attention: any contiguous chunk of the sequence per CP rank."""
 
@@ -210,10 +209,10 @@ class DiT(nn.Module):
             positions = layout.positions
             rope = rope_angles(positions, cfg.head_dim, cfg.rope_theta).to(x.device)  # (N, d/2)
             used = {name for block in self.blocks.values() for name in block.layouts}
-            pack = token_pack(layout, text_lengths, sorted(used), device=x.device)
+            pack = token_pack(layout, device=x.device)
+            spec = pack_attention(layout, text_lengths, sorted(used), device=x.device)
             lmax = int(text_lengths.max())
             txt = text[:, :lmax].reshape(1, -1, text.shape[-1])  # (1, S*L, Dt)
-            grid = None
         if self.x_embedder is not None:
             h = self.x_embedder(with_positions(x, positions, cfg.abs_pos))  # (B, N, D)
         else:
@@ -223,8 +222,10 @@ class DiT(nn.Module):
             emb = emb + self.text_embedder(text, text_lengths)  # (B | S, D)
         shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (B|S, 3D)
         txt = txt.to(h.dtype)
+        if pack is None:  # batched: the grid's groups, the real tokens of padded captions
+            spec = AttentionSpec(grid=grid, mask=caption_mask(txt) if cfg.cross_attention else None)
         for block in self.blocks.values():
-            h = block(h, emb, shared, txt, rope, grid, pack=pack)  # (B, n, D)
+            h = block(h, emb, shared, txt, rope, spec=spec, pack=pack)  # (B, n, D)
         if self.final is None:
             return h
         out = self.final(h, emb, pack=pack)  # (B, N, C*P)

@@ -100,9 +100,11 @@ def grouped_attention(
     ids: torch.Tensor,
     *,
     causal: bool = False,
+    backend: str = "sdpa",
 ) -> torch.Tensor:
     """Attention where token i sees token j only if ``ids[i] == ids[j]`` (and, ``causal``,
-    j <= i): q (B, Hq, N, d), k/v (B, Hkv, N, d), ids (N,) int -> (B, Hq, N, d).
+    j <= i): q (B, Hq, N, d), k/v (B, Hkv, N, d), ids (N,) int -> (B, Hq, N, d); kernel
+    ``backend`` (:func:`~vfm_core.models.layers.attention`).
 
     The tokens are sorted by group (stably, so a group keeps its order) and every set of groups
     of one length runs as one batched fused call of shape (B·G, H, length, d): memory O(N), where
@@ -114,13 +116,14 @@ def grouped_attention(
         raise ValueError(f"sample_ids: expected shape ({n},) for {n} tokens, got {shape}")
     buckets, inverse = group_buckets(ids)
     if inverse is None:  # one group: plain attention
-        return attention(q, k, v, causal=causal)
+        return attention(q, k, v, causal=causal, backend=backend)
     b, hq, d = q.shape[0], q.shape[1], q.shape[3]
     outs = []
     for tok in buckets:
         tok = tok.to(q.device)
         g, length = tok.shape
-        o = attention(*(_bucket(t, tok) for t in (q, k, v)), causal=causal)  # (B*G_L, Hq, L, d)
+        qkv = (_bucket(t, tok) for t in (q, k, v))
+        o = attention(*qkv, causal=causal, backend=backend)  # (B*G_L, Hq, L, d)
         outs.append(o.view(b, g, hq, length, d).transpose(1, 2).reshape(b, hq, g * length, d))
     return torch.cat(outs, dim=2).index_select(2, inverse.to(q.device))  # (B, Hq, N, d)
 

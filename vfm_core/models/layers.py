@@ -298,24 +298,9 @@ def make_mlp(kind: str, dim: int, ratio: float, bias: bool = True) -> nn.Module:
 # -----------------------------------------------------------------------------------------
 # attention
 ATTENTION_BACKENDS = ("sdpa", "math", "te")
-_backend = "sdpa"
-
-
-def set_attention_backend(name: str) -> None:
-    """Select the attention kernel globally: 'sdpa' (torch fused/flash on GPU), 'math'
-    (reference, counted by FlopCounterMode) or 'te' (transformer-engine, see te_adapter).
-
-    flex / varlen kernels for packed sequences plug in here with the loader's packing.
-    """
-    global _backend
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention backend {name!r} unknown (choose from {ATTENTION_BACKENDS})")
-    _backend = name
-
-
-def attention_backend() -> str:
-    """The attention kernel :func:`set_attention_backend` selected."""
-    return _backend
+"""Attention kernels: 'sdpa' (torch fused / flash on GPU), 'math' (reference, counted by
+FlopCounterMode), 'te' (transformer-engine, see te_adapter). An attention core holds its own
+(:func:`vfm_core.models.local_attention.set_attention_backend`); nothing here is global."""
 
 
 def attention(
@@ -325,19 +310,21 @@ def attention(
     mask: torch.Tensor | None = None,
     *,
     causal: bool = False,
+    backend: str = "sdpa",
 ) -> torch.Tensor:
-    """The one attention dispatch. q (B, Hq, Sq, d); k, v (B, Hkv, Sk, d) with Hq % Hkv == 0 (GQA);
-    mask: boolean (B|1, 1, Sq, Sk), True = attend; ``causal`` (Sq == Sk, no mask): query i
-    attends to keys <= i, SDPA's ``is_causal`` (no mask tensor is built or saved, and on a GPU
-    the flash kernel serves it; on CPU bit-identical to the explicit lower-triangular mask,
-    measured). Returns (B, Hq, Sq, d)."""
+    """The one attention dispatch, through the kernel ``backend`` (:data:`ATTENTION_BACKENDS`).
+    q (B, Hq, Sq, d); k, v (B, Hkv, Sk, d) with Hq % Hkv == 0 (GQA); mask: boolean
+    (B|1, 1, Sq|1, Sk), True = attend; ``causal`` (Sq == Sk, no mask): query i attends to keys
+    <= i, SDPA's ``is_causal`` (no mask tensor is built or saved, and on a GPU the flash kernel
+    serves it; on CPU bit-identical to the explicit lower-triangular mask, measured). Returns
+    (B, Hq, Sq, d)."""
     hq, hkv = q.shape[1], k.shape[1]
     if causal and (mask is not None or q.shape[2] != k.shape[2]):
         raise ValueError(
             f"causal attention takes no mask and as many keys as queries, got {q.shape[2]} "
             f"queries and {k.shape[2]} keys (mask {'given' if mask is not None else 'none'})"
         )
-    if _backend == "math":
+    if backend == "math":
         if hq != hkv:
             k = k.repeat_interleave(hq // hkv, dim=1)  # (B, Hq, Sk, d)
             v = v.repeat_interleave(hq // hkv, dim=1)
@@ -347,7 +334,7 @@ def attention(
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return scores.softmax(dim=-1) @ v  # (B, Hq, Sq, d)
-    if _backend == "te" and mask is None and not causal:
+    if backend == "te" and mask is None and not causal:
         from vfm_core.models.te_adapter import te_attention
 
         return te_attention(q, k, v)

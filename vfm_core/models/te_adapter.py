@@ -74,7 +74,7 @@ def context_backend(
     q: torch.Tensor, *, backend: str, packed: bool, causal: bool, balanced: bool
 ) -> tuple[str, str]:
     """(implementation, why) of a context-parallel ring call: ``te`` (TE's context-parallel
-    attention) where the selected attention ``backend`` (``layers.attention_backend()``) is
+    attention) where the attention ``backend`` (the kernel of the replaced attention core) is
     ``te``, the tensors are on a GPU and the case is one TE covers (unpacked; causal only over
     the balanced placement), else ``torch`` (PyTorch's ring / vfm's packed ring,
     :mod:`vfm_core.parallel.ring`)."""

@@ -12,25 +12,25 @@ saved log-sum-exp. Neither ever builds an n x n score matrix:
   ring where it covers the case; :mod:`vfm_core.parallel.ring`).
 * **all-to-all** (:func:`ulysses_attention`, Jacobs et al. 2023 "DeepSpeed-Ulysses"): one
   all-to-all re-shards (sequence-chunk, all heads) -> (all tokens, head-chunk), attention runs
-  locally with any layout (full / spatial / temporal, so it serves ST-DiT), a second all-to-all
-  shards back. Needs heads divisible by the group size.
+  locally as the spec says (full / spatial / temporal, packs: so it serves ST-DiT), a second
+  all-to-all shards back. Needs heads divisible by the group size.
 
-:func:`cp_attention` is the callable ``parallelize_dit`` hangs on each self-attention module: the
-paper's ST-DiT hybrid picks all-to-all for spatial/temporal and ring for full attention.
+:class:`ContextParallelAttention` is the attention core ``parallelize_dit`` swaps into each
+self-attention module: the paper's ST-DiT hybrid picks all-to-all for spatial/temporal and ring
+for full attention; it computes with the kernel of the single-device core it replaced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 from typing import Literal
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from vfm_core.geometry import Grid
-from vfm_core.models.attention import group_tokens, ungroup_tokens
-from vfm_core.models.flash import grouped_attention
-from vfm_core.models.layers import attention
+from vfm_core.models.attention_spec import FULL_ATTENTION, AttentionSpec
+from vfm_core.models.local_attention import LocalAttention, local_attention
 from vfm_core.parallel.ring import causal_positions, ring_attention
 
 __all__ = ["causal_positions", "ring_attention"]  # re-exported: the CP entry points live here
@@ -83,20 +83,17 @@ def ulysses_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     group: dist.ProcessGroup,
+    spec: AttentionSpec = FULL_ATTENTION,
     *,
-    grid: Grid | None = None,
-    layout: str = "full",
-    sample_ids: torch.Tensor | None = None,
+    backend: str = "sdpa",
 ) -> torch.Tensor:
     """All-to-all attention: q/k/v (B, H, n, d) sequence chunks -> (B, Hq, n, d).
 
-    After the re-shard each rank holds every token of H/P heads, so ``layout`` (full, spatial
-    within a frame, temporal across frames) groups tokens exactly as on one device, and a packed
-    sequence (``sample_ids`` (N,), full layout) attends within the groups of the whole pack
-    (:func:`~vfm_core.models.flash.grouped_attention`: no (N, N) mask).
+    After the re-shard each rank holds every token of H/P heads, so the spec's layout (full,
+    spatial within a frame, temporal across frames) groups tokens exactly as on one device, and a
+    pack attends within the groups of the whole pack (:func:`~vfm_core.models.flash.
+    grouped_attention`: no (N, N) mask); kernel ``backend``.
     """
-    if sample_ids is not None and layout != "full":
-        raise ValueError(f"packed sequences (sample_ids) need layout 'full', not {layout!r}")
     p = dist.get_world_size(group)
     hq, hkv = q.shape[1], k.shape[1]
     if hq % p:
@@ -105,69 +102,66 @@ def ulysses_attention(
         k = k.repeat_interleave(hq // hkv, dim=1)  # (B, Hq, n, d)
         v = v.repeat_interleave(hq // hkv, dim=1)
     q, k, v = (seq_to_heads(t, group) for t in (q, k, v))  # (B, H/P, N, d)
-    b = q.shape[0]
-    if layout != "full":
-        if grid is None:
-            raise ValueError(f"layout {layout!r} needs the token grid")
-        q, k, v = (group_tokens(t, grid, layout) for t in (q, k, v))  # (B', H/P, S, d)
-    if sample_ids is not None:
-        out = grouped_attention(q, k, v, sample_ids.to(q.device))  # (B, H/P, N, d)
-    else:
-        out = attention(q, k, v)  # (B', H/P, S, d)
-    if layout != "full":
-        out = ungroup_tokens(out, b, grid, layout)  # (B, H/P, N, d)
+    out = local_attention(q, k, v, spec, backend=backend)  # (B, H/P, N, d)
     return heads_to_seq(out, group)  # (B, Hq, n, d)
 
 
-def local_attention(q, k, v, *, grid: Grid) -> torch.Tensor:
-    """Spatial attention of a chunk of whole frames ``grid`` = (local t, h, w): no communication."""
-    b = q.shape[0]
-    q, k, v = (group_tokens(t, grid, "spatial") for t in (q, k, v))  # (B*t, H, h*w, d)
-    return ungroup_tokens(attention(q, k, v), b, grid, "spatial")  # (B, Hq, n, d)
-
-
-def cp_attention(
-    group: dist.ProcessGroup, mode: CPMode = "hybrid", *, balanced: bool = True
-) -> Callable[..., torch.Tensor]:
-    """The attention callable for a context-parallel self-attention (``Attention.attn_fn``).
+class ContextParallelAttention(nn.Module):
+    """The attention core of a context-parallel self-attention (``Attention.core``), over the
+    ranks of ``group``; no parameters, no buffers. ``local``: the single-device core it
+    replaces, whose kernel (``backend``) every mode computes with.
 
     ``ring``: ring for every layout (spatial/temporal need the local chunk to hold whole groups,
-    so ring is only valid for ``full``); ``alltoall``: all-to-all for every layout; ``hybrid``
-    (paper, ST-DiT): all-to-all for spatial/temporal, ring for full attention — and spatial
-    attention with no communication at all when every rank's chunk holds whole frames
-    (latent frames divisible by the CP degree), since tokens are split in (t, h, w) raster order.
-    Causal attention (``layout="causal"``, the autoregressive family) always runs the ring, over
-    the token placement of :func:`causal_positions` (``balanced``: zigzag).
+    so ring is only valid for ``full`` and packs); ``alltoall``: all-to-all for every layout;
+    ``hybrid`` (paper, ST-DiT): all-to-all for spatial/temporal, ring for full attention, packed
+    or not — and spatial attention with no communication at all when every rank's chunk holds
+    whole frames (latent frames divisible by the CP degree), since tokens are split in (t, h, w)
+    raster order. Causal attention (the autoregressive family) always runs the ring, over the
+    token placement of :func:`causal_positions` (``balanced``: zigzag).
     """
-    if mode not in ("ring", "alltoall", "hybrid"):
-        raise ValueError(f"context-parallel mode {mode!r} unknown (ring | alltoall | hybrid)")
 
-    def attn_fn(
-        q, k, v, *, grid: Grid | None = None, layout: str = "full", sample_ids=None
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        mode: CPMode = "hybrid",
+        *,
+        local: LocalAttention | None = None,
+        balanced: bool = True,
+    ):
+        super().__init__()
+        if mode not in ("ring", "alltoall", "hybrid"):
+            raise ValueError(f"context-parallel mode {mode!r} unknown (ring | alltoall | hybrid)")
+        self.group, self.mode, self.balanced = group, mode, balanced
+        self.local = local if local is not None else LocalAttention()
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
     ) -> torch.Tensor:
-        if layout == "causal":  # autoregressive family: causal ring over balanced chunks
-            if sample_ids is not None:  # packed documents: ids of every rank's chunk, in order
-                p = dist.get_world_size(group)
-                pos = causal_positions(q.shape[2], p, balanced=balanced)  # (P, n)
-                sample_ids = sample_ids[pos.flatten().to(sample_ids.device)]
+        """This rank's chunk q (B, Hq, n, d), k/v (B, Hkv, n, d) -> (B, Hq, n, d)."""
+        p, backend = dist.get_world_size(self.group), self.local.backend
+        ids, grid = spec.sample_ids, spec.grid  # ids: (N,) of the whole pack
+        if spec.causal:  # autoregressive family: causal ring over balanced chunks
+            if ids is not None:  # packed documents: ids of every rank's chunk, in order
+                pos = causal_positions(q.shape[2], p, balanced=self.balanced)  # (P, n)
+                ids = ids[pos.flatten().to(ids.device)]
             return ring_attention(
-                q, k, v, group, sample_ids=sample_ids, causal=True, balanced=balanced
-            )
-        if mode == "hybrid" and layout == "spatial" and grid is not None and sample_ids is None:
-            p = dist.get_world_size(group)
-            if grid[0] % p == 0:  # the chunk holds whole frames: spatial attention is local
-                return local_attention(q, k, v, grid=(grid[0] // p, grid[1], grid[2]))
-        use_ring = mode == "ring" or (mode == "hybrid" and layout == "full")
-        if use_ring:
-            if layout != "full":
+                q, k, v, self.group, sample_ids=ids, causal=True, balanced=self.balanced,
+                backend=backend,
+            )  # fmt: skip
+        if self.mode == "hybrid" and spec.layout == "spatial" and grid is not None:
+            if ids is None and grid[0] % p == 0:  # whole frames per chunk: spatial is local
+                return self.local(q, k, v, replace(spec, grid=(grid[0] // p, *grid[1:])))
+        if self.mode == "ring" or (self.mode == "hybrid" and spec.layout == "full"):
+            if spec.layout != "full" and ids is None:
                 raise ValueError(
-                    f"ring context parallelism supports full attention only, not {layout!r} "
-                    "(use cp mode 'hybrid' or 'alltoall' for ST-DiT)"
+                    f"ring context parallelism supports full attention only, not "
+                    f"{spec.layout!r} (use cp mode 'hybrid' or 'alltoall' for ST-DiT)"
                 )
-            return ring_attention(q, k, v, group, sample_ids=sample_ids)
-        return ulysses_attention(q, k, v, group, grid=grid, layout=layout, sample_ids=sample_ids)
+            return ring_attention(q, k, v, self.group, sample_ids=ids, backend=backend)
+        return ulysses_attention(q, k, v, self.group, spec, backend=backend)
 
-    return attn_fn
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}, balanced={self.balanced}"
 
 
 # ------------------------------------------------------------------ sequence split / gather

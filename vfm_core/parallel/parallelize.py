@@ -3,7 +3,7 @@
 Order (torchtitan ``parallelize.py``; paper §4): **TP/SP -> CP -> activation checkpointing ->
 FSDP2**, applied to the whole model or to each pipeline stage (:mod:`vfm_core.parallel.pipeline`
 cuts the stages first). The model code in ``vfm_core/models`` never sees a mesh; this module only
-uses ``parallelize_module`` plans, forward hooks and the ``Attention.attn_fn`` hook.
+uses ``parallelize_module`` plans, forward hooks and the attention modules' swappable ``core``.
 
 How the sequence is split. Tokens stay in (t, h, w) raster order. With CP (degree C) and/or SP
 (sequence parallel over the TP group, degree T) the ``x_embedder`` output is cut into C*T contiguous
@@ -15,10 +15,10 @@ run unchanged (identically on the ranks of one CP x TP group).
 Packed sequences (``DiT.forward_packed``, one pack of length divisible by C*T per data-parallel
 rank) use the same cut, so chunk boundaries may split samples. A forward pre-hook cuts the pack's
 per-token side information like the tokens: the token -> sample index of the modulation by
-(C, T), the cross-attention mask rows by C (SP all-gathers the attention input); the attention
-group ids stay whole, since ring / all-to-all attention need the whole pack's ids. In the hybrid
-mode ST-DiT's spatial / temporal modules send packed calls (full attention under group ids) to
-all-to-all and full attention to the ring, as for unpacked batches.
+(C, T), the rows of the attention spec's cross-attention mask by C (SP all-gathers the attention
+input); the attention group ids stay whole, since ring / all-to-all attention need the whole
+pack's ids. In the hybrid mode ST-DiT's spatial / temporal passes of a pack (attention under
+group ids) go all-to-all and full attention to the ring, as for unpacked batches.
 
 Gradients. On a sequence chunk every parameter only sees its own tokens, so its gradient is a
 partial sum that must be summed:
@@ -33,7 +33,6 @@ partial sum that must be summed:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -50,9 +49,9 @@ from torch.distributed.tensor.parallel import (
 
 from vfm_core.config import ConfigError
 from vfm_core.parallel.context import (
+    ContextParallelAttention,
     CPMode,
     causal_positions,
-    cp_attention,
     gather_seq,
     seq_chunk,
     split_seq,
@@ -197,16 +196,19 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
             out = gather_seq(out, tp_group)
         return cp_gather(out)
 
-    def pack_chunk(_mod, args, kwargs):  # packed forward: block / final(..., pack=TokenPack)
-        pack = kwargs.get("pack")
-        if pack is None:
+    def pack_chunk(_mod, args, kwargs):  # packed forward: block(..., spec, pack) / final(pack)
+        pack, spec = kwargs.get("pack"), kwargs.get("spec")
+        if pack is None and (spec is None or spec.groups is None):
             return None
         # modulation rows follow the block's tokens (CP chunk, then SP chunk); cross-attention
         # rows follow what the attention sees (the CP chunk: SP all-gathers its input); the
         # group ids stay whole (ring / all-to-all take the whole pack's ids)
-        local = seq_chunk(cp_part(pack.token_sample, 0), tp_rank, tp, 0)  # (n,)
-        cross = cp_part(pack.cross_mask, 0)  # (N/C, S*L)
-        kwargs = {**kwargs, "pack": replace(pack, token_sample=local, cross_mask=cross)}
+        if pack is not None:
+            local = seq_chunk(cp_part(pack.token_sample, 0), tp_rank, tp, 0)  # (n,)
+            kwargs = {**kwargs, "pack": replace(pack, token_sample=local)}
+        if spec is not None and spec.groups is not None:
+            cross = cp_part(spec.mask, 2)  # (1, 1, N/C, S*L)
+            kwargs = {**kwargs, "spec": replace(spec, mask=cross)}
         return args, kwargs
 
     if seq_in is not None:  # the first pipeline stage (or the whole model)
@@ -225,20 +227,6 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
         module.register_forward_pre_hook(pack_chunk, with_kwargs=True)
     if seq_out is not None:  # the last pipeline stage (or the whole model)
         seq_out.register_forward_hook(gather)
-
-
-def _packs_to(batched: Callable, packed: Callable) -> Callable:
-    """An ``Attention.attn_fn`` that sends packed calls (``sample_ids`` given) to ``packed``.
-
-    ST-DiT's spatial / temporal attentions in a pack are full attention under their group ids
-    (``layout="full"``); the hybrid's rule still holds by module: those modules go all-to-all."""
-
-    def attn_fn(q, k, v, *, grid=None, layout="full", sample_ids=None):
-        if sample_ids is None:
-            return batched(q, k, v, grid=grid, layout=layout)
-        return packed(q, k, v, grid=grid, layout=layout, sample_ids=sample_ids)
-
-    return attn_fn
 
 
 def fsdp_units(model: nn.Module, unit: str) -> list[nn.Module]:
@@ -349,15 +337,12 @@ def _tensor_parallel(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
 
 
 def _context_parallel_attention(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
-    """Self-attention cores become ring / all-to-all over the cp group: full (and causal)
-    attention by ``cp_mode``, spatial / temporal groups all-to-all under ``hybrid``."""
-    fn = cp_attention(dims.group("cp"), cp_mode)
-    local_fn = fn
-    if cp_mode == "hybrid":  # packed spatial / temporal groups: all-to-all, as unpacked
-        local_fn = _packs_to(fn, cp_attention(dims.group("cp"), "alltoall"))
+    """Self-attention cores become ring / all-to-all over the cp group (the layout swaps the
+    core; the replaced one stays its local kernel): full (and causal) attention by ``cp_mode``,
+    spatial / temporal groups all-to-all under ``hybrid``."""
     for block in model.blocks.values():
-        for layout, attn in zip(block.layouts, block.self_attn):
-            attn.attn_fn = fn if layout in ("full", "causal") else local_fn
+        for attn in block.self_attn:
+            attn.core = ContextParallelAttention(dims.group("cp"), cp_mode, local=attn.core)
 
 
 def _tp_partial_grads(

@@ -34,7 +34,6 @@ import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vfm_core.models.flash import Aux, default_scale, flash_backward, flash_forward
-from vfm_core.models.layers import attention_backend
 from vfm_core.models.te_adapter import context_backend, te_context_attention
 
 Rect = tuple[int, int, int, int, bool]
@@ -286,6 +285,7 @@ def ring_attention(
     causal: bool = False,
     balanced: bool = True,
     overlap: bool | None = None,
+    backend: str = "sdpa",
 ) -> torch.Tensor:
     """Exact attention of the local queries against the K/V chunks of all ranks of ``group``.
 
@@ -303,15 +303,16 @@ def ring_attention(
     ``overlap`` (packed ring): move the next K/V block while the current one is computed; None
     (default): unless the group is gloo (on CPU the ranks' compute already fills the cores).
     PyTorch's ring (unpacked) always issues its transfers asynchronously. With the ``te``
-    attention backend on a GPU, unpacked calls run TransformerEngine's own context-parallel
-    attention (:func:`~vfm_core.models.te_adapter.context_backend`).
+    attention ``backend`` (the kernel of the attention core this ring replaces) on a GPU,
+    unpacked calls run TransformerEngine's own context-parallel attention
+    (:func:`~vfm_core.models.te_adapter.context_backend`).
     """
     world, rank, n = dist.get_world_size(group), dist.get_rank(group), q.shape[2]
     if sample_ids is None:
         if causal:
             causal_positions(n, world, balanced=balanced)  # checks the chunk divides
         impl, _ = context_backend(
-            q, backend=attention_backend(), packed=False, causal=causal, balanced=balanced
+            q, backend=backend, packed=False, causal=causal, balanced=balanced
         )
         if impl == "te":
             return te_context_attention(q, k, v, group, causal=causal)

@@ -52,7 +52,7 @@ from vfm_core.families.sources import make_source
 from vfm_core.launch.preempt import Preempted, StopRequest
 from vfm_core.models.dit import count_params
 from vfm_core.models.fp8 import fp8_autocast, resolve_fp8
-from vfm_core.models.layers import set_attention_backend
+from vfm_core.models.local_attention import set_attention_backend
 from vfm_core.models.te_adapter import resolve_attention_backend
 from vfm_core.parallel.apply import apply_layout
 from vfm_core.parallel.dims import ParallelDims
@@ -123,7 +123,6 @@ class Trainer:
         dims.build_mesh(self.device.type)
         self.cfg = cfg
         backend, self.attn_backend_reason = resolve_attention_backend(cfg.model.attn_backend)
-        set_attention_backend(backend)
         self.fp8, self.fp8_reason = resolve_fp8(cfg.train.fp8, tp=dims.tp)
         self.params = count_params(build_model(cfg.model, device="meta"))
         d, m = cfg.data, cfg.model
@@ -165,6 +164,8 @@ class Trainer:
             loss_fn=self.objective.loss,
             fp8=self.fp8,
         )
+        for part in self.layout.parts:  # every attention core's kernel
+            set_attention_backend(part, backend)
         self.model = self.layout.parts[0]
         """The whole parallelised model (pp = 1), or this rank's first pipeline stage."""
         self.micro = pipeline_microbatches(cfg, dims)
