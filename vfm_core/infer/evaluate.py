@@ -3,7 +3,9 @@ generated and held-out clips in the built-in clip embedder's feature space, logg
 the autoregressive family the held-out bits per token (:func:`heldout_bits`) in place of the EDM
 loss, and the same Fréchet distance, prompt following and untrained baseline of clips sampled
 token by token (:func:`vfm_core.infer.ar_sample.sample_tokens`) and decoded by the discrete
-tokenizer: one evaluation for both families, the model's sampler the only difference.
+tokenizer: one evaluation for both families, the model's sampler the only difference (the
+family's :class:`~vfm_core.infer.generation.Generation`: its held-out metric, clip draws and
+decoding; :func:`heldout_loss` and :func:`heldout_bits` live with it and are re-exported here).
 
 * **Held-out loss** (:func:`heldout_loss`): the EDM loss (Karras et al. 2022, eq. 2 with the
   weighting of Table 1, :meth:`vfm_core.diffusion.edm.EDM.loss`) of held-out latents at each of

@@ -8,7 +8,8 @@ the text model and the checkpoint load):
    (:func:`vfm_core.infer.video_out.check_writable`);
 2. the **plan**: the decoder's factors and the latent for ``frames`` x H x W
    (:func:`plan_request`; :mod:`vfm_core.infer.shapes`), for autoregressive runs the checked
-   token prompt (:func:`prompt_ids`);
+   token prompt (:func:`prompt_ids`); what differs by family (options refused, latent channels,
+   the decoder, the cost model) the run's :class:`~vfm_core.infer.generation.Generation` says;
 3. the **cost**: estimated memory and time against the request's bounds
    (:func:`check_cost`; :mod:`vfm_core.infer.budget`). :func:`preflight` does 2-3 from the run's
    config and the tokenizer's metadata alone, before any weights are read.
