@@ -20,8 +20,8 @@ from vfm_core.checkpoints.manager import CheckpointManager
 from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides, save_yaml, to_dict, validate
 from vfm_core.families import build_model
+from vfm_core.infer import diffusion_generation, progress, token_generation
 from vfm_core.infer import generate as gen
-from vfm_core.infer import progress
 from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
 from vfm_core.infer.budget import (
     BoundExceededWarning,
@@ -66,8 +66,12 @@ def nothing_large(monkeypatch):
     def boom(*_a, **_k):
         raise AssertionError("reached the work a refused request must never start")
 
-    for name in ("initial_noise", "embed_prompt", "sample_tokens"):
-        monkeypatch.setattr(gen, name, boom)
+    for module, name in (
+        (diffusion_generation, "initial_noise"),
+        (gen, "embed_prompt"),
+        (token_generation, "sample_tokens"),
+    ):
+        monkeypatch.setattr(module, name, boom)
 
 
 # ------------------------------------------------------------------ cases 14-18: the bounds

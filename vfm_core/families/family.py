@@ -5,7 +5,9 @@ A family owns its network builder, its training objective, the non-shared terms 
 parameter accounting, its layout rules and its synthetic training data. The shared parts live
 below it (:mod:`vfm_core.families.terms`, :mod:`vfm_core.families.objective`); the trainer, the
 planner and the data source factory hold a family and call it. A new family is one module with a
-:class:`Family` subclass, listed in :data:`vfm_core.families.FAMILIES`.
+:class:`Family` subclass, listed in :data:`vfm_core.families.FAMILIES`. Its sampler, decoding and
+evaluation metric live above this layer, in its ``vfm_core.infer.generation.Generation`` (listed
+in ``vfm_core.infer.family_generation.GENERATIONS``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ generated and held-out clips in the built-in clip embedder's feature space, logg
 the autoregressive family the held-out bits per token (:func:`heldout_bits`) in place of the EDM
 loss, and the same Fréchet distance, prompt following and untrained baseline of clips sampled
 token by token (:func:`vfm_core.infer.ar_sample.sample_tokens`) and decoded by the discrete
-tokenizer: one evaluation for both families, the model's sampler the only difference.
+tokenizer: one evaluation for both families, the model's sampler the only difference (the
+family's :class:`~vfm_core.infer.generation.Generation`: its held-out metric, clip draws and
+decoding; :func:`heldout_loss` and :func:`heldout_bits` live with it and are re-exported here).
 
 * **Held-out loss** (:func:`heldout_loss`): the EDM loss (Karras et al. 2022, eq. 2 with the
   weighting of Table 1, :meth:`vfm_core.diffusion.edm.EDM.loss`) of held-out latents at each of
@@ -38,16 +40,13 @@ import torch
 
 from vfm_core.checkpoints.load import LoadedDiT, load_dit
 from vfm_core.config import Config, ConfigError
-from vfm_core.diffusion.objective import create_diffusion
-from vfm_core.families import family_of
 from vfm_core.families.sources import make_source
-from vfm_core.infer.ar_sample import SamplingConfig, sample_tokens
-from vfm_core.infer.generate import PREVIEW_FACTORS, sample_latent
-from vfm_core.infer.request import load_decoder, load_token_decoder
+from vfm_core.infer.diffusion_generation import heldout_loss
+from vfm_core.infer.family_generation import generation_of
+from vfm_core.infer.request import PREVIEW_FACTORS
+from vfm_core.infer.token_generation import heldout_bits
 from vfm_core.infer.video_out import latent_preview, to_uint8_frames
 from vfm_core.progress import Progress
-from vfm_core.tokenizer.fsq import FSQ
-from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
 __all__ = [
     "EvalConfig",
@@ -156,67 +155,6 @@ def heldout_batches(
     return values, torch.cat(txt)[:n].float(), null
 
 
-@torch.no_grad()
-def heldout_loss(
-    model: torch.nn.Module,
-    cfg: Config,
-    latents: torch.Tensor,
-    text: torch.Tensor,
-    ec: EvalConfig,
-    *,
-    desc: str = "held-out loss",
-) -> dict[str, float]:
-    """Mean EDM loss per fixed sigma (keys ``loss_sigma_<s>``) and their mean (``heldout_loss``);
-    ``desc`` names its progress lines."""
-    edm = create_diffusion(cfg.diffusion)
-    g = torch.Generator().manual_seed(ec.seed)
-    noise = torch.randn(latents.shape, generator=g)  # (N, C, T, H, W): same for every checkpoint
-    out: dict[str, float] = {}
-    bar = Progress(len(ec.sigmas) * len(latents), desc=desc, unit="sample", logger=_log)
-    for s in ec.sigmas:
-        total = 0.0
-        for i in range(0, len(latents), ec.batch):
-            x0, t, e = latents[i : i + ec.batch], text[i : i + ec.batch], noise[i : i + ec.batch]
-            sigma = torch.full((len(x0),), float(s))  # (b,)
-            total += edm.loss(model, x0, t, sigma=sigma, noise=e).sum().item()
-            bar.update(len(x0))
-        out[f"loss_sigma_{s:g}"] = total / len(latents)
-    bar.close()
-    out["heldout_loss"] = float(np.mean([out[f"loss_sigma_{s:g}"] for s in ec.sigmas]))
-    return out
-
-
-@torch.no_grad()
-def heldout_bits(
-    model: torch.nn.Module,
-    cfg: Config,
-    tokens: torch.Tensor,
-    text: torch.Tensor,
-    ec: EvalConfig,
-    *,
-    desc: str = "held-out loss",
-) -> dict[str, float]:
-    """Autoregressive family: next-token cross-entropy of held-out token grids ``tokens``
-    (N, T, H, W) with captions ``text`` (N, L, Dt) in nats (``heldout_loss``) and in bits per
-    token (``heldout_bits_per_token``; log2 of the vocabulary for a uniform guess)."""
-    from vfm_core.models.ar import next_token_loss
-
-    total = 0.0
-    bar = Progress(len(tokens), desc=desc, unit="sample", logger=_log)
-    for i in range(0, len(tokens), ec.batch):
-        ids, t = tokens[i : i + ec.batch], text[i : i + ec.batch]
-        logits = model(ids, t)  # (b, N, V)
-        total += next_token_loss(logits, ids.flatten(1)).item() * len(ids)
-        bar.update(len(ids))
-    bar.close()
-    nats = total / len(tokens)
-    return {
-        "heldout_loss": nats,
-        "heldout_bits_per_token": nats / math.log(2),
-        "uniform_bits_per_token": math.log2(cfg.model.vocab_size),
-    }
-
-
 def _clip_features(videos: torch.Tensor, frames_per_clip: int) -> np.ndarray:
     """(N, 3, F, H, W) in [-1, 1] -> (N, 448) clip embeddings of the built-in embedder."""
     from vfm_core.annotate.embed import ColorThumbEmbedder, clip_embedding
@@ -236,14 +174,13 @@ def evaluate(
     ec = config or EvalConfig()
     loaded = checkpoint if isinstance(checkpoint, LoadedDiT) else load_dit(checkpoint)
     cfg, model = loaded.cfg, loaded.model
-    ar = family_of(cfg).discrete  # token ids: bits per token; latents: the EDM loss
-    held_out = heldout_bits if ar else heldout_loss
+    held_out = generation_of(cfg).heldout  # token ids: bits per token; latents: the EDM loss
     n = max(ec.loss_samples, ec.fd_samples)
     data, text, null = heldout_batches(cfg, ec, n)  # (n, C, T, H, W) | (n, T, H, W), (n, L, Dt)
     metrics = held_out(model, cfg, data[: ec.loss_samples], text[: ec.loss_samples], ec)
 
     tok_path = tokenizer or cfg.data.tokenizer or None
-    decoder = _load_decoder(cfg, tok_path) if tok_path else None
+    decoder = generation_of(cfg).load_decoder(cfg, tok_path) if tok_path else None
     ref = data[: ec.fd_samples]  # (m, C, T, H, W) latents | (m, T, H, W) token ids
     decode = _decoding(cfg, ec, decoder, ref)
     ref_features = _clip_features(decode(ref), ec.frames_per_clip)
@@ -290,35 +227,28 @@ def evaluate(
     return metrics
 
 
-def _load_decoder(cfg: Config, path: str | Path) -> Any:
-    """The run's tokenizer: a discrete one of the model's vocabulary (autoregressive), else one
-    with the DiT's latent channels."""
-    if family_of(cfg).discrete:
-        return load_token_decoder(path, vocab_size=cfg.model.vocab_size)
-    return load_decoder(path, latent_channels=cfg.model.in_channels)
-
-
 def _decoding(cfg: Config, ec: EvalConfig, decoder: Any, ref: torch.Tensor) -> Any:
     """``decode(x)``: latents (m, C, T, H, W) or token ids (m, T, H, W) -> videos (m, 3, F, H, W)
     in ~[-1, 1], by the tokenizer in batches, else a latent preview at one fixed scale (token ids
     through the run's synthetic FSQ grid first)."""
-    ar = family_of(cfg).discrete
-    fsq = FSQ(synthetic_levels(cfg.model)) if ar and decoder is None else None
+    gen = generation_of(cfg)
+    if decoder is not None:
 
-    def codes(x: torch.Tensor) -> torch.Tensor:
-        return fsq.indices_to_codes(x).movedim(-1, 1) if fsq is not None else x
-
-    scale = float(codes(ref).float().std()) * 2  # one fixed preview scale for both sides
-
-    def decode(x: torch.Tensor) -> torch.Tensor:
-        if decoder is not None:
-            run = decoder.decode_tokens if ar else decoder.decode
+        def decode(x: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
-                return torch.cat([run(x[i : i + ec.batch]) for i in range(0, len(x), ec.batch)])
-        t_c, s = PREVIEW_FACTORS
-        return latent_preview(codes(x), temporal_factor=t_c, spatial_factor=s, scale=scale)
+                return torch.cat(
+                    [gen.decode(decoder, x[i : i + ec.batch]) for i in range(0, len(x), ec.batch)]
+                )
 
-    return decode
+        return decode
+    scale = float(gen.codes(cfg, None, ref).float().std()) * 2  # one scale for both sides
+    t_c, s = PREVIEW_FACTORS
+
+    def preview(x: torch.Tensor) -> torch.Tensor:
+        codes = gen.codes(cfg, None, x)  # (m, C, T, H, W)
+        return latent_preview(codes, temporal_factor=t_c, spatial_factor=s, scale=scale)
+
+    return preview
 
 
 def _prompt_following(
@@ -380,33 +310,13 @@ def _generate(
     denoised from fixed noise, or token ids (m, T, H, W) drawn token by token (autoregressive);
     ``desc`` names the progress lines."""
     guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
-    ar = family_of(cfg).discrete  # token by token, else denoised
-    if ar:
-        sampling = SamplingConfig(
-            temperature=ec.temperature, top_k=ec.top_k, guidance=guidance, seed=ec.seed + 1
-        )
-    else:
-        noise = torch.randn(shape, generator=torch.Generator().manual_seed(ec.seed + 1))
+    gen = generation_of(cfg)  # token by token, else denoised
+    draw = gen.eval_draws(model, cfg, ec, null, shape, guidance=guidance)
+    batch = gen.eval_batch(ec)
     out = []
-    batch = ec.sample_batch if ar else ec.batch
     bar = Progress(shape[0], desc=desc, unit="clip", logger=_log)
     for i in range(0, shape[0], batch):
-        t = text[i : i + batch]
-        if ar:  # (b, T, H, W) token ids; the draws of each call seeded apart
-            sampling.seed = ec.seed + 1 + i
-            out.append(sample_tokens(model, t, tuple(shape[1:]), sampling, null_text=null))
-        else:  # (b, C, T, H, W)
-            out.append(
-                sample_latent(
-                    model,
-                    cfg.diffusion,
-                    noise[i : i + batch],
-                    t,
-                    steps=ec.steps,
-                    guidance=guidance,
-                    null_text=null,
-                )
-            )
+        out.append(draw(i, text[i : i + batch]))  # (b, C, T, H, W) | (b, T, H, W)
         bar.update(len(out[-1]))
     bar.close()
     return torch.cat(out)

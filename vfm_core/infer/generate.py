@@ -40,8 +40,10 @@ config before anything loads, the prompt embedded once, then :func:`generate` in
 Equivalence: 1, 2 and 4 ranks give the same video up to float rounding of the ring attention's
 online-softmax merge (tested: max abs difference of the decoded [-1, 1] video below 1e-3).
 
-Autoregressive runs (the family's ``discrete``) sample token ids instead of steps 4-5
-(:mod:`vfm_core.infer.ar_sample`), optionally continuing a token prompt (``prompt_tokens`` /
+Steps 2 and 4-6 ask the run's family (:mod:`vfm_core.infer.generation`): the diffusion family
+denoises as above (:mod:`vfm_core.infer.diffusion_generation`); autoregressive runs sample token
+ids instead of steps 4-5 (:mod:`vfm_core.infer.token_generation`, :mod:`vfm_core.infer.
+ar_sample`), optionally continuing a token prompt (``prompt_tokens`` /
 ``prompt_video``, ``prompt_frames`` latent frames); under torchrun the prompt's prefill is split
 over the ranks and decoding runs identically on each (:mod:`vfm_core.infer.ar_prefill`): the same
 tokens as one rank.
@@ -50,7 +52,6 @@ tokens as one rank.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import warnings
@@ -63,15 +64,10 @@ import torch
 import torch.distributed as dist
 
 from vfm_core.checkpoints.load import LoadedDiT, load_dit
-from vfm_core.config import DiffusionConfig
-from vfm_core.diffusion.objective import create_diffusion
-from vfm_core.diffusion.sampler import sample
-from vfm_core.families import family_of
-from vfm_core.infer.ar_prefill import SplitPrefill, sync_tokens
-from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
 from vfm_core.infer.budget import CostEstimate
-from vfm_core.infer.context_parallel import context_parallel_for_sampling
-from vfm_core.infer.progress import Progress
+from vfm_core.infer.diffusion_generation import initial_noise, sample_latent
+from vfm_core.infer.family_generation import generation_of
+from vfm_core.infer.generation import Generation, Sampled
 from vfm_core.infer.request import (
     GUIDANCE_RANGE,
     PREVIEW_FACTORS,
@@ -88,10 +84,8 @@ from vfm_core.infer.request import (
 )
 from vfm_core.infer.shapes import GenerateError, LatentPlan
 from vfm_core.infer.video_out import check_writable, latent_preview, to_uint8_frames, write_outputs
-from vfm_core.tokenizer.fsq import FSQ
-from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
-__all__ = [  # the request's names are re-exported from vfm_core.infer.request
+__all__ = [  # re-exported: the request's names (infer.request), the diffusion sampler's
     "GUIDANCE_RANGE",
     "GenerateRequest",
     "GenerateResult",
@@ -238,53 +232,6 @@ def text_condition(emb: np.ndarray | torch.Tensor, *, text_len: int, text_dim: i
     return torch.cat([e, pad])[None]  # (1, L, Dt)
 
 
-def initial_noise(latent: tuple[int, ...], seed: int) -> torch.Tensor:
-    """Standard normal noise (1, C, T', h, w) for the whole latent from one CPU generator: the
-    same tensor on every rank, whatever the rank count (each rank's model sees its token slice)."""
-    g = torch.Generator(device="cpu").manual_seed(int(seed))
-    return torch.randn((1, *latent), generator=g, dtype=torch.float32)  # (1, C, T', h, w)
-
-
-def sample_latent(
-    model: torch.nn.Module,
-    diffusion: DiffusionConfig,
-    noise: torch.Tensor,
-    text: torch.Tensor,
-    *,
-    steps: int,
-    guidance: float,
-    null_text: torch.Tensor | None = None,
-    progress: bool = False,
-) -> torch.Tensor:
-    """ODE sampling (the objective's schedule: Karras for EDM, shifted uniform t for rectified
-    flow; the run's Euler / Heun) with CFG in one batch; (1, C, T', h, w). ``null_text``
-    (B | 1, L, Dt): the unconditional branch (default zeros). ``progress``: one update per
-    denoiser call on stderr once sampling has run a few seconds."""
-    edm = create_diffusion(diffusion)  # EDM or rectified flow: its own schedule
-    sigmas = edm.sampling_sigmas(steps)
-    heun = diffusion.sampler == "heun"  # a second call at every step that does not end at 0
-    calls = steps + (int((sigmas[1:] != 0).sum()) if heun else 0)
-    desc = f"denoising ({steps} {diffusion.sampler} steps)"
-    bar = Progress(calls, desc=desc, unit="call", enabled=progress)
-
-    def denoise_fn(x: torch.Tensor, sigma: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        d = edm.denoise(model, x, sigma, t)  # (B, C, T', h, w)
-        bar.update()
-        return d
-
-    with bar:
-        return sample(
-            denoise_fn,
-            noise,
-            sigmas=sigmas,
-            method=diffusion.sampler,
-            text=text,  # (1, L, Dt)
-            # (B, L, Dt): what the trainer feeds for dropped captions
-            null_text=torch.zeros_like(text) if null_text is None else null_text.expand_as(text),
-            guidance=guidance,
-        )
-
-
 def generate(
     checkpoint: str | Path | LoadedDiT,
     request: GenerateRequest,
@@ -303,35 +250,39 @@ def generate(
     )
     steps = check_steps(cfg.diffusion.num_steps if request.steps is None else request.steps)
     tok_path = tokenizer or cfg.data.tokenizer or None
-    ar = family_of(cfg).discrete
+    gen = generation_of(cfg)  # the family's planning, sampler and decoding
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     decoder, plan, s = decoder_and_plan(cfg, request, tok_path, world)
     t_c = decoder.cfg.temporal_factor if decoder else PREVIEW_FACTORS[0]
     # before the prompt, the noise, the caches and the activations are built
     est = _check_cost(loaded, request, plan, decoder, steps=steps, guidance=guidance, world=world)
-    prompt = prompt_ids(cfg, request, decoder, plan, s) if ar else None  # (1, P) or None
+    prompt = prompt_ids(cfg, request, decoder, plan, s)  # (1, P) or None
     text, null = _text_conditions(loaded, request.prompt, text_emb)  # (1, L, Dt) each
     show = request.progress and (world == 1 or dist.get_rank() == 0)
-    tokens = None
     t0 = time.perf_counter()
-    if ar:
-        ranks = world
-        tokens = _sample_tokens(loaded, request, plan, text, null, prompt, guidance, show)
-        latent = _token_codes(tokens, decoder, cfg)  # (1, C, T', h, w) codes
-        steps = math.prod(plan.latent[1:])  # one model call per token
-    else:
-        ranks = context_parallel_for_sampling(loaded.model, arch=cfg.model.arch)
-        latent = _denoise(
-            loaded, plan, request, text, null, steps=steps, guidance=guidance, show=show
-        )
-    _refuse_not_finite(latent, loaded)  # the same latent on every rank: every rank refuses
+    sampled = gen.sample(
+        loaded,
+        request,
+        plan,
+        text=text,
+        null=null,
+        prompt=prompt,
+        decoder=decoder,
+        steps=steps,
+        guidance=guidance,
+        show=show,
+        world=world,
+    )
+    _refuse_not_finite(sampled.latent, loaded)  # the same latent on every rank: all refuse
     sample_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rank = dist.get_rank() if ranks > 1 else 0
+    rank = dist.get_rank() if sampled.ranks > 1 else 0
     gif = None
     if rank == 0:
-        video = _decoded_video(decoder, latent, tokens, temporal_factor=t_c, spatial_factor=s)
-        gif = _write_video(video, latent, tokens, out, request=request, tokenizer=tok_path)
+        video = _decoded_video(gen, decoder, sampled, temporal_factor=t_c, spatial_factor=s)
+        gif = _write_video(
+            video, sampled.latent, sampled.tokens, out, request=request, tokenizer=tok_path
+        )
     result = GenerateResult(
         mp4=str(out),
         gif=gif,
@@ -339,22 +290,22 @@ def generate(
         frames=plan.frames,
         size=(plan.height, plan.width),
         latent_shape=tuple(plan.latent),
-        steps=steps,
+        steps=sampled.steps,
         guidance=guidance,
         seed=request.seed,
-        ranks=ranks,
+        ranks=sampled.ranks,
         decoder=f"tokenizer:{tok_path}" if decoder is not None else "latent-preview",
         checkpoint=str(loaded.checkpoint),
         step=loaded.step,
         sample_s=sample_s,
         decode_s=time.perf_counter() - t1,
-        tokens=str(out.with_suffix(".tokens.npy")) if tokens is not None else None,
+        tokens=str(out.with_suffix(".tokens.npy")) if sampled.tokens is not None else None,
         estimate_gib=est.peak_bytes / 2**30,
         estimate_s=est.seconds,
     )
     if rank == 0:  # what the launcher of N ranks reads back (write_result)
         write_result(result, out)
-    if ranks > 1:
+    if sampled.ranks > 1:
         dist.barrier()
     return result
 
@@ -386,31 +337,6 @@ def _check_cost(
     )
 
 
-def _denoise(
-    loaded: LoadedDiT,
-    plan: LatentPlan,
-    request: GenerateRequest,
-    text: torch.Tensor,
-    null: torch.Tensor,
-    *,
-    steps: int,
-    guidance: float,
-    show: bool,
-) -> torch.Tensor:
-    """The sampled latent (1, C, T', h, w) of a diffusion request, from its seed's noise."""
-    noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
-    return sample_latent(
-        loaded.model,
-        loaded.cfg.diffusion,
-        noise,
-        text,
-        steps=steps,
-        guidance=guidance,
-        null_text=null,
-        progress=show,
-    )
-
-
 def _check_request(request: GenerateRequest, out: str | Path) -> Path:
     """``out`` as a writable path, once the prompt, the options and the bounds of ``request``
     are checked (GenerateError otherwise)."""
@@ -436,35 +362,26 @@ def _text_conditions(
     return text, null
 
 
-def _token_codes(tokens: torch.Tensor, decoder: Any, cfg: Any) -> torch.Tensor:
-    """FSQ codes (1, C, T', h, w) of token ids (1, T', h, w): the tokenizer's quantiser, or the
-    synthetic levels of the model without one."""
-    fsq = decoder.fsq if decoder is not None else FSQ(synthetic_levels(cfg.model))
-    return fsq.indices_to_codes(tokens).movedim(-1, 1)
-
-
 def _decoded_video(
+    gen: Generation,
     decoder: Any,
-    latent: torch.Tensor,
-    tokens: torch.Tensor | None,
+    sampled: Sampled,
     *,
     temporal_factor: int,
     spatial_factor: int,
 ) -> torch.Tensor:
-    """The video (1, 3, F, H, W) in ~[-1, 1]: the tokenizer's decoding of the tokens or the
-    latent (1, C, T', h, w), else a latent preview (with a warning)."""
+    """The video (1, 3, F, H, W) in ~[-1, 1]: the tokenizer's decoding of the sampled tokens or
+    latent, else a preview of the latent (1, C, T', h, w) (with a warning)."""
     with torch.no_grad():
-        if decoder is not None and tokens is not None:
-            return decoder.decode_tokens(tokens)
         if decoder is not None:
-            return decoder.decode(latent.float())
+            return gen.decode(decoder, sampled.values)
         warnings.warn(
             "no tokenizer (--tokenizer, or data.tokenizer in the run config): writing a "
             "latent preview (3 latent channels up-sampled), not a decoded video",
             stacklevel=3,
         )
         return latent_preview(
-            latent, temporal_factor=temporal_factor, spatial_factor=spatial_factor
+            sampled.latent, temporal_factor=temporal_factor, spatial_factor=spatial_factor
         )
 
 
@@ -541,44 +458,3 @@ def _resident_bytes(model: torch.nn.Module, decoder: Any) -> float:
     if decoder is not None:
         held += sum(p.numel() * p.element_size() for p in decoder.parameters())
     return float(held)
-
-
-def _sample_tokens(
-    loaded: LoadedDiT,
-    request: GenerateRequest,
-    plan: Any,
-    text: torch.Tensor,
-    null: torch.Tensor,
-    prompt: torch.Tensor | None,
-    guidance: float,
-    show: bool,
-) -> torch.Tensor:
-    """Token ids (1, T', h, w) of an autoregressive request, the same on every rank."""
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    sampling = SamplingConfig(
-        temperature=request.temperature,
-        top_k=request.top_k,
-        top_p=request.top_p,
-        guidance=guidance,
-        seed=request.seed,
-    )
-    device = next(loaded.model.parameters()).device
-    # ranks > 1: the prompt's prefill split over them (no prompt: nothing to split)
-    prefill = SplitPrefill(device.type) if world > 1 and prompt is not None else local_prefill
-    total = math.prod(plan.latent[1:]) - (prompt.shape[1] if prompt is not None else 0)
-    bar = Progress(total, desc="sampling tokens", unit="token", enabled=show)
-    try:
-        with bar:
-            tokens = sample_tokens(
-                loaded.model,
-                text,
-                tuple(plan.latent[1:]),
-                sampling,
-                null_text=null,
-                prompt=prompt,
-                prefill=prefill,
-                progress=lambda done: bar.update(done - bar.n),
-            )
-    except SamplingError as e:
-        raise GenerateError(str(e)) from None
-    return sync_tokens(tokens)  # (1, T', h, w), rank 0's on every rank

@@ -8,7 +8,8 @@ the text model and the checkpoint load):
    (:func:`vfm_core.infer.video_out.check_writable`);
 2. the **plan**: the decoder's factors and the latent for ``frames`` x H x W
    (:func:`plan_request`; :mod:`vfm_core.infer.shapes`), for autoregressive runs the checked
-   token prompt (:func:`prompt_ids`);
+   token prompt (:func:`prompt_ids`); what differs by family (options refused, latent channels,
+   the decoder, the cost model) the run's :class:`~vfm_core.infer.generation.Generation` says;
 3. the **cost**: estimated memory and time against the request's bounds
    (:func:`check_cost`; :mod:`vfm_core.infer.budget`). :func:`preflight` does 2-3 from the run's
    config and the tokenizer's metadata alone, before any weights are read.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +27,13 @@ import numpy as np
 import torch
 
 from vfm_core.config import Config
-from vfm_core.families import family_of
-from vfm_core.infer.ar_prefill import load_prompt
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError
-from vfm_core.infer.budget import (
-    CostEstimate,
-    GenerateBounds,
-    check_bounds,
-    device_rate,
-    estimate_ar,
-    estimate_dit,
-)
+from vfm_core.infer.budget import CostEstimate, GenerateBounds, check_bounds, device_rate
+from vfm_core.infer.decoders import load_decoder, load_token_decoder
+from vfm_core.infer.family_generation import generation_of
 from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent, warn_beyond_training
 from vfm_core.tokenizer.config import TokenizerConfig
 from vfm_core.tokenizer.run_settings import tokenizer_config
-from vfm_core.tokenizer.synthetic_tokens import synthetic_levels
 
 __all__ = [
     "GUIDANCE_RANGE",
@@ -154,72 +147,14 @@ def check_prompt(prompt: str) -> str:
     return prompt.strip()
 
 
-# ------------------------------------------------------------------ the decoder
-def load_decoder(path: str | Path, *, latent_channels: int):
-    """The tokenizer at ``path`` (vfm or external layout); channel mismatch -> GenerateError."""
-    from vfm_core.tokenizer import TokenizerLoadError, load_external_tokenizer, load_tokenizer
-    from vfm_core.tokenizer.io import WEIGHTS_FILE
-
-    p = Path(path)
-    try:
-        if (p / WEIGHTS_FILE).is_file() or p.is_file():
-            return load_tokenizer(p, expected_latent_channels=latent_channels)
-        return load_external_tokenizer(p, expected_latent_channels=latent_channels)
-    except TokenizerLoadError as e:
-        raise GenerateError(f"--tokenizer {p}: {e}") from None
-
-
-def load_token_decoder(path: str | Path, *, vocab_size: int):
-    """A discrete tokenizer whose FSQ grid has ``vocab_size`` ids, else GenerateError."""
-    from vfm_core.tokenizer import TokenizerLoadError, load_tokenizer
-
-    try:
-        tok = load_tokenizer(path)
-    except TokenizerLoadError as e:
-        raise GenerateError(f"--tokenizer {path}: {e}") from None
-    if tok.fsq is None:
-        raise GenerateError(
-            f"--tokenizer {path}: a continuous tokenizer; the autoregressive model needs a "
-            "discrete one (vfm tokenizer train --discrete)"
-        )
-    if tok.vocab_size != vocab_size:
-        raise GenerateError(
-            f"--tokenizer {path}: its codebook has {tok.vocab_size} ids (FSQ levels "
-            f"{list(tok.cfg.fsq_levels)}), the model's vocabulary {vocab_size}"
-        )
-    return tok
-
-
 # ------------------------------------------------------------------ the plan
 def plan_request(
     cfg: Config, request: GenerateRequest, tok: TokenizerConfig | None, world: int
 ) -> tuple[LatentPlan, int, int]:
     """(plan, temporal factor, spatial factor) of ``request`` on ``world`` ranks with a decoder
     of config ``tok`` (None: the latent preview)."""
-    ar = family_of(cfg).discrete
-    if ar:
-        channels = tok.latent_channels if tok else len(synthetic_levels(cfg.model))
-        _refuse_other_family(
-            cfg,
-            request,
-            ("steps",),
-            "denoising steps of diffusion runs",
-            "draws one token per latent position: --temperature, --top-k, --top-p, --guidance",
-        )
-    else:
-        channels = cfg.model.in_channels
-        if request.prompt_tokens is not None or request.prompt_video is not None:
-            raise GenerateError(
-                "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
-                f"prompt; this run's model.arch is {cfg.model.arch!r}"
-            )
-        _refuse_other_family(
-            cfg,
-            request,
-            ("temperature", "top_k", "top_p"),  # the token draws' settings
-            "token sampling settings of autoregressive runs",
-            "takes --steps and --guidance",
-        )
+    gen = generation_of(cfg)
+    gen.check_request(cfg, request)  # the other family's options refused, never ignored
     t_c, s = (tok.temporal_factor, tok.spatial_factor) if tok else PREVIEW_FACTORS
     plan = plan_latent(
         request.frames,
@@ -227,9 +162,9 @@ def plan_request(
         request.width,
         temporal_factor=t_c,
         spatial_factor=s,
-        channels=channels,
+        channels=gen.latent_channels(cfg, tok),
         patch=tuple(cfg.model.patch),
-        cp=1 if ar else world,  # the AR split pads the prompt: any token count works
+        cp=gen.latent_split(world),
     )
     if cfg.data.max_tokens == 0:  # unpacked: every training latent had the configured shape
         d = cfg.data
@@ -242,42 +177,16 @@ def plan_request(
     return plan, t_c, s
 
 
-def _refuse_other_family(
-    cfg: Config, request: GenerateRequest, names: tuple[str, ...], what: str, takes: str
-) -> None:
-    """Refuse the request's fields ``names`` set away from their defaults: ``what`` they are,
-    and what this run's sampler ``takes`` instead, never silently ignored."""
-    defaults = {f.name: f.default for f in fields(GenerateRequest)}
-    given = ["--" + n.replace("_", "-") for n in names if getattr(request, n) != defaults[n]]
-    if given:
-        raise GenerateError(
-            f"{' / '.join(given)}: {what}; this run's model.arch is {cfg.model.arch!r} (its "
-            f"sampler {takes})"
-        )
-
-
 def decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, world: int):
     """(decoder or None, LatentPlan, spatial factor) of a request on ``world`` ranks."""
-    decoder = None
-    if tok_path and family_of(cfg).discrete:  # its FSQ grid must be the vocabulary
-        decoder = load_token_decoder(tok_path, vocab_size=cfg.model.vocab_size)
-    elif tok_path:
-        decoder = load_decoder(tok_path, latent_channels=cfg.model.in_channels)
+    decoder = generation_of(cfg).load_decoder(cfg, tok_path) if tok_path else None
     plan, _, s = plan_request(cfg, request, decoder.cfg if decoder else None, world)
     return decoder, plan, s
 
 
 def prompt_ids(cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int):
     """(1, K*h*w) checked prompt ids of an autoregressive request, or None."""
-    return load_prompt(
-        tokens=request.prompt_tokens,
-        video=request.prompt_video,
-        frames=request.prompt_frames,
-        grid=tuple(plan.latent[1:]),
-        vocab_size=cfg.model.vocab_size,
-        tokenizer=decoder,
-        spatial_factor=s,
-    )
+    return generation_of(cfg).prompt_ids(cfg, request, decoder, plan, s)
 
 
 def ar_prompt_ids(
@@ -329,29 +238,16 @@ def check_cost(
     rate = device_rate(device, width=cfg.model.hidden, tflops=bounds.device_tflops)
     dev_type = torch.device(device).type
     common = dict(decoder=tok, ranks=world, rate=rate, device_type=dev_type)
-    if family_of(cfg).discrete:
-        given = request.prompt_tokens is not None or request.prompt_video is not None
-        n, hw = math.prod(plan.latent[1:]), math.prod(plan.latent[2:])
-        p = min(max(request.prompt_frames, 0) * hw, n) if given else 0  # checked later
-        est = estimate_ar(
-            cfg.model, plan, guidance=guidance, prompt_tokens=p, dtype_bytes=dtype_bytes, **common
-        )
-    else:
-        est = estimate_dit(
-            cfg.model,
-            plan,
-            steps=steps,
-            sampler=cfg.diffusion.sampler,
-            guidance=guidance,
-            dtype_bytes=dtype_bytes,
-            **common,
-        )
+    gen = generation_of(cfg)
+    est = gen.estimate(
+        cfg, request, plan, steps=steps, guidance=guidance, dtype_bytes=dtype_bytes, **common
+    )
     check_bounds(
         est,
         request.bounds,
         request=f"--frames {request.frames} --size {request.height}x{request.width}",
         flags=_shrink_flags(cfg, plan),
-        time_flags=() if family_of(cfg).discrete or steps == 1 else ("--steps",),
+        time_flags=gen.time_flags(steps),
         resident_bytes=resident_bytes,
         device=device,
     )

@@ -1,0 +1,243 @@
+"""The diffusion family's inference: a latent denoised from seeded noise by the run's ODE sampler
+with classifier-free guidance (:func:`sample_latent`), split over context-parallel ranks
+(:mod:`vfm_core.infer.context_parallel`), decoded by a continuous tokenizer; evaluated by the EDM
+loss of held-out latents at fixed noise levels (:func:`heldout_loss`).
+
+:class:`DiffusionGeneration` is what :mod:`vfm_core.infer.generation` asks of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from vfm_core.config import Config, DiffusionConfig
+from vfm_core.diffusion.objective import create_diffusion
+from vfm_core.diffusion.sampler import sample
+from vfm_core.families import DIFFUSION
+from vfm_core.infer.budget import CostEstimate, estimate_dit
+from vfm_core.infer.context_parallel import context_parallel_for_sampling
+from vfm_core.infer.decoders import load_decoder
+from vfm_core.infer.generation import Generation, Sampled
+from vfm_core.infer.progress import Progress
+from vfm_core.infer.shapes import GenerateError, LatentPlan
+from vfm_core.progress import Progress as LoggedProgress
+
+if TYPE_CHECKING:
+    from vfm_core.checkpoints.load import LoadedDiT
+    from vfm_core.infer.evaluate import EvalConfig
+    from vfm_core.infer.request import GenerateRequest
+    from vfm_core.tokenizer.config import TokenizerConfig
+
+__all__ = ["DiffusionGeneration", "heldout_loss", "initial_noise", "sample_latent"]
+
+_log = logging.getLogger(__name__)
+
+
+def initial_noise(latent: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Standard normal noise (1, C, T', h, w) for the whole latent from one CPU generator: the
+    same tensor on every rank, whatever the rank count (each rank's model sees its token slice)."""
+    g = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randn((1, *latent), generator=g, dtype=torch.float32)  # (1, C, T', h, w)
+
+
+def sample_latent(
+    model: torch.nn.Module,
+    diffusion: DiffusionConfig,
+    noise: torch.Tensor,
+    text: torch.Tensor,
+    *,
+    steps: int,
+    guidance: float,
+    null_text: torch.Tensor | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
+    """ODE sampling (the objective's schedule: Karras for EDM, shifted uniform t for rectified
+    flow; the run's Euler / Heun) with CFG in one batch; (1, C, T', h, w). ``null_text``
+    (B | 1, L, Dt): the unconditional branch (default zeros). ``progress``: one update per
+    denoiser call on stderr once sampling has run a few seconds."""
+    edm = create_diffusion(diffusion)  # EDM or rectified flow: its own schedule
+    sigmas = edm.sampling_sigmas(steps)
+    heun = diffusion.sampler == "heun"  # a second call at every step that does not end at 0
+    calls = steps + (int((sigmas[1:] != 0).sum()) if heun else 0)
+    desc = f"denoising ({steps} {diffusion.sampler} steps)"
+    bar = Progress(calls, desc=desc, unit="call", enabled=progress)
+
+    def denoise_fn(x: torch.Tensor, sigma: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        d = edm.denoise(model, x, sigma, t)  # (B, C, T', h, w)
+        bar.update()
+        return d
+
+    with bar:
+        return sample(
+            denoise_fn,
+            noise,
+            sigmas=sigmas,
+            method=diffusion.sampler,
+            text=text,  # (1, L, Dt)
+            # (B, L, Dt): what the trainer feeds for dropped captions
+            null_text=torch.zeros_like(text) if null_text is None else null_text.expand_as(text),
+            guidance=guidance,
+        )
+
+
+@torch.no_grad()
+def heldout_loss(
+    model: torch.nn.Module,
+    cfg: Config,
+    latents: torch.Tensor,
+    text: torch.Tensor,
+    ec: EvalConfig,
+    *,
+    desc: str = "held-out loss",
+) -> dict[str, float]:
+    """Mean EDM loss per fixed sigma (keys ``loss_sigma_<s>``) and their mean (``heldout_loss``);
+    ``desc`` names its progress lines."""
+    edm = create_diffusion(cfg.diffusion)
+    g = torch.Generator().manual_seed(ec.seed)
+    noise = torch.randn(latents.shape, generator=g)  # (N, C, T, H, W): same for every checkpoint
+    out: dict[str, float] = {}
+    bar = LoggedProgress(len(ec.sigmas) * len(latents), desc=desc, unit="sample", logger=_log)
+    for s in ec.sigmas:
+        total = 0.0
+        for i in range(0, len(latents), ec.batch):
+            x0, t, e = latents[i : i + ec.batch], text[i : i + ec.batch], noise[i : i + ec.batch]
+            sigma = torch.full((len(x0),), float(s))  # (b,)
+            total += edm.loss(model, x0, t, sigma=sigma, noise=e).sum().item()
+            bar.update(len(x0))
+        out[f"loss_sigma_{s:g}"] = total / len(latents)
+    bar.close()
+    out["heldout_loss"] = float(np.mean([out[f"loss_sigma_{s:g}"] for s in ec.sigmas]))
+    return out
+
+
+class DiffusionGeneration(Generation):
+    """Denoised latents (module docstring)."""
+
+    family = DIFFUSION
+
+    def check_request(self, cfg: Config, request: GenerateRequest) -> None:
+        if request.prompt_tokens is not None or request.prompt_video is not None:
+            raise GenerateError(
+                "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
+                f"prompt; this run's model.arch is {cfg.model.arch!r}"
+            )
+        self._refuse(
+            cfg,
+            request,
+            ("temperature", "top_k", "top_p"),  # the token draws' settings
+            "token sampling settings of autoregressive runs",
+            "takes --steps and --guidance",
+        )
+
+    def latent_channels(self, cfg: Config, tok: TokenizerConfig | None) -> int:
+        return cfg.model.in_channels
+
+    def latent_split(self, world: int) -> int:
+        return world  # each rank denoises a contiguous slice of the tokens
+
+    def load_decoder(self, cfg: Config, path: Any) -> Any:
+        return load_decoder(path, latent_channels=cfg.model.in_channels)
+
+    def estimate(
+        self,
+        cfg: Config,
+        request: GenerateRequest,
+        plan: LatentPlan,
+        *,
+        steps: int,
+        guidance: float,
+        dtype_bytes: int,
+        **common: Any,
+    ) -> CostEstimate:
+        return estimate_dit(
+            cfg.model,
+            plan,
+            steps=steps,
+            sampler=cfg.diffusion.sampler,
+            guidance=guidance,
+            dtype_bytes=dtype_bytes,
+            **common,
+        )
+
+    def time_flags(self, steps: int) -> tuple[str, ...]:
+        return () if steps == 1 else ("--steps",)
+
+    def sample(
+        self,
+        loaded: LoadedDiT,
+        request: GenerateRequest,
+        plan: LatentPlan,
+        *,
+        text: torch.Tensor,
+        null: torch.Tensor,
+        prompt: torch.Tensor | None,
+        decoder: Any,
+        steps: int,
+        guidance: float,
+        show: bool,
+        world: int,
+    ) -> Sampled:
+        ranks = context_parallel_for_sampling(loaded.model, arch=loaded.cfg.model.arch)
+        noise = initial_noise(plan.latent, request.seed)  # (1, C, T', h, w), global
+        latent = sample_latent(
+            loaded.model,
+            loaded.cfg.diffusion,
+            noise,
+            text,
+            steps=steps,
+            guidance=guidance,
+            null_text=null,
+            progress=show,
+        )
+        return Sampled(latent=latent, ranks=ranks, steps=steps)
+
+    def codes(self, cfg: Config, decoder: Any, values: torch.Tensor) -> torch.Tensor:
+        return values  # already the latent
+
+    def decode(self, decoder: Any, values: torch.Tensor) -> torch.Tensor:
+        return decoder.decode(values.float())
+
+    def heldout(
+        self,
+        model: torch.nn.Module,
+        cfg: Config,
+        values: torch.Tensor,
+        text: torch.Tensor,
+        ec: EvalConfig,
+        *,
+        desc: str = "held-out loss",
+    ) -> dict[str, float]:
+        return heldout_loss(model, cfg, values, text, ec, desc=desc)
+
+    def eval_batch(self, ec: EvalConfig) -> int:
+        return ec.batch
+
+    def eval_draws(
+        self,
+        model: torch.nn.Module,
+        cfg: Config,
+        ec: EvalConfig,
+        null: torch.Tensor,
+        shape: torch.Size,
+        *,
+        guidance: float,
+    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        noise = torch.randn(shape, generator=torch.Generator().manual_seed(ec.seed + 1))
+
+        def draw(i: int, text: torch.Tensor) -> torch.Tensor:  # (b, C, T, H, W)
+            return sample_latent(
+                model,
+                cfg.diffusion,
+                noise[i : i + len(text)],
+                text,
+                steps=ec.steps,
+                guidance=guidance,
+                null_text=null,
+            )
+
+        return draw
