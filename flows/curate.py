@@ -14,12 +14,13 @@ from typing import Any, Literal
 
 from prefect import flow, unmapped
 from prefect.futures import as_completed
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from flows.forms import Form
 from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
 from tasks.events import emit_stage_completed
 from tasks.progress import ProgressArtifact
+from vfm_core.config_fields import form_fields
 from vfm_core.curate.cli import summary_line
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
@@ -27,40 +28,30 @@ from vfm_core.curate.inputs import check_paths
 from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.output_lock import output_lock
 
-_D = CurateConfig()
-"""The curation defaults (shared with `vfm curate`): the form's defaults come from here."""
+FIELDS = ("splitter", "min_len_s", "max_len_s", "out_width", "out_fps", "stitch", "vlm", "encoder")
+"""The `CurateConfig` fields the form has, generated from the config (defaults: the same as `vfm
+curate`'s; bounds, choices, descriptions: the fields' own); ``semdedup`` is `SemDedupConfig`'s
+``threshold``."""
 
 
-class CurateParams(Form):
-    """Form of the curation flow (defaults: `CurateConfig`'s, the same as `vfm curate`)."""
-
+class _Paths(Form):
     src: str = Field(..., description="input folder, s3:// prefix or video file")
     dst: str = Field(..., description="output folder or s3:// prefix")
-    splitter: Literal["hybrid", "color", "stride", "transnetv2"] = Field(
-        _D.splitter, description="detector"
-    )
-    min_len_s: float = Field(
-        _D.min_len_s, ge=0, description="shortest clip, seconds (shorter shots are rejects)"
-    )
-    max_len_s: float | None = Field(
-        _D.max_len_s, gt=0, description="longest clip, seconds (None: no limit)"
-    )
-    out_width: int | None = Field(_D.out_width, gt=0, description="clip width (None: source)")
-    out_fps: float | None = Field(_D.out_fps, gt=0, description="clip frame rate (None: source)")
-    stitch: bool | None = Field(
-        _D.stitch, description="merge false cuts (empty: on unless the splitter is hybrid)"
-    )
-    vlm: str | None = Field(_D.vlm, description="local image-to-text model dir for captions")
-    encoder: Literal["auto", "libx264", "h264_nvenc"] = Field(
-        _D.encoder, description="H.264 encoder (auto: NVENC where it opens, else libx264)"
-    )
-    semdedup: float | None = Field(
-        _D.semdedup.threshold,
-        gt=0,
-        le=1,
-        description="remove near-duplicate clips at this cosine similarity of "
-        "their embeddings (SemDeDup; e.g. 0.95; None: off)",
-    )
+
+
+CurateFields = create_model(
+    "CurateFields",
+    __base__=_Paths,
+    __module__=__name__,
+    **form_fields(CurateConfig, FIELDS),
+    semdedup=form_fields(SemDedupConfig, ("threshold",))["threshold"],
+)
+"""The paths and the curation settings of the form (:data:`FIELDS`, ``semdedup``)."""
+
+
+class CurateParams(CurateFields):
+    """Form of the curation flow (defaults: `CurateConfig`'s, the same as `vfm curate`)."""
+
     recaption: bool = Field(
         False,
         description="caption the clips of finished videos again (after adding or fixing caption "
@@ -86,15 +77,8 @@ class CurateParams(Form):
 
     def config(self) -> CurateConfig:
         return CurateConfig(
-            splitter=self.splitter,
-            min_len_s=self.min_len_s,
-            max_len_s=self.max_len_s,
-            out_width=self.out_width,
-            out_fps=self.out_fps,
-            stitch=self.stitch,
-            vlm=self.vlm,
-            encoder=self.encoder,
-            semdedup=SemDedupConfig(threshold=self.semdedup),
+            **{name: getattr(self, name) for name in FIELDS},
+            semdedup=SemDedupConfig(threshold=self.semdedup),  # type: ignore[attr-defined]
         )
 
 

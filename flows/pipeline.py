@@ -58,6 +58,7 @@ from vfm_core.curate.config import CurateConfig
 from vfm_core.output_lock import LOCK_FILE, output_lock
 from vfm_core.pipeline_report import headline_metrics
 from vfm_core.tracking import CHECKPOINT_TAG, STAGE_TAG, data_dir, tracking_uri
+from vfm_core.video.choices import SplitterName
 
 
 class PipelineStageError(RuntimeError):
@@ -86,11 +87,7 @@ class PipelineParams(Form):
     src: str = Field("", description="raw videos: folder or s3:// prefix ('' = built-in sample)")
     sample_videos: int = Field(3, ge=1, le=256, description="built-in sample size (src = '')")
     work_dir: str = Field("", description="outputs ('' = data/pipeline/NAME)")
-    splitter: str = Field(
-        CurateConfig().splitter,
-        pattern="^(hybrid|color|stride|transnetv2)$",
-        description="shots (curation default)",
-    )
+    splitter: SplitterName = Field(CurateConfig().splitter, description="shots (curation default)")
     min_len_s: float = Field(
         CurateConfig().min_len_s,
         ge=0,

@@ -11,7 +11,7 @@ import os
 from typing import Any, Literal
 
 from prefect import flow
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from flows.forms import DegreeFields, form_config, nested, refuse_conflicts
 from tasks.events import emit_stage_completed
@@ -25,7 +25,9 @@ from vfm_core.config import (
     resolve_degrees,
     validate,
 )
+from vfm_core.config_fields import form_fields
 from vfm_core.errors import UserError
+from vfm_core.launch.launcher import Launch
 from vfm_core.recipes import DEFAULT_RECIPE, RECIPES, check_family, get_recipe
 from vfm_core.tracking import (
     LAYOUT_TAG,
@@ -80,8 +82,18 @@ FIELD_KEYS = {
 """The training form's named fields that set a config key (and the parallel degrees)."""
 
 
-class TrainParams(DegreeFields):
-    """Form of the training flow (the parallel degrees: :class:`flows.forms.DegreeFields`)."""
+LaunchFields = create_model(
+    "LaunchFields",
+    __base__=DegreeFields,
+    __module__=__name__,
+    **form_fields(Launch, ("nproc", "nnodes", "max_restarts")),
+)
+"""The parallel degrees and the launch fields of the training form, generated from
+:class:`~vfm_core.launch.launcher.Launch` (the ``vfm train`` flags: defaults, bounds, help)."""
+
+
+class TrainParams(LaunchFields):
+    """Form of the training flow (the parallel degrees and the launch: :data:`LaunchFields`)."""
 
     family: Family = family_field()
     recipe: str = recipe_field()
@@ -103,14 +115,11 @@ class TrainParams(DegreeFields):
         False, description="continue from the latest checkpoint in out_dir (needs out_dir)"
     )
     experiment: str = Field("vfm", description="MLflow experiment")
-    nproc: int = Field(1, ge=1, le=1024, description="processes (GPUs) per node; > 1: torchrun")
-    nnodes: int = Field(1, ge=1, le=4096, description="nodes (more than 1 needs launcher slurm)")
     launcher: Literal["local", "slurm"] = Field(
         default_factory=lambda: os.environ.get("VFM_TRAIN_LAUNCHER", "local"),
         description="local: torchrun on the worker's machine; slurm: sbatch the cluster template "
         "(default: the work pool's VFM_TRAIN_LAUNCHER job variable, else local)",
     )
-    max_restarts: int = Field(0, ge=0, le=100, description="restart all ranks after one dies")
 
     _family = model_validator(mode="after")(settle_family)
 

@@ -20,19 +20,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_cli_defaults_are_the_config_defaults():
-    args = curate_cli.resolve_defaults(_parser().parse_args(["SRC", "DST"]))
-    assert (args.splitter, args.min_len, args.max_len) == (D.splitter, D.min_len_s, D.max_len_s)
-    assert (args.width, args.fps, args.stitch, args.encoder) == (
-        D.out_width,
-        D.out_fps,
-        D.stitch,
-        D.encoder,
-    )
-    assert (args.vlm, args.image_model, args.semdedup) == (D.vlm, D.image_model, None)
+    args = _parser().parse_args(["SRC", "DST"])
+    assert {name: getattr(args, name) for name in curate_cli.FLAGS} == {
+        name: getattr(D, name) for name in curate_cli.FLAGS
+    }
+    assert args.semdedup is None
     assert not _parser().parse_args(["SRC", "DST", "--no-stitch"]).stitch
-    assert (
-        curate_cli.resolve_defaults(_parser().parse_args(["S", "D", "--min-len", "3"])).min_len == 3
-    )
+    assert _parser().parse_args(["S", "D", "--min-len", "3"]).min_len_s == 3
+    assert _parser().parse_args(["S", "D", "--max-len", "0"]).max_len_s is None  # 0: no limit
 
 
 def test_building_the_parser_does_not_import_the_curation_config():
@@ -49,9 +44,12 @@ def test_building_the_parser_does_not_import_the_curation_config():
 
 def test_help_shows_the_defaults():
     text = " ".join(_parser().format_help().split())
-    assert f"shorter shots are rejects (default: {D.min_len_s})" in text
-    assert f"(0: no limit; default: {D.max_len_s})" in text
-    assert f"shot detector (default: {D.splitter})" in text
+    assert (
+        f"a shorter shot is a reject row with its start, end and length (default: {D.min_len_s})"
+        in text
+    )
+    assert f"(None: no limit) (0 = None; default: {D.max_len_s})" in text
+    assert f"or TransNetV2 (default: {D.splitter})" in text
     assert f"(default: {D.encoder})" in text
 
 

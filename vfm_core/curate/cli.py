@@ -12,41 +12,25 @@ import argparse
 import json
 import sys
 
-from vfm_core.cli_types import int_at_least, number
+from vfm_core.config_fields import add_flags
+from vfm_core.curate.options import CurateOptions
 
-
-class ConfigDefault:
-    """A `CurateConfig` field default (the one set of curation defaults, which the curation flow
-    uses too), looked up when `--help` shows it or `run` uses it, not when `vfm` builds its
-    parser: importing the curation config would add ~0.25 s to every `vfm` command."""
-
-    def __init__(self, field: str, *, none_as: float | None = None) -> None:
-        self.field, self.none_as = field, none_as
-
-    def get(self) -> object:
-        from vfm_core.curate.config import CurateConfig
-
-        v = getattr(CurateConfig(), self.field)
-        return self.none_as if v is None and self.none_as is not None else v
-
-    def __str__(self) -> str:
-        return str(self.get())
-
-    def __repr__(self) -> str:
-        return f"ConfigDefault({self.field!r})"
-
-
-def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """`args` with every `ConfigDefault` replaced by its value."""
-    return argparse.Namespace(
-        **{k: v.get() if isinstance(v, ConfigDefault) else v for k, v in vars(args).items()}
-    )
+FLAGS = (
+    "splitter",
+    "min_len_s",
+    "max_len_s",
+    "out_width",
+    "out_fps",
+    "stitch",
+    "encoder",
+    "vlm",
+    "image_model",
+)
+"""The `CurateOptions` fields that are `vfm curate` flags (generated from the fields: flag names,
+types, bounds, choices, defaults and help declared there once)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    def d(field: str, **kw) -> ConfigDefault:
-        return ConfigDefault(field, **kw)
-
     cu = sub.add_parser(
         "curate",
         help="raw videos -> H.264 clips + manifests (resumable)",
@@ -62,60 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default="local",
         help="where the stages run (default: %(default)s)",
     )
-    cu.add_argument(
-        "--splitter",
-        choices=["hybrid", "color", "stride", "transnetv2"],
-        default=d("splitter"),
-        help="shot detector (default: %(default)s)",
-    )
-    cu.add_argument(
-        "--min-len",
-        type=number("--min-len", at_least=0),
-        default=d("min_len_s"),
-        help="shortest clip, seconds; shorter shots are rejects (default: %(default)s)",
-    )
-    cu.add_argument(
-        "--max-len",
-        type=number("--max-len", at_least=0),
-        default=d("max_len_s", none_as=0.0),
-        help="longest clip, seconds; longer shots are cut into equal windows "
-        "(0: no limit; default: %(default)s)",
-    )
-    cu.add_argument(
-        "--width",
-        type=int_at_least("--width", 1),
-        default=d("out_width"),
-        help="clip width (default: source)",
-    )
-    cu.add_argument(
-        "--fps",
-        type=number("--fps", above=0),
-        default=d("out_fps"),
-        help="clip frame rate (default: source)",
-    )
-    cu.add_argument(
-        "--stitch",
-        dest="stitch",
-        action=argparse.BooleanOptionalAction,
-        default=d("stitch"),
-        help="merge cuts whose two sides look alike; --no-stitch keeps every detected cut"
-        " (default: on, except with the hybrid splitter, whose cuts are verified twice)",
-    )
-    cu.add_argument(
-        "--encoder",
-        choices=["auto", "libx264", "h264_nvenc"],
-        default=d("encoder"),
-        help="H.264 encoder; auto: h264_nvenc where a GPU build and GPU are present "
-        "(default: %(default)s)",
-    )
-    cu.add_argument(
-        "--vlm", default=d("vlm"), help="local transformers image-to-text model dir (default: none)"
-    )
-    cu.add_argument(
-        "--image-model",
-        default=d("image_model"),
-        help="local transformers image model dir (default: none, colour thumbnails)",
-    )
+    add_flags(cu, CurateOptions, FLAGS, show_defaults=True)
     cu.add_argument(
         "--ray-cpus",
         type=int,
@@ -185,18 +116,9 @@ def run(args: argparse.Namespace) -> int:
     from vfm_core.storage import StorageError
     from vfm_core.video.transcode import EncoderError, select_encoder
 
-    args = resolve_defaults(args)
     try:
         cfg = CurateConfig(
-            splitter=args.splitter,
-            min_len_s=args.min_len,
-            max_len_s=args.max_len or None,
-            out_width=args.width,
-            out_fps=args.fps,
-            stitch=args.stitch,
-            vlm=args.vlm,
-            image_model=args.image_model,
-            encoder=args.encoder,
+            **{name: getattr(args, name) for name in FLAGS},
             semdedup=SemDedupConfig(
                 threshold=default_threshold(args.image_model)
                 if args.semdedup == "auto"

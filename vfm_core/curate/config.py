@@ -11,11 +11,14 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from vfm_core.annotate.filters import FilterConfig
 from vfm_core.config import build_settings
+from vfm_core.config_fields import out_of_bounds
+from vfm_core.curate.options import CurateOptions
 from vfm_core.curate.semdedup import SemDedupConfig
+from vfm_core.video.choices import SPLITTERS
 from vfm_core.video.hybrid_splitter import HybridSplitter
 from vfm_core.video.io import MAX_PIXELS
 from vfm_core.video.quality import PictureConfig
@@ -34,59 +37,26 @@ clips are kept): 2 = a sidecar segment captions a clip only when it covers > 50 
 
 
 @dataclass(kw_only=True, slots=True)
-class CurateConfig:
-    """Settings of every curation stage."""
+class CurateConfig(CurateOptions):
+    """Settings of every curation stage: the scalar ones (:class:`~vfm_core.curate.options.
+    CurateOptions`, the fields ``vfm curate`` and the curation flow's form are generated from)
+    and these."""
 
-    splitter: Literal["hybrid", "color", "stride", "transnetv2"] = "hybrid"
-    """Shot detector: colour change + layout cue (default; also finds cuts between two shots of
-    one set, see `video.hybrid_splitter`), colour change only, fixed stride, or TransNetV2."""
-    min_len_s: float = 2.0
-    """Shorter shots are not clips: each is a reject row with its start, end and length."""
-    max_len_s: float | None = 20.0
-    """Longer shots are cut into equal windows no longer than this (None: no limit)."""
-    stride_s: float = 10.0
-    """Window length of the fixed-stride splitter."""
-    stitch: bool | None = None
-    """Merge touching spans whose boundary frames look alike (undo false cuts). None: on for the
-    splitters whose cuts are one signal (color, stride, transnetv2), off for ``hybrid``, whose
-    cuts are one-pair steps in two signals: on real compositions the hybrid made no false cut,
-    and stitching after it only removed true cuts (2 of 36, both between two shots of one set,
-    whose boundary frames look as alike as frames inside one moving shot: cosine 0.66-0.97
-    against 0.80-1.0)."""
-    stitch_threshold: float = 0.9
-    """Cosine similarity of boundary-frame embeddings above which spans merge."""
-    analysis_width: int = 64
-    """Width of the frames decoded for splitting and filter scores."""
     max_pixels: int = MAX_PIXELS
     """Videos declaring a larger frame (width x height) are rejected."""
-    out_width: int | None = None
-    """Clip width (aspect kept); None keeps the source size."""
-    out_fps: float | None = None
-    """Clip frame rate; None keeps the source rate (VFR sources get their average rate)."""
-    crf: int = 23
-    """libx264 quality."""
-    preset: str = "veryfast"
-    """libx264 preset (NVENC gets the p1..p7 preset of similar speed)."""
-    encoder: Literal["auto", "libx264", "h264_nvenc"] = "auto"
-    """H.264 encoder: auto = h264_nvenc where it opens here (GPU build + GPU), else libx264."""
     filters: FilterConfig = field(default_factory=FilterConfig)
     """Filter thresholds."""
     picture: PictureConfig = field(default_factory=PictureConfig)
     """Black-bar crop and the blockiness filter, decided per span before it is encoded."""
-    embed_frames: int = 4
-    """Frames averaged into a clip embedding."""
-    image_model: str | None = None
-    """Local directory of a transformers image model for clip embeddings (None: colour thumbs)."""
-    vlm: str | None = None
-    """Local directory of a transformers image-to-text model for captions (after sidecars)."""
-    require_caption: bool = False
-    """Reject clips without a caption."""
     semdedup: SemDedupConfig = field(default_factory=SemDedupConfig)
     """Near-duplicate removal over the clip embeddings when the manifests are assembled (off by
     default); changing it re-assembles, it never re-curates a video."""
 
     def __post_init__(self) -> None:
-        """Settings that would reject every clip are errors, not a run of rejects."""
+        """Settings outside their bounds, and settings that would reject every clip, are
+        errors, not a run of rejects."""
+        if problem := out_of_bounds(self):
+            raise ValueError(problem)
         if self.max_len_s is not None and self.max_len_s < self.min_len_s:
             raise ValueError(
                 f"max_len_s={self.max_len_s} (--max-len) is below min_len_s={self.min_len_s} "
@@ -162,6 +132,5 @@ class CurateConfig:
         if self.splitter == "transnetv2":
             return TransNetV2Splitter(lengths=lengths)
         raise ValueError(
-            f"CurateConfig.splitter: unknown {self.splitter!r}; expected hybrid, color, stride,"
-            " transnetv2"
+            f"CurateConfig.splitter: unknown {self.splitter!r}; expected one of {SPLITTERS}"
         )

@@ -14,11 +14,12 @@ both executors dedup identically.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from vfm_core.annotate.vectors import l2_normalize
+from vfm_core.config_fields import bounds
 
 COLOR_THUMB_THRESHOLD = 0.995
 """Calibrated cosine for the built-in colour embedding (`ColorThumbEmbedder`; ``--semdedup``
@@ -51,10 +52,10 @@ def default_threshold(image_model: str | None) -> float:
 class SemDedupConfig:
     """Near-duplicate removal over clip embeddings (off unless ``threshold`` is set)."""
 
-    threshold: float | None = None
-    """Cosine similarity at or above which a clip duplicates a kept one (None: off; lower removes
-    more). For the colour embedding use `COLOR_THUMB_THRESHOLD` (0.995): at 0.95, 17 of 41
-    distinct real shots have another distinct shot at or above it."""
+    threshold: float | None = field(default=None, metadata=bounds(gt=0, le=1))
+    """Cosine similarity at or above which a clip duplicates a kept one (SemDeDup; None: off;
+    lower removes more). For the colour embedding use `COLOR_THUMB_THRESHOLD` (0.995): at 0.95,
+    17 of 41 distinct real shots have another distinct shot at or above it."""
     clusters: int | None = None
     """k of k-means (None: about sqrt(N / 2), at least 1)."""
     iterations: int = 25

@@ -40,17 +40,18 @@ class Launch:
     """Where the ranks of a run come from (the ``vfm train`` / training-form flags; the field
     docstrings are their help)."""
 
-    nproc: int = field(default=1, metadata=bounds(ge=1))
-    """processes (GPUs) on this node; > 1 runs torchrun (gloo on CPU)"""
-    nnodes: int = field(default=1, metadata=bounds(ge=1))
-    """nodes of a multi-node run (torchrun c10d rendezvous); > 1 needs --rdzv-endpoint"""
+    nproc: int = field(default=1, metadata=bounds(ge=1, le=1024))
+    """processes (GPUs) per node; > 1 runs torchrun (gloo on CPU)"""
+    nnodes: int = field(default=1, metadata=bounds(ge=1, le=4096))
+    """nodes of a multi-node run (torchrun c10d rendezvous); > 1 needs --rdzv-endpoint (a slurm
+    job sets it)"""
     node_rank: int = field(default=0, metadata=bounds(ge=0))
     """this node's index, 0 .. nnodes - 1 (0 hosts the rendezvous)"""
     rdzv_endpoint: str = field(default="", metadata={"metavar": "HOST:PORT"})
     """rendezvous endpoint of a multi-node run"""
     rdzv_timeout: int = field(default=300, metadata=bounds(ge=1))
     """seconds to wait for the other nodes before giving up"""
-    max_restarts: int = field(default=0, metadata=bounds(ge=0))
+    max_restarts: int = field(default=0, metadata=bounds(ge=0, le=100))
     """restart all ranks after one dies, from the last checkpoint"""
 
     def __post_init__(self) -> None:

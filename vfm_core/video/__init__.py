@@ -2,42 +2,43 @@
 
 The curation stages (split -> stitch -> transcode -> annotate) build on these functions; the flow
 and the executors call them, never PyAV directly.
+
+Names are imported lazily so that a light module of the layer (`choices`: the splitter and
+encoder names `vfm --help` lists) is imported without PyAV and numpy.
 """
 
-from vfm_core.video.hybrid_splitter import HybridSplitter
-from vfm_core.video.io import VideoError, VideoInfo, decode_frames, iter_frames, probe
-from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
-from vfm_core.video.spans import DroppedSpan, LengthRules, Segmentation, Span
-from vfm_core.video.stitch import color_thumb_embed, stitch
-from vfm_core.video.transcode import (
-    EncoderError,
-    TranscodeResult,
-    encode_h264,
-    select_encoder,
-    transcode_span,
-)
-from vfm_core.video.transnet import TransNetV2Splitter
+from __future__ import annotations
 
-__all__ = [
-    "ColorChangeSplitter",
-    "DroppedSpan",
-    "EncoderError",
-    "FixedStrideSplitter",
-    "HybridSplitter",
-    "LengthRules",
-    "Segmentation",
-    "Span",
-    "Splitter",
-    "TransNetV2Splitter",
-    "TranscodeResult",
-    "VideoError",
-    "VideoInfo",
-    "color_thumb_embed",
-    "decode_frames",
-    "encode_h264",
-    "iter_frames",
-    "probe",
-    "select_encoder",
-    "stitch",
-    "transcode_span",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ColorChangeSplitter": "shots",
+    "DroppedSpan": "spans",
+    "EncoderError": "transcode",
+    "FixedStrideSplitter": "shots",
+    "HybridSplitter": "hybrid_splitter",
+    "LengthRules": "spans",
+    "Segmentation": "spans",
+    "Span": "spans",
+    "Splitter": "shots",
+    "TransNetV2Splitter": "transnet",
+    "TranscodeResult": "transcode",
+    "VideoError": "io",
+    "VideoInfo": "io",
+    "color_thumb_embed": "stitch",
+    "decode_frames": "io",
+    "encode_h264": "transcode",
+    "iter_frames": "io",
+    "probe": "io",
+    "select_encoder": "transcode",
+    "transcode_span": "transcode",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"vfm_core.video.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'vfm_core.video' has no attribute {name!r}")

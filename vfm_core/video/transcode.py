@@ -16,20 +16,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import av
 import numpy as np
 
+from vfm_core.video.choices import ENCODERS, Encoder
 from vfm_core.video.container import Source, VideoError, open_container, source_name, video_stream
 from vfm_core.video.convert import FrameConverter
 from vfm_core.video.io import analysis_size, iter_av_frames
 
 log = logging.getLogger(__name__)
-
-Encoder = Literal["auto", "libx264", "h264_nvenc"]
-ENCODERS: tuple[str, ...] = ("auto", "libx264", "h264_nvenc")
-"""Accepted values of an `encoder` setting."""
 
 # libx264 preset -> NVENC preset of similar speed (p1 fastest .. p7 best quality)
 _NVENC_PRESETS = {
