@@ -1,5 +1,6 @@
 """What a run on encoded shards takes from them (vfm_core.tokenizer.run_settings): the same
-derivation for the pipeline and ``vfm train``; the user's own keys win; a blend must agree."""
+derivation for the pipeline and ``vfm train``; the user's own keys win; a blend must agree;
+unreadable shards or tokenizers give nothing (the run's loader names them)."""
 
 from __future__ import annotations
 
@@ -54,31 +55,32 @@ def test_encoded_shards_name_their_tokenizer_and_the_run_takes_its_channels(tmp_
     meta = {"latents": {"tokenizer": tok6, "normalized": True}, "caption_tokens": {"max": 11}}
     root = fake_index(tmp_path / "lat", meta)
     assert dataset_settings(root, discrete=False) == {
-        "diffusion.sigma_data": 1.0,
         "model.in_channels": 8,
-        "model.text_len": 11,
         "data.tokenizer": tok6,
-    }
+    }  # sigma_data and text_len: the pipeline's own choices (model_settings), not forced
     # the run names its tokenizer: that one, and data.tokenizer stays the run's
     assert "data.tokenizer" not in dataset_settings(root, discrete=False, tokenizer=tok6)
     cfg = apply_overrides(get_recipe("dit-tiny"), ["data.source=shards", f"data.shards={root}"])
     assert cfg.model.in_channels != 8
-    derived = with_data_settings(cfg, given={"model.text_len"})
-    assert derived.model.in_channels == 8 and derived.data.tokenizer == tok6
-    assert derived.model.text_len == cfg.model.text_len  # the user's key wins
+    derived = with_data_settings(cfg, given={"data.tokenizer"})
+    assert derived.model.in_channels == 8 and derived.data.tokenizer == ""  # the user's key wins
+    assert derived.model.text_len == cfg.model.text_len and derived.diffusion == cfg.diffusion
+    # unreadable shards or tokenizer: nothing derived, the run's loader says what is wrong
+    assert dataset_settings(str(tmp_path / "missing"), discrete=False) == {}
+    gone = fake_index(tmp_path / "gone", {"latents": {"tokenizer": str(tmp_path / "no-tok")}})
+    assert dataset_settings(gone, discrete=False) == {}
     synthetic = get_recipe("dit-tiny")
     assert data_settings(synthetic) == {} and with_data_settings(synthetic, set()) is synthetic
 
 
-def test_a_blend_takes_its_longest_caption_and_datasets_that_disagree_are_named(tmp_path, tok6):
-    lat = {"tokenizer": tok6, "normalized": True}
-    a = fake_index(tmp_path / "a", {"latents": lat, "caption_tokens": {"max": 7}})
-    b = fake_index(tmp_path / "b", {"latents": lat, "caption_tokens": {"max": 9}})
+def test_a_blend_whose_datasets_disagree_is_named(tmp_path, tok6):
+    a = fake_index(tmp_path / "a", {"latents": {"tokenizer": tok6}})
+    b = fake_index(tmp_path / "b", {"latents": {"tokenizer": tok6}})
     other = shutil.copytree(tok6, tmp_path / "other-tok")  # the same net, saved elsewhere
-    c = fake_index(tmp_path / "c", {"latents": {**lat, "tokenizer": str(other)}})
+    c = fake_index(tmp_path / "c", {"latents": {"tokenizer": str(other)}})
     base = get_recipe("dit-tiny")
     cfg = apply_overrides(base, ["data.source=shards", f"data.blend={a}:1,{b}:1"])
-    assert data_settings(cfg)["model.text_len"] == 9
+    assert data_settings(cfg) == {"model.in_channels": 8, "data.tokenizer": tok6}
     cfg = apply_overrides(base, ["data.source=shards", f"data.blend={a}:1,{c}:1"])
     with pytest.raises(ConfigError, match=r"data.tokenizer: the datasets of data.blend disagree"):
         data_settings(cfg)
@@ -95,8 +97,7 @@ def test_vfm_train_on_token_shards_takes_the_tokenizer_they_record(token_shards,
     assert main(argv + [a for s in sets for a in ("--set", s)]) == 0
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     assert cfg["data"]["tokenizer"] == str(tok)
-    # the fixture's captions embed to one (pooled) token each: the longest caption of the data
-    assert cfg["model"]["text_len"] == 1 != get_recipe("ar-tiny").model.text_len
+    assert cfg["model"]["text_len"] == get_recipe("ar-tiny").model.text_len  # the recipe's
     # a key the user sets is kept, and a tokenizer that does not fit is still refused
     bad = sets[:-1] + ["model.vocab_size=99"]
     assert main([*argv[:-1], str(tmp_path / "bad")] + [a for s in bad for a in ("--set", s)]) == 2

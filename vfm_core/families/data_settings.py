@@ -14,9 +14,8 @@ from vfm_core.tokenizer.run_settings import dataset_settings
 
 def data_settings(cfg: Config, given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """The settings ``cfg``'s shards (``data.shards`` or every dataset of ``data.blend``) give
-    its model, less the keys the user set (``given``); {} for synthetic data. A blend takes the
-    longest caption of all its datasets; datasets that give another key different values are a
-    ConfigError naming the key and both datasets."""
+    its model, less the keys the user set (``given``); {} for synthetic data. Datasets of a
+    blend that give a key different values are a ConfigError naming the key and both."""
     if cfg.data.source != "shards":
         return {}
     discrete = family_of(cfg).discrete
@@ -27,9 +26,7 @@ def data_settings(cfg: Config, given: set[str] | frozenset[str] = frozenset()) -
         for key, value in found.items():
             if key in given:
                 continue
-            if key == "model.text_len" and key in out:
-                value = max(value, out[key])
-            elif key in out and out[key] != value:
+            if key in out and out[key] != value:
                 raise ConfigError(
                     f"{key}: the datasets of data.blend disagree ({source[key]}: {out[key]!r}, "
                     f"{root}: {value!r}); set {key} for the run"

@@ -4,20 +4,24 @@ pipeline flow, the training flow and ``vfm train`` alike.
 Shards written by ``vfm encode-shards`` record, in their index's ``latents`` meta, the tokenizer
 that encoded them and that their latents are normalised (unit variance); the shard writer records
 the longest caption in embedding tokens (``caption_tokens``). From those and the tokenizer's own
-saved config (no weights are read) a run on ``data.source=shards`` takes:
+saved config (no weights are read), :func:`dataset_settings` gives what the data forces on every
+run (a run with other values cannot train on it):
 
 =========================  ============================================================
 ``data.tokenizer``         the recorded tokenizer, when the run names none
-``diffusion.sigma_data``   1.0 for normalised latents
 ``model.in_channels``      the tokenizer's latent channels (a continuous family)
 ``model.vocab_size``       the tokenizer's token ids, the product of its FSQ levels (a
                            discrete family)
-``model.text_len``         the longest caption of the data, at most :data:`MAX_TEXT_LEN`
 =========================  ============================================================
+
+and :func:`model_settings` adds what the pipeline also chooses for its own data (a run of a
+recipe keeps the recipe's): ``diffusion.sigma_data`` 1.0 for normalised latents and
+``model.text_len`` sized to the longest caption (at most :data:`MAX_TEXT_LEN`).
 
 A key the user sets (config file, ``--set``, a form's settings or overrides) always wins:
 :func:`vfm_core.families.data_settings.with_data_settings` fills in only the others. A blend takes
-them from every dataset, which must agree (``text_len``: the longest caption of them all).
+them from every dataset, which must agree. Shards or a tokenizer that cannot be read give nothing
+here: the run's own loader names them.
 """
 
 from __future__ import annotations
@@ -122,23 +126,22 @@ def model_settings(
 
 
 def dataset_settings(root: str, *, discrete: bool, tokenizer: str = "") -> dict[str, Any]:
-    """:func:`model_settings` of the shards at ``root`` (read from their index's meta), with
-    ``tokenizer`` or else the one that encoded them (then also ``data.tokenizer``); without
-    either, only what the index itself says (``text_len``)."""
-    meta = index_meta(root)
+    """What the shards at ``root`` force on a run's model (module docstring): the latent
+    channels or token ids of ``tokenizer``, or else of the one that encoded them (then also
+    ``data.tokenizer``); {} when neither is known or the index or the tokenizer cannot be read
+    (the run's loader names them)."""
+    from vfm_core.data.index import DatasetIndexError
+
+    try:
+        meta = index_meta(root)
+    except DatasetIndexError:
+        return {}
     latents = meta.get("latents") if isinstance(meta.get("latents"), dict) else {}
-    recorded = str(latents.get("tokenizer") or "")
-    tok = tokenizer or recorded
-    settings: dict[str, Any] = {}
-    if tok:
-        settings = model_settings(
-            discrete=discrete,
-            geometry=tokenizer_geometry(tok),
-            caption_tokens=caption_tokens(meta),
-            normalized=bool(latents.get("normalized")),
-        )
-        if not tokenizer:
-            settings["data.tokenizer"] = tok
-    elif (n := caption_tokens(meta)) is not None:
-        settings["model.text_len"] = min(n, MAX_TEXT_LEN)
+    tok = tokenizer or str(latents.get("tokenizer") or "")
+    if not tok or tokenizer_config(tok) is None:
+        return {}
+    geometry = tokenizer_geometry(tok)
+    settings = model_settings(discrete=discrete, geometry=geometry, normalized=False)
+    if not tokenizer:
+        settings["data.tokenizer"] = tok
     return settings
