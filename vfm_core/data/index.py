@@ -95,8 +95,9 @@ def index_writer(root: str) -> str | None:
     return writer if isinstance(writer, str) else ""
 
 
-def read_index(root: str) -> DatasetIndex:
-    """Load and validate ``root/index.json``."""
+def read_index_document(root: str) -> tuple[str, dict]:
+    """(url, the JSON object) of ``root/index.json``, not yet validated (its ``meta`` can be read
+    without the sample table); a DatasetIndexError names an unreadable or non-object file."""
     url = storage.join(root, INDEX_NAME)
     try:
         doc = json.loads(storage.read_bytes(url))
@@ -106,6 +107,12 @@ def read_index(root: str) -> DatasetIndex:
         raise DatasetIndexError(f"{url}: not valid JSON ({e})") from None
     if not isinstance(doc, dict):
         raise DatasetIndexError(f"{url}: expected a JSON object")
+    return url, doc
+
+
+def read_index(root: str) -> DatasetIndex:
+    """Load and validate ``root/index.json``."""
+    url, doc = read_index_document(root)
     version = doc.get("schema_version")
     if version == COLUMNAR_VERSION and doc.get("format") == "parquet":
         from vfm_core.data.columnar import open_parquet_index

@@ -80,17 +80,9 @@ def tokenizer_geometry(tokenizer: str | Path) -> dict[str, int]:
 def index_meta(root: str) -> dict[str, Any]:
     """The ``meta`` of the dataset index at ``root`` (its ``index.json`` alone: the sample table
     is not read); a DatasetIndexError names an index that cannot be read."""
-    from vfm_core import storage
-    from vfm_core.data.index import INDEX_NAME, DatasetIndexError
+    from vfm_core.data.index import read_index_document
 
-    url = storage.join(root, INDEX_NAME)
-    try:
-        doc = json.loads(storage.read_bytes(url))
-    except storage.StorageError as e:
-        raise DatasetIndexError(f"{url}: cannot read the dataset index ({e.reason})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetIndexError(f"{url}: not valid JSON ({e})") from None
-    meta = doc.get("meta") if isinstance(doc, dict) else None
+    meta = read_index_document(root)[1].get("meta")
     return meta if isinstance(meta, dict) else {}
 
 
