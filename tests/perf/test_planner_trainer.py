@@ -84,7 +84,7 @@ def test_every_planned_layout_is_one_the_trainer_runs(recipe, seq, gpus):
     for p in result.plans:
         # one run: every layout's config trains the same data.batch_size
         assert trainer_config(base, p.layout).data.batch_size == result.global_batch
-        key = dataclasses.replace(p.layout, micro_batch=1)
+        key = dataclasses.astuple(dataclasses.replace(p.layout, micro_batch=1))
         if key not in seen:
             seen.add(key)
             _check_trainer_accepts(base, p.layout, seq)

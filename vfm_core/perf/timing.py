@@ -59,10 +59,11 @@ stride s lies in one node when n·s ≤ GPUs per node.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vfm_core.config import ModelConfig
+from vfm_core.config import ModelConfig, ParallelDegrees, resolve_degrees
 from vfm_core.families import family_of
 from vfm_core.geometry import Grid, default_grid
 from vfm_core.models.dit import block_layouts
@@ -73,20 +74,12 @@ from vfm_core.perf.memory import Recompute, Split, block_params, param_count, st
 CpMode = Literal["ring", "a2a"]
 
 
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Layout:
-    """One 4D-parallel training layout; world size = dp_replicate·dp_shard·cp·tp·pp."""
+@dataclass(kw_only=True, slots=True)
+class Layout(ParallelDegrees):
+    """One 4D-parallel training layout: the degrees of :class:`~vfm_core.config.ParallelDegrees`
+    (declared there once) and how the step runs on them. A layout's world is the product of its
+    degrees, so dp_shard=-1 (unset) is 1 here: no FSDP split."""
 
-    dp_replicate: int = 1
-    """Replicated data parallelism (DDP, or the outer dimension of HSDP)."""
-    dp_shard: int = 1
-    """FSDP degree (parameters, gradients and optimiser states sharded over dp_shard·cp)."""
-    tp: int = 1
-    """Tensor parallelism (heads and MLP width split)."""
-    cp: int = 1
-    """Context parallelism (sequence split)."""
-    pp: int = 1
-    """Pipeline stages (depth split)."""
     sp: bool = False
     """Sequence parallelism for the norms/residuals inside the TP group (needs tp > 1)."""
     recompute: Recompute = "none"
@@ -107,9 +100,15 @@ class Layout:
     """Virtual pipeline stages per GPU (interleaved 1F1B, ``parallel.pp_virtual_stages``): the
     depth is cut into pp·vpp stages, GPU r holding stages r, r + pp, ..."""
 
+    def __post_init__(self) -> None:
+        rest = math.prod(v for k, v in self.degrees().items() if k != "dp_shard")
+        shard = self.dp_shard if isinstance(self.dp_shard, int) and self.dp_shard > 0 else 1
+        world = rest * shard  # dp_shard=-1: what is left of the others' product, i.e. 1
+        self.dp_shard = resolve_degrees(self.degrees(), world)["dp_shard"]
+
     @property
     def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+        return math.prod(self.degrees().values())
 
     @property
     def recompute_label(self) -> str:
