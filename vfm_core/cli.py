@@ -1,6 +1,7 @@
 """The ``vfm`` command. The forms below are a stable contract (acceptance checks use them):
 
 vfm train --recipe NAME --steps N --out DIR [--seed S] [--resume | --resume-from CKPT_DIR] [--debug]
+          [--init RUN_DIR|CKPT_DIR|models:/NAME@ALIAS]
           [--set section.field=value ...]
           [--nproc N] [--tp --cp --pp --dp-shard --dp-replicate D] [--max-restarts K]
           [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT [--rdzv-timeout S]]
@@ -60,7 +61,7 @@ def run_config(args: argparse.Namespace):
             f"config file {path}: recipe: {named} but --recipe {args.recipe}: the file's "
             "sections would go on top of another recipe; keep one of the two"
         )
-    recipe = args.recipe or named or "dit-tiny"
+    recipe = args.recipe or named or _init_recipe(args) or "dit-tiny"
     if not isinstance(recipe, str):
         raise ConfigError(f"config file {path}: recipe: expected a preset name, got {recipe!r}")
     cfg = merge_file(data, path, get_recipe(recipe)) if path else get_recipe(recipe)
@@ -73,9 +74,20 @@ def run_config(args: argparse.Namespace):
         extra.setdefault("train", {})["seed"] = args.seed
     if getattr(args, "out", None):
         extra.setdefault("train", {})["out_dir"] = args.out
+    if getattr(args, "init", None) is not None:
+        extra.setdefault("train", {})["init"] = args.init
     if getattr(args, "no_mlflow", False):
         extra["tracking"] = {"mlflow": False}
     return validate(merge(cfg, extra))
+
+
+def _init_recipe(args: argparse.Namespace) -> str | None:
+    """The recipe of the model ``--init`` names (a run started from it, no recipe given)."""
+    if not getattr(args, "init", None):
+        return None
+    from vfm_core.checkpoints.init import open_init
+
+    return open_init(args.init, check=False).cfg.recipe
 
 
 def user_keys(args: argparse.Namespace) -> set[str]:
@@ -101,6 +113,7 @@ def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> N
     }
     given |= {k: f"--set {text}" for k, text in override_keys(args.set).items()}
     flags = {"steps": "train.steps", "seed": "train.seed", "out": "train.out_dir"}
+    flags |= {"init": "train.init"}
     flags |= {d: f"parallel.{d}" for d in DEGREES}
     for attr, key in flags.items():
         if (flag := getattr(args, attr, None)) is not None:
@@ -110,6 +123,7 @@ def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> N
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from vfm_core.checkpoints.init import check_init, with_init_settings
     from vfm_core.config import DEGREES
     from vfm_core.families.data_settings import with_data_settings
     from vfm_core.launch.launcher import Launch
@@ -119,8 +133,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.train.main import check_restartable, run_training
 
     degrees = {k: getattr(args, k) for k in DEGREES}
-    # shards: what the model takes from them and their tokenizer, unless the user set it
-    cfg = with_data_settings(with_degrees(run_config(args), **degrees), user_keys(args))
+    given = user_keys(args)
+    # the init model's network, then what the shards give the model, unless the user set it
+    cfg = with_init_settings(with_degrees(run_config(args), **degrees), given)
+    cfg = with_data_settings(cfg, given)
+    if not (args.resume or args.resume_from):  # a resumed run has its own weights
+        check_init(cfg)  # another family or architecture: one line before any process starts
     launch = Launch(
         nproc=args.nproc,
         nnodes=args.nnodes,

@@ -427,6 +427,18 @@ class TrainConfig:
     tens of seconds to compile, more than short runs gain), 'on' everywhere, 'off' never."""
     out_dir: str = "runs/train"
     """Where metrics.jsonl and checkpoints go."""
+    init: str | None = None
+    """Start from a trained model (``vfm train --init``): a ``vfm train`` run directory (its
+    newest intact checkpoint), one of its ``step_*`` folders, or a registered version
+    ``models:/NAME@ALIAS`` | ``models:/NAME/VERSION``. Its weights and EMA only: the optimizer,
+    schedule, data position and step start new; any layout from any layout. The run may change
+    its data, caption length (``model.text_len``), frames and resolution (positions are RoPE
+    and fixed sin-cos features of the grid: no learned table to resize). A resumed run
+    continues from its own checkpoint and ignores this."""
+    init_strict: bool = True
+    """With ``init``: the run's parameters and the model's must match one to one (names and
+    shapes, the same architecture), else one error lists the differences; false loads the
+    parameters that match and names the ones left new and the ones not used."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -33,7 +33,7 @@ from vfm_core.config import Config, ConfigError, load_yaml, model_config_mismatc
 from vfm_core.families import build_model
 from vfm_core.models.dit import DiT
 
-__all__ = ["LoadedDiT", "load_dit", "resolve_checkpoint"]
+__all__ = ["LoadedDiT", "load_dit", "resolve_checkpoint", "saved_shapes"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,50 +55,53 @@ class LoadedDiT:
     None for runs without one (synthetic data, older runs: pooled MiniLM, zero null)."""
 
 
-def resolve_checkpoint(path: str | Path, *, check: bool = True) -> tuple[Path, Path]:
+def resolve_checkpoint(
+    path: str | Path, *, check: bool = True, flag: str = "--checkpoint"
+) -> tuple[Path, Path]:
     """(run directory, checkpoint folder) for a run directory or a ``step_*`` folder.
     ``check=False``: only the layout (cheap, for early argument checks); the folder returned
     is then the newest finished one, not yet verified. A registry URI (``models:/NAME@ALIAS``,
     ``models:/NAME/VERSION``) is first resolved to its local copy
-    (:func:`vfm_core.checkpoints.uri.resolve_model_uri`)."""
+    (:func:`vfm_core.checkpoints.uri.resolve_model_uri`). Errors name ``flag``, the option the
+    path came from."""
     from vfm_core.checkpoints.uri import local_checkpoint
 
-    local = local_checkpoint(path)
+    local = local_checkpoint(path, flag=flag)
     if "://" in str(local):  # Path() would read s3://b/run as s3:/b/run
         raise CheckpointError(
-            f"--checkpoint {local}: a run directory on this machine, or a registry URI "
+            f"{flag} {local}: a run directory on this machine, or a registry URI "
             "models:/NAME@ALIAS | models:/NAME/VERSION (downloaded here), is expected"
         )
     p = Path(local)
     if not p.exists():
-        raise CheckpointError(f"--checkpoint {p}: no such directory")
+        raise CheckpointError(f"{flag} {p}: no such directory")
     if (p / STATE_FILE).is_file():  # a step folder: DIR/checkpoints/step_X
         run = p.parent.parent
         if not (run / "config.yaml").is_file():
             raise CheckpointError(
-                f"--checkpoint {p}: no config.yaml in the run directory {run} "
+                f"{flag} {p}: no config.yaml in the run directory {run} "
                 "(expected the layout written by `vfm train`)"
             )
         if not check:
             return run, p
         # verified like --resume-from: damaged weights are refused, never sampled from
-        return run, CheckpointManager(run).choose(p, explicit_flag="--checkpoint")
+        return run, CheckpointManager(run).choose(p, explicit_flag=flag)
     if not (p / "config.yaml").is_file():
         raise CheckpointError(
-            f"--checkpoint {p}: not a `vfm train` run directory (no config.yaml and no "
+            f"{flag} {p}: not a `vfm train` run directory (no config.yaml and no "
             f"{STATE_FILE}); a tokenizer directory goes to --tokenizer"
         )
     ckpt = CheckpointManager(p)
     if not check:
         latest = ckpt.latest()
         if latest is None:
-            raise CheckpointError(f"--checkpoint {p}: the run has no finished checkpoint yet")
+            raise CheckpointError(f"{flag} {p}: the run has no finished checkpoint yet")
         return p, latest
     # the newest intact checkpoint, like --resume: a damaged one is skipped with a warning line
-    return p, ckpt.choose(flag="--checkpoint")
+    return p, ckpt.choose(flag=flag)
 
 
-def _saved_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
+def saved_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> full shape from the safetensors headers (sharded tensors: the union)."""
     shapes: dict[str, tuple[int, ...]] = {}
     files = sorted(ckpt.glob("*.safetensors"))
@@ -154,7 +157,7 @@ def load_dit(
     _check_arch(run, ckpt, cfg, doc)
     model = build_model(cfg.model, device="meta").to_empty(device="cpu")  # filled by the load
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    saved = _saved_shapes(ckpt)
+    saved = saved_shapes(ckpt)
     has_ema = any(k.startswith("ema.") for k in saved)
     if weights == "ema" and not has_ema:
         raise CheckpointError(f"checkpoint {ckpt} holds no EMA weights (train.ema_decay=0?)")

@@ -70,12 +70,12 @@ def is_model_uri(path: object) -> bool:
     return isinstance(path, str | os.PathLike) and os.fspath(path).startswith("models:/")
 
 
-def parse_model_uri(uri: str) -> tuple[str, str | None, int | None]:
+def parse_model_uri(uri: str, *, flag: str = "--checkpoint") -> tuple[str, str | None, int | None]:
     """``models:/NAME@ALIAS`` -> (NAME, ALIAS, None); ``models:/NAME/N`` -> (NAME, None, N)."""
     m = _URI.match(uri)
     if m is None:
         raise RegistryError(
-            f"--checkpoint {uri}: expected models:/NAME@ALIAS or models:/NAME/VERSION "
+            f"{flag} {uri}: expected models:/NAME@ALIAS or models:/NAME/VERSION "
             "(e.g. models:/vfm-dit-tiny@champion)"
         )
     version = m["version"]
@@ -86,14 +86,16 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or data_dir() / "model_cache").resolve()
 
 
-def resolve_model_uri(uri: str, *, cache_dir: str | Path | None = None) -> ResolvedModel:
+def resolve_model_uri(
+    uri: str, *, cache_dir: str | Path | None = None, flag: str = "--checkpoint"
+) -> ResolvedModel:
     """The local copy of the version ``uri`` names (downloaded on first use; see the module
     docstring). A name, alias or version the registry does not hold is a :class:`RegistryError`
     naming what it does hold."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    name, alias, version = parse_model_uri(uri)
+    name, alias, version = parse_model_uri(uri, flag=flag)
     store, source = tracking_uri_from(None, "")
     open_store(store, source=source, existing=True)  # one line, not minutes or a new store
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
@@ -104,7 +106,7 @@ def resolve_model_uri(uri: str, *, cache_dir: str | Path | None = None) -> Resol
             else client.get_model_version(name, str(version))
         )
     except MlflowException as e:
-        raise RegistryError(f"--checkpoint {uri}: {_why(client, name, alias, e)}") from None
+        raise RegistryError(f"{flag} {uri}: {_why(client, name, alias, e)}") from None
     key = hashlib.sha256(f"{store}\n{mv.source}".encode()).hexdigest()[:10]
     root = Path(cache_dir or cache_root()) / name / f"{mv.version}-{key}"
     if not (root / _DONE).is_file():
@@ -112,7 +114,7 @@ def resolve_model_uri(uri: str, *, cache_dir: str | Path | None = None) -> Resol
     ckpt = root / "artifacts" / "checkpoint"
     if not (ckpt / "config.yaml").is_file():
         raise RegistryError(
-            f"--checkpoint {uri}: version {mv.version} of {name} holds no vfm checkpoint "
+            f"{flag} {uri}: version {mv.version} of {name} holds no vfm checkpoint "
             "(no artifacts/checkpoint/config.yaml): register it with vfm_core.registry"
         )
     tok = root / "artifacts" / "tokenizer"
@@ -126,9 +128,12 @@ def resolve_model_uri(uri: str, *, cache_dir: str | Path | None = None) -> Resol
     )
 
 
-def local_checkpoint(path: str | Path) -> str | Path:
-    """``path`` itself for a folder, the resolved run directory for a ``models:/`` URI."""
-    return resolve_model_uri(os.fspath(path)).checkpoint if is_model_uri(path) else path
+def local_checkpoint(path: str | Path, *, flag: str = "--checkpoint") -> str | Path:
+    """``path`` itself for a folder, the resolved run directory for a ``models:/`` URI (errors
+    name ``flag``)."""
+    if not is_model_uri(path):
+        return path
+    return resolve_model_uri(os.fspath(path), flag=flag).checkpoint
 
 
 def _why(client, name: str, alias: str | None, e: Exception) -> str:

@@ -31,6 +31,9 @@ class TrainArgs:
     """continue from the newest intact checkpoint"""
     resume_from: str | None = field(default=None, metadata={"metavar": "CKPT_DIR"})
     """continue from this checkpoint folder (implies --resume)"""
+    init: str | None = field(default=None, metadata={"metavar": "SRC"})
+    """start a new run from a trained model's weights and EMA (train.init): a run dir, a step_*
+    checkpoint or models:/NAME@ALIAS|VERSION; new optimizer, schedule and step 0"""
     debug: bool = False
     """show the traceback behind an error"""
     set: list[str] = field(default_factory=list, metadata={"metavar": "SECTION.FIELD=VALUE"})

@@ -32,6 +32,7 @@ from typing import Any
 import torch.distributed as dist
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
+from vfm_core.checkpoints.init import start_from_init
 from vfm_core.checkpoints.manager import (
     CheckpointError,
     CheckpointManager,
@@ -196,6 +197,7 @@ def _train(
     trainer = Trainer(cfg)
     run_id = None
     path = None
+    init = None
     if resume:  # any layout: DCP reshards the saved tensors into this one
         path, run_id = _resume(ckpt, trainer, resume_from)
         if trainer.step >= cfg.train.steps:  # a finished run: its summary stays as it was
@@ -206,6 +208,8 @@ def _train(
                     file=sys.stderr,
                 )
             return finished_summary(out, trainer, path)
+    elif cfg.train.init:  # a new run from a trained model's weights, any layout
+        init = start_from_init(trainer)
     loggers: list = []
     mlf = None
     if is_rank0():
@@ -215,7 +219,8 @@ def _train(
             ConsoleLogger(cfg.train.steps, initial=trainer.step, bar=progress),
         ]
         if cfg.tracking.mlflow:
-            mlf = _mlflow_logger(cfg, out, trainer, run_id=run_id)
+            parent = init.tags() if init is not None else {}
+            mlf = _mlflow_logger(cfg, out, trainer, run_id=run_id, tags=parent)
             loggers.append(mlf)
     # every rank takes part in a save; only rank 0 knows the MLflow run id
     shared_run_id = broadcast_str(mlf.run_id if mlf else "") or None
@@ -272,8 +277,11 @@ def _write_run_files(cfg: Config, out: Path, trainer: Trainer) -> None:
         (out / TEXT_RECORD).write_text(json.dumps(text))
 
 
-def _mlflow_logger(cfg: Config, out: Path, trainer: Trainer, *, run_id: str | None) -> MLflowLogger:
-    """The run's MLflow logger (a resumed run's ``run_id`` goes on), its parameters logged."""
+def _mlflow_logger(
+    cfg: Config, out: Path, trainer: Trainer, *, run_id: str | None, tags: dict[str, str]
+) -> MLflowLogger:
+    """The run's MLflow logger (a resumed run's ``run_id`` goes on), its parameters logged;
+    ``tags``: more run tags (the init model's lineage)."""
     degrees = trainer.dims.degrees
     mlf = MLflowLogger(
         cfg.tracking,
@@ -283,6 +291,7 @@ def _mlflow_logger(cfg: Config, out: Path, trainer: Trainer, *, run_id: str | No
             "recipe": cfg.recipe,
             STAGE_TAG: "train",
             LAYOUT_TAG: layout_label(degrees, trainer.world),
+            **tags,
         },
         system_metrics=cfg.tracking.system_metrics,
         backlog=out / BACKLOG_FILE,  # what a server outage left unsent at the end
