@@ -53,7 +53,7 @@ from tasks.registry import register_and_promote
 from tasks.report import pipeline_report_task
 from tasks.tracking import end_mlflow_run, log_to_run, start_mlflow_run
 from vfm_core import storage
-from vfm_core.config import ConfigError, TrackingConfig
+from vfm_core.config import FAMILY_TRAITS, ConfigError, TrackingConfig
 from vfm_core.curate.config import CurateConfig
 from vfm_core.output_lock import LOCK_FILE, output_lock
 from vfm_core.pipeline_report import headline_metrics
@@ -144,7 +144,7 @@ class PipelineParams(Form):
     def _stages_accept(self) -> PipelineParams:
         """What a later stage would refuse, refused by the form (before any stage runs)."""
         CurateConfig(splitter=self.splitter, min_len_s=self.min_len_s, max_len_s=self.max_len_s)
-        if self.top_k and self.family != "autoregressive":  # the generation would refuse it
+        if self.top_k and not self.discrete:  # the generation would refuse it
             raise ValueError(
                 f"top_k={self.top_k}: the k likeliest tokens of autoregressive runs; the "
                 f"{self.family} family samples by denoising (leave top_k 0)"
@@ -162,9 +162,15 @@ class PipelineParams(Form):
             raise ValueError(f"latent_grid / overrides: {e}") from None
         return self
 
+    @property
+    def discrete(self) -> bool:
+        """Whether the family trains on discrete token ids
+        (:data:`vfm_core.config.FAMILY_TRAITS`)."""
+        return FAMILY_TRAITS[self.family].discrete
+
     def tokenizer_preset(self) -> str:
         """The tokenizer trained when none is given: continuous, or discrete for the AR family."""
-        return "tok-tiny-discrete" if self.family == "autoregressive" else "tok-tiny"
+        return "tok-tiny-discrete" if self.discrete else "tok-tiny"
 
     def work(self) -> str:
         return self.work_dir or str(data_dir() / "pipeline" / self.name)
@@ -227,7 +233,7 @@ def train_settings(
         "data.latent_height": h,
         "data.latent_width": w,
         **model_settings(
-            discrete=p.family != "diffusion",
+            discrete=p.discrete,
             geometry=geometry,
             caption_tokens=caption_tokens,
             normalized=True,  # encode-shards writes unit-variance latents
@@ -440,7 +446,7 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
             prompts=p.prompts,
             frames=frames,
             size=size,
-            steps=p.generate_steps if p.family == "diffusion" else None,  # AR: one per token
+            steps=None if p.discrete else p.generate_steps,  # discrete: one step per token
             tokenizer=tok_dir,
             out_dir=f"{work}/generated",
             experiment=p.experiment,

@@ -1,21 +1,25 @@
 from __future__ import annotations
 
 import os
+import typing
 from pathlib import Path
 
 import pytest
 
 from vfm_core.config import (
+    FAMILY_TRAITS,
     RANGES,
     Config,
     ConfigError,
+    ModelConfig,
     apply_overrides,
+    arch_family,
     load_yaml,
     read_yaml,
     save_yaml,
     validate,
 )
-from vfm_core.recipes import RECIPES, get_recipe
+from vfm_core.recipes import FAMILIES, RECIPES, get_recipe, recipe_family
 
 
 def test_overrides_apply_and_coerce():
@@ -407,3 +411,45 @@ def test_a_few_aliases_and_a_nested_list_still_load(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("train: &t {steps: 3}\nsample: {tags: [[1, 2], [3]]}\nx: *t\n")
     assert read_yaml(path)["x"] == {"steps": 3}
+
+
+def test_the_family_table_places_every_arch_once():
+    """FAMILY_TRAITS is the one arch -> family map: every value of ModelConfig.arch in exactly one
+    family; the recipes' families are its names."""
+    archs = typing.get_args(typing.get_type_hints(ModelConfig)["arch"])
+    listed = [a for t in FAMILY_TRAITS.values() for a in t.archs]
+    assert sorted(listed) == sorted(archs) and len(set(listed)) == len(listed)
+    assert FAMILIES == tuple(FAMILY_TRAITS) == ("diffusion", "autoregressive")
+    assert {(a, arch_family(a).name) for a in archs} == {
+        ("dit", "diffusion"),
+        ("stdit", "diffusion"),
+        ("llama_dit", "diffusion"),
+        ("ar", "autoregressive"),
+    }
+    ar, dit = get_recipe("ar-tiny").model, get_recipe("dit-tiny").model
+    assert (ar.family_name, ar.discrete, ar.causal) == ("autoregressive", True, True)
+    assert (dit.family_name, dit.discrete, dit.causal) == ("diffusion", False, False)
+    assert (recipe_family("ar-tiny"), recipe_family("llama-dit-tiny")) == (
+        "autoregressive",
+        "diffusion",
+    )
+    with pytest.raises(ConfigError, match="model.arch 'gpt': expected one of ar, dit, llama_dit"):
+        arch_family("gpt")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.vocab_size=1", "model.vocab_size: must be >= 2 for arch 'ar', got 1"),
+        (
+            "model.patch=[1,2,2]",
+            "model.patch: arch 'ar' predicts one token per latent cell, needs (1, 1, 1), "
+            "got (1, 2, 2)",
+        ),
+    ],
+)
+def test_a_discrete_family_needs_a_vocabulary_and_one_token_per_cell(override, message):
+    with pytest.raises(ConfigError) as e:
+        validate(apply_overrides(get_recipe("ar-tiny"), [override]))
+    assert str(e.value) == message
+    validate(apply_overrides(get_recipe("dit-tiny"), ["model.vocab_size=1"]))  # continuous: unused

@@ -36,6 +36,45 @@ from vfm_core.config_fields import bounds
 from vfm_core.config_validate import RANGES, validate  # noqa: F401  (re-exported)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FamilyTraits:
+    """What the torch-free layers (the config checks, the recipes, the forms) know of a model
+    family: its name, the ``model.arch`` values it builds and how it trains. The family objects
+    (:class:`vfm_core.families.Family`, with torch) take theirs from :data:`FAMILY_TRAITS`."""
+
+    name: str
+    """The family's name in forms, recipes and MLflow (``diffusion``, ``autoregressive``)."""
+    archs: tuple[str, ...]
+    """The ``model.arch`` values whose networks this family builds."""
+    discrete: bool
+    """Trains on the token ids of a discrete tokenizer (``model.vocab_size`` of them, one per
+    latent cell: ``model.patch`` (1, 1, 1)) rather than on continuous latents."""
+    causal: bool
+    """Predicts each token from the earlier ones only (causal attention): balanced causal
+    context parallelism cuts a sequence into two chunks per CP rank."""
+
+
+FAMILY_TRAITS: dict[str, FamilyTraits] = {
+    t.name: t
+    for t in (
+        FamilyTraits(
+            name="diffusion", archs=("dit", "stdit", "llama_dit"), discrete=False, causal=False
+        ),
+        FamilyTraits(name="autoregressive", archs=("ar",), discrete=True, causal=True),
+    )
+}
+"""Every model family by name: the one table of which family builds each ``model.arch``."""
+
+
+def arch_family(arch: str) -> FamilyTraits:
+    """The family whose networks include ``arch`` (a ``model.arch`` value)."""
+    for traits in FAMILY_TRAITS.values():
+        if arch in traits.archs:
+            return traits
+    known = sorted(a for t in FAMILY_TRAITS.values() for a in t.archs)
+    raise ConfigError(f"model.arch {arch!r}: expected one of {', '.join(known)}")
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     arch: Literal["dit", "stdit", "llama_dit", "ar"] = "dit"
@@ -129,6 +168,23 @@ class ModelConfig:
     def cross_attention(self) -> bool:
         """Whether every block attends to the caption's tokens (``text_conditioning='cross'``)."""
         return self.text_conditioning == "cross"
+
+    @property
+    def family_name(self) -> str:
+        """The name of the family that builds ``arch`` (:data:`FAMILY_TRAITS`)."""
+        return arch_family(self.arch).name
+
+    @property
+    def discrete(self) -> bool:
+        """Whether ``arch``'s family trains on discrete token ids
+        (:attr:`FamilyTraits.discrete`)."""
+        return arch_family(self.arch).discrete
+
+    @property
+    def causal(self) -> bool:
+        """Whether ``arch``'s family predicts each token from the earlier ones
+        (:attr:`FamilyTraits.causal`)."""
+        return arch_family(self.arch).causal
 
 
 def model_config_mismatch(

@@ -14,16 +14,19 @@ from typing import TYPE_CHECKING, Any
 from vfm_core.config_build import ConfigError
 
 if TYPE_CHECKING:  # annotations only: vfm_core.config imports this module
-    from vfm_core.config import Config, DataConfig
+    from vfm_core.config import Config, DataConfig, ModelConfig
 
 
-def sequence_split(arch: str, *, cp: int, tp: int, prefix: str = "parallel.") -> tuple[int, str]:
-    """(n, how): the trainer cuts every token sequence into n equal chunks over ``cp``
-    context-parallel and ``tp`` sequence-parallel ranks (``vfm_core.parallel.parallelize.
-    _split_sequence``), twice as many for the autoregressive family's balanced causal CP (two
-    chunks per CP rank); ``how`` names the factors above 1 ("parallel.cp=2 x ..."). The run
-    config's checks and the planner's (``vfm_core.perf.layout_rules``) both use it."""
-    factors = [(2, "2 causal chunks per CP rank")] if arch == "ar" and cp > 1 else []
+def sequence_split(
+    model: ModelConfig, *, cp: int, tp: int, prefix: str = "parallel."
+) -> tuple[int, str]:
+    """(n, how): the trainer cuts every token sequence of ``model`` into n equal chunks over
+    ``cp`` context-parallel and ``tp`` sequence-parallel ranks (``vfm_core.parallel.parallelize.
+    _split_sequence``), twice as many for a causal family's balanced causal CP (two chunks per CP
+    rank, :attr:`~vfm_core.config.FamilyTraits.causal`); ``how`` names the factors above 1
+    ("parallel.cp=2 x ..."). The run config's checks and the planner's
+    (``vfm_core.perf.layout_rules``) both use it."""
+    factors = [(2, "2 causal chunks per CP rank")] if model.causal and cp > 1 else []
     factors += [(cp, f"{prefix}cp={cp}"), (tp, f"{prefix}tp={tp} with sequence parallelism")]
     kept = [(n, text) for n, text in factors if n > 1]
     return math.prod(n for n, _ in kept), " x ".join(text for _, text in kept)
@@ -35,7 +38,7 @@ def _validate_sequence_split(cfg: Config) -> None:
     d, m, p = cfg.data, cfg.model, cfg.parallel
     if d.max_tokens or p.cp < 1 or p.tp < 1:  # bad degrees: named by resolve_degrees
         return
-    parts, how = sequence_split(m.arch, cp=p.cp, tp=p.tp if p.sequence_parallel else 1)
+    parts, how = sequence_split(m, cp=p.cp, tp=p.tp if p.sequence_parallel else 1)
     latent = (d.latent_frames, d.latent_height, d.latent_width)
     tokens = math.prod(s // k for s, k in zip(latent, m.patch, strict=True))
     if tokens % parts:
@@ -62,7 +65,7 @@ def _validate_packing(cfg: Config) -> None:
         )
     if p.cp < 1 or p.tp < 1:  # bad degrees: named by resolve_degrees
         return
-    split, _ = sequence_split(cfg.model.arch, cp=p.cp, tp=p.tp)
+    split, _ = sequence_split(cfg.model, cp=p.cp, tp=p.tp)
     what = "parallel.cp * parallel.tp"
     if split != p.cp * p.tp:
         what = f"2 x {what} (two causal chunks per CP rank)"
@@ -217,13 +220,15 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             f"model.freq_dim: must be even (a cosine and a sine per frequency), got {m.freq_dim}"
         )
-    if m.arch == "ar":
+    if m.discrete:  # token ids of a vocabulary, one per latent cell
         if m.vocab_size < 2:
-            raise ConfigError(f"model.vocab_size: must be >= 2 for arch 'ar', got {m.vocab_size}")
+            raise ConfigError(
+                f"model.vocab_size: must be >= 2 for arch {m.arch!r}, got {m.vocab_size}"
+            )
         if tuple(m.patch) != (1, 1, 1):
             raise ConfigError(
-                f"model.patch: arch 'ar' predicts one token per latent cell, needs (1, 1, 1), "
-                f"got {tuple(m.patch)}"
+                f"model.patch: arch {m.arch!r} predicts one token per latent cell, needs "
+                f"(1, 1, 1), got {tuple(m.patch)}"
             )
     if m.adaln == "lora" and m.adaln_lora_rank <= 0:
         raise ConfigError(f"model.adaln_lora_rank: must be positive, got {m.adaln_lora_rank}")

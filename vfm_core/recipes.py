@@ -10,7 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from vfm_core.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig
+from vfm_core.config import (
+    FAMILY_TRAITS,
+    Config,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    TrainConfig,
+)
 
 # 121 frames at 704x1280 through an 8x8x8 causal tokenizer: 1 + 120/8 = 16 latent frames
 _BIG_DATA = dict(batch_size=1, latent_frames=16, latent_height=88, latent_width=160)
@@ -193,15 +200,16 @@ TOKENIZER_RECIPES: dict[str, dict] = {
 """Named tokenizer presets, beside the run recipes above: the one preset registry."""
 
 
-FAMILIES = ("diffusion", "autoregressive")
-"""Model families: a DiT over continuous latents, a causal transformer over discrete tokens."""
+FAMILIES = tuple(FAMILY_TRAITS)
+"""Model families (``diffusion``: a DiT over continuous latents, ``autoregressive``: a causal
+transformer over discrete tokens), by name from :data:`vfm_core.config.FAMILY_TRAITS`."""
 DEFAULT_RECIPE = {"diffusion": "dit-tiny", "autoregressive": "ar-tiny"}
 """The CPU recipe of each family (the forms' default)."""
 
 
 def recipe_family(name: str) -> str:
     """``diffusion`` or ``autoregressive``: the family of preset ``name``."""
-    return "autoregressive" if get_recipe(name).model.arch == "ar" else "diffusion"
+    return get_recipe(name).model.family_name
 
 
 def check_family(recipe: str, family: str) -> None:

@@ -6,6 +6,7 @@ geometry from the tokenizer's own saved config. No Prefect API needed."""
 from __future__ import annotations
 
 import json
+import typing
 
 import pytest
 from pydantic import ValidationError
@@ -20,10 +21,10 @@ from flows.pipeline import (
 )
 from flows.scaling import ScalingParams
 from flows.shard import ShardParams
-from flows.train import TrainParams
+from flows.train import Family, TrainParams
 from tasks.pipeline import tokenizer_geometry
 from vfm_core.config import ConfigError, apply_overrides, to_dict, validate
-from vfm_core.recipes import get_recipe
+from vfm_core.recipes import FAMILIES, get_recipe
 from vfm_core.tokenizer.config import TokenizerConfig, TokenizerConfigError
 from vfm_core.tokenizer.run_settings import MAX_TEXT_LEN
 
@@ -153,6 +154,7 @@ def test_pipeline_train_settings_are_typed_and_user_overrides_win(tmp_path):
     huge = train_settings(p, latents="L", tokenizer="T", geometry=geometry, caption_tokens=5000)
     assert huge["model.text_len"] == MAX_TEXT_LEN
     ar = PipelineParams(family="autoregressive", top_k=16)
+    assert (ar.discrete, ar.tokenizer_preset(), p.discrete) == (True, "tok-tiny-discrete", False)
     with pytest.raises(ValueError, match="top_k=16: the k likeliest tokens of autoregressive"):
         PipelineParams(top_k=16)  # a diffusion run's generation would refuse it after training
     with pytest.raises(ValueError, match="max_len_s=1.0 .* is below min_len_s=3.0"):
@@ -240,3 +242,7 @@ def test_the_scaling_form_checks_every_layout_before_the_first_trains(values, me
     assert ScalingParams(layouts=[{"nproc": 2, "dp_replicate": 2}]).layouts[0].degrees() == {
         "dp_replicate": 2
     }
+
+
+def test_the_forms_offer_the_families_of_the_config_table():
+    assert typing.get_args(Family) == FAMILIES  # vfm_core.config.FAMILY_TRAITS, in its order

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vfm_core.config import ConfigError, apply_overrides
+from vfm_core.config import FAMILY_TRAITS, ConfigError, apply_overrides
 from vfm_core.families import AUTOREGRESSIVE, DIFFUSION, FAMILIES
 from vfm_core.infer.diffusion_generation import DiffusionGeneration
 from vfm_core.infer.family_generation import GENERATIONS, generation_of
@@ -23,6 +23,14 @@ def test_every_family_has_one_generation():
     assert all(g.family is f for f, g in GENERATIONS.items())
     assert isinstance(GENERATIONS[DIFFUSION], DiffusionGeneration)
     assert isinstance(GENERATIONS[AUTOREGRESSIVE], TokenGeneration)
+
+
+def test_every_family_object_is_a_row_of_the_config_table():
+    """The family objects take their archs and traits from the torch-free table by name."""
+    assert list(FAMILIES) == list(FAMILY_TRAITS)
+    for name, f in FAMILIES.items():
+        t = FAMILY_TRAITS[name]
+        assert (f.name, f.archs, f.discrete) == (t.name, t.archs, t.discrete)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vfm_core.config import Config, ConfigError, ModelConfig
+from vfm_core.config import Config, ModelConfig
 from vfm_core.families.autoregressive import AUTOREGRESSIVE
 from vfm_core.families.diffusion import DIFFUSION
 from vfm_core.families.family import Family
@@ -17,13 +17,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (DIFFUSION, AUTOREGRESSIVE)}
 
 
 def family_of(cfg: Config | ModelConfig) -> Family:
-    """The family whose networks include ``cfg``'s ``model.arch``."""
+    """The family whose networks include ``cfg``'s ``model.arch`` (its
+    :attr:`~vfm_core.config.ModelConfig.family_name`; an unknown arch raises ConfigError)."""
     model = cfg.model if isinstance(cfg, Config) else cfg
-    for family in FAMILIES.values():
-        if model.arch in family.archs:
-            return family
-    known = sorted(a for f in FAMILIES.values() for a in f.archs)
-    raise ConfigError(f"model.arch {model.arch!r}: expected one of {', '.join(known)}")
+    return FAMILIES[model.family_name]
 
 
 def build_model(

@@ -101,8 +101,6 @@ def _position_params(cfg: ModelConfig) -> int:
 
 class AutoregressiveFamily(Family):
     name = "autoregressive"
-    archs = ("ar",)
-    discrete = True
     model_cls = CausalVideoTransformer
     objective_cls = NextTokenObjective
 

@@ -109,8 +109,6 @@ def diffusion_loss(output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
 
 class DiffusionFamily(Family):
     name = "diffusion"
-    archs = ("dit", "stdit", "llama_dit")
-    discrete = False
     model_cls = DiT
     objective_cls = DiffusionObjective
 

@@ -5,7 +5,8 @@ A family owns its network builder, its training objective, the non-shared terms 
 parameter accounting, its layout rules and its synthetic training data. The shared parts live
 below it (:mod:`vfm_core.families.terms`, :mod:`vfm_core.families.objective`); the trainer, the
 planner and the data source factory hold a family and call it. A new family is one module with a
-:class:`Family` subclass, listed in :data:`vfm_core.families.FAMILIES`. Its sampler, decoding and
+:class:`Family` subclass, listed in :data:`vfm_core.families.FAMILIES`, and one row of
+:data:`vfm_core.config.FAMILY_TRAITS` (its archs and torch-free traits). Its sampler, decoding and
 evaluation metric live above this layer, in its ``vfm_core.infer.generation.Generation`` (listed
 in ``vfm_core.infer.family_generation.GENERATIONS``).
 """
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
-from vfm_core.config import Config, DataConfig, ModelConfig
+from vfm_core.config import FAMILY_TRAITS, Config, DataConfig, ModelConfig
 from vfm_core.families.terms import Term
 from vfm_core.geometry import Grid
 
@@ -30,11 +31,19 @@ class Family:
     """The interface every family implements (the docstrings say what each returns)."""
 
     name: ClassVar[str]
-    """The family's name in forms, recipes and MLflow (``diffusion``, ``autoregressive``)."""
+    """The family's name in forms, recipes and MLflow (``diffusion``, ``autoregressive``): its
+    row of :data:`vfm_core.config.FAMILY_TRAITS`, which sets ``archs`` and ``discrete``."""
     archs: ClassVar[tuple[str, ...]]
     """The ``model.arch`` values whose networks this family builds."""
     discrete: ClassVar[bool]
     """Trains on the token ids of a discrete tokenizer (True) or on continuous latents."""
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        """A family's archs and traits come from its row of the torch-free table (by ``name``),
+        which the config checks and the recipes read too; a family never repeats them."""
+        super().__init_subclass__(**kw)
+        traits = FAMILY_TRAITS[cls.name]
+        cls.archs, cls.discrete = traits.archs, traits.discrete
 
     model_cls: ClassVar[type[nn.Module]]
     """The network, built from the model config."""

@@ -47,7 +47,7 @@ def check_layout(cfg: ModelConfig, lay: Layout, *, seq_len: int, gpu: GpuSpec) -
     why = family_of(cfg).layout_reason(cfg, cp=lay.cp, cp_mode=lay.cp_mode)
     if why:
         return why
-    parts, how = sequence_split(cfg.arch, cp=lay.cp, tp=lay.tp if lay.sp else 1, prefix="")
+    parts, how = sequence_split(cfg, cp=lay.cp, tp=lay.tp if lay.sp else 1, prefix="")
     if seq_len % parts:
         return f"the sequence of {seq_len} tokens cannot be split into {parts} equal chunks ({how})"
     if lay.cp > 1 and (lay.cp_mode == "a2a" or cfg.arch == "stdit"):  # ST-DiT: hybrid a2a
