@@ -78,6 +78,7 @@ FIELD_KEYS = {
     "seed": "train.seed",
     "out_dir": "train.out_dir",
     "experiment": "tracking.experiment",
+    "init": "train.init",
 }
 """The training form's named fields that set a config key (and the parallel degrees)."""
 
@@ -113,6 +114,12 @@ class TrainParams(LaunchFields):
     )
     resume: bool = Field(
         False, description="continue from the latest checkpoint in out_dir (needs out_dir)"
+    )
+    init: str = Field(
+        "",
+        description="start from a trained model's weights: a run dir, a step_* checkpoint or "
+        "models:/NAME@ALIAS (its network unless settings name model keys; new optimizer, step 0; "
+        "'' = random weights)",
     )
     experiment: str = Field("vfm", description="MLflow experiment")
     launcher: Literal["local", "slurm"] = Field(
@@ -167,6 +174,7 @@ class TrainParams(LaunchFields):
             "train.seed": self.seed,
             "train.out_dir": self.resolved_out(),
             "tracking.experiment": self.experiment,
+            "train.init": self.init or None,
             **{f"parallel.{k}": v for k, v in self.degrees().items()},
         }
 
@@ -190,10 +198,14 @@ def train_flow(
     """Train ``params.recipe`` in the layout of the form; the MLflow run (named after recipe,
     layout and steps) is nested under ``parent_run_id`` (the pipeline's run) when given."""
     params = params or TrainParams()
+    from vfm_core.checkpoints.init import check_init, with_init_settings
     from vfm_core.families.data_settings import with_data_settings
 
-    try:  # shards: what the model takes from them and their tokenizer, as vfm train does
-        cfg = with_data_settings(params.to_config(), params.user_keys())
+    try:  # the init model's network, what the shards give the model: as vfm train does
+        given = params.user_keys()
+        cfg = with_data_settings(with_init_settings(params.to_config(), given), given)
+        if not params.resume:
+            check_init(cfg)
     except UserError as e:
         raise ValueError(f"train flow parameters: {e}") from None
     run_id = None

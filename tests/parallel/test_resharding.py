@@ -1,13 +1,15 @@
 """DCP resharding: a checkpoint saved under TP2 (model, EMA, AdamW moments, schedule, data
 position, step) resumes under FSDP2 and in one process with the same next losses as the run that
-never stopped (same global batch; fp32, relative tolerance 1e-5)."""
+never stopped (same global batch; fp32, relative tolerance 1e-5); a new run started from it
+(``train.init``: weights and EMA only) holds its weights under FSDP2 and in one process alike and
+takes the same first step in both."""
 
 from __future__ import annotations
 
 import pytest
 from parallel_harness import build_trainer, fit_collect, run_ranks
 
-from vfm_core.config import apply_overrides
+from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
 
 TOL = 1e-5
@@ -25,11 +27,13 @@ TINY = [
 ]
 
 
-def _trainer(world, degrees, steps):
-    cfg = apply_overrides(
-        get_recipe("dit-tiny"), [*TINY, f"train.steps={steps}", f"data.batch_size={GLOBAL_BATCH}"]
-    )
-    return build_trainer(cfg, world, degrees)
+def _cfg(steps, *extra):
+    over = [*TINY, f"train.steps={steps}", f"data.batch_size={GLOBAL_BATCH}", *extra]
+    return apply_overrides(get_recipe("dit-tiny"), over)
+
+
+def _trainer(world, degrees, steps, *extra):
+    return build_trainer(_cfg(steps, *extra), world, degrees)
 
 
 def _save_then_continue(rank, world, root):
@@ -49,6 +53,16 @@ def _resume(rank, world, root, degrees):
     path = load_trainer(CheckpointManager(root), tr)
     assert tr.step == 2, tr.step
     return {"path": path.name, "losses": fit_collect(tr).losses}
+
+
+def _init_then_step(rank, world, root, degrees):
+    from vfm_core.checkpoints.init import start_from_init
+
+    tr = _trainer(world, degrees, 1, f"train.init={root}")
+    start_from_init(tr)
+    full = {n: getattr(p, "full_tensor", p.detach)() for n, p in tr.layout.named_parameters()}
+    sums = {n: float(p.detach().double().sum()) for n, p in sorted(full.items())}
+    return {"step": tr.step, "sums": sums, "losses": fit_collect(tr).losses}
 
 
 def _resume_wrong_model(rank, world, root):
@@ -73,5 +87,12 @@ def test_tp2_checkpoint_resumes_under_fsdp2_and_one_process(tmp_path):
             assert r["path"] == "step_00000002"
             for got, want in zip(r["losses"], expected, strict=True):
                 assert abs(got - want) <= TOL * abs(want), (degrees, r["losses"], expected)
+    save_yaml(_cfg(2), tmp_path / "config.yaml")  # a run directory
+    (fsdp, _), (one,) = (
+        run_ranks(_init_then_step, world, str(tmp_path), degrees)
+        for world, degrees in ((2, dict(dp_shard=2)), (1, {}))
+    )
+    assert fsdp["step"] == one["step"] == 0 and fsdp["sums"] == one["sums"]
+    assert abs(fsdp["losses"][0] - one["losses"][0]) <= TOL * abs(one["losses"][0])
     msg = run_ranks(_resume_wrong_model, 1, str(tmp_path))[0]
     assert "another model shape (model.depth: checkpoint 2 vs now 3)" in msg

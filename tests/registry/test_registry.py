@@ -76,6 +76,34 @@ def test_shard_lineage_records_index_path_and_sha(tmp_path):
     assert tags["vfm.shards_index_sha256"] == want
 
 
+def test_a_run_started_from_a_registered_model_records_it_and_its_version_keeps_it(
+    trained_run, store, tmp_path
+):
+    """``train.init=models:/NAME@champion``: the new run starts from the version's weights, its
+    MLflow run and its own registered version name the parent (model, checkpoint)."""
+    import dataclasses
+
+    from vfm_core.config import apply_overrides, load_yaml
+    from vfm_core.train.main import run_training
+
+    _register(trained_run, store, GOOD)
+    promote(NAME, 1)
+    cfg = load_yaml(trained_run / "config.yaml")
+    over = [f"train.init=models:/{NAME}@champion", "train.steps=1", "tracking.mlflow=true"]
+    cfg = dataclasses.replace(apply_overrides(cfg, over), tracking=store)
+    summary = run_training(cfg, out_dir=tmp_path / "child", progress=False)
+    client = mlflow.MlflowClient()
+    run_tags = client.get_run(summary["mlflow_run_id"]).data.tags
+    assert run_tags["vfm.parent_model"] == f"models:/{NAME}@champion"
+    assert run_tags["vfm.parent_checkpoint"].endswith(
+        "artifacts/checkpoint/checkpoints/step_00000002"
+    )
+    child = register_checkpoint(tmp_path / "child", run_id=summary["mlflow_run_id"], tracking=store)
+    tags = client.get_model_version(NAME, str(child.version)).tags
+    assert child.version == 2 and tags["vfm.parent_model"] == f"models:/{NAME}@champion"
+    assert tags["vfm.parent_checkpoint"] == run_tags["vfm.parent_checkpoint"]
+
+
 def test_promotion_moves_alias_only_when_rule_holds(trained_run, store):
     client = mlflow.MlflowClient()
     _register(trained_run, store, GOOD)

@@ -47,6 +47,9 @@ __all__ = [
     "stage_artifacts",
 ]
 
+PARENT_TAGS = ("vfm.parent_run", "vfm.parent_checkpoint")
+"""Training-run tags of a run started from another model that a registered version keeps
+(``vfm.parent_model`` comes from the run's config)."""
 MODEL_PREFIX = "vfm-"
 """Registered model names are ``vfm-<recipe>``."""
 MODEL_CODE = Path(__file__).resolve().parents[1] / "infer" / "model_code.py"
@@ -79,11 +82,14 @@ def model_name(recipe: str) -> str:
 
 
 def lineage_tags(cfg: Config) -> dict[str, str]:
-    """Where the run's data came from: the source and, for shards, each dataset's index path and
-    the sha256 of its bytes (an index that cannot be read is named with ``unreadable``)."""
+    """Where the run came from: the model it started from (``train.init``), the data source
+    and, for shards, each dataset's index path and the sha256 of its bytes (an index that
+    cannot be read is named with ``unreadable``)."""
     from vfm_core.storage import join, read_bytes
 
     tags = {"vfm.data_source": cfg.data.source}
+    if cfg.train.init:  # the model it was started from (vfm train --init)
+        tags["vfm.parent_model"] = cfg.train.init
     if cfg.data.source != "shards":
         return tags
     sets = cfg.data.datasets()
@@ -165,7 +171,7 @@ def register_checkpoint(
         **{f"{METRIC_TAG}{k}": repr(float(v)) for k, v in (metrics or {}).items()},
     }
     run_tags = client.get_run(run_id).data.tags
-    for key in ("vfm.clips_manifest", "vfm.shards_index"):
+    for key in ("vfm.clips_manifest", "vfm.shards_index", *PARENT_TAGS):
         if key in run_tags:
             tags.setdefault(key, run_tags[key])
     if tok:
