@@ -75,7 +75,7 @@ def bits_per_token(model, cfg) -> float:
     src = SyntheticTokens(held.data, held.model)
     src.load_state_dict({**src.state_dict(), "position": 10**7})  # far past anything trained on
     batch = src.next_batch()
-    m = heldout_bits(model, cfg, batch.token_ids, batch.text, EvalConfig(batch=32))
+    m = heldout_bits(model, cfg, batch.values, batch.text, EvalConfig(batch=32))
     return m["heldout_bits_per_token"]
 
 

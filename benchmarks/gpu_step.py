@@ -90,7 +90,7 @@ def run(
     ema = EMA(layout.parts, 0.999)
     g = torch.Generator().manual_seed(0)
     batch = TrainBatch(
-        latents=torch.randn(1, m.in_channels, t, h, w, generator=g) * 0.5,
+        values=torch.randn(1, m.in_channels, t, h, w, generator=g) * 0.5,
         text=torch.randn(1, m.text_len, m.text_dim, generator=g),
         text_lengths=torch.full((1,), m.text_len),
         keys=["x"],

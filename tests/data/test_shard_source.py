@@ -54,9 +54,9 @@ def test_source_reads_latents_with_the_configured_shape(latent_shards):
     cfg = config(out)
     src = ShardLatentSource(cfg.data, cfg.model)
     b = src.next_batch()
-    assert tuple(b.latents.shape) == (2, 4, 2, 4, 4) and tuple(b.text.shape) == (2, 8, 16)
+    assert tuple(b.values.shape) == (2, 4, 2, 4, 4) and tuple(b.text.shape) == (2, 8, 16)
     k = b.keys[0]
-    np.testing.assert_array_equal(b.latents[0].numpy(), lat[k][:, :2, 1:5, 1:5])  # centre crop
+    np.testing.assert_array_equal(b.values[0].numpy(), lat[k][:, :2, 1:5, 1:5])  # centre crop
     assert b.text[0, 1:].abs().sum() == 0  # one pooled caption vector, zero padded to text_len
     assert src.data_wait_s > 0
 
@@ -68,8 +68,8 @@ def test_random_clip_start_draws_windows_of_the_clip_repeatably(latent_shards):
     starts = []
     for _ in range(6):
         ba, bb = a.next_batch(), b.next_batch()
-        assert torch.equal(ba.latents, bb.latents)  # (seed, position) -> the same windows
-        for k, z in zip(ba.keys, ba.latents.numpy()):
+        assert torch.equal(ba.values, bb.values)  # (seed, position) -> the same windows
+        for k, z in zip(ba.keys, ba.values.numpy()):
             fits = [t0 for t0 in range(2) if np.array_equal(z, lat[k][:, t0 : t0 + 2, 1:5, 1:5])]
             assert len(fits) == 1, k  # a window of 2 of the clip's 3 latent frames
             starts += fits
@@ -103,7 +103,7 @@ def test_trainer_decodes_clips_and_applies_the_tokenizer(shard_dir, tmp_path):
     src = make_source(cfg.data, cfg.model)  # the run's tokenizer, loaded and injected
     assert isinstance(src, ShardLatentSource) and src.tokenizer is not None
     b = src.next_batch()
-    assert tuple(b.latents.shape) == (2, 4, 2, 4, 4) and torch.isfinite(b.latents).all()
+    assert tuple(b.values.shape) == (2, 4, 2, 4, 4) and torch.isfinite(b.values).all()
     # only clips with >= 5 frames of >= 32x32 qualify for this training shape
     assert all(src.loader.index.samples.set_index("key").loc[k, "frames"] >= 5 for k in b.keys)
     summary = run_training(cfg, out_dir=tmp_path / "run", progress=False)

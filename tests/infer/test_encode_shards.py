@@ -88,7 +88,7 @@ def test_trainer_shard_source_reads_the_latents(shards, tiny_tokenizer, tmp_path
     )
     model = ModelConfig(in_channels=4, text_dim=16, text_len=2, patch=(1, 2, 2))
     batch = ShardLatentSource(data, model).next_batch()
-    assert batch.latents.shape == (2, 4, 2, 4, 4) and torch.isfinite(batch.latents).all()
+    assert batch.values.shape == (2, 4, 2, 4, 4) and torch.isfinite(batch.values).all()
 
 
 def test_encode_shards_bad_inputs(shards, tiny_tokenizer, tmp_path):

@@ -111,7 +111,7 @@ def _batches(rank, world, config, degrees, steps):
     for _ in range(steps):
         b = src.next_batch()
         keys.append(b.keys)
-        sums.append(b.latents.double().sum(dim=(1, 2, 3, 4)).tolist())  # (B,)
+        sums.append(b.values.double().sum(dim=(1, 2, 3, 4)).tolist())  # (B,)
     return {"dp": dims.dp_rank(), "keys": keys, "sums": sums, "bytes": src.loader.bytes_read}
 
 
@@ -188,7 +188,7 @@ def test_dp_slices_are_the_global_batch_and_mp_ranks_read_a_share(shards, tmp_pa
     for s in range(steps):
         assert ranks[0]["keys"][s] + ranks[2]["keys"][s] == want[s].keys  # dp order = global
         got = ranks[0]["sums"][s] + ranks[2]["sums"][s]
-        np.testing.assert_allclose(got, want[s].latents.double().sum(dim=(1, 2, 3, 4)).numpy())
+        np.testing.assert_allclose(got, want[s].values.double().sum(dim=(1, 2, 3, 4)).numpy())
         for a, b in ((0, 1), (2, 3)):  # both TP ranks of a slice hold the same batch
             assert ranks[a]["keys"][s] == ranks[b]["keys"][s]
             assert ranks[a]["sums"][s] == ranks[b]["sums"][s]

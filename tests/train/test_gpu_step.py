@@ -51,7 +51,7 @@ def test_bf16_step_on_cuda_from_a_meta_built_model():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     d = cfg.data
     batch = TrainBatch(
-        latents=torch.randn(2, m.in_channels, d.latent_frames, d.latent_height, d.latent_width)
+        values=torch.randn(2, m.in_channels, d.latent_frames, d.latent_height, d.latent_width)
         * 0.5,
         text=torch.randn(2, m.text_len, m.text_dim),
         text_lengths=torch.full((2,), m.text_len),

@@ -116,7 +116,7 @@ def test_resume_with_other_model_shape_fails_clearly(tmp_path):
 class _NaNSource(SyntheticLatents):
     def next_batch(self) -> TrainBatch:
         batch = super().next_batch()
-        batch.latents[0, 0, 0, 0, 0] = float("nan")
+        batch.values[0, 0, 0, 0, 0] = float("nan")
         return batch
 
 
@@ -138,8 +138,8 @@ def test_synthetic_source_is_a_pure_function_of_position():
     a.next_batch()
     b.load_state_dict(a.state_dict())
     x, y = a.next_batch(), b.next_batch()
-    assert torch.equal(x.latents, y.latents) and x.keys == y.keys
-    assert 0.05 < x.latents.std() < 1.0  # about sigma_data scale
+    assert torch.equal(x.values, y.values) and x.keys == y.keys
+    assert 0.05 < x.values.std() < 1.0  # about sigma_data scale
     with pytest.raises(ValueError, match="data.seed"):
         b.load_state_dict({**a.state_dict(), "seed": 99})
 

@@ -25,14 +25,13 @@ from vfm_core.geometry import PackLayout, unpack_tokens
 
 @dataclass(kw_only=True, slots=True)
 class TrainBatch:
-    """One step's samples as the trainer consumes them (module docstring). Exactly one of
-    ``latents`` / ``token_ids`` is set."""
+    """One step's samples as the trainer consumes them (module docstring)."""
 
-    latents: torch.Tensor | None = None
-    """Diffusion: (B, C, T, H, W) float latents (~sigma_data std); packed: (P, length, C*p)
-    patch tokens, zero padding."""
-    token_ids: torch.Tensor | None = None
-    """Autoregressive: (B, T, H, W) int64 token ids; packed: (P, length), padding 0."""
+    values: torch.Tensor
+    """The model's data input, rows: samples (unpacked) or packs (packed). Diffusion: (B, C, T,
+    H, W) float latents (~sigma_data std); packed: (P, length, C*p) patch tokens, zero padding.
+    Autoregressive: (B, T, H, W) int64 token ids; packed: (P, length), padding 0. Which one is
+    not the batch's business: the objective of the run's family reads ``values``."""
     text: torch.Tensor
     """(S, L, Dt) caption embeddings of the S samples, zero padded to L = ``model.text_len``."""
     text_lengths: torch.Tensor
@@ -46,8 +45,6 @@ class TrainBatch:
     """Packed: the token layout of each of the P packs (its samples in order); else None."""
 
     def __post_init__(self) -> None:
-        if (self.latents is None) == (self.token_ids is None):
-            raise ValueError("TrainBatch: set exactly one of latents / token_ids")
         n = len(self.keys)
         if len(self.positions) != n or self.text.shape[0] != n or len(self.text_lengths) != n:
             raise ValueError(
@@ -56,11 +53,6 @@ class TrainBatch:
             )
         if self.layouts is not None and sum(p.n_samples for p in self.layouts) != n:
             raise ValueError(f"TrainBatch: {n} samples but packs of {self.pack_sizes}")
-
-    @property
-    def values(self) -> torch.Tensor:
-        """The model's data input: latents or token ids (rows: samples, or packs)."""
-        return self.latents if self.latents is not None else self.token_ids  # type: ignore[return-value]
 
     @property
     def packed(self) -> bool:
@@ -76,12 +68,8 @@ class TrainBatch:
         return [p.n_samples for p in self.layouts or []]
 
     def _take(self, rows: slice, samples: slice) -> TrainBatch:
-        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[rows]
-
         return TrainBatch(
-            latents=cut(self.latents),
-            token_ids=cut(self.token_ids),
+            values=self.values[rows],
             text=self.text[samples],
             text_lengths=self.text_lengths[samples],
             keys=self.keys[samples],

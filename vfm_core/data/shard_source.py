@@ -335,8 +335,7 @@ class ShardLatentSource:
             samples += ss
         values = torch.stack(rows)  # (P, length, C*p) | (P, length)
         return TrainBatch(
-            latents=None if self.discrete else values,
-            token_ids=values if self.discrete else None,
+            values=values,
             text=torch.stack([self._text(s) for s in samples]),  # (S, L, Dt)
             text_lengths=torch.tensor([self._text_length(s) for s in samples]),  # (S,)
             keys=[s.key for s in samples],
@@ -392,8 +391,7 @@ class ShardLatentSource:
             values = torch.stack([self._as_ids(self._latent(s)) for s in ss])
             offset = batch.source * POSITION_STRIDE
             out = TrainBatch(  # latents (B, C, T, H, W), or token ids (B, T, H, W) if discrete
-                latents=None if self.discrete else values,
-                token_ids=values if self.discrete else None,
+                values=values,
                 text=torch.stack([self._text(s) for s in ss]),  # (B, L, Dt)
                 text_lengths=torch.tensor([self._text_length(s) for s in ss]),  # (B,)
                 keys=[s.key for s in ss],

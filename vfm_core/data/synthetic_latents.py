@@ -59,7 +59,7 @@ class SyntheticLatents:
         items = [self.sample(first + i) for i in range(b)]
         self.position += b
         return TrainBatch(
-            latents=torch.stack([x for x, _, _ in items]),  # (B, C, T, H, W)
+            values=torch.stack([x for x, _, _ in items]),  # (B, C, T, H, W)
             text=torch.stack([e for _, e, _ in items]),  # (B, L, Dt)
             text_lengths=torch.full((b,), self.model.text_len),  # (B,) every token valid
             keys=[key for _, _, key in items],

@@ -58,7 +58,7 @@ class SyntheticTokens:
         batch = self.latents.next_batch()  # latents (B, C, T, H, W) ~ unit scale
         z = batch.values.movedim(1, -1) * 2.0  # (B, T, H, W, C): spread over the grid
         ids = self.fsq.codes_to_indices(self.fsq(z))  # (B, T, H, W) int64
-        return dataclasses.replace(batch, latents=None, token_ids=ids)
+        return dataclasses.replace(batch, values=ids)
 
     def state_dict(self) -> dict[str, Any]:
         return self.latents.state_dict()

@@ -147,13 +147,12 @@ def _batch_like(sample: TrainBatch, n: int, grid: tuple[int, int, int]) -> Train
     if sample.packed:
         raise ConfigError("vfm plan --check traces unpacked batches (data.packing=false)")
 
-    def like(t: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
-        return None if t is None else torch.zeros((n, *shape), dtype=t.dtype)
+    def like(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros((n, *shape), dtype=t.dtype)
 
     values = sample.values
     return TrainBatch(
-        latents=like(sample.latents, (*values.shape[1:-3], *grid)),
-        token_ids=like(sample.token_ids, (*values.shape[1:-3], *grid)),
+        values=like(values, (*values.shape[1:-3], *grid)),
         text=like(sample.text, tuple(sample.text.shape[1:])),
         text_lengths=torch.full((n,), sample.text.shape[1], dtype=torch.int64),
         keys=sample.keys * n,
