@@ -10,6 +10,7 @@ vfm plan --recipe NAME --seq TOKENS --gpus N --hardware h100 [--global-batch SAM
          [--fixed key=value,...] [--top K] [--json] [--explain] [--calibrate RUNS] [--check]
 vfm recipes
 vfm checkpoint verify RUN_DIR|CKPT_DIR [--json]
+vfm checkpoint merge RUN_DIR|CKPT_DIR --out DIR
 vfm shard CLIPS_DIR SHARDS_DIR [--target-shard-mb MB] [--text-model PATH]
           [--text-mode tokens|pooled] [--index-format json|parquet] [--json]
 vfm index SHARDS_DIR [--caption-key txt|json:FIELD] [--video-key mp4|webm|jpg|png|...]
@@ -92,25 +93,21 @@ def _init_recipe(args: argparse.Namespace) -> str | None:
 
 def user_keys(args: argparse.Namespace) -> set[str]:
     """The dotted config keys the user set in the config file or with ``--set``."""
-    from vfm_core.config import override_keys
+    from vfm_core.config import flatten, override_keys
 
     path = getattr(args, "config", None)
     data = read_yaml(path) if path else {}
-    keys = {f"{s}.{n}" for s, fields in data.items() if isinstance(fields, dict) for n in fields}
-    return keys | set(override_keys(args.set))
+    sections = {s: fields for s, fields in data.items() if isinstance(fields, dict)}
+    return set(flatten(sections)) | set(override_keys(args.set))
 
 
 def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> None:
     """A flag and ``--set`` / the config file naming the same field with other values is an
     error naming both (the flag would otherwise win silently)."""
-    from vfm_core.config import DEGREES, override_keys, refuse_disagreement
+    from vfm_core.config import DEGREES, flatten, override_keys, refuse_disagreement
 
-    given = {
-        f"{section}.{name}": f"config file {path}: {section}.{name}: {value}"
-        for section, fields in data.items()
-        if isinstance(fields, dict)
-        for name, value in fields.items()
-    }
+    sections = {s: fields for s, fields in data.items() if isinstance(fields, dict)}
+    given = {key: f"config file {path}: {key}: {value}" for key, value in flatten(sections).items()}
     given |= {k: f"--set {text}" for k, text in override_keys(args.set).items()}
     flags = {"steps": "train.steps", "seed": "train.seed", "out": "train.out_dir"}
     flags |= {"init": "train.init"}
@@ -192,7 +189,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """``vfm checkpoint verify PATH``: one line per checkpoint, oldest first; exit 1 when any is
-    damaged or unfinished (``--resume`` would skip it), 2 when PATH holds no checkpoint."""
+    damaged or unfinished (``--resume`` would skip it), 2 when PATH holds no checkpoint.
+    ``vfm checkpoint merge PATH --out DIR``: the plain model of a LoRA / partly frozen run."""
+    if args.ckpt_cmd == "merge":
+        from vfm_core.checkpoints.merge import merge_checkpoint
+
+        merged = merge_checkpoint(args.path, args.out)
+        print(f"merged {merged.source} on {merged.base} -> {merged.checkpoint}")
+        return 0
     from vfm_core.checkpoints.integrity import MANIFEST_FILE, verify
     from vfm_core.checkpoints.manager import CheckpointManager
 

@@ -181,12 +181,17 @@ def _add_sizing(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
-    """``vfm checkpoint verify``."""
+    """``vfm checkpoint verify``, ``vfm checkpoint merge``."""
     ck = sub.add_parser("checkpoint", help="training checkpoints")
     cks = ck.add_subparsers(dest="ckpt_cmd", required=True, parser_class=_Parser)
     cv = cks.add_parser("verify", help="check checkpoints against their manifests (sha256)")
     cv.add_argument("path", help="a run directory (every checkpoint) or one step_* folder")
     cv.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
+    cm = cks.add_parser(
+        "merge", help="a LoRA / partly frozen run's checkpoint as a plain model (run directory)"
+    )
+    cm.add_argument("path", help="a run directory (its newest intact checkpoint) or a step_* folder")
+    cm.add_argument("--out", required=True, help="the new run directory (missing or empty)")
 
 
 def _add_tokenizer(sub: argparse._SubParsersAction) -> None:

@@ -24,9 +24,13 @@ from vfm_core.config_build import (  # noqa: F401  (re-exported: ConfigError, bu
     ConfigError,
     YamlDumper,
     build_settings,
+    deep_merge,
+    dotted,
+    flatten,
     override_keys,
     parse_override,
     parse_yaml,
+    put,
     read_yaml,
     refuse_disagreement,
     to_dict,
@@ -446,6 +450,30 @@ def resolve_degrees(degrees: dict[str, int], world_size: int) -> dict[str, int]:
     return out
 
 
+LORA_TARGETS = ("blocks.*attn*", "blocks.*.mlp.*")
+"""The linears LoRA adapts by default: every attention projection (self- and cross-attention
+q, k, v, o) and every MLP linear of the blocks."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LoraConfig:
+    """Low-rank adapters (Hu et al. 2021, LoRA) on linears of the blocks: ``W x + (alpha / rank)
+    B A x`` with A (rank, in) random, B (out, rank) zero, so a run starts as its base model; with
+    ``rank`` > 0 only the adapters (and ``train.trainable``) train."""
+
+    rank: int = 0
+    """Rank r of each adapter (0 = no LoRA); at most the smaller side of every adapted linear."""
+    alpha: float | None = None
+    """Scale numerator: the update is (alpha / rank) B A x (None = rank: scale 1)."""
+    targets: tuple[str, ...] = LORA_TARGETS
+    """Glob patterns (fnmatch) of the ``nn.Linear`` module names to adapt, e.g.
+    ``blocks.*.self_attn.*.q``; each must match at least one linear."""
+
+    @property
+    def scale(self) -> float:
+        return (self.alpha if self.alpha is not None else self.rank) / max(self.rank, 1)
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     steps: int = 100
@@ -491,6 +519,13 @@ class TrainConfig:
     its data, caption length (``model.text_len``), frames and resolution (positions are RoPE
     and fixed sin-cos features of the grid: no learned table to resize). A resumed run
     continues from its own checkpoint and ignores this."""
+    trainable: tuple[str, ...] = ()
+    """Glob patterns (fnmatch) of the parameter names that train, e.g. ``blocks.*.mlp.*``; the
+    others are frozen (no gradient, no optimizer state, not in the run's checkpoints, which hold
+    what trains and name the base it came from). Empty: every parameter, or with LoRA only the
+    adapters; with LoRA, patterns train beside the adapters."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (``train.lora.rank`` > 0): :class:`LoraConfig`."""
     init_strict: bool = True
     """With ``init``: the run's parameters and the model's must match one to one (names and
     shapes, the same architecture), else one error lists the differences; false loads the
@@ -528,51 +563,36 @@ class Config:
         return to_dict(self)
 
     def flat(self) -> dict[str, Any]:
-        """Dotted keys -> values, e.g. ``{"model.hidden": 256}`` (for MLflow params)."""
-        out: dict[str, Any] = {}
-        for section, values in self.to_dict().items():
-            if isinstance(values, dict):
-                out.update({f"{section}.{k}": v for k, v in values.items()})
-            else:
-                out[section] = values
-        return out
+        """Dotted keys -> values, e.g. ``{"model.hidden": 256, "train.lora.rank": 0}`` (for
+        MLflow params)."""
+        return flatten(self.to_dict())
 
 
 def merge(cfg: Config, values: dict[str, Any]) -> Config:
     """Return a new Config with the nested mapping ``values`` applied on top of ``cfg``."""
-    base = to_dict(cfg)
-    for k, v in values.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            unknown = set(v) - set(base[k])
-            if unknown:
-                name = sorted(unknown)[0]
-                raise ConfigError(f"{k}.{name}: unknown key (known: {', '.join(sorted(base[k]))})")
-            base[k] = {**base[k], **v}
-        else:
-            base[k] = v
-    return build_settings(Config, base)
+    return build_settings(Config, deep_merge(to_dict(cfg), values))
 
 
 def nested(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"data.shards": "s", "train.steps": 2}`` -> ``{"data": {"shards": "s"}, "train":
-    {"steps": 2}}`` (for :func:`merge`); a key that is not ``section.field`` is a ConfigError
-    naming it."""
-    out: dict[str, dict[str, Any]] = {}
+    """``{"data.shards": "s", "train.lora.rank": 8}`` -> ``{"data": {"shards": "s"}, "train":
+    {"lora": {"rank": 8}}}`` (for :func:`merge`); a key that is not ``section.field`` is a
+    ConfigError naming it."""
+    out: dict[str, Any] = {}
     for key, value in values.items():
-        section, _, name = key.partition(".")
-        if not section or not name or "." in name:
+        parts = key.split(".")
+        if len(parts) < 2 or not all(parts):
             raise ConfigError(f"{key}: expected section.field, e.g. train.steps")
-        out.setdefault(section, {})[name] = value
+        put(out, parts, value)
     return out
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     """Apply ``section.field=value`` strings in order."""
-    nested: dict[str, Any] = {}
+    tree: dict[str, Any] = {}
     for text in overrides:
-        (section, name), value = parse_override(text)
-        nested.setdefault(section, {})[name] = value
-    return merge(cfg, nested)
+        parts, value = parse_override(text)
+        put(tree, parts, value)
+    return merge(cfg, tree)
 
 
 def load_yaml(path: str | Path, base: Config | None = None) -> Config:

@@ -337,12 +337,14 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"model.hidden=512"`` -> (["model", "hidden"], 512); the value is parsed as YAML."""
+    """``"model.hidden=512"`` -> (["model", "hidden"], 512), ``"train.lora.rank=8"`` ->
+    (["train", "lora", "rank"], 8) (a field of a section's sub-settings); the value is parsed
+    as YAML."""
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected section.field=value")
     key, raw = text.split("=", 1)
     parts = key.strip().lstrip("-").split(".")
-    if len(parts) != 2 or not all(parts):
+    if len(parts) < 2 or not all(parts):
         raise ConfigError(f"override {text!r}: key must be section.field, e.g. model.hidden=512")
     try:
         value = parse_yaml(raw) if raw.strip() else ""
@@ -357,9 +359,50 @@ def override_keys(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
     """``section.field`` -> the override text that sets it (the last one), to name in errors."""
     keys = {}
     for text in overrides:
-        (section, name), _ = parse_override(text)
-        keys[f"{section}.{name}"] = text
+        parts, _ = parse_override(text)
+        keys[".".join(parts)] = text
     return keys
+
+
+def put(tree: dict[str, Any], parts: list[str], value: Any) -> None:
+    """``tree[parts[0]][parts[1]]... = value``, making the mappings on the way."""
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[parts[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``base`` (a settings tree, :func:`to_dict` form) with ``values`` on top, mapping into
+    mapping; a key ``base`` does not have is a ConfigError naming it and the known ones."""
+    out = dict(base)
+    for k, v in values.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            unknown = set(v) - set(base[k])
+            if unknown:
+                name = sorted(unknown)[0]
+                known = ", ".join(sorted(base[k]))
+                raise ConfigError(f"{key}.{name}: unknown key (known: {known})")
+            out[k] = deep_merge(base[k], v, key)
+        else:
+            out[k] = v
+    return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lora": {"rank": 8}}}`` -> ``{"train.lora.rank": 8}``."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(flatten(v, key) if isinstance(v, dict) else {key: v})
+    return out
+
+
+def dotted(obj: Any, key: str) -> Any:
+    """The value of dotted ``key`` in a settings object: ``dotted(cfg, "train.lora.rank")``."""
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def refuse_disagreement(
@@ -369,6 +412,5 @@ def refuse_disagreement(
     (``given``: key -> how it was set, e.g. ``--set parallel.tp=4``) made ``below`` (the config
     without ``value``) hold another one: a ConfigError naming both, instead of either winning
     silently. Equal values, or a key no setting named, are fine."""
-    section, _, name = key.partition(".")
-    if key in given and getattr(getattr(below, section), name) != value:
+    if key in given and dotted(below, key) != value:
         raise ConfigError(f"{shown} but {given[key]}: two values for {key}; keep one of the two")

@@ -11,7 +11,7 @@ import operator
 import re
 from typing import TYPE_CHECKING, Any
 
-from vfm_core.config_build import ConfigError
+from vfm_core.config_build import ConfigError, dotted
 
 if TYPE_CHECKING:  # annotations only: vfm_core.config imports this module
     from vfm_core.config import Config, DataConfig, ModelConfig
@@ -119,6 +119,9 @@ RANGES: tuple[tuple[str, str], ...] = (
     ("model.stdit_full_every", ">= 0"),
     ("model.freq_dim", ">= 2"),
     ("model.norm_eps", "> 0"),
+    ("train.lora.rank", ">= 0"),
+    ("train.lora.rank", "<= 2**16"),
+    ("train.lora.alpha", "> 0"),
     ("diffusion.sigma_data", "> 0"),
     ("diffusion.p_std", ">= 0"),
     ("diffusion.sigma_min", "> 0"),
@@ -175,8 +178,9 @@ def _in_range(value: float, rule: str) -> bool:
 
 def _values(cfg: Config, key: str) -> list[tuple[str, Any]]:
     """(key, value) of a dotted key, ``key[i]`` per element of a tuple field."""
-    section, name = key.split(".")
-    value = getattr(getattr(cfg, section), name)
+    value = dotted(cfg, key)
+    if dataclasses.is_dataclass(value):  # a section's sub-settings (train.lora): their fields
+        return [kv for f in dataclasses.fields(value) for kv in _values(cfg, f"{key}.{f.name}")]
     if isinstance(value, tuple):
         return [(f"{key}[{i}]", v) for i, v in enumerate(value)]
     return [(key, value)]

@@ -76,9 +76,29 @@ def _resume_wrong_model(rank, world, root):
     return "loaded"
 
 
+def _lora(rank, world, root, degrees):
+    from vfm_core.checkpoints.init import start_from_init
+
+    tr = _trainer(world, degrees, 2, f"train.init={root}", "train.lora.rank=4")
+    start_from_init(tr)
+    log = fit_collect(tr)
+    frozen = sum(1 for _, p in tr.layout.named_parameters() if not p.requires_grad)
+    return {"losses": log.losses, "norms": log.column("grad_norm"), "frozen": frozen}
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tmp_path_factory):
+    """A run saved under TP2 at step 2 (a run directory: config.yaml beside checkpoints/) and
+    the losses of its steps 3 and 4 had it never stopped."""
+    root = tmp_path_factory.mktemp("tp2")
+    expected = run_ranks(_save_then_continue, 2, str(root))[0]
+    save_yaml(_cfg(2), root / "config.yaml")
+    return root, expected
+
+
 @pytest.mark.slow
-def test_tp2_checkpoint_resumes_under_fsdp2_and_one_process(tmp_path):
-    expected = run_ranks(_save_then_continue, 2, str(tmp_path))[0]
+def test_tp2_checkpoint_resumes_under_fsdp2_and_one_process(tp2_run):
+    tmp_path, expected = tp2_run
     assert len(expected) == 2
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
     assert not list((tmp_path / "checkpoints" / "step_00000002").glob("*.metadata"))  # no pickle
@@ -87,12 +107,26 @@ def test_tp2_checkpoint_resumes_under_fsdp2_and_one_process(tmp_path):
             assert r["path"] == "step_00000002"
             for got, want in zip(r["losses"], expected, strict=True):
                 assert abs(got - want) <= TOL * abs(want), (degrees, r["losses"], expected)
-    save_yaml(_cfg(2), tmp_path / "config.yaml")  # a run directory
+    msg = run_ranks(_resume_wrong_model, 1, str(tmp_path))[0]
+    assert "another model shape (model.depth: checkpoint 2 vs now 3)" in msg
+
+
+@pytest.mark.slow
+def test_runs_started_from_it_full_or_lora_train_alike_under_every_layout(tp2_run):
+    """``train.init`` of the TP2 checkpoint: the weights under FSDP2 are the one-process ones
+    and the first step's loss is the same; a LoRA run (adapters train, the rest frozen) takes
+    the one-process losses and gradient norms under TP2, FSDP2 and PP2."""
+    root = str(tp2_run[0])
     (fsdp, _), (one,) = (
-        run_ranks(_init_then_step, world, str(tmp_path), degrees)
+        run_ranks(_init_then_step, world, root, degrees)
         for world, degrees in ((2, dict(dp_shard=2)), (1, {}))
     )
     assert fsdp["step"] == one["step"] == 0 and fsdp["sums"] == one["sums"]
     assert abs(fsdp["losses"][0] - one["losses"][0]) <= TOL * abs(one["losses"][0])
-    msg = run_ranks(_resume_wrong_model, 1, str(tmp_path))[0]
-    assert "another model shape (model.depth: checkpoint 2 vs now 3)" in msg
+    (ref,) = run_ranks(_lora, 1, root, {})
+    assert ref["frozen"] > 0 and all(n > 0 for n in ref["norms"]), ref
+    for degrees in (dict(tp=2, dp_shard=1), dict(dp_shard=2), dict(pp=2, dp_shard=1)):
+        got = run_ranks(_lora, 2, root, degrees)[0]
+        for key in ("losses", "norms"):
+            for g, w in zip(got[key], ref[key], strict=True):
+                assert abs(g - w) <= TOL * abs(w), (degrees, key, got[key], ref[key])

@@ -50,6 +50,7 @@ from vfm_core.config import (
     validate,
 )
 from vfm_core.families import family_of
+from vfm_core.models.lora import is_adapter
 from vfm_core.parallel.world import all_gather_bytes, is_rank0
 
 FLAG = "--init"
@@ -101,6 +102,12 @@ def open_init(spec: str, *, check: bool = True) -> InitModel:
     except ConfigError as e:
         raise CheckpointError(f"{FLAG} {spec}: {run / 'config.yaml'}: {e}") from None
     meta = CheckpointManager.read_meta(ckpt).get("meta") or {}
+    if meta.get("base"):
+        raise CheckpointError(
+            f"{FLAG} {spec}: {ckpt} holds only what its run trained (LoRA adapters or "
+            f"train.trainable) on top of {meta['base']}: write the whole model with "
+            f"`vfm checkpoint merge {spec} --out DIR` and start from DIR"
+        )
     return InitModel(spec=str(spec), run=run, checkpoint=ckpt, cfg=cfg, meta=meta)
 
 
@@ -157,7 +164,7 @@ def load_init(trainer: Any, init: InitModel) -> list[str]:
     for raw in all_gather_bytes(json.dumps(mine).encode()):
         everyone.update(json.loads(raw))
     theirs = {k.removeprefix("model."): list(s) for k, s in saved.items() if k.startswith("model.")}
-    missing = sorted(n for n in everyone if n not in theirs)
+    missing = sorted(n for n in everyone if n not in theirs and not is_adapter(n))  # adapters: new
     unused = sorted(n for n in theirs if n not in everyone)
     wrong = sorted(n for n in everyone if n in theirs and theirs[n] != everyone[n])
     if strict and (missing or unused or wrong):
@@ -196,6 +203,7 @@ def start_from_init(trainer: Any) -> InitModel:
     check_init(cfg)
     init = open_init(cfg.train.init, check=True)
     notes = load_init(trainer, init)
+    trainer.base = str(init.checkpoint.resolve())  # where its frozen weights came from
     if is_rank0():
         step = int(init.checkpoint.name.removeprefix("step_") or 0)
         line = f"initialised from {init.spec} ({init.checkpoint}, step {step})"

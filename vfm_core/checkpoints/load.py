@@ -33,7 +33,7 @@ from vfm_core.config import Config, ConfigError, load_yaml, model_config_mismatc
 from vfm_core.families import build_model
 from vfm_core.models.dit import DiT
 
-__all__ = ["LoadedDiT", "load_dit", "resolve_checkpoint", "saved_shapes"]
+__all__ = ["LoadedDiT", "load_dit", "read_tensors", "resolve_checkpoint", "saved_shapes"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -155,8 +155,6 @@ def load_dit(
         raise CheckpointError(f"--checkpoint {run}: {e}") from None
     doc = CheckpointManager.read_meta(ckpt)
     _check_arch(run, ckpt, cfg, doc)
-    model = build_model(cfg.model, device="meta").to_empty(device="cpu")  # filled by the load
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     saved = saved_shapes(ckpt)
     has_ema = any(k.startswith("ema.") for k in saved)
     if weights == "ema" and not has_ema:
@@ -166,6 +164,30 @@ def load_dit(
     step = int(doc.get("step", 0))
     use_ema = weights == "ema" or (weights == "auto" and has_ema and step >= horizon)
     prefix = "ema" if use_ema else "model"
+    if (doc.get("meta") or {}).get("base"):  # what trained on a frozen base (LoRA, trainable)
+        from vfm_core.checkpoints.merge import merged_model
+
+        model = merged_model(run, ckpt, cfg, doc["meta"]["base"], prefix=prefix)
+    else:
+        model = build_model(cfg.model, device="meta").to_empty(device="cpu")  # filled below
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        _check_shapes(run, ckpt, cfg, saved, expected, prefix)
+        model.load_state_dict(read_tensors(ckpt, expected, prefix=prefix), strict=True)
+    model = model.to(device).eval().requires_grad_(False)
+    return LoadedDiT(
+        model=model, cfg=cfg, checkpoint=ckpt, step=step, weights=prefix, text=read_text_record(run)
+    )
+
+
+def _check_shapes(
+    run: Path,
+    ckpt: Path,
+    cfg: Config,
+    saved: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    prefix: str,
+) -> None:
+    """Every tensor the architecture needs is saved under ``prefix`` with its shape."""
     missing = [k for k in expected if f"{prefix}.{k}" not in saved]
     wrong = [
         f"{k}: checkpoint {saved[f'{prefix}.{k}']} vs model {s}"
@@ -178,7 +200,14 @@ def load_dit(
             f"{run / 'config.yaml'}: {len(missing)} tensors missing (e.g. {missing[:3]}), "
             f"{len(wrong)} with another shape (e.g. {wrong[:2]})"
         )
-    buffers = {f"{prefix}.{k}": torch.empty(s) for k, s in expected.items()}
+
+
+def read_tensors(
+    ckpt: Path, shapes: dict[str, tuple[int, ...]], *, prefix: str
+) -> dict[str, torch.Tensor]:
+    """The tensors ``prefix.NAME`` of ``shapes`` from one checkpoint folder, whole (any layout
+    it was saved under), by NAME; one process, no process group."""
+    buffers = {f"{prefix}.{k}": torch.empty(s) for k, s in shapes.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         try:
@@ -187,12 +216,7 @@ def load_dit(
             raise CheckpointError(
                 f"checkpoint {ckpt}: cannot load tensors ({dcp_error_line(e)})"
             ) from None
-    state = {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
-    model.load_state_dict(state, strict=True)
-    model = model.to(device).eval().requires_grad_(False)
-    return LoadedDiT(
-        model=model, cfg=cfg, checkpoint=ckpt, step=step, weights=prefix, text=read_text_record(run)
-    )
+    return {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
 
 
 def read_text_record(run: Path) -> dict[str, Any] | None:

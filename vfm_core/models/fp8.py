@@ -78,8 +78,9 @@ def fp8_backend() -> str | None:
     return _fp8_select()[0]
 
 
-def resolve_fp8(requested: str, *, tp: int = 1) -> tuple[bool, str]:
-    """``train.fp8`` ('off', 'auto', 'on') -> (FP8 on?, why)."""
+def resolve_fp8(requested: str, *, tp: int = 1, lora: bool = False) -> tuple[bool, str]:
+    """``train.fp8`` ('off', 'auto', 'on') -> (FP8 on?, why); ``lora``: the run adds LoRA
+    adapters, which FP8 linears do not take."""
     if requested == "off":
         return False, "off (configured)"
     if requested not in ("auto", "on"):
@@ -93,6 +94,8 @@ def resolve_fp8(requested: str, *, tp: int = 1) -> tuple[bool, str]:
                 "not FP8 ones"
             ),
         )
+    if usable and lora:
+        usable, reason = False, "train.lora: LoRA adapters are added to plain linears, not FP8"
     if requested == "on" and not usable:
         raise ConfigError(f"train.fp8: 'on' requested but FP8 cannot run: {reason}")
     return usable, reason if usable else f"off ({reason})"

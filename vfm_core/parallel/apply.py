@@ -3,7 +3,8 @@ stages, parallelised, then materialised sharded (torchtitan's order).
 
 1. the family's network (:func:`~vfm_core.families.build_model`) on ``meta`` (no
    memory at any size); with FP8 its block linears become FP8 linears there
-   (:func:`~vfm_core.models.fp8.to_fp8_linears`: module classes only, no data);
+   (:func:`~vfm_core.models.fp8.to_fp8_linears`: module classes only, no data); with LoRA
+   adapters are added and what does not train is frozen (:mod:`vfm_core.models.lora`);
 2. pp > 1: this rank's stages (:func:`~vfm_core.parallel.pipeline.split_stage`, ``v`` of them
    with interleaving); else the whole model is the one part;
 3. every part through :func:`~vfm_core.parallel.parallelize.parallelize_dit` (TP/SP -> CP ->
@@ -26,9 +27,10 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily  # noqa: PLC2701
 
-from vfm_core.config import Config
+from vfm_core.config import Config, ConfigError
 from vfm_core.families import build_model
 from vfm_core.models.init import init_parameters
+from vfm_core.models.lora import add_adapters, freeze
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.grads import clip_grad_norm
 from vfm_core.parallel.layout import pipeline_microbatches
@@ -123,6 +125,27 @@ def compile_enabled(mode: str, device_type: str) -> bool:
     return mode == "on" or (mode == "auto" and device_type == "cuda")
 
 
+def _prepare(cfg: Config, fp8: bool) -> Callable[[nn.Module], Any] | None:
+    """The conversion of the whole meta model before it is cut: FP8 linears, or LoRA adapters
+    and the frozen parameters (``train.lora``, ``train.trainable``: module classes and
+    ``requires_grad`` only, which TP, FSDP2 and the pipeline keep)."""
+    lora, trainable = cfg.train.lora, cfg.train.trainable
+    if fp8 and lora.rank:
+        raise ConfigError("train.fp8: FP8 linears do not take LoRA adapters (train.lora.rank)")
+    if fp8:
+        from vfm_core.models.fp8 import to_fp8_linears
+
+        return to_fp8_linears
+    if not (lora.rank or trainable):
+        return None
+
+    def adapt(model: nn.Module) -> None:
+        add_adapters(model, lora)
+        freeze(model, trainable, lora=lora.rank > 0)
+
+    return adapt
+
+
 def apply_layout(
     cfg: Config,
     dims: ParallelDims,
@@ -137,11 +160,7 @@ def apply_layout(
     (pp > 1). ``fp8``: FP8 linears of this machine's backend
     (transformer-engine, else torch-native ``torch._scaled_mm``) replace the block GEMMs, on the
     meta model before it is cut: sharded and initialised like the bf16 model, the same values."""
-    prepare = None
-    if fp8:
-        from vfm_core.models.fp8 import to_fp8_linears
-
-        prepare = to_fp8_linears
+    prepare = _prepare(cfg, fp8)
     with unset_fake_temporarily():  # meta tensors and rank bookkeeping: no values, no memory,
         # also under ``vfm plan --check``'s fake tensors (whose mesh slicing would need values)
         parts = build_parts(cfg, dims, device="meta", prepare=prepare)

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -48,6 +48,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from vfm_core.config import ConfigError
+from vfm_core.models.lora import LoRALinear
 from vfm_core.parallel.context import (
     ContextParallelAttention,
     CPMode,
@@ -331,9 +332,31 @@ def _tensor_parallel(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
     vocabulary-parallel embedding and head."""
     tp_mesh = dims.submesh("tp")
     for block in model.blocks.values():
+        whole = {
+            n: (m.lora_a, m.lora_b) for n, m in block.named_modules() if isinstance(m, LoRALinear)
+        }
         parallelize_module(block, tp_mesh, _tp_plan(block, sp), src_data_rank=None)
+        _split_adapters(block, tp_mesh, whole)
     if _sequence_ends(model)[3]:  # causal model: vocabulary-parallel embedding and head
         parallelize_module(model, tp_mesh, _vocab_plan(model, sp), src_data_rank=None)
+
+
+def _split_adapters(
+    block: nn.Module, tp_mesh, whole: dict[str, tuple[nn.Parameter, nn.Parameter]]
+) -> None:
+    """LoRA adapters split with their linear (:class:`~vfm_core.models.lora.LoRALinear`):
+    column-parallel (W and B by rows, as ``ColwiseParallel`` left them) keeps A whole on every
+    rank, row-parallel (W by columns) splits A by columns and keeps B whole (``whole``: A and B
+    before the plan). The whole pieces are plain tensors whose gradients are partial sums over
+    the TP group (:func:`_tp_partial_grads`)."""
+    for name, (a, b) in whole.items():
+        module = block.get_submodule(name)
+        if module.weight.placements[0] == Shard(0):  # column-parallel
+            module.register_parameter("lora_a", a)
+        else:  # row-parallel
+            split = distribute_tensor(a, tp_mesh, [Shard(1)], src_data_rank=None)
+            module.register_parameter("lora_a", nn.Parameter(split, a.requires_grad))
+            module.register_parameter("lora_b", b)
 
 
 def _context_parallel_attention(model: nn.Module, dims: ParallelDims, cp_mode: CPMode) -> None:
@@ -352,8 +375,9 @@ def _tp_partial_grads(
     the group: every one under SP (each rank saw its sequence chunk), else the QK norms."""
     unsharded = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
     unsharded = [n for n in unsharded if n in plain_before_tp]
-    if not sp:
-        unsharded = [n for n in unsharded if ".q_norm." in n or ".k_norm." in n]
+    if not sp:  # adapters' whole pieces: each rank's part of the linear's input or output
+        keep = (".q_norm.", ".k_norm.", ".lora_a", ".lora_b")
+        unsharded = [n for n in unsharded if any(k in n for k in keep)]
     return dims.group("tp"), unsharded
 
 

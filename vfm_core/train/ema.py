@@ -26,14 +26,16 @@ class EMA:
     def __init__(self, parts: Iterable[nn.Module], decay: float):
         self.decay = decay
         self.parts = list(parts)
-        self.shadow = [
-            {name: p.detach().clone() for name, p in part.named_parameters()} for part in self.parts
+        self.shadow = [  # of what trains: a frozen parameter is its own average
+            {n: p.detach().clone() for n, p in part.named_parameters() if p.requires_grad}
+            for part in self.parts
         ]
 
     def _pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for shadow, part in zip(self.shadow, self.parts, strict=True):
             for name, p in part.named_parameters():
-                yield shadow[name], p
+                if name in shadow:
+                    yield shadow[name], p
 
     @torch.no_grad()
     def update(self) -> None:

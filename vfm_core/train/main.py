@@ -199,6 +199,8 @@ def _train(
     path = None
     init = None
     if resume:  # any layout: DCP reshards the saved tensors into this one
+        if cfg.train.init and trainer.frozen:
+            start_from_init(trainer)  # the frozen weights: the checkpoint holds what trains
         path, run_id = _resume(ckpt, trainer, resume_from)
         if trainer.step >= cfg.train.steps:  # a finished run: its summary stays as it was
             if is_rank0():

@@ -123,7 +123,9 @@ class Trainer:
         dims.build_mesh(self.device.type)
         self.cfg = cfg
         backend, self.attn_backend_reason = resolve_attention_backend(cfg.model.attn_backend)
-        self.fp8, self.fp8_reason = resolve_fp8(cfg.train.fp8, tp=dims.tp)
+        self.fp8, self.fp8_reason = resolve_fp8(
+            cfg.train.fp8, tp=dims.tp, lora=cfg.train.lora.rank > 0
+        )
         self.params = count_params(build_model(cfg.model, device="meta"))
         d, m = cfg.data, cfg.model
         self.grid = (
@@ -169,10 +171,16 @@ class Trainer:
         self.model = self.layout.parts[0]
         """The whole parallelised model (pp = 1), or this rank's first pipeline stage."""
         self.micro = pipeline_microbatches(cfg, dims)
-        self.param_names = [name for name, _ in self.layout.named_parameters()]
-        params = [p for _, p in self.layout.named_parameters()]
+        trained = [(n, p) for n, p in self.layout.named_parameters() if p.requires_grad]
+        self.param_names = [name for name, _ in trained]
+        """What trains (``train.trainable``, LoRA adapters; default every parameter): the
+        optimizer's parameters and what a checkpoint holds."""
+        params = [p for _, p in trained]
         self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, cfg.train.steps)
         self.ema = EMA(self.layout.parts, cfg.train.ema_decay) if cfg.train.ema_decay else None
+        self.base: str | None = None
+        """The checkpoint folder the weights started from (``train.init``, set when loaded);
+        a run with frozen parameters records it as its base (None: the seed's)."""
         self.step = 0
         self.step_work: tuple[float, float] = (0.0, 0.0)
         """(real tokens, training FLOPs) of the global step, for its metrics."""
@@ -183,7 +191,7 @@ class Trainer:
     # ------------------------------------------------------------------ Stateful
     def state_dict(self) -> dict[str, Any]:
         state = {
-            "model": {name: p.detach() for name, p in self.layout.named_parameters()},
+            "model": {n: p.detach() for n, p in self.layout.named_parameters() if p.requires_grad},
             "optim": optimizer_state(self.optimizer, self.param_names),
             "ema": self.ema.state_dict() if self.ema is not None else {},
             "sched": self.scheduler.state_dict(),
@@ -214,7 +222,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         weights = state["model"]
         for name, p in self.layout.named_parameters():
-            if weights[name] is not p:
+            if p.requires_grad and weights[name] is not p:
                 _local(p).copy_(_local(weights[name]))
         changed = load_optimizer_state(self.optimizer, self.param_names, state["optim"])
         if self.ema is not None:
@@ -225,12 +233,19 @@ class Trainer:
             print(f"warning: resume: {what} (applies from step {self.step + 1})", file=sys.stderr)
         self.source.load_state_dict(state["data"])
 
+    @property
+    def frozen(self) -> bool:
+        """Whether some parameters do not train (LoRA, ``train.trainable``)."""
+        return any(not p.requires_grad for _, p in self.layout.named_parameters())
+
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records besides state: the model config (to refuse mismatched
         resumes), the recipe, the layout it was saved under and the run's seed (a resume with
         another one is named)."""
         return {
             "model": to_dict(self.cfg.model),
+            "trains": to_dict(self.cfg.train.lora) | {"trainable": self.cfg.train.trainable},
+            "base": (self.base or "seed") if self.frozen else None,
             "recipe": self.cfg.recipe,
             "parallel": dataclasses.asdict(self.cfg.parallel),
             "seed": self.cfg.train.seed,
