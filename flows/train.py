@@ -199,6 +199,7 @@ def train_flow(
     layout and steps) is nested under ``parent_run_id`` (the pipeline's run) when given."""
     params = params or TrainParams()
     from vfm_core.checkpoints.init import check_init, with_init_settings
+    from vfm_core.parallel.apply import check_conversions
     from vfm_core.families.data_settings import with_data_settings
 
     try:  # the init model's network, what the shards give the model: as vfm train does
@@ -206,6 +207,7 @@ def train_flow(
         cfg = with_data_settings(with_init_settings(params.to_config(), given), given)
         if not params.resume:
             check_init(cfg)
+        check_conversions(cfg)
     except UserError as e:
         raise ValueError(f"train flow parameters: {e}") from None
     run_id = None

@@ -121,6 +121,7 @@ def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> N
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.checkpoints.init import check_init, with_init_settings
+    from vfm_core.parallel.apply import check_conversions
     from vfm_core.config import DEGREES
     from vfm_core.families.data_settings import with_data_settings
     from vfm_core.launch.launcher import Launch
@@ -136,6 +137,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = with_data_settings(cfg, given)
     if not (args.resume or args.resume_from):  # a resumed run has its own weights
         check_init(cfg)  # another family or architecture: one line before any process starts
+    check_conversions(cfg)  # LoRA targets and rank, train.trainable patterns
     launch = Launch(
         nproc=args.nproc,
         nnodes=args.nnodes,

@@ -146,6 +146,15 @@ def _prepare(cfg: Config, fp8: bool) -> Callable[[nn.Module], Any] | None:
     return adapt
 
 
+def check_conversions(cfg: Config) -> None:
+    """LoRA targets, rank and ``train.trainable`` checked on the meta model (no memory), so a
+    pattern that matches nothing is one line before any process starts or anything is written."""
+    prepare = _prepare(cfg, fp8=False)
+    if prepare is not None:
+        with unset_fake_temporarily():
+            prepare(build_model(cfg.model, device="meta"))
+
+
 def apply_layout(
     cfg: Config,
     dims: ParallelDims,
