@@ -73,6 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         hardware=args.hardware,
         fixed=pins,
         efficiency=eff,
+        lora_rank=cfg.train.lora.rank,
     )
     if args.check:
         return plan_check(cfg, result, args)
@@ -155,12 +156,12 @@ _SAME_VALUE = ("dp_replicate", "dp_shard", "tp", "cp", "pp", "sp", "vpp", "micro
 
 
 def refuse_unread_sets(overrides: Sequence[str], *, check: bool) -> None:
-    """``vfm plan --set`` reaches what the plan reads: model fields (with ``--check``, the run it
-    builds too). A field of the searched layout, or one nothing reads, is an error naming it
+    """``vfm plan --set`` reaches what the plan reads: model fields and ``train.lora.rank`` (a
+    LoRA fine-tuning run; with ``--check``, the run it builds too). A field of the searched layout, or one nothing reads, is an error naming it
     (with the ``--fixed`` key that pins a layout field) instead of being ignored."""
     for text in overrides:
-        (section, name), value = parse_override(text)
-        key = f"{section}.{name}"
+        parts, value = parse_override(text)
+        key, section = ".".join(parts), parts[0]
         pin = _LAYOUT_FIELDS.get(key)
         if pin == "global_batch":
             raise ConfigError(
@@ -173,10 +174,10 @@ def refuse_unread_sets(overrides: Sequence[str], *, check: bool) -> None:
                 f"--set {text.strip()}: vfm plan searches the layout, --set does not set it; "
                 f"pin it with --fixed {shown}"
             )
-        if section != "model" and not check:
+        if section != "model" and key != "train.lora.rank" and not check:
             raise ConfigError(
-                f"--set {text.strip()}: vfm plan reads only model.* fields ({section}.* counts "
-                "only with --check, which builds the run)"
+                f"--set {text.strip()}: vfm plan reads only model.* fields and train.lora.rank "
+                f"({section}.* counts only with --check, which builds the run)"
             )
 
 

@@ -541,3 +541,37 @@ def test_explain_shows_the_pipeline_terms():
     for word in ("interleaved 1F1B, v=2", "pipeline bubble", "PP stage sends (4 per", "CP ring"):
         assert word in text
     assert "conditioning" in text and "FSDP/DP not hidden" in text
+
+
+def test_lora_runs_are_planned_without_the_frozen_weights_gradients_and_states(capsys):
+    """A LoRA fine-tuning run at the full run's layout: the adapters' parameters counted on the
+    model, no gradient / AdamW moments / EMA of the frozen weights, no weight-gradient GEMMs
+    (2/3 of the GEMM work), smaller step; ``vfm plan --set train.lora.rank`` plans it."""
+    from vfm_core.config import LoraConfig
+    from vfm_core.families import build_model
+    from vfm_core.models.lora import add_adapters, is_adapter
+    from vfm_core.perf.layout_rules import LAYOUT_KEYS
+    from vfm_core.perf.timing import adapter_params
+
+    tiny = get_recipe("dit-tiny").model
+    model = build_model(tiny, device="meta")
+    add_adapters(model, LoraConfig(rank=4))
+    counted = sum(p.numel() for n, p in model.named_parameters() if is_adapter(n))
+    assert adapter_params(tiny, 4) == counted > 0 and adapter_params(tiny, 0) == 0
+    cfg = get_recipe("dit-7b").model
+    full = plan(cfg, seq_len=8192, gpus=32).plans[0]
+    pins = {k: getattr(full.layout, k) for k in LAYOUT_KEYS}
+    lora = plan(cfg, seq_len=8192, gpus=32, fixed=pins, lora_rank=16).plans[0]
+    assert lora.layout == full.layout
+    m, f = lora.memory, full.memory
+    assert m.params_gib > f.params_gib  # the adapters beside the model
+    assert m.grads_gib < 0.02 * f.grads_gib and m.optimizer_gib < 0.02 * f.optimizer_gib
+    assert m.total_gib < f.total_gib - 0.8 * (f.grads_gib + f.optimizer_gib + f.ema_gib)
+    assert lora.time.parts["gemm"] == pytest.approx(full.time.parts["gemm"] * 2 / 3, rel=0.05)
+    assert 0.6 < lora.time.step_s / full.time.step_s < 0.95
+    assert lora.flops_per_token < full.flops_per_token
+    argv = ["plan", "--recipe", "dit-tiny", "--seq", "256", "--gpus", "2", "--top", "1"]
+    assert main([*argv, "--set", "train.lora.rank=4"]) == 0
+    assert "dit-tiny at 256 tokens" in capsys.readouterr().out
+    assert main([*argv, "--set", "train.steps=3"]) == 2
+    assert "reads only model.* fields and train.lora.rank" in capsys.readouterr().err

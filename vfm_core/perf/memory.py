@@ -423,6 +423,7 @@ def estimate_memory(
     layer_params: int | None = None,
     kinds: Sequence[tuple[str, ...]] | None = None,
     saved: tuple[float, float] | None = None,
+    trained: float | None = None,
 ) -> MemoryEstimate:
     """Memory of the busiest GPU (the first pipeline stage's activations) for the given layout.
 
@@ -437,18 +438,23 @@ def estimate_memory(
     ``layer_params`` (largest block) and ``kinds`` (block layouts) may be passed precomputed —
     the planner evaluates thousands of layouts per query — and so may ``saved``: (the stage's
     saved bytes per micro-batch under ``recompute``, one block's saved bytes without recompute).
+    ``trained``: of the ``owned`` parameters, those that train (gradients, AdamW moments, EMA;
+    LoRA: the adapters); None: all of them.
     """
     shard = dp_shard * cp
     if owned is None:
         owned = busiest_rank_params(cfg, tp=tp, pp=pp, vpp=vpp)
     state = owned / shard
+    learn = (owned if trained is None else trained) / shard
     params_gib = state * PARAM_BYTES / GiB
-    grads_gib = state * GRAD_BYTES / GiB
-    optim_gib = state * OPTIM_BYTES / GiB
-    ema_gib = state * EMA_BYTES / GiB if ema else 0.0
+    grads_gib = learn * GRAD_BYTES / GiB
+    optim_gib = learn * OPTIM_BYTES / GiB
+    ema_gib = learn * EMA_BYTES / GiB if ema else 0.0
     if layer_params is None:
         layer_params = max(block_params(cfg, i) for i in range(cfg.depth))
-    fsdp = _fsdp_buffers_gib(owned=owned, layer=layer_params / tp, shard=shard, pp=pp)
+    fsdp = _fsdp_buffers_gib(
+        owned=owned, layer=layer_params / tp, shard=shard, pp=pp, learn=learn * shard / owned
+    )
     if saved is None:
         split = Split(tp=tp, sp=sp, cp=cp)
         kw = dict(micro_batch=micro_batch, seq_len=seq_len, text_len=text_len, split=split)
@@ -480,13 +486,15 @@ def estimate_memory(
     )
 
 
-def _fsdp_buffers_gib(*, owned: float, layer: float, shard: int, pp: int) -> float:
+def _fsdp_buffers_gib(
+    *, owned: float, layer: float, shard: int, pp: int, learn: float = 1.0
+) -> float:
     """All-gathered bf16 parameters and unsharded gradients of the live layers (``layer``: one
-    block's parameters on this TP rank), GiB."""
+    block's parameters on this TP rank; ``learn``: the share of them that trains), GiB."""
     if shard == 1:
         return 0.0
     if pp > 1:  # the stage's fp32 gradients stay unsharded all step; its parameters are
         # resharded after each forward (gathered again in the backward), so at the peak (a
         # forward's end, most microbatches in flight) the live layers are gathered as without PP
-        return (owned * 4 + layer * 2 * FSDP_LIVE_LAYERS) / GiB
-    return layer * (2 * FSDP_LIVE_LAYERS + 2) / GiB
+        return (owned * learn * 4 + layer * 2 * FSDP_LIVE_LAYERS) / GiB
+    return layer * (2 * FSDP_LIVE_LAYERS + 2 * learn) / GiB

@@ -190,6 +190,8 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
         if okey not in work.cache:
             work.cache[okey] = busiest_rank_params(work.cfg, tp=lay.tp, pp=lay.pp, vpp=lay.vpp)
         mb = lay.micro_batch
+        owned = work.cache[okey]
+        adapters = work.adapter_params * owned / work.params  # the rank's share of them
         work.cache[key] = estimate_memory(
             work.cfg,
             seq_len=work.seq_len,
@@ -204,7 +206,8 @@ def memory_of(work: Workload, lay: Layout, gpu: GpuSpec) -> MemoryEstimate:
             vpp=lay.vpp,
             recompute=lay.recompute,
             text_len=work.text_len,
-            owned=work.cache[okey],
+            owned=owned + adapters,
+            trained=adapters if work.adapter_params else None,
             layer_params=work.layer_params,
             kinds=work.kinds,
             saved=(s0 + s_mb * mb, b0 + b_mb * mb),
@@ -313,9 +316,11 @@ def plan(
     grid: Grid | None = None,
     text_len: int | None = None,
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    lora_rank: int = 0,
 ) -> PlanResult:
     """Enumerate, evaluate and rank the layouts of ``cfg`` on ``gpus`` GPUs of ``hardware``, all
-    at ``global_batch`` samples per optimiser step.
+    at ``global_batch`` samples per optimiser step; ``lora_rank`` > 0: of a LoRA fine-tuning run
+    (the model frozen, rank-``lora_rank`` adapters train).
 
     Raises :class:`ConfigError` for nonsense input (sizes outside :func:`check_sizes`, unknown
     hardware, pinned degrees that cannot work, a global batch no layout can split) and when no
@@ -327,7 +332,7 @@ def plan(
         raise ConfigError(str(e)) from None
     pins = parse_fixed(fixed)
     _check_fixed(cfg, pins, seq_len=seq_len, gpus=gpus, gpu=gpu, batch=global_batch)
-    work = workload(cfg, seq_len=seq_len, grid=grid, text_len=text_len)
+    work = workload(cfg, seq_len=seq_len, grid=grid, text_len=text_len, lora_rank=lora_rank)
     keep_all = bool(pins)
     plans: list[Plan] = []
     rejected: list[tuple[Any, Any]] = []

@@ -149,14 +149,24 @@ class Workload:
     """``block_layouts`` of every block: ("full",) or ("spatial", "temporal")."""
     pass_share: dict[str, float]
     """Share of the self-attention FLOPs in one pass of each layout (full, spatial, temporal)."""
+    adapter_params: int = 0
+    """LoRA adapters' parameters (``train.lora.rank`` > 0): held beside the model, the only
+    ones that train."""
     cache: dict = field(default_factory=dict, compare=False, repr=False)
     """Per-query memo (stage shapes, saved bytes) so thousands of layouts evaluate quickly."""
 
 
 def workload(
-    cfg: ModelConfig, *, seq_len: int, grid: Grid | None = None, text_len: int | None = None
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    grid: Grid | None = None,
+    text_len: int | None = None,
+    lora_rank: int = 0,
 ) -> Workload:
-    """Precompute FLOPs and parameter counts of ``cfg`` at ``seq_len`` tokens per sample."""
+    """Precompute FLOPs and parameter counts of ``cfg`` at ``seq_len`` tokens per sample;
+    ``lora_rank`` > 0: a LoRA fine-tuning run (adapters on the default targets train, the
+    model is frozen)."""
     if seq_len <= 0:
         raise ValueError(f"sequence length must be positive, got {seq_len}")
     grid = tuple(grid) if grid is not None else default_grid(seq_len)  # type: ignore[assignment]
@@ -174,13 +184,43 @@ def workload(
         grid=grid,  # type: ignore[arg-type]
         text_len=L,
         flops=fl,
-        flops_per_token=fl["total"] / seq_len,
+        flops_per_token=_step_flops(fl, lora_rank) / seq_len,
         conditioning_flops=cond,
         params=param_count(cfg),
         layer_params=max(block_params(cfg, i) for i in range(cfg.depth)),
         kinds=kinds,
         pass_share={lo: weights[lo] / total_w for lo in weights},
+        adapter_params=adapter_params(cfg, lora_rank),
     )
+
+
+def _step_flops(fl: dict[str, float], lora_rank: int) -> float:
+    """Training FLOPs of one sample: with LoRA the frozen weights' gradients are not computed
+    (1/3 of every GEMM's work, the attention's unchanged)."""
+    if lora_rank <= 0:
+        return fl["total"]
+    return fl["total"] - (fl["total"] - fl["attention"] - fl["cross_attention"]) / 3
+
+
+def adapter_params(cfg: ModelConfig, rank: int) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on the default targets (counted on the meta
+    model: r·(in + out) per adapted linear); 0 without LoRA."""
+    if rank <= 0:
+        return 0
+    from vfm_core.config import LoraConfig
+    from vfm_core.families import build_model
+    from vfm_core.models.lora import add_adapters
+
+    model = build_model(cfg, device="meta")
+    names = add_adapters(model, LoraConfig(rank=rank))
+    return sum(rank * (m.in_features + m.out_features) for m in map(model.get_submodule, names))
+
+
+def weight_grads(work: Workload) -> float:
+    """Share of the GEMM work a step does: 1 when every weight trains, 2/3 when the model is
+    frozen (LoRA: the backward computes the inputs' gradients, not the frozen weights'; the
+    adapters' own GEMMs, r-wide, are neglected)."""
+    return 2 / 3 if work.adapter_params else 1.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -274,7 +314,7 @@ def _gemm_seconds(
     cond = work.conditioning_flops
     blocks = fl["total"] - fl["attention"] - fl["cross_attention"] - first - last - cond
     ends = max(first, last) if pp > 1 else first + last
-    gemm_flops = (blocks / pp + ends) * mb / (tp * cp)
+    gemm_flops = (blocks / pp + ends) * mb / (tp * cp) * weight_grads(work)
     gemm = gemm_flops / (eff.gemm * peak) + gemm_calls * eff.gemm_launch_s
     conditioning = cond * mb / (eff.gemm * peak)
     return gemm, conditioning
@@ -443,7 +483,8 @@ def step_time(
     bubble = (pp - 1) / lay.vpp * t_mb if pp > 1 else 0.0
 
     # --- FSDP / DP (per step), overlapped with compute
-    local = work.params / (tp * pp)
+    local = (work.params + work.adapter_params) / (tp * pp)  # gathered: all; reduced: trained
+    trained = work.adapter_params / (tp * pp) if work.adapter_params else local
     shard = lay.dp_shard * cp
     layers = work.cfg.depth // pp
     fsdp_s = first_ag = ag = rs = 0.0
@@ -458,14 +499,14 @@ def step_time(
         ag = local * 2 * frac / bw + layers * eff.collective_latency_s  # bf16 params, per pass
         # fp32 gradients: per backward without a pipeline (gradient accumulation syncs every
         # micro-batch), once per step under a pipeline schedule
-        rs = (local * 4 * frac / bw + layers * eff.collective_latency_s) * syncs
+        rs = (trained * 4 * frac / bw + layers * eff.collective_latency_s) * syncs
         fsdp_s = ag * ag_passes + rs
         first_ag = work.layer_params / tp * 2 * frac / bw
     dp_s = 0.0
     if lay.dp_replicate > 1:
         r = lay.dp_replicate
         bw = _link_bw(gpu, eff, size=r, stride=tp * cp * lay.dp_shard)
-        dp_s = (2 * (local / shard) * 4 * (r - 1) / r / bw + eff.collective_latency_s) * syncs
+        dp_s = (2 * (trained / shard) * 4 * (r - 1) / r / bw + eff.collective_latency_s) * syncs
     compute = compute_mb * m
     # FSDP2 overlap by phase: forward all-gathers hide behind the forward (1/3 of the GEMM and
     # attention work), backward all-gathers, the gradient reduce-scatter and the HSDP replica
@@ -484,7 +525,7 @@ def step_time(
     # hidden communication still slows the compute it runs under (SM + HBM contention)
     hidden = (fsdp_s + dp_s - (overlapped - first_ag)) + cp_hidden * m
     contention = eff.comm_contention * max(0.0, hidden)
-    optimizer = (local / shard) * 28 / (gpu.hbm_tbps * 1e12 * eff.hbm)  # read 14 B, write 14 B
+    optimizer = (trained / shard) * 28 / (gpu.hbm_tbps * 1e12 * eff.hbm)  # read 14 B, write 14 B
     exposed = comm_mb * m + overlapped + contention
     step = compute + exposed + bubble + optimizer
     parts = {k: v * m for k, v in mbt.items()}
