@@ -121,11 +121,11 @@ def _refuse_flag_conflicts(args: argparse.Namespace, data: dict, path, cfg) -> N
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vfm_core.checkpoints.init import check_init, with_init_settings
-    from vfm_core.parallel.apply import check_conversions
     from vfm_core.config import DEGREES
     from vfm_core.families.data_settings import with_data_settings
     from vfm_core.launch.launcher import Launch
     from vfm_core.launch.preempt import Preempted
+    from vfm_core.parallel.apply import check_conversions
     from vfm_core.parallel.layout import validate_layout, with_degrees
     from vfm_core.train.launch import launch_training
     from vfm_core.train.main import check_restartable, run_training

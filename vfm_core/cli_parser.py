@@ -190,7 +190,9 @@ def _add_checkpoint(sub: argparse._SubParsersAction) -> None:
     cm = cks.add_parser(
         "merge", help="a LoRA / partly frozen run's checkpoint as a plain model (run directory)"
     )
-    cm.add_argument("path", help="a run directory (its newest intact checkpoint) or a step_* folder")
+    cm.add_argument(
+        "path", help="a run directory (its newest intact checkpoint) or a step_* folder"
+    )
     cm.add_argument("--out", required=True, help="the new run directory (missing or empty)")
 
 

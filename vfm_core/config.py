@@ -233,6 +233,14 @@ class DiffusionConfig:
     """Classifier-free guidance scale (1 = no guidance)."""
     cond_dropout: float = 0.1
     """Probability of dropping the caption during training (enables CFG)."""
+    frame_cond: float = 0.0
+    """Share of training samples conditioned on their first latent frames (video-to-world,
+    image-to-video): those frames stay clean (no noise, no loss) at their own noise level
+    ``sigma_min`` while the rest is denoised; ``vfm generate --prompt-video / --prompt-image``
+    then continues a clip. 0 = text-to-video only."""
+    frame_cond_max: int = 1
+    """A conditioned sample keeps its first k latent frames clean, k uniform in 1..this (a
+    multiple of ``model.patch[0]``; 1: the first frame, image-to-video)."""
     logit_mean: float = 0.0
     """Rectified flow: mean of logit(t) of the training times (logit-normal)."""
     logit_std: float = 1.0

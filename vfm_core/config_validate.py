@@ -130,6 +130,8 @@ RANGES: tuple[tuple[str, str], ...] = (
     ("diffusion.num_steps", ">= 1"),
     ("diffusion.guidance", ">= 0"),
     ("diffusion.cond_dropout", "in [0, 1]"),
+    ("diffusion.frame_cond", "in [0, 1]"),
+    ("diffusion.frame_cond_max", ">= 1"),
     ("diffusion.logit_std", ">= 0"),
     ("diffusion.shift", "> 0"),
     ("optim.lr", "> 0"),
@@ -201,6 +203,29 @@ def _validate_ranges(cfg: Config) -> None:
                 raise ConfigError(f"{k}: must be {rule}, got {v}")
 
 
+def _validate_frame_cond(cfg: Config) -> None:
+    """Video-to-world training (``diffusion.frame_cond`` > 0): leading latent frames the
+    model's temporal patches cut whole, fewer than the clip's, unpacked batches."""
+    c, m, d = cfg.diffusion, cfg.model, cfg.data
+    if not c.frame_cond:
+        return
+    if m.discrete:
+        raise ConfigError(
+            f"diffusion.frame_cond: the {m.family_name} family conditions on frames by its "
+            "causal order (vfm generate --prompt-video); set it for diffusion models only"
+        )
+    if c.frame_cond_max % m.patch[0] or c.frame_cond_max >= d.latent_frames:
+        raise ConfigError(
+            f"diffusion.frame_cond_max: {c.frame_cond_max} must be a multiple of model.patch[0]="
+            f"{m.patch[0]} and below data.latent_frames={d.latent_frames}"
+        )
+    if d.max_tokens:
+        raise ConfigError(
+            "diffusion.frame_cond: conditioning on frames trains on unpacked batches; set "
+            "data.max_tokens=0"
+        )
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that a single type cannot express; raises ConfigError naming the key."""
     _validate_ranges(cfg)
@@ -248,6 +273,7 @@ def validate(cfg: Config) -> Config:
             f"diffusion.sigma_max: must be > diffusion.sigma_min={cfg.diffusion.sigma_min}, got "
             f"{cfg.diffusion.sigma_max}"
         )
+    _validate_frame_cond(cfg)
     _validate_blend(d)
     _validate_packing(cfg)
     _validate_sequence_split(cfg)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-_PURPOSES = ("sigma", "noise", "keep")
+_PURPOSES = ("sigma", "noise", "keep", "frames")
 
 
 def counter_generator(seed: int, purpose: str, *counters: int, device="cpu") -> torch.Generator:
@@ -83,6 +83,16 @@ class StepRNG:
             ]
         )  # (B,)
         return u >= dropout
+
+    def cond_frames(self, step: int, batch: int, share: float, most: int) -> torch.Tensor:
+        """Clean leading latent frames of each sample (B,) int64 (video-to-world training): 0
+        with probability 1 - ``share``, else uniform in 1..``most``."""
+        out = []
+        for i in self.sample_ids(batch):
+            g = counter_generator(self.seed, "frames", step, i)
+            u = torch.rand(2, generator=g, dtype=torch.float64)  # (2,)
+            out.append(0 if float(u[0]) >= share else 1 + int(float(u[1]) * most))
+        return torch.tensor(out, dtype=torch.int64)  # (B,)
 
     def cp_frames(self, frames: int) -> range:
         """The latent frames this CP rank owns (contiguous chunk; tokens are (t, h, w) raster)."""

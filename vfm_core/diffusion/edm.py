@@ -114,8 +114,9 @@ def _batch_sigma(sigma: float | Tensor, x: Tensor, dtype: torch.dtype) -> Tensor
 
 
 def _bcast(v: Tensor, x: Tensor) -> Tensor:
-    """(B,) -> (B, 1, ..., 1) so it broadcasts over the non-batch dims of ``x``."""
-    return v.reshape(-1, *([1] * (x.ndim - 1)))
+    """(B,) -> (B, 1, ..., 1) so it broadcasts over the non-batch dims of ``x``; a ``v`` with
+    ``x``'s number of dims (e.g. a level per frame, (B, 1, T, 1, 1)) as it is."""
+    return v if v.ndim == x.ndim else v.reshape(-1, *([1] * (x.ndim - 1)))
 
 
 class EDM:
@@ -229,8 +230,9 @@ class EDM:
         Since ``lambda(sigma) c_out(sigma)^2 = 1`` (Table 1; rectified flow's weight likewise),
         EDM's weighted loss ``lambda |D(x; sigma) - x0|^2`` equals ``|F - target|^2``: the one
         formula :meth:`loss`, packed training and every pipeline stage use. ``sigma`` holds one
-        level per index of x0's first dimension (a sample, or a packed token); computed in
-        float32 (float64 for float64 inputs).
+        level per index of x0's first dimension (a sample, or a packed token), or broadcasts
+        like x0 (a level per latent frame: (B, 1, T, 1, 1)); computed in float32 (float64 for
+        float64 inputs).
         """
         dtype = compute_dtype(x0.dtype)
         sigma = torch.as_tensor(sigma, dtype=dtype, device=x0.device)  # (B,)

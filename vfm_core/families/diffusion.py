@@ -55,14 +55,41 @@ class DiffusionObjective(Objective):
         sigma = self.draws.sigma(step, b, p_mean=mean, p_std=std)[:n]  # (n,) float64
         sigma = sigma.to(self.device, torch.float32)
         noise = self.draws.noise(step, (b, *x0.shape[1:]))[:n].to(self.device)  # like x0
-        x_in, target = self.edm.training_pair(x0, sigma, noise)  # (n, C, T, H, W) each
-        c_noise = self.edm.precondition(sigma)[3]  # (n,)
+        clean = self._clean_frames(step, b, n, x0.shape[2])  # (n, T) bool | None
+        if clean is None:
+            x_in, target = self.edm.training_pair(x0, sigma, noise)  # (n, C, T, H, W) each
+            c_noise, mask = self.edm.precondition(sigma)[3], None  # (n,)
+        else:  # clean leading frames: no noise, their own level, no loss
+            x_in, target, c_noise, mask = self._conditioned_pair(x0, sigma, noise, clean)
         return Microbatch(
             inputs=x_in,
             kwargs={"c_noise": c_noise, "text": text, "grid": self.grid},
             target=target,
             weight=torch.full((n,), weight, device=self.device),
+            loss_mask=mask,
         )
+
+    def _clean_frames(self, step: int, b: int, n: int, frames: int) -> torch.Tensor | None:
+        """(n, T) which latent frames of each sample stay clean (``diffusion.frame_cond``);
+        None when none does (the step's draws are per global sample, any layout alike)."""
+        d, pt = self.cfg.diffusion, self.cfg.model.patch[0]
+        if not d.frame_cond:
+            return None
+        k = self.draws.cond_frames(step, b, d.frame_cond, d.frame_cond_max // pt)[:n] * pt
+        return (torch.arange(frames)[None] < k[:, None]).to(self.device)  # (n, T)
+
+    def _conditioned_pair(
+        self, x0: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor, clean: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x_in, target, c_noise (n, T/p_t), loss mask (n, 1, T, 1, 1)) of samples whose
+        ``clean`` frames keep their latent (noise level ``sigma_min``, no noise added)."""
+        keep = clean[:, None, :, None, None]  # (n, 1, T, 1, 1)
+        level = torch.full_like(sigma, self.cfg.diffusion.sigma_min)[:, None, None, None, None]
+        per_frame = torch.where(keep, level, sigma[:, None, None, None, None])  # (n,1,T,1,1)
+        x_in, target = self.edm.training_pair(x0, per_frame, noise * ~keep)  # like x0
+        c_noise = self.edm.precondition(per_frame)[3][:, 0, :, 0, 0]  # (n, T)
+        pt = self.cfg.model.patch[0]
+        return x_in, target, c_noise[:, ::pt].contiguous(), (~keep).to(x0.dtype)
 
     def packed(self, pack: TrainBatch, *, step: int, weight: float) -> Microbatch:
         dev = self.device
@@ -98,7 +125,11 @@ class DiffusionObjective(Objective):
 def diffusion_loss(output: torch.Tensor, mb: Microbatch) -> torch.Tensor:
     """sum_s weight_s * mean over the sample's elements of (F - target)^2 (one microbatch)."""
     f = output.to(mb.target.dtype)
-    if mb.layout is None:
+    if mb.loss_mask is not None:  # the scored elements only (not the clean frames)
+        err = (f - mb.target).square() * mb.loss_mask  # (b, C, T, H, W)
+        scored = mb.loss_mask.expand_as(err).flatten(1).sum(1)  # (b,)
+        per_sample = err.flatten(1).sum(1) / scored  # (b,)
+    elif mb.layout is None:
         per_sample = (f - mb.target).square().flatten(1).mean(1)  # (b,)
     else:
         token = (f[0] - mb.target).square().mean(1)  # (length,)

@@ -51,6 +51,9 @@ class Microbatch:
     """(S,) each sample's share of the global step's mean loss (dp / global samples)."""
     layout: PackLayout | None = None
     """The pack's token layout (packed), else None."""
+    loss_mask: torch.Tensor | None = None
+    """(b, 1, T, 1, 1) 1 where the output is scored, 0 on clean conditioning frames
+    (frame-conditioned samples); None: everywhere."""
 
     @property
     def n_samples(self) -> int:
@@ -166,6 +169,11 @@ def _slice(mb: Microbatch, start: int, size: int) -> Microbatch:
         return mb
     cut = slice(start, start + size)
     kwargs = {k: (v[cut] if torch.is_tensor(v) else v) for k, v in mb.kwargs.items()}
+    mask = mb.loss_mask[cut] if mb.loss_mask is not None else None
     return Microbatch(
-        inputs=mb.inputs[cut], kwargs=kwargs, target=mb.target[cut], weight=mb.weight[cut]
+        inputs=mb.inputs[cut],
+        kwargs=kwargs,
+        target=mb.target[cut],
+        weight=mb.weight[cut],
+        loss_mask=mask,
     )

@@ -38,7 +38,7 @@ from vfm_core.models.layers import (
     rope_3d,
     with_positions,
 )
-from vfm_core.models.packed import TokenPack, pack_attention, token_pack
+from vfm_core.models.packed import TokenPack, frame_rows, pack_attention, token_pack
 
 
 class DiTBlock(nn.Module):
@@ -184,6 +184,9 @@ class DiT(nn.Module):
         grid: Grid | None = None,
     ) -> torch.Tensor:
         """Batched: x (B, C, T, H, W) latents, c_noise (B,), text (B, L, Dt) -> (B, C, T, H, W).
+        c_noise may also be (B, T/p_t): a noise level per latent frame (frame-conditioned
+        training and sampling: clean leading frames at their own level), each token modulated
+        by its frame's.
 
         Packed (``layout`` of S samples): x (1, length, C*P) patch tokens
         (:func:`vfm_core.models.packed.pack_latents`), c_noise (S,), text (S, L, Dt) with
@@ -217,12 +220,21 @@ class DiT(nn.Module):
             h = self.x_embedder(with_positions(x, positions, cfg.abs_pos))  # (B, N, D)
         else:
             h = x  # (B, n, D) from the previous stage
-        emb = self.t_embedder(c_noise)  # (B | S, D)
+        per_frame = layout is None and c_noise.ndim == 2  # (B, T'): a level per frame
+        if per_frame:
+            if grid is None or c_noise.shape[1] != grid[0]:
+                raise ShapeError(
+                    f"c_noise per frame: expected (B, {grid and grid[0]}) for the token grid "
+                    f"{grid}, got {tuple(c_noise.shape)}"
+                )
+            pack = frame_rows(grid, c_noise.shape[0], device=x.device)
+        emb = self.t_embedder(c_noise.reshape(-1))  # (B | S | B·T', D)
         if self.text_embedder is not None:  # pooled caption (per sample; packs: its length)
-            emb = emb + self.text_embedder(text, text_lengths)  # (B | S, D)
+            pooled = self.text_embedder(text, text_lengths)  # (B | S, D)
+            emb = emb + (pooled.repeat_interleave(grid[0], 0) if per_frame else pooled)
         shared = self.adaln_global(emb) if self.adaln_global is not None else None  # (B|S, 3D)
         txt = txt.to(h.dtype)
-        if pack is None:  # batched: the grid's groups, the real tokens of padded captions
+        if layout is None:  # batched: the grid's groups, the real tokens of padded captions
             spec = AttentionSpec(grid=grid, mask=caption_mask(txt) if cfg.cross_attention else None)
         for block in self.blocks.values():
             h = block(h, emb, shared, txt, rope, spec=spec, pack=pack)  # (B, n, D)

@@ -38,11 +38,22 @@ class TokenPack:
 
     token_sample: torch.Tensor
     """(n,) int64 sample index of every token the block holds (padding -> 0; its output is
-    ignored by the loss)."""
+    ignored by the loss); or (B, n): the modulation row of every token of a batch (per-frame
+    noise levels, :func:`frame_rows`)."""
 
     def per_token(self, values: torch.Tensor) -> torch.Tensor:
-        """Per-sample (S, D) -> per-token (1, n, D)."""
-        return values[self.token_sample][None]  # (1, n, D)
+        """Per-row (S, D) -> per-token (1, n, D), or (B, n, D) for a batch's rows."""
+        out = values[self.token_sample]  # (n, D) | (B, n, D)
+        return out[None] if self.token_sample.ndim == 1 else out
+
+
+def frame_rows(grid: tuple[int, int, int], batch: int, *, device=None) -> TokenPack:
+    """The modulation rows of a batch whose noise level varies by latent frame: token n of
+    sample b (raster order over ``grid`` (t, h, w)) takes row ``b·t + its frame``."""
+    t, h, w = grid
+    frame = torch.arange(t, device=device).repeat_interleave(h * w)  # (N,)
+    rows = torch.arange(batch, device=device)[:, None] * t + frame[None]  # (B, N)
+    return TokenPack(token_sample=rows)
 
 
 def token_pack(layout: PackLayout, *, device: torch.device | str | None = None) -> TokenPack:

@@ -204,8 +204,9 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
         # modulation rows follow the block's tokens (CP chunk, then SP chunk); cross-attention
         # rows follow what the attention sees (the CP chunk: SP all-gathers its input); the
         # group ids stay whole (ring / all-to-all take the whole pack's ids)
-        if pack is not None:
-            local = seq_chunk(cp_part(pack.token_sample, 0), tp_rank, tp, 0)  # (n,)
+        if pack is not None:  # (n,) pack tokens, or (B, n) per-frame rows of a batch
+            dim = pack.token_sample.ndim - 1
+            local = seq_chunk(cp_part(pack.token_sample, dim), tp_rank, tp, dim)
             kwargs = {**kwargs, "pack": replace(pack, token_sample=local)}
         if spec is not None and spec.groups is not None:
             cross = cp_part(spec.mask, 2)  # (1, 1, N/C, S*L)
