@@ -157,8 +157,9 @@ _SAME_VALUE = ("dp_replicate", "dp_shard", "tp", "cp", "pp", "sp", "vpp", "micro
 
 def refuse_unread_sets(overrides: Sequence[str], *, check: bool) -> None:
     """``vfm plan --set`` reaches what the plan reads: model fields and ``train.lora.rank`` (a
-    LoRA fine-tuning run; with ``--check``, the run it builds too). A field of the searched layout, or one nothing reads, is an error naming it
-    (with the ``--fixed`` key that pins a layout field) instead of being ignored."""
+    LoRA fine-tuning run; with ``--check``, the run it builds too). A field of the searched
+    layout, or one nothing reads, is an error naming it (with the ``--fixed`` key that pins a
+    layout field) instead of being ignored."""
     for text in overrides:
         parts, value = parse_override(text)
         key, section = ".".join(parts), parts[0]
