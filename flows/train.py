@@ -199,8 +199,8 @@ def train_flow(
     layout and steps) is nested under ``parent_run_id`` (the pipeline's run) when given."""
     params = params or TrainParams()
     from vfm_core.checkpoints.init import check_init, with_init_settings
-    from vfm_core.parallel.apply import check_conversions
     from vfm_core.families.data_settings import with_data_settings
+    from vfm_core.parallel.apply import check_conversions
 
     try:  # the init model's network, what the shards give the model: as vfm train does
         given = params.user_keys()
