@@ -11,5 +11,8 @@ registry):
     failures.py       how a failed save or load is told in one line
     errors.py         CheckpointError
     uri.py            models:/NAME@ALIAS | models:/NAME/VERSION -> a local run directory
+    read.py           a checkpoint read without a trainer: where, tensor shapes, tensors
     load.py           a checkpoint of either family loaded for inference (load_dit)
+    init.py           a new run started from a trained model (train.init, vfm train --init)
+    merge.py          a LoRA / partly frozen run as one plain model (vfm checkpoint merge)
 """

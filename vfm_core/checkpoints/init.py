@@ -37,8 +37,8 @@ from torch.distributed.checkpoint import CheckpointException, HuggingFaceStorage
 from torch.distributed.tensor import DTensor
 
 from vfm_core.checkpoints.errors import CheckpointError
-from vfm_core.checkpoints.load import resolve_checkpoint, saved_shapes
 from vfm_core.checkpoints.manager import CheckpointManager, dcp_error_line
+from vfm_core.checkpoints.read import resolve_checkpoint, saved_shapes
 from vfm_core.config import (
     Config,
     ConfigError,

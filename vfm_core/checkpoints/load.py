@@ -15,20 +15,17 @@ written sharded by the parallel trainer. Nothing is unpickled.
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.distributed.checkpoint as dcp
-from safetensors import SafetensorError, safe_open
-from torch.distributed.checkpoint import CheckpointException, HuggingFaceStorageReader
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.checkpoints.errors import CheckpointError
-from vfm_core.checkpoints.layout import STATE_FILE
-from vfm_core.checkpoints.manager import CheckpointManager, dcp_error_line
+from vfm_core.checkpoints.manager import CheckpointManager
+from vfm_core.checkpoints.merge import merged_model
+from vfm_core.checkpoints.read import read_tensors, resolve_checkpoint, saved_shapes
 from vfm_core.config import Config, ConfigError, load_yaml, model_config_mismatch, to_dict, validate
 from vfm_core.families import build_model
 from vfm_core.models.dit import DiT
@@ -53,74 +50,6 @@ class LoadedDiT:
     text: dict[str, Any] | None = None
     """How the training captions were encoded (``RUN/text.json``: encoder, mode, null caption);
     None for runs without one (synthetic data, older runs: pooled MiniLM, zero null)."""
-
-
-def resolve_checkpoint(
-    path: str | Path, *, check: bool = True, flag: str = "--checkpoint"
-) -> tuple[Path, Path]:
-    """(run directory, checkpoint folder) for a run directory or a ``step_*`` folder.
-    ``check=False``: only the layout (cheap, for early argument checks); the folder returned
-    is then the newest finished one, not yet verified. A registry URI (``models:/NAME@ALIAS``,
-    ``models:/NAME/VERSION``) is first resolved to its local copy
-    (:func:`vfm_core.checkpoints.uri.resolve_model_uri`). Errors name ``flag``, the option the
-    path came from."""
-    from vfm_core.checkpoints.uri import local_checkpoint
-
-    local = local_checkpoint(path, flag=flag)
-    if "://" in str(local):  # Path() would read s3://b/run as s3:/b/run
-        raise CheckpointError(
-            f"{flag} {local}: a run directory on this machine, or a registry URI "
-            "models:/NAME@ALIAS | models:/NAME/VERSION (downloaded here), is expected"
-        )
-    p = Path(local)
-    if not p.exists():
-        raise CheckpointError(f"{flag} {p}: no such directory")
-    if (p / STATE_FILE).is_file():  # a step folder: DIR/checkpoints/step_X
-        run = p.parent.parent
-        if not (run / "config.yaml").is_file():
-            raise CheckpointError(
-                f"{flag} {p}: no config.yaml in the run directory {run} "
-                "(expected the layout written by `vfm train`)"
-            )
-        if not check:
-            return run, p
-        # verified like --resume-from: damaged weights are refused, never sampled from
-        return run, CheckpointManager(run).choose(p, explicit_flag=flag)
-    if not (p / "config.yaml").is_file():
-        raise CheckpointError(
-            f"{flag} {p}: not a `vfm train` run directory (no config.yaml and no "
-            f"{STATE_FILE}); a tokenizer directory goes to --tokenizer"
-        )
-    ckpt = CheckpointManager(p)
-    if not check:
-        latest = ckpt.latest()
-        if latest is None:
-            raise CheckpointError(f"{flag} {p}: the run has no finished checkpoint yet")
-        return p, latest
-    # the newest intact checkpoint, like --resume: a damaged one is skipped with a warning line
-    return p, ckpt.choose(flag=flag)
-
-
-def saved_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> full shape from the safetensors headers (sharded tensors: the union)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    files = sorted(ckpt.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"checkpoint {ckpt}: no *.safetensors files")
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as st:
-                meta = st.metadata() or {}
-                info = json.loads(meta.get("DCP_SHARDING_INFO", "{}"))
-                for name in st.keys():
-                    shape = tuple(st.get_slice(name).get_shape())
-                    offs = info.get(name, {}).get("saved_offsets") or [0] * len(shape)
-                    full = tuple(o + s for o, s in zip(offs, shape))
-                    old = shapes.get(name, full)
-                    shapes[name] = tuple(max(a, b) for a, b in zip(old, full))
-        except (OSError, ValueError, SafetensorError) as e:  # JSONDecodeError: a ValueError
-            raise CheckpointError(f"checkpoint {ckpt}: cannot read {f.name} ({e})") from None
-    return shapes
 
 
 def _check_arch(run: Path, ckpt: Path, cfg: Config, meta: dict[str, Any]) -> None:
@@ -165,8 +94,6 @@ def load_dit(
     use_ema = weights == "ema" or (weights == "auto" and has_ema and step >= horizon)
     prefix = "ema" if use_ema else "model"
     if (doc.get("meta") or {}).get("base"):  # what trained on a frozen base (LoRA, trainable)
-        from vfm_core.checkpoints.merge import merged_model
-
         model = merged_model(run, ckpt, cfg, doc["meta"]["base"], prefix=prefix)
     else:
         model = build_model(cfg.model, device="meta").to_empty(device="cpu")  # filled below
@@ -200,23 +127,6 @@ def _check_shapes(
             f"{run / 'config.yaml'}: {len(missing)} tensors missing (e.g. {missing[:3]}), "
             f"{len(wrong)} with another shape (e.g. {wrong[:2]})"
         )
-
-
-def read_tensors(
-    ckpt: Path, shapes: dict[str, tuple[int, ...]], *, prefix: str
-) -> dict[str, torch.Tensor]:
-    """The tensors ``prefix.NAME`` of ``shapes`` from one checkpoint folder, whole (any layout
-    it was saved under), by NAME; one process, no process group."""
-    buffers = {f"{prefix}.{k}": torch.empty(s) for k, s in shapes.items()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        try:
-            dcp.load(buffers, storage_reader=HuggingFaceStorageReader(str(ckpt)), no_dist=True)
-        except (Exception, CheckpointException) as e:  # CheckpointException: BaseException
-            raise CheckpointError(
-                f"checkpoint {ckpt}: cannot load tensors ({dcp_error_line(e)})"
-            ) from None
-    return {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
 
 
 def read_text_record(run: Path) -> dict[str, Any] | None:

@@ -21,8 +21,8 @@ from torch import nn
 
 from vfm_core.annotate.text_encoder import TEXT_RECORD
 from vfm_core.checkpoints.errors import CheckpointError
-from vfm_core.checkpoints.load import read_tensors, resolve_checkpoint, saved_shapes
 from vfm_core.checkpoints.manager import CheckpointManager
+from vfm_core.checkpoints.read import read_tensors, resolve_checkpoint, saved_shapes
 from vfm_core.config import (
     Config,
     ConfigError,

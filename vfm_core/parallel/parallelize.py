@@ -154,8 +154,7 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
     chunk is the balanced set of positions of :func:`causal_positions` (then cut by SP)."""
     cp, tp = dims.cp, (dims.tp if sp else 1)
     cp_rank, tp_rank = dims.coord("cp"), (dims.coord("tp") if sp else 0)
-    cp_group = dims.group("cp")
-    tp_group = dims.group("tp")
+    cp_group, tp_group = dims.group("cp"), dims.group("tp")
     seq_in, seq_out, rope_arg, causal = _sequence_ends(model)
 
     def cp_part(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -206,7 +205,7 @@ def _split_sequence(model: nn.Module, dims: ParallelDims, sp: bool) -> None:
         # group ids stay whole (ring / all-to-all take the whole pack's ids)
         if pack is not None:  # (n,) pack tokens, or (B, n) per-frame rows of a batch
             dim = pack.token_sample.ndim - 1
-            local = seq_chunk(cp_part(pack.token_sample, dim), tp_rank, tp, dim)
+            local = seq_chunk(cp_part(pack.token_sample, dim), tp_rank, tp, dim)  # (.., n)
             kwargs = {**kwargs, "pack": replace(pack, token_sample=local)}
         if spec is not None and spec.groups is not None:
             cross = cp_part(spec.mask, 2)  # (1, 1, N/C, S*L)

@@ -444,12 +444,8 @@ def estimate_memory(
     shard = dp_shard * cp
     if owned is None:
         owned = busiest_rank_params(cfg, tp=tp, pp=pp, vpp=vpp)
-    state = owned / shard
     learn = (owned if trained is None else trained) / shard
-    params_gib = state * PARAM_BYTES / GiB
-    grads_gib = learn * GRAD_BYTES / GiB
-    optim_gib = learn * OPTIM_BYTES / GiB
-    ema_gib = learn * EMA_BYTES / GiB if ema else 0.0
+    params_gib, grads_gib, optim_gib, ema_gib = _states_gib(owned / shard, learn, ema=ema)
     if layer_params is None:
         layer_params = max(block_params(cfg, i) for i in range(cfg.depth))
     fsdp = _fsdp_buffers_gib(
@@ -484,6 +480,13 @@ def estimate_memory(
         total_gib=total,
         capacity_gib=hbm_gb * USABLE_FRACTION,
     )
+
+
+def _states_gib(held: float, learn: float, *, ema: bool) -> tuple[float, float, float, float]:
+    """(parameters, gradients, AdamW moments, EMA) GiB of ``held`` parameters of which ``learn``
+    train."""
+    ema_gib = learn * EMA_BYTES / GiB if ema else 0.0
+    return held * PARAM_BYTES / GiB, learn * GRAD_BYTES / GiB, learn * OPTIM_BYTES / GiB, ema_gib
 
 
 def _fsdp_buffers_gib(
