@@ -41,8 +41,14 @@ def add_generate_args(ap: argparse.ArgumentParser) -> None:
     prompt.add_argument(
         "--prompt-video",
         metavar="PATH",
-        help="autoregressive runs: continue this video (mp4/gif at --size; its "
-        "first frames, encoded with the run's discrete tokenizer)",
+        help="continue this video (mp4/gif at --size): its first --prompt-frames latent frames, "
+        "encoded with the run's tokenizer (diffusion runs: trained with diffusion.frame_cond)",
+    )
+    prompt.add_argument(
+        "--prompt-image",
+        metavar="PATH",
+        help="diffusion runs trained with diffusion.frame_cond: start the video from this image "
+        "(png/jpg at --size; image-to-video)",
     )
     prompt.add_argument(
         "--prompt-tokens",
@@ -111,6 +117,7 @@ def request_from_args(args: argparse.Namespace) -> GenerateRequest:
         top_p=args.top_p,
         prompt_tokens=args.prompt_tokens,
         prompt_video=args.prompt_video,
+        prompt_image=args.prompt_image,
         prompt_frames=args.prompt_frames,
         bounds=bounds.check(),
     )

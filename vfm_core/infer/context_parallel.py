@@ -13,6 +13,8 @@ r owns tokens ``[r*N/P, (r+1)*N/P)``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch.distributed as dist
 from torch import nn
 
@@ -54,8 +56,17 @@ def context_parallel_for_sampling(model: nn.Module, *, arch: str) -> int:
     def gather(_mod, _inp, out):  # (B, N/P, C*P) -> (B, N, C*P)
         return gather_seq(out, group)
 
+    def rows_chunk(_mod, args, kwargs):  # per-frame modulation rows (B, N) -> (B, N/P)
+        pack = kwargs.get("pack")
+        if pack is None:
+            return None
+        rows = seq_chunk(pack.token_sample, rank, world, dim=pack.token_sample.ndim - 1)
+        return args, {**kwargs, "pack": replace(pack, token_sample=rows)}
+
     model.x_embedder.register_forward_hook(split)
     for block in model.blocks.values():
         block.register_forward_pre_hook(rope_chunk)
+    for module in (*model.blocks.values(), model.final):  # a frame prompt's noise levels
+        module.register_forward_pre_hook(rows_chunk, with_kwargs=True)
     model.final.register_forward_hook(gather)
     return world

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from vfm_core.config import Config, DiffusionConfig
+from vfm_core.diffusion.edm import compute_dtype
 from vfm_core.diffusion.objective import create_diffusion
 from vfm_core.diffusion.sampler import sample
 from vfm_core.families import DIFFUSION
 from vfm_core.infer.budget import CostEstimate, estimate_dit
 from vfm_core.infer.context_parallel import context_parallel_for_sampling
 from vfm_core.infer.decoders import load_decoder
+from vfm_core.infer.frame_prompt import check_frame_prompt, encode_prompt_frames
 from vfm_core.infer.generation import Generation, Sampled
 from vfm_core.infer.progress import Progress
 from vfm_core.infer.shapes import GenerateError, LatentPlan
@@ -55,25 +58,31 @@ def sample_latent(
     guidance: float,
     null_text: torch.Tensor | None = None,
     progress: bool = False,
+    prompt: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ODE sampling (the objective's schedule: Karras for EDM, shifted uniform t for rectified
     flow; the run's Euler / Heun) with CFG in one batch; (1, C, T', h, w). ``null_text``
     (B | 1, L, Dt): the unconditional branch (default zeros). ``progress``: one update per
-    denoiser call on stderr once sampling has run a few seconds."""
+    denoiser call on stderr once sampling has run a few seconds. ``prompt`` (1, C, K, h, w):
+    clean leading latent frames kept as they are (:func:`frame_conditioned`), the video
+    continuing them."""
     edm = create_diffusion(diffusion)  # EDM or rectified flow: its own schedule
     sigmas = edm.sampling_sigmas(steps)
     heun = diffusion.sampler == "heun"  # a second call at every step that does not end at 0
     calls = steps + (int((sigmas[1:] != 0).sum()) if heun else 0)
     desc = f"denoising ({steps} {diffusion.sampler} steps)"
     bar = Progress(calls, desc=desc, unit="call", enabled=progress)
+    denoise = (
+        frame_conditioned(edm, model, prompt, diffusion.sigma_min) if prompt is not None else None
+    )
 
     def denoise_fn(x: torch.Tensor, sigma: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        d = edm.denoise(model, x, sigma, t)  # (B, C, T', h, w)
+        d = denoise(x, sigma, t) if denoise else edm.denoise(model, x, sigma, t)  # like x
         bar.update()
         return d
 
     with bar:
-        return sample(
+        latent = sample(
             denoise_fn,
             noise,
             sigmas=sigmas,
@@ -83,6 +92,35 @@ def sample_latent(
             null_text=torch.zeros_like(text) if null_text is None else null_text.expand_as(text),
             guidance=guidance,
         )
+    if prompt is not None:  # the given frames exactly
+        latent[:, :, : prompt.shape[2]] = prompt.to(latent.dtype)
+    return latent
+
+
+def frame_conditioned(
+    edm: Any, model: torch.nn.Module, prompt: torch.Tensor, sigma_clean: float
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The denoiser of a video whose first K latent frames are ``prompt`` (1, C, K, h, w): as
+    in frame-conditioned training, those frames enter clean at their own noise level
+    ``sigma_clean`` (a level per frame, :meth:`vfm_core.models.dit.DiT.forward`) and come out
+    as they are; the others are denoised at the sampler's level."""
+    k = prompt.shape[2]
+    pt = model.cfg.patch[0]
+
+    def denoise(x: torch.Tensor, sigma: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        dtype = compute_dtype(x.dtype)
+        x = x.to(dtype).clone()  # (B, C, T', h, w)
+        x[:, :, :k] = prompt.to(dtype)
+        sig = torch.as_tensor(sigma, dtype=dtype, device=x.device).reshape(-1)  # (B | 1,)
+        level = sig.expand(x.shape[0])[:, None, None, None, None].repeat(1, 1, x.shape[2], 1, 1)
+        level[:, :, :k] = sigma_clean  # (B, 1, T', 1, 1)
+        c_skip, c_out, c_in, c_noise = edm.precondition(level)
+        f = model(c_in * x, c_noise[:, 0, :, 0, 0][:, ::pt].contiguous(), text)  # like x
+        d = c_skip * x + c_out * f.to(dtype)
+        d[:, :, :k] = prompt.to(dtype)
+        return d
+
+    return denoise
 
 
 @torch.no_grad()
@@ -121,11 +159,12 @@ class DiffusionGeneration(Generation):
     family = DIFFUSION
 
     def check_request(self, cfg: Config, request: GenerateRequest) -> None:
-        if request.prompt_tokens is not None or request.prompt_video is not None:
+        if request.prompt_tokens is not None:
             raise GenerateError(
-                "--prompt-tokens / --prompt-video: only autoregressive runs continue a token "
-                f"prompt; this run's model.arch is {cfg.model.arch!r}"
+                "--prompt-tokens: only autoregressive runs continue a token prompt; this run's "
+                f"model.arch is {cfg.model.arch!r} (give --prompt-video or --prompt-image)"
             )
+        check_frame_prompt(cfg, request)
         self._refuse(
             cfg,
             request,
@@ -142,6 +181,17 @@ class DiffusionGeneration(Generation):
 
     def load_decoder(self, cfg: Config, path: Any) -> Any:
         return load_decoder(path, latent_channels=cfg.model.in_channels)
+
+    def prompt(
+        self, cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int
+    ) -> torch.Tensor | None:
+        path = request.prompt_video or request.prompt_image
+        if path is None:
+            return None
+        flag = "--prompt-video" if request.prompt_video else "--prompt-image"
+        return encode_prompt_frames(
+            Path(path), flag, frames=request.prompt_frames, plan=plan, tokenizer=decoder, s=s
+        )
 
     def estimate(
         self,
@@ -193,6 +243,7 @@ class DiffusionGeneration(Generation):
             guidance=guidance,
             null_text=null,
             progress=show,
+            prompt=prompt,
         )
         return Sampled(latent=latent, ranks=ranks, steps=steps)
 

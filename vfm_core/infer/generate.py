@@ -80,7 +80,7 @@ from vfm_core.infer.request import (
     check_steps,
     decoder_and_plan,
     load_decoder,
-    prompt_ids,
+    request_prompt,
 )
 from vfm_core.infer.shapes import GenerateError, LatentPlan
 from vfm_core.infer.video_out import check_writable, latent_preview, to_uint8_frames, write_outputs
@@ -256,7 +256,7 @@ def generate(
     t_c = decoder.cfg.temporal_factor if decoder else PREVIEW_FACTORS[0]
     # before the prompt, the noise, the caches and the activations are built
     est = _check_cost(loaded, request, plan, decoder, steps=steps, guidance=guidance, world=world)
-    prompt = prompt_ids(cfg, request, decoder, plan, s)  # (1, P) or None
+    prompt = request_prompt(cfg, request, decoder, plan, s)  # ids | latent frames | None
     text, null = _text_conditions(loaded, request.prompt, text_emb)  # (1, L, Dt) each
     show = request.progress and (world == 1 or dist.get_rank() == 0)
     t0 = time.perf_counter()

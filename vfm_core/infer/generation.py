@@ -78,10 +78,12 @@ class Generation:
         """The run's tokenizer at ``path``, checked against the model (GenerateError)."""
         raise NotImplementedError
 
-    def prompt_ids(
+    def prompt(
         self, cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int
     ) -> torch.Tensor | None:
-        """(1, P) checked prompt ids the sampler continues (spatial factor ``s``), or None."""
+        """The checked prompt the sampler continues (spatial factor ``s``), or None: token ids
+        (1, P) of the autoregressive family, clean latent frames (1, C, K, h, w) of the
+        diffusion family."""
         return None
 
     # ------------------------------------------------------------------ the cost

@@ -8,7 +8,7 @@ the text model and the checkpoint load):
    (:func:`vfm_core.infer.video_out.check_writable`);
 2. the **plan**: the decoder's factors and the latent for ``frames`` x H x W
    (:func:`plan_request`; :mod:`vfm_core.infer.shapes`), for autoregressive runs the checked
-   token prompt (:func:`prompt_ids`); what differs by family (options refused, latent channels,
+   token prompt (:func:`request_prompt`); what differs by family (options refused, latent channels,
    the decoder, the cost model) the run's :class:`~vfm_core.infer.generation.Generation` says;
 3. the **cost**: estimated memory and time against the request's bounds
    (:func:`check_cost`; :mod:`vfm_core.infer.budget`). :func:`preflight` does 2-3 from the run's
@@ -50,7 +50,7 @@ __all__ = [
     "load_token_decoder",
     "plan_request",
     "preflight",
-    "prompt_ids",
+    "request_prompt",
     "tokenizer_config",
 ]
 
@@ -92,9 +92,13 @@ class GenerateRequest:
     prompt_tokens: str | None = None
     """Autoregressive family: ``.tokens.npy`` ids (T, h, w) whose first frames are the prompt."""
     prompt_video: str | None = None
-    """Autoregressive family: a video whose first frames, tokenized, are the prompt."""
+    """A video whose first frames are the prompt: tokenized (autoregressive family), or encoded
+    as clean latent frames the sampler keeps (diffusion runs trained with
+    ``diffusion.frame_cond``)."""
+    prompt_image: str | None = None
+    """Diffusion family: an image as the first frame (image-to-video)."""
     prompt_frames: int = 1
-    """Autoregressive family: latent frames of the prompt kept (with a prompt file)."""
+    """Latent frames of the prompt kept (with a prompt file or video)."""
     bounds: GenerateBounds = field(default_factory=GenerateBounds)
     """Memory and time bounds (``--max-memory-gib``, ``--max-minutes``, ``--force``)."""
     progress: bool = True
@@ -184,9 +188,12 @@ def decoder_and_plan(cfg: Config, request: GenerateRequest, tok_path: Any, world
     return decoder, plan, s
 
 
-def prompt_ids(cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int):
-    """(1, K*h*w) checked prompt ids of an autoregressive request, or None."""
-    return generation_of(cfg).prompt_ids(cfg, request, decoder, plan, s)
+def request_prompt(
+    cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int
+) -> torch.Tensor | None:
+    """The checked prompt of a request (:meth:`Generation.prompt`: ids (1, K*h*w) or latent
+    frames (1, C, K, h, w)), or None."""
+    return generation_of(cfg).prompt(cfg, request, decoder, plan, s)
 
 
 def ar_prompt_ids(
@@ -199,7 +206,7 @@ def ar_prompt_ids(
         warnings.simplefilter("ignore")
         tok_path = tokenizer or cfg.data.tokenizer or None
         decoder, plan, s = decoder_and_plan(cfg, request, tok_path, 1)
-    ids = prompt_ids(cfg, request, decoder, plan, s)
+    ids = request_prompt(cfg, request, decoder, plan, s)
     return None if ids is None else ids.view(-1, *plan.latent[2:]).numpy().astype(np.int32)
 
 

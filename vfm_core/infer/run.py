@@ -55,7 +55,8 @@ def generate_request(
         checkpoint, request, out, tokenizer=tokenizer, nproc=nproc
     )
     ids = None  # an autoregressive run's token prompt (K, h, w), read and checked here
-    if request.prompt_tokens or request.prompt_video:
+    given = request.prompt_tokens or request.prompt_video or request.prompt_image
+    if cfg.model.discrete and given:
         ids = ar_prompt_ids(cfg, request, tokenizer=tokenizer)
     # (l, Dt) as the run's captions were embedded (RUN/text.json); empty prompt -> GenerateError
     emb = embed_prompt(
@@ -65,7 +66,9 @@ def generate_request(
         emb_path, ids_path = Path(tmp) / "prompt.npy", Path(tmp) / "prompt.tokens.npy"
         if ids is not None:  # the checked ids go on as the prompt (a video is encoded once)
             np.save(ids_path, ids, allow_pickle=False)
-            request = replace(request, prompt_tokens=str(ids_path), prompt_video=None)
+            request = replace(
+                request, prompt_tokens=str(ids_path), prompt_video=None, prompt_image=None
+            )
         if nproc == 1:
             return generate(checkpoint, request, out, tokenizer=tokenizer, text_emb=emb)
         np.save(emb_path, emb, allow_pickle=False)
@@ -133,6 +136,9 @@ def rank_args(
     argv += ["--top-p", repr(r.top_p), "--max-minutes", repr(b.max_minutes)]
     if r.prompt_tokens is not None:  # the checked ids (K, h, w) of an autoregressive run
         argv += ["--prompt-tokens", r.prompt_tokens, "--prompt-frames", str(r.prompt_frames)]
+    for flag, path in (("--prompt-video", r.prompt_video), ("--prompt-image", r.prompt_image)):
+        if path is not None:  # a diffusion run's clean frames: every rank encodes them
+            argv += [flag, path, "--prompt-frames", str(r.prompt_frames)]
     for flag, value in (
         ("--steps", r.steps),
         ("--guidance", r.guidance),

@@ -95,12 +95,12 @@ class TokenGeneration(Generation):
     def load_decoder(self, cfg: Config, path: Any) -> Any:
         return load_token_decoder(path, vocab_size=cfg.model.vocab_size)  # FSQ grid = vocabulary
 
-    def prompt_ids(
+    def prompt(
         self, cfg: Config, request: GenerateRequest, decoder: Any, plan: LatentPlan, s: int
     ) -> torch.Tensor | None:
         return load_prompt(
             tokens=request.prompt_tokens,
-            video=request.prompt_video,
+            video=request.prompt_video or request.prompt_image,  # an image: a 1-frame video
             frames=request.prompt_frames,
             grid=tuple(plan.latent[1:]),
             vocab_size=cfg.model.vocab_size,
@@ -119,7 +119,8 @@ class TokenGeneration(Generation):
         dtype_bytes: int,
         **common: Any,
     ) -> CostEstimate:
-        given = request.prompt_tokens is not None or request.prompt_video is not None
+        given = any(p is not None for p in (request.prompt_tokens, request.prompt_video))
+        given = given or request.prompt_image is not None
         n, hw = math.prod(plan.latent[1:]), math.prod(plan.latent[2:])
         p = min(max(request.prompt_frames, 0) * hw, n) if given else 0  # checked later
         return estimate_ar(
