@@ -14,6 +14,7 @@ from vfm_core.config import (
     ModelConfig,
     apply_overrides,
     arch_family,
+    dotted,
     load_yaml,
     read_yaml,
     save_yaml,
@@ -165,8 +166,7 @@ def test_out_of_range_values_name_the_key(override, message):
 def test_every_range_names_a_numeric_field():
     cfg = Config()
     for key, _ in RANGES:
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = dotted(cfg, key)  # train.lora.rank: a field of a section's sub-settings
         assert value is None or isinstance(value, int | float | tuple), key
 
 

@@ -58,6 +58,9 @@ class Generation:
 
     family: ClassVar[Family]
     """The model family whose checkpoints this generates from."""
+    token_prompt: ClassVar[bool] = False
+    """Its prompts are token ids, read and checked once by the launcher and handed to every
+    rank as a tokens file (else every rank reads the prompt file itself)."""
 
     # ------------------------------------------------------------------ the request
     def check_request(self, cfg: Config, request: GenerateRequest) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from vfm_core.config import Config
+from vfm_core.infer.family_generation import generation_of
 from vfm_core.infer.generate import (
     GenerateRequest,
     GenerateResult,
@@ -56,7 +57,7 @@ def generate_request(
     )
     ids = None  # an autoregressive run's token prompt (K, h, w), read and checked here
     given = request.prompt_tokens or request.prompt_video or request.prompt_image
-    if cfg.model.discrete and given:
+    if given and generation_of(cfg).token_prompt:
         ids = ar_prompt_ids(cfg, request, tokenizer=tokenizer)
     # (l, Dt) as the run's captions were embedded (RUN/text.json); empty prompt -> GenerateError
     emb = embed_prompt(

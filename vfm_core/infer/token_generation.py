@@ -76,6 +76,7 @@ class TokenGeneration(Generation):
     """Token ids drawn position by position (module docstring)."""
 
     family = AUTOREGRESSIVE
+    token_prompt = True
 
     def check_request(self, cfg: Config, request: GenerateRequest) -> None:
         self._refuse(
