@@ -15,14 +15,14 @@ import pytest
 from parallel_harness import (
     build_trainer,
     fit_collect,
-    launch_ok,
+    metrics_rows,
     resume_trainer,
     run_ranks,
     set_args,
-    vfm_argv,
     write_moving_clip_shards,
 )
 
+from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.data.loader import LoaderStateError
 from vfm_core.data.shard_source import ShardLatentSource, rebatch_state
@@ -70,7 +70,8 @@ def _cfg(shards, *extra: str, batch: int = GLOBAL_BATCH):
 
 def _fit(rank, world, config, degrees, resume_from):
     """The trainer from ``config`` under ``degrees``; optionally restored from a checkpoint
-    folder first. Returns the losses of the steps it trained and its start step."""
+    folder first. Returns the losses of the steps it trained and its start step. (One process:
+    called in the test's own process.)"""
     tr = build_trainer(config, world, degrees)
     if resume_from:
         resume_trainer(tr, resume_from)
@@ -116,8 +117,14 @@ def _batches(rank, world, config, degrees, steps):
 
 
 def _vfm_train(out, shards, *args: str) -> list[dict]:
+    """``vfm train ARGS`` on the shards, called in this process (no interpreter importing the
+    library once more: its ranks are torchrun's processes, one intra-op thread each); the rows
+    of its ``metrics.jsonl``."""
     sets = set_args([*SMALL, "data.source=shards", f"data.shards={shards}"])
-    return launch_ok(vfm_argv("train", "--out", out, *args, *sets), out, timeout=300)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        assert vfm_main([str(a) for a in ("train", "--out", out, *args, *sets)]) == 0
+    return metrics_rows(out)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +132,7 @@ def reference(shards, tmp_path_factory):
     """Losses of one process at the global batch ."""
     config = tmp_path_factory.mktemp("ref") / "run.yaml"
     save_yaml(_cfg(shards, f"train.steps={STEPS}", "tracking.mlflow=false"), config)
-    got = run_ranks(_fit, 1, str(config), {}, "")[0]
+    got = _fit(0, 1, str(config), {}, "")
     assert got["start"] == 0 and len(got["losses"]) == STEPS
     return got["losses"]
 
@@ -234,7 +241,7 @@ def test_vfm_train_dp2_from_shards_matches_one_process_and_resumes(shards, refer
     # same global batch: the loader state is re-batched)
     config = tmp_path / "one.yaml"
     save_yaml(_cfg(shards, f"train.steps={STEPS}", "tracking.mlflow=false"), config)
-    got = run_ranks(_resume_checks, 1, str(config), str(saved))[0]
+    got = _resume_checks(0, 1, str(config), str(saved))
     assert got["start"] == 2
     _close(got["losses"], [r["loss"] for r in rows][2:], 1e-5)
     assert "step_00000002" in got["error"]
