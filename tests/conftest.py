@@ -45,6 +45,7 @@ SLOW_FIRST = (
     "tests/parallel/test_pipeline_checkpoint.py",
     "tests/train/test_preemption.py",
     "tests/train/test_trainer.py",
+    "tests/parallel/test_resharding.py",
     "tests/infer/test_ar_cp_prefill.py",
     "tests/parallel/test_cli_train.py",
     "tests/test_cli.py",
