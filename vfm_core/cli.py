@@ -26,7 +26,7 @@ vfm tokenizer train --shards DIR --out DIR [--preset tok-tiny] [--steps N] [--fr
 vfm report --study NAME [--out DIR] [--json]
 vfm track backfill RUN_DIR [--tracking-uri URI] [--json]
 vfm search CLIPS_DIR "QUERY" [--top K] [--json] [--like CLIP_ID] [--sheet OUT.png] [--exact]
-vfm sample DST [--videos N] [--seed S] [--held-out] [--json]
+vfm sample DST [--videos N] [--seed S] [--held-out | --concept COLOUR] [--json]
 
 The parser is built in :mod:`vfm_core.cli_parser`, the sizing commands (flops, plan, recipes)
 run in :mod:`vfm_core.cli_sizing`; the other handlers and the dispatch are here.
@@ -358,7 +358,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     try:
         paths = write_sample_videos(
-            args.dst, n=args.videos, seed=args.seed, train=not args.held_out
+            args.dst, n=args.videos, seed=args.seed, train=not args.held_out, concept=args.concept
         )
     except (ValueError, OSError) as e:
         print(f"vfm sample: error: {e}", file=sys.stderr)
@@ -367,6 +367,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         print(json.dumps({"videos": [str(p) for p in paths]}))
     else:
         kind = "held-out" if args.held_out else "training"
+        kind = f"new-concept ({args.concept})" if args.concept else kind
         print(
             f"{len(paths)} sample videos of {kind} combinations in {args.dst} (captions per "
             f"shot in the .json beside each; `vfm curate {shlex.quote(str(args.dst))} OUT` "

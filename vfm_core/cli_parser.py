@@ -233,6 +233,11 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="only the combinations held out of training (an evaluation set)",
     )
+    sp.add_argument(
+        "--concept",
+        metavar="COLOUR",
+        help="only shots of a colour the sample never shows (magenta | cyan): fine-tuning data",
+    )
     sp.add_argument("--json", action="store_true", help="print the written paths as JSON")
 
 

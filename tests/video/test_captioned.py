@@ -106,3 +106,28 @@ def test_vfm_sample_writes_training_or_held_out_sets(tmp_path, capsys):
     capsys.readouterr()
     assert main(["sample", "s3://bucket/x"]) == 2
     assert "written to a local folder" in capsys.readouterr().err
+
+
+def test_a_concept_sample_shows_only_its_new_colour_and_is_read_back(tmp_path, capsys):
+    """``vfm sample --concept magenta``: every shot of a colour the built-in sample never shows
+    (none held out), which prompt following reads back with its direction; a known colour or an
+    unknown name is one line."""
+    from vfm_core.cli import main
+    from vfm_core.infer.prompt_follow import read_video
+    from vfm_core.video.caption_vocabulary import NEW_COLOURS
+    from vfm_core.video.io import decode_frames
+
+    assert not set(NEW_COLOURS) & set(COLOURS)
+    assert main(["sample", str(tmp_path / "c"), "--videos", "1", "--concept", "magenta"]) == 0
+    assert "new-concept (magenta)" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "c" / "sample_00.json").read_text())
+    subjects = [parse_caption(s["caption"]) for s in doc["segments"]]
+    assert len(subjects) == 8 and {s[0] for s in subjects} == {"magenta"}
+    assert not any(held_out(*s) for s in subjects)
+    frames = decode_frames(tmp_path / "c" / "sample_00.mp4")
+    assert doc["segments"][0]["start_s"] == 0.0  # the first shot: frames 0..31
+    reading = read_video(frames[2:30])
+    assert (reading.colour, reading.direction) == (subjects[0][0], subjects[0][2])
+    for bad in ("red", "teal"):
+        assert main(["sample", str(tmp_path / bad), "--concept", bad]) == 2
+        assert "expected a new colour, one of magenta, cyan" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vfm_core.video.caption_vocabulary import COLOURS, DIRECTIONS
+from vfm_core.video.caption_vocabulary import DIRECTIONS, PALETTE
 from vfm_core.video.captioned import all_subjects, held_out, parse_caption
 
 
@@ -37,8 +37,8 @@ def read_video(frames: np.ndarray, *, max_dist: float = 90.0, min_shift: float =
     """Measure the object of ``frames`` (T, H, W, 3) uint8."""
     if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
         raise ValueError(f"read_video: expected (T, H, W, 3) frames, got {frames.shape}")
-    names = list(COLOURS)
-    palette = np.array([COLOURS[n] for n in names], dtype=np.float32)  # (K, 3)
+    names = list(PALETTE)  # the sample's colours and the fine-tuning concepts'
+    palette = np.array([PALETTE[n] for n in names], dtype=np.float32)  # (K, 3)
     f = frames.astype(np.float32)  # (T, H, W, 3)
     dist = np.linalg.norm(f[..., None, :] - palette, axis=-1)  # (T, H, W, K)
     nearest = dist.argmin(-1)  # (T, H, W)

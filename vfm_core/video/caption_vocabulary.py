@@ -13,6 +13,14 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "yellow": (235, 220, 40),
     "white": (245, 245, 245),
 }
+NEW_COLOURS: dict[str, tuple[int, int, int]] = {
+    "magenta": (230, 40, 230),
+    "cyan": (40, 225, 230),
+}
+"""Colours the built-in sample never shows: a concept a trained model has not seen, for
+fine-tuning (``vfm sample --concept magenta``); far from every colour of :data:`COLOURS`."""
+PALETTE: dict[str, tuple[int, int, int]] = {**COLOURS, **NEW_COLOURS}
+"""Every colour the renderer draws and prompt following reads back."""
 SHAPES = ("circle", "square")
 DIRECTIONS: dict[str, tuple[int, int]] = {  # (dx, dy) in image coordinates (y down)
     "left": (-1, 0),

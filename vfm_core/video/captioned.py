@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vfm_core.video.caption_vocabulary import BACKGROUNDS, COLOURS, DIRECTIONS, SHAPES
+from vfm_core.video.caption_vocabulary import BACKGROUNDS, COLOURS, DIRECTIONS, PALETTE, SHAPES
 from vfm_core.video.synthetic import Segment, VideoSpec
 
 
@@ -40,9 +40,18 @@ def all_subjects() -> list[tuple[str, str, str]]:
     return list(itertools.product(COLOURS, SHAPES, DIRECTIONS))
 
 
+def concept_subjects(colour: str) -> list[tuple[str, str, str]]:
+    """Every (colour, shape, direction) of one new colour (:data:`NEW_COLOURS`): a concept for
+    fine-tuning; none of them is held out."""
+    return list(itertools.product((colour,), SHAPES, DIRECTIONS))
+
+
 def held_out(colour: str, shape: str, direction: str) -> bool:
     """Combinations kept out of training (1 in 5, every colour, shape and direction still seen
-    in training): a fixed rule, so evaluation knows them without a list."""
+    in training): a fixed rule, so evaluation knows them without a list; a new colour's
+    combinations are never held out."""
+    if colour not in COLOURS:
+        return False
     c, s, d = list(COLOURS).index(colour), SHAPES.index(shape), list(DIRECTIONS).index(direction)
     return (c + 2 * s + 3 * d) % 5 == 0
 
@@ -50,7 +59,7 @@ def held_out(colour: str, shape: str, direction: str) -> bool:
 def parse_caption(text: str) -> tuple[str, str, str] | None:
     """(colour, shape, direction) of a caption of the vocabulary's form, else None."""
     words = text.lower().replace(",", " ").split()
-    colour = next((w for w in words if w in COLOURS), None)
+    colour = next((w for w in words if w in PALETTE), None)
     shape = next((w for w in words if w in SHAPES), None)
     direction = next((w for w in words if w in DIRECTIONS), None)
     if colour is None or shape is None or direction is None:
@@ -67,10 +76,12 @@ def captioned_spec(
     shots: int = 8,
     shot_frames: int = 32,
     train: bool = True,
+    concept: str | None = None,
 ) -> VideoSpec:
-    """A video of ``shots`` captioned object shots (training combinations, or only held-out ones
-    with ``train=False``), cuts and dissolves between them, plus one static and one black shot
-    (no caption) for the filters. Deterministic in ``seed``.
+    """A video of ``shots`` captioned object shots (training combinations, only held-out ones
+    with ``train=False``, or only ``concept``'s, a new colour's), cuts and dissolves between
+    them, plus one static and one black shot (no caption) for the filters. Deterministic in
+    ``seed``.
 
     The defaults are what the demo trains on: square 64 x 64 frames (the DiT's 8 x 8 latent grid
     sees the whole frame, so no crop hides the object) and short shots of 32 frames, in which the
@@ -79,6 +90,8 @@ def captioned_spec(
     first frame that does not give the direction away."""
     rng = np.random.default_rng(seed)
     pool = [s for s in all_subjects() if held_out(*s) != train]
+    if concept is not None:  # shots of one new colour only (fine-tuning data)
+        pool = concept_subjects(concept)
     picks = rng.permutation(len(pool))[:shots]
     segs: list[Segment] = []
     for i, k in enumerate(picks):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vfm_core.video.caption_vocabulary import NEW_COLOURS
 from vfm_core.video.captioned import captioned_spec
 from vfm_core.video.synthetic import make_video
 
@@ -26,13 +27,19 @@ def write_sample_videos(
     height: int = 64,
     seed: int = 0,
     train: bool = True,
+    concept: str | None = None,
 ) -> list[Path]:
     """Write ``n`` ~27 s synthetic videos ``sample_XX.mp4`` (+ ``.json`` per-shot captions) under
-    ``dst`` of training combinations (``train=False``: only the held-out ones); a video already
+    ``dst`` of training combinations (``train=False``: only the held-out ones; ``concept``: only
+    shots of that new colour, :data:`NEW_COLOURS`); a video already
     there with the same captions is kept (a rerun does not change the input); one of another
     seed or kind, or an empty one, is written again."""
     if n < 1:
         raise ValueError(f"sample: n must be >= 1, got {n}")
+    if concept is not None and concept not in NEW_COLOURS:
+        raise ValueError(
+            f"sample: --concept {concept!r}: expected a new colour, one of {', '.join(NEW_COLOURS)}"
+        )
     if not str(dst).strip():
         raise ValueError("sample: the folder is empty: name one")
     if "://" in str(dst):
@@ -44,7 +51,9 @@ def write_sample_videos(
     paths = []
     for i in range(n):
         path = out / f"sample_{i:02d}.mp4"
-        spec = captioned_spec(width=width, height=height, seed=seed + i, train=train)
+        spec = captioned_spec(
+            width=width, height=height, seed=seed + i, train=train, concept=concept
+        )
         if not _written(path, spec):
             make_video(path, spec)
         paths.append(path)

@@ -23,7 +23,7 @@ from typing import Literal
 import av
 import numpy as np
 
-from vfm_core.video.caption_vocabulary import COLOURS, DIRECTIONS
+from vfm_core.video.caption_vocabulary import DIRECTIONS, PALETTE
 from vfm_core.video.transcode import encode_h264
 
 OBJECT_MOVE_FRACTION = 0.57
@@ -239,7 +239,7 @@ class _Scene:
             m = (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
         else:
             m = (np.abs(yy - cy) <= r) & (np.abs(xx - cx) <= r)
-        frame[m] = COLOURS[colour]
+        frame[m] = PALETTE[colour]
         return frame
 
 
