@@ -13,7 +13,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 # (tests/conftest.py); PYTEST_WORKERS= runs in one process
 PYTEST_WORKERS ?= -n 2 --dist loadscope
 
-.PHONY: venv demo test lint bench clean up down status deploy
+.PHONY: venv demo finetune test lint bench clean up down status deploy
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -33,6 +33,10 @@ FAMILY  ?= diffusion
 demo: venv   # make demo FAMILY=autoregressive: discrete tokenizer + ar-tiny instead of the DiT
 	@mkdir -p $(VFM_DATA_DIR) $(PREFECT_HOME)
 	VFM_DEMO_FAMILY=$(FAMILY) $(BIN)/python -m flows.demo
+
+finetune: venv   # after make demo: LoRA / full fine-tuning / from scratch on a new colour
+	@mkdir -p $(VFM_DATA_DIR) $(PREFECT_HOME)
+	$(BIN)/python -m flows.finetune
 
 test: venv
 	$(BIN)/ruff check vfm_core flows tasks tests benchmarks infra

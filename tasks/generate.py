@@ -180,10 +180,15 @@ def evaluate_checkpoint(
     prompts: int = 40,
     temperature: float = 1.0,
     top_k: int = 0,
+    concept: str = "",
+    heldout_shards: str = "",
+    untrained_baseline: bool = True,
 ) -> dict[str, float]:
     """Held-out EDM loss at fixed sigmas, Fréchet distance and prompt following of the vocabulary
     prompts (vfm_core.infer.evaluate), with a contact sheet of those clips at ``contact_sheet``;
-    the autoregressive family draws its clips' tokens with ``temperature`` and ``top_k``."""
+    the autoregressive family draws its clips' tokens with ``temperature`` and ``top_k``.
+    ``concept``: also the prompts of a fine-tuning run's new colour; ``heldout_shards``: the
+    clips the loss and the Fréchet distance compare with ('' = the run's own)."""
     from vfm_core.infer.evaluate import EvalConfig, evaluate
 
     ec = EvalConfig(
@@ -195,6 +200,9 @@ def evaluate_checkpoint(
         prompt_following=prompts,
         temperature=temperature,
         top_k=top_k,
+        concept=concept,
+        heldout_shards=heldout_shards,
+        untrained_baseline=untrained_baseline,
     )
     return evaluate(checkpoint, tokenizer=tokenizer, config=ec)
 

@@ -216,6 +216,32 @@ def test_pipeline_fails_with_stage_named_resumes_with_lineage_then_reruns_only_w
     assert (tmp_path / "latents" / "index.json").read_bytes() == index
     assert states["train"] == states["generate"] == "Cached"
 
+    # the fine-tuning demo (`make finetune`) on this pipeline's model, tokenizer and latents
+    from flows.finetune import finetune_flow
+
+    grid, work = (2, 4, 4), tmp_path / "finetune"
+    ft = finetune_flow(
+        demo=str(tmp_path),
+        videos=1,
+        steps=2,
+        eval_samples=4,
+        eval_prompts=2,
+        latent_grid=grid,
+        overrides=tuple(TINY),
+        work_dir=str(work),
+    )
+    rows = ft["rows"]
+    assert list(rows) == ["demo model (before)", "LoRA rank 16", "full fine-tuning", "from scratch"]
+    lora, full = rows["LoRA rank 16"]["trainable"], rows["full fine-tuning"]["trainable"]
+    assert 0 < lora < full / 10 and full == rows["from scratch"]["trainable"]
+    assert all(
+        {"concept_colour_acc", "prompt_colour_acc", "frechet_distance"} <= set(r)
+        for r in rows.values()
+    )
+    assert (work / "report.md").read_text() == ft["report"] and "magenta" in ft["report"]
+    (raw,) = (work / "raw").glob("*.json")
+    assert {s["caption"].split()[1] for s in json.loads(raw.read_text())["segments"]} == {"magenta"}
+
 
 def test_pipeline_form_rejects_bad_values():
     from pydantic import ValidationError

@@ -104,6 +104,10 @@ class EvalConfig:
     Needs a tokenizer and the run's text record."""
     contact_sheet: str = ""
     """PNG path for the clips of the vocabulary prompts (one row each; '' = none)."""
+    concept: str = ""
+    """A new colour a fine-tuning run learned (``vfm sample --concept``): also one clip for each
+    of its prompts (every shape and direction), read back as ``concept_colour_acc``,
+    ``concept_direction_acc`` ('' = none)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the metrics."""
 
@@ -207,6 +211,21 @@ def evaluate(
 
     if follow:
         metrics.update(prompt_following(model, "trained", ec.contact_sheet))
+    if follow and ec.concept:  # the fine-tuning concept's prompts
+        metrics.update(
+            _prompt_following(
+                model,
+                cfg,
+                ec,
+                loaded.text,
+                null,
+                decode,
+                ref.shape[1:],
+                which="concept",
+                prompts=concept_prompts(ec.concept),
+                key="concept_",
+            )
+        )
     if ec.untrained_baseline:  # the same measures of the run's initialisation: what training won
         init = _untrained(cfg)
         lat, txt = data[: ec.loss_samples], text[: ec.loss_samples]
@@ -262,14 +281,17 @@ def _prompt_following(
     *,
     sheet: str = "",
     which: str = "trained",
+    prompts: list[str] | None = None,
+    key: str = "prompt_",
 ) -> dict[str, float]:
-    """Clips of every vocabulary prompt (fixed noise, the run's latent ``grid`` (C, T, H, W)),
-    decoded and read back: ``prompt_*`` accuracies (see :class:`EvalConfig`); a contact sheet
-    of them at ``sheet`` when given. ``which`` model it is, in the progress lines."""
+    """Clips of every vocabulary prompt (or of ``prompts``; fixed noise, the run's latent
+    ``grid`` (C, T, H, W)), decoded and read back: ``prompt_*`` accuracies (``key``; see
+    :class:`EvalConfig`); a contact sheet of them at ``sheet`` when given. ``which`` model it
+    is, in the progress lines."""
     from vfm_core.infer.generate import prompt_encoder, text_condition
     from vfm_core.infer.prompt_follow import score_frames, vocabulary_prompts
 
-    prompts = vocabulary_prompts(ec.prompt_following)
+    prompts = prompts or vocabulary_prompts(ec.prompt_following)
     m = cfg.model
     text = torch.cat(
         [
@@ -284,7 +306,14 @@ def _prompt_following(
         from vfm_core.video.contact_sheet import contact_sheet
 
         contact_sheet(clips, prompts, sheet)
-    return {f"prompt_{k}": v for k, v in score_frames(clips, prompts).items()}
+    return {f"{key}{k}": v for k, v in score_frames(clips, prompts).items()}
+
+
+def concept_prompts(colour: str) -> list[str]:
+    """The prompts of a new colour: every shape and direction ("a magenta circle moving up")."""
+    from vfm_core.video.captioned import concept_subjects
+
+    return [f"a {c} {s} moving {d}" for c, s, d in concept_subjects(colour)]
 
 
 def _untrained(cfg: Config) -> torch.nn.Module:

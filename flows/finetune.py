@@ -1,0 +1,229 @@
+"""``make finetune``: the diffusion demo's model learns a concept it has never seen.
+
+After ``make demo`` (its trained model, tokenizer and encoded shards under ``data/pipeline/demo``),
+this flow writes a few captioned videos of a colour the demo's sample never shows
+(``vfm sample --concept magenta``), curates, shards and encodes them with the demo's tokenizer,
+then trains on them — a blend of the new clips and the demo's own (replay, so what the model knew
+is rehearsed) — in three ways for the same steps:
+
+* **LoRA** from the demo's model (``train.init`` + ``train.lora.rank``: the adapters train),
+* **full fine-tuning** from the demo's model (``train.init``: every weight trains),
+* **from scratch** (the same data and steps, random weights: the peer fine-tuning must beat),
+
+and evaluates the demo's model and the three: prompt following of the new colour's 8 prompts and
+of the demo's 40 (forgetting), the Fréchet distance on the new clips, wall time and trainable
+parameters, in ``report.md`` / ``report.json`` and MLflow (experiment ``vfm-finetune``).
+``VFM_FINETUNE_STEPS``, ``VFM_FINETUNE_VIDEOS``, ``VFM_FINETUNE_EVAL_SAMPLES`` and
+``VFM_FINETUNE_EVAL_PROMPTS`` shrink it (the tests).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+FINETUNE_OVERRIDES = {
+    "LoRA rank 16": ["train.lora.rank=16", "optim.lr=0.003"],
+    "full fine-tuning": ["optim.lr=0.0003"],
+    "from scratch": ["optim.lr=0.001"],
+}
+"""What each mode trains with on top of the demo's settings (``train.init`` is added to the two
+that start from the demo's model)."""
+TARGETS = {"concept": 0.7, "kept": 0.9}
+"""The fine-tuned model follows the new colour in >= 70% of its prompts and keeps >= 90% of the
+demo model's colour accuracy on the old prompts."""
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise SystemExit(f"{name}={value!r}: expected an integer") from None
+
+
+def _trainable(checkpoint: str) -> int:
+    """Parameters a run's checkpoint holds under ``model.`` (what trained)."""
+    from vfm_core.checkpoints.load import resolve_checkpoint, saved_shapes
+
+    _, ckpt = resolve_checkpoint(checkpoint)
+    return sum(math.prod(s) for k, s in saved_shapes(ckpt).items() if k.startswith("model."))
+
+
+@flow(name="finetune", log_prints=True)
+def finetune_flow(
+    *,
+    demo: str = "",
+    concept: str = "magenta",
+    videos: int = 2,
+    steps: int = 300,
+    replay: float = 0.5,
+    eval_samples: int = 64,
+    eval_prompts: int = 40,
+    name: str = "finetune",
+    work_dir: str = "",
+    latent_grid: tuple[int, int, int] = (5, 8, 8),
+    overrides: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The fine-tuning demo (module docstring); ``demo``: the diffusion demo's work dir
+    (default ``data/pipeline/demo``); ``replay``: the share of the demo's clips in the blend;
+    ``latent_grid`` and ``overrides``: the demo's (a reduced demo's in the tests); ``work_dir``:
+    its outputs (default ``data/pipeline/NAME``)."""
+    from flows.curate import CurateParams
+    from flows.demo import DEMO_OVERRIDES
+    from flows.pipeline import (
+        PipelineParams,
+        curate_stage,
+        remove_earlier_run,
+        shard_stage,
+        train_settings,
+    )
+    from flows.shard import ShardParams
+    from flows.train import TrainParams, train_flow
+    from tasks.pipeline import caption_tokens, encode_stage, tokenizer_geometry
+    from vfm_core.output_lock import output_lock
+    from vfm_core.tracking import data_dir
+    from vfm_core.video.sample_set import SAMPLE_MAX_LEN_S, SAMPLE_MIN_LEN_S, write_sample_videos
+
+    base = Path(demo or data_dir() / "pipeline" / "demo")
+    model, tok, old = base / "train", base / "tokenizer", base / "latents"
+    missing = [str(p) for p in (model, tok, old) if not p.exists()]
+    if missing:
+        raise ValueError(f"finetune: run `make demo` first ({', '.join(missing)} missing)")
+    work = Path(work_dir or data_dir() / "pipeline" / name)
+    raw = write_sample_videos(work / "raw", n=videos, concept=concept)[0].parent
+    curate = CurateParams(
+        src=str(raw),
+        dst=str(work / "curated"),
+        min_len_s=SAMPLE_MIN_LEN_S,
+        max_len_s=SAMPLE_MAX_LEN_S,
+    )
+    clips = curate_stage(curate)
+    shards = shard_stage(ShardParams(clips_dir=curate.dst, shards_dir=str(work / "shards")))
+    latents = str(work / "latents")
+    encode_stage(src=str(work / "shards"), dst=latents, tokenizer=str(tok))
+    p = PipelineParams(name=name, latent_grid=latent_grid)
+    settings = train_settings(
+        p,
+        latents=latents,
+        tokenizer=str(tok),
+        geometry=tokenizer_geometry(str(tok)),
+        caption_tokens=caption_tokens(latents),
+    )
+    settings |= {"data.shards": "", "data.blend": f"{latents}:{1 - replay},{old}:{replay}"}
+    rows = {
+        "demo model (before)": _evaluate(
+            str(model), tok, latents, concept, eval_samples, eval_prompts, trainable=0, wall=0.0
+        )
+    }
+    for mode, extra in FINETUNE_OVERRIDES.items():
+        init = [] if mode == "from scratch" else [f"train.init={model}"]
+        params = TrainParams(
+            recipe="dit-tiny",
+            steps=steps,
+            out_dir=str(work / mode.split()[0].lower()),
+            experiment="vfm-finetune",
+            settings=settings,
+            overrides=[*DEMO_OVERRIDES, *overrides, *init, *extra, "train.ckpt_every=1000000"],
+        )
+        with output_lock(Path(params.out_dir), what="out_dir"):
+            remove_earlier_run(Path(params.out_dir))  # a rerun trains again, from its start
+        t0 = time.perf_counter()
+        run = train_flow(params)
+        wall = time.perf_counter() - t0
+        rows[mode] = _evaluate(
+            params.out_dir,
+            tok,
+            latents,
+            concept,
+            eval_samples,
+            eval_prompts,
+            trainable=_trainable(params.out_dir),
+            wall=wall,
+        )
+        rows[mode]["mlflow_run_id"] = run.get("mlflow_run_id")
+    report = _report(rows, concept=concept, steps=steps, clips=clips, shards=shards)
+    (work / "report.md").write_text(report)
+    (work / "report.json").write_text(json.dumps(rows, indent=1))
+    print(report)
+    return {"work_dir": str(work), "rows": rows, "report": report}
+
+
+def _evaluate(
+    checkpoint: str,
+    tok: Path,
+    latents: str,
+    concept: str,
+    samples: int,
+    prompts: int,
+    *,
+    trainable: int,
+    wall: float,
+) -> dict[str, Any]:
+    from tasks.generate import evaluate_checkpoint
+
+    m = evaluate_checkpoint(
+        checkpoint,
+        tokenizer=str(tok),
+        samples=samples,
+        prompts=prompts,
+        concept=concept,
+        heldout_shards=latents,
+        untrained_baseline=False,
+    )
+    return {**m, "trainable": trainable, "wall_s": wall}
+
+
+def _report(rows: dict[str, dict], *, concept: str, steps: int, clips: Any, shards: Any) -> str:
+    before = rows["demo model (before)"]
+    old = before.get("prompt_colour_acc", 0.0)
+    lines = [
+        f"# Fine-tuning the demo's model on a new colour: {concept}",
+        "",
+        f"{steps} steps per run on the new clips blended with the demo's (replay); prompt "
+        f"following of the {concept} prompts (new) and of the demo's vocabulary (old), read "
+        "back from pixels; Fréchet distance on the new clips.",
+        "",
+        "| model | trainable params | wall s | new colour | new direction | old colour "
+        "| old direction | kept (old colour / before) | FD |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, r in rows.items():
+        kept = r.get("prompt_colour_acc", 0.0) / old if old else 0.0
+        lines.append(
+            f"| {mode} | {r['trainable']:,} | {r['wall_s']:.0f} | "
+            f"{r.get('concept_colour_acc', 0.0):.0%} | {r.get('concept_direction_acc', 0.0):.0%} | "
+            f"{r.get('prompt_colour_acc', 0.0):.0%} | {r.get('prompt_direction_acc', 0.0):.0%} | "
+            f"{kept:.0%} | {r['frechet_distance']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Targets: new colour >= {TARGETS['concept']:.0%}, kept >= {TARGETS['kept']:.0%}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    from vfm_core.infra_env import use_running_services
+
+    use_running_services()
+    t0 = time.time()
+    out = finetune_flow(
+        steps=_env_int("VFM_FINETUNE_STEPS", 300),
+        videos=_env_int("VFM_FINETUNE_VIDEOS", 2),
+        eval_samples=_env_int("VFM_FINETUNE_EVAL_SAMPLES", 64),
+        eval_prompts=_env_int("VFM_FINETUNE_EVAL_PROMPTS", 40),
+    )
+    print(f"finetune done in {time.time() - t0:.0f} s: {out['work_dir']}/report.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
