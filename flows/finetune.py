@@ -197,8 +197,9 @@ def _report(rows: dict[str, dict], *, concept: str, steps: int, clips: Any, shar
     ]
     for mode, r in rows.items():
         kept = r.get("prompt_colour_acc", 0.0) / old if old else 0.0
+        trained = f"{r['trainable']:,} | {r['wall_s']:.0f}" if r["trainable"] else "— | —"
         lines.append(
-            f"| {mode} | {r['trainable']:,} | {r['wall_s']:.0f} | "
+            f"| {mode} | {trained} | "
             f"{r.get('concept_colour_acc', 0.0):.0%} | {r.get('concept_direction_acc', 0.0):.0%} | "
             f"{r.get('prompt_colour_acc', 0.0):.0%} | {r.get('prompt_direction_acc', 0.0):.0%} | "
             f"{kept:.0%} | {r['frechet_distance']:.3f} |"
