@@ -67,6 +67,7 @@ def finetune_flow(
     replay: float = 0.5,
     eval_samples: int = 64,
     eval_prompts: int = 40,
+    eval_steps: int = 12,
     name: str = "finetune",
     work_dir: str = "",
     latent_grid: tuple[int, int, int] = (5, 8, 8),
@@ -75,7 +76,8 @@ def finetune_flow(
     """The fine-tuning demo (module docstring); ``demo``: the diffusion demo's work dir
     (default ``data/pipeline/demo``); ``replay``: the share of the demo's clips in the blend;
     ``latent_grid`` and ``overrides``: the demo's (a reduced demo's in the tests); ``work_dir``:
-    its outputs (default ``data/pipeline/NAME``)."""
+    its outputs (default ``data/pipeline/NAME``); ``eval_steps``: sampler steps of the
+    evaluation's clips."""
     from flows.curate import CurateParams
     from flows.demo import DEMO_OVERRIDES
     from flows.pipeline import (
@@ -120,7 +122,7 @@ def finetune_flow(
     settings |= {"data.shards": "", "data.blend": f"{latents}:{1 - replay},{old}:{replay}"}
     rows = {
         "demo model (before)": _evaluate(
-            str(model), tok, latents, concept, eval_samples, eval_prompts, trainable=0, wall=0.0
+            str(model), tok, latents, concept, (eval_samples, eval_prompts, eval_steps), 0, 0.0
         )
     }
     for mode, extra in FINETUNE_OVERRIDES.items():
@@ -143,10 +145,9 @@ def finetune_flow(
             tok,
             latents,
             concept,
-            eval_samples,
-            eval_prompts,
-            trainable=_trainable(params.out_dir),
-            wall=wall,
+            (eval_samples, eval_prompts, eval_steps),
+            _trainable(params.out_dir),
+            wall,
         )
         rows[mode]["mlflow_run_id"] = run.get("mlflow_run_id")
     report = _report(rows, concept=concept, steps=steps, clips=clips, shards=shards)
@@ -161,19 +162,21 @@ def _evaluate(
     tok: Path,
     latents: str,
     concept: str,
-    samples: int,
-    prompts: int,
-    *,
+    sizes: tuple[int, int, int],
     trainable: int,
     wall: float,
 ) -> dict[str, Any]:
+    """The evaluation of one model (``sizes``: FD clips, vocabulary prompts, sampler steps) on
+    the new clips, with the new colour's prompts, its trainable parameters and wall time."""
     from tasks.generate import evaluate_checkpoint
 
+    samples, prompts, steps = sizes
     m = evaluate_checkpoint(
         checkpoint,
         tokenizer=str(tok),
         samples=samples,
         prompts=prompts,
+        steps=steps,
         concept=concept,
         heldout_shards=latents,
         untrained_baseline=False,

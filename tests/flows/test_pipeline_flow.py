@@ -226,6 +226,7 @@ def test_pipeline_fails_with_stage_named_resumes_with_lineage_then_reruns_only_w
         steps=2,
         eval_samples=4,
         eval_prompts=2,
+        eval_steps=2,
         latent_grid=grid,
         overrides=tuple(TINY),
         work_dir=str(work),
