@@ -67,7 +67,7 @@ AR_DEMO_TOP_K = 16
 at 1300 steps over the same seeds colour 85 -> 89%, direction 61 -> 64% (the same table)."""
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     try:
         return int(value) if value else default
@@ -90,14 +90,14 @@ def demo_params(family: str) -> PipelineParams:
         # 384 captioned clips: every training combination on both backgrounds, many times; the
         # Fréchet distance on all 384 (two halves of the data: 0.53 apart at 48 clips, 0.18 at
         # 192: the estimate's floor falls as 1/N, measured)
-        sample_videos=_env_int("VFM_DEMO_VIDEOS", 48),
+        sample_videos=env_int("VFM_DEMO_VIDEOS", 48),
         # the sample's short shots, not the curation defaults (2-20 s)
         min_len_s=SAMPLE_MIN_LEN_S,
         max_len_s=SAMPLE_MAX_LEN_S,
-        eval_samples=_env_int("VFM_DEMO_EVAL_SAMPLES", 384),
-        eval_prompts=_env_int("VFM_DEMO_EVAL_PROMPTS", 40),
-        train_steps=_env_int("VFM_DEMO_STEPS", 1000 if diffusion else AR_DEMO_STEPS),
-        tokenizer_steps=_env_int("VFM_DEMO_TOKENIZER_STEPS", 1500),
+        eval_samples=env_int("VFM_DEMO_EVAL_SAMPLES", 384),
+        eval_prompts=env_int("VFM_DEMO_EVAL_PROMPTS", 40),
+        train_steps=env_int("VFM_DEMO_STEPS", 1000 if diffusion else AR_DEMO_STEPS),
+        tokenizer_steps=env_int("VFM_DEMO_TOKENIZER_STEPS", 1500),
         overrides=DEMO_OVERRIDES if diffusion else AR_DEMO_OVERRIDES,
         # diffusion: 17 frames (5 x 8 x 8 latents); autoregressive: 9 frames, 3 x 8 x 8 = 192
         # tokens, each drawn by one model call

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,14 +38,6 @@ that start from the demo's model)."""
 TARGETS = {"concept": 0.7, "kept": 0.9}
 """The fine-tuned model follows the new colour in >= 70% of its prompts and keeps >= 90% of the
 demo model's colour accuracy on the old prompts."""
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    try:
-        return int(value) if value else default
-    except ValueError:
-        raise SystemExit(f"{name}={value!r}: expected an integer") from None
 
 
 def _trainable(checkpoint: str) -> int:
@@ -215,15 +206,16 @@ def _report(rows: dict[str, dict], *, concept: str, steps: int, clips: Any, shar
 
 
 def main() -> int:
+    from flows.demo import env_int
     from vfm_core.infra_env import use_running_services
 
     use_running_services()
     t0 = time.time()
     out = finetune_flow(
-        steps=_env_int("VFM_FINETUNE_STEPS", 300),
-        videos=_env_int("VFM_FINETUNE_VIDEOS", 2),
-        eval_samples=_env_int("VFM_FINETUNE_EVAL_SAMPLES", 64),
-        eval_prompts=_env_int("VFM_FINETUNE_EVAL_PROMPTS", 40),
+        steps=env_int("VFM_FINETUNE_STEPS", 300),
+        videos=env_int("VFM_FINETUNE_VIDEOS", 2),
+        eval_samples=env_int("VFM_FINETUNE_EVAL_SAMPLES", 64),
+        eval_prompts=env_int("VFM_FINETUNE_EVAL_PROMPTS", 40),
     )
     print(f"finetune done in {time.time() - t0:.0f} s: {out['work_dir']}/report.md")
     return 0

@@ -40,11 +40,11 @@ import torch.distributed as dist
 
 from vfm_core.geometry import Grid
 from vfm_core.infer.context_parallel import sampling_cp_group
+from vfm_core.infer.frame_prompt import prompt_pixels
 from vfm_core.infer.shapes import GenerateError
 from vfm_core.models.ar import CausalVideoTransformer
 from vfm_core.models.attention import KVCache
 from vfm_core.parallel.context import ContextParallelAttention, causal_positions
-from vfm_core.tokenizer.autoencoder import pixels_from_uint8
 
 __all__ = ["PrefillLayout", "SplitPrefill", "load_prompt", "prefill_layout", "sync_tokens"]
 
@@ -121,36 +121,16 @@ def _encode_video(
     path: Path, frames: int, grid: Grid, tokenizer: Any, spatial_factor: int
 ) -> torch.Tensor:
     """(K, h, w) ids of the first ``1 + t_c·(K-1)`` frames of a video, through the tokenizer."""
-    from vfm_core.video.io import VideoError, decode_frames
-
     flag = f"--prompt-video {path}"
     if tokenizer is None:
         raise GenerateError(
             f"{flag}: encoding a video prompt needs the run's discrete tokenizer (--tokenizer, or "
             "data.tokenizer in the run config); runs without one take --prompt-tokens FILE"
         )
-    if not path.is_file():
-        raise GenerateError(f"{flag}: no such file")
-    try:
-        video = decode_frames(path)  # (F, H, W, 3) uint8
-    except VideoError as e:
-        raise GenerateError(f"{flag}: {e.reason}") from None
     size = (grid[1] * spatial_factor, grid[2] * spatial_factor)
-    if tuple(video.shape[1:3]) != size:
-        raise GenerateError(
-            f"{flag}: frames are {video.shape[1]}x{video.shape[2]}, the requested --size is "
-            f"{size[0]}x{size[1]} (use --size {video.shape[1]}x{video.shape[2]})"
-        )
-    need = 1 + tokenizer.cfg.temporal_factor * (frames - 1)
-    if video.shape[0] < need:
-        raise GenerateError(
-            f"{flag}: has {video.shape[0]} frames; --prompt-frames {frames} needs {need} "
-            f"(1 + {tokenizer.cfg.temporal_factor}·(K-1))"
-        )
-    x = torch.from_numpy(video[:need]).permute(3, 0, 1, 2)[None]  # (1, 3, F, H, W) uint8
-    dtype = next(tokenizer.parameters()).dtype
+    x = prompt_pixels(path, flag, frames, size, tokenizer)  # (1, 3, F, H, W)
     with torch.no_grad():
-        ids = tokenizer.encode_tokens(pixels_from_uint8(x).to(dtype))  # (1, K, h, w)
+        ids = tokenizer.encode_tokens(x)  # (1, K, h, w)
     return ids[0].long()  # (K, h, w)
 
 

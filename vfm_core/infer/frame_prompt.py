@@ -18,7 +18,7 @@ from vfm_core.infer.shapes import GenerateError, LatentPlan
 if TYPE_CHECKING:
     from vfm_core.infer.request import GenerateRequest
 
-__all__ = ["check_frame_prompt", "encode_prompt_frames"]
+__all__ = ["check_frame_prompt", "encode_prompt_frames", "prompt_pixels"]
 
 
 def check_frame_prompt(cfg: Config, request: GenerateRequest) -> None:
@@ -47,9 +47,6 @@ def encode_prompt_frames(
 ) -> torch.Tensor:
     """(1, C, K, h, w) normalised latents of the first ``1 + t_c·(K-1)`` frames at ``path``
     (a video, or an image: one frame), as the run's shards hold them."""
-    from vfm_core.tokenizer.autoencoder import pixels_from_uint8
-    from vfm_core.video.io import VideoError, decode_frames
-
     if tokenizer is None:
         raise GenerateError(
             f"{flag}: encoding the prompt needs the run's tokenizer (--tokenizer, or "
@@ -60,26 +57,38 @@ def encode_prompt_frames(
             f"--prompt-frames {frames}: the video has {plan.latent[1]} latent frames; leave some "
             "to generate (raise --frames)"
         )
+    x = prompt_pixels(path, f"{flag} {path}", frames, (plan.height, plan.width), tokenizer)
+    with torch.no_grad():
+        return tokenizer.encode(x).float()  # (1, C, K, h, w) normalised
+
+
+def prompt_pixels(
+    path: Path, flag: str, frames: int, size: tuple[int, int], tokenizer: Any
+) -> torch.Tensor:
+    """(1, 3, 1 + t_c·(K-1), H, W) pixels in [-1, 1] (the tokenizer's dtype) of the first
+    frames of the video or image at ``path`` for a prompt of ``frames`` latent frames at
+    ``size`` (H, W); every problem a GenerateError led by ``flag``."""
+    from vfm_core.tokenizer.autoencoder import pixels_from_uint8
+    from vfm_core.video.io import VideoError, decode_frames
+
     if not path.is_file():
-        raise GenerateError(f"{flag} {path}: no such file")
+        raise GenerateError(f"{flag}: no such file")
     try:
         video = decode_frames(path)  # (F, H, W, 3) uint8
     except VideoError as e:
-        raise GenerateError(f"{flag} {path}: {e.reason}") from None
-    if tuple(video.shape[1:3]) != (plan.height, plan.width):
+        raise GenerateError(f"{flag}: {e.reason}") from None
+    if tuple(video.shape[1:3]) != tuple(size):
         h, w = video.shape[1:3]
         raise GenerateError(
-            f"{flag} {path}: frames are {h}x{w}, the requested --size is {plan.height}x"
-            f"{plan.width} (use --size {h}x{w})"
+            f"{flag}: frames are {h}x{w}, the requested --size is {size[0]}x{size[1]} "
+            f"(use --size {h}x{w})"
         )
-    need = 1 + tokenizer.cfg.temporal_factor * (frames - 1)
+    t_c = tokenizer.cfg.temporal_factor
+    need = 1 + t_c * (frames - 1)
     if video.shape[0] < need:
         raise GenerateError(
-            f"{flag} {path}: has {video.shape[0]} frames; --prompt-frames {frames} needs {need} "
-            f"(1 + {tokenizer.cfg.temporal_factor}·(K-1))"
+            f"{flag}: has {video.shape[0]} frames; --prompt-frames {frames} needs {need} "
+            f"(1 + {t_c}·(K-1))"
         )
     x = torch.from_numpy(video[:need]).permute(3, 0, 1, 2)[None]  # (1, 3, F, H, W) uint8
-    dtype = next(tokenizer.parameters()).dtype
-    with torch.no_grad():
-        z = tokenizer.encode(pixels_from_uint8(x).to(dtype))  # (1, C, K, h, w) normalised
-    return z.float()
+    return pixels_from_uint8(x).to(next(tokenizer.parameters()).dtype)
