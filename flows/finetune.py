@@ -3,8 +3,8 @@
 After ``make demo`` (its trained model, tokenizer and encoded shards under ``data/pipeline/demo``),
 this flow writes a few captioned videos of a colour the demo's sample never shows
 (``vfm sample --concept magenta``), curates, shards and encodes them with the demo's tokenizer,
-then trains on them — a blend of the new clips and the demo's own (replay, so what the model knew
-is rehearsed) — in three ways for the same steps:
+then trains on them — a blend of 3/4 new clips and 1/4 the demo's own (replay, so what the model
+knew is rehearsed) — in three ways for the same steps (600):
 
 * **LoRA** from the demo's model (``train.init`` + ``train.lora.rank``: the adapters train),
 * **full fine-tuning** from the demo's model (``train.init``: every weight trains),
@@ -54,8 +54,8 @@ def finetune_flow(
     demo: str = "",
     concept: str = "magenta",
     videos: int = 2,
-    steps: int = 300,
-    replay: float = 0.5,
+    steps: int = 600,
+    replay: float = 0.25,
     eval_samples: int = 64,
     eval_prompts: int = 40,
     eval_steps: int = 12,
@@ -212,7 +212,7 @@ def main() -> int:
     use_running_services()
     t0 = time.time()
     out = finetune_flow(
-        steps=env_int("VFM_FINETUNE_STEPS", 300),
+        steps=env_int("VFM_FINETUNE_STEPS", 600),
         videos=env_int("VFM_FINETUNE_VIDEOS", 2),
         eval_samples=env_int("VFM_FINETUNE_EVAL_SAMPLES", 64),
         eval_prompts=env_int("VFM_FINETUNE_EVAL_PROMPTS", 40),
