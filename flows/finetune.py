@@ -56,7 +56,7 @@ def finetune_flow(
     videos: int = 2,
     steps: int = 600,
     replay: float = 0.25,
-    eval_samples: int = 64,
+    eval_samples: int = 32,
     eval_prompts: int = 40,
     eval_steps: int = 12,
     name: str = "finetune",
@@ -214,7 +214,7 @@ def main() -> int:
     out = finetune_flow(
         steps=env_int("VFM_FINETUNE_STEPS", 600),
         videos=env_int("VFM_FINETUNE_VIDEOS", 2),
-        eval_samples=env_int("VFM_FINETUNE_EVAL_SAMPLES", 64),
+        eval_samples=env_int("VFM_FINETUNE_EVAL_SAMPLES", 32),
         eval_prompts=env_int("VFM_FINETUNE_EVAL_PROMPTS", 40),
     )
     print(f"finetune done in {time.time() - t0:.0f} s: {out['work_dir']}/report.md")
