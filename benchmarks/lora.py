@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def measured(args: argparse.Namespace, root: Path) -> list[dict]:
+    from vfm_core.checkpoints.read import trained_params
+
     size = [f"model.hidden={args.hidden}", f"model.depth={args.depth}", "model.heads=8"]
     size += ["data.batch_size=4", "tracking.mlflow=false", "train.device=cpu"]
     base = root / "base"
@@ -48,7 +50,7 @@ def measured(args: argparse.Namespace, root: Path) -> list[dict]:
         rows.append(
             {
                 "mode": mode,
-                "trainable": _trainable(ckpt),
+                "trainable": trained_params(ckpt),
                 "params": state["meta"].get("params") or "",
                 "checkpoint_mb": sum(f.stat().st_size for f in ckpt.iterdir()) / 1e6,
                 "peak_rss_gb": max(m["peak_mem_gb"] for m in metrics),  # the child's own
@@ -57,22 +59,6 @@ def measured(args: argparse.Namespace, root: Path) -> list[dict]:
             }
         )
     return rows
-
-
-def _trainable(ckpt: Path) -> int:
-    from safetensors import safe_open
-
-    n = 0
-    for f in ckpt.glob("*.safetensors"):
-        with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
-                if k.startswith("model."):
-                    shape = st.get_slice(k).get_shape()
-                    count = 1
-                    for s in shape:
-                        count *= s
-                    n += count
-    return n
 
 
 def _train(out: Path, sets: list[str]) -> None:

@@ -20,7 +20,6 @@ parameters, in ``report.md`` / ``report.json`` and MLflow (experiment ``vfm-fine
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -35,17 +34,6 @@ FINETUNE_OVERRIDES = {
 }
 """What each mode trains with on top of the demo's settings (``train.init`` is added to the two
 that start from the demo's model)."""
-TARGETS = {"concept": 0.7, "kept": 0.9}
-"""The fine-tuned model follows the new colour in >= 70% of its prompts and keeps >= 90% of the
-demo model's colour accuracy on the old prompts."""
-
-
-def _trainable(checkpoint: str) -> int:
-    """Parameters a run's checkpoint holds under ``model.`` (what trained)."""
-    from vfm_core.checkpoints.load import resolve_checkpoint, saved_shapes
-
-    _, ckpt = resolve_checkpoint(checkpoint)
-    return sum(math.prod(s) for k, s in saved_shapes(ckpt).items() if k.startswith("model."))
 
 
 @flow(name="finetune", log_prints=True)
@@ -81,6 +69,8 @@ def finetune_flow(
     from flows.shard import ShardParams
     from flows.train import TrainParams, train_flow
     from tasks.pipeline import caption_tokens, encode_stage, tokenizer_geometry
+    from vfm_core.checkpoints.read import trained_params
+    from vfm_core.finetune_report import finetune_report
     from vfm_core.output_lock import output_lock
     from vfm_core.tracking import data_dir
     from vfm_core.video.sample_set import SAMPLE_MAX_LEN_S, SAMPLE_MIN_LEN_S, write_sample_videos
@@ -98,8 +88,8 @@ def finetune_flow(
         min_len_s=SAMPLE_MIN_LEN_S,
         max_len_s=SAMPLE_MAX_LEN_S,
     )
-    clips = curate_stage(curate)
-    shards = shard_stage(ShardParams(clips_dir=curate.dst, shards_dir=str(work / "shards")))
+    curate_stage(curate)
+    shard_stage(ShardParams(clips_dir=curate.dst, shards_dir=str(work / "shards")))
     latents = str(work / "latents")
     encode_stage(src=str(work / "shards"), dst=latents, tokenizer=str(tok))
     p = PipelineParams(name=name, latent_grid=latent_grid)
@@ -137,11 +127,11 @@ def finetune_flow(
             latents,
             concept,
             (eval_samples, eval_prompts, eval_steps),
-            _trainable(params.out_dir),
+            trained_params(params.out_dir),
             wall,
         )
         rows[mode]["mlflow_run_id"] = run.get("mlflow_run_id")
-    report = _report(rows, concept=concept, steps=steps, clips=clips, shards=shards)
+    report = finetune_report(rows, concept=concept, steps=steps)
     (work / "report.md").write_text(report)
     (work / "report.json").write_text(json.dumps(rows, indent=1))
     print(report)
@@ -173,36 +163,6 @@ def _evaluate(
         untrained_baseline=False,
     )
     return {**m, "trainable": trainable, "wall_s": wall}
-
-
-def _report(rows: dict[str, dict], *, concept: str, steps: int, clips: Any, shards: Any) -> str:
-    before = rows["demo model (before)"]
-    old = before.get("prompt_colour_acc", 0.0)
-    lines = [
-        f"# Fine-tuning the demo's model on a new colour: {concept}",
-        "",
-        f"{steps} steps per run on the new clips blended with the demo's (replay); prompt "
-        f"following of the {concept} prompts (new) and of the demo's vocabulary (old), read "
-        "back from pixels; Fréchet distance on the new clips.",
-        "",
-        "| model | trainable params | wall s | new colour | new direction | old colour "
-        "| old direction | kept (old colour / before) | FD |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for mode, r in rows.items():
-        kept = r.get("prompt_colour_acc", 0.0) / old if old else 0.0
-        trained = f"{r['trainable']:,} | {r['wall_s']:.0f}" if r["trainable"] else "— | —"
-        lines.append(
-            f"| {mode} | {trained} | "
-            f"{r.get('concept_colour_acc', 0.0):.0%} | {r.get('concept_direction_acc', 0.0):.0%} | "
-            f"{r.get('prompt_colour_acc', 0.0):.0%} | {r.get('prompt_direction_acc', 0.0):.0%} | "
-            f"{kept:.0%} | {r['frechet_distance']:.3f} |"
-        )
-    lines += [
-        "",
-        f"Targets: new colour >= {TARGETS['concept']:.0%}, kept >= {TARGETS['kept']:.0%}.",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def main() -> int:

@@ -51,3 +51,25 @@ def test_headline_metrics_skip_missing_and_nan():
     got = headline_metrics(STAGES)
     assert got["frechet_distance"] == 0.2 and got["tokenizer_psnr"] == 30.0
     assert "fd_ratio_untrained" not in got
+
+
+def test_finetune_report_rows_and_kept_share():
+    from vfm_core.finetune_report import finetune_report
+
+    base = {"prompt_colour_acc": 0.8, "concept_colour_acc": 0.0, "frechet_distance": 0.9}
+    rows = {
+        "demo model (before)": {**base, "trainable": 0, "wall_s": 0.0},
+        "LoRA rank 16": {
+            **base,
+            "prompt_colour_acc": 0.72,
+            "concept_colour_acc": 0.75,
+            "trainable": 1234,
+            "wall_s": 10.0,
+        },
+    }
+    lines = finetune_report(rows, concept="magenta", steps=5).splitlines()
+    assert lines[0] == "# Fine-tuning the demo's model on a new colour: magenta"
+    before = next(line for line in lines if line.startswith("| demo model (before)"))
+    lora = next(line for line in lines if line.startswith("| LoRA rank 16"))
+    assert before.startswith("| demo model (before) | — | — | 0% |")
+    assert lora.startswith("| LoRA rank 16 | 1,234 | 10 | 75% |") and "| 90% |" in lora

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, HuggingFaceStorageReader
-from torch.distributed.tensor import DTensor
 
 from vfm_core.checkpoints.errors import CheckpointError
 from vfm_core.checkpoints.manager import CheckpointManager, dcp_error_line
@@ -51,7 +50,7 @@ from vfm_core.config import (
 )
 from vfm_core.families import family_of
 from vfm_core.models.lora import is_adapter
-from vfm_core.parallel.world import all_gather_bytes, is_rank0
+from vfm_core.parallel.world import all_gather_bytes, is_rank0, local_tensor
 
 FLAG = "--init"
 """How the option is named in messages (``train.init`` in a config)."""
@@ -182,7 +181,7 @@ def load_init(trainer: Any, init: InitModel) -> list[str]:
     _read(init, buffers)
     with torch.no_grad():
         for n in take:
-            _local(params[n]).copy_(_local(buffers[f"model.{n}"]))
+            local_tensor(params[n]).copy_(local_tensor(buffers[f"model.{n}"]))
         if ema is not None:
             state = ema.state_dict()
             for n in take:  # no EMA in the checkpoint (train.ema_decay=0): the weights
@@ -246,7 +245,3 @@ def _differences(
 def _names(names: list[str], shown: int = 4) -> str:
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t

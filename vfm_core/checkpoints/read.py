@@ -7,6 +7,7 @@ no-dist mode). Nothing is unpickled."""
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from vfm_core.checkpoints.errors import CheckpointError
 from vfm_core.checkpoints.layout import STATE_FILE
 from vfm_core.checkpoints.manager import CheckpointManager, dcp_error_line
 
-__all__ = ["read_tensors", "resolve_checkpoint", "saved_shapes"]
+__all__ = ["read_tensors", "resolve_checkpoint", "saved_shapes", "trained_params"]
 
 
 def resolve_checkpoint(
@@ -105,3 +106,10 @@ def read_tensors(
                 f"checkpoint {ckpt}: cannot load tensors ({dcp_error_line(e)})"
             ) from None
     return {k.removeprefix(f"{prefix}."): v for k, v in buffers.items()}
+
+
+def trained_params(checkpoint: str | Path) -> int:
+    """Parameters the weights of a run (its newest intact checkpoint) or of a ``step_*`` folder
+    hold: every parameter of a full run, only what trained of a LoRA / partly frozen one."""
+    _, ckpt = resolve_checkpoint(checkpoint)
+    return sum(math.prod(s) for k, s in saved_shapes(ckpt).items() if k.startswith("model."))

@@ -117,3 +117,10 @@ def barrier() -> None:
 
 def is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of ``t``: a DTensor's local shard, a plain tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t

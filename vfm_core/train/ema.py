@@ -13,11 +13,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+from vfm_core.parallel.world import local_tensor
 
 
 class EMA:
@@ -40,7 +37,7 @@ class EMA:
     @torch.no_grad()
     def update(self) -> None:
         for avg, p in self._pairs():
-            _local(avg).lerp_(_local(p.detach()), 1.0 - self.decay)
+            local_tensor(avg).lerp_(local_tensor(p.detach()), 1.0 - self.decay)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """{parameter name: averaged tensor} (replicas of several local stages: one entry)."""
@@ -57,4 +54,4 @@ class EMA:
                 raise KeyError(f"EMA state lacks {missing[0]} (and {len(missing) - 1} more)")
             for name, avg in shadow.items():
                 if state[name] is not avg:
-                    _local(avg).copy_(_local(state[name]))
+                    local_tensor(avg).copy_(local_tensor(state[name]))

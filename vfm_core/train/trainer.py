@@ -57,7 +57,7 @@ from vfm_core.models.te_adapter import resolve_attention_backend
 from vfm_core.parallel.apply import apply_layout
 from vfm_core.parallel.dims import ParallelDims
 from vfm_core.parallel.layout import pipeline_microbatches, validate_layout
-from vfm_core.parallel.world import init_world
+from vfm_core.parallel.world import init_world, local_tensor
 from vfm_core.perf.cpu_memory import hold_freed_memory
 from vfm_core.perf.flops import train_flops, train_flops_per_token
 from vfm_core.perf.hardware import peak_at_least, peak_flops, recheck_cpu_peak
@@ -223,7 +223,7 @@ class Trainer:
         weights = state["model"]
         for name, p in self.layout.named_parameters():
             if p.requires_grad and weights[name] is not p:
-                _local(p).copy_(_local(weights[name]))
+                local_tensor(p).copy_(local_tensor(weights[name]))
         changed = load_optimizer_state(self.optimizer, self.param_names, state["optim"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"] or weights)
@@ -450,7 +450,3 @@ class Trainer:
             if signum:
                 raise Preempted(signum, self.step)
         return last
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
