@@ -183,12 +183,14 @@ def evaluate_checkpoint(
     concept: str = "",
     heldout_shards: str = "",
     untrained_baseline: bool = True,
+    frame_prompts: int = 0,
 ) -> dict[str, float]:
     """Held-out EDM loss at fixed sigmas, Fréchet distance and prompt following of the vocabulary
     prompts (vfm_core.infer.evaluate), with a contact sheet of those clips at ``contact_sheet``;
     the autoregressive family draws its clips' tokens with ``temperature`` and ``top_k``.
     ``concept``: also the prompts of a fine-tuning run's new colour; ``heldout_shards``: the
-    clips the loss and the Fréchet distance compare with ('' = the run's own)."""
+    clips the loss and the Fréchet distance compare with ('' = the run's own); ``frame_prompts``:
+    held-out clips continued from their first frame (EvalConfig.frame_prompts)."""
     from vfm_core.infer.evaluate import EvalConfig, evaluate
 
     ec = EvalConfig(
@@ -203,6 +205,7 @@ def evaluate_checkpoint(
         concept=concept,
         heldout_shards=heldout_shards,
         untrained_baseline=untrained_baseline,
+        frame_prompts=frame_prompts,
     )
     return evaluate(checkpoint, tokenizer=tokenizer, config=ec)
 

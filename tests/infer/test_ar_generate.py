@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from vfm_core.checkpoints.load import load_dit
 from vfm_core.config import apply_overrides
 from vfm_core.infer.generate import GenerateRequest, generate
 from vfm_core.infer.shapes import GenerateError
@@ -93,3 +94,15 @@ def test_evaluate_autoregressive_run(ar_run, tmp_path):
     m_tok = evaluate(ar_run, tokenizer=tok, config=ec)
     assert m_tok["heldout_loss"] == m["heldout_loss"]  # the loss does not involve the decoder
     assert m_tok["frechet_distance"] != m["frechet_distance"]  # decoded by the tokenizer
+
+
+def test_autoregressive_evaluation_continues_given_first_frames(ar_run):
+    """The evaluation's first-frame clips for token ids: the first latent frame's tokens are
+    kept in raster order and the rest drawn after them."""
+    from vfm_core.infer.evaluate import EvalConfig, heldout_batches, sample_clips
+
+    loaded = load_dit(ar_run)
+    ec = EvalConfig(loss_samples=2, fd_samples=2, batch=2, temperature=0.0)
+    ids, txt, null = heldout_batches(loaded.cfg, ec, 2)  # (2, T, H, W)
+    out = sample_clips(loaded.model, loaded.cfg, ec, txt, null, ids.shape, prompt=ids[:, :1])
+    assert out.shape == ids.shape and torch.equal(out[:, :1], ids[:, :1])

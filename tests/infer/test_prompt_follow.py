@@ -10,6 +10,7 @@ import pytest
 from vfm_core.infer.prompt_follow import (
     PromptScore,
     Reading,
+    continuation_kept,
     read_video,
     score_frames,
     vocabulary_prompts,
@@ -69,3 +70,24 @@ def test_vocabulary_prompts_cover_the_vocabulary_and_score_rendered_clips():
     clips[0] = clips[0][::-1]  # played backwards: the direction is wrong, the colour still right
     m = score_frames(clips, some)
     assert m["colour_acc"] == 1.0 and m["direction_acc"] == 7 / 8
+
+
+def test_continuations_read_back_against_the_given_clip():
+    given = [_shot("red", "circle", "right", "plain"), _shot("blue", "square", "up", "textured")]
+    same = [
+        _shot("red", "square", "right", "textured", seed=3),
+        _shot("blue", "circle", "up", "plain"),
+    ]
+    assert continuation_kept(given, same) == {"colour_kept": 1.0, "motion_kept": 1.0, "n_scored": 2}
+    other = [_shot("green", "circle", "right", "plain"), _shot("blue", "square", "left", "plain")]
+    assert continuation_kept(given, other) == {
+        "colour_kept": 0.5,
+        "motion_kept": 0.5,
+        "n_scored": 2,
+    }
+    # a given clip without a readable object or motion is not scored
+    dark = np.full((24, 64, 64, 3), 30, np.uint8)
+    got = continuation_kept([dark, given[0]], [given[0], given[0]])
+    assert got == {"colour_kept": 1.0, "motion_kept": 1.0, "n_scored": 1}
+    with pytest.raises(ValueError, match="2 given clips but 1 made"):
+        continuation_kept(given, same[:1])

@@ -277,11 +277,11 @@ class DiffusionGeneration(Generation):
         shape: torch.Size,
         *,
         guidance: float,
-    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    ) -> Callable[..., torch.Tensor]:
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(ec.seed + 1))
 
-        def draw(i: int, text: torch.Tensor) -> torch.Tensor:  # (b, C, T, H, W)
-            return sample_latent(
+        def draw(i: int, text: torch.Tensor, prompt: torch.Tensor | None = None) -> torch.Tensor:
+            return sample_latent(  # (b, C, T, H, W)
                 model,
                 cfg.diffusion,
                 noise[i : i + len(text)],
@@ -289,6 +289,7 @@ class DiffusionGeneration(Generation):
                 steps=ec.steps,
                 guidance=guidance,
                 null_text=null,
+                prompt=prompt,  # (b, C, K, H, W) | None
             )
 
         return draw

@@ -108,6 +108,15 @@ class EvalConfig:
     """A new colour a fine-tuning run learned (``vfm sample --concept``): also one clip for each
     of its prompts (every shape and direction), read back as ``concept_colour_acc``,
     ``concept_direction_acc`` ('' = none)."""
+    concept_draws: int = 3
+    """Clips of each concept prompt, from different noise (3 x 8 prompts: accuracies in steps of
+    1/24, not 1/8)."""
+    frame_prompts: int = 0
+    """Also continue this many held-out clips from their first latent frame (image-to-video:
+    the frame kept as given, its clip's caption; ``diffusion.frame_cond`` trains it) and read
+    the object back from the pixels of both: ``frame_colour_kept`` (the continuation shows the
+    given object's colour) and ``frame_motion_kept`` (it moves the way the held-out clip does);
+    0 = none. Needs a tokenizer."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the metrics."""
 
@@ -191,7 +200,7 @@ def evaluate(
 
     def fd_of(m: torch.nn.Module, which: str) -> float:
         desc = f"FD clips ({which})"
-        fake = _generate(m, cfg, ec, text[: ec.fd_samples], null, ref.shape, desc=desc)
+        fake = sample_clips(m, cfg, ec, text[: ec.fd_samples], null, ref.shape, desc=desc)
         return frechet_distance(_clip_features(decode(fake), ec.frames_per_clip), ref_features)
 
     metrics["frechet_distance"] = fd_of(model, "trained")
@@ -222,9 +231,14 @@ def evaluate(
                 decode,
                 ref.shape[1:],
                 which="concept",
-                prompts=concept_prompts(ec.concept),
+                prompts=concept_prompts(ec.concept) * ec.concept_draws,
                 key="concept_",
             )
+        )
+    if ec.frame_prompts and decoder is not None:
+        n = min(ec.frame_prompts, len(data))
+        metrics.update(
+            frame_continuation(model, cfg, ec, data[:n], text[:n], null, decode, which="trained")
         )
     if ec.untrained_baseline:  # the same measures of the run's initialisation: what training won
         init = _untrained(cfg)
@@ -300,7 +314,7 @@ def _prompt_following(
         ]
     )  # (n, L, Dt)
     shape = torch.Size((len(prompts), *grid))
-    latents = _generate(model, cfg, ec, text, null, shape, desc=f"prompt following ({which})")
+    latents = sample_clips(model, cfg, ec, text, null, shape, desc=f"prompt following ({which})")
     clips = [to_uint8_frames(v) for v in decode(latents)]  # [(F, H, W, 3)]
     if sheet:
         from vfm_core.video.contact_sheet import contact_sheet
@@ -324,8 +338,35 @@ def _untrained(cfg: Config) -> torch.nn.Module:
     return build_model(cfg.model, device="cpu", seed=cfg.train.seed).eval()
 
 
+def frame_continuation(
+    model: torch.nn.Module,
+    cfg: Config,
+    ec: EvalConfig,
+    clips: torch.Tensor,
+    text: torch.Tensor,
+    null: torch.Tensor,
+    decode: Any,
+    *,
+    which: str = "trained",
+) -> dict[str, float]:
+    """Held-out ``clips`` (latents (n, C, T, H, W) | token ids (n, T, H, W)) continued from their
+    first latent frame with their captions ``text``; the object read back from the pixels of each
+    held-out clip and of its continuation: ``frame_colour_kept``, ``frame_motion_kept`` (see
+    :attr:`EvalConfig.frame_prompts`), ``frame_n_scored`` (held-out clips whose object was read)."""
+    from vfm_core.infer.prompt_follow import continuation_kept
+
+    k = cfg.model.patch[0]  # one latent frame (a patch deep): the first picture
+    first = clips[:, :, :k] if clips.dtype.is_floating_point else clips[:, :k]
+    out = sample_clips(
+        model, cfg, ec, text, null, clips.shape, desc=f"first-frame clips ({which})", prompt=first
+    )
+    given = [to_uint8_frames(v) for v in decode(clips)]
+    made = [to_uint8_frames(v) for v in decode(out)]
+    return {f"frame_{k}": v for k, v in continuation_kept(given, made).items()}
+
+
 @torch.no_grad()
-def _generate(
+def sample_clips(
     model: torch.nn.Module,
     cfg: Config,
     ec: EvalConfig,
@@ -334,10 +375,12 @@ def _generate(
     shape: torch.Size,
     *,
     desc: str = "sampling clips",
+    prompt: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Clips of ``shape`` sampled for ``text`` from seed ``ec.seed + 1``: latents (m, C, T, H, W)
-    denoised from fixed noise, or token ids (m, T, H, W) drawn token by token (autoregressive);
-    ``desc`` names the progress lines."""
+    denoised from fixed noise, or token ids (m, T, H, W) drawn token by token (autoregressive),
+    continuing ``prompt`` (their leading latent frames) when given; ``desc`` names the progress
+    lines."""
     guidance = cfg.diffusion.guidance if ec.guidance is None else ec.guidance
     gen = generation_of(cfg)  # token by token, else denoised
     draw = gen.eval_draws(model, cfg, ec, null, shape, guidance=guidance)
@@ -345,7 +388,8 @@ def _generate(
     out = []
     bar = Progress(shape[0], desc=desc, unit="clip", logger=_log)
     for i in range(0, shape[0], batch):
-        out.append(draw(i, text[i : i + batch]))  # (b, C, T, H, W) | (b, T, H, W)
+        lead = None if prompt is None else prompt[i : i + batch]
+        out.append(draw(i, text[i : i + batch], lead))  # (b, C, T, H, W) | (b, T, H, W)
         bar.update(len(out[-1]))
     bar.close()
     return torch.cat(out)

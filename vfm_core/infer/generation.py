@@ -166,9 +166,11 @@ class Generation:
         shape: torch.Size,
         *,
         guidance: float,
-    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
-        """``draw(i, text)``: the clips of rows ``i ..`` of ``shape`` for ``text`` (b, L, Dt),
-        drawn from seed ``ec.seed + 1`` so every checkpoint sees the same noise."""
+    ) -> Callable[..., torch.Tensor]:
+        """``draw(i, text, prompt=None)``: the clips of rows ``i ..`` of ``shape`` for ``text``
+        (b, L, Dt), drawn from seed ``ec.seed + 1`` so every checkpoint sees the same noise;
+        ``prompt``: their leading latent frames, kept as given and continued (latents
+        (b, C, K, H, W) | token ids (b, K, H, W))."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ shared

@@ -146,3 +146,19 @@ def score_frames(clips: list[np.ndarray], prompts: list[str]) -> dict[str, float
     for frames, prompt in zip(clips, prompts, strict=True):
         score.add(prompt, read_video(frames))
     return {**score.metrics(), "n_scored": float(score.n)}
+
+
+def continuation_kept(given: list[np.ndarray], made: list[np.ndarray]) -> dict[str, float]:
+    """Continuations ``made`` of clips ``given`` (each (T, H, W, 3) uint8) read back like prompts,
+    against what each given clip shows: ``colour_kept`` (the same object colour), ``motion_kept``
+    (the same direction), over the given clips whose object and motion were read (``n_scored``)."""
+    if len(given) != len(made):
+        raise ValueError(f"continuation_kept: {len(given)} given clips but {len(made)} made")
+    pairs = [(read_video(g), read_video(m)) for g, m in zip(given, made, strict=True)]
+    pairs = [(g, m) for g, m in pairs if g.colour and g.direction]
+    n = max(1, len(pairs))
+    return {
+        "colour_kept": sum(g.colour == m.colour for g, m in pairs) / n,
+        "motion_kept": sum(g.direction == m.direction for g, m in pairs) / n,
+        "n_scored": float(len(pairs)),
+    }

@@ -210,11 +210,14 @@ class TokenGeneration(Generation):
         shape: torch.Size,
         *,
         guidance: float,
-    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    ) -> Callable[..., torch.Tensor]:
         sampling = SamplingConfig(temperature=ec.temperature, top_k=ec.top_k, guidance=guidance)
 
-        def draw(i: int, text: torch.Tensor) -> torch.Tensor:  # (b, T, H, W) token ids
+        def draw(i: int, text: torch.Tensor, prompt: torch.Tensor | None = None) -> torch.Tensor:
             seeded = dataclasses.replace(sampling, seed=ec.seed + 1 + i)  # each call apart
-            return sample_tokens(model, text, tuple(shape[1:]), seeded, null_text=null)
+            first = None if prompt is None else prompt.flatten(1)  # (b, K*H*W) raster order
+            return sample_tokens(  # (b, T, H, W) token ids
+                model, text, tuple(shape[1:]), seeded, prompt=first, null_text=null
+            )
 
         return draw
