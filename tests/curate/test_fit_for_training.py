@@ -124,3 +124,38 @@ def test_blocky_source_rejected_pristine_kept(tmp_path):
     assert blocky.height >= 1 and (blocky["stage"] == "filter").all()
     assert "max_blockiness=" in blocky["reason"][0]
     assert_covered(out)
+
+
+def _blocky_frame(frame: np.ndarray, tmp: Path) -> np.ndarray:
+    """`frame` (H, W, 3) as a starved encoder leaves it: coded alone at crf 51, decoded."""
+    encode_h264(frame[None], tmp, fps=24.0, crf=51)
+    return decode_frames(tmp)[0]
+
+
+def test_frozen_shot_of_a_blocky_frame_is_static(tmp_path):
+    """A frozen shot repeating a blocky frame scores above max_blockiness, but the reason names
+    the cause, `static`; a moving shot of the same blocky quality stays `blocky`."""
+    from vfm_core.video.quality import inspect_span
+    from vfm_core.video.synthetic import Segment, VideoSpec, render_frames
+
+    def scene(seed: int, n: int) -> np.ndarray:  # (n, 72, 128, 3)
+        spec = VideoSpec(width=128, height=72, seed=seed, segments=(Segment(n_frames=n),))
+        return np.stack(list(render_frames(spec)[0]))
+
+    blocky = np.stack(
+        [_blocky_frame(f, tmp_path / f"b{i}.mp4") for i, f in enumerate(scene(3, 48))]
+    )
+    frozen = np.repeat(_blocky_frame(scene(8, 1)[0], tmp_path / "f.mp4")[None], 48, axis=0)
+    src = tmp_path / "src" / "frozen.mp4"
+    encode_h264(np.concatenate([blocky, frozen]), src, fps=24.0, crf=18)  # cut at 2 s
+    look = inspect_span(src, 2.0, 4.0, n_frames=48, width=128, height=72)
+    assert look.blockiness > CFG.picture.max_blockiness  # what used to name it "blocky"
+    out = tmp_path / "out"
+    curate(str(src), str(out), config=CFG, progress=False)
+    rej = _rejects(out).sort("start_s")
+    assert rej["stage"].to_list() == ["filter", "filter"]
+    assert rej["start_s"].to_list() == pytest.approx([0.0, 2.0], abs=2 / 24)
+    shot, still = rej["reason"].to_list()
+    assert shot.startswith("blocky: compression blockiness")
+    assert still.startswith("static: ") and "blocky" not in still
+    assert_covered(out)

@@ -5,9 +5,12 @@ import logging
 import av
 import pytest
 
+from vfm_core.curate import curate
 from vfm_core.curate.clip_stages import TranscodeStage
 from vfm_core.curate.config import CurateConfig
+from vfm_core.video import transcode
 from vfm_core.video.io import decode_frames, probe
+from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 from vfm_core.video.transcode import (
     EncoderError,
     encoder_unavailable,
@@ -17,6 +20,12 @@ from vfm_core.video.transcode import (
 
 NVENC_WHY = encoder_unavailable("h264_nvenc")
 needs_no_nvenc = pytest.mark.skipif(NVENC_WHY is None, reason="h264_nvenc opens here")
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """No encoder choice logged yet, as in a new process."""
+    monkeypatch.setattr(transcode, "_CHOICES_LOGGED", set())
 
 
 def _first_packet_is_key(path) -> bool:
@@ -37,7 +46,7 @@ def test_codec_missing_from_build_is_reported():
 
 
 @needs_no_nvenc
-def test_auto_falls_back_to_libx264_and_logs_why(caplog, demo_video, tmp_path):
+def test_auto_falls_back_to_libx264_and_logs_why(caplog, demo_video, tmp_path, fresh_process):
     with caplog.at_level(logging.INFO, logger="vfm_core.video.transcode"):
         assert select_encoder("auto", setting="CurateConfig.encoder") == "libx264"
     msg = " ".join(r.getMessage() for r in caplog.records)
@@ -59,6 +68,22 @@ def test_nvenc_requested_but_unavailable_is_a_clear_error(demo_video, tmp_path):
     stage = TranscodeStage(cfg=CurateConfig(encoder="h264_nvenc"), dst=str(tmp_path), work_dir="w")
     with pytest.raises(EncoderError, match="CurateConfig.encoder"):
         stage.setup()
+
+
+def test_encoder_choice_is_logged_once_per_process(tmp_path, caplog, fresh_process):
+    """Two curation runs, three videos, several clips each: one line says which encoder."""
+    src = tmp_path / "src"
+    segs = tuple(Segment(kind=k, n_frames=36) for k in ("moving", "pan", "moving"))
+    for seed in (0, 1):
+        make_video(src / f"v{seed}.mp4", VideoSpec(width=96, height=64, seed=seed, segments=segs))
+    cfg = CurateConfig(min_len_s=1.0)
+    with caplog.at_level(logging.INFO, logger="vfm_core.video.transcode"):
+        one = curate(str(src / "v0.mp4"), str(tmp_path / "one"), config=cfg)
+        both = curate(str(src), str(tmp_path / "both"), config=cfg)
+    assert one["n_clips"] >= 2 and both["n_clips"] >= 4
+    said = [r.getMessage() for r in caplog.records if "=auto: using" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("CurateConfig.encoder=auto: using ")
 
 
 def test_encoder_setting_changes_clip_ids():

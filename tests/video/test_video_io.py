@@ -3,7 +3,7 @@ import io
 import numpy as np
 import pytest
 
-from vfm_core.video.io import VideoError, decode_frames, iter_frames, probe
+from vfm_core.video.io import VideoError, decode_frames, iter_frames, lost_tail, probe
 from vfm_core.video.synthetic import demo_spec, render_frames
 from vfm_core.video.transcode import encode_h264, transcode_span
 
@@ -76,6 +76,22 @@ def test_bad_inputs_raise(bad_inputs, kind, reason):
     with pytest.raises(VideoError, match=reason) as e:
         probe(bad_inputs[kind])
     assert e.value.path.endswith(f"bad_{kind}.mp4") and e.value.reason
+
+
+def test_truncated_probe_allowed_states_the_whole_file(bad_inputs):
+    """allow_truncated: the prefix decodes, the stated duration stays; lost_tail names why
+    decoding ends early. The strict probe's error carries the stated seconds."""
+    path = bad_inputs["truncated_faststart"]
+    with pytest.raises(VideoError, match="truncated: sample index needs") as e:
+        probe(path)
+    assert e.value.duration_s == pytest.approx(2.0)
+    info = probe(path, allow_truncated=True)
+    assert (info.duration_s, info.n_frames) == (pytest.approx(2.0), 48)
+    times = [t for t, _ in iter_frames(path, width=32)]
+    assert 0 < len(times) < 48
+    assert lost_tail(path, after_s=times[-1]).startswith("truncated: sample index needs")
+    whole = bad_inputs["rotated"]
+    assert lost_tail(whole, after_s=1.0) is None  # decodes to its end
 
 
 def test_audio_only_probe_without_requirement(bad_inputs):

@@ -159,16 +159,26 @@ def reject_reasons(
             f"blank_std={cfg.blank_std:g}, edges below blank_edge={cfg.blank_edge:g}; "
             f"max_blank_frac {cfg.max_blank_frac:.0%})"
         )
+    still = motion_reason(scores, cfg)
+    if still is not None:
+        out.append(still)
+    return out
+
+
+def motion_reason(scores: FilterScores, cfg: FilterConfig) -> str | None:
+    """Why a clip does not move ("static: ..." or "low motion: ..."), None when it moves. A
+    clip without motion is rejected for that, whatever else its frames score: a frozen shot
+    repeats one picture, so that picture's defects (e.g. compression blocking) are not the cause."""
     if scores.static_frac > cfg.max_static_frac:
-        out.append(
+        return (
             f"static: {scores.static_frac:.0%} of frame pairs neither change (static_eps="
             f"{cfg.static_eps:g}) nor shift (min_pan_px={cfg.min_pan_px:g}); max_static_frac "
             f"{cfg.max_static_frac:.0%}"
         )
-    elif scores.motion < cfg.min_motion and scores.pan_px < cfg.min_pan_px:
-        out.append(
+    if scores.motion < cfg.min_motion and scores.pan_px < cfg.min_pan_px:
+        return (
             f"low motion: frame difference {scores.motion:.4f} below min_motion="
             f"{cfg.min_motion:g} and pan {scores.pan_px:.2f} px below min_pan_px="
             f"{cfg.min_pan_px:g}"
         )
-    return out
+    return None

@@ -3,6 +3,11 @@ checked for black bars and blockiness, then encoded as H.264 MP4) and `AnnotateS
 AnnotatedClip: embedding, caption, filter scores, or a reject), with the caption helpers
 `curate.recaption` shares, and the commit of a video's clips.
 
+A blocky span is rejected before it is encoded unless it does not move: a frozen shot repeats
+the frame coded just after its cut, whose blocking then scores for the whole shot. Such a span
+is encoded and the filters judge its clip like any other; a clip without motion is rejected for
+that ("static: ..."), a moving one as blocky.
+
 A clip is encoded to DST/_pending/{clip_id}.mp4 and only moved to its final name
 DST/clips/{clip_id}.mp4 (`commit_clips`, one rename each) when its video is finished and its
 state is about to be written; so an interrupted run (Ctrl-C, a kill, a full disk) leaves its
@@ -25,7 +30,12 @@ import numpy as np
 from vfm_core import storage
 from vfm_core.annotate.caption import Caption, CurateCaptioner
 from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedder, clip_embedding
-from vfm_core.annotate.filters import reject_reasons, sample_indices, score_frames
+from vfm_core.annotate.filters import (
+    motion_reason,
+    reject_reasons,
+    sample_indices,
+    score_frames,
+)
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
 from vfm_core.curate.stage_base import MapStage, local_copy, local_video
@@ -125,6 +135,8 @@ class TranscodeStage(MapStage):
         src = local_video(v, self.work_dir)
         look = self._inspect(item, src)
         unfit = unfit_reason(look, cfg)
+        if look is not None and unfit == blocky_reason(look.blockiness, cfg):
+            unfit = None if self._still(item, src) else unfit  # frozen: the filters judge it
         if unfit is not None:  # decided before encoding: no work spent on the span
             return [_span_reject(item, stage="filter", reason=unfit)]
         up_w, up_h = (v.height, v.width) if (v.rotation // 90) % 2 else (v.width, v.height)
@@ -178,6 +190,14 @@ class TranscodeStage(MapStage):
             )
         ]
 
+    def _still(self, item: SpanTask, src: str) -> bool:
+        """Whether the span's source frames fail the filters' motion check (static or low
+        motion), scored as `AnnotateStage` scores a clip (analysis size, ``sample_fps``)."""
+        f, w = self.cfg.filters, self.cfg.analysis_width
+        frames = decode_frames(src, width=w, start_s=item.start_s, end_s=item.end_s)  # (T, h, w, 3)
+        sampled = frames[sample_indices(len(frames), item.video.fps, f.sample_fps)]
+        return motion_reason(score_frames(sampled, f), f) is not None
+
     def _inspect(self, item: SpanTask, src: str) -> PictureReport | None:
         """Bars and blockiness of the span's source pictures (None when both are off)."""
         pic, v = self.cfg.picture, item.video
@@ -213,12 +233,19 @@ def unfit_reason(look: PictureReport | None, cfg: CurateConfig) -> str | None:
             f"picture {c.w}x{c.h} at ({c.x}, {c.y}) once any black bars are cropped: below the "
             f"minimum {f.min_width}x{f.min_height} (filters.min_width x filters.min_height)"
         )
-    if pic.max_blockiness is not None and look.blockiness > pic.max_blockiness:
-        return (
-            f"blocky: compression blockiness {look.blockiness:.2f} above max_blockiness="
-            f"{pic.max_blockiness:g} (excess luma step on the 8x8 block grid, {n} sampled frames)"
-        )
-    return None
+    return blocky_reason(look.blockiness, cfg)
+
+
+def blocky_reason(blockiness: float, cfg: CurateConfig) -> str | None:
+    """The reject reason of a span whose source `blockiness` is above ``max_blockiness``."""
+    pic = cfg.picture
+    if pic.max_blockiness is None or blockiness <= pic.max_blockiness:
+        return None
+    return (
+        f"blocky: compression blockiness {blockiness:.2f} above max_blockiness="
+        f"{pic.max_blockiness:g} (excess luma step on the 8x8 block grid, {pic.sample_frames} "
+        "sampled frames)"
+    )
 
 
 def _span_reject(item: SpanTask, *, stage: str, reason: str) -> RejectRow:
@@ -278,6 +305,9 @@ class AnnotateStage(MapStage):
             duration_s=item.duration_s,
             cfg=cfg.filters,
         )
+        blocky = blocky_reason(item.blockiness, cfg)  # a span the transcode stage found still
+        if blocky is not None and motion_reason(scores, cfg.filters) is None:
+            reasons.append(blocky)  # it moves after all: blocky (else no motion is the cause)
         times = dict(start_s=span.start_s, end_s=span.end_s, duration_s=item.duration_s)
         cap = caption_clip(self._captioner, span.video.url, times | {"fps": item.fps}, path)
         if cap.source == "none" and cfg.require_caption:

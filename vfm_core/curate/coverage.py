@@ -1,10 +1,13 @@
 """Every second accounted for: each probed input's duration is covered by its clips and rejects.
 
 A clip row covers [start_s, end_s) of its source; so does a reject row, and a reject without
-times (an input that could not be read) covers the whole input. `coverage_gaps` lists what
-neither covers, beyond a tolerance of a frame or two at boundaries (frame timestamps and stated
-stream durations differ by that much). The curation run checks it after assembling the
-manifests; the tests check it on every run.
+times (an input that could not be read) covers the whole input. A truncated or damaged file is
+curated as far as it decodes; the lost tail is one reject row up to the duration the container
+states, and a file where no frame decodes is one reject of that duration (counted in
+`seconds`, though it is in no videos manifest). `coverage_gaps` lists what neither covers,
+beyond a tolerance of a frame or two at boundaries (frame timestamps and stated stream durations
+differ by that much). The curation run checks it after assembling the manifests; the tests check
+it on every run.
 """
 
 from __future__ import annotations

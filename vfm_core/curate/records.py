@@ -175,10 +175,10 @@ class RejectRow:
     reason: str
     video_id: str | None = None
     start_s: float | None = None
-    """Start of the rejected range in the source, seconds (0 for a whole probed video; None when
-    the input could not be read, so its duration is unknown)."""
+    """Start of the rejected range in the source, seconds (0 for a whole video; None when the
+    input could not be read as far as a stated duration)."""
     end_s: float | None = None
-    """End of the rejected range (the duration for a whole probed video)."""
+    """End of the rejected range (the stated duration for a whole video)."""
     n_parts: int = 1
     """Final items of this video (1 for a video-level reject, else `SpanTask.n_parts`)."""
     video: ProbedVideo | None = None

@@ -90,8 +90,15 @@ class MapStage:
         reason = e.reason if isinstance(e, VideoError | storage.StorageError) else str(e)
         reason = reason or type(e).__name__
         stage = "read" if isinstance(e, storage.StorageError) else self.reject_as
-        if isinstance(item, VideoRef):
-            return RejectRow(source_uri=item.source_uri, stage=stage, reason=reason)
+        if isinstance(item, VideoRef):  # the stated seconds when the header was read
+            whole = e.duration_s if isinstance(e, VideoError) else None
+            return RejectRow(
+                source_uri=item.source_uri,
+                stage=stage,
+                reason=reason,
+                start_s=None if whole is None else 0.0,
+                end_s=whole,
+            )
         video = item.video if isinstance(item, SplitVideo | SpanTask) else None
         span = item.span if isinstance(item, ClipTask) else None
         span = item if isinstance(item, SpanTask) else span

@@ -4,6 +4,8 @@ The order (see `records` for the items):
 
     probe      VideoRef    -> ProbedVideo     read (download s3://), content hash, probe
     split      ProbedVideo -> SplitVideo      shot detection (colour change / stride / TransNetV2)
+                                              over the frames that decode; a lost tail (truncated
+                                              or damaged file) is one dropped range
     stitch     SplitVideo  -> SpanTask*       merge false cuts; one item per clip candidate, and
                                               a reject per dropped range (short shot, transition)
     transcode  SpanTask    -> ClipTask        H.264 MP4 at DST/clips/{clip_id}.mp4
@@ -29,7 +31,7 @@ from vfm_core.curate.records import Item, ProbedVideo, RejectRow, SpanTask, Spli
 from vfm_core.curate.stage_base import MapStage, Stage, local_copy, local_video
 from vfm_core.storage import not_regular
 from vfm_core.video.container import VideoError
-from vfm_core.video.io import probe
+from vfm_core.video.io import lost_tail, probe
 from vfm_core.video.spans import DroppedSpan, Segmentation
 from vfm_core.video.stitch import stitch
 
@@ -45,7 +47,9 @@ def _hash_file(path: str) -> str:
 @dataclass(kw_only=True)
 class ProbeStage(MapStage):
     """VideoRef -> ProbedVideo: fetch, content hash (video_id), probe. A local input that is not
-    a regular file (a FIFO named ``x.mp4`` would block the run forever) is refused unopened."""
+    a regular file (a FIFO named ``x.mp4`` would block the run forever) is refused unopened. A
+    truncated file whose first frame decodes passes (its decodable prefix is curated, the split
+    stage rejects its lost tail); one where nothing decodes is a reject of its stated seconds."""
 
     name = "probe"
 
@@ -55,7 +59,7 @@ class ProbeStage(MapStage):
             if kind is not None:
                 raise VideoError(item.source_uri, f"not a regular file ({kind}): not opened")
         local = local_copy(item.url, self.work_dir)
-        info = probe(local, max_pixels=self.cfg.max_pixels)
+        info = probe(local, max_pixels=self.cfg.max_pixels, allow_truncated=True)
         if info.fps <= 0:
             raise VideoError(item.source_uri, "frame rate unknown")
         return [
@@ -85,17 +89,31 @@ class SplitStage(MapStage):
     def one(self, item: ProbedVideo) -> list[Item]:
         if self._splitter is None:
             self.setup()
-        seg = self._splitter.segment(local_video(item, self.work_dir), fps=item.fps)
-        if not seg.spans:
+        src = local_video(item, self.work_dir)
+        seg = self._splitter.segment(src, fps=item.fps)
+        lost = _lost_tail(seg, item, src)
+        if not seg.spans and lost is None:
             raise ValueError(_no_shot_reason(seg, item, self.cfg.min_len_s))
-        dropped = seg.dropped + _undecoded(seg, item)
+        if not seg.spans:  # the decodable prefix is one reject, its lost tail another
+            why = _no_shot_reason(seg, item, self.cfg.min_len_s, decoded_s=lost.start_s)
+            head = DroppedSpan(
+                start_frame=0, end_frame=seg.n_frames, start_s=0.0, end_s=lost.start_s, reason=why
+            )
+            return [SplitVideo(video=item, spans=[], dropped=[head, lost])]
+        dropped = seg.dropped + _undecoded(seg, item, lost)
         return [SplitVideo(video=item, spans=seg.spans, dropped=dropped)]
 
 
-def _no_shot_reason(seg: Segmentation, v: ProbedVideo, min_len_s: float) -> str:
-    """One reason for a video without a clip candidate (its whole duration is rejected)."""
+def _no_shot_reason(
+    seg: Segmentation, v: ProbedVideo, min_len_s: float, *, decoded_s: float | None = None
+) -> str:
+    """One reason for a video without a clip candidate (its whole duration is rejected, or its
+    first `decoded_s` seconds when the rest is lost)."""
     head = f"no shot of at least {min_len_s:g} s"
     tail = f"video is {v.duration_s:.2f} s, {v.n_frames} frames"
+    if decoded_s is not None:
+        n, dur = seg.n_frames, v.duration_s
+        tail = f"{decoded_s:.2f} s, {n} frames decode of the video's {dur:.2f} s"
     short = [d for d in seg.dropped if d.reason.startswith("shot ")]
     if short:
         longest = max(d.duration_s for d in short)
@@ -108,18 +126,46 @@ def _no_shot_reason(seg: Segmentation, v: ProbedVideo, min_len_s: float) -> str:
     return f"{head} ({tail}; {', '.join(kinds) or 'no frames'})"
 
 
-def _undecoded(seg: Segmentation, v: ProbedVideo) -> list[DroppedSpan]:
-    """Ranges of the stated duration with no decoded frame (before the first or after the last;
-    more than two frames), so they are accounted for too."""
+def _decoded_range(seg: Segmentation) -> tuple[float, float]:
+    """Seconds from the first decoded frame to the end of the last one."""
     parts = [*seg.spans, *seg.dropped]
-    first = min(p.start_s for p in parts)
-    last = max(p.end_s for p in parts)
+    return min(p.start_s for p in parts), max(p.end_s for p in parts)
+
+
+def _lost_tail(seg: Segmentation, v: ProbedVideo, src: str) -> DroppedSpan | None:
+    """The stated seconds after the last decoded frame when the file says why they are lost
+    (truncated, or the decoder fails there: `lost_tail`), as one dropped range; None when
+    nothing is missing (more than two frames) or no cause shows."""
+    last = _decoded_range(seg)[1] if seg.spans or seg.dropped else 0.0
+    if v.duration_s - last <= 2.0 / v.fps:
+        return None
+    try:
+        cause = lost_tail(src, after_s=last)
+    except VideoError:  # the look for the cause failed: the tail keeps the plain reason
+        return None
+    if cause is None:
+        return None
+    why = (
+        f"{cause} (lost tail: no decoded frame after {last:.2f} s of the {v.duration_s:.2f} s "
+        "the stream states)"
+    )
+    n = seg.n_frames
+    return DroppedSpan(start_frame=n, end_frame=n, start_s=last, end_s=v.duration_s, reason=why)
+
+
+def _undecoded(seg: Segmentation, v: ProbedVideo, lost: DroppedSpan | None) -> list[DroppedSpan]:
+    """Ranges of the stated duration with no decoded frame (before the first or after the last;
+    more than two frames), so they are accounted for too: the tail is `lost` when its cause is
+    known."""
+    first, last = _decoded_range(seg)
     tol = 2.0 / v.fps
     out = []
     if first > tol:
         why = f"no decoded frame before {first:.2f} s"
         out.append(DroppedSpan(start_frame=0, end_frame=0, start_s=0.0, end_s=first, reason=why))
-    if v.duration_s - last > tol:
+    if lost is not None:
+        out.append(lost)
+    elif v.duration_s - last > tol:
         why = f"no decoded frame after {last:.2f} s (the stream states {v.duration_s:.2f} s)"
         n = seg.n_frames
         out.append(

@@ -2,10 +2,12 @@
 before anything is decoded (shared by `video.io` and `video.transcode`).
 
 Every failure a user's file can cause (empty, truncated, not a video, audio only, undecodable)
-raises `VideoError` with the source and a one-line reason; callers turn it into a reject row. A
-path that is not a regular file (a FIFO, a device, a directory) is refused before it is opened
-(opening a FIFO blocks until a writer comes), and a sample index (MP4/MOV/MKV) that points past
-the end of the file is a truncated file.
+raises `VideoError` with the source and a one-line reason (and the duration the container
+states, when it was read that far); callers turn it into a reject row. A path that is not a
+regular file (a FIFO, a device, a directory) is refused before it is opened (opening a FIFO blocks
+until a writer comes), and a sample index (MP4/MOV/MKV) that points past the end of the file is a
+truncated file (`truncation`): its decodable prefix may still be used (`io.probe(...,
+allow_truncated=True)`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ Source = str | os.PathLike[str] | IO[bytes]
 
 
 class VideoError(UserError):
-    """A video that cannot be used, with the source and a short reason (for reject manifests)."""
+    """A video that cannot be used, with the source and a short reason (for reject manifests)
+    and `duration_s`, the seconds its container states (None when unknown: a reject row of the
+    whole input then has no times)."""
 
-    def __init__(self, path: object, reason: str) -> None:
+    def __init__(self, path: object, reason: str, *, duration_s: float | None = None) -> None:
         self.path = str(path)
         self.reason = reason
+        self.duration_s = duration_s if duration_s is not None and duration_s > 0 else None
         super().__init__(f"{self.path}: {reason}")
 
 
@@ -103,18 +108,18 @@ def _source_size(src: Source) -> int | None:
         return None
 
 
-def check_complete(src: Source, stream: av.VideoStream, name: str) -> None:
-    """Raise if the sample index (MP4/MOV/MKV) points past the end of the file (truncated)."""
+def truncation(src: Source, stream: av.VideoStream) -> str | None:
+    """Why the file is truncated: its sample index (MP4/MOV/MKV) points past the end of the file
+    ("truncated: sample index needs N bytes, file has M"); None when it does not, or has none."""
     try:
         entries = stream.index_entries
         n = len(entries)
     except (AttributeError, av.FFmpegError):
-        return
+        return None
     if n == 0:
-        return
+        return None
     last = entries[n - 1]
     size = _source_size(src)
     if size is not None and last.pos > 0 and last.pos + last.size > size:
-        raise VideoError(
-            name, f"truncated: sample index needs {last.pos + last.size} bytes, file has {size}"
-        )
+        return f"truncated: sample index needs {last.pos + last.size} bytes, file has {size}"
+    return None

@@ -28,12 +28,12 @@ import numpy as np
 from vfm_core.video.container import (
     Source,
     VideoError,
-    check_complete,
     ffmpeg_reason,
     media_seconds,
     open_container,
     source_name,
     stream_t0,
+    truncation,
     video_stream,
 )
 from vfm_core.video.convert import FrameConverter
@@ -121,13 +121,17 @@ def probe(
     require_video: bool = True,
     max_pixels: int = MAX_PIXELS,
     timeout_s: float | None = None,
+    allow_truncated: bool = False,
 ) -> VideoInfo:
     """Read the header, the first packets' timestamps and the first frame of the first video stream.
 
     Decoding one frame proves the stream is decodable and yields the rotation and pixel format.
     Raises `VideoError` for empty / truncated / non-media / audio-only (unless `require_video` is
     False) / undecodable inputs, for declared sizes above `max_pixels` and when it takes longer
-    than `timeout_s` (default: `DECODE_TIMEOUT`).
+    than `timeout_s` (default: `DECODE_TIMEOUT`). With `allow_truncated`, a truncated file (its
+    sample index points past its end: `container.truncation`) whose first frame decodes is
+    probed like a whole one (its stated duration and frame count; decoding ends early, see
+    `lost_tail`). Once the header is read, the error carries the stated duration (`duration_s`).
     """
     name = source_name(src)
     began = time.monotonic()
@@ -142,10 +146,17 @@ def probe(
             raise VideoError(name, f"invalid frame size {w}x{h}")
         if w * h > max_pixels:
             raise VideoError(name, f"declared frame size {w}x{h} exceeds {max_pixels} pixels")
-        check_complete(src, s, name)
-        deadline = _Deadline(name, timeout_s, media_seconds(c, s))
+        stated = media_seconds(c, s)
+        cut = truncation(src, s)
+        if cut is not None and not allow_truncated:
+            raise VideoError(name, cut, duration_s=stated)
+        deadline = _Deadline(name, timeout_s, stated)
         deadline.end -= time.monotonic() - began  # the open counts too
-        first, pts = _first_frame_and_pts(c, s, deadline, name)
+        try:
+            first, pts = _first_frame_and_pts(c, s, deadline, name)
+        except VideoError as e:  # nothing decodes: every stated second is lost
+            why = e.reason if cut is None else f"{cut}: no frame decodes"
+            raise VideoError(name, why, duration_s=stated) from e
         vfr = _is_vfr(pts)
         duration = _duration_s(c, s)
         rate = s.average_rate or s.guessed_rate or s.base_rate
@@ -408,6 +419,32 @@ def _decode(
     for packet in c.demux(s):
         deadline.check()
         yield from packet.decode()
+
+
+def lost_tail(src: Source, *, after_s: float, timeout_s: float | None = None) -> str | None:
+    """Why decoding `src` ends at `after_s`, before the duration its container states: the file
+    is truncated (`container.truncation`: "truncated: sample index needs N bytes, ..."), or the
+    decoder fails after that point ("damaged: decoding fails after X s (reason)"). None when
+    neither shows (the stream states more than it holds). Decodes from the keyframe before
+    ``after_s - 1`` to the end, under `timeout_s` (default: `DECODE_TIMEOUT`)."""
+    name = source_name(src)
+    began = time.monotonic()
+    with open_container(src) as c:
+        s = video_stream(c, name)
+        cut = truncation(src, s)
+        if cut is not None:
+            return cut
+        deadline = _Deadline(name, timeout_s, media_seconds(c, s))
+        deadline.end -= time.monotonic() - began  # the open counts too
+        try:
+            if after_s > 1.0 and s.time_base is not None:
+                at = stream_t0(s) + int((after_s - 1.0) / s.time_base)
+                c.seek(at, stream=s, backward=True, any_frame=False)
+            for _ in _decode(c, s, deadline):
+                pass
+        except av.FFmpegError as e:
+            return f"damaged: decoding fails after {after_s:.2f} s ({ffmpeg_reason(e)})"
+    return None
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

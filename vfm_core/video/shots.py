@@ -69,7 +69,7 @@ def fps_of(source: FramesOrSource, fps: float | None) -> float:
         return float(fps)
     if isinstance(source, np.ndarray):
         raise ValueError("fps is required when splitting an array of frames")
-    return probe(source).fps
+    return probe(source, allow_truncated=True).fps
 
 
 # --- rolling statistics -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ curation benchmark score against. Everything is deterministic given `VideoSpec.s
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -353,6 +354,30 @@ def _write_raw(
         out.mux(st.encode(None))
 
 
+def make_truncated(
+    path: str | os.PathLike[str], spec: VideoSpec, *, keep: float, faststart: bool = True
+) -> Path:
+    """`spec` encoded as MP4 at `path`, then cut after `keep` (0..1) of its media data, as a copy
+    that stopped early leaves it. With `faststart` the sample index (moov) comes first and stays:
+    the file states its whole duration, the first frames decode (none at `keep` 0: the header
+    only); without it the index was to come last and is lost (the file cannot be opened)."""
+    if not 0.0 <= keep < 1.0:
+        raise ValueError(f"make_truncated: keep must be in [0, 1), got {keep}")
+    p = Path(path)
+    full = p.with_name(p.stem + ".full" + p.suffix)
+    frames = list(render_frames(spec)[0])
+    n = len(frames)
+    rate = Fraction(spec.fps).limit_denominator(1001)
+    _write_raw(full, frames, pts=list(range(n)), time_base=1 / rate, rate=rate, faststart=faststart)
+    data = full.read_bytes()
+    full.unlink()
+    with av.open(io.BytesIO(data)) as c:  # where the media data starts: the first sample
+        entries = c.streams.video[0].index_entries
+        start = min(entries[i].pos for i in range(len(entries))) if faststart else 0
+    p.write_bytes(data[: start + int((len(data) - start) * keep)])
+    return p
+
+
 def make_bad_input(kind: BadKind, path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     """Write one malformed or unusual input at `path` (kinds: `BAD_KINDS`) and return the path.
 
@@ -370,12 +395,8 @@ def make_bad_input(kind: BadKind, path: str | os.PathLike[str], *, seed: int = 0
     elif kind == "not_video":
         p.write_text("this is not a video, just text with an .mp4 name\n" * 20)
     elif kind in ("truncated", "truncated_faststart"):
-        full = p.with_name(p.stem + ".full" + p.suffix)
         fast = kind == "truncated_faststart"
-        _write_raw(full, frames, pts=list(range(48)), time_base=tb, rate=rate, faststart=fast)
-        data = full.read_bytes()
-        full.unlink()
-        p.write_bytes(data[: int(len(data) * (0.5 if fast else 0.6))])
+        make_truncated(p, spec, keep=0.5 if fast else 0.6, faststart=fast)
     elif kind == "audio_only":
         with av.open(str(p), mode="w") as out:
             st = out.add_stream("aac", rate=44100)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -69,8 +70,9 @@ def encoder_unavailable(codec: str) -> str | None:
 def select_encoder(requested: str = "auto", *, setting: str = "encoder") -> str:
     """The encoder to use for `requested` ("auto" | "libx264" | "h264_nvenc").
 
-    "auto" gives h264_nvenc when it opens here, else libx264 (the reason is logged). `setting`
-    names the option in errors (e.g. "CurateConfig.encoder").
+    "auto" gives h264_nvenc when it opens here, else libx264; the choice (and why) is logged
+    once per process, not once per call (a curation run resolves it for every video). `setting`
+    names the option in errors and in that line (e.g. "CurateConfig.encoder").
     """
     if requested not in ENCODERS:
         raise EncoderError(f"{setting}: unknown encoder {requested!r}; expected one of {ENCODERS}")
@@ -83,11 +85,23 @@ def select_encoder(requested: str = "auto", *, setting: str = "encoder") -> str:
                 f"{setting}='h264_nvenc' is unavailable: {why}; use 'auto' or 'libx264'"
             )
         return "h264_nvenc"
-    if why:
-        log.info("%s=auto: using libx264 (%s)", setting, why)
-        return "libx264"
-    log.info("%s=auto: using h264_nvenc", setting)
-    return "h264_nvenc"
+    choice = "libx264" if why else "h264_nvenc"
+    _log_choice(setting, choice, why)
+    return choice
+
+
+_CHOICES_LOGGED: set[tuple[str, str | None]] = set()
+"""(encoder, why) pairs `select_encoder` has logged in this process."""
+_CHOICES_LOCK = threading.Lock()
+
+
+def _log_choice(setting: str, choice: str, why: str | None) -> None:
+    """Log the choice of ``encoder=auto`` the first time this process makes it."""
+    with _CHOICES_LOCK:
+        if (choice, why) in _CHOICES_LOGGED:
+            return
+        _CHOICES_LOGGED.add((choice, why))
+    log.info("%s=auto: using %s%s", setting, choice, f" ({why})" if why else "")
 
 
 def _even(x: int) -> int:

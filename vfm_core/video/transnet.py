@@ -112,7 +112,7 @@ class TransNetV2Splitter:
         if isinstance(source, np.ndarray):
             total, what = len(source), "frames"
         else:
-            total, what = probe(source).n_frames, source_name(source)
+            total, what = probe(source, allow_truncated=True).n_frames, source_name(source)
         prog = Progress(
             total, desc=f"TransNetV2 {what}", unit="frame", delay_s=self.progress_delay_s
         )
