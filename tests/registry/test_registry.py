@@ -287,3 +287,13 @@ def test_predict_names_the_row_and_column_of_bad_input(rows, match):
 
     with pytest.raises(GenerateError, match=match):
         VideoModel().predict(None, rows)
+
+
+def test_a_models_uri_on_a_store_that_does_not_exist_creates_nothing(tmp_path, monkeypatch):
+    """The default store under a fresh data dir holds no model: one line naming the store, and
+    neither a database nor its folder is made by asking."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("VFM_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(RegistryError, match=r"no registered model 'vfm-x': the tracking store "):
+        resolve_model_uri("models:/vfm-x@champion")
+    assert not (tmp_path / "data").exists()

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from vfm_core.errors import UserError
-from vfm_core.tracking import data_dir, open_store, tracking_uri, tracking_uri_from
+from vfm_core.tracking import data_dir, open_store, sqlite_path, tracking_uri, tracking_uri_from
 
 __all__ = [
     "CACHE_ENV",
@@ -96,7 +96,14 @@ def resolve_model_uri(
     from mlflow.exceptions import MlflowException
 
     name, alias, version = parse_model_uri(uri, flag=flag)
-    store, source = tracking_uri_from(None, "")
+    store, source = tracking_uri_from(None, "", create=False)  # a reader makes no folder
+    db = sqlite_path(store)
+    if db is not None and not db.is_file():  # nothing registered here: say so, create nothing
+        raise RegistryError(
+            f"{flag} {uri}: no registered model {name!r}: the tracking store {store} does not "
+            "exist yet (`make demo` registers vfm-dit-tiny there; a model registered elsewhere, "
+            "e.g. on `make up`'s server: set MLFLOW_TRACKING_URI to that store)"
+        )
     open_store(store, source=source, existing=True)  # one line, not minutes or a new store
     client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     try:
