@@ -176,9 +176,8 @@ def estimate_line(cal: Calibration, *, peak_gib: float) -> str:
 
 
 def after_line(measured_s: float, estimated_s: float) -> str:
-    """``generated in X s (estimated Y s, ratio Z)``: Z = measured / estimated."""
+    """``generated in X s (estimated Y s, ratio Z)``: Z = measured / estimated, X and Y in
+    seconds to 3 significant digits (whole seconds from 100 s)."""
     ratio = measured_s / max(estimated_s, 1e-9)
-    return (
-        f"generated in {_seconds(measured_s)} (estimated {_seconds(estimated_s)}, "
-        f"ratio {ratio:.2f})"
-    )
+    x, y = (f"{s:.3g}" if s < 100 else f"{s:.0f}" for s in (measured_s, estimated_s))
+    return f"generated in {x} s (estimated {y} s, ratio {ratio:.2f})"
