@@ -72,10 +72,9 @@ def _request(
         max_minutes=MAX_MINUTES if max_minutes is None else max_minutes,
         force=force,
     ).check()
-    # progress False: no redraws in the flow run's log
-    return GenerateRequest(
-        prompt=prompt, height=height, width=width, bounds=bounds, progress=False, **fields
-    )
+    # progress: a line every 10 s of long sampling through the library's logger, which the
+    # flow run's log shows, as it shows the estimate before and the time taken after each video
+    return GenerateRequest(prompt=prompt, height=height, width=width, bounds=bounds, **fields)
 
 
 @task(name="check-generation")

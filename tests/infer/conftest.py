@@ -64,3 +64,16 @@ def prompt_emb() -> np.ndarray:
     from vfm_core.infer.generate import embed_prompt
 
     return embed_prompt(PROMPT)  # (1, 384) from all-MiniLM-L6-v2
+
+
+@pytest.fixture(scope="session")
+def ar_run(tmp_path_factory) -> Path:
+    """An untrained ar-tiny run (depth 2) in the `vfm train` layout."""
+    root = tmp_path_factory.mktemp("ar-run")
+    cfg = validate(apply_overrides(get_recipe("ar-tiny"), ["model.depth=2", "train.device=cpu"]))
+    torch.manual_seed(0)
+    sd = build_model(cfg.model).state_dict()
+    state = {"model": sd, "ema": {k: v.clone() for k, v in sd.items()}}
+    CheckpointManager(root).save(1, state, meta={"model": to_dict(cfg.model)})
+    save_yaml(cfg, root / "config.yaml")
+    return root

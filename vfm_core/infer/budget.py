@@ -47,42 +47,44 @@ DiT's forward over N tokens, times B, for 2·steps − 1 calls (Heun) or ``steps
 model's cached decoding, which is one causal forward over n tokens (Σᵢ 4·i·D_q = its causal
 attention count), times B, plus the text keys/values recomputed at each of the n − P calls; and
 the decoder's convolutions (2·27·C_in·C_out per output voxel, :func:`decoder_flops`). They run at
-the device's FLOP/s times :data:`EFFICIENCY` (CPU: the GEMM rate measured here at the model's
-width or 512, :func:`vfm_core.perf.hardware.measure_cpu_peak`; CUDA: the datasheet peak,
-:func:`vfm_core.perf.hardware.peak_flops`), or at ``--device-tflops``, plus
+the device's FLOP/s (:func:`vfm_core.infer.device.device_rate`; CPU: the GEMM rate measured here
+at the model's width or 512, :func:`vfm_core.perf.hardware.measure_cpu_peak`; CUDA: a share of
+the datasheet peak, :func:`vfm_core.perf.hardware.peak_flops`), or at ``--device-tflops``, plus
 :data:`CALL_OVERHEAD_S` per block call (Python and kernel launches: what dominates token-by-token
-decoding of a small model). Context-parallel ranks split the DiT's FLOPs and the AR prefill, not
-the AR decoding. The estimate is rough (within ~2x on an idle CPU, slower on shared cores): the
-bound is there to refuse what cannot finish, not to predict the second.
+decoding of a small model), plus writing the MP4 and GIF at :data:`WRITE_S_PER_PIXEL`.
+Context-parallel ranks split the DiT's FLOPs and the AR prefill, not the AR decoding. This is
+what the bounds check before any weights load: a floor (a sampler call of a small model reaches
+a fraction of the GEMM rate, less on shared cores: 3.5x slower on 2 idle cores, 19x in a loaded
+pipeline). Once the weights are loaded, :mod:`vfm_core.infer.probe` scales each phase by
+what a short probe of the real model measures at the request's shape: the estimate
+``vfm generate`` prints and checks again.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from vfm_core.config import ModelConfig
+from vfm_core.infer.device import available_memory
 from vfm_core.infer.shapes import GenerateError, LatentPlan
 from vfm_core.tokenizer.config import TokenizerConfig
 
 __all__ = [
     "CALL_OVERHEAD_S",
-    "EFFICIENCY",
     "MAX_MINUTES",
     "MEMORY_FRACTION",
+    "WRITE_S_PER_PIXEL",
     "BoundExceededWarning",
     "CostEstimate",
     "GenerateBounds",
-    "available_memory",
     "check_bounds",
+    "check_time",
     "decoder_bytes",
     "decoder_flops",
-    "device_rate",
     "estimate_ar",
     "estimate_dit",
 ]
@@ -92,13 +94,14 @@ MEMORY_FRACTION = 0.75
 weights already loaded by this process count as available)."""
 MAX_MINUTES = 10.0
 """Default time bound of one request, minutes."""
-EFFICIENCY = {"cpu": 1.0, "cuda": 0.3}
-"""Fraction of the device's FLOP/s a generation reaches: CPU of the GEMM rate measured at width
-max(hidden, 512) (2 idle cores: dit-tiny sampling 16,384 tokens 1.7x it, attention-bound; the
-tokenizer's decoder 1.2-1.4x), CUDA of the datasheet peak."""
 CALL_OVERHEAD_S = {"cpu": 1e-3, "cuda": 1.5e-4}
 """Seconds per transformer block and model call beyond its FLOPs (ar-tiny token by token on 2
 CPU cores: 0.5-1 ms per block, more when the cores are shared)."""
+WRITE_S_PER_PIXEL = {"mp4": 3e-7, "gif": 4e-6}
+"""Seconds per output pixel (frames x H x W) of writing the H.264 MP4 and the GIF (Pillow's
+palette per frame), measured on 1 shared CPU core with frames of noise, what an untrained model
+draws: 0.1-0.4 µs and 2-6 µs (smooth frames of a trained model: 5-20x less; writing then weighs
+little beside sampling)."""
 GIB = 2.0**30
 
 
@@ -143,12 +146,21 @@ class CostEstimate:
     """Matmul / convolution FLOPs of the whole request."""
     calls: int
     """Model calls (denoiser evaluations, or one per sampled token)."""
-    seconds: float
-    """Estimated wall time."""
+    times: dict[str, float]
+    """Estimated seconds by phase: sampling, decoding (the tokenizer) and writing the files."""
+    call_s: float
+    """Estimated seconds of one steady model call over the whole sequence on one rank: a
+    denoiser call, or one cached token step half-way through the video (what
+    :mod:`vfm_core.infer.probe` times)."""
     rate: float
     """FLOP/s assumed."""
     rate_source: str
     """Where :attr:`rate` comes from."""
+
+    @property
+    def seconds(self) -> float:
+        """Estimated wall time of sampling, decoding and writing."""
+        return sum(self.times.values())
 
     @property
     def peak_bytes(self) -> float:
@@ -212,8 +224,11 @@ def _decoder_params(tok: TokenizerConfig) -> int:
         return sum(p.numel() for p in CausalVideoAutoencoder(tok).decoder.parameters())
 
 
-def _decoding(plan: LatentPlan, tok: TokenizerConfig | None) -> tuple[dict[str, dict], float]:
-    """({phase: bytes by part}, FLOPs) of decoding and writing ``plan``'s video."""
+def _decoding(
+    plan: LatentPlan, tok: TokenizerConfig | None, gif: bool
+) -> tuple[dict[str, dict], float, float]:
+    """({phase: bytes by part}, FLOPs, seconds of writing) of decoding and writing ``plan``'s
+    video (the GIF too when ``gif``)."""
     f, h, w = plan.frames, plan.height, plan.width
     v = float(f) * h * w
     latent = 4.0 * math.prod(plan.latent)
@@ -221,7 +236,8 @@ def _decoding(plan: LatentPlan, tok: TokenizerConfig | None) -> tuple[dict[str, 
     frames = 48.0 * v + 1.5 * h * w * min(f, 60)
     flops = decoder_flops(tok, f, h, w) if tok is not None else 0.0
     phases = {"decoding": {"latent": latent, "decoder": dec}, "writing": {"frames": frames}}
-    return phases, flops
+    write_s = v * (WRITE_S_PER_PIXEL["mp4"] + (WRITE_S_PER_PIXEL["gif"] if gif else 0.0))
+    return phases, flops, write_s
 
 
 def _block_bytes(model: ModelConfig, rows: float, b: int) -> float:
@@ -255,9 +271,11 @@ def estimate_dit(
     rate: tuple[float, str],
     device_type: str = "cpu",
     dtype_bytes: int = 4,
+    gif: bool = True,
 ) -> CostEstimate:
     """Cost of sampling ``plan`` with the DiT ``model`` over ``ranks`` context-parallel ranks on
-    this host and decoding it (see the module docstring); ``rate``: (FLOP/s, source)."""
+    this host, decoding and writing it (see the module docstring); ``rate``: (FLOP/s, source);
+    ``gif``: a GIF is written beside the MP4."""
     from vfm_core.perf.flops import forward_flops
 
     b, B = dtype_bytes, _cfg_batch(guidance)
@@ -276,21 +294,25 @@ def estimate_dit(
         "activations": _block_bytes(model, B * n, b),
         "attention": attn,
     }
-    phases, dec_flops = _decoding(plan, decoder)
+    phases, dec_flops, write_s = _decoding(plan, decoder, gif)
     weights = ranks * _param_count(model) * b
     if decoder is not None:
         weights += _decoder_params(decoder) * 4
     calls = 2 * steps - 1 if sampler == "heun" else steps
     per_call = forward_flops(model, seq_lens=n, grid=grid)["total"] * B
-    flops = per_call * calls + dec_flops
-    seconds = per_call * calls / ranks / rate[0] + dec_flops / rate[0]
-    seconds += calls * model.depth * CALL_OVERHEAD_S.get(device_type, CALL_OVERHEAD_S["cpu"])
+    overhead = model.depth * CALL_OVERHEAD_S.get(device_type, CALL_OVERHEAD_S["cpu"])
+    times = {
+        "sampling": per_call * calls / ranks / rate[0] + calls * overhead,
+        "decoding": dec_flops / rate[0],
+        "writing": write_s,
+    }
     return CostEstimate(
         weights=weights,
         phases={"sampling": sampling, **phases},
-        flops=flops,
+        flops=per_call * calls + dec_flops,
         calls=calls,
-        seconds=seconds,
+        times=times,
+        call_s=per_call / rate[0] + overhead,
         rate=rate[0],
         rate_source=rate[1],
     )
@@ -307,6 +329,7 @@ def estimate_ar(
     rate: tuple[float, str],
     device_type: str = "cpu",
     dtype_bytes: int = 4,
+    gif: bool = True,
 ) -> CostEstimate:
     """Cost of sampling ``plan``'s tokens with the causal video transformer ``model`` after a
     prompt of ``prompt_tokens`` ids (every rank decodes all of them) and decoding them."""
@@ -328,93 +351,31 @@ def estimate_ar(
         "attention": attn,
         "logits": float(B) * m * model.vocab_size * b,
     }
-    phases, dec_flops = _decoding(plan, decoder)
+    phases, dec_flops, write_s = _decoding(plan, decoder, gif)
     weights = ranks * _param_count(model) * b
     if decoder is not None:
         weights += _decoder_params(decoder) * 4
     calls = max(1, n - prompt_tokens)
     f = forward_flops(model, seq_lens=n)
     model_flops = B * (f["total"] + (calls - 1) * f["cross_kv"])
-    flops = model_flops + dec_flops
-    seconds = flops / rate[0]
-    seconds += calls * model.depth * CALL_OVERHEAD_S.get(device_type, CALL_OVERHEAD_S["cpu"])
+    overhead = model.depth * CALL_OVERHEAD_S.get(device_type, CALL_OVERHEAD_S["cpu"])
+    times = {
+        "sampling": model_flops / rate[0] + calls * overhead,
+        "decoding": dec_flops / rate[0],
+        "writing": write_s,
+    }
+    # one token half-way: the causal forward's mean per token, plus the text keys / values
+    step = B * (f["total"] / n + f["cross_kv"])
     return CostEstimate(
         weights=weights,
         phases={"sampling": sampling, **phases},
-        flops=flops,
+        flops=model_flops + dec_flops,
         calls=calls,
-        seconds=seconds,
+        times=times,
+        call_s=step / rate[0] + overhead,
         rate=rate[0],
         rate_source=rate[1],
     )
-
-
-# ------------------------------------------------------------------ this device
-_CPU_RATES: dict[tuple[int, int], float] = {}
-
-
-def device_rate(
-    device: torch.device | str, *, width: int, tflops: float | None = None
-) -> tuple[float, str]:
-    """(FLOP/s a generation reaches on ``device``, where the number comes from): ``tflops`` when
-    stated, else :data:`EFFICIENCY` times the CPU's GEMM rate at width max(``width``, 512)
-    (measured once per width and thread count, ~0.3 s; narrower GEMMs time their call overhead)
-    or the GPU's datasheet peak."""
-    if tflops is not None:
-        return tflops * 1e12, "--device-tflops"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        from vfm_core.perf.hardware import peak_flops
-
-        peak, source = peak_flops(str(dev), dtype="fp32", width=width)
-        eff = EFFICIENCY["cuda"]
-        return peak * eff, f"{eff:.0%} of the {source.split(':')[0]} peak"
-    from vfm_core.perf.hardware import measure_cpu_peak
-
-    key = (max(width, 512), torch.get_num_threads())
-    if key not in _CPU_RATES:
-        _CPU_RATES[key] = measure_cpu_peak(key[0], seconds=0.25, repeats=3)
-    eff = EFFICIENCY["cpu"]
-    share = "" if eff == 1 else f"{eff:.0%} of "
-    return eff * _CPU_RATES[key], f"{share}this CPU's measured GEMM rate, {key[1]} threads"
-
-
-def _cgroup_room() -> float | None:
-    """Bytes this process's cgroup may still allocate (v2 or v1), None without a limit."""
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        (
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-        ),
-    ):
-        try:
-            lim = Path(limit).read_text().strip()
-            if lim == "max" or int(lim) >= 2**60:
-                continue
-            return max(0.0, float(int(lim) - int(Path(usage).read_text())))
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def available_memory(device: torch.device | str = "cpu") -> float:
-    """Bytes that can still be allocated on ``device``: free GPU memory, or the host's
-    MemAvailable (capped by a cgroup limit)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return float(torch.cuda.mem_get_info(dev)[0])
-    avail = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if avail is None:
-        avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    room = _cgroup_room()
-    return avail if room is None else min(avail, room)
 
 
 # ------------------------------------------------------------------ the check
@@ -466,17 +427,34 @@ def check_bounds(
             f"needs about {_bytes(est.peak_bytes)} of memory ({phase}: {shown}), over the bound "
             f"of {_bytes(mem_bound)} ({mem_text})"
         )
-    if est.seconds > bounds.max_minutes * 60:
+    if (slow := _time_problem(est, bounds)) is not None:
         flags = [*flags, *time_flags]
-        problems.append(
-            f"would take about {_duration(est.seconds)} ({est.flops:.2g} FLOPs in {est.calls} "
-            f"model calls at {est.rate:.2g} FLOP/s: {est.rate_source}), over the bound of "
-            f"{_duration(bounds.max_minutes * 60)} (--max-minutes)"
-        )
-    if not problems:
-        return
-    msg = f"{request}: {' and '.join(problems)}"
+        problems.append(slow)
+    if problems:
+        _refuse(f"{request}: {' and '.join(problems)}", bounds, flags)
+
+
+def check_time(
+    est: CostEstimate, bounds: GenerateBounds, *, request: str, flags: list[str]
+) -> None:
+    """:func:`check_bounds` of the time alone, for the estimate made again once the model is
+    loaded (:mod:`vfm_core.infer.probe`): the same one line, or a warning with ``--force``."""
+    if (slow := _time_problem(est, bounds)) is not None:
+        _refuse(f"{request}: {slow}", bounds, flags)
+
+
+def _time_problem(est: CostEstimate, bounds: GenerateBounds) -> str | None:
+    if est.seconds <= bounds.max_minutes * 60:
+        return None
+    return (
+        f"would take about {_duration(est.seconds)} ({est.flops:.2g} FLOPs in {est.calls} "
+        f"model calls at {est.rate:.2g} FLOP/s: {est.rate_source}), over the bound of "
+        f"{_duration(bounds.max_minutes * 60)} (--max-minutes)"
+    )
+
+
+def _refuse(msg: str, bounds: GenerateBounds, flags: list[str]) -> None:
     if bounds.force:
-        warnings.warn(f"{msg}; running anyway (--force)", BoundExceededWarning, stacklevel=3)
+        warnings.warn(f"{msg}; running anyway (--force)", BoundExceededWarning, stacklevel=4)
         return
     raise GenerateError(f"{msg}; lower {' or '.join(flags)}, or pass --force to run anyway")

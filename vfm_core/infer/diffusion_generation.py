@@ -217,6 +217,20 @@ class DiffusionGeneration(Generation):
     def time_flags(self, steps: int) -> tuple[str, ...]:
         return () if steps == 1 else ("--steps",)
 
+    @torch.no_grad()
+    def probe_call(
+        self, loaded: LoadedDiT, request: GenerateRequest, plan: LatentPlan, *, guidance: float
+    ) -> Callable[[], Any]:
+        rows = 1 if guidance in (0.0, 1.0) else 2  # guided: cond and uncond in one batch
+        device = next(loaded.model.parameters()).device
+        model = loaded.cfg.model
+        noise = torch.Generator().manual_seed(0)  # the global RNG left as it was
+        x = torch.randn(rows, *plan.latent, generator=noise).to(device)  # (B, C, T', h, w)
+        text = torch.zeros(rows, model.text_len, model.text_dim, device=device)  # (B, L, Dt)
+        sigma = torch.ones(rows, device=device)  # (B,)
+        edm = create_diffusion(loaded.cfg.diffusion)
+        return lambda: edm.denoise(loaded.model, x, sigma, text)
+
     def sample(
         self,
         loaded: LoadedDiT,

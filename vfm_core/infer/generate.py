@@ -15,7 +15,9 @@ Stage order of :func:`generate` (top to bottom):
    pooled, MiniLM or T5; runs without one: pooled all-MiniLM-L6-v2), zero-padded to
    ``model.text_len`` tokens (the padding is masked in cross-attention); the unconditional branch
    is the null caption the trainer substitutes for dropped captions (the empty caption's
-   embedding; zeros for runs without a text record);
+   embedding; zeros for runs without a text record); then a short **probe** of the loaded model
+   at the request's shape measures this device: the time estimate it gives is logged and checked
+   against the time bound again (:mod:`vfm_core.infer.probe`);
 4. **noise** for the *global* latent (1, C, T', h, w) from one CPU generator seeded with ``seed``:
    identical on every rank whatever their number;
 5. **denoise** with the EDM Heun sampler and classifier-free guidance, conditional and
@@ -24,12 +26,13 @@ Stage order of :func:`generate` (top to bottom):
    embeds, attends (ring attention for full 3D attention, all-to-all for ST-DiT) and transforms
    only its contiguous 1/N slice of the raster-ordered tokens; the output projection is
    all-gathered, so the sampler state stays replicated and every rank takes the same ODE step.
-   Progress shows on stderr once sampling has run a few seconds (:mod:`vfm_core.infer.progress`);
+   Progress shows once sampling has run a few seconds (:mod:`vfm_core.infer.progress`);
 6. **decode** on rank 0 with the causal tokenizer (or, for runs trained on synthetic latents with no
    tokenizer, a labelled latent preview: 3 channels up-sampled by the default 4x8x8 factors), then
    write ``OUT.mp4`` (H.264), ``OUT.gif`` (Pillow, when installed), ``OUT.latent.npy`` (the
    sampled latent (C, T', h, w) float32, in the DiT's data space) and, last,
-   ``OUT.result.json`` (the :class:`GenerateResult`: what the launcher of N ranks reads back).
+   ``OUT.result.json`` (the :class:`GenerateResult`: what the launcher of N ranks reads back);
+   one line compares the time taken with the estimate.
 
 :func:`vfm_core.infer.run.generate_request` is the library's one entry for a request (``vfm
 generate``, the Prefect generation task): the cheap checks and the cost bounds from the run's
@@ -52,6 +55,7 @@ tokens as one rank.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import warnings
@@ -68,6 +72,7 @@ from vfm_core.infer.budget import CostEstimate
 from vfm_core.infer.diffusion_generation import initial_noise, sample_latent
 from vfm_core.infer.family_generation import generation_of
 from vfm_core.infer.generation import Generation, Sampled
+from vfm_core.infer.probe import after_line, calibrate, estimate_line
 from vfm_core.infer.request import (
     GUIDANCE_RANGE,
     PREVIEW_FACTORS,
@@ -75,6 +80,7 @@ from vfm_core.infer.request import (
     ar_prompt_ids,
     check_cost,
     check_guidance,
+    check_measured_time,
     check_options,
     check_prompt,
     check_steps,
@@ -84,6 +90,9 @@ from vfm_core.infer.request import (
 )
 from vfm_core.infer.shapes import GenerateError, LatentPlan
 from vfm_core.infer.video_out import check_writable, latent_preview, to_uint8_frames, write_outputs
+from vfm_core.progress import console_logging
+
+_log = logging.getLogger(__name__)
 
 __all__ = [  # re-exported: the request's names (infer.request), the diffusion sampler's
     "GUIDANCE_RANGE",
@@ -145,7 +154,10 @@ class GenerateResult:
     estimate_gib: float | None = None
     """Estimated peak memory of the request on this host, GiB (:mod:`vfm_core.infer.budget`)."""
     estimate_s: float | None = None
-    """Estimated seconds of sampling and decoding."""
+    """Estimated seconds of sampling, decoding and writing, once a probe measured this device
+    (:mod:`vfm_core.infer.probe`)."""
+    probe_s: float | None = None
+    """Seconds that probe took, before sampling (not in ``sample_s``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -258,7 +270,13 @@ def generate(
     est = _check_cost(loaded, request, plan, decoder, steps=steps, guidance=guidance, world=world)
     prompt = request_prompt(cfg, request, decoder, plan, s)  # ids | latent frames | None
     text, null = _text_conditions(loaded, request.prompt, text_emb)  # (1, L, Dt) each
-    show = request.progress and (world == 1 or dist.get_rank() == 0)
+    lead = world == 1 or dist.get_rank() == 0
+    # this device measured at the request's shape: the time estimate logged and checked again
+    cal = calibrate(est, gen, loaded, request, plan, decoder, guidance=guidance)
+    if lead:
+        _say(estimate_line(cal, peak_gib=est.peak_bytes / 2**30))
+    check_measured_time(cfg, request, plan, cal.estimate, steps=steps)
+    show = request.progress and lead
     t0 = time.perf_counter()
     sampled = gen.sample(
         loaded,
@@ -301,13 +319,22 @@ def generate(
         decode_s=time.perf_counter() - t1,
         tokens=str(out.with_suffix(".tokens.npy")) if sampled.tokens is not None else None,
         estimate_gib=est.peak_bytes / 2**30,
-        estimate_s=est.seconds,
+        estimate_s=cal.estimate.seconds,
+        probe_s=cal.spent_s,
     )
     if rank == 0:  # what the launcher of N ranks reads back (write_result)
+        _say(after_line(result.sample_s + result.decode_s, cal.estimate.seconds))
         write_result(result, out)
     if sampled.ranks > 1:
         dist.barrier()
     return result
+
+
+def _say(line: str) -> None:
+    """A line of the generation's own (the estimate, the time taken) for whoever shows the
+    library's INFO lines: stderr of ``vfm generate`` and of the ranks, a Prefect run's log."""
+    console_logging()
+    _log.info(line)
 
 
 def _check_cost(

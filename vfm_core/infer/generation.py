@@ -109,6 +109,14 @@ class Generation:
         """Flags beyond the size that shorten sampling at ``steps`` steps."""
         return ()
 
+    def probe_call(
+        self, loaded: LoadedDiT, request: GenerateRequest, plan: LatentPlan, *, guidance: float
+    ) -> Callable[[], Any]:
+        """One steady model call of sampling ``plan``, inputs built (what
+        :mod:`vfm_core.infer.probe` times; :attr:`CostEstimate.call_s` is its estimate): a
+        denoiser call, or one cached token step half-way through the video."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ sampling and decoding
     def sample(
         self,

@@ -28,8 +28,9 @@ import torch
 
 from vfm_core.config import Config
 from vfm_core.infer.ar_sample import SamplingConfig, SamplingError
-from vfm_core.infer.budget import CostEstimate, GenerateBounds, check_bounds, device_rate
+from vfm_core.infer.budget import CostEstimate, GenerateBounds, check_bounds, check_time
 from vfm_core.infer.decoders import load_decoder, load_token_decoder
+from vfm_core.infer.device import device_rate
 from vfm_core.infer.family_generation import generation_of
 from vfm_core.infer.shapes import GenerateError, LatentPlan, plan_latent, warn_beyond_training
 from vfm_core.tokenizer.config import TokenizerConfig
@@ -42,6 +43,7 @@ __all__ = [
     "ar_prompt_ids",
     "check_cost",
     "check_guidance",
+    "check_measured_time",
     "check_options",
     "check_prompt",
     "check_steps",
@@ -252,13 +254,26 @@ def check_cost(
     check_bounds(
         est,
         request.bounds,
-        request=f"--frames {request.frames} --size {request.height}x{request.width}",
+        request=_named(request),
         flags=_shrink_flags(cfg, plan),
         time_flags=gen.time_flags(steps),
         resident_bytes=resident_bytes,
         device=device,
     )
     return est
+
+
+def check_measured_time(
+    cfg: Config, request: GenerateRequest, plan: LatentPlan, est: CostEstimate, *, steps: int
+) -> None:
+    """The time bound of :func:`check_cost` for the estimate a probe of the loaded model measured
+    (:mod:`vfm_core.infer.probe`): the same one line, or a warning with ``--force``."""
+    flags = [*_shrink_flags(cfg, plan), *generation_of(cfg).time_flags(steps)]
+    check_time(est, request.bounds, request=_named(request), flags=flags)
+
+
+def _named(request: GenerateRequest) -> str:
+    return f"--frames {request.frames} --size {request.height}x{request.width}"
 
 
 def preflight(

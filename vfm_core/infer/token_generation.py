@@ -20,7 +20,13 @@ import torch
 from vfm_core.config import Config
 from vfm_core.families import AUTOREGRESSIVE
 from vfm_core.infer.ar_prefill import SplitPrefill, load_prompt, sync_tokens
-from vfm_core.infer.ar_sample import SamplingConfig, SamplingError, local_prefill, sample_tokens
+from vfm_core.infer.ar_sample import (
+    SamplingConfig,
+    SamplingError,
+    draw,
+    local_prefill,
+    sample_tokens,
+)
 from vfm_core.infer.budget import CostEstimate, estimate_ar
 from vfm_core.infer.decoders import load_token_decoder
 from vfm_core.infer.generation import Generation, Sampled
@@ -127,6 +133,41 @@ class TokenGeneration(Generation):
         return estimate_ar(
             cfg.model, plan, guidance=guidance, prompt_tokens=p, dtype_bytes=dtype_bytes, **common
         )
+
+    @torch.no_grad()
+    def probe_call(
+        self, loaded: LoadedDiT, request: GenerateRequest, plan: LatentPlan, *, guidance: float
+    ) -> Callable[[], Any]:
+        model = loaded.model
+        rows = 1 if guidance == 1.0 else 2  # as sample_tokens: cond and uncond in one batch
+        grid = tuple(plan.latent[1:])
+        mid = math.prod(grid) // 2
+        device = next(model.parameters()).device
+        text = torch.zeros(rows, loaded.cfg.model.text_len, loaded.cfg.model.text_dim)
+        text = text.to(device)  # (B, L, Dt)
+        rope = model.rope(grid, device)  # (N, d/2)
+        caches = model.new_caches(mid + 2)
+        bos = torch.full((rows, 1), model.bos, dtype=torch.long, device=device)
+        model.forward_ids(bos, text, rope[:1], caches=caches)  # allocates the caches
+        for c in caches:  # keys and values of positions < mid: zeros cost what the real ones do
+            c.k.zero_()
+            c.v.zero_()
+        sampling = SamplingConfig(
+            temperature=request.temperature, top_k=request.top_k, top_p=request.top_p
+        )
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
+
+        def step() -> torch.Tensor:  # the token at position mid, its draw included
+            for c in caches:
+                c.length = mid
+            return draw(
+                model.forward_ids(ids, text, rope[mid : mid + 1], caches=caches)[:, -1],
+                sampling,
+                gen,
+            )
+
+        return step
 
     def sample(
         self,
