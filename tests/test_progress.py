@@ -124,3 +124,18 @@ def test_prefect_imported_first_gets_its_api_handler_on_the_library(monkeypatch)
     infra_env.prefect_logs_library()
     infra_env.prefect_logs_library()
     assert lib.handlers == [api]
+
+
+def test_training_lines_say_the_time_spent_and_left(capsys):
+    from vfm_core.train.metrics import ConsoleLogger
+
+    log = ConsoleLogger(40, initial=20, bar=False)  # a resumed run: its rate from step 20 on
+    m = {"loss": 0.5, "tokens_per_s": 100.0, "tflops": 0.001, "mfu": 0.01}
+    for step in range(21, 41):
+        log.log(step, m)
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split()[1] for ln in lines] == [
+        f"{s}/40" for s in (22, 24, 26, 28, 30, 32, 34, 36, 38, 40)
+    ]
+    assert lines[0].endswith(" left") and ", about " in lines[0]
+    assert lines[-1].endswith("0 s, about 0 s left")

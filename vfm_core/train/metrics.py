@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from tqdm import tqdm
 
 from vfm_core.errors import UserError
+from vfm_core.progress import format_duration
 from vfm_core.tracking_logger import MLflowLogger
 
 
@@ -94,12 +96,14 @@ class JsonlLogger:
 
 
 class ConsoleLogger:
-    """Progress on stderr: a tqdm bar on a terminal, else one line every ~5% of the steps (so a
-    log collected by a Prefect task still shows progress)."""
+    """Progress on stderr: a tqdm bar on a terminal, else one line every ~5% of the steps with
+    the time spent and left at this run's rate so far (so a log collected by a Prefect task
+    still shows progress)."""
 
     def __init__(self, total: int, *, initial: int = 0, bar: bool = True):
         self.total, self.bar = total, None
         self.every = max(1, total // 20)
+        self.start, self.t0 = initial, time.monotonic()
         if bar:
             self.bar = tqdm(
                 total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train"
@@ -118,10 +122,13 @@ class ConsoleLogger:
                 refresh=False,
             )
         elif step % self.every == 0 or step == self.total:
+            spent = time.monotonic() - self.t0
+            left = (self.total - step) * spent / max(1, step - self.start)
             print(
                 f"step {step}/{self.total} loss {metrics['loss']:.4f} "
                 f"{metrics['tokens_per_s']:.0f} tokens/s {metrics['tflops'] * 1e3:.1f} GFLOP/s "
-                f"MFU {metrics['mfu']:.1%}",
+                f"MFU {metrics['mfu']:.1%}, {format_duration(spent)}, about "
+                f"{format_duration(left)} left",
                 file=sys.stderr,
                 flush=True,
             )
