@@ -21,7 +21,7 @@ from tasks.curate import curate_ray_task, curate_video_task, discover_task, writ
 from tasks.events import emit_stage_completed
 from tasks.progress import ProgressArtifact
 from vfm_core.config_fields import form_fields
-from vfm_core.curate.cli import summary_line
+from vfm_core.curate.cli import CurationFailed, nothing_curated, summary_line
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
 from vfm_core.curate.inputs import check_paths
@@ -108,6 +108,9 @@ def _curate(params: CurateParams, refs: list[dict[str, str]], cfg: dict[str, Any
         results = [f.result() for f in futures]
     summary = write_manifests_task(refs, dst, cfg, results)
     print(f"{summary_line(summary)} -> {summary['clips']}")
+    failed = nothing_curated(summary, dst)
+    if failed:  # the run ends Failed here, and the chain's next stage is not started
+        raise CurationFailed(failed)
     emit_stage_completed(
         "curate", {"dst": dst, "clips": summary["clips"], "n_clips": summary["n_clips"]}
     )

@@ -49,6 +49,19 @@ def test_vfm_curate_folder(good_dir, bad_dir, tmp_path):
     assert pl.read_parquet(tmp_path / "out" / "clips.parquet").height == clips.height
 
 
+def test_every_input_rejected_fails_with_the_count(tmp_path, capsys):
+    """The manifests are written (the rejects say why), and the command fails with the count."""
+    from vfm_core.cli import main
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.mp4").write_bytes(b"not a video")
+    assert main(["curate", str(tmp_path / "bad"), str(tmp_path / "out")]) == 1
+    out, err = capsys.readouterr()
+    assert "0 clips" in out
+    assert "curation of 1 videos produced no clip: every input was rejected (1 rejects" in err
+    assert (tmp_path / "out" / "rejects.parquet").is_file()
+
+
 def test_vfm_curate_errors(tmp_path):
     r = _run("curate", "missing", "out", cwd=tmp_path)
     assert r.returncode == 2 and "vfm curate: error:" in r.stderr and "missing" in r.stderr

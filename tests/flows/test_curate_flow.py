@@ -94,3 +94,16 @@ def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
     assert bar is not None and bar.type == "progress" and float(bar.data) == 100.0
     again = curate_flow(params)
     assert again["n_skipped"] == 3 and again["n_clips"] == summary["n_clips"]
+
+
+def test_a_curation_that_rejects_every_video_fails_with_the_count(prefect_api, tmp_path):
+    src = tmp_path / "bad"
+    make_bad_input("zero_byte", src / "empty.mp4")
+    make_bad_input("not_video", src / "notes.mp4")
+    state = curate_flow(CurateParams(src=str(src), dst=str(tmp_path / "out")), return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith(
+        "Flow run encountered an exception: CurationFailed: curation of"
+    )
+    assert "2 videos produced no clip: every input was rejected (2 rejects" in state.message
+    assert read_manifest(tmp_path / "out" / "rejects.parquet", Rejects).height == 2  # kept

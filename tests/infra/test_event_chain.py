@@ -8,8 +8,7 @@ parameters, rendered with such a payload, are a valid form of the downstream flo
 servers (``prefect server start``, MLflow, a process worker, as ``make up``): the chain's
 deployments (the repository's triggers, tiny parameters) run one curation of one sample video to a
 generated video, every downstream run created by an automation; a curation whose only video is
-broken completes with no clips, its shard run fails with the reason as its state message, and no
-training run follows.
+broken ends Failed with the count as its state message, and no shard or training run follows.
 """
 
 from __future__ import annotations
@@ -232,13 +231,13 @@ def _wait_for(api: str, name: str, n: int, root: Path, timeout: float = 420) -> 
     raise AssertionError(f"no ended run #{n} of {name} after {timeout:.0f} s\n{log}")
 
 
-def _start_curation(api: str, root: Path, src: Path, dst: Path) -> dict:
+def _start_curation(api: str, root: Path, src: Path, dst: Path, ends: str = "COMPLETED") -> dict:
     from test_deployment_e2e import run_deployment
 
     env = {"PREFECT_API_URL": api}
     params = {"params": {"src": str(src), "dst": str(dst), "min_len_s": 1.0}}
     state, run = run_deployment(env, _dep_id(api, "curate-nightly"), params)
-    assert state == "COMPLETED", run["state"]
+    assert state == ends, run["state"]
     return run
 
 
@@ -269,17 +268,15 @@ def test_a_completed_curation_runs_shard_train_and_generate(chain):
 
 
 @pytest.mark.slow
-def test_a_failing_shard_stage_stops_the_chain(chain):
+def test_a_curation_that_rejects_every_video_fails_and_stops_the_chain(chain):
     api, root = chain
     n_shard, n_train = len(_runs(api, "shard-nightly")), len(_runs(api, "train-nightly"))
     (root / "broken").mkdir()
     (root / "broken" / "broken.mp4").write_bytes(os.urandom(4096))
-    # the curation completes: its only video is a reject, it writes an empty clips manifest
-    _start_curation(api, root, root / "broken", root / "curated-broken")
-
-    shard = _wait_for(api, "shard-nightly", n_shard + 1, root)
-    assert shard["parameters"]["params"]["clips_dir"] == str(root / "curated-broken")
-    assert shard["state"]["type"] == "FAILED", shard["state"]
-    assert "no clips to shard" in shard["state"]["message"]  # what the UI shows for the run
+    # its only video is a reject: the manifests are written, and the run ends Failed with the count
+    run = _start_curation(api, root, root / "broken", root / "curated-broken", ends="FAILED")
+    assert "curation of 1 videos produced no clip" in run["state"]["message"]  # the UI's line
+    assert (root / "curated-broken" / "rejects.parquet").is_file()
     time.sleep(20)  # time enough for an automation to act (the good chain's took seconds)
+    assert len(_runs(api, "shard-nightly")) == n_shard  # a failed run emits no event
     assert len(_runs(api, "train-nightly")) == n_train

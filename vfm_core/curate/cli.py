@@ -14,6 +14,7 @@ import sys
 
 from vfm_core.config_fields import add_flags
 from vfm_core.curate.options import CurateOptions
+from vfm_core.errors import UserError
 
 FLAGS = (
     "splitter",
@@ -106,6 +107,24 @@ def summary_line(out: dict) -> str:
     return line
 
 
+class CurationFailed(UserError, RuntimeError):
+    """A curation that produced no clip: every input was rejected."""
+
+
+def nothing_curated(out: dict, dst: str) -> str | None:
+    """The failure of a curation whose every input was rejected (no clip from any of its
+    videos), with the count and the commonest causes; None when it produced clips or had no
+    input."""
+    if out["n_clips"] or not out["n_inputs"]:
+        return None
+    causes = ", ".join(f"{c} x{n}" for c, n in list(out.get("reject_causes", {}).items())[:3])
+    return (
+        f"curation of {out['n_inputs']} videos produced no clip: every input was rejected "
+        f"({out['n_rejects']} rejects, {out['rejected_s']:.1f} s; {causes or 'no reason'}); the "
+        f"reasons are in {out['rejects']}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from vfm_core import storage
     from vfm_core.contracts import ContractError
@@ -158,4 +177,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_line(out))
         print(f"clips: {out['clips']}   rejects: {out['rejects']}")
+    failed = nothing_curated(out, args.dst)
+    if failed:
+        print(f"vfm curate: error: {failed}", file=sys.stderr)
+        return 1
     return 0

@@ -374,8 +374,19 @@ def assemble(
         "clip_s": round(seconds(cdf), 3),
         "rejected_s": round(seconds(rdf), 3),
         "coverage_gaps": [str(g) for g in gaps],
+        "reject_causes": _causes(rdf),
     }
     return out
+
+
+def _causes(rejects: pl.DataFrame) -> dict[str, int]:
+    """Reject rows per cause (a reason's text before its first colon: "static", "truncated"),
+    most frequent first."""
+    if not rejects.height:
+        return {}
+    causes = rejects["reason"].cast(pl.Utf8).str.split(":").list.first().str.strip_chars()
+    counts = causes.value_counts(sort=True)
+    return {str(c): int(n) for c, n in counts.iter_rows()}
 
 
 def _semdedup(clips: list[dict], cfg: SemDedupConfig) -> tuple[list[dict], list[dict]]:
