@@ -22,6 +22,7 @@ from parallel_harness import (
     build_trainer,
     fit_collect,
     launch_ok,
+    one_process,
     resume_trainer,
     run_ranks,
     set_args,
@@ -98,18 +99,6 @@ def _initial_weights_error(trainer) -> float:
     return worst
 
 
-def _one_process(fn, *args):
-    """``fn(0, 1, *args)`` in this process (one rank, no process group: the one-process run),
-    with one intra-op thread as the spawned ranks have, its result as a spawned rank returns it
-    (through JSON). A spawn would re-import torch and the package (~8 s of a loaded core)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return json.loads(json.dumps(fn(0, 1, *args)))
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _fit_cases(rank: int, world: int, cases: list, data: dict) -> list[dict]:
     from torch.distributed.tensor import DTensor
 
@@ -161,7 +150,7 @@ def references(data) -> dict:
             (recipe, {}, [o for o in overrides if not o.startswith(LAYOUT_ONLY)]),
         )
     keys = list(runs)
-    rows = _one_process(_fit_cases, [runs[k] for k in keys], data)
+    rows = one_process(_fit_cases, [runs[k] for k in keys], data)
     for row in rows:
         assert row["init_err"] == 0.0 and len(row["losses"]) == STEPS
     return {k: row["losses"] for k, row in zip(keys, rows, strict=True)}
@@ -200,7 +189,7 @@ def test_vfm_train_8_rank_4d_packed_and_its_checkpoint_resumes_in_one_process(da
     """``vfm train --nproc 8 --tp 2 --cp 2 --pp 2`` on packs: the one-process losses; its step-2
     checkpoint continues in one process with the one-process losses of steps 3 and 4."""
     sets = [*SMALL, *data["packs"], "data.batch_size=2", "train.steps=4", "train.ckpt_every=2"]
-    one = _one_process(_fit_cases, [("dit-tiny", {}, sets)], {})[0]["losses"]
+    one = one_process(_fit_cases, [("dit-tiny", {}, sets)], {})[0]["losses"]
     out = tmp_path / "4d"
     argv = vfm_argv(
         "train",
@@ -227,7 +216,7 @@ def test_vfm_train_8_rank_4d_packed_and_its_checkpoint_resumes_in_one_process(da
     summary = json.loads((out / "summary.json").read_text())
     assert summary["degrees"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 2}
     cfg = apply_overrides(get_recipe("dit-tiny"), sets)
-    got = _one_process(_resume_fit, cfg, str(out / "checkpoints" / "step_00000002"))
+    got = one_process(_resume_fit, cfg, str(out / "checkpoints" / "step_00000002"))
     assert len(got) == 2
     for g, w in zip(got, one[2:], strict=True):
         assert abs(g - w) <= TOL * abs(w), (got, one)
