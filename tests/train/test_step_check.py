@@ -14,7 +14,7 @@ tracker.
 * bad requests are one line, exit 2, nothing on stdout.
 
 Every case runs in the test's own process, which holds no process group (the trace makes a fake
-one for its duration and needs none before: it refuses to start otherwise); the CLI is called as
+one for its duration and needs none before: ``_no_process_group``); the CLI is called as
 ``vfm_core.cli.main`` (its subprocess form, a user's command line: tests/perf/test_memory_check.py).
 A subprocess per case paid the package's imports again each time (~10 s of a loaded CI core).
 """
@@ -32,6 +32,17 @@ from vfm_core.recipes import get_recipe
 from vfm_core.train.step_check import measure_step
 
 GiB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group():
+    """The trace makes its own fake process group and refuses to start inside another: a group
+    an earlier test of this process left (tests/train/test_gpu_step.py's one-rank group, on a
+    GPU machine) is ended first."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _fsdp_peaks() -> dict[str, float]:
