@@ -8,8 +8,9 @@ exception in any rank fails the caller with that rank's traceback.
 
 Also what the parallel training tests share: the trainer of a rank (:func:`build_trainer`,
 :func:`resume_trainer`), an in-memory metrics logger (:class:`MetricsCollector`), launching
-``torchrun`` / ``vfm train`` (:func:`launch`, :func:`launch_ok`) and a small latent shard set
-(:func:`write_moving_clip_shards`).
+``torchrun`` / ``vfm train`` (:func:`launch`, :func:`launch_ok`; in this process:
+:func:`vfm_main_ok`), the one-process run in this process (:func:`one_process`) and a small
+latent shard set (:func:`write_moving_clip_shards`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,32 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
             detail = "\n".join(f"--- {p.stem}\n{p.read_text()}" for p in errs)
             raise AssertionError(f"distributed run failed: {e}\n{detail}") from None
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def one_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(0, 1, *args)`` in this process: the one-process run (one rank, no process group), with
+    one intra-op thread as the spawned ranks have, its result as :func:`run_ranks` returns a
+    rank's (through JSON). A spawn of one rank would re-import torch and the package (~8 s of a
+    loaded CI core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return json.loads(json.dumps(fn(0, 1, *args)))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def vfm_main_ok(*args: Any) -> None:
+    """``vfm ARGS`` called in this process (``vfm_core.cli.main``; no interpreter importing the
+    library once more: the ranks it launches are torchrun's processes, one intra-op thread
+    each); it must exit 0."""
+    import pytest
+
+    from vfm_core.cli import main as vfm_main
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        assert vfm_main([str(a) for a in args]) == 0
 
 
 class MetricsCollector:

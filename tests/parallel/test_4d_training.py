@@ -8,7 +8,8 @@ accumulation under PP x FSDP2. Every rank builds its part of the model on the me
 materialises only its shards, yet the gathered initial weights equal the one-process model's
 exactly, and the EMA is sharded like the parameters. The full TP x SP x CP x PP on 8 ranks
 through ``vfm train`` (packed), and its checkpoint resumed by one process, are in the last test.
-All one-process references run in one spawn, each rank count's cases in one more."""
+All one-process references (and the one-process resume) run in the test's own process, each rank
+count's cases in one spawn."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from parallel_harness import (
     build_trainer,
     fit_collect,
     launch_ok,
+    one_process,
     resume_trainer,
     run_ranks,
     set_args,
@@ -140,7 +142,7 @@ def data(mixed_shards, token_shards, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def references(data) -> dict:
-    """One process, every distinct run of the cases (one spawn)."""
+    """One process, every distinct run of the cases (this process)."""
     runs = {}
     for recipe, _, overrides in FOUR + TWO:
         runs.setdefault(
@@ -148,7 +150,7 @@ def references(data) -> dict:
             (recipe, {}, [o for o in overrides if not o.startswith(LAYOUT_ONLY)]),
         )
     keys = list(runs)
-    rows = run_ranks(_fit_cases, 1, [runs[k] for k in keys], data)[0]
+    rows = one_process(_fit_cases, [runs[k] for k in keys], data)
     for row in rows:
         assert row["init_err"] == 0.0 and len(row["losses"]) == STEPS
     return {k: row["losses"] for k, row in zip(keys, rows, strict=True)}
@@ -187,7 +189,7 @@ def test_vfm_train_8_rank_4d_packed_and_its_checkpoint_resumes_in_one_process(da
     """``vfm train --nproc 8 --tp 2 --cp 2 --pp 2`` on packs: the one-process losses; its step-2
     checkpoint continues in one process with the one-process losses of steps 3 and 4."""
     sets = [*SMALL, *data["packs"], "data.batch_size=2", "train.steps=4", "train.ckpt_every=2"]
-    one = run_ranks(_fit_cases, 1, [("dit-tiny", {}, sets)], {})[0][0]["losses"]
+    one = one_process(_fit_cases, [("dit-tiny", {}, sets)], {})[0]["losses"]
     out = tmp_path / "4d"
     argv = vfm_argv(
         "train",
@@ -214,7 +216,7 @@ def test_vfm_train_8_rank_4d_packed_and_its_checkpoint_resumes_in_one_process(da
     summary = json.loads((out / "summary.json").read_text())
     assert summary["degrees"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 2}
     cfg = apply_overrides(get_recipe("dit-tiny"), sets)
-    got = run_ranks(_resume_fit, 1, cfg, str(out / "checkpoints" / "step_00000002"))[0]
+    got = one_process(_resume_fit, cfg, str(out / "checkpoints" / "step_00000002"))
     assert len(got) == 2
     for g, w in zip(got, one[2:], strict=True):
         assert abs(g - w) <= TOL * abs(w), (got, one)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from parallel_harness import build_trainer, fit_collect, launch_ok, run_ranks
+from parallel_harness import build_trainer, fit_collect, launch_ok, one_process
 
 from tests.tiny_runs import TINY_CPU
 from vfm_core.config import ConfigError, apply_overrides, save_yaml
@@ -46,7 +46,7 @@ def test_tp2_cp2_torchrun_tracks_one_process_and_logs_mfu(tmp_path):
     cfg = apply_overrides(get_recipe("dit-tiny"), TINY)
     config = tmp_path / "run.yaml"
     save_yaml(cfg, config)
-    reference = run_ranks(_fit_one_process, 1, str(config))[0]
+    reference = one_process(_fit_one_process, str(config))  # in this process
     assert len(reference) == STEPS
 
     out = tmp_path / "tp2cp2"

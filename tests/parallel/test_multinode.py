@@ -1,7 +1,11 @@
 """Multi-node and elastic runs of the one trainer on this machine: two ``vfm train --nnodes 2``
 launches ("nodes", one process each, c10d rendezvous on 127.0.0.1) train the one-process run;
 ``--max-restarts`` survives a SIGKILLed rank by restarting every rank from the last checkpoint
-with the losses of the uninterrupted run; bad launch requests fail in one line."""
+with the losses of the uninterrupted run; bad launch requests fail in one line.
+
+What need not be a process of its own (the one-process reference, node 0's launcher, the bad
+requests but one) calls ``vfm_core.cli.main`` in the test's process: a fresh interpreter costs
+~8 s of imports on a loaded CI core."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from parallel_harness import launch_ok, set_args, vfm_argv
+from parallel_harness import set_args, vfm_argv
 
+from vfm_core.cli import main as vfm_main
 from vfm_core.launch.launcher import TORCHRUN
 
 STEPS = 6
@@ -31,21 +36,28 @@ SMALL = [
 ]
 
 
+def _args(out: Path, *extra) -> list[str]:
+    """``vfm train``'s arguments for the run into ``out``."""
+    run = ["train", "--recipe", "dit-tiny", "--steps", STEPS, "--seed", 3, "--no-mlflow"]
+    return [str(a) for a in (*run, "--out", out, *set_args(SMALL), *extra)]
+
+
 def _argv(out: Path, *extra) -> list[str]:
-    return vfm_argv(
-        "train",
-        "--recipe",
-        "dit-tiny",
-        "--steps",
-        STEPS,
-        "--seed",
-        3,
-        "--no-mlflow",
-        "--out",
-        out,
-        *set_args(SMALL),
-        *extra,
-    )
+    """The command line of ``vfm train`` into ``out``."""
+    return vfm_argv(*_args(out, *extra))
+
+
+def _vfm(*args: str) -> int:
+    """``vfm ARGS`` in this process, one intra-op thread per rank it starts."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        return vfm_main([str(a) for a in args])
+
+
+def _train_ok(out: Path, *extra) -> list[dict]:
+    """``vfm train`` into ``out`` in this process: the rows of its ``metrics.jsonl``."""
+    assert _vfm(*_args(out, *extra)) == 0
+    return [json.loads(x) for x in (out / "metrics.jsonl").open()]
 
 
 def _free_port() -> int:
@@ -67,7 +79,7 @@ def _close(got, want, tol=1e-4):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> list[float]:
     out = tmp_path_factory.mktemp("one") / "run"
-    return [r["loss"] for r in launch_ok(_argv(out), out)]
+    return [r["loss"] for r in _train_ok(out)]
 
 
 def _env():
@@ -95,7 +107,7 @@ def test_two_nodes_train_the_one_process_run(one_process, tmp_path):
         env=_env(),
     )
     try:
-        host = launch_ok(_argv(out, *node, "--node-rank", "0"), out)
+        host = _train_ok(out, *node, "--node-rank", "0")
         joined = joiner.communicate(timeout=120)[0]
     finally:
         joiner.kill()
@@ -195,7 +207,17 @@ def test_a_killed_rank_restarts_the_job_from_the_last_checkpoint(one_process, tm
         ),
     ],
 )
-def test_bad_launch_requests_fail_in_one_line(extra, message, tmp_path):
+def test_bad_launch_requests_fail_in_one_line(extra, message, tmp_path, capsys):
+    capsys.readouterr()
+    code = _vfm(*_args(tmp_path / "x", *extra))
+    out, err = capsys.readouterr()
+    assert code == 2, err[-2000:]
+    assert err.strip().count("\n") == 0 and message in err and out == "", (out, err)
+
+
+def test_a_bad_launch_request_is_one_line_from_the_command_line(tmp_path):
+    """The same, as a user's shell runs it: a fresh interpreter, its exit status."""
+    extra = ["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"]
     proc = subprocess.run(
         [str(a) for a in _argv(tmp_path / "x", *extra)],
         capture_output=True,
@@ -204,4 +226,5 @@ def test_bad_launch_requests_fail_in_one_line(extra, message, tmp_path):
         env=_env(),
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
+    message = "--node-rank: 2 is out of range for --nnodes 2"
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr, proc.stderr

@@ -4,6 +4,8 @@ counter-based on its loader position, and every rank weighs its samples by dp / 
 global step), so `vfm train --nproc 2 --cp 2` (packs cut into token chunks, samples split across
 ranks) and `--nproc 2 --dp-shard 2` (each rank its own packs) give the losses of one process
 (fp32; relative 1e-5) and log MFU to MLflow; so do packs through a CP2 x PP2 pipeline.
+The one-process runs and ``vfm train`` (whose ranks are torchrun's processes) are called in the
+test's process.
 
 (Named apart from tests/train/test_packed_training.py: test files without ``__init__.py`` must
 have distinct basenames.)"""
@@ -11,7 +13,6 @@ have distinct basenames.)"""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,11 @@ import pytest
 from parallel_harness import (
     build_trainer,
     fit_collect,
-    launch,
     metrics_rows,
+    one_process,
     resume_trainer,
-    run_ranks,
     set_args,
-    vfm_argv,
+    vfm_main_ok,
 )
 
 from vfm_core.config import apply_overrides, save_yaml
@@ -75,16 +75,16 @@ def _one_process_config(shards: Path, folder: Path) -> str:
 def reference(shards, tmp_path_factory):
     """One process at the global batch."""
     config = _one_process_config(shards, tmp_path_factory.mktemp("ref"))
-    rows = run_ranks(_fit, 1, config)[0]
+    rows = one_process(_fit, config)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(np.isfinite(r["loss"]) and r["mfu"] > 0 for r in rows)
     return rows
 
 
-def _vfm_train(out: Path, shards: Path, *args: str) -> subprocess.CompletedProcess:
+def _vfm_train(out: Path, shards: Path, *args: str) -> None:
+    """``vfm train ARGS`` on the shards (in this process), which must succeed."""
     sets = set_args([*SMALL, f"data.shards={shards}"])
-    argv = vfm_argv("train", "--recipe", "dit-tiny", "--out", out, "--steps", STEPS, *args, *sets)
-    return launch(argv, timeout=300)
+    vfm_main_ok("train", "--recipe", "dit-tiny", "--out", out, "--steps", STEPS, *args, *sets)
 
 
 def _check_run(out: Path, uri: str, reference: list[dict], tol: float = 1e-5) -> dict:
@@ -113,17 +113,14 @@ def test_vfm_train_cp2_on_packs_matches_one_process_and_resumes_in_one(shards, r
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "cp2"
     sets = [f"data.batch_size={PACKS}", "train.ckpt_every=2", f"tracking.tracking_uri={uri}"]
-    r = _vfm_train(
-        out, shards, "--nproc", "2", "--cp", "2", *(a for s in sets for a in ("--set", s))
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    _vfm_train(out, shards, "--nproc", "2", "--cp", "2", *(a for s in sets for a in ("--set", s)))
     summary = _check_run(out, uri, reference)
     assert summary["degrees"]["cp"] == 2
     # its step-2 checkpoint (packed loader state, CP2 weights) resumed by one process
     saved = out / "checkpoints" / "step_00000002"
     state = json.loads((saved / "state.json").read_text())["state"]["data"]
     assert state["max_tokens"] == 32 and state["planner"]["steps"] == 2
-    rows = run_ranks(_fit, 1, _one_process_config(shards, tmp_path), str(saved))[0]
+    rows = one_process(_fit, _one_process_config(shards, tmp_path), str(saved))
     assert [r["step"] for r in rows] == [3, 4]
     for r, w in zip(rows, reference[2:], strict=True):
         assert abs(r["loss"] - w["loss"]) <= 1e-5 * abs(w["loss"]), (rows, reference)
@@ -148,7 +145,7 @@ def test_vfm_train_on_packs_under_4_rank_layouts_matches_one_process(
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / layout
     flags = [a for k, v in degrees.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    r = _vfm_train(
+    _vfm_train(
         out,
         shards,
         "--nproc",
@@ -159,6 +156,5 @@ def test_vfm_train_on_packs_under_4_rank_layouts_matches_one_process(
         "--set",
         f"tracking.tracking_uri={uri}",
     )
-    assert r.returncode == 0, r.stderr[-3000:]
     summary = _check_run(out, uri, reference, tol=1e-4)
     assert all(summary["degrees"][k] == v for k, v in degrees.items())

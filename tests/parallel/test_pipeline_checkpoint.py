@@ -11,7 +11,14 @@ import json
 import shutil
 
 import pytest
-from parallel_harness import build_trainer, fit_collect, launch_ok, resume_trainer, run_ranks
+from parallel_harness import (
+    build_trainer,
+    fit_collect,
+    launch_ok,
+    one_process,
+    resume_trainer,
+    run_ranks,
+)
 
 from vfm_core.checkpoints.state_tree import merge_skeletons, restrict_skeleton
 from vfm_core.config import apply_overrides, save_yaml
@@ -106,7 +113,7 @@ def test_pp2_checkpoints_resume_bit_identical_and_reshard_to_one_process_and_bac
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in rows][2:]
 
     # PP2 -> one process: the losses of continuing under PP2; one process tracks PP2 from scratch
-    one = run_ranks(_one_process, 1, str(config), str(saved), str(tmp_path / "one"))[0]
+    one = one_process(_one_process, str(config), str(saved), str(tmp_path / "one"))
     _close(one["resumed"], losses[2:])
     _close(one["scratch"], losses)
 

@@ -3,7 +3,8 @@
 batch and the global gradient norm, fp32, relative tolerance 1e-5), with the spine's
 ``DIR/metrics.jsonl`` contract and MLflow (loss, TFLOPS and MFU per process) from rank 0, from the
 synthetic source and from WebDataset shards; layouts and requests the pipeline trainer cannot serve
-fail with one clear line."""
+fail with one clear line. The one-process references, and ``vfm train`` itself (its ranks are
+torchrun's processes), run in the test's process."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from parallel_harness import (
     build_trainer,
     fit_collect,
     launch_ok,
-    run_ranks,
+    metrics_rows,
+    one_process,
     set_args,
-    vfm_argv,
+    vfm_main_ok,
     write_moving_clip_shards,
 )
 
@@ -63,9 +65,9 @@ def test_vfm_train_pp2_tracks_one_process_and_logs_mlflow(tmp_path):
     steps = 8
     out = tmp_path / "pp2"
     sets = set_args(TINY)
-    argv = vfm_argv("train", "--nproc", "2", "--pp", "2", "--steps", steps, "--out", out, *sets)
-    rows = launch_ok(argv, out)
-    reference = run_ranks(_fit_one_process, 1, str(out / "run.yaml"))[0]
+    vfm_main_ok("train", "--nproc", "2", "--pp", "2", "--steps", steps, "--out", out, *sets)
+    rows = metrics_rows(out)
+    reference = one_process(_fit_one_process, str(out / "run.yaml"))
     _track(rows, reference, steps)
 
     summary = json.loads((out / "summary.json").read_text())
@@ -90,7 +92,7 @@ def test_torchrun_pp2_fsdp2_tracks_one_process(tmp_path):
     cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, mlflow=False))
     config = tmp_path / "run.yaml"
     save_yaml(cfg, config)
-    reference = run_ranks(_fit_one_process, 1, str(config))[0]  # the same global batch
+    reference = one_process(_fit_one_process, str(config))  # the same global batch
 
     out = tmp_path / "pp2dp2"
     rows = launch_ok(torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2), out)
@@ -134,7 +136,7 @@ def test_torchrun_pp2_fsdp2_from_shards_tracks_one_process(shards, tmp_path):
     ]
     config = tmp_path / "run.yaml"
     save_yaml(apply_overrides(get_recipe("dit-tiny"), [*small, "data.batch_size=4"]), config)
-    reference = run_ranks(_fit_one_process, 1, str(config))[0]
+    reference = one_process(_fit_one_process, str(config))
     out = tmp_path / "pp2dp2"
     rows = launch_ok(torchrun_argv(4, config=config, out=out, pp=2, dp_shard=2), out)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))

@@ -2,12 +2,12 @@
 position, step) resumes under FSDP2 and in one process with the same next losses as the run that
 never stopped (same global batch; fp32, relative tolerance 1e-5); a new run started from it
 (``train.init``: weights and EMA only) holds its weights under FSDP2 and in one process alike and
-takes the same first step in both."""
+takes the same first step in both. (Each one-process case runs in the test's own process.)"""
 
 from __future__ import annotations
 
 import pytest
-from parallel_harness import build_trainer, fit_collect, run_ranks
+from parallel_harness import build_trainer, fit_collect, one_process, run_ranks
 
 from vfm_core.config import apply_overrides, save_yaml
 from vfm_core.recipes import get_recipe
@@ -102,12 +102,16 @@ def test_tp2_checkpoint_resumes_under_fsdp2_and_one_process(tp2_run):
     assert len(expected) == 2
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
     assert not list((tmp_path / "checkpoints" / "step_00000002").glob("*.metadata"))  # no pickle
-    for world, degrees in ((2, dict(dp_shard=2)), (1, {})):
-        for r in run_ranks(_resume, world, str(tmp_path), degrees):
+    fsdp2 = run_ranks(_resume, 2, str(tmp_path), dict(dp_shard=2))
+    for degrees, results in (
+        (dict(dp_shard=2), fsdp2),
+        ({}, [one_process(_resume, str(tmp_path), {})]),
+    ):
+        for r in results:
             assert r["path"] == "step_00000002"
             for got, want in zip(r["losses"], expected, strict=True):
                 assert abs(got - want) <= TOL * abs(want), (degrees, r["losses"], expected)
-    msg = run_ranks(_resume_wrong_model, 1, str(tmp_path))[0]
+    msg = one_process(_resume_wrong_model, str(tmp_path))
     assert "another model shape (model.depth: checkpoint 2 vs now 3)" in msg
 
 
@@ -136,7 +140,7 @@ def test_runs_started_from_it_full_or_lora_train_alike_under_every_layout(tp2_ru
     and the first step's loss is the same; a LoRA run (adapters train, the rest frozen) takes
     the one-process losses and gradient norms under TP2, FSDP2 and PP2."""
     root = str(tp2_run[0])
-    ((one,),) = run_ranks(_started, 1, root, [({}, True)])[:1]
+    (one,) = one_process(_started, root, [({}, True)])
     init, ref = one["init"], one["lora"]
     assert ref["frozen"] > 0 and all(n > 0 for n in ref["norms"]), ref
     for (degrees, _), got in zip(LAYOUTS, run_ranks(_started, 2, root, LAYOUTS)[0], strict=True):

@@ -13,74 +13,84 @@ tracker.
 * a pipeline stage holds its receive buffers for the microbatches in flight only;
 * bad requests are one line, exit 2, nothing on stdout.
 
-Each case runs in its own process: the trace needs a process without a process group.
+Every case runs in the test's own process, which holds no process group (the trace makes a fake
+one for its duration and needs none before: ``_no_process_group``); the CLI is called as
+``vfm_core.cli.main`` (its subprocess form, a user's command line: tests/perf/test_memory_check.py).
+A subprocess per case paid the package's imports again each time (~10 s of a loaded CI core).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from vfm_core.cli import main as vfm_main
+from vfm_core.config import apply_overrides
+from vfm_core.perf.memory import rank_params
+from vfm_core.recipes import get_recipe
+from vfm_core.train.step_check import measure_step
+
 GiB = 2**30
 
-_FSDP = """
-import json, sys
-from vfm_core.config import apply_overrides
-from vfm_core.recipes import get_recipe
-from vfm_core.train.step_check import measure_step
-small = ["model.depth=2", "data.latent_frames=1", "data.latent_height=8",
-         "data.latent_width=8", "data.batch_size=4"]
-out = {}
-for name, world, extra in (("one", 1, []), ("sublayer", 4, ["parallel.fsdp_unit=sublayer"]),
-                           ("block", 4, ["parallel.fsdp_unit=block"])):
-    cfg = apply_overrides(get_recipe("dit-7b"), [*small, *extra, f"parallel.dp_shard={world}"])
-    out[name] = measure_step(cfg, world, seq_len=None, as_gpu=False).peak
-print(json.dumps(out))
-"""
+
+@pytest.fixture(autouse=True)
+def _no_process_group():
+    """The trace makes its own fake process group and refuses to start inside another: a group
+    an earlier test of this process left (tests/train/test_gpu_step.py's one-rank group, on a
+    GPU machine) is ended first."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
-_PIPELINE = """
-import json
-from vfm_core.config import apply_overrides
-from vfm_core.recipes import get_recipe
-from vfm_core.perf.memory import rank_params
-from vfm_core.train.step_check import measure_step
-out = {}
-for m in (4, 8):
-    cfg = apply_overrides(get_recipe("dit-tiny"), [
-        "model.depth=4", "data.latent_frames=4", "data.latent_height=32", "data.latent_width=32",
-        f"data.batch_size={2 * m}", "parallel.pp=4", "parallel.dp_shard=2",
-        f"parallel.pp_microbatches={m}"])
-    out[m] = measure_step(cfg, 8, seq_len=None, as_gpu=False).components
-out["params"] = rank_params(cfg.model, pp=4, rank=0)
-print(json.dumps(out))
-"""
+def _fsdp_peaks() -> dict[str, float]:
+    small = [
+        "model.depth=2",
+        "data.latent_frames=1",
+        "data.latent_height=8",
+        "data.latent_width=8",
+        "data.batch_size=4",
+    ]
+    out = {}
+    for name, world, extra in (
+        ("one", 1, []),
+        ("sublayer", 4, ["parallel.fsdp_unit=sublayer"]),
+        ("block", 4, ["parallel.fsdp_unit=block"]),
+    ):
+        cfg = apply_overrides(get_recipe("dit-7b"), [*small, *extra, f"parallel.dp_shard={world}"])
+        out[name] = measure_step(cfg, world, seq_len=None, as_gpu=False).peak
+    return out
 
 
-def _python(script: str, *args: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _pipeline_components() -> dict:
+    out: dict = {}
+    for m in (4, 8):
+        cfg = apply_overrides(
+            get_recipe("dit-tiny"),
+            [
+                "model.depth=4",
+                "data.latent_frames=4",
+                "data.latent_height=32",
+                "data.latent_width=32",
+                f"data.batch_size={2 * m}",
+                "parallel.pp=4",
+                "parallel.dp_shard=2",
+                f"parallel.pp_microbatches={m}",
+            ],
+        )
+        out[str(m)] = measure_step(cfg, 8, seq_len=None, as_gpu=False).components
+    out["params"] = rank_params(cfg.model, pp=4, rank=0)
+    return out
 
 
-def _vfm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vfm_core.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+def _vfm(capsys, *args: str) -> tuple[int, str, str]:
+    """``vfm *args`` in this process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    code = vfm_main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.slow
@@ -92,37 +102,40 @@ def _vfm(*args: str) -> subprocess.CompletedProcess:
     ],
     ids=["cp2", "tp4-sp-cp4-selective"],
 )
-def test_the_traced_step_matches_the_planner_at_real_shapes(seq, fixed):
+def test_the_traced_step_matches_the_planner_at_real_shapes(seq, fixed, capsys):
     """dit-7b at its real width, depth and sequence (Table 1's rows 1 and 2, one sample per
     microbatch): the peak and the activations at the peak within 10% of the planner's."""
-    proc = _vfm(
-        *f"plan --check --json --recipe dit-7b --seq {seq} --gpus 64 --fixed {fixed}".split()
+    code, out, err = _vfm(
+        capsys,
+        *f"plan --check --json --recipe dit-7b --seq {seq} --gpus 64 --fixed {fixed}".split(),
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rep = json.loads(proc.stdout)
+    assert code == 0, err[-2000:]
+    rep = json.loads(out)
     for key in ("peak", "activations"):
         assert abs(rep[key]["rel_diff"]) <= 0.10, (key, rep[key])
     assert rep["fits"] and rep["peak"]["measured_bytes"] > 20 * GiB
 
 
 @pytest.mark.slow
-def test_check_reports_activations_and_peak_and_names_an_overflow():
-    ok = _vfm(*"plan --check --json --recipe dit-tiny --seq 256 --gpus 4 --fixed cp=2".split())
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    rep = json.loads(ok.stdout)
+def test_check_reports_activations_and_peak_and_names_an_overflow(capsys):
+    args = "plan --check --json --recipe dit-tiny --seq 256 --gpus 4 --fixed cp=2".split()
+    code, out, err = _vfm(capsys, *args)
+    assert code == 0, err[-2000:]
+    rep = json.loads(out)
     for key in ("states", "activations", "fsdp_buffers", "transient", "peak"):
         assert set(rep[key]) == {"measured_bytes", "planned_bytes", "rel_diff"}
     assert rep["activations"]["measured_bytes"] > 0 and rep["fits"] is True
     assert rep["peak"]["measured_bytes"] >= rep["activations"]["measured_bytes"]
     assert rep["traced"]["pp_rank"] == 0 and rep["traced"]["check_rss_bytes"] > 0
     # 131k tokens on one GPU without recompute: the activations alone pass 80 GB
-    big = _vfm(
+    code, out, err = _vfm(
+        capsys,
         *"plan --check --recipe dit-7b --seq 131072 --gpus 1 --set model.depth=2".split(),
         "--fixed",
         "tp=1,cp=1,pp=1,recompute=none,micro_batch=1",
     )
-    assert big.returncode == 1, big.stderr[-2000:]
-    last = big.stdout.strip().splitlines()[-1]
+    assert code == 1, err[-2000:]
+    last = out.strip().splitlines()[-1]
     assert last.startswith("does not fit: peak + 4.0 GiB overhead = ")
     assert "; activations take the most (" in last
 
@@ -130,7 +143,7 @@ def test_check_reports_activations_and_peak_and_names_an_overflow():
 @pytest.mark.slow
 def test_a_fsdp_rank_holds_its_share_plus_a_sublayer():
     """dit-7b at its real width, depth 2, 4 ranks on this CPU (fp32, traced)."""
-    peak = _python(_FSDP)
+    peak = _fsdp_peaks()
     assert peak["sublayer"] < 0.40 * peak["one"], peak  # 0.37 measured; a quarter is the share
     assert peak["block"] > peak["sublayer"], peak  # whole blocks: 0.52x
 
@@ -142,14 +155,16 @@ def test_a_pipeline_stage_holds_receive_buffers_only_for_microbatches_in_flight(
     not by a received gradient per microbatch (torch's PipelineStage keeps one per microbatch
     all step: 4.8 streams more); the stage's gradients, kept unsharded in fp32 across the
     microbatches, are counted as such at the peak (not as transient tensors)."""
-    out = _python(_PIPELINE)
+    out = _pipeline_components()
     stream = 4 * 16 * 16 * 256 * 4  # a microbatch's hidden stream: tokens x hidden, fp32
     assert out["8"]["activations"] - out["4"]["activations"] < stream, out
     assert out["8"]["grads"] >= 4 * out["params"], out  # fp32, unsharded over dp_shard
 
 
-def test_an_unknown_recipe_is_one_line():
-    proc = _vfm("plan", "--check", "--recipe", "dit-huge", "--seq", "1024", "--gpus", "8")
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stdout == "" and "dit-huge" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+def test_an_unknown_recipe_is_one_line(capsys):
+    code, out, err = _vfm(
+        capsys, "plan", "--check", "--recipe", "dit-huge", "--seq", "1024", "--gpus", "8"
+    )
+    assert code == 2, err[-2000:]
+    assert out == "" and "dit-huge" in err
+    assert len(err.strip().splitlines()) == 1, err
