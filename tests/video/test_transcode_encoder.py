@@ -70,18 +70,37 @@ def test_nvenc_requested_but_unavailable_is_a_clear_error(demo_video, tmp_path):
         stage.setup()
 
 
-def test_encoder_choice_is_logged_once_per_process(tmp_path, caplog, fresh_process):
+class _Said(logging.Handler):
+    """Every record its logger emits, once each (a handler on the emitting logger itself: root
+    handlers may see a record twice where an earlier test of the worker forwards records)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_encoder_choice_is_logged_once_per_process(tmp_path, fresh_process):
     """Two curation runs, three videos, several clips each: one line says which encoder."""
     src = tmp_path / "src"
     segs = tuple(Segment(kind=k, n_frames=36) for k in ("moving", "pan", "moving"))
     for seed in (0, 1):
         make_video(src / f"v{seed}.mp4", VideoSpec(width=96, height=64, seed=seed, segments=segs))
     cfg = CurateConfig(min_len_s=1.0)
-    with caplog.at_level(logging.INFO, logger="vfm_core.video.transcode"):
+    logger, seen = logging.getLogger("vfm_core.video.transcode"), _Said()
+    level = logger.level
+    logger.addHandler(seen)
+    logger.setLevel(logging.INFO)
+    try:
         one = curate(str(src / "v0.mp4"), str(tmp_path / "one"), config=cfg)
         both = curate(str(src), str(tmp_path / "both"), config=cfg)
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
     assert one["n_clips"] >= 2 and both["n_clips"] >= 4
-    said = [r.getMessage() for r in caplog.records if "=auto: using" in r.getMessage()]
+    said = [r.getMessage() for r in seen.records if "=auto: using" in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].startswith("CurateConfig.encoder=auto: using ")
 
