@@ -108,7 +108,7 @@ def _curate(params: CurateParams, refs: list[dict[str, str]], cfg: dict[str, Any
         results = [f.result() for f in futures]
     summary = write_manifests_task(refs, dst, cfg, results)
     print(f"{summary_line(summary)} -> {summary['clips']}")
-    failed = nothing_curated(summary, dst)
+    failed = nothing_curated(summary)
     if failed:  # the run ends Failed here, and the chain's next stage is not started
         raise CurationFailed(failed)
     emit_stage_completed(

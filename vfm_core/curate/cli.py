@@ -111,7 +111,7 @@ class CurationFailed(UserError, RuntimeError):
     """A curation that produced no clip: every input was rejected."""
 
 
-def nothing_curated(out: dict, dst: str) -> str | None:
+def nothing_curated(out: dict) -> str | None:
     """The failure of a curation whose every input was rejected (no clip from any of its
     videos), with the count and the commonest causes; None when it produced clips or had no
     input."""
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_line(out))
         print(f"clips: {out['clips']}   rejects: {out['rejects']}")
-    failed = nothing_curated(out, args.dst)
+    failed = nothing_curated(out)
     if failed:
         print(f"vfm curate: error: {failed}", file=sys.stderr)
         return 1

@@ -355,14 +355,14 @@ def frame_continuation(
     :attr:`EvalConfig.frame_prompts`), ``frame_n_scored`` (held-out clips whose object was read)."""
     from vfm_core.infer.prompt_follow import continuation_kept
 
-    k = cfg.model.patch[0]  # one latent frame (a patch deep): the first picture
-    first = clips[:, :, :k] if clips.dtype.is_floating_point else clips[:, :k]
+    depth = cfg.model.patch[0]  # one latent frame (a patch deep): the first picture
+    first = clips[:, :, :depth] if clips.dtype.is_floating_point else clips[:, :depth]
     out = sample_clips(
         model, cfg, ec, text, null, clips.shape, desc=f"first-frame clips ({which})", prompt=first
     )
     given = [to_uint8_frames(v) for v in decode(clips)]
     made = [to_uint8_frames(v) for v in decode(out)]
-    return {f"frame_{k}": v for k, v in continuation_kept(given, made).items()}
+    return {f"frame_{name}": v for name, v in continuation_kept(given, made).items()}
 
 
 @torch.no_grad()
