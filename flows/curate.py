@@ -120,4 +120,8 @@ def _curate(params: CurateParams, refs: list[dict[str, str]], cfg: dict[str, Any
 if __name__ == "__main__":
     import sys
 
-    curate_flow(CurateParams(src=sys.argv[1], dst=sys.argv[2]))
+    from flows.entry import run_main
+
+    run_main(
+        lambda: curate_flow(CurateParams(src=sys.argv[1], dst=sys.argv[2])), name="flows.curate"
+    )

@@ -149,4 +149,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from flows.entry import run_main
+
+    run_main(main, name="make demo")

@@ -23,7 +23,6 @@ trainable parameters, in ``report.md`` / ``report.json`` and MLflow (experiment
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -197,4 +196,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from flows.entry import run_main
+
+    run_main(main, name="make finetune")

@@ -481,4 +481,6 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    pipeline_flow()
+    from flows.entry import run_main
+
+    run_main(pipeline_flow, name="flows.pipeline")

@@ -210,4 +210,6 @@ def _train_layouts(params: ScalingParams, base, parent: str) -> list[dict[str, A
 
 
 if __name__ == "__main__":
-    scaling_flow(ScalingParams())
+    from flows.entry import run_main
+
+    run_main(lambda: scaling_flow(ScalingParams()), name="flows.scaling")

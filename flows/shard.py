@@ -75,4 +75,9 @@ def shard_flow(params: ShardParams) -> dict[str, Any]:
 if __name__ == "__main__":
     import sys
 
-    shard_flow(ShardParams(clips_dir=sys.argv[1], shards_dir=sys.argv[2]))
+    from flows.entry import run_main
+
+    run_main(
+        lambda: shard_flow(ShardParams(clips_dir=sys.argv[1], shards_dir=sys.argv[2])),
+        name="flows.shard",
+    )

@@ -255,4 +255,10 @@ def train_flow(
 
 
 if __name__ == "__main__":
-    train_flow()
+    from flows.entry import run_main
+
+    run_main(
+        train_flow,
+        name="flows.train",
+        hint="a new run with resume=True continues from the last checkpoint",
+    )

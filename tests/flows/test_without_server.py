@@ -58,3 +58,52 @@ def test_a_flow_entry_point_runs_without_a_server_or_prefect_home(tmp_path):
     assert "unable to open database file" not in r.stderr
     assert len(read_index(str(tmp_path / "shards"))) == 2
     assert (home / "prefect.db").is_file()  # the temporary API's database, in PREFECT_HOME
+
+
+NAPPING_FLOW = """
+import time
+import flows  # Prefect readied as for python -m flows.X
+from prefect import flow, task
+from flows.entry import run_main
+
+@task
+def nap():
+    print("napping", flush=True)
+    time.sleep(120)
+
+@flow
+def napping():
+    nap()
+
+run_main(napping, name="napping flow")
+"""
+
+
+def test_ctrl_c_ends_a_flow_with_one_line(tmp_path):
+    """Ctrl-C of a flow started from a terminal (flows.entry.run_main): exit 130 and one line on
+    stderr after the start-up lines: no crash records, traceback or shutdown noise."""
+    import signal
+
+    script = tmp_path / "napping.py"
+    script.write_text(NAPPING_FLOW)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        assert p.stdout.readline().strip() == "napping"  # inside the task
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err[-2000:]
+    started = err.index("Beginning flow run")
+    after = [ln for ln in err[started:].splitlines()[1:] if ln.strip()]
+    assert after == ["napping flow: interrupted"], err[-2000:]
+    assert "Traceback" not in err and out == ""
