@@ -24,6 +24,7 @@ FLAGS = (
     "out_fps",
     "stitch",
     "encoder",
+    "audio",
     "vlm",
     "image_model",
 )
