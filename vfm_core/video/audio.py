@@ -95,8 +95,8 @@ def span_samples(
         v, a = video_stream(c, name), c.streams.audio[0]
         origin = float(stream_t0(v) * v.time_base) + start_s  # stream seconds of sample 0
         end = origin + duration_s
-        # back a second: the frame holding the first samples starts before the cut
-        c.seek(max(0, int((origin - 1.0) / a.time_base)), stream=a, backward=True)
+        if origin > 1.0:  # from a second before: the frames before the cut prime the decoder
+            c.seek(int((origin - 1.0) / a.time_base), stream=a, backward=True)
         resampler = av.AudioResampler(format="fltp", layout=fmt.layout, rate=fmt.rate)
         try:
             for packet in c.demux(a):
