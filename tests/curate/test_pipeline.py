@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ from vfm_core.contracts import Rejects, VideoManifest, read_manifest
 from vfm_core.curate import CurateConfig, LocalExecutor, curate, discover
 from vfm_core.curate.pipeline import read_clips
 from vfm_core.storage import StorageError
-from vfm_core.video.io import probe
+from vfm_core.video.io import decode_frames, probe
 from vfm_core.video.synthetic import BAD_KINDS, Segment, VideoSpec, make_video, tone_levels
 
 
@@ -233,6 +234,8 @@ def test_sound_is_kept_per_clip_or_dropped(tmp_path):
             x = np.concatenate([f.to_ndarray() for f in c.decode(a)], 1)[0]
         levels = tone_levels(x[: round(row["duration_s"] * 16000)], 16000, 2)  # (W, 2)
         assert (levels[:, shot] > 0.2).all() and (levels[:, 1 - shot] < 0.05).all()
+        mp4 = io.BytesIO(Path(row["uri"]).read_bytes())  # as a shard holds it: the loader's read
+        assert len(decode_frames(mp4, threads="SLICE")) == row["n_frames"]
     drop = CurateConfig(min_len_s=1.0, audio="drop")
     assert "audio" not in drop.clip_settings()  # clips as before the setting: ids unchanged
     curate(str(tmp_path / "src"), str(tmp_path / "d"), config=drop)
