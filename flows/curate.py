@@ -28,7 +28,17 @@ from vfm_core.curate.inputs import check_paths
 from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.output_lock import output_lock
 
-FIELDS = ("splitter", "min_len_s", "max_len_s", "out_width", "out_fps", "stitch", "vlm", "encoder")
+FIELDS = (
+    "splitter",
+    "min_len_s",
+    "max_len_s",
+    "out_width",
+    "out_fps",
+    "stitch",
+    "vlm",
+    "encoder",
+    "audio",
+)
 """The `CurateConfig` fields the form has, generated from the config (defaults: the same as `vfm
 curate`'s; bounds, choices, descriptions: the fields' own); ``semdedup`` is `SemDedupConfig`'s
 ``threshold``."""

@@ -25,6 +25,7 @@ import pandera.polars as pa
 import polars as pl
 
 from vfm_core.errors import UserError
+from vfm_core.video.choices import CLIP_AUDIO
 
 STAGES = ("read", "probe", "split", "transcode", "annotate", "filter", "semdedup")
 """Stages that can reject an input (the `stage` column of `Rejects`)."""
@@ -96,6 +97,10 @@ class ClipManifest(ClipSpans):
     fps: float = pa.Field(gt=0)
     n_frames: int = pa.Field(ge=1)
     duration_s: float = pa.Field(gt=0)
+    audio: str | None = pa.Field(isin=list(CLIP_AUDIO), nullable=True)
+    """Its sound (`vfm_core.video.choices.ClipAudio`): kept (the source's, AAC), none (the source
+    has no audio stream) or dropped (``--audio drop``). Optional: manifests written before it was
+    recorded lack the column (or hold null), and their clips have no sound."""
 
 
 class AnnotatedClips(ClipManifest):
@@ -173,7 +178,8 @@ def validate(df: pl.DataFrame, schema: type[_Base] | str, *, what: str) -> pl.Da
     name = model.__name__
     if not isinstance(df, pl.DataFrame):
         raise ContractError(what, name, [f"expected a polars DataFrame, got {type(df).__name__}"])
-    missing = [c for c in model.to_schema().columns if c not in df.columns]
+    columns = model.to_schema().columns
+    missing = [c for c, col in columns.items() if col.required and c not in df.columns]
     if missing:
         raise ContractError(what, name, [f"column '{c}' is missing" for c in missing])
     try:

@@ -3,6 +3,7 @@ import pytest
 
 from vfm_core.contracts import (
     AnnotatedClips,
+    ClipManifest,
     ClipSpans,
     ContractError,
     Rejects,
@@ -83,3 +84,22 @@ def test_empty_and_parquet_roundtrip(tmp_path):
     _spans().drop("video_id").write_parquet(bad)
     with pytest.raises(ContractError, match=f"{bad} violates ClipSpans: column 'video_id'"):
         read_manifest(bad, ClipSpans)
+
+
+def test_clip_audio_is_optional_and_checked():
+    """Manifests from before clips recorded their sound load (no column, or nulls); a value
+    outside kept / none / dropped is named."""
+    clips = _spans().with_columns(
+        clip_id=pl.Series(["c0", "c1", "c2"]),
+        uri=pl.Series(["c0.mp4", "c1.mp4", "c2.mp4"]),
+        width=pl.lit(64),
+        height=pl.lit(48),
+        fps=pl.lit(24.0),
+        n_frames=pl.lit(24),
+        duration_s=pl.lit(1.0),
+    )
+    validate(clips, ClipManifest, what="old")
+    validate(clips.with_columns(audio=pl.Series(["kept", None, "none"])), ClipManifest, what="x")
+    bad = clips.with_columns(audio=pl.Series(["kept", "dropped", "muted"]))
+    with pytest.raises(ContractError, match=r"column 'audio' check 'isin.* fails at rows \[2\]"):
+        validate(bad, ClipManifest, what="x")

@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import pytest
+from pydantic import ValidationError
+
 from vfm_core.curate import CurateConfig
 from vfm_core.curate import cli as curate_cli
 
@@ -70,3 +73,18 @@ def test_demo_passes_its_short_clip_lengths_by_name():
     for family in ("diffusion", "autoregressive"):
         p = demo_params(family)
         assert (p.min_len_s, p.max_len_s) == (SAMPLE_MIN_LEN_S, SAMPLE_MAX_LEN_S) == (1.0, 6.0)
+
+
+def test_audio_is_one_setting_whose_bad_values_name_it(capsys):
+    from flows.curate import CurateParams
+
+    assert D.audio == "keep" and "--audio {keep,drop}" in _parser().format_usage()
+    assert _parser().parse_args(["S", "D", "--audio", "drop"]).audio == "drop"
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["S", "D", "--audio", "mute"])
+    assert "argument --audio: invalid choice: 'mute'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"audio='mute' \(--audio\): expected one of keep, drop"):
+        CurateConfig(audio="mute")
+    assert CurateParams(src="a", dst="b", audio="drop").config().audio == "drop"
+    with pytest.raises(ValidationError, match="audio"):
+        CurateParams(src="a", dst="b", audio="mute")

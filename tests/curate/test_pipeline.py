@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from pathlib import Path
 
 import av
+import numpy as np
 import polars as pl
 import pytest
 
@@ -15,8 +17,8 @@ from vfm_core.contracts import Rejects, VideoManifest, read_manifest
 from vfm_core.curate import CurateConfig, LocalExecutor, curate, discover
 from vfm_core.curate.pipeline import read_clips
 from vfm_core.storage import StorageError
-from vfm_core.video.io import probe
-from vfm_core.video.synthetic import BAD_KINDS
+from vfm_core.video.io import decode_frames, probe
+from vfm_core.video.synthetic import BAD_KINDS, Segment, VideoSpec, make_video, tone_levels
 
 
 def _inputs(src: Path) -> set[str]:
@@ -48,6 +50,7 @@ def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path):
     assert out["coverage_gaps"] == [] and out["rejected_s"] > 0
     # the clips on disk are exactly the manifest's, unique, H.264, keyframe first
     assert clips["clip_id"].n_unique() == clips.height
+    assert set(clips["audio"]) == {"none"} and out["n_audio"] == 0  # silent sources
     assert sorted(os.listdir(dst / "clips")) == sorted(f"{c}.mp4" for c in clips["clip_id"])
     for row in clips.iter_rows(named=True):
         info = probe(row["uri"])
@@ -214,3 +217,30 @@ def test_duplicate_content_is_rejected_once(good_dir, tmp_path):
     assert videos["source_uri"].to_list() == [str(src / "a.mp4")]
     assert dup["start_s"].to_list() == [0.0] and dup["end_s"][0] == videos["duration_s"][0]
     assert_covered(tmp_path / "o")
+
+
+def test_sound_is_kept_per_clip_or_dropped(tmp_path):
+    """--audio keep (the default): each clip has its span's sound, the tone of its own shot;
+    drop: clips without sound. The clips manifest says which (none: a silent source)."""
+    spec = VideoSpec(segments=(Segment(n_frames=36),) * 2, audio_rate=16000)  # cut at 1.5 s
+    make_video(tmp_path / "src" / "toned.mp4", spec)
+    kept = curate(str(tmp_path / "src"), str(tmp_path / "k"), config=CFG)
+    clips = read_clips(str(tmp_path / "k")).sort("start_s")
+    assert clips.height == 2 and clips["audio"].to_list() == ["kept"] * 2 and kept["n_audio"] == 2
+    for shot, row in enumerate(clips.iter_rows(named=True)):
+        with av.open(row["uri"]) as c:
+            a = c.streams.audio[0]
+            assert abs(a.duration * a.time_base - row["duration_s"]) <= 1024 / 16000
+            x = np.concatenate([f.to_ndarray() for f in c.decode(a)], 1)[0]
+        levels = tone_levels(x[: round(row["duration_s"] * 16000)], 16000, 2)  # (W, 2)
+        assert (levels[:, shot] > 0.2).all() and (levels[:, 1 - shot] < 0.05).all()
+        mp4 = io.BytesIO(Path(row["uri"]).read_bytes())  # as a shard holds it: the loader's read
+        assert len(decode_frames(mp4, threads="SLICE")) == row["n_frames"]
+    drop = CurateConfig(min_len_s=1.0, audio="drop")
+    assert "audio" not in drop.clip_settings()  # clips as before the setting: ids unchanged
+    curate(str(tmp_path / "src"), str(tmp_path / "d"), config=drop)
+    dropped = read_clips(str(tmp_path / "d"))
+    assert dropped["audio"].to_list() == ["dropped"] * 2
+    for uri in dropped["uri"]:
+        with av.open(uri) as c:
+            assert not c.streams.audio

@@ -24,6 +24,7 @@ FLAGS = (
     "out_fps",
     "stitch",
     "encoder",
+    "audio",
     "vlm",
     "image_model",
 )
@@ -87,16 +88,17 @@ def _cosine_or_auto(text: str) -> float | str:
 
 
 def summary_line(out: dict) -> str:
-    """One line: inputs, clips (and how many have no caption) and rejects with the seconds of
-    source each holds, recaptioned videos and unusable caption sidecars."""
+    """One line: inputs, clips (how many have no caption, how many sound) and rejects with the
+    seconds of source each holds, recaptioned videos and unusable caption sidecars."""
     done = f"{out['n_skipped']} already done"
     if out.get("n_recaptioned"):
         done += f", {out['n_recaptioned']} recaptioned"
     took = f" in {out['wall_s']:.1f} s" if "wall_s" in out else ""
+    sound = f", {out['n_audio']} with sound" if out.get("n_audio") else ""
     line = (
         f"curated {out['n_inputs']} videos ({done}){took}: "
         f"{out['n_clips']} clips ({out['clip_s']:.1f} s, {out.get('n_uncaptioned', 0)} without "
-        f"caption), {out['n_rejects']} rejects ({out['rejected_s']:.1f} s rejected)"
+        f"caption{sound}), {out['n_rejects']} rejects ({out['rejected_s']:.1f} s rejected)"
     )
     problems = out.get("caption_problems") or []
     if problems:

@@ -1,7 +1,8 @@
 """The per-clip curation stages: `TranscodeStage` (SpanTask -> ClipTask: the span's picture
-checked for black bars and blockiness, then encoded as H.264 MP4) and `AnnotateStage` (ClipTask ->
-AnnotatedClip: embedding, caption, filter scores, or a reject), with the caption helpers
-`curate.recaption` shares, and the commit of a video's clips.
+checked for black bars and blockiness, then encoded as H.264 MP4, with the span's sound as AAC
+unless ``audio`` is drop) and `AnnotateStage` (ClipTask -> AnnotatedClip: embedding, caption,
+filter scores, or a reject), with the caption helpers `curate.recaption` shares, and the commit
+of a video's clips.
 
 A blocky span is rejected before it is encoded unless it does not move: a frozen shot repeats
 the frame coded just after its cut, whose blocking then scores for the whole shot. Such a span
@@ -162,6 +163,7 @@ class TranscodeStage(MapStage):
                 preset=cfg.preset,
                 encoder=self._encoder,
                 crop=None if box is None else (box.x, box.y, box.w, box.h),
+                audio=cfg.audio,
             )
             os.replace(tmp, final)
         finally:
@@ -187,6 +189,7 @@ class TranscodeStage(MapStage):
                 crop_w=crop.w if crop else up_w,
                 crop_h=crop.h if crop else up_h,
                 blockiness=look.blockiness if look is not None else 0.0,
+                audio=r.audio,
             )
         ]
 

@@ -18,7 +18,7 @@ from vfm_core.config import build_settings
 from vfm_core.config_fields import out_of_bounds
 from vfm_core.curate.options import CurateOptions
 from vfm_core.curate.semdedup import SemDedupConfig
-from vfm_core.video.choices import SPLITTERS
+from vfm_core.video.choices import AUDIO_MODES, SPLITTERS
 from vfm_core.video.hybrid_splitter import HybridSplitter
 from vfm_core.video.io import MAX_PIXELS
 from vfm_core.video.quality import PictureConfig
@@ -57,6 +57,10 @@ class CurateConfig(CurateOptions):
         errors, not a run of rejects."""
         if problem := out_of_bounds(self):
             raise ValueError(problem)
+        if self.audio not in AUDIO_MODES:
+            raise ValueError(
+                f"audio={self.audio!r} (--audio): expected one of {', '.join(AUDIO_MODES)}"
+            )
         if self.max_len_s is not None and self.max_len_s < self.min_len_s:
             raise ValueError(
                 f"max_len_s={self.max_len_s} (--max-len) is below min_len_s={self.min_len_s} "
@@ -74,9 +78,18 @@ class CurateConfig(CurateOptions):
                 f"{f.min_width}: every clip would be rejected as too small"
             )
 
+    def _settings(self) -> dict[str, Any]:
+        """The fields as a dict, ``audio`` left out when it is drop: clips without sound are
+        what curation wrote before the setting existed, so those clip ids and finished videos
+        stay valid under ``--audio drop`` (under keep they are curated again, with sound)."""
+        d = dataclasses.asdict(self)
+        if d["audio"] == "drop":
+            d.pop("audio")
+        return d
+
     def clip_settings(self) -> str:
         """Everything that changes which clips are written and what they contain (for clip ids)."""
-        d = dataclasses.asdict(self)
+        d = self._settings()
         for k in ("filters", "embed_frames", "image_model", "vlm", "require_caption", "semdedup"):
             d.pop(k)
         d["picture"].pop("max_blockiness")  # a filter: it never changes a written clip
@@ -86,7 +99,7 @@ class CurateConfig(CurateOptions):
         """Hash of the per-video settings (a finished video is redone when this changes). The
         assembly-time ``semdedup`` is not one of them, nor the captioner (`caption_settings`:
         a finished video is recaptioned, its clips kept, when that changes)."""
-        d = dataclasses.asdict(self)
+        d = self._settings()
         d.pop("semdedup")
         d.pop("vlm")
         text = json.dumps(d | {"_rows": _ROWS}, sort_keys=True)
@@ -95,7 +108,7 @@ class CurateConfig(CurateOptions):
     def legacy_settings_hash(self) -> str:
         """`settings_hash` as it was while the captioner was one of the settings (states written
         then are still finished videos; they are recaptioned, not curated again)."""
-        d = dataclasses.asdict(self)
+        d = self._settings()
         d.pop("semdedup")
         text = json.dumps(d | {"_rows": _ROWS}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

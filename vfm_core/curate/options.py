@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vfm_core.config_fields import bounds, flag
-from vfm_core.video.choices import Encoder, SplitterName
+from vfm_core.video.choices import AudioMode, Encoder, SplitterName
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,6 +54,10 @@ class CurateOptions:
     """libx264 preset (NVENC gets the p1..p7 preset of similar speed)."""
     encoder: Encoder = "auto"
     """H.264 encoder: auto = h264_nvenc where it opens here (GPU build + GPU), else libx264."""
+    audio: AudioMode = "keep"
+    """Sound: keep = the source's first audio stream over each clip's span, as AAC in sync with
+    the pictures (clips of a source without one have none); drop = clips without sound. The
+    clips manifest's ``audio`` column says kept, none or dropped per clip."""
     embed_frames: int = 4
     """Frames averaged into a clip embedding."""
     image_model: str | None = None

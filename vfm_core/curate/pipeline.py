@@ -308,9 +308,9 @@ def assemble(
     """Write clips / rejects / videos manifests (sorted, validated) from per-video states; with
     ``semdedup`` on, near-duplicate clips move to the rejects naming the clip they duplicate.
 
-    Returns the manifest URLs, row counts, the seconds of source in clips (``clip_s``) and in
-    rejects (``rejected_s``), and ``coverage_gaps``: ranges of a probed input in no row (logged
-    as a warning; empty unless a stage lost a range)."""
+    Returns the manifest URLs, row counts (``n_audio``: clips with sound), the seconds of source
+    in clips (``clip_s``) and in rejects (``rejected_s``), and ``coverage_gaps``: ranges of a
+    probed input in no row (logged as a warning; empty unless a stage lost a range)."""
     clips, rejects, videos, problems = [], [], [], []
     first_of: dict[str, str] = {}  # video_id -> first source_uri with that content
     for st in states:
@@ -370,6 +370,7 @@ def assemble(
         "n_rejects": rdf.height,
         "n_videos": vdf.height,
         "n_uncaptioned": int((cdf["caption_source"] == "none").sum()) if cdf.height else 0,
+        "n_audio": int((cdf["audio"] == "kept").sum()) if "audio" in cdf.columns else 0,
         "caption_problems": problems,
         "clip_s": round(seconds(cdf), 3),
         "rejected_s": round(seconds(rdf), 3),

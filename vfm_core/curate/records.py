@@ -108,6 +108,9 @@ class ClipTask:
     crop_h: int = 0
     blockiness: float = 0.0
     """Compression blocking of the span's source pictures (`vfm_core.video.quality`)."""
+    audio: str | None = None
+    """Its sound: kept, none or dropped (`vfm_core.video.choices.ClipAudio`); None in items from
+    before it was recorded (clips written then have no sound)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -156,6 +159,7 @@ class AnnotatedClip:
             "crop_w": c.crop_w,
             "crop_h": c.crop_h,
             "blockiness": c.blockiness,
+            "audio": c.audio,
             "caption": self.caption,
             "caption_source": self.caption_source,
             "motion": self.motion,

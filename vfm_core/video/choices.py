@@ -1,9 +1,10 @@
-"""The names a setting picks a shot splitter and an H.264 encoder by, declared once.
+"""The names a setting picks a shot splitter, an H.264 encoder and what happens to sound by,
+declared once.
 
 Stdlib only (the ``vfm`` parser lists them in ``vfm curate --help`` without importing PyAV):
-`CurateConfig` types its ``splitter`` and ``encoder`` fields with these, its ``splitter_obj``
-maps a splitter name to its class, and :func:`vfm_core.video.transcode.select_encoder` resolves
-an encoder name.
+`CurateConfig` types its ``splitter``, ``encoder`` and ``audio`` fields with these, its
+``splitter_obj`` maps a splitter name to its class, :func:`vfm_core.video.transcode.select_encoder`
+resolves an encoder name, and the clips manifest's contract takes its ``audio`` values from here.
 """
 
 from __future__ import annotations
@@ -20,3 +21,15 @@ Encoder = Literal["auto", "libx264", "h264_nvenc"]
 """H.264 encoders: auto = h264_nvenc where it opens here, else libx264."""
 ENCODERS: tuple[str, ...] = typing.get_args(Encoder)
 """Accepted values of an `encoder` setting."""
+
+AudioMode = Literal["keep", "drop"]
+"""What curation does with a source's sound: keep = its first audio stream over the clip's span,
+re-encoded as AAC in the clip (`vfm_core.video.audio`); drop = clips without sound."""
+AUDIO_MODES: tuple[str, ...] = typing.get_args(AudioMode)
+"""Accepted values of an `audio` setting."""
+
+ClipAudio = Literal["kept", "none", "dropped"]
+"""A clip's sound as its manifest records it: kept (the source's, over the clip's span), none
+(the source has no audio stream), dropped (the source has one, the run's `audio` was drop)."""
+CLIP_AUDIO: tuple[str, ...] = typing.get_args(ClipAudio)
+"""Values of the clips manifest's ``audio`` column."""

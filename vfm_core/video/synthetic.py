@@ -5,7 +5,9 @@ panning low-frequency texture in the scene's palette with moving discs and boxes
 starts with a hard cut or with a dissolve of `transition_frames` frames from the previous scene
 (which keeps moving under the blend). `make_video` encodes it with libx264 and returns the
 `GroundTruth`: segment ranges, cut frames and fade ranges, which the splitter tests and the
-curation benchmark score against. Everything is deterministic given `VideoSpec.seed`.
+curation benchmark score against. Everything is deterministic given `VideoSpec.seed`. With
+`VideoSpec.audio_rate` it has a sound track too, one tone per segment (`tone_hz`), whose pitch
+steps at the cuts (`tone_levels` tells which segment's tone a stretch of sound holds).
 
 `make_bad_input` writes the malformed / unusual inputs the curation stages must reject or handle.
 """
@@ -87,6 +89,9 @@ class VideoSpec:
     """libx264 preset for writing the test video (speed over size)."""
     caption: str | None = None
     """If set, written to a sidecar `<stem>.txt` next to the video."""
+    audio_rate: int | None = None
+    """Sample rate of a mono AAC sound track (None: no audio stream): segment i is a sine tone
+    of `tone_hz(i)` over exactly its frames' time, so a cut is also a step in pitch."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -308,10 +313,40 @@ def render_frames(spec: VideoSpec) -> tuple[Iterator[np.ndarray], GroundTruth]:
     return frames(), gt
 
 
+def tone_hz(segment: int) -> float:
+    """The pitch of segment `segment`'s tone in a video with sound (`VideoSpec.audio_rate`)."""
+    return 400.0 + 200.0 * segment
+
+
+def render_sound(spec: VideoSpec, gt: GroundTruth) -> np.ndarray:
+    """(1, S) float32 samples of `spec`'s sound track (S = n_frames / fps * audio_rate)."""
+    rate = spec.audio_rate or 0
+    ends = [a for a, _ in gt.segments] + [gt.n_frames]
+    edges = [round(f / spec.fps * rate) for f in ends]  # segment i: samples [edges[i], edges[i+1])
+    out = np.zeros((1, edges[-1]), np.float32)  # (1, S)
+    for i, (a, b) in enumerate(zip(edges, edges[1:])):
+        t = np.arange(a, b) / rate
+        out[0, a:b] = 0.3 * np.sin(2 * np.pi * tone_hz(i) * t)
+    return out
+
+
+def tone_levels(
+    samples: np.ndarray, rate: int, n_segments: int, *, window_s: float = 0.01
+) -> np.ndarray:
+    """(W, n_segments) amplitude of each segment's tone (`tone_hz`) in consecutive `window_s`
+    windows of mono `samples` (S,): which segment's sound a stretch of a clip holds."""
+    w = max(1, round(window_s * rate))
+    x = samples[: len(samples) // w * w].reshape(-1, w)  # (W, w)
+    t = np.arange(w) / rate
+    waves = np.exp(-2j * np.pi * np.outer(t, [tone_hz(i) for i in range(n_segments)]))  # (w, n)
+    return np.abs(x @ waves) * 2 / w  # (W, n)
+
+
 def make_video(path: str | os.PathLike[str], spec: VideoSpec) -> GroundTruth:
     """Render `spec`, encode it to H.264 MP4 at `path` (+ sidecar caption) and return the truth."""
     frames, gt = render_frames(spec)
-    encode_h264(frames, path, fps=spec.fps, crf=spec.crf, preset=spec.preset)
+    sound = (render_sound(spec, gt), spec.audio_rate) if spec.audio_rate else None
+    encode_h264(frames, path, fps=spec.fps, crf=spec.crf, preset=spec.preset, sound=sound)
     if any(seg.caption for seg in spec.segments):  # per-segment captions: the JSON sidecar
         rows = [
             {"start_s": a / spec.fps, "end_s": b / spec.fps, "caption": seg.caption}

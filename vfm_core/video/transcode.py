@@ -1,4 +1,5 @@
-"""Encoding: H.264 MP4 from frames (`encode_h264`) and from a span of a video (`transcode_span`).
+"""Encoding: H.264 MP4 from frames (`encode_h264`) and from a span of a video (`transcode_span`,
+with the span's sound as AAC where the source has an audio stream: `video.audio`).
 
 The encoder is libx264 (always in PyAV's wheel) or NVIDIA's h264_nvenc where the FFmpeg build has
 it and a GPU with a driver lets it open. `select_encoder("auto")` picks NVENC when it opens here
@@ -22,7 +23,8 @@ from typing import Any
 import av
 import numpy as np
 
-from vfm_core.video.choices import ENCODERS, Encoder
+from vfm_core.video.audio import AudioFormat, add_aac, audio_format, span_samples, write_aac
+from vfm_core.video.choices import ENCODERS, AudioMode, ClipAudio, Encoder
 from vfm_core.video.container import Source, VideoError, open_container, source_name, video_stream
 from vfm_core.video.convert import FrameConverter
 from vfm_core.video.io import analysis_size, iter_av_frames
@@ -151,13 +153,15 @@ def encode_h264(
     pix_fmt: str = "yuv420p",
     gop: int | None = None,
     encoder: Encoder = "libx264",
+    sound: tuple[np.ndarray, int] | None = None,
 ) -> int:
     """Encode RGB uint8 frames (each (H, W, 3)) to an H.264 MP4; returns frames written.
 
     Frame 0 is an IDR keyframe. Output size defaults to the first frame's size rounded down to
     even numbers (yuv420p needs even sizes); other sizes are scaled by swscale. `encoder` is
     libx264 by default (bit-reproducible files, e.g. the synthetic test videos); "auto" or
-    "h264_nvenc" go through `select_encoder`.
+    "h264_nvenc" go through `select_encoder`. `sound`: (C, S) float samples from time 0 (C 1 or
+    2) and their rate, written as an AAC track.
     """
     it = iter(frames)
     first = next(it, None)
@@ -177,6 +181,9 @@ def encode_h264(
         gop=gop,
         encoder=codec,
     )
+    if sound is not None:
+        samples, rate = sound  # (C, S)
+        ast = add_aac(out, AudioFormat(rate=rate, layout="mono" if len(samples) == 1 else "stereo"))
     n = 0
     fc = FrameConverter()  # one swscale context for every frame (a frame's own is built per call)
     with out:
@@ -187,6 +194,8 @@ def encode_h264(
             out.mux(st.encode(vf))
             n += 1
         out.mux(st.encode(None))
+        if sound is not None:
+            write_aac(out, ast, samples)
     return n
 
 
@@ -213,6 +222,8 @@ class TranscodeResult:
     """Clip frame rate."""
     encoder: str = "libx264"
     """The H.264 encoder that wrote it (libx264 or h264_nvenc)."""
+    audio: ClipAudio = "none"
+    """Its sound: kept (the source's, AAC), none (the source has no audio stream) or dropped."""
 
 
 def transcode_span(
@@ -231,6 +242,7 @@ def transcode_span(
     cfr: bool = False,
     encoder: Encoder = "auto",
     crop: tuple[int, int, int, int] | None = None,
+    audio: AudioMode = "keep",
 ) -> TranscodeResult:
     """Write the frames of [start_s, end_s) of `src` as an H.264 MP4 starting on a keyframe.
 
@@ -244,6 +256,11 @@ def transcode_span(
     the span is empty, `EncoderError` for an encoder that is unknown or unavailable. `crop`
     (x, y, w, h in upright source pixels, e.g. the picture inside black bars from
     `vfm_core.video.quality`) keeps only that box; sizes then apply to the box.
+
+    `audio` "keep" re-encodes the source's first audio stream (AAC, `video.audio`) over the clip:
+    from the source time of its first frame (of ``start_s`` when frames are resampled onto a new
+    time grid) for n_frames / fps seconds, so sound and pictures stay in sync; "drop" writes no
+    sound. `TranscodeResult.audio` says which happened (none: the source has no audio stream).
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = source_name(src)
@@ -251,6 +268,7 @@ def transcode_span(
     k = (rotation // 90) % 4  # quarter turns counter-clockwise
     w, h = _output_size(w0, h0, k=k, crop=crop, width=width, height=height, name=name)
     out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
+    sound = audio_format(src)
     out, st = _open_h264(
         out_path,
         fps=out_rate,
@@ -262,13 +280,15 @@ def transcode_span(
         gop=None,
         encoder=codec,
     )
-    n = 0
+    ast = add_aac(out, sound) if sound is not None and audio == "keep" else None
+    n, first_t = 0, start_s
     fc = FrameConverter()  # swscale contexts reused across the span, one per conversion
     with out:
         resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
         for t, frame in iter_av_frames(
             src, start_s=start_s, end_s=end_s, threads=threads, name=name
         ):
+            first_t = t if n == 0 and not resample else first_t  # the clip's time 0
             vf = _upright_frame(fc, frame, k=k, crop=crop, width=w, height=h)
             copies = 1
             if resample:
@@ -280,6 +300,8 @@ def transcode_span(
                 out.mux(st.encode(vf))
                 n += 1
         out.mux(st.encode(None))
+        if ast is not None and n:  # (C, S) of [first_t, first_t + n / rate): the clip's span
+            write_aac(out, ast, span_samples(src, first_t, float(n / out_rate), sound, name=name))
     if n == 0:
         Path(out_path).unlink(missing_ok=True)
         raise VideoError(name, f"no frames in span [{start_s:.3f}, {end_s:.3f}) s")
@@ -291,6 +313,7 @@ def transcode_span(
         height=h,
         fps=float(out_rate),
         encoder=codec,
+        audio="none" if sound is None else "kept" if ast is not None else "dropped",
     )
 
 
