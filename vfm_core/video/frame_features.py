@@ -90,6 +90,22 @@ def thumbnails(frames: np.ndarray) -> np.ndarray:
     return frames[:, ys[:, None], xs[None, :]]  # (T, THUMB, THUMB, 3)
 
 
+GRID_W, GRID_H = 16, 9
+
+
+def block_means(x: np.ndarray, gw: int = GRID_W, gh: int = GRID_H) -> np.ndarray:
+    """(T, H, W, ...) -> (T, gh, gw, ...) float32 means over a gh x gw grid of blocks. A frame with
+    fewer rows (columns) than the grid, a very wide (tall) video's analysis frame, has every row
+    (column) repeated so that each cell covers at least one."""
+    x = np.repeat(np.repeat(x, -(-gh // x.shape[1]), axis=1), -(-gw // x.shape[2]), axis=2)
+    h, w = x.shape[1:3]
+    rs = np.searchsorted((np.arange(h) * gh) // h, np.arange(gh))  # first row of every cell
+    cs = np.searchsorted((np.arange(w) * gw) // w, np.arange(gw))
+    g = np.add.reduceat(np.add.reduceat(x.astype(np.float32), rs, axis=1), cs, axis=2)  # sums
+    area = np.diff(np.r_[rs, h])[:, None] * np.diff(np.r_[cs, w])[None, :]  # (gh, gw)
+    return g / area.reshape(area.shape + (1,) * (x.ndim - 3)).astype(np.float32)
+
+
 def luma(frames: np.ndarray) -> np.ndarray:
     """(T, H, W, 3) uint8 -> (T, H, W) float32 luma (BT.601)."""
     f = frames.astype(np.float32)
@@ -110,6 +126,9 @@ class FrameFeatures:
     """(T,) presentation times in seconds when decoded from a video (None for arrays)."""
     thumbs: np.ndarray | None = None
     """(T, THUMB, THUMB, 3) uint8 thumbnails: with `hist`, the stitch embedder's input."""
+    grid: np.ndarray | None = None
+    """(T, GRID_H, GRID_W, 3) float32 block-mean RGB (0..255): a dissolve's frame is a blend of
+    its ends here, a fade's a scaled end, a moving picture neither."""
 
 
 class FeatureAccumulator:
@@ -120,6 +139,7 @@ class FeatureAccumulator:
         self.dpix: list[np.ndarray] = []
         self.bright: list[np.ndarray] = []
         self.thumbs: list[np.ndarray] = []
+        self.grid: list[np.ndarray] = []
         self.times: list[float] = []
         self.prev: np.ndarray | None = None
 
@@ -129,6 +149,7 @@ class FeatureAccumulator:
         y = luma(frames)  # (B, H, W)
         self.hist.append(hsv_histograms(frames))
         self.thumbs.append(thumbnails(frames))
+        self.grid.append(block_means(frames))  # (B, GRID_H, GRID_W, 3)
         prev = y[:1] if self.prev is None else self.prev[None]
         yy = np.concatenate([prev, y], 0)  # (B + 1, H, W)
         self.dpix.append(np.abs(np.diff(yy, axis=0)).mean(axis=(1, 2)) / 255.0)
@@ -148,6 +169,7 @@ class FeatureAccumulator:
             bright=np.concatenate(self.bright),
             times=np.asarray(self.times) if self.times else None,
             thumbs=np.concatenate(self.thumbs),
+            grid=np.concatenate(self.grid),
         )
 
 

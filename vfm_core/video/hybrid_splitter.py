@@ -39,9 +39,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vfm_core.video.frame_features import (
+    GRID_H,
+    GRID_W,
     FeatureAccumulator,
     FrameFeatures,
     FramesOrSource,
+    block_means,
     frame_chunks,
     luma,
 )
@@ -93,11 +96,16 @@ class HybridSplitter:
         opts = SKIP_LOOP_FILTER if self.color.skip_loop_filter else None
         acc = FeatureAccumulator()
         grids: list[np.ndarray] = []
+        same = (self.grid_w, self.grid_h) == (GRID_W, GRID_H)  # the features' grid is the layout's
         for c, ts in frame_chunks(source, self.color.analysis_width, 256, "AUTO", opts):
             acc.add(c, ts)
-            grids.append(layout_grid(c, self.grid_w, self.grid_h))
+            if not same:
+                grids.append(layout_grid(c, self.grid_w, self.grid_h))
+        feats = acc.result()
+        if same and feats.grid is not None:
+            return feats, normalise(luma(feats.grid))
         empty = np.zeros((0, self.grid_h, self.grid_w), np.float32)
-        return acc.result(), (np.concatenate(grids) if grids else empty)
+        return feats, (np.concatenate(grids) if grids else empty)
 
     def detect(self, feats: FrameFeatures, grid: np.ndarray, fps: float) -> Detection:
         """The colour detection with the layout cuts added (and false dissolves undone)."""
@@ -144,18 +152,14 @@ def _neighbour_max(x: np.ndarray, half: int) -> np.ndarray:
 
 
 def layout_grid(frames: np.ndarray, gw: int, gh: int) -> np.ndarray:
-    """(T, H, W, 3) uint8 -> (T, gh, gw) float32 block-mean luma, each frame normalised to zero
-    mean and unit mean-absolute deviation (a brightness change or fade leaves it unchanged)."""
-    y = luma(frames)  # (T, H, W)
-    # a frame with fewer rows (columns) than the grid, a very wide (tall) video's analysis
-    # frame: every row (column) repeated so that each cell covers at least one
-    y = np.repeat(np.repeat(y, -(-gh // y.shape[1]), axis=1), -(-gw // y.shape[2]), axis=2)
-    h, w = y.shape[1:]
-    rs = np.searchsorted((np.arange(h) * gh) // h, np.arange(gh))  # first row of every cell
-    cs = np.searchsorted((np.arange(w) * gw) // w, np.arange(gw))
-    g = np.add.reduceat(np.add.reduceat(y, rs, axis=1), cs, axis=2)  # (T, gh, gw) sums
-    g = g / (np.diff(np.r_[rs, h])[:, None] * np.diff(np.r_[cs, w])[None, :])
-    g -= g.mean(axis=(1, 2), keepdims=True)
+    """(T, H, W, 3) uint8 -> (T, gh, gw) float32 block-mean luma, normalised (`normalise`)."""
+    return normalise(block_means(luma(frames), gw, gh))
+
+
+def normalise(g: np.ndarray) -> np.ndarray:
+    """(T, gh, gw) block-mean luma -> each frame at zero mean and unit mean-absolute deviation (a
+    brightness change or fade leaves it unchanged)."""
+    g = g - g.mean(axis=(1, 2), keepdims=True)
     spread = np.abs(g).mean(axis=(1, 2), keepdims=True)
     # a flat frame (black, one colour) has no layout: keep it near zero rather than amplify noise
     return (g / np.maximum(spread, 2.0)).astype(np.float32)

@@ -38,7 +38,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from vfm_core.video.frame_features import FrameFeatures, FramesOrSource, compute_features
+from vfm_core.video.frame_features import FrameFeatures, FramesOrSource, compute_features, luma
+from vfm_core.video.gradual import GradualRules, find_gradual, is_flash
 from vfm_core.video.io import SKIP_LOOP_FILTER, probe
 from vfm_core.video.spans import (
     DroppedSpan,
@@ -125,20 +126,12 @@ class ColorChangeSplitter:
     """A hard cut's distance must exceed this times the rolling median around it."""
     window_s: float = 1.0
     """Half-width of the rolling median window, seconds."""
-    grad_step: float = 0.04
-    """A frame-to-frame distance at least this large can be part of a gradual transition."""
-    grad_ratio: float = 2.0
-    """... and it must exceed this times the rolling median (window 2 x `window_s`)."""
-    grad_gap: int = 2
-    """Quiet frames (at most this many) inside a run of elevated change do not end it."""
-    grad_min_frames: int = 4
-    """Shortest run of elevated change that counts as gradual (a hard cut is 1-2 frames)."""
-    grad_min: float = 0.35
-    """Net histogram distance across a gradual transition (0..1)."""
-    grad_k: int = 16
-    """Stability check: frames compared on each side of a gradual transition are k/2 apart."""
-    grad_stable: float = 0.4
-    """The change just outside a transition must be below this fraction of its net change."""
+    gradual: GradualRules = field(default_factory=GradualRules)
+    """How a candidate becomes a dissolve / fade (`video.gradual`)."""
+    flash_s: float = 0.2
+    """A cut whose picture comes back within this many seconds is a flash (`gradual.is_flash`)."""
+    flash_ratio: float = 0.35
+    """... comes back: a frame pair across it is below this share of the cut's own step."""
     black_level: float = 24.0
     """A frame is black when its 98th-percentile luma is below this (0..255)."""
     min_black_frames: int = 3
@@ -229,47 +222,38 @@ class ColorChangeSplitter:
                 black.append((a, b))
         # cuts at (or inside) black runs are the runs' edges
         cuts = [c for c in cuts if not any(a - 2 <= c <= b + 2 for a, b in black)]
+        # a picture that comes back within flash_s is a flash, not a cut
+        y, k = luma(_grid(feats)), max(2, int(round(self.flash_s * fps)))
+        cuts = [c for c in cuts if not is_flash(h, y, c, k, self.flash_ratio)]
 
-        gradual = self._gradual(h, d1, black, w)
+        gradual = self._gradual(feats, black, fps)
         # cut candidates inside a gradual transition are the transition's own steps
         cuts = [c for c in cuts if not any(a - 2 <= c <= b + 2 for a, b in gradual)]
         return Detection(n_frames=t_n, cuts=cuts, gradual=gradual, black=black, score=d1)
 
     def _gradual(
-        self, h: np.ndarray, d1: np.ndarray, black: list[tuple[int, int]], w: int
+        self, feats: FrameFeatures, black: list[tuple[int, int]], fps: float
     ) -> list[tuple[int, int]]:
-        """Runs of elevated frame-to-frame change with a large, sustained net change."""
-        t_n = h.shape[0]
-        m = max(1, self.grad_k // 2)
-        base = _rolling(d1, 2 * w, np.median)  # (T,) long window: a fade must not raise it
-        hot = (d1 >= self.grad_step) & (d1 >= self.grad_ratio * (base + 0.005))
-        hot[0] = False
-        runs = true_runs(_close_gaps(hot, self.grad_gap))
+        """Verified dissolves / fades (`gradual.find_gradual`), black runs cut out of them."""
         out: list[tuple[int, int]] = []
-        for a, b in runs:
-            if b - a < self.grad_min_frames:
-                continue
-            first, last = a - 1, b - 1  # last clean frame before, first clean frame after
-            net = 0.5 * float(np.abs(h[last] - h[first]).sum())
-            if net < self.grad_min:
-                continue
-            before = 0.5 * float(np.abs(h[first] - h[max(0, first - m)]).sum())
-            after = 0.5 * float(np.abs(h[min(t_n - 1, last + m)] - h[last]).sum())
-            if max(before, after) > self.grad_stable * net:
-                continue  # still changing on either side: motion, not a transition
-            if any(x - 2 <= first and last <= y + 2 for x, y in black):
-                continue
-            out.append((a, max(a, last)))  # blended frames [a, last)
+        for a, b in find_gradual(feats.hist, _grid(feats), fps, self.gradual):
+            for x, y in black:  # a fade through black: the black run is its own segment
+                if x < b and a < y:
+                    if x - a >= self.gradual.min_frames:
+                        out.append((a, x))
+                    a = max(a, y)
+            if b - a >= self.gradual.min_frames:
+                out.append((a, b))
         return out
 
 
-def _close_gaps(mask: np.ndarray, gap: int) -> np.ndarray:
-    """Fill False runs of length <= gap that lie between True values."""
-    out = mask.copy()
-    for a, b in true_runs(~mask):
-        if b - a <= gap and a > 0 and b < len(mask):
-            out[a:b] = True
-    return out
+def _grid(feats: FrameFeatures) -> np.ndarray:
+    """The block-mean RGB grid (T, gh, gw, 3); features made without one get the thumbnails'."""
+    if feats.grid is not None:
+        return feats.grid
+    if feats.thumbs is not None:
+        return feats.thumbs.astype(np.float32)
+    return np.zeros((len(feats.hist), 1, 1, 3), np.float32)
 
 
 def true_runs(mask: np.ndarray) -> list[tuple[int, int]]:

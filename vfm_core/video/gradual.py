@@ -1,0 +1,172 @@
+"""What tells a transition from the same shot moving: flashes, and dissolves / fades found and
+verified on the per-frame features (`FrameFeatures.hist` and `.grid`), for `ColorChangeSplitter`.
+
+The distance of two frames i, j is the colour splitter's, on any pair:
+
+    dist(i, j) = 0.7 x half-L1(hist[i], hist[j]) + 0.3 x min(1, 4 x mean |dY| / 255)
+
+with dY the difference of the grids' block-mean lumas.
+
+**Flash** (`is_flash`): a cut candidate at t is a flash (or any insert of a few frames) when the
+picture returns: some frame of the `k` before t is close to some frame of the `k` from t on
+(dist below `ratio` x the step dist(t - 1, t)). A camera flash changes the picture for 1-3 frames
+and gives it back; a cut never does.
+
+**Gradual transitions** (`find_gradual`): a candidate is a pair of frames (p, q), p the last of
+shot A, q the first of shot B, from two sources: runs of elevated frame-to-frame change (the fast
+ones, a few frames) and, for every scale w in `scales_s`, the local maxima of dist(t, t + w) (the
+slow ones, 0.5-2 s, whose per-frame change is lost in motion; TransNetV2 and PySceneDetect's
+AdaptiveDetector also look beyond the frame pair). A candidate is a transition when
+
+1. the net change dist(p, q) >= `net_min`, spread over the window: no single step in it
+   exceeds `step_share` x the net change (that is a cut, or a cut inside motion);
+2. the content beyond the window differs on both sides: no frame of the `m` before p is close to
+   a frame of the `m` after q (< `return_share` x net), and each side is stable (the change over
+   `m` frames outside is below `stable_share` x net): same-shot motion moves on, or comes back;
+3. every frame in between is a blend of the ends in the block-mean RGB grid: x ~ a x grid[p] +
+   b x grid[q], a, b >= 0 (a dissolve: a + b = 1; a fade: one of them 0), the median residual below
+   `blend_tol` x |grid[p] - grid[q]|. A whip pan or fast motion smears and moves the picture:
+   no blend of its ends.
+
+Its span is then trimmed to the frames that are not yet (still) shot A (B) by the fit: b / (a + b)
+beyond `pure` and a + b within `pure` of 1, so a transition is never longer than its blend. All
+numpy on (T, bins) / (T, 9, 16, 3) arrays the decode already made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vfm_core.video.frame_features import luma
+
+
+def frame_dist(hist: np.ndarray, y: np.ndarray, i, j) -> np.ndarray:
+    """dist of frames i and j (index arrays that broadcast): hist (T, bins), y (T, gh, gw)."""
+    hd = 0.5 * np.abs(hist[i] - hist[j]).sum(-1)
+    gd = np.abs(y[i] - y[j]).mean(axis=(-2, -1)) / 255.0
+    return 0.7 * hd + 0.3 * np.minimum(1.0, 4.0 * gd)
+
+
+def is_flash(hist: np.ndarray, y: np.ndarray, t: int, k: int, ratio: float) -> bool:
+    """Whether the picture before t comes back within k frames (a flash, not a cut at t)."""
+    t_n = len(hist)
+    before = np.arange(max(0, t - k), t)
+    after = np.arange(t, min(t_n, t + k + 1))
+    if before.size == 0 or after.size == 0:
+        return False
+    d = frame_dist(hist, y, before[:, None], after[None, :])  # (k, k + 1)
+    d[(before[:, None] == t - 1) & (after[None, :] == t)] = np.inf  # the step itself
+    step = float(frame_dist(hist, y, t - 1, t))
+    return float(d.min()) < ratio * step
+
+
+@dataclass(kw_only=True, slots=True)
+class GradualRules:
+    """Thresholds of `find_gradual` (see the module docstring)."""
+
+    scales_s: tuple[float, ...] = (0.32, 0.64, 1.28, 2.4)
+    """Windows (seconds) of the scan: a transition up to the largest less 2 frames is found."""
+    net_min: float = 0.3
+    """Net change across a transition (dist, 0..1)."""
+    hist_min: float = 0.42
+    """... and of its colours alone (half-L1 of the histograms): a camera moving within one set
+    (a whip pan, fast motion) changes the layout, not the palette."""
+    step_share: float = 0.5
+    """No single frame step of the grid may carry more than this share of its net change."""
+    stable_share: float = 0.4
+    """The change over `m` frames just outside must be below this share of the net change."""
+    return_share: float = 0.5
+    """... and no frame outside on one side may be this close (share of net) to the other side."""
+    m: int = 8
+    """Frames looked at on each side."""
+    blend_tol: float = 0.3
+    """Median residual of the blend fit, as a share of |grid[p] - grid[q]|."""
+    pure: float = 0.1
+    """A frame is still shot A (B) when its B (A) weight is below this and a + b within it of 1."""
+    min_frames: int = 4
+    """Shortest transition (a cut is one step)."""
+
+
+def find_gradual(
+    hist: np.ndarray, grid: np.ndarray, fps: float, rules: GradualRules
+) -> list[tuple[int, int]]:
+    """[start, end) of the verified dissolves / fades. hist (T, bins), grid (T, gh, gw, 3)."""
+    t_n, r = len(hist), rules
+    y = luma(grid)  # (T, gh, gw)
+    g = grid.reshape(t_n, -1)  # (T, D)
+    gstep = np.zeros(t_n, np.float32)
+    gstep[1:] = np.abs(np.diff(g, axis=0)).mean(1)  # (T,) grid change per frame
+    found: list[tuple[float, int, int]] = []  # (residual share, start, end)
+    for sc in r.scales_s:
+        w = max(3, int(round(sc * fps)))
+        if t_n <= w:
+            continue
+        p = np.arange(t_n - w)
+        q = p + w
+        net = frame_dist(hist, y, p, q)  # (T - w,)
+        scale = np.abs(g[p] - g[q]).mean(1)  # (T - w,)
+        biggest = np.lib.stride_tricks.sliding_window_view(gstep[1:], w).max(1)  # steps p+1..q
+        side = np.maximum(
+            frame_dist(hist, y, np.maximum(p - r.m, 0), p),
+            frame_dist(hist, y, q, np.minimum(q + r.m, t_n - 1)),
+        )
+        hd = 0.5 * np.abs(hist[p] - hist[q]).sum(1)  # (T - w,)
+        ok = (net >= r.net_min) & (hd >= r.hist_min) & (scale >= 1.0)
+        ok &= biggest <= r.step_share * scale
+        ok &= side <= r.stable_share * net
+        for i in np.flatnonzero(ok):
+            hit = _verify(hist, y, g, int(p[i]), int(q[i]), float(net[i]), r)
+            if hit is not None:
+                found.append(hit)
+    # overlapping answers are one transition: the best-fitting window's span
+    out: list[tuple[int, int]] = []
+    group: list[tuple[float, int, int]] = []
+    for hit in [*sorted(found, key=lambda x: x[1]), None]:
+        if group and (hit is None or hit[1] >= max(e for _, _, e in group)):
+            _, s, e = min(group)
+            out.append((s, e))
+            group = []
+        if hit is not None:
+            group.append(hit)
+    return out
+
+
+def _verify(hist, y, g, p: int, q: int, net: float, r: GradualRules):
+    """(residual share, start, end) of candidate (p, q) trimmed to its blend, or None."""
+    t_n = len(hist)
+    before = np.arange(max(0, p - r.m), p + 1)
+    after = np.arange(q, min(t_n, q + r.m + 1))
+    if frame_dist(hist, y, before[:, None], after[None, :]).min() < r.return_share * net:
+        return None  # the content comes back: the same shot
+    ga, gb, x = g[p], g[q], g[p + 1 : q]  # (D,), (D,), (n, D)
+    scale = float(np.abs(ga - gb).mean())
+    a, b = _nonneg_fit(ga, gb, x)  # (n,), (n,)
+    res = np.abs(x - a[:, None] * ga - b[:, None] * gb).mean(1)  # (n,)
+    share = float(np.median(res)) / scale
+    if share > r.blend_tol:
+        return None  # not a blend of its ends: motion
+    tot = a + b
+    wb = b / np.maximum(tot, 1e-6)
+    pure_a = (wb < r.pure) & (np.abs(tot - 1) < r.pure)
+    pure_b = (wb > 1 - r.pure) & (np.abs(tot - 1) < r.pure)
+    inner = np.flatnonzero(~pure_a & ~pure_b)
+    if inner.size == 0:
+        return None
+    s, e = p + 1 + int(inner[0]), p + 2 + int(inner[-1])
+    return (share, s, e) if e - s >= r.min_frames else None
+
+
+def _nonneg_fit(ga: np.ndarray, gb: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares x ~ a ga + b gb with a, b >= 0, per row of x (n, D) -> (n,), (n,)."""
+    aa, bb, ab = float(ga @ ga), float(gb @ gb), float(ga @ gb)
+    xa, xb = x @ ga, x @ gb  # (n,)
+    det = max(aa * bb - ab * ab, 1e-6 * aa * bb + 1e-12)
+    a = (xa * bb - xb * ab) / det
+    b = (xb * aa - xa * ab) / det
+    only_b = a < 0  # best with a = 0
+    only_a = b < 0
+    a = np.where(only_b, 0.0, np.where(only_a, np.maximum(xa / max(aa, 1e-12), 0), a))
+    b = np.where(only_a, 0.0, np.where(only_b, np.maximum(xb / max(bb, 1e-12), 0), b))
+    return a, b
