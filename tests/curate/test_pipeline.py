@@ -152,15 +152,15 @@ class _Crash(RuntimeError):
     pass
 
 
-class CrashAfter(LocalExecutor):
-    """Dies after `n` final items (a worker crash in the middle of a run)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
+class CrashInSecond(LocalExecutor):
+    """Dies at the second final item of the second video (a worker crash in the middle of a
+    run: the first video done, the second half written)."""
 
     def run(self, stages, items):
+        seen: list[str] = []
         for i, x in enumerate(super().run(stages, items)):
-            if i == self.n:
+            seen.append(x.source_uri)
+            if len(set(seen)) == 2 and seen.count(x.source_uri) == 2:
                 raise _Crash(f"crash after {i} items")
             yield x
 
@@ -168,7 +168,7 @@ class CrashAfter(LocalExecutor):
 def test_resume_after_crash_skips_finished_and_never_duplicates(good_dir, tmp_path):
     src, dst = str(good_dir[0]), str(tmp_path / "out")
     with pytest.raises(_Crash):
-        curate(src, dst, config=CFG, executor=CrashAfter(9))  # demo0 done, demo1 half written
+        curate(src, dst, config=CFG, executor=CrashInSecond())  # demo0 done, demo1 half written
     assert len(os.listdir(Path(dst) / "_state")) == 1
     out = curate(src, dst, config=CFG)
     assert out["n_skipped"] == 1
