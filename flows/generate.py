@@ -104,6 +104,39 @@ class GenerateParams(Form):
         return data_dir() / "generated" / name / (flow_run.get_name() or "run")
 
 
+def evaluated_run(
+    checkpoint: str,
+    tracking: TrackingConfig,
+    *,
+    tags: dict[str, str],
+    parent_run_id: str | None,
+    sheet_dir: Path,
+    **evaluation: Any,
+) -> tuple[dict[str, float], str, str | None]:
+    """The checkpoint's evaluation (``tasks.generate.evaluate_checkpoint`` with ``evaluation``)
+    in its own MLflow run ``evaluate <checkpoint>`` under ``parent_run_id``, with the
+    prompt-following contact sheet written to ``sheet_dir``: (metrics, the evaluation run's id,
+    the sheet's path or None). The run ends FAILED with the error when the evaluation fails."""
+    run_id = start_mlflow_run(
+        tracking,
+        {**tags, STAGE_TAG: "evaluate"},
+        parent_run_id=parent_run_id,
+        name=f"evaluate {Path(checkpoint.rstrip('/')).name}",
+    )
+    sheet: str | None = str(sheet_dir / "prompt_following.png")
+    Path(sheet).unlink(missing_ok=True)  # an earlier run's
+    try:
+        metrics = evaluate_checkpoint(checkpoint, contact_sheet=sheet, **evaluation)
+        if not Path(sheet).is_file():  # no vocabulary clips (no tokenizer or captions)
+            sheet = None
+        log_evaluation(run_id, tracking, metrics, [sheet] if sheet else [])
+    except BaseException as e:
+        end_mlflow_run(tracking, run_id, error=f"{type(e).__name__}: {e}")
+        raise
+    end_mlflow_run(tracking, run_id)
+    return metrics, run_id, sheet
+
+
 @flow(name="generate", log_prints=True)
 def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> dict[str, Any]:
     """Videos for the prompts (MLflow run ``generate …``) and, with ``evaluate``, the checkpoint's
@@ -135,7 +168,7 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
         parent_run_id=parent_run_id,
         name=f"generate {ckpt} ({len(params.prompts)} prompts)",
     )
-    eval_run = done_eval = prompt_sheet = None
+    done_eval = prompt_sheet = None
     try:
         videos = [
             generate_video(params.checkpoint, prompt, at, seed=params.seed + i, **options)
@@ -150,32 +183,20 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
         )
         metrics = None
         if params.evaluate:
-            eval_run = start_mlflow_run(
-                tracking,
-                {**tags, STAGE_TAG: "evaluate"},
-                parent_run_id=parent_run_id or run_id,
-                name=f"evaluate {ckpt}",
-            )
-            prompt_sheet = str(out / "prompt_following.png")
-            Path(prompt_sheet).unlink(missing_ok=True)  # an earlier run's
-            metrics = evaluate_checkpoint(
+            metrics, done_eval, prompt_sheet = evaluated_run(
                 params.checkpoint,
+                tracking,
+                tags=tags,
+                parent_run_id=parent_run_id or run_id,
+                sheet_dir=out,
                 tokenizer=params.tokenizer,
                 samples=params.eval_samples,
-                contact_sheet=prompt_sheet,
                 prompts=params.eval_prompts,
                 temperature=params.temperature,
                 top_k=params.top_k,
             )
-            if not Path(prompt_sheet).is_file():  # no vocabulary clips (no tokenizer or captions)
-                prompt_sheet = None
-            log_evaluation(eval_run, tracking, metrics, [prompt_sheet] if prompt_sheet else [])
-            end_mlflow_run(tracking, eval_run)
-            eval_run, done_eval = None, eval_run
     except BaseException as e:
-        for rid in (eval_run, run_id):
-            if rid is not None:
-                end_mlflow_run(tracking, rid, error=f"{type(e).__name__}: {e}")
+        end_mlflow_run(tracking, run_id, error=f"{type(e).__name__}: {e}")
         raise
     end_mlflow_run(tracking, run_id)
     print(f"{len(videos)} video(s) in {out}; MLflow run {run_id} -> {ui_hint(tracking)}")

@@ -1,14 +1,17 @@
 """The nightly chain of ``deployments/prefect.yaml`` (docs/registry-and-deployments.md):
-curate-nightly -> shard-nightly -> train-nightly -> generate-nightly, each link a deployment
-trigger on the ``vfm.STAGE.completed`` event the upstream flow emits as its last step
-(tasks/events.py), with the downstream parameters rendered from the event's payload.
+curate-nightly -> shard-nightly -> train-nightly -> promote-nightly -> generate-nightly, each link
+a deployment trigger on the ``vfm.STAGE.completed`` event the upstream flow emits as its last step
+(tasks/events.py), with the downstream parameters rendered from the event's payload;
+generate-nightly follows a promotion only (the event's ``vfm.promoted`` label).
 
 Fast: every link names the upstream deployment and the event its flow emits, and the trigger's
 parameters, rendered with such a payload, are a valid form of the downstream flow. Slow, on real
 servers (``prefect server start``, MLflow, a process worker, as ``make up``): the chain's
 deployments (the repository's triggers, tiny parameters) run one curation of one sample video to a
-generated video, every downstream run created by an automation; a curation whose only video is
-broken ends Failed with the count as its state message, and no shard or training run follows.
+registered champion and its generated video, every downstream run created by an automation; a
+worse model trained after it is registered, not promoted, and not served; a curation whose only
+video is broken ends Failed with the count as its state message, and no shard or training run
+follows.
 """
 
 from __future__ import annotations
@@ -29,13 +32,27 @@ from infra.load import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-CHAIN = ["curate-nightly", "shard-nightly", "train-nightly", "generate-nightly"]
-STAGE = {"curate-nightly": "curate", "shard-nightly": "shard", "train-nightly": "train"}
+CHAIN = ["curate-nightly", "shard-nightly", "train-nightly", "promote-nightly", "generate-nightly"]
+STAGE = {
+    "curate-nightly": "curate",
+    "shard-nightly": "shard",
+    "train-nightly": "train",
+    "promote-nightly": "promote",
+}
+FLOW = {**STAGE, "promote-nightly": "evaluate-and-promote", "generate-nightly": "generate"}
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 PAYLOAD = {  # what each flow's emit_stage_completed sends (tasks/events.py)
     "curate": {"dst": "/d/curated", "clips": "/d/curated/clips.parquet", "n_clips": 3},
     "shard": {"shards_dir": "/d/shards", "index": "/d/shards/index.json", "clips_dir": "/d/c"},
     "train": {"out_dir": "/d/runs/x", "recipe": "dit-tiny", "step": 2, "mlflow_run_id": "r"},
+    "promote": {
+        "name": "vfm-dit-tiny",
+        "version": 3,
+        "model_uri": "models:/vfm-dit-tiny/3",
+        "champion_uri": "models:/vfm-dit-tiny@champion",
+        "promoted": True,
+        "reason": "first version",
+    },
 }
 
 
@@ -63,12 +80,13 @@ def test_each_link_triggers_on_the_upstream_deployments_event():
     from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 
     from flows.generate import GenerateParams
+    from flows.promote import PromoteParams
     from flows.shard import ShardParams
     from flows.train import TrainParams
     from tasks.events import event_name
 
     forms = {"shard-nightly": ShardParams, "train-nightly": TrainParams}
-    forms["generate-nightly"] = GenerateParams
+    forms.update({"promote-nightly": PromoteParams, "generate-nightly": GenerateParams})
     deps = chain_deployments()
     assert "triggers" not in deps["curate-nightly"] and deps["curate-nightly"]["schedules"]
     for upstream, downstream in zip(CHAIN, CHAIN[1:], strict=False):
@@ -87,13 +105,16 @@ def test_each_link_triggers_on_the_upstream_deployments_event():
             form.to_config()  # every setting a known, typed config value
         # the deployment's own defaults (a run by hand) are a valid form too
         forms[downstream].model_validate(deps[downstream]["parameters"]["params"])
-    shard, train, gen = (
+    shard, train, promote, gen = (
         render(deps[d]["triggers"][0]["parameters"], {"payload": PAYLOAD[STAGE[u]]})["params"]
         for u, d in zip(CHAIN, CHAIN[1:], strict=False)
     )
     assert shard["clips_dir"] == "/d/curated"
     assert train["settings"]["data.shards"] == "/d/shards"
-    assert gen["checkpoint"] == "/d/runs/x"
+    assert (promote["checkpoint"], promote["train_run_id"]) == ("/d/runs/x", "r")
+    # videos of the new champion, only after a promotion (the event's label), not evaluated again
+    assert gen["checkpoint"] == "models:/vfm-dit-tiny@champion" and gen["evaluate"] is False
+    assert deps["generate-nightly"]["triggers"][0]["match"] == {"vfm.promoted": "true"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,18 +144,14 @@ def _tiny_chain(tmp: Path, pool: str, tokenizer: Path) -> str:
             "diffusion.num_steps": 2,
         }
     )
+    promote = deps["promote-nightly"]["triggers"][0]["parameters"]["params"]
+    promote.update(eval_samples=2, eval_prompts=0, experiment="vfm-chain-e2e")
     gen = deps["generate-nightly"]["triggers"][0]["parameters"]["params"]
-    gen.update(
-        prompts=["a red circle moving right"],
-        frames=5,
-        steps=2,
-        eval_samples=2,
-        eval_prompts=0,
-        experiment="vfm-chain-e2e",
-    )
+    gen.update(prompts=["a red circle moving right"], frames=5, steps=2, experiment="vfm-chain-e2e")
     templates = [
         shard_trigger["clips_dir"],
         train["settings"]["data.shards"],
+        promote["checkpoint"],
         gen["checkpoint"],
     ]
     assert all(t.startswith("{{ event.payload.") for t in templates), templates
@@ -152,7 +169,8 @@ def _tiny_chain(tmp: Path, pool: str, tokenizer: Path) -> str:
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     """Prefect server, MLflow server and a process worker (infra/services.py, free loopback
-    ports, everything under a temporary directory), the chain deployed; yields (api, root)."""
+    ports, everything under a temporary directory), the chain deployed; yields (Prefect API,
+    root folder, MLflow URI)."""
     sys.path[:0] = [str(REPO), str(REPO / "tests" / "infra")]
 
     from infra.services import Settings, down, up
@@ -188,8 +206,8 @@ def chain(tmp_path_factory):
         code, autos = _api("POST", f"{s.prefect_api}/automations/filter", {}, timeout=120)
         assert code == 200, autos
         names = {a["name"] for a in autos}
-        assert {"curate-nightly -> shard-nightly", "train-nightly -> generate-nightly"} <= names
-        yield s.prefect_api, root
+        assert {"curate-nightly -> shard-nightly", "promote-nightly -> generate-nightly"} <= names
+        yield s.prefect_api, root, s.mlflow_uri
     finally:
         _quiesce(s.prefect_api, s.pool)
         down(s)
@@ -205,8 +223,7 @@ def _quiesce(api: str, pool: str) -> None:
 
 def _dep_id(api: str, name: str) -> str:
 
-    flow = {**STAGE, "generate-nightly": "generate"}[name]  # @flow(name=...) of each stage
-    code, dep = _api("GET", f"{api}/deployments/name/{flow}/{name}", None, 120)
+    code, dep = _api("GET", f"{api}/deployments/name/{FLOW[name]}/{name}", None, 120)
     assert code == 200, dep
     return dep["id"]
 
@@ -242,17 +259,21 @@ def _start_curation(api: str, root: Path, src: Path, dst: Path, ends: str = "COM
 
 
 @pytest.mark.slow
-def test_a_completed_curation_runs_shard_train_and_generate(chain):
+def test_a_completed_curation_ends_in_a_served_champion_and_a_worse_model_is_not(chain):
+    import mlflow
+    from test_deployment_e2e import run_deployment
+
     from vfm_core.video.sample_set import write_sample_videos
 
-    api, root = chain
+    api, root, mlflow_uri = chain
     write_sample_videos(root / "raw", n=1)
     _start_curation(api, root, root / "raw", root / "curated")
 
     shard = _wait_for(api, "shard-nightly", 1, root)
     train = _wait_for(api, "train-nightly", 1, root)
+    promote = _wait_for(api, "promote-nightly", 1, root)
     gen = _wait_for(api, "generate-nightly", 1, root)
-    for run in (shard, train, gen):  # created by the deployment triggers' automations
+    for run in (shard, train, promote, gen):  # created by the deployment triggers' automations
         assert run["state"]["type"] == "COMPLETED", (run["name"], run["state"])
         assert run["created_by"]["type"] == "AUTOMATION", run["created_by"]
     # each stage's parameters came from the upstream run's event
@@ -260,16 +281,36 @@ def test_a_completed_curation_runs_shard_train_and_generate(chain):
     settings = train["parameters"]["params"]["settings"]
     assert settings["data.shards"] == str(root / "shards")
     out_dir = root / "data" / "runs" / "dit-tiny" / train["name"]  # train's own run directory
-    assert gen["parameters"]["params"]["checkpoint"] == str(out_dir)
+    assert promote["parameters"]["params"]["checkpoint"] == str(out_dir)
     assert (out_dir / "checkpoints").is_dir()
-    # the generation flow's own folder under the checkpoint's name
-    videos = sorted((root / "data" / "generated" / train["name"]).glob("*/video_*.mp4"))
+    # the first version is the champion, and generate-nightly served it from the registry
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri, registry_uri=mlflow_uri)
+    champion = client.get_model_version_by_alias("vfm-dit-tiny", "champion")
+    assert champion.version == "1" and champion.tags["vfm.promotion"] == "promoted"
+    assert champion.run_id == promote["parameters"]["params"]["train_run_id"]  # lineage
+    assert gen["parameters"]["params"]["checkpoint"] == "models:/vfm-dit-tiny@champion"
+    videos = sorted((root / "data" / "generated" / "vfm-dit-tiny@champion").glob("*/*.mp4"))
     assert len(videos) == 1 and videos[0].stat().st_size > 0
+
+    # a worse model (the same training, diverged by a huge learning rate), started by hand: its
+    # training's event still evaluates and registers it, but it is not promoted nor served
+    worse = copy.deepcopy(train["parameters"])
+    worse["params"]["settings"].update({"optim.lr": 1.0, "optim.warmup_steps": 0})
+    state, run = run_deployment({"PREFECT_API_URL": api}, _dep_id(api, "train-nightly"), worse)
+    assert state == "COMPLETED", run["state"]
+    second = _wait_for(api, "promote-nightly", 2, root)
+    assert second["state"]["type"] == "COMPLETED", second["state"]
+    v2 = client.get_model_version("vfm-dit-tiny", "2")
+    assert v2.tags["vfm.promotion"] == "rejected", v2.tags  # its held-out loss: far higher
+    assert "heldout_loss" in v2.tags["vfm.promotion_reason"], v2.tags
+    assert client.get_model_version_by_alias("vfm-dit-tiny", "champion").version == "1"
+    time.sleep(10)  # time enough for an automation to act (the first one's took seconds)
+    assert len(_runs(api, "generate-nightly")) == 1
 
 
 @pytest.mark.slow
 def test_a_curation_that_rejects_every_video_fails_and_stops_the_chain(chain):
-    api, root = chain
+    api, root, _ = chain
     n_shard, n_train = len(_runs(api, "shard-nightly")), len(_runs(api, "train-nightly"))
     (root / "broken").mkdir()
     (root / "broken" / "broken.mp4").write_bytes(os.urandom(4096))

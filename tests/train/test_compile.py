@@ -34,6 +34,7 @@ def test_auto_compiles_on_cuda_only():
 
 @pytest.mark.parametrize("recipe", ["dit-tiny", "ar-tiny"])
 def test_compiled_blocks_train_the_eager_losses_and_resume_bit_identical(tmp_path, recipe):
+    """Both families' blocks; the resume (the trainer's, family-blind) checked on the DiT."""
     eager, compiled = Trainer(_cfg(recipe, "off", 4)), Trainer(_cfg(recipe, "on", 4))
     assert eager.param_names == compiled.param_names  # checkpoints load compiled or not
     block = next(iter(compiled.model.blocks.values()))
@@ -44,6 +45,8 @@ def test_compiled_blocks_train_the_eager_losses_and_resume_bit_identical(tmp_pat
         run_training(_cfg(recipe, mode, 4), out_dir=tmp_path / mode, progress=False)
         runs[mode] = _losses(tmp_path / mode)
     assert runs["on"] == pytest.approx(runs["off"], rel=1e-5)
+    if recipe != "dit-tiny":
+        return
     # the compiled run's step-2 checkpoint, resumed compiled elsewhere: its steps 3-4 exactly
     split = tmp_path / "split"
     step2 = tmp_path / "on" / "checkpoints" / "step_00000002"

@@ -37,8 +37,10 @@ class PromotionRule:
     """The alias that marks the version to serve."""
     higher_is_better: tuple[str, ...] = ("prompt_colour_acc", "prompt_direction_acc")
     """Metrics that must not drop (prompt following: colour and direction accuracy)."""
-    lower_is_better: tuple[str, ...] = ("frechet_distance",)
-    """Metrics that must not rise (Fréchet distance to held-out clips)."""
+    lower_is_better: tuple[str, ...] = ("frechet_distance", "heldout_loss")
+    """Metrics that must not rise: Fréchet distance to held-out clips, and the held-out loss
+    (a diverged model's is thousands of times the champion's, while the Fréchet distance of a
+    few samples can happen to be lower)."""
     tolerance: float = 0.0
     """Relative slack on every comparison (0.05: up to 5% worse still passes)."""
 
