@@ -84,6 +84,15 @@ def _rolling(x: np.ndarray, half: int, fn) -> np.ndarray:
     return fn(np.lib.stride_tricks.sliding_window_view(p, 2 * half + 1), axis=-1)
 
 
+def neighbour_mean(x: np.ndarray, half: int) -> np.ndarray:
+    """Mean of x over [t - half, t + half] without t itself (edge-padded) -> same shape as x."""
+    if x.size == 0:
+        return x.copy()
+    p = np.pad(x, half, mode="edge")
+    w = np.lib.stride_tricks.sliding_window_view(p, 2 * half + 1)  # (T, 2h+1)
+    return (w.sum(axis=-1) - x) / (2 * half)
+
+
 def local_max(x: np.ndarray, half: int) -> np.ndarray:
     """True where x[t] is the (first) maximum of its window [t - half, t + half]."""
     if x.size == 0:
@@ -124,6 +133,10 @@ class ColorChangeSplitter:
     """Absolute floor of the frame-to-frame distance for a hard cut (0..1)."""
     cut_ratio: float = 3.0
     """A hard cut's distance must exceed this times the rolling median around it."""
+    cut_standout: float = 3.0
+    """... and this times the mean of its 4 neighbours d1[t-2, t-1, t+1, t+2] (PySceneDetect's
+    AdaptiveDetector test): a whip pan or fast motion spreads its change over several pairs
+    (ratio ~1.1-1.5), a cut is one pair (>= ~4 on real footage, benchmarks/real_cuts.py)."""
     window_s: float = 1.0
     """Half-width of the rolling median window, seconds."""
     gradual: GradualRules = field(default_factory=GradualRules)
@@ -211,6 +224,7 @@ class ColorChangeSplitter:
         base = _rolling(d1, w, np.median)
         eps = 0.01
         is_cut = (d1 >= self.cut_min) & (d1 >= self.cut_ratio * (base + eps)) & local_max(d1, 2)
+        is_cut &= d1 >= self.cut_standout * (neighbour_mean(d1, 2) + eps)
         is_cut[0] = False
         cuts = np.flatnonzero(is_cut).tolist()
 
