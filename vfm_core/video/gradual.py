@@ -83,6 +83,9 @@ class GradualRules:
     """Frames looked at on each side."""
     blend_tol: float = 0.3
     """Median residual of the blend fit, as a share of |grid[p] - grid[q]|."""
+    moved_share: float = 0.35
+    """The ends are one picture moved (a pan) when the grid of q matches the grid of p shifted by
+    some cells (at least half of it overlapping) within this share of |grid[p] - grid[q]|."""
     pure: float = 0.1
     """A frame is still shot A (B) when its B (A) weight is below this and a + b within it of 1."""
     min_frames: int = 4
@@ -117,7 +120,7 @@ def find_gradual(
         ok &= biggest <= r.step_share * scale
         ok &= side <= r.stable_share * net
         for i in np.flatnonzero(ok):
-            hit = _verify(hist, y, g, int(p[i]), int(q[i]), float(net[i]), r)
+            hit = _verify(hist, y, grid, int(p[i]), int(q[i]), float(net[i]), r)
             if hit is not None:
                 found.append(hit)
     # overlapping answers are one transition: the best-fitting window's span
@@ -133,9 +136,10 @@ def find_gradual(
     return out
 
 
-def _verify(hist, y, g, p: int, q: int, net: float, r: GradualRules):
+def _verify(hist, y, grid, p: int, q: int, net: float, r: GradualRules):
     """(residual share, start, end) of candidate (p, q) trimmed to its blend, or None."""
     t_n = len(hist)
+    g = grid.reshape(t_n, -1)  # (T, D)
     before = np.arange(max(0, p - r.m), p + 1)
     after = np.arange(q, min(t_n, q + r.m + 1))
     if frame_dist(hist, y, before[:, None], after[None, :]).min() < r.return_share * net:
@@ -147,6 +151,8 @@ def _verify(hist, y, g, p: int, q: int, net: float, r: GradualRules):
     share = float(np.median(res)) / scale
     if share > r.blend_tol:
         return None  # not a blend of its ends: motion
+    if shifted_match(grid[p], grid[q]) < r.moved_share * scale:
+        return None  # the same picture, moved: a pan
     tot = a + b
     wb = b / np.maximum(tot, 1e-6)
     pure_a = (wb < r.pure) & (np.abs(tot - 1) < r.pure)
@@ -156,6 +162,23 @@ def _verify(hist, y, g, p: int, q: int, net: float, r: GradualRules):
         return None
     s, e = p + 1 + int(inner[0]), p + 2 + int(inner[-1])
     return (share, s, e) if e - s >= r.min_frames else None
+
+
+def shifted_match(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> float:
+    """Smallest mean |ga - gb| over the overlap of the two grids (gh, gw, C) shifted against each
+    other by whole cells (not both zero), at least `min_overlap` of each side overlapping: small
+    when gb is ga's picture moved (a camera pan), as large as |ga - gb| for two shots."""
+    gh, gw = ga.shape[:2]
+    my, mx = int(gh * (1 - min_overlap)), int(gw * (1 - min_overlap))
+    best = np.inf
+    for dy in range(-my, my + 1):
+        for dx in range(-mx, mx + 1):
+            if dx == 0 and dy == 0:
+                continue
+            a = ga[max(dy, 0) : gh + min(dy, 0), max(dx, 0) : gw + min(dx, 0)]
+            b = gb[max(-dy, 0) : gh + min(-dy, 0), max(-dx, 0) : gw + min(-dx, 0)]
+            best = min(best, float(np.abs(a - b).mean()))
+    return best
 
 
 def _nonneg_fit(ga: np.ndarray, gb: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
