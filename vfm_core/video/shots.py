@@ -18,8 +18,10 @@ without the deblocking loop filter and sampled from the YUV planes) and scores e
 d1[t] = 0.7 x half-L1 distance of the joint HSV histograms (16 x 4 x 4 bins) of frames t-1 and t
 + 0.3 x (4 x mean luma difference, capped at 1):
 
-1. hard cuts: d1[t] is the maximum of [t-2, t+2] and exceeds both `cut_min` and `cut_ratio` x
-   the rolling median of d1 over +-`window_s` (adaptive threshold);
+1. hard cuts: d1[t] is the maximum of [t-2, t+2] and exceeds `cut_min`, `cut_ratio` x the
+   rolling median of d1 over +-`window_s` (adaptive threshold) and `cut_standout` x the mean of
+   its four neighbours d1[t-2, t-1, t+1, t+2] (a cut is one pair; a whip pan or fast motion
+   spreads its change over several); a cut whose picture comes back within `flash_s` is a flash;
 2. gradual transitions (dissolves, fades): a run of >= `grad_min_frames` frames whose d1 is
    elevated (>= `grad_step` and >= `grad_ratio` x a longer rolling median) whose NET histogram
    change first -> last frame is >= `grad_min` and is "sustained": the frames k/2 before and after
