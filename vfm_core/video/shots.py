@@ -135,10 +135,10 @@ class ColorChangeSplitter:
     """Absolute floor of the frame-to-frame distance for a hard cut (0..1)."""
     cut_ratio: float = 3.0
     """A hard cut's distance must exceed this times the rolling median around it."""
-    cut_standout: float = 3.0
+    cut_standout: float = 2.5
     """... and this times the mean of its 4 neighbours d1[t-2, t-1, t+1, t+2] (PySceneDetect's
     AdaptiveDetector test): a whip pan or fast motion spreads its change over several pairs
-    (ratio ~1.1-1.5), a cut is one pair (>= ~4 on real footage, benchmarks/real_cuts.py)."""
+    (ratio ~1.1-1.5), a cut is one pair (>= ~2.9 on real footage: a cut out of fast motion)."""
     window_s: float = 1.0
     """Half-width of the rolling median window, seconds."""
     gradual: GradualRules = field(default_factory=GradualRules)
