@@ -26,11 +26,17 @@ AdaptiveDetector also look beyond the frame pair). A candidate is a transition w
 3. every frame in between is a blend of the ends in the block-mean RGB grid: x ~ a x grid[p] +
    b x grid[q], a, b >= 0 (a dissolve: a + b = 1; a fade: one of them 0), the median residual below
    `blend_tol` x |grid[p] - grid[q]|. A whip pan or fast motion smears and moves the picture:
-   no blend of its ends.
+   no blend of its ends;
+4. the ends are not one picture moved: grid[q] matches no shift of grid[p] by whole cells (half
+   of it overlapping) within `moved_share` x |grid[p] - grid[q]| (`shifted_match`; a pan's ends
+   do, two shots' do not).
 
 Its span is then trimmed to the frames that are not yet (still) shot A (B) by the fit: b / (a + b)
-beyond `pure` and a + b within `pure` of 1, so a transition is never longer than its blend. All
-numpy on (T, bins) / (T, 9, 16, 3) arrays the decode already made.
+beyond `pure` and a + b within `pure` of 1, so a transition is never longer than its blend; for a
+dissolve (a + b ~ 1) the straight line fitted to the B weights b / (a + b) then extends it to where
+the line is 0 and 1 (inside the window), so that its faintest first and last frames, which the
+`pure` test leaves to the shots, are dropped too. All numpy on (T, bins) / (T, 9, 16, 3) arrays
+the decode already made.
 """
 
 from __future__ import annotations
@@ -83,6 +89,9 @@ class GradualRules:
     """Frames looked at on each side."""
     blend_tol: float = 0.3
     """Median residual of the blend fit, as a share of |grid[p] - grid[q]|."""
+    moved_share: float = 0.35
+    """The ends are one picture moved (a pan) when the grid of q matches the grid of p shifted by
+    some cells (at least half of it overlapping) within this share of |grid[p] - grid[q]|."""
     pure: float = 0.1
     """A frame is still shot A (B) when its B (A) weight is below this and a + b within it of 1."""
     min_frames: int = 4
@@ -98,7 +107,7 @@ def find_gradual(
     g = grid.reshape(t_n, -1)  # (T, D)
     gstep = np.zeros(t_n, np.float32)
     gstep[1:] = np.abs(np.diff(g, axis=0)).mean(1)  # (T,) grid change per frame
-    found: list[tuple[float, int, int]] = []  # (residual share, start, end)
+    found: list[tuple[float, int, int, int, int]] = []  # (residual share, start, end, ramp's)
     for sc in r.scales_s:
         w = max(3, int(round(sc * fps)))
         if t_n <= w:
@@ -117,25 +126,29 @@ def find_gradual(
         ok &= biggest <= r.step_share * scale
         ok &= side <= r.stable_share * net
         for i in np.flatnonzero(ok):
-            hit = _verify(hist, y, g, int(p[i]), int(q[i]), float(net[i]), r)
+            hit = _verify(hist, y, grid, int(p[i]), int(q[i]), float(net[i]), r)
             if hit is not None:
                 found.append(hit)
-    # overlapping answers are one transition: the best-fitting window's span
+    # overlapping answers are one transition: the best-fitting window's span, extended to
+    # where its dissolve's ramp of weights reaches 0 and 1
     out: list[tuple[int, int]] = []
-    group: list[tuple[float, int, int]] = []
+    group: list[tuple[float, int, int, int, int]] = []
     for hit in [*sorted(found, key=lambda x: x[1]), None]:
-        if group and (hit is None or hit[1] >= max(e for _, _, e in group)):
-            _, s, e = min(group)
-            out.append((s, e))
+        if group and (hit is None or hit[1] >= max(h[2] for h in group)):
+            best = min(group)
+            lo = out[-1][1] if out else 0
+            out.append((max(best[3], lo), best[4]))
             group = []
         if hit is not None:
             group.append(hit)
     return out
 
 
-def _verify(hist, y, g, p: int, q: int, net: float, r: GradualRules):
-    """(residual share, start, end) of candidate (p, q) trimmed to its blend, or None."""
+def _verify(hist, y, grid, p: int, q: int, net: float, r: GradualRules):
+    """(residual share, start, end, ramp start, ramp end) of candidate (p, q) trimmed to its
+    blend (and extended to its dissolve's ramp), or None."""
     t_n = len(hist)
+    g = grid.reshape(t_n, -1)  # (T, D)
     before = np.arange(max(0, p - r.m), p + 1)
     after = np.arange(q, min(t_n, q + r.m + 1))
     if frame_dist(hist, y, before[:, None], after[None, :]).min() < r.return_share * net:
@@ -147,6 +160,8 @@ def _verify(hist, y, g, p: int, q: int, net: float, r: GradualRules):
     share = float(np.median(res)) / scale
     if share > r.blend_tol:
         return None  # not a blend of its ends: motion
+    if shifted_match(grid[p], grid[q]) < r.moved_share * scale:
+        return None  # the same picture, moved: a pan
     tot = a + b
     wb = b / np.maximum(tot, 1e-6)
     pure_a = (wb < r.pure) & (np.abs(tot - 1) < r.pure)
@@ -155,7 +170,46 @@ def _verify(hist, y, g, p: int, q: int, net: float, r: GradualRules):
     if inner.size == 0:
         return None
     s, e = p + 1 + int(inner[0]), p + 2 + int(inner[-1])
-    return (share, s, e) if e - s >= r.min_frames else None
+    if e - s < r.min_frames:
+        return None
+    xs, xe = s, e
+    ramp = _ramp(wb, np.abs(tot - 1) < r.pure, r.pure)
+    if ramp is not None:  # a dissolve: its first (last) frames carry < `pure` of B (A) too
+        xs, xe = min(s, p + 1 + ramp[0]), max(e, p + 1 + ramp[1])
+    return share, s, e, xs, xe
+
+
+def _ramp(wb: np.ndarray, mixed: np.ndarray, pure: float) -> tuple[int, int] | None:
+    """[first, end) of the frames (indices into wb) where the straight line fitted to the B
+    weights wb of the dissolving frames (`mixed`: a + b ~ 1, `pure` < wb < 1 - `pure`) lies
+    strictly between 0 and 1, clipped to wb's frames; None when they do not follow a line."""
+    i = np.flatnonzero(mixed & (wb > pure) & (wb < 1 - pure))
+    if i.size < 4:
+        return None
+    slope, icpt = np.polyfit(i, wb[i], 1)
+    if slope <= 0 or np.median(np.abs(wb[i] - (slope * i + icpt))) > pure:
+        return None
+    t0, t1 = -icpt / slope, (1 - icpt) / slope  # where the line is 0 and 1
+    first = max(0, int(np.floor(t0)) + 1)
+    end = min(len(wb), int(np.ceil(t1)))
+    return (first, end) if end > first else None
+
+
+def shifted_match(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> float:
+    """Smallest mean |ga - gb| over the overlap of the two grids (gh, gw, C) shifted against each
+    other by whole cells (not both zero), at least `min_overlap` of each side overlapping: small
+    when gb is ga's picture moved (a camera pan), as large as |ga - gb| for two shots."""
+    gh, gw = ga.shape[:2]
+    my, mx = int(gh * (1 - min_overlap)), int(gw * (1 - min_overlap))
+    best = np.inf
+    for dy in range(-my, my + 1):
+        for dx in range(-mx, mx + 1):
+            if dx == 0 and dy == 0:
+                continue
+            a = ga[max(dy, 0) : gh + min(dy, 0), max(dx, 0) : gw + min(dx, 0)]
+            b = gb[max(-dy, 0) : gh + min(-dy, 0), max(-dx, 0) : gw + min(-dx, 0)]
+            best = min(best, float(np.abs(a - b).mean()))
+    return best
 
 
 def _nonneg_fit(ga: np.ndarray, gb: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

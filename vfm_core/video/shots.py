@@ -18,8 +18,10 @@ without the deblocking loop filter and sampled from the YUV planes) and scores e
 d1[t] = 0.7 x half-L1 distance of the joint HSV histograms (16 x 4 x 4 bins) of frames t-1 and t
 + 0.3 x (4 x mean luma difference, capped at 1):
 
-1. hard cuts: d1[t] is the maximum of [t-2, t+2] and exceeds both `cut_min` and `cut_ratio` x
-   the rolling median of d1 over +-`window_s` (adaptive threshold);
+1. hard cuts: d1[t] is the maximum of [t-2, t+2] and exceeds `cut_min`, `cut_ratio` x the
+   rolling median of d1 over +-`window_s` (adaptive threshold) and `cut_standout` x the mean of
+   its four neighbours d1[t-2, t-1, t+1, t+2] (a cut is one pair; a whip pan or fast motion
+   spreads its change over several); a cut whose picture comes back within `flash_s` is a flash;
 2. gradual transitions (dissolves, fades): a run of >= `grad_min_frames` frames whose d1 is
    elevated (>= `grad_step` and >= `grad_ratio` x a longer rolling median) whose NET histogram
    change first -> last frame is >= `grad_min` and is "sustained": the frames k/2 before and after
@@ -84,6 +86,15 @@ def _rolling(x: np.ndarray, half: int, fn) -> np.ndarray:
     return fn(np.lib.stride_tricks.sliding_window_view(p, 2 * half + 1), axis=-1)
 
 
+def neighbour_mean(x: np.ndarray, half: int) -> np.ndarray:
+    """Mean of x over [t - half, t + half] without t itself (edge-padded) -> same shape as x."""
+    if x.size == 0:
+        return x.copy()
+    p = np.pad(x, half, mode="edge")
+    w = np.lib.stride_tricks.sliding_window_view(p, 2 * half + 1)  # (T, 2h+1)
+    return (w.sum(axis=-1) - x) / (2 * half)
+
+
 def local_max(x: np.ndarray, half: int) -> np.ndarray:
     """True where x[t] is the (first) maximum of its window [t - half, t + half]."""
     if x.size == 0:
@@ -124,6 +135,10 @@ class ColorChangeSplitter:
     """Absolute floor of the frame-to-frame distance for a hard cut (0..1)."""
     cut_ratio: float = 3.0
     """A hard cut's distance must exceed this times the rolling median around it."""
+    cut_standout: float = 2.5
+    """... and this times the mean of its 4 neighbours d1[t-2, t-1, t+1, t+2] (PySceneDetect's
+    AdaptiveDetector test): a whip pan or fast motion spreads its change over several pairs
+    (ratio ~1.1-1.5), a cut is one pair (>= ~2.9 on real footage: a cut out of fast motion)."""
     window_s: float = 1.0
     """Half-width of the rolling median window, seconds."""
     gradual: GradualRules = field(default_factory=GradualRules)
@@ -211,6 +226,7 @@ class ColorChangeSplitter:
         base = _rolling(d1, w, np.median)
         eps = 0.01
         is_cut = (d1 >= self.cut_min) & (d1 >= self.cut_ratio * (base + eps)) & local_max(d1, 2)
+        is_cut &= d1 >= self.cut_standout * (neighbour_mean(d1, 2) + eps)
         is_cut[0] = False
         cuts = np.flatnonzero(is_cut).tolist()
 
