@@ -25,6 +25,7 @@ vfm tokenizer train --shards DIR --out DIR [--preset tok-tiny] [--steps N] [--fr
                     [--discrete [LEVELS]]
 vfm report --study NAME [--out DIR] [--json]
 vfm track backfill RUN_DIR [--tracking-uri URI] [--json]
+vfm models copy [--from URI] [--to URI] [--name MODEL ...] [--dry-run]
 vfm search CLIPS_DIR "QUERY" [--top K] [--json] [--like CLIP_ID] [--sheet OUT.png] [--exact]
 vfm sample DST [--videos N] [--seed S] [--held-out | --concept COLOUR] [--json]
 
@@ -323,6 +324,33 @@ def cmd_track(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    """``vfm models copy``: one line per version copied, then a summary
+    (:mod:`vfm_core.registry.copy`)."""
+    from vfm_core.registry.copy import copy_models, resolve_stores
+
+    source, target, _ = resolve_stores(args.source, args.target)  # the same, a missing one
+
+    def line(v) -> None:
+        aliases = "".join(f", @{a}" for a in v.aliases)
+        if v.target_version is None:
+            print(f"{v.name} v{v.version} -> {target}: would copy{aliases}")
+        else:
+            at = f" as v{v.target_version}" if v.target_version != v.version else ""
+            print(f"{v.name} v{v.version} -> {target}{at}: runs {v.runs}{aliases}")
+
+    done = copy_models(
+        source=source, target=target, names=args.names, dry_run=args.dry_run, on_version=line
+    )
+    verb = "would copy" if args.dry_run else "copied"
+    models = ", ".join(done.models) or "no vfm-* model"
+    print(
+        f"{verb} {len(done.copied)} version(s) of {models} from {done.source} to {done.target}"
+        f" ({done.present} already there)"
+    )
+    return 0
+
+
 def cmd_shard(args: argparse.Namespace) -> int:
     from vfm_core.data.cli import run_shard
 
@@ -400,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             "recipes": cmd_recipes,
             "report": cmd_report,
             "track": cmd_track,
+            "models": cmd_models,
             "tokenizer": cmd_tokenizer,
             "shard": cmd_shard,
             "index": cmd_index,

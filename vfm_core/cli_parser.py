@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenizer(sub)
     _add_sample(sub)
     _add_report(sub)
+    _add_models(sub)
 
     from vfm_core.data.cli import add_parsers as add_data_parsers
     from vfm_core.search.cli import add_parser as add_search_parser
@@ -258,3 +259,33 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     bf.add_argument("run_dir", metavar="RUN_DIR", help="the training run's --out directory")
     bf.add_argument("--tracking-uri", help="MLflow tracking URI (default: the run's own)")
     bf.add_argument("--json", action="store_true", help="print the counts as JSON")
+
+
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    """``vfm models copy``."""
+    md = sub.add_parser("models", help="registered models (MLflow Model Registry)")
+    mds = md.add_subparsers(dest="models_cmd", required=True, parser_class=_Parser)
+    cp = mds.add_parser(
+        "copy",
+        help="copy registered versions with their runs to another store (the server of make up)",
+    )
+    cp.add_argument(
+        "--from",
+        dest="source",
+        metavar="URI",
+        help="the store to copy from (default: the sqlite store under the data dir)",
+    )
+    cp.add_argument(
+        "--to",
+        dest="target",
+        metavar="URI",
+        help="the store to copy to (default: MLFLOW_TRACKING_URI, the server of make up)",
+    )
+    cp.add_argument(
+        "--name",
+        action="append",
+        dest="names",
+        metavar="MODEL",
+        help="a registered model to copy (repeatable; default: every vfm-* model)",
+    )
+    cp.add_argument("--dry-run", action="store_true", help="print what would be copied")

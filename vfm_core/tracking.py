@@ -63,10 +63,16 @@ def tracking_uri_from(
         return explicit, setting
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
+    return default_store_uri(create=create), DEFAULT_SOURCE
+
+
+def default_store_uri(*, create: bool = False) -> str:
+    """The sqlite store under the data dir (its folder made when ``create``), whatever
+    $MLFLOW_TRACKING_URI says: the store of runs made without a server."""
     root = data_dir() / "mlflow"
     if create:
         root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}", DEFAULT_SOURCE
+    return f"sqlite:///{root / 'mlflow.db'}"
 
 
 DEFAULT_SOURCE = "the default store under VFM_DATA_DIR"
