@@ -36,7 +36,9 @@ def _runs(store, tmp_path) -> tuple[str, str, str]:
     return pipe, train, ev
 
 
-def test_copy_moves_versions_runs_lineage_and_alias_once(trained_run, store, tmp_path, capsys):
+def test_copy_moves_versions_runs_lineage_and_alias_once(
+    trained_run, store, tmp_path, capsys, monkeypatch
+):
     a = mlflow.get_tracking_uri()
     pipe, train, ev = _runs(store, tmp_path)
     reg = register_checkpoint(
@@ -89,23 +91,20 @@ def test_copy_moves_versions_runs_lineage_and_alias_once(trained_run, store, tmp
     assert len(dst.search_model_versions(f"name='{NAME}'")) == 1
     assert len(dst.search_runs([new_pipe.info.experiment_id])) == 3
 
-
-def test_bad_inputs_are_one_line(store, tmp_path, capsys, monkeypatch):
-    a = mlflow.get_tracking_uri()
-    mlflow.MlflowClient().create_registered_model(NAME)
-    b = f"sqlite:///{tmp_path / 'b.db'}"
+    # bad inputs: one line each (after MLflow's own log lines), nothing made at the target
+    c = f"sqlite:///{tmp_path / 'c.db'}"
     cases = {
-        ("--from", a, "--to", b, "--name", "nope"): "--name nope: no registered model",
+        ("--from", a, "--to", c, "--name", "nope"): "--name nope: no registered model",
         ("--from", a, "--to", a): "--from and --to are both",
-        ("--from", f"sqlite:///{tmp_path / 'none.db'}", "--to", b): "no database at",
+        ("--from", f"sqlite:///{tmp_path / 'none.db'}", "--to", c): "no database at",
         ("--from", a, "--to", "http://127.0.0.1:9"): "no server answers",
     }
     for argv, want in cases.items():
         assert main(["models", "copy", *argv]) == 2
-        err = capsys.readouterr().err.strip().splitlines()  # MLflow's own log lines before it
+        err = capsys.readouterr().err.strip().splitlines()
         assert want in err[-1] and err[-1].startswith("vfm models: error:"), err
         assert "Traceback" not in "".join(err)
-    assert not (tmp_path / "b.db").exists()  # no target made for a copy that cannot start
+    assert not (tmp_path / "c.db").exists() and not (tmp_path / "none.db").exists()
     monkeypatch.delenv("MLFLOW_TRACKING_URI")  # the default source is the default target
     assert main(["models", "copy"]) == 2
     assert "--from and --to are both" in capsys.readouterr().err

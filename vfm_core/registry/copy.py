@@ -19,9 +19,11 @@ follow the source's); a run is found by its own ``vfm.copied_from`` tag.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,8 @@ def resolve_stores(source: str | None, target: str | None) -> tuple[str, str, st
         )
     refuse_missing_store(src, src_from, "vfm models copy only reads it")
     open_store(src, source=src_from, existing=True)
+    if (db := sqlite_path(src)) is not None:  # one spelling in the lineage tags: no second copy
+        src = f"sqlite:///{db.resolve()}"
     return src, dst, dst_from
 
 
@@ -116,6 +120,26 @@ def copy_models(
 ) -> CopyReport:
     """Copy the registered models ``names`` (default every ``vfm-*``) from ``source`` to
     ``target`` (module docstring); ``on_version`` is called after each version copied."""
+    with _quiet_mlflow():
+        return _copy_models(source, target, names, dry_run, on_version)
+
+
+@contextlib.contextmanager
+def _quiet_mlflow() -> Iterator[None]:
+    """Without MLflow's progress bars and "View run" lines (the copy prints its own), unless the
+    user set those switches."""
+    quiet = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    quiet["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    set_here = [k for k in quiet if k not in os.environ]
+    os.environ.update({k: quiet[k] for k in set_here})
+    try:
+        yield
+    finally:
+        for k in set_here:
+            os.environ.pop(k, None)
+
+
+def _copy_models(source, target, names, dry_run, on_version) -> CopyReport:
     import mlflow
 
     src_uri, dst_uri, dst_from = resolve_stores(source, target)
