@@ -91,6 +91,18 @@ def test_copy_moves_versions_runs_lineage_and_alias_once(
     assert len(dst.search_model_versions(f"name='{NAME}'")) == 1
     assert len(dst.search_runs([new_pipe.info.experiment_id])) == 3
 
+    # a second version, promoted in A: only it is copied, and @champion moves in B too
+    mlflow.set_tracking_uri(a)
+    train2 = create_run(store, tags={STAGE_TAG: "train"}, parent_run_id=pipe, name="dit-tiny 3")
+    reg2 = register_checkpoint(trained_run, run_id=train2, tracking=store, metrics=GOOD)
+    assert promote(NAME, reg2.version)["promoted"]
+    assert main(["models", "copy", "--from", a, "--to", b]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{NAME} v2 -> {b}: runs 1, @champion"  # the pipeline run is there already
+    mv2 = dst.get_model_version_by_alias(NAME, "champion")
+    assert str(mv2.version) == "2" and mv2.tags["vfm.previous_champion"] == "1"
+    assert dst.get_run(mv2.run_id).data.tags["mlflow.parentRunId"] == new_pipe.info.run_id
+
     # bad inputs: one line each (after MLflow's own log lines), nothing made at the target
     c = f"sqlite:///{tmp_path / 'c.db'}"
     cases = {

@@ -139,7 +139,13 @@ def _quiet_mlflow() -> Iterator[None]:
             os.environ.pop(k, None)
 
 
-def _copy_models(source, target, names, dry_run, on_version) -> CopyReport:
+def _copy_models(
+    source: str | None,
+    target: str | None,
+    names: list[str] | None,
+    dry_run: bool,
+    on_version: Callable[[CopiedVersion], None] | None,
+) -> CopyReport:
     import mlflow
 
     src_uri, dst_uri, dst_from = resolve_stores(source, target)
@@ -151,60 +157,71 @@ def _copy_models(source, target, names, dry_run, on_version) -> CopyReport:
     dst = mlflow.MlflowClient(tracking_uri=dst_uri, registry_uri=dst_uri)
     runs = RunCopier(source=src, target=dst, source_uri=src_uri, target_uri=dst_uri)
     for name in report.models:
-        model = src.get_registered_model(name)
-        aliases: dict[str, list[str]] = {}
-        for alias, v in (model.aliases or {}).items():
-            aliases.setdefault(str(v), []).append(alias)
-        present = _present(dst, name, src_uri)
-        numbers = {v: int(mv.version) for v, mv in present.items()}
-        for mv in sorted(src.search_model_versions(f"name='{name}'"), key=lambda m: int(m.version)):
-            v = str(mv.version)
-            if v in present:
-                report.present += 1
-                if not dry_run:
-                    _set_aliases(dst, name, present[v].version, aliases.get(v, []))
-                continue
-            if dry_run:
-                done = CopiedVersion(
-                    name=name,
-                    version=int(v),
-                    target_version=None,
-                    runs=0,
-                    aliases=aliases.get(v, []),
-                )
-            else:
-                if not _has_model(dst, name):
-                    dst.create_registered_model(
-                        name, tags=model.tags, description=model.description
-                    )
-                made = runs.made
-                new = _copy_version(src_uri, dst, runs, mv, numbers)
-                numbers[v] = int(new.version)
-                _set_aliases(dst, name, new.version, aliases.get(v, []))
-                done = CopiedVersion(
-                    name=name,
-                    version=int(v),
-                    target_version=int(new.version),
-                    runs=runs.made - made,
-                    aliases=aliases.get(v, []),
-                )
+        for done in _copy_model(name, runs, report, dry_run=dry_run):
             report.copied.append(done)
             if on_version is not None:
                 on_version(done)
     return report
 
 
+def _copy_model(
+    name: str, runs: RunCopier, report: CopyReport, *, dry_run: bool
+) -> Iterator[CopiedVersion]:
+    """Each version of ``name`` the target lacks, oldest first, copied (or, dry, named); the
+    aliases of those it holds set as the source has them."""
+    src, dst = runs.source, runs.target
+    model = src.get_registered_model(name)
+    aliases: dict[str, list[str]] = {}
+    for alias, v in (model.aliases or {}).items():
+        aliases.setdefault(str(v), []).append(alias)
+    present = _present(dst, name, report.source)
+    numbers = {v: int(mv.version) for v, mv in present.items()}  # source -> target version
+    for mv in sorted(src.search_model_versions(f"name='{name}'"), key=lambda m: int(m.version)):
+        v = str(mv.version)
+        if v in present:
+            report.present += 1
+            if not dry_run:
+                _set_aliases(dst, name, present[v].version, aliases.get(v, []))
+            continue
+        if dry_run:
+            yield CopiedVersion(
+                name=name, version=int(v), target_version=None, runs=0, aliases=aliases.get(v, [])
+            )
+            continue
+        if not _has_model(dst, name):
+            dst.create_registered_model(name, tags=model.tags, description=model.description)
+        made = runs.made
+        new = _copy_version(report.source, dst, runs, mv, numbers)
+        numbers[v] = int(new.version)
+        _set_aliases(dst, name, new.version, aliases.get(v, []))
+        yield CopiedVersion(
+            name=name,
+            version=int(v),
+            target_version=int(new.version),
+            runs=runs.made - made,
+            aliases=aliases.get(v, []),
+        )
+
+
 def _model_names(src: Any, src_uri: str, names: list[str] | None) -> list[str]:
     """The models to copy: ``names`` (each must exist) or every ``vfm-*`` in the source."""
-    known = sorted(m.name for m in src.search_registered_models())
-    if not names:
-        return [n for n in known if n.startswith(MODEL_PREFIX)]
-    missing = [n for n in dict.fromkeys(names) if n not in known]
-    if missing:
-        have = ", ".join(known) or "none"
-        raise RegistryError(
-            f"--name {missing[0]}: no registered model of that name in {src_uri} (it has: {have})"
+    found = []
+    token = None
+    while True:  # every page
+        page = src.search_registered_models(
+            filter_string=f"name LIKE '{MODEL_PREFIX}%'", max_results=1000, page_token=token
         )
+        found += [m.name for m in page]
+        if not (token := page.token):
+            break
+    if not names:
+        return sorted(found)
+    for name in dict.fromkeys(names):
+        if not _has_model(src, name):
+            have = ", ".join(sorted(found)[:5]) or f"no {MODEL_PREFIX}* model"
+            raise RegistryError(
+                f"--name {name}: no registered model of that name in {src_uri} (it has: {have})"
+            )
     return list(dict.fromkeys(names))
 
 
