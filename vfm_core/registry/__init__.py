@@ -16,6 +16,9 @@ Stage order of a registration (:func:`register_checkpoint`, then :func:`promote`
    the current champion's ``eval.*`` tags (the first version always does); the decision and its
    reason are tags of the version either way (:mod:`vfm_core.registry.promotion`).
 
+``vfm models copy`` (:mod:`vfm_core.registry.copy`) moves versions, their runs and lineage from
+one store to another (the sqlite store of ``make demo`` to the server of ``make up``).
+
 Consumers resolve a ``models:/`` URI to a local folder
 (:func:`vfm_core.checkpoints.uri.resolve_model_uri`: downloaded once into a cache keyed by store,
 name and version) and load it like any run directory.
