@@ -16,7 +16,7 @@ from prefect import flow, unmapped
 from prefect.futures import as_completed
 from pydantic import Field, create_model, model_validator
 
-from flows.forms import Form
+from flows.forms import Form, with_deployment_defaults
 from tasks.curate import curate_ray_task, curate_video_task, discover_task, write_manifests_task
 from tasks.events import emit_stage_completed
 from tasks.progress import ProgressArtifact
@@ -94,6 +94,7 @@ class CurateParams(CurateFields):
 
 @flow(name="curate", log_prints=True)
 def curate_flow(params: CurateParams) -> dict[str, Any]:
+    params = with_deployment_defaults(params)
     cfg = params.config().to_dict()
     out = check_paths(params.src, params.dst)  # before any work: both given, DST outside SRC
     refs = discover_task(params.src)

@@ -11,7 +11,7 @@ one more layer, parsed by :func:`vfm_core.config.apply_overrides`. Never imports
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -35,7 +35,9 @@ __all__ = [
     "OptionalDegreeFields",
     "folder_name",
     "form_config",
+    "merged_params",
     "nested",
+    "with_deployment_defaults",
 ]
 
 
@@ -113,3 +115,38 @@ def refuse_conflicts(
     given |= {k: f"overrides {text!r}" for k, text in override_keys(list(overrides)).items()}
     for key, value in named.items():
         refuse_disagreement(key, value, f"{key}: the form's field says {value!r}", below, given)
+
+
+def merged_params(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A form's fields: ``given`` over ``defaults``; a dict field (``settings``) merged key by
+    key, so a trigger that names one setting keeps the deployment's others."""
+    out = dict(defaults)
+    for key, value in given.items():
+        base = defaults.get(key)
+        both = isinstance(value, Mapping) and isinstance(base, Mapping)
+        out[key] = {**base, **value} if both else value
+    return out
+
+
+FormT = TypeVar("FormT", bound=Form)
+
+
+def with_deployment_defaults(params: FormT) -> FormT:
+    """``params`` with every field its flow run was not given taken from the run's deployment's
+    own ``params`` (:func:`merged_params`). A deployment trigger passes only what its event
+    decides (``clips_dir``, ``checkpoint``); the rest of a nightly stage's settings are its
+    deployment's parameters, edited in one place (prefect.yaml or the deployment's page in the
+    UI) for runs by hand and by trigger alike. Unchanged outside a deployment's flow run (a run
+    by hand without a deployment, a subflow of the pipeline)."""
+    from prefect import get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    deployment_id = getattr(getattr(ctx, "flow_run", None), "deployment_id", None)
+    if deployment_id is None:
+        return params
+    with get_client(sync_client=True) as client:
+        own = client.read_deployment(deployment_id).parameters or {}
+    defaults = own.get("params") or {}
+    given = params.model_dump(exclude_unset=True)
+    return type(params).model_validate(merged_params(defaults, given))

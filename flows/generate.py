@@ -16,7 +16,7 @@ from typing import Any
 from prefect import flow
 from pydantic import Field, field_validator
 
-from flows.forms import Form
+from flows.forms import Form, with_deployment_defaults
 from tasks.events import emit_stage_completed
 from tasks.generate import (
     check_generation,
@@ -46,7 +46,11 @@ class GenerateParams(Form):
         description="run directory written by `vfm train`, or a registered version: "
         "models:/vfm-dit-tiny@champion, models:/NAME/VERSION",
     )
-    prompts: list[str] = Field(..., min_length=1, description="one video per prompt")
+    prompts: list[str] = Field(
+        default_factory=lambda: ["a red circle moving right"],
+        min_length=1,
+        description="one video per prompt",
+    )
     frames: int = Field(
         13,
         ge=1,
@@ -142,6 +146,7 @@ def generate_flow(params: GenerateParams, parent_run_id: str | None = None) -> d
     """Videos for the prompts (MLflow run ``generate …``) and, with ``evaluate``, the checkpoint's
     evaluation (run ``evaluate …``); both nested under ``parent_run_id`` (the pipeline's run) when
     given, else the evaluation under the generation."""
+    params = with_deployment_defaults(params)  # a trigger's run: the deployment's settings
     tracking = TrackingConfig(experiment=params.experiment)
     ckpt = Path(params.checkpoint).name
     tags = {"source": "prefect", "checkpoint": params.checkpoint}

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow
 from pydantic import Field
 
-from flows.forms import Form
+from flows.forms import Form, with_deployment_defaults
 from flows.generate import evaluated_run
 from tasks.events import emit_stage_completed
 from tasks.registry import register_and_promote
@@ -61,6 +61,7 @@ def evaluate_and_promote_flow(params: PromoteParams) -> dict[str, Any]:
     (``tasks.registry.register_and_promote``) with the metrics."""
     from pathlib import Path
 
+    params = with_deployment_defaults(params)  # a trigger's run: the deployment's settings
     tracking = TrackingConfig(experiment=params.experiment)
     sheet_dir = data_dir() / "evaluations" / (Path(params.checkpoint.rstrip("/")).name or "run")
     sheet_dir.mkdir(parents=True, exist_ok=True)

@@ -11,18 +11,23 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import Field, model_validator
 
-from flows.forms import Form
+from flows.forms import Form, with_deployment_defaults
 from tasks.events import emit_stage_completed
 from tasks.search import search_subset_task
 from tasks.shard import write_shards_task
 from vfm_core import storage
+from vfm_core.tracking import data_dir
 
 
 class ShardParams(Form):
     """Form of the shard flow."""
 
     clips_dir: str = Field(..., description="curation output dir with clips.parquet (local/s3://)")
-    shards_dir: str = Field(..., description="destination of shards + index.json (local/s3://)")
+    shards_dir: str = Field(
+        "",
+        description="destination of shards + index.json (local/s3://; '' = data/shards/ + the "
+        "clips folder's name)",
+    )
     target_shard_mb: float = Field(64.0, gt=0, description="target shard size in MB")
     text_model: str | None = Field(None, description="caption encoder path (None = MiniLM-L6)")
     text_mode: Literal["tokens", "pooled"] = Field(
@@ -44,6 +49,10 @@ class ShardParams(Form):
 
 @flow(name="shard", log_prints=True)
 def shard_flow(params: ShardParams) -> dict[str, Any]:
+    params = with_deployment_defaults(params)  # a trigger's run: the deployment's settings
+    if not params.shards_dir:
+        name = params.clips_dir.rstrip("/").rsplit("/", 1)[-1] or "clips"
+        params = params.model_copy(update={"shards_dir": str(data_dir() / "shards" / name)})
     clips_dir = params.clips_dir
     for url in (clips_dir, params.shards_dir):  # a store without credentials: one line, first
         storage.check_access(url)

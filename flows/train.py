@@ -13,7 +13,13 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import Field, create_model, field_validator, model_validator
 
-from flows.forms import DegreeFields, form_config, nested, refuse_conflicts
+from flows.forms import (
+    DegreeFields,
+    form_config,
+    nested,
+    refuse_conflicts,
+    with_deployment_defaults,
+)
 from tasks.events import emit_stage_completed
 from tasks.tracking import end_mlflow_run, start_mlflow_run
 from tasks.train import train_model
@@ -197,7 +203,7 @@ def train_flow(
 ) -> dict[str, Any]:
     """Train ``params.recipe`` in the layout of the form; the MLflow run (named after recipe,
     layout and steps) is nested under ``parent_run_id`` (the pipeline's run) when given."""
-    params = params or TrainParams()
+    params = with_deployment_defaults(params or TrainParams())  # a trigger's: + deployment's
     from vfm_core.checkpoints.init import check_init, with_init_settings
     from vfm_core.families.data_settings import with_data_settings
     from vfm_core.parallel.apply import check_conversions

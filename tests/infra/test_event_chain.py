@@ -76,6 +76,15 @@ def render(value: Any, event: dict[str, Any]) -> Any:
     return value
 
 
+def _run_params(dep: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+    """What a triggered run of ``dep`` works with: the trigger's parameters rendered against
+    ``event``, the deployment's own filling the rest (flows.forms.with_deployment_defaults)."""
+    from flows.forms import merged_params
+
+    given = render(dep["triggers"][0]["parameters"], event)["params"]
+    return merged_params(dep["parameters"]["params"], given)
+
+
 def test_each_link_triggers_on_the_upstream_deployments_event():
     from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 
@@ -89,6 +98,7 @@ def test_each_link_triggers_on_the_upstream_deployments_event():
     forms.update({"promote-nightly": PromoteParams, "generate-nightly": GenerateParams})
     deps = chain_deployments()
     assert "triggers" not in deps["curate-nightly"] and deps["curate-nightly"]["schedules"]
+    runs = {}
     for upstream, downstream in zip(CHAIN, CHAIN[1:], strict=False):
         (spec,) = deps[downstream]["triggers"]
         trigger = DeploymentEventTrigger.model_validate(spec)
@@ -98,23 +108,43 @@ def test_each_link_triggers_on_the_upstream_deployments_event():
         # hand without a deployment, starts nothing
         role = {"prefect.resource.role": "deployment", "prefect.resource.name": upstream}
         assert spec["match_related"] == role, downstream
-        payload = PAYLOAD[STAGE[upstream]]
-        params = render(spec["parameters"], {"payload": payload})["params"]
+        # a trigger passes only what the event decides: every value it names is a template
+        given = spec["parameters"]["params"]
+        leaves = [v for v in given.values() if not isinstance(v, dict)]
+        leaves += [v for d in given.values() if isinstance(d, dict) for v in d.values()]
+        assert all(str(v).startswith("{{ event.payload.") for v in leaves), given
+        # what the automation creates the run with is a valid form alone (the server checks
+        # it against the flow's schema), and with the deployment's settings merged in
+        event = {"payload": PAYLOAD[STAGE[upstream]]}
+        forms[downstream].model_validate(render(spec["parameters"], event)["params"])
+        params = _run_params(deps[downstream], event)
         form = forms[downstream].model_validate(params)
         if downstream == "train-nightly":
             form.to_config()  # every setting a known, typed config value
+        runs[downstream] = params
         # the deployment's own defaults (a run by hand) are a valid form too
         forms[downstream].model_validate(deps[downstream]["parameters"]["params"])
-    shard, train, promote, gen = (
-        render(deps[d]["triggers"][0]["parameters"], {"payload": PAYLOAD[STAGE[u]]})["params"]
-        for u, d in zip(CHAIN, CHAIN[1:], strict=False)
-    )
-    assert shard["clips_dir"] == "/d/curated"
+    shard, train = runs["shard-nightly"], runs["train-nightly"]
+    assert (shard["clips_dir"], shard["shards_dir"]) == ("/d/curated", "data/shards/nightly")
     assert train["settings"]["data.shards"] == "/d/shards"
+    assert train["steps"] == 200 and train["settings"]["data.source"] == "shards"  # deployment's
+    promote, gen = runs["promote-nightly"], runs["generate-nightly"]
     assert (promote["checkpoint"], promote["train_run_id"]) == ("/d/runs/x", "r")
     # videos of the new champion, only after a promotion (the event's label), not evaluated again
     assert gen["checkpoint"] == "models:/vfm-dit-tiny@champion" and gen["evaluate"] is False
     assert deps["generate-nightly"]["triggers"][0]["match"] == {"vfm.promoted": "true"}
+
+
+def test_a_triggered_run_takes_the_rest_from_its_deployment():
+    from flows.forms import merged_params
+
+    dep = {"steps": 200, "settings": {"data.source": "shards", "data.shards": "a"}, "seed": 1}
+    given = {"settings": {"data.shards": "b"}, "seed": 2}
+    assert merged_params(dep, given) == {
+        "steps": 200,
+        "settings": {"data.source": "shards", "data.shards": "b"},
+        "seed": 2,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,8 +152,8 @@ def test_each_link_triggers_on_the_upstream_deployments_event():
 
 
 def _tiny_chain(tmp: Path, pool: str, tokenizer: Path) -> str:
-    """prefect.yaml of the chain's four deployments from the repository's file (its triggers,
-    their event templates untouched) with tiny sizes, paths in ``tmp``, no schedule."""
+    """prefect.yaml of the chain's deployments from the repository's file (its triggers
+    untouched) with tiny sizes, paths in ``tmp``, no schedule."""
     deps = copy.deepcopy(chain_deployments())
     for d in deps.values():
         d["work_pool"] = {"name": pool, "work_queue_name": "default"}
@@ -131,12 +161,11 @@ def _tiny_chain(tmp: Path, pool: str, tokenizer: Path) -> str:
     deps["curate-nightly"]["parameters"]["params"].update(
         src=str(tmp / "raw"), dst=str(tmp / "curated"), min_len_s=1.0
     )
-    shard_trigger = deps["shard-nightly"]["triggers"][0]["parameters"]["params"]
-    for params in (deps["shard-nightly"]["parameters"]["params"], shard_trigger):
-        params["shards_dir"] = str(tmp / "shards")
-    train = deps["train-nightly"]["triggers"][0]["parameters"]["params"]
-    train.update(steps=2, experiment="vfm-chain-e2e")
-    train["settings"].update(
+    # tiny sizes in the deployments' own parameters: the triggered runs take them from there
+    own = {name: deps[name]["parameters"]["params"] for name in CHAIN}
+    own["shard-nightly"]["shards_dir"] = str(tmp / "shards")
+    own["train-nightly"].update(steps=2, experiment="vfm-chain-e2e")
+    own["train-nightly"]["settings"].update(
         {
             "data.tokenizer": str(tokenizer),
             "data.latent_frames": 2,  # 5 frames of 64x64
@@ -144,17 +173,10 @@ def _tiny_chain(tmp: Path, pool: str, tokenizer: Path) -> str:
             "diffusion.num_steps": 2,
         }
     )
-    promote = deps["promote-nightly"]["triggers"][0]["parameters"]["params"]
-    promote.update(eval_samples=2, eval_prompts=0, experiment="vfm-chain-e2e")
-    gen = deps["generate-nightly"]["triggers"][0]["parameters"]["params"]
-    gen.update(prompts=["a red circle moving right"], frames=5, steps=2, experiment="vfm-chain-e2e")
-    templates = [
-        shard_trigger["clips_dir"],
-        train["settings"]["data.shards"],
-        promote["checkpoint"],
-        gen["checkpoint"],
-    ]
-    assert all(t.startswith("{{ event.payload.") for t in templates), templates
+    own["promote-nightly"].update(eval_samples=2, eval_prompts=0, experiment="vfm-chain-e2e")
+    own["generate-nightly"].update(
+        prompts=["a red circle moving right"], frames=5, steps=2, experiment="vfm-chain-e2e"
+    )
     spec = {
         "name": "vfm-chain-e2e",
         "prefect-version": "3.8.8",
@@ -294,8 +316,9 @@ def test_a_completed_curation_ends_in_a_served_champion_and_a_worse_model_is_not
 
     # a worse model (the same training, diverged by a huge learning rate), started by hand: its
     # training's event still evaluates and registers it, but it is not promoted nor served
-    worse = copy.deepcopy(train["parameters"])
-    worse["params"]["settings"].update({"optim.lr": 1.0, "optim.warmup_steps": 0})
+    # (by hand, a run names only what differs: the deployment's parameters fill the rest)
+    worse = {"params": {"settings": {"optim.lr": 1.0, "optim.warmup_steps": 0}}}
+    worse["params"]["settings"]["data.shards"] = str(root / "shards")
     state, run = run_deployment({"PREFECT_API_URL": api}, _dep_id(api, "train-nightly"), worse)
     assert state == "COMPLETED", run["state"]
     second = _wait_for(api, "promote-nightly", 2, root)
