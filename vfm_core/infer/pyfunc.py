@@ -15,9 +15,12 @@ video is made: its columns by :data:`RULES`, then its plan and cost from the run
 (:func:`vfm_core.infer.request.preflight`: a size the model cannot take, a video over the
 bounds). Input that breaks a rule raises ``MlflowException`` with ``INVALID_PARAMETER_VALUE`` and
 one line naming the row, the column and the rule (``row 0, column 'steps': expected an integer in
-[1, 1000], got -3``): the scoring server answers it with HTTP 400 and no stack trace. Output: one
-row per prompt with the MP4 as base64 (``mp4_base64``) and what was generated (``frames``,
-``height``, ``width``, ``seed``, ``steps``, ``guidance``, ``checkpoint_step``).
+[1, 1000], got -3``): the scoring server answers it with HTTP 400 and that line after its own
+prefix (``Failed to predict data '...'.``), no stack trace. Loaded by MLflow, the model's
+signature acts first: a missing ``prompt`` column is MLflow's own 400, a column it does not name
+is dropped (a warning in the log). Output: one row per prompt with the MP4 as base64
+(``mp4_base64``) and what was generated (``frames``, ``height``, ``width``, ``seed``, ``steps``,
+``guidance``, ``checkpoint_step``).
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def input_rows(model_input: Any) -> list[dict[str, Any]]:
             what, check = RULES[col]
             try:
                 row[col] = check(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # int(inf): OverflowError
                 raise _bad(f"row {i}, column {col!r}: expected {what}, got {value!r}") from None
         rows.append(row)
     return rows

@@ -82,6 +82,8 @@ run (``eval/frechet_distance``)."""
 
 
 def _save_pyfunc(*, validate_serving_input: bool = True, **kwargs):
+    # Model.log reads validate_serving_input and hands every keyword on to the flavor's
+    # save_model, which for mlflow.pyfunc refuses one it does not know
     import mlflow.pyfunc
 
     return mlflow.pyfunc.save_model(**kwargs)
@@ -284,13 +286,17 @@ def _existing_version(client, name: str, run_id: str, ckpt: str) -> tuple[str, s
     """(version, model id) of ``name`` already registered from ``ckpt`` by ``run_id``."""
     for mv in client.search_model_versions(f"name='{name}'"):
         if mv.run_id == run_id and (mv.tags or {}).get("vfm.checkpoint") == ckpt:
-            return mv.version, getattr(mv, "model_id", None)
+            # the sqlite registry leaves model_id empty; the source names the logged model
+            source = mv.source or ""
+            logged = source.removeprefix("models:/") if source.startswith("models:/m-") else None
+            return mv.version, getattr(mv, "model_id", None) or logged
     return None
 
 
 def _log_model(run_id: str, name: str, artifacts: dict[str, str], *, step: int):
-    """Log the pyfunc model from code into the existing run ``run_id`` (its status unchanged: a
-    running run stays running) as produced at ``step``, and register it as ``name``."""
+    """Log the pyfunc model from code into the existing run ``run_id`` (named, not started: its
+    status unchanged, a running run stays running) as produced at ``step`` (MLflow links the
+    run's metrics at that step to the model), and register it as ``name``."""
     from mlflow.models import Model
 
     with warnings.catch_warnings():  # predict takes tables, dicts or records: no hints
