@@ -59,6 +59,7 @@ def test_the_evaluation_is_metrics_of_the_logged_model(registered, trained_run):
     client = mlflow.MlflowClient()
     reg, eval_run = registered.reg, registered.eval_run
     model = client.get_logged_model(reg.model_id)
+    assert model.experiment_id == client.get_run(reg.run_id).info.experiment_id
     got = {m.key: (m.value, m.step, m.run_id) for m in model.metrics}
     assert got == {f"eval/{k}": (v, 2, eval_run) for k, v in METRICS.items()}
     # the value the evaluation run held is linked, not logged again; the others are logged there

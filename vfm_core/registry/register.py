@@ -232,7 +232,7 @@ def register_checkpoint(
     else:
         with tempfile.TemporaryDirectory(prefix="vfm-register-") as tmp:
             artifacts = stage_artifacts(run_dir, ckpt, Path(tmp), tokenizer=tok)
-            info = _log_model(run_id, name, artifacts, step=step)
+            info = _log_model(client, run_id, name, artifacts, step=step)
         version, model_id = str(info.registered_model_version), info.model_id
     if metrics and model_id:
         log_model_metrics(
@@ -293,26 +293,38 @@ def _existing_version(client, name: str, run_id: str, ckpt: str) -> tuple[str, s
     return None
 
 
-def _log_model(run_id: str, name: str, artifacts: dict[str, str], *, step: int):
-    """Log the pyfunc model from code into the existing run ``run_id`` (named, not started: its
-    status unchanged, a running run stays running) as produced at ``step`` (MLflow links the
-    run's metrics at that step to the model), and register it as ``name``."""
+def _log_model(client, run_id: str, name: str, artifacts: dict[str, str], *, step: int):
+    """Log the pyfunc model from code into the existing run ``run_id`` (and its experiment) as
+    produced at ``step`` (MLflow links the run's metrics at that step to the model), and register
+    it as ``name``; the run keeps the status it had (a running run stays running)."""
+    import mlflow
     from mlflow.models import Model
 
-    with warnings.catch_warnings():  # predict takes tables, dicts or records: no hints
-        warnings.filterwarnings("ignore", message=".*type hints.*", category=UserWarning)
-        return Model.log(
-            artifact_path=None,  # deprecated for name, still positional in Model.log
-            name="model",
-            flavor=PYFUNC,
-            run_id=run_id,
-            step=step,
-            registered_model_name=name,
-            python_model=str(MODEL_CODE),
-            artifacts=artifacts,
-            code_paths=code_paths(),
-            signature=signature(),
-            input_example=INPUT_EXAMPLE,
-            pip_requirements=pip_requirements(),
-            validate_serving_input=False,
-        )
+    before = client.get_run(run_id).info.status
+    active = mlflow.active_run()
+    own = active is None or active.info.run_id != run_id
+    if own:  # the active run names the logged model's experiment
+        mlflow.start_run(run_id=run_id)
+    try:
+        with warnings.catch_warnings():  # predict takes tables, dicts or records: no hints
+            warnings.filterwarnings("ignore", message=".*type hints.*", category=UserWarning)
+            return Model.log(
+                artifact_path=None,  # deprecated for name, still positional in Model.log
+                name="model",
+                flavor=PYFUNC,
+                run_id=run_id,
+                step=step,
+                registered_model_name=name,
+                python_model=str(MODEL_CODE),
+                artifacts=artifacts,
+                code_paths=code_paths(),
+                signature=signature(),
+                input_example=INPUT_EXAMPLE,
+                pip_requirements=pip_requirements(),
+                validate_serving_input=False,
+            )
+    finally:
+        if own:
+            mlflow.end_run(status=before if before != "RUNNING" else "FINISHED")
+            if before == "RUNNING":
+                client.update_run(run_id, status="RUNNING")
