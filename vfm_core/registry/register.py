@@ -10,7 +10,7 @@ version's source run, at the checkpoint's step) and registers it. The logged mod
   would check the example by loading the model and generating a video in this process; that
   check is off (:data:`PYFUNC`), the signature is checked against the example all the same;
 * the ``vfm_core`` package and pinned pip requirements (:mod:`vfm_core.registry.environment`):
-  it loads and serves outside this repository's environment;
+  it loads and serves in an environment with those packages and without this repository;
 * the **evaluation metrics** as MLflow metrics of the logged model, ``eval/<metric>`` at the
   checkpoint's step, in the evaluation run when one is given (a value that run already holds,
   as ``generate`` logs it, is linked to the model, not logged again), else in the source run.
