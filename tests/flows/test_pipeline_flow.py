@@ -140,6 +140,12 @@ def test_pipeline_fails_with_stage_named_resumes_with_lineage_then_reruns_only_w
     )
     stages = {c.data.tags["vfm.stage"]: c for c in children}
     assert set(stages) == {"train", "generate", "evaluate"}
+    # the registered version's model holds the evaluation as metrics: the evaluate run's own
+    # records, linked (one point each in that run), not logged again
+    evaluate, reg = stages["evaluate"].info.run_id, out["registry"]
+    linked = {m.key: (m.value, m.run_id) for m in client.get_logged_model(reg["model_id"]).metrics}
+    assert linked["eval/frechet_distance"] == (m["frechet_distance"], evaluate)
+    assert len(client.get_metric_history(evaluate, "eval/frechet_distance")) == 1
     assert stages["train"].info.run_name == "dit-tiny 1proc 2 steps"
     assert stages["train"].info.run_id == out["train"]["mlflow_run_id"]
     for r in (parent, *children):

@@ -1,6 +1,6 @@
 """Fixtures of the registry tests: a dit-tiny run really trained for 2 steps (the `vfm train`
 layout, a tiny random tokenizer as its ``data.tokenizer``) and an empty sqlite MLflow store per
-test with the model cache beside it."""
+test with the model cache beside it (:func:`registry_support.use_store`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from registry_support import EXPERIMENT
+from registry_support import use_store
 
 from vfm_core.config import TrackingConfig, apply_overrides, validate
 from vfm_core.recipes import get_recipe
@@ -56,13 +56,4 @@ def trained_run(tmp_path_factory, tokenizer_dir) -> Path:
 @pytest.fixture
 def store(tmp_path, monkeypatch) -> TrackingConfig:
     """An empty sqlite tracking + registry store in tmp_path; the model cache beside it."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("VFM_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("VFM_MODEL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("VFM_NO_SERVICES", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)  # clients made before the first registration see this store
-    return TrackingConfig(experiment=EXPERIMENT)
+    return use_store(monkeypatch, tmp_path)

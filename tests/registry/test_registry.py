@@ -5,13 +5,10 @@ generation task and ``mlflow.pyfunc.load_model``."""
 
 from __future__ import annotations
 
-import base64
-
 import mlflow
-import numpy as np
 import pytest
 import yaml
-from registry_support import SMALL, training_run
+from registry_support import training_run
 
 from vfm_core.checkpoints.uri import RegistryError, resolve_model_uri
 from vfm_core.registry import promote, register_checkpoint
@@ -28,7 +25,8 @@ def _register(run, store, metrics, **kw):
 
 
 def test_register_records_metrics_lineage_source_run_and_first_is_champion(trained_run, store):
-    reg = _register(trained_run, store, {**GOOD, "heldout_loss": 0.7}, eval_run_id="e1")
+    eval_run = training_run(store, "evaluate")
+    reg = _register(trained_run, store, {**GOOD, "heldout_loss": 0.7}, eval_run_id=eval_run)
     assert (reg.name, reg.version, reg.model_uri) == (NAME, 1, f"models:/{NAME}/1")
     client = mlflow.MlflowClient()
     mv = client.get_model_version(NAME, "1")
@@ -36,7 +34,7 @@ def test_register_records_metrics_lineage_source_run_and_first_is_champion(train
     tags = mv.tags
     assert float(tags["eval.frechet_distance"]) == 10.0
     assert float(tags["eval.heldout_loss"]) == 0.7
-    assert tags["vfm.source_run"] == reg.run_id and tags["vfm.eval_run"] == "e1"
+    assert tags["vfm.source_run"] == reg.run_id and tags["vfm.eval_run"] == eval_run
     assert tags["vfm.checkpoint"] == str(trained_run / "checkpoints" / "step_00000002")
     assert tags["vfm.checkpoint_step"] == "2" and tags["vfm.recipe"] == "dit-tiny"
     assert tags["vfm.data_source"] == "synthetic" and tags["vfm.tokenizer"]
@@ -55,6 +53,11 @@ def test_register_records_metrics_lineage_source_run_and_first_is_champion(train
     )
     assert again.version == 1 and len(client.search_model_versions(f"name='{NAME}'")) == 1
     assert float(client.get_model_version(NAME, "1").tags["eval.frechet_distance"]) == 9.0
+    # without an evaluation run, a changed metric is logged on the model in its source run
+    metrics = client.get_logged_model(reg.model_id).metrics
+    assert ("eval/frechet_distance", 9.0, reg.run_id) in {
+        (m.key, m.value, m.run_id) for m in metrics
+    }
 
 
 def test_shard_lineage_records_index_path_and_sha(tmp_path):
@@ -195,25 +198,6 @@ def _deployment_checkpoint(name: str) -> str:
     return GenerateParams(**dep["parameters"]["params"]).checkpoint  # the form accepts it
 
 
-def test_pyfunc_load_model_predict_returns_videos(trained_run, store, tmp_path):
-    import pandas as pd
-
-    _register(trained_run, store, GOOD)
-    promote(NAME, 1)
-    model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
-    prompts = ["a red circle moving right", "a green square moving up"]
-    out = model.predict(pd.DataFrame({"prompt": prompts, **{k: [v] * 2 for k, v in SMALL.items()}}))
-    assert list(out["prompt"]) == prompts and list(out["frames"]) == [5, 5]
-    for i, b64 in enumerate(out["mp4_base64"]):
-        path = tmp_path / f"p{i}.mp4"
-        path.write_bytes(base64.b64decode(b64))
-        frames = decode_frames(str(path))
-        assert frames.shape == (5, 32, 32, 3) and np.isfinite(frames).all()
-    # a dict of scalars, the defaults for the rest
-    one = model.predict({"prompt": "a red circle moving right", "steps": 2})
-    assert len(one) == 1 and one["checkpoint_step"][0] == 2
-
-
 def test_register_and_promote_task(trained_run, store):
     from tasks.registry import register_and_promote
 
@@ -263,30 +247,58 @@ def test_a_version_outlives_its_run_and_tokenizer_folders(
 
 
 @pytest.mark.parametrize(
-    "rows, match",
+    "rows, message",
     [
         (
             {"prompt": [None]},
-            r"^predict: row 0, column 'prompt': expected the text of a prompt, got None$",
+            "row 0, column 'prompt': expected the text of a prompt (not empty), got None",
         ),
-        ({"prompt": ["a", 5]}, r"^predict: row 1, column 'prompt': .* got 5$"),
+        (
+            {"prompt": ["a", " "]},
+            "row 1, column 'prompt': expected the text of a prompt (not empty), got ' '",
+        ),
+        (
+            {"prompt": ["a", 5]},
+            "row 1, column 'prompt': expected the text of a prompt (not empty), got 5",
+        ),
         (
             {"prompt": ["a"], "frames": [2.5]},
-            r"^predict: row 0, column 'frames': expected an integer, got 2.5$",
+            "row 0, column 'frames': expected an integer >= 1, got 2.5",
+        ),
+        (
+            {"prompt": "a", "steps": -3},
+            "row 0, column 'steps': expected an integer in [1, 1000], got -3",
+        ),
+        ({"prompt": "a", "seed": True}, "row 0, column 'seed': expected an integer >= 0, got True"),
+        (
+            {"prompt": "a", "size": "big"},
+            "row 0, column 'size': expected HxW with two positive integers, e.g. 32x32, got 'big'",
         ),
         (
             [{"prompt": "a", "guidance": "high"}],
-            r"^predict: row 0, column 'guidance': expected a number, got 'high'$",
+            "row 0, column 'guidance': expected a number in [0, 30], got 'high'",
         ),
+        (
+            {"prompt": "a", "step": 2},
+            "column 'step': not an input (the inputs: prompt, frames, size, seed, steps, guidance)",
+        ),
+        ({"steps": [2]}, "column 'prompt': required, missing"),
+        ("a red disc", "expected a table of rows with a 'prompt' column, got str"),
     ],
 )
-def test_predict_names_the_row_and_column_of_bad_input(rows, match):
-    """Checked before any model work: the input alone decides (no load_context needed)."""
-    from vfm_core.infer.pyfunc import VideoModel
-    from vfm_core.infer.shapes import GenerateError
+def test_predict_names_the_row_column_and_rule_of_bad_input(rows, message):
+    """Checked before any model work: the input alone decides (no load_context needed); a
+    request error of the scoring server (HTTP 400) with this one line."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, ErrorCode
 
-    with pytest.raises(GenerateError, match=match):
+    from vfm_core.infer.pyfunc import VideoModel
+
+    with pytest.raises(MlflowException) as e:
         VideoModel().predict(None, rows)
+    assert e.value.message == message
+    assert e.value.error_code == ErrorCode.Name(INVALID_PARAMETER_VALUE)
+    assert e.value.get_http_status_code() == 400
 
 
 def test_a_models_uri_on_a_store_that_does_not_exist_creates_nothing(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ registry):
     failures.py       how a failed save or load is told in one line
     errors.py         CheckpointError
     uri.py            models:/NAME@ALIAS | models:/NAME/VERSION -> a local run directory
+    serving.py        a registered version's pyfunc input and output: columns, signature, example
     read.py           a checkpoint read without a trainer: where, tensor shapes, tensors
     load.py           a checkpoint of either family loaded for inference (load_dit)
     init.py           a new run started from a trained model (train.init, vfm train --init)

@@ -4,11 +4,13 @@ A registered version's model folder holds ``artifacts/checkpoint`` (a run direct
 checkpoint, :func:`vfm_core.registry.register.stage_artifacts`) and, when the run decodes with one,
 ``artifacts/tokenizer``. :func:`resolve_model_uri` asks the registry (the tracking URI of
 :func:`vfm_core.tracking.tracking_uri`: sqlite, file or an http server) which version the URI
-names, downloads that version once into ``CACHE/NAME/VERSION-KEY`` (``KEY``: a hash of the
-store and the version's source, so two stores never share a folder; written to a temporary
-folder, renamed into place when complete) and points the copy's ``config.yaml`` at the copied
-tokenizer, so the folder loads like any ``vfm train`` run directory. An alias that moves resolves
-to the new version; the old version's folder stays valid.
+names, downloads that version's ``artifacts/`` once (not the ``vfm_core`` code and environment
+files beside them, which only MLflow's own loader reads) into ``CACHE/NAME/VERSION-KEY``
+(``KEY``: a hash of the store and the version's source, so two stores never share a folder;
+written to a temporary folder, renamed into place when complete) and points the copy's
+``config.yaml`` at the copied tokenizer, so the folder loads like any ``vfm train`` run
+directory. An alias that moves resolves to the new version; the old version's folder stays
+valid.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class ResolvedModel:
     uri: str
     """The URI as given."""
     root: Path
-    """The local copy of the version's model folder (``MLmodel``, ``artifacts/``)."""
+    """The local copy of the version's model folder: its ``artifacts/``."""
     checkpoint: Path
     """``root/artifacts/checkpoint``: a run directory with one checkpoint."""
     tokenizer: Path | None
@@ -158,16 +160,25 @@ def _why(client, name: str, alias: str | None, e: Exception) -> str:
 
 
 def _download(version_uri: str, root: Path, store: str) -> None:
-    """The version's model folder into ``root``: a temporary sibling first, renamed when whole;
-    then ``config.yaml`` pointed at the copied tokenizer."""
+    """The version's ``artifacts/`` into ``root/artifacts``: a temporary sibling first, renamed
+    when whole; then ``config.yaml`` pointed at the copied tokenizer."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        mlflow.artifacts.download_artifacts(
-            artifact_uri=version_uri, dst_path=str(tmp), tracking_uri=store, registry_uri=store
-        )
+        try:
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{version_uri}/artifacts",
+                dst_path=str(tmp),
+                tracking_uri=store,
+                registry_uri=store,
+            )
+        except MlflowException as e:  # no artifacts/ folder, or the store did not answer
+            raise RegistryError(
+                f"{version_uri}: its artifacts/ could not be downloaded: {e.message[:300]}"
+            ) from None
         cfg_path, tok = tmp / "artifacts" / "checkpoint" / "config.yaml", root / "artifacts"
         if cfg_path.is_file() and (tmp / "artifacts" / "tokenizer").is_dir():
             doc = yaml.safe_load(cfg_path.read_text()) or {}

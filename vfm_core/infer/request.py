@@ -39,6 +39,7 @@ from vfm_core.tokenizer.run_settings import tokenizer_config
 __all__ = [
     "GUIDANCE_RANGE",
     "PREVIEW_FACTORS",
+    "STEPS_RANGE",
     "GenerateRequest",
     "ar_prompt_ids",
     "check_cost",
@@ -58,6 +59,8 @@ __all__ = [
 
 GUIDANCE_RANGE = (0.0, 30.0)
 """Accepted classifier-free guidance scales (0 = unconditional, 1 = conditional, >1 = guided)."""
+STEPS_RANGE = (1, 1000)
+"""Accepted sampler step counts."""
 PREVIEW_FACTORS = (4, 8)
 """(temporal, spatial) factors assumed when no tokenizer is available (tok-tiny's 4x8x8)."""
 
@@ -120,8 +123,9 @@ def check_guidance(guidance: float) -> float:
 
 
 def check_steps(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
-        raise GenerateError(f"--steps {steps!r}: must be an integer in [1, 1000]")
+    lo, hi = STEPS_RANGE
+    if isinstance(steps, bool) or not isinstance(steps, int) or not lo <= steps <= hi:
+        raise GenerateError(f"--steps {steps!r}: must be an integer in [{lo}, {hi}]")
     return steps
 
 

@@ -3,10 +3,23 @@
 :func:`register_checkpoint` verifies the checkpoint (its manifest, as ``--resume`` does), stages
 it with its tokenizer (:func:`stage_artifacts`), logs the pyfunc model from code
 (:data:`MODEL_CODE`: :class:`vfm_core.infer.pyfunc.VideoModel`) in the training run (the
-version's source run) and registers it. The version's tags:
+version's source run, at the checkpoint's step) and registers it. The logged model carries:
+
+* its **signature** and a one-row **input example** (:mod:`vfm_core.checkpoints.serving`: a
+  required ``prompt``, optional ``frames``, ``size``, ``seed``, ``steps``, ``guidance``). MLflow
+  would check the example by loading the model and generating a video in this process; that
+  check is off (:data:`PYFUNC`), the signature is checked against the example all the same;
+* the ``vfm_core`` package and pinned pip requirements (:mod:`vfm_core.registry.environment`):
+  it loads and serves in an environment with those packages and without this repository;
+* the **evaluation metrics** as MLflow metrics of the logged model, ``eval/<metric>`` at the
+  checkpoint's step, in the evaluation run when one is given (a value that run already holds,
+  as ``generate`` logs it, is linked to the model, not logged again), else in the source run.
+
+The version's tags:
 
 ========================== ==========================================================
-``eval.<metric>``          each evaluation metric (``eval.frechet_distance``, ...)
+``eval.<metric>``          each evaluation metric (``eval.frechet_distance``, ...): what
+                           :mod:`vfm_core.registry.promotion` compares
 ``vfm.source_run``         the training run (also the version's own ``run_id``)
 ``vfm.eval_run``           the evaluation run, when given
 ``vfm.checkpoint``         the checkpoint folder registered (absolute path / URI)
@@ -20,7 +33,7 @@ version's source run) and registers it. The version's tags:
 ========================== ==========================================================
 
 Registering the same checkpoint from the same run again returns the existing version (its metric
-tags updated): a retried task never makes a duplicate.
+tags updated, a changed metric logged on its model): a retried task never makes a duplicate.
 """
 
 from __future__ import annotations
@@ -28,20 +41,26 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+import time
+import types
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vfm_core.checkpoints.serving import INPUT_EXAMPLE, signature
 from vfm_core.checkpoints.uri import RegistryError
 from vfm_core.config import Config, TrackingConfig
+from vfm_core.registry.environment import code_paths, pip_requirements
 from vfm_core.registry.promotion import METRIC_TAG
 from vfm_core.tracking import STAGE_TAG, create_run, ensure_experiment
 
 __all__ = [
+    "METRIC_KEY",
     "MODEL_CODE",
     "RegisteredVersion",
     "lineage_tags",
+    "log_model_metrics",
     "model_name",
     "register_checkpoint",
     "stage_artifacts",
@@ -57,6 +76,24 @@ MODEL_CODE = Path(__file__).resolve().parents[1] / "infer" / "model_code.py"
 generation pyfunc, :class:`vfm_core.infer.pyfunc.VideoModel`), named by its path: MLflow copies
 the file into the model folder and runs it at load time, and the registry never imports the
 inference package."""
+METRIC_KEY = "eval/"
+"""Prefix of the logged model's evaluation metrics: the keys ``generate`` logs in the evaluation
+run (``eval/frechet_distance``)."""
+
+
+def _save_pyfunc(*, validate_serving_input: bool = True, **kwargs):
+    # Model.log reads validate_serving_input and hands every keyword on to the flavor's
+    # save_model, which for mlflow.pyfunc refuses one it does not know
+    import mlflow.pyfunc
+
+    return mlflow.pyfunc.save_model(**kwargs)
+
+
+PYFUNC = types.SimpleNamespace(__name__="mlflow.pyfunc", save_model=_save_pyfunc)
+"""``mlflow.pyfunc`` as the flavor module of :meth:`mlflow.models.Model.log`, which takes
+``validate_serving_input=False`` (what ``mlflow.pyfunc.log_model`` cannot pass): MLflow's check of
+the input example loads the model and generates a video in the registering process (MLflow's
+transformers flavor turns it off the same way, for checkpoints too large to load twice)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -137,9 +174,11 @@ def register_checkpoint(
     """Register the checkpoint at ``checkpoint`` (a run directory: its newest intact checkpoint;
     or one ``step_*`` folder) as a version of ``name`` (default ``vfm-<recipe>``), the pyfunc
     model logged in ``run_id`` (the training run; None: a new run ``register NAME`` in
-    ``tracking.experiment``). ``metrics``: the checkpoint's evaluation, as ``eval.*`` tags;
+    ``tracking.experiment``). ``metrics``: the checkpoint's evaluation, as ``eval.*`` tags and as
+    the logged model's ``eval/*`` metrics (in ``eval_run_id``, the evaluation run, when given);
     ``tokenizer``: the decoder to ship (default the run's ``data.tokenizer``)."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     from vfm_core.checkpoints.load import resolve_checkpoint
     from vfm_core.config import ConfigError, load_yaml, validate
@@ -151,6 +190,7 @@ def register_checkpoint(
     except ConfigError as e:
         raise RegistryError(f"cannot register {run_dir}: {e}") from None
     name = name or model_name(cfg.recipe)
+    step = int(ckpt.name.removeprefix("step_"))
     tok = str(tokenizer or cfg.data.tokenizer or "") or None
     if tok and not Path(tok).is_dir():
         raise RegistryError(
@@ -159,13 +199,20 @@ def register_checkpoint(
     ensure_experiment(tracking)  # the store (one-line errors), the experiment for a new run
     uri = mlflow.get_tracking_uri()
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    if eval_run_id:
+        try:
+            client.get_run(eval_run_id)
+        except MlflowException as e:
+            raise RegistryError(
+                f"cannot register {ckpt}: evaluation run {eval_run_id!r}: {e.message}"
+            ) from None
     if run_id is None:
         run_id = create_run(tracking, tags={STAGE_TAG: "register"}, name=f"register {name}")
         client.set_terminated(run_id)
     tags = {
         "vfm.source_run": run_id,
         "vfm.checkpoint": str(ckpt.resolve()),
-        "vfm.checkpoint_step": str(int(ckpt.name.removeprefix("step_"))),
+        "vfm.checkpoint_step": str(step),
         "vfm.recipe": cfg.recipe,
         **lineage_tags(cfg),
         **{f"{METRIC_TAG}{k}": repr(float(v)) for k, v in (metrics or {}).items()},
@@ -185,8 +232,12 @@ def register_checkpoint(
     else:
         with tempfile.TemporaryDirectory(prefix="vfm-register-") as tmp:
             artifacts = stage_artifacts(run_dir, ckpt, Path(tmp), tokenizer=tok)
-            info = _log_in_run(client, run_id, name, artifacts)
+            info = _log_model(client, run_id, name, artifacts, step=step)
         version, model_id = str(info.registered_model_version), info.model_id
+    if metrics and model_id:
+        log_model_metrics(
+            client, model_id, run_id=eval_run_id or run_id, metrics=metrics, step=step
+        )
     for k, v in tags.items():
         client.set_model_version_tag(name, version, k, v)
     return RegisteredVersion(
@@ -198,38 +249,82 @@ def register_checkpoint(
     )
 
 
+def log_model_metrics(
+    client, model_id: str, *, run_id: str, metrics: dict[str, float], step: int
+) -> None:
+    """Each of ``metrics`` as ``eval/<name>`` (:data:`METRIC_KEY`) on the logged model
+    ``model_id``, in run ``run_id`` at ``step``. A value the run already holds at that step (the
+    evaluation run's own record) is linked to the model with its timestamp, so the run's history
+    keeps one point; a value the model already has is skipped (a retry adds nothing)."""
+    from mlflow.entities import Metric
+
+    have = {(m.key, m.step, m.value) for m in client.get_logged_model(model_id).metrics or []}
+    now = int(time.time() * 1000)
+    batch = []
+    for metric, value in metrics.items():
+        key, value = f"{METRIC_KEY}{metric}", float(value)
+        if (key, step, value) in have:
+            continue
+        held = [
+            m for m in client.get_metric_history(run_id, key) if (m.step, m.value) == (step, value)
+        ]
+        batch.append(
+            Metric(
+                key=key,
+                value=value,
+                timestamp=held[0].timestamp if held else now,
+                step=step,
+                model_id=model_id,
+                run_id=run_id,
+            )
+        )
+    if batch:
+        client.log_batch(run_id, metrics=batch)
+
+
 def _existing_version(client, name: str, run_id: str, ckpt: str) -> tuple[str, str | None] | None:
     """(version, model id) of ``name`` already registered from ``ckpt`` by ``run_id``."""
     for mv in client.search_model_versions(f"name='{name}'"):
         if mv.run_id == run_id and (mv.tags or {}).get("vfm.checkpoint") == ckpt:
-            return mv.version, getattr(mv, "model_id", None)
+            # the sqlite registry leaves model_id empty; the source names the logged model
+            source = mv.source or ""
+            logged = source.removeprefix("models:/") if source.startswith("models:/m-") else None
+            return mv.version, getattr(mv, "model_id", None) or logged
     return None
 
 
-def _log_in_run(client, run_id: str, name: str, artifacts: dict[str, str]):
-    """``mlflow.pyfunc.log_model`` into the existing run ``run_id`` and register it as ``name``;
-    the run keeps the status it had (a running run stays running)."""
+def _log_model(client, run_id: str, name: str, artifacts: dict[str, str], *, step: int):
+    """Log the pyfunc model from code into the existing run ``run_id`` (and its experiment) as
+    produced at ``step`` (MLflow links the run's metrics at that step to the model), and register
+    it as ``name``; the run keeps the status it had (a running run stays running)."""
     import mlflow
-    import torch
+    from mlflow.models import Model
 
     before = client.get_run(run_id).info.status
     active = mlflow.active_run()
     own = active is None or active.info.run_id != run_id
-    if own:
+    if own:  # the active run names the logged model's experiment
         mlflow.start_run(run_id=run_id)
     try:
         with warnings.catch_warnings():  # predict takes tables, dicts or records: no hints
             warnings.filterwarnings("ignore", message=".*type hints.*", category=UserWarning)
-            info = mlflow.pyfunc.log_model(
+            return Model.log(
+                artifact_path=None,  # deprecated for name, still positional in Model.log
                 name="model",
+                flavor=PYFUNC,
+                run_id=run_id,
+                step=step,
+                registered_model_name=name,
                 python_model=str(MODEL_CODE),
                 artifacts=artifacts,
-                registered_model_name=name,
-                pip_requirements=[f"mlflow=={mlflow.__version__}", f"torch=={torch.__version__}"],
+                code_paths=code_paths(),
+                signature=signature(),
+                input_example=INPUT_EXAMPLE,
+                pip_requirements=pip_requirements(),
+                validate_serving_input=False,
             )
     finally:
         if own:
             mlflow.end_run(status=before if before != "RUNNING" else "FINISHED")
             if before == "RUNNING":
                 client.update_run(run_id, status="RUNNING")
-    return info
