@@ -37,6 +37,7 @@ from vfm_core.annotate.filters import (
     sample_indices,
     score_frames,
 )
+from vfm_core.curate.clip_analysis import AnalysisTap, ClipAnalyses, sample_step
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
 from vfm_core.curate.stage_base import MapStage, local_copy, local_video
@@ -123,6 +124,9 @@ class TranscodeStage(MapStage):
 
     name = "transcode"
     reject_as = "transcode"
+    analyses: ClipAnalyses = field(default_factory=ClipAnalyses, repr=False)
+    """Where the clips' scores taken while encoding wait for `AnnotateStage` (the same object in
+    both stages of one process: `curate.stages.build_stages`)."""
     _encoder: str | None = field(default=None, init=False, repr=False)
 
     def setup(self) -> None:
@@ -136,7 +140,7 @@ class TranscodeStage(MapStage):
         src = local_video(v, self.work_dir)
         look = self._inspect(item, src)
         unfit = unfit_reason(look, cfg)
-        if look is not None and unfit == blocky_reason(look.blockiness, cfg):
+        if unfit is not None and look is not None and unfit == blocky_reason(look.blockiness, cfg):
             unfit = None if self._still(item, src) else unfit  # frozen: the filters judge it
         if unfit is not None:  # decided before encoding: no work spent on the span
             return [_span_reject(item, stage="filter", reason=unfit)]
@@ -149,6 +153,8 @@ class TranscodeStage(MapStage):
         final = Path(self.work_dir) / "clips" / f"{cid}.mp4" if remote else Path(pending)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{cid}.{os.getpid()}.part.mp4")
+        step = sample_step(cfg.out_fps or v.fps, cfg.filters.sample_fps)
+        tap = AnalysisTap(width=cfg.analysis_width, step=step)
         try:
             r = transcode_span(
                 src,
@@ -164,10 +170,14 @@ class TranscodeStage(MapStage):
                 encoder=self._encoder,
                 crop=None if box is None else (box.x, box.y, box.w, box.h),
                 audio=cfg.audio,
+                on_frame=tap,
             )
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
+        seen = tap.finish(cfg.filters, cfg.embed_frames)
+        if seen is not None and step == sample_step(r.fps, cfg.filters.sample_fps):
+            self.analyses.put(cid, seen)  # else (another rate than expected) annotate decodes
         if remote:
             try:
                 storage.put_file(final, pending)
@@ -271,6 +281,9 @@ class AnnotateStage(MapStage):
 
     name = "annotate"
     reject_as = "annotate"
+    analyses: ClipAnalyses = field(default_factory=ClipAnalyses, repr=False)
+    """Scores and embedding frames `TranscodeStage` took while encoding (a clip found there is
+    not decoded again)."""
     _embedder: Any = field(default=None, init=False, repr=False)
     _captioner: Any = field(default=None, init=False, repr=False)
 
@@ -298,9 +311,13 @@ class AnnotateStage(MapStage):
             self.setup()
         cfg, span = self.cfg, item.span
         path = self._clip_file(item)
-        frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
-        sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
-        scores = score_frames(sampled, cfg.filters)
+        seen = self.analyses.pop(item.clip_id)
+        if seen is not None and seen.n_frames == item.n_frames:
+            scores, thumbs = seen.scores, seen.embed_frames  # taken while it was encoded
+        else:
+            frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
+            thumbs = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
+            scores = score_frames(thumbs, cfg.filters)
         reasons = reject_reasons(
             scores,
             width=item.width,
@@ -330,7 +347,7 @@ class AnnotateStage(MapStage):
                     video=span.video,
                 )
             ]
-        emb = clip_embedding(self._embedder, sampled, n=cfg.embed_frames)
+        emb = clip_embedding(self._embedder, thumbs, n=cfg.embed_frames)
         return [
             AnnotatedClip(
                 clip=item,

@@ -14,7 +14,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -243,6 +243,7 @@ def transcode_span(
     encoder: Encoder = "auto",
     crop: tuple[int, int, int, int] | None = None,
     audio: AudioMode = "keep",
+    on_frame: Callable[[int, av.VideoFrame], None] | None = None,
 ) -> TranscodeResult:
     """Write the frames of [start_s, end_s) of `src` as an H.264 MP4 starting on a keyframe.
 
@@ -261,6 +262,10 @@ def transcode_span(
     from the source time of its first frame (of ``start_s`` when frames are resampled onto a new
     time grid) for n_frames / fps seconds, so sound and pictures stay in sync; "drop" writes no
     sound. `TranscodeResult.audio` says which happened (none: the source has no audio stream).
+
+    `on_frame(n, frame)` sees every frame handed to the encoder (output index ``n``, yuv420p at
+    the clip's size), e.g. to score the clip without decoding it again
+    (`vfm_core.curate.clip_analysis`).
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = source_name(src)
@@ -297,6 +302,8 @@ def transcode_span(
                 )
             for _ in range(copies):
                 vf.pts, vf.time_base = n, st.codec_context.time_base
+                if on_frame is not None:
+                    on_frame(n, vf)
                 out.mux(st.encode(vf))
                 n += 1
         out.mux(st.encode(None))
