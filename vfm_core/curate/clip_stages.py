@@ -40,8 +40,9 @@ from vfm_core.annotate.filters import (
 from vfm_core.curate.clip_analysis import AnalysisTap, ClipAnalyses, sample_step
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
-from vfm_core.curate.stage_base import MapStage, local_copy, local_video
-from vfm_core.video.io import decode_frames
+from vfm_core.curate.stage_base import MapStage, local_copy, local_video, video_progress
+from vfm_core.progress import MediaProgress
+from vfm_core.video.io import decode_frames, observe_decode
 from vfm_core.video.quality import PictureReport, inspect_span
 from vfm_core.video.transcode import select_encoder, transcode_span
 
@@ -128,6 +129,8 @@ class TranscodeStage(MapStage):
     """Where the clips' scores taken while encoding wait for `AnnotateStage` (the same object in
     both stages of one process: `curate.stages.build_stages`)."""
     _encoder: str | None = field(default=None, init=False, repr=False)
+    _progress: MediaProgress | None = field(default=None, init=False, repr=False)
+    _progress_uri: str | None = field(default=None, init=False, repr=False)
 
     def setup(self) -> None:
         # once per worker; an unusable encoder setting fails the run (EncoderError), not a clip
@@ -136,6 +139,22 @@ class TranscodeStage(MapStage):
     def one(self, item: SpanTask) -> list[Item]:
         if self._encoder is None:
             self.setup()
+        bar = self._progress_of(item)
+        with observe_decode(bar.at):
+            return self._clip(item)
+
+    def _progress_of(self, item: SpanTask) -> MediaProgress:
+        """The progress lines of `item`'s video: one per video, through its spans in order (its
+        last line when the next video starts)."""
+        v = item.video
+        if self._progress is None or self._progress_uri != v.source_uri:
+            if self._progress is not None:
+                self._progress.close()
+            self._progress = video_progress("transcode", v, start_s=item.start_s)
+            self._progress_uri = v.source_uri
+        return self._progress
+
+    def _clip(self, item: SpanTask) -> list[Item]:
         v, cfg = item.video, self.cfg
         src = local_video(v, self.work_dir)
         look = self._inspect(item, src)

@@ -18,7 +18,9 @@ video.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
@@ -355,6 +357,24 @@ def decode_frames(
     return np.stack(frames)  # (T, H, W, 3)
 
 
+_OBSERVER: ContextVar[Callable[[float], None] | None] = ContextVar(
+    "vfm_decode_observer", default=None
+)
+"""What `observe_decode` installed: called with the time of every frame `iter_av_frames` yields."""
+
+
+@contextmanager
+def observe_decode(callback: Callable[[float], None]) -> Iterator[None]:
+    """Within the block, every frame a decode of this module yields (in this thread or task)
+    reports its time in seconds to `callback` first, e.g. the progress of a long video
+    (`vfm_core.progress.MediaProgress.at`). The callback must be cheap: it runs per frame."""
+    token = _OBSERVER.set(callback)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
+
+
 def iter_av_frames(
     src: Source,
     *,
@@ -375,6 +395,7 @@ def iter_av_frames(
     """
     name = name or source_name(src)
     began = time.monotonic()
+    observe = _OBSERVER.get()
     with open_container(src) as c:
         s = video_stream(c, name)
         media = media_seconds(c, s)  # seconds of media in [start_s, end_s)
@@ -406,6 +427,8 @@ def iter_av_frames(
                 if end_s is not None and t >= end_s - half:
                     break
                 n_out += 1
+                if observe is not None:
+                    observe(t)
                 yield t, frame
         except av.FFmpegError as e:
             if n_out == 0:
