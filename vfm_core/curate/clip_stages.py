@@ -18,6 +18,7 @@ run and on failure) deletes them: DST/clips holds no clip that no state names.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -37,7 +38,7 @@ from vfm_core.annotate.filters import (
     sample_indices,
     score_frames,
 )
-from vfm_core.curate.clip_analysis import AnalysisTap, ClipAnalyses, sample_step
+from vfm_core.curate.clip_analysis import AnalysisTap, filter_scores, sample_step, thumbs
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
 from vfm_core.curate.stage_base import MapStage, local_copy, local_video, video_progress
@@ -125,9 +126,6 @@ class TranscodeStage(MapStage):
 
     name = "transcode"
     reject_as = "transcode"
-    analyses: ClipAnalyses = field(default_factory=ClipAnalyses, repr=False)
-    """Where the clips' scores taken while encoding wait for `AnnotateStage` (the same object in
-    both stages of one process: `curate.stages.build_stages`)."""
     _encoder: str | None = field(default=None, init=False, repr=False)
     _progress: MediaProgress | None = field(default=None, init=False, repr=False)
     _progress_uri: str | None = field(default=None, init=False, repr=False)
@@ -195,8 +193,8 @@ class TranscodeStage(MapStage):
         finally:
             tmp.unlink(missing_ok=True)
         seen = tap.finish(cfg.filters, cfg.embed_frames)
-        if seen is not None and step == sample_step(r.fps, cfg.filters.sample_fps):
-            self.analyses.put(cid, seen)  # else (another rate than expected) annotate decodes
+        if step != sample_step(r.fps, cfg.filters.sample_fps):
+            seen = None  # another rate than expected: the annotate stage decodes the clip
         if remote:
             try:
                 storage.put_file(final, pending)
@@ -219,6 +217,7 @@ class TranscodeStage(MapStage):
                 crop_h=crop.h if crop else up_h,
                 blockiness=look.blockiness if look is not None else 0.0,
                 audio=r.audio,
+                scores=seen,
             )
         ]
 
@@ -300,9 +299,6 @@ class AnnotateStage(MapStage):
 
     name = "annotate"
     reject_as = "annotate"
-    analyses: ClipAnalyses = field(default_factory=ClipAnalyses, repr=False)
-    """Scores and embedding frames `TranscodeStage` took while encoding (a clip found there is
-    not decoded again)."""
     _embedder: Any = field(default=None, init=False, repr=False)
     _captioner: Any = field(default=None, init=False, repr=False)
 
@@ -330,13 +326,13 @@ class AnnotateStage(MapStage):
             self.setup()
         cfg, span = self.cfg, item.span
         path = self._clip_file(item)
-        seen = self.analyses.pop(item.clip_id)
+        seen = item.scores
         if seen is not None and seen.n_frames == item.n_frames:
-            scores, thumbs = seen.scores, seen.embed_frames  # taken while it was encoded
+            scores, frames = filter_scores(seen), thumbs(seen)  # taken while it was encoded
         else:
             frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
-            thumbs = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
-            scores = score_frames(thumbs, cfg.filters)
+            frames = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
+            scores = score_frames(frames, cfg.filters)
         reasons = reject_reasons(
             scores,
             width=item.width,
@@ -366,10 +362,10 @@ class AnnotateStage(MapStage):
                     video=span.video,
                 )
             ]
-        emb = clip_embedding(self._embedder, thumbs, n=cfg.embed_frames)
+        emb = clip_embedding(self._embedder, frames, n=cfg.embed_frames)
         return [
             AnnotatedClip(
-                clip=item,
+                clip=dataclasses.replace(item, scores=None),  # its frames are no longer needed
                 caption=cap.text,
                 caption_source=cap.source,
                 caption_problem=cap.problem,

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vfm_core import storage
-from vfm_core.curate.clip_analysis import ClipAnalyses
 from vfm_core.curate.clip_stages import AnnotateStage, TranscodeStage
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import Item, ProbedVideo, RejectRow, SpanTask, SplitVideo, VideoRef
@@ -229,11 +228,10 @@ class StitchStage(MapStage):
 def build_stages(cfg: CurateConfig, *, dst: str, work_dir: str) -> list[Stage]:
     """probe -> split -> stitch -> transcode -> annotate, sharing one config."""
     kw = dict(cfg=cfg, dst=dst, work_dir=work_dir)
-    shared = ClipAnalyses()  # scores taken while encoding, handed to annotate (one process)
     return [
         ProbeStage(**kw),
         SplitStage(**kw),
         StitchStage(**kw),
-        TranscodeStage(**kw, analyses=shared),
-        AnnotateStage(**kw, analyses=shared),
+        TranscodeStage(**kw),
+        AnnotateStage(**kw),
     ]  # type: ignore[list-item]
