@@ -18,7 +18,6 @@ run and on failure) deletes them: DST/clips holds no clip that no state names.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 
 from vfm_core import storage
@@ -38,12 +38,18 @@ from vfm_core.annotate.filters import (
     sample_indices,
     score_frames,
 )
-from vfm_core.curate.clip_analysis import AnalysisTap, filter_scores, sample_step, thumbs
 from vfm_core.curate.config import CurateConfig
-from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
+from vfm_core.curate.records import (
+    AnnotatedClip,
+    ClipTask,
+    Item,
+    ProbedVideo,
+    RejectRow,
+    SpanTask,
+)
 from vfm_core.curate.stage_base import MapStage, local_copy, local_video, video_progress
 from vfm_core.progress import MediaProgress
-from vfm_core.video.io import decode_frames, observe_decode
+from vfm_core.video.io import decode_frames, iter_av_frames, observe_decode
 from vfm_core.video.quality import PictureReport, inspect_span
 from vfm_core.video.transcode import select_encoder, transcode_span
 
@@ -155,7 +161,8 @@ class TranscodeStage(MapStage):
     def _clip(self, item: SpanTask) -> list[Item]:
         v, cfg = item.video, self.cfg
         src = local_video(v, self.work_dir)
-        look = self._inspect(item, src)
+        span = self._decoded(item, src)  # None: too big to hold, each step decodes it
+        look = self._inspect(item, src, span)
         unfit = unfit_reason(look, cfg)
         if unfit is not None and look is not None and unfit == blocky_reason(look.blockiness, cfg):
             unfit = None if self._still(item, src) else unfit  # frozen: the filters judge it
@@ -170,8 +177,6 @@ class TranscodeStage(MapStage):
         final = Path(self.work_dir) / "clips" / f"{cid}.mp4" if remote else Path(pending)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{cid}.{os.getpid()}.part.mp4")
-        step = sample_step(cfg.out_fps or v.fps, cfg.filters.sample_fps)
-        tap = AnalysisTap(width=cfg.analysis_width, step=step)
         try:
             r = transcode_span(
                 src,
@@ -187,14 +192,11 @@ class TranscodeStage(MapStage):
                 encoder=self._encoder,
                 crop=None if box is None else (box.x, box.y, box.w, box.h),
                 audio=cfg.audio,
-                on_frame=tap,
+                frames=span,
             )
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-        seen = tap.finish(cfg.filters, cfg.embed_frames)
-        if step != sample_step(r.fps, cfg.filters.sample_fps):
-            seen = None  # another rate than expected: the annotate stage decodes the clip
         if remote:
             try:
                 storage.put_file(final, pending)
@@ -217,7 +219,6 @@ class TranscodeStage(MapStage):
                 crop_h=crop.h if crop else up_h,
                 blockiness=look.blockiness if look is not None else 0.0,
                 audio=r.audio,
-                scores=seen,
             )
         ]
 
@@ -229,7 +230,18 @@ class TranscodeStage(MapStage):
         sampled = frames[sample_indices(len(frames), item.video.fps, f.sample_fps)]
         return motion_reason(score_frames(sampled, f), f) is not None
 
-    def _inspect(self, item: SpanTask, src: str) -> PictureReport | None:
+    def _decoded(self, item: SpanTask, src: str) -> list[tuple[float, av.VideoFrame]] | None:
+        """The span's decoded frames, when the picture checks and the encoder both need them
+        and they fit in `SPAN_BYTES` (one decode instead of two); else None."""
+        v = item.video
+        n = item.end_frame - item.start_frame + 2
+        if not self.cfg.picture.enabled or n * frame_bytes(v) > SPAN_BYTES:
+            return None
+        return list(iter_av_frames(src, start_s=item.start_s, end_s=item.end_s, threads="AUTO"))
+
+    def _inspect(
+        self, item: SpanTask, src: str, span: list[tuple[float, av.VideoFrame]] | None
+    ) -> PictureReport | None:
         """Bars and blockiness of the span's source pictures (None when both are off)."""
         pic, v = self.cfg.picture, item.video
         if not pic.enabled:
@@ -243,7 +255,22 @@ class TranscodeStage(MapStage):
             height=v.height,
             rotation=v.rotation,
             cfg=pic,
+            frames=span,
         )
+
+
+SPAN_BYTES = 256 << 20
+"""Largest span (decoded bytes) the transcode stage holds so that the picture checks and the
+encoder share one decode: ~7 s of 720p, ~3 s of 1080p; a longer span is decoded twice."""
+
+
+def frame_bytes(v: ProbedVideo) -> int:
+    """Bytes of one decoded frame of `v` (its planes; 4:2:0 1.5 bytes a pixel, 4:4:4 3; twice
+    that above 8 bits)."""
+    fmt = v.pix_fmt or ""
+    per = 1.5 if "420" in fmt or "nv12" in fmt else 2.0 if "422" in fmt else 3.0
+    deep = any(b in fmt for b in ("p10", "p12", "p14", "p16"))
+    return int(v.width * v.height * per * (2 if deep else 1))
 
 
 def unfit_reason(look: PictureReport | None, cfg: CurateConfig) -> str | None:
@@ -326,13 +353,9 @@ class AnnotateStage(MapStage):
             self.setup()
         cfg, span = self.cfg, item.span
         path = self._clip_file(item)
-        seen = item.scores
-        if seen is not None and seen.n_frames == item.n_frames:
-            scores, frames = filter_scores(seen), thumbs(seen)  # taken while it was encoded
-        else:
-            frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
-            frames = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
-            scores = score_frames(frames, cfg.filters)
+        frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
+        sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
+        scores = score_frames(sampled, cfg.filters)
         reasons = reject_reasons(
             scores,
             width=item.width,
@@ -362,10 +385,10 @@ class AnnotateStage(MapStage):
                     video=span.video,
                 )
             ]
-        emb = clip_embedding(self._embedder, frames, n=cfg.embed_frames)
+        emb = clip_embedding(self._embedder, sampled, n=cfg.embed_frames)
         return [
             AnnotatedClip(
-                clip=dataclasses.replace(item, scores=None),  # its frames are no longer needed
+                clip=item,
                 caption=cap.text,
                 caption_source=cap.source,
                 caption_problem=cap.problem,

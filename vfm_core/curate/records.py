@@ -87,25 +87,6 @@ class SpanTask:
 
 
 @dataclass(kw_only=True, slots=True)
-class ClipScores:
-    """Filter scores of a clip (`vfm_core.annotate.filters.FilterScores`) and the frames its
-    embedding averages, taken from the frames handed to the encoder
-    (`vfm_core.curate.clip_analysis`), so the annotate stage does not decode the clip."""
-
-    n_frames: int
-    """Frames of the clip they were taken from."""
-    motion: float
-    static_frac: float
-    black_frac: float
-    blank_frac: float
-    pan_px: float
-    thumbs: str
-    """The embedding's frames, (K, h, w, 3) uint8 at the analysis width, as base64 of the raw
-    bytes (`thumbs_shape`)."""
-    thumbs_shape: list[int]
-
-
-@dataclass(kw_only=True, slots=True)
 class ClipTask:
     """A written clip (a `ClipManifest` row)."""
 
@@ -130,8 +111,6 @@ class ClipTask:
     audio: str | None = None
     """Its sound: kept, none or dropped (`vfm_core.video.choices.ClipAudio`); None in items from
     before it was recorded (clips written then have no sound)."""
-    scores: ClipScores | None = None
-    """Filter scores taken while encoding (None: the annotate stage decodes the clip)."""
 
 
 @dataclass(kw_only=True, slots=True)
