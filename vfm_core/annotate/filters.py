@@ -80,10 +80,15 @@ def _luma(frames: np.ndarray) -> np.ndarray:
     return f[..., 0] * 0.299 + f[..., 1] * 0.587 + f[..., 2] * 0.114  # (T, H, W)
 
 
+def sample_step(fps: float, sample_fps: float) -> int:
+    """Every how many frames of a clip at `fps` one is scored (about `sample_fps` a second)."""
+    return max(1, int(round(fps / max(sample_fps, 1e-6))))
+
+
 def sample_indices(n_frames: int, fps: float, sample_fps: float) -> np.ndarray:
-    """Indices of about `sample_fps` frames per second of a clip of `n_frames` at `fps`."""
-    step = max(1, int(round(fps / max(sample_fps, 1e-6))))
-    return np.arange(0, n_frames, step)
+    """Indices of about `sample_fps` frames per second of a clip of `n_frames` at `fps`: every
+    `sample_step`-th from 0."""
+    return np.arange(0, n_frames, sample_step(fps, sample_fps))
 
 
 def global_shift(a: np.ndarray, b: np.ndarray) -> float:

@@ -35,7 +35,7 @@ from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedde
 from vfm_core.annotate.filters import (
     motion_reason,
     reject_reasons,
-    sample_indices,
+    sample_step,
     score_frames,
 )
 from vfm_core.curate.config import CurateConfig
@@ -226,8 +226,10 @@ class TranscodeStage(MapStage):
         """Whether the span's source frames fail the filters' motion check (static or low
         motion), scored as `AnnotateStage` scores a clip (analysis size, ``sample_fps``)."""
         f, w = self.cfg.filters, self.cfg.analysis_width
-        frames = decode_frames(src, width=w, start_s=item.start_s, end_s=item.end_s)  # (T, h, w, 3)
-        sampled = frames[sample_indices(len(frames), item.video.fps, f.sample_fps)]
+        step = sample_step(item.video.fps, f.sample_fps)
+        sampled = decode_frames(  # (T, h, w, 3): frames[sample_indices(T, fps, sample_fps)]
+            src, width=w, start_s=item.start_s, end_s=item.end_s, every=step
+        )
         return motion_reason(score_frames(sampled, f), f) is not None
 
     def _decoded(self, item: SpanTask, src: str) -> list[tuple[float, av.VideoFrame]] | None:
@@ -353,8 +355,8 @@ class AnnotateStage(MapStage):
             self.setup()
         cfg, span = self.cfg, item.span
         path = self._clip_file(item)
-        frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
-        sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
+        step = sample_step(item.fps, cfg.filters.sample_fps)  # the frames sample_indices picks
+        sampled = decode_frames(path, width=cfg.analysis_width, every=step)  # (T, h, w, 3)
         scores = score_frames(sampled, cfg.filters)
         reasons = reject_reasons(
             scores,

@@ -282,8 +282,10 @@ def iter_frames(
     resize: Literal["swscale", "sample"] = "swscale",
     decoder_options: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
+    every: int = 1,
 ) -> Iterator[tuple[float, np.ndarray]]:
-    """Yield (time_s, RGB uint8 (H, W, 3)) for the frames with start_s <= t < end_s.
+    """Yield (time_s, RGB uint8 (H, W, 3)) for the frames with start_s <= t < end_s (with
+    `every`: only the 0th, every-th, 2*every-th... of them; the others are decoded, not converted).
 
     `width` alone keeps the aspect ratio (analysis size, e.g. 64); the scale to that size happens
     inside FFmpeg's swscale (one context reused per conversion: `video.convert.FrameConverter`), not
@@ -310,7 +312,9 @@ def iter_frames(
         options=decoder_options,
         timeout_s=timeout_s,
     )
-    for t, frame in frames:
+    for i, (t, frame) in enumerate(frames):
+        if i % every:
+            continue
         if size is None:  # the output size from the first frame's coded size (no second open)
             if height is None:
                 size = analysis_size(frame.width, frame.height, width)
@@ -339,8 +343,10 @@ def decode_frames(
     threads: str = "AUTO",
     resize: Literal["swscale", "sample"] = "swscale",
     timeout_s: float | None = None,
+    every: int = 1,
 ) -> np.ndarray:
-    """All frames of [start_s, end_s) as RGB uint8 (T, H, W, 3); see `iter_frames`."""
+    """All frames of [start_s, end_s) as RGB uint8 (T, H, W, 3), or every `every`-th of them
+    (``frames[::every]``, converting only those); see `iter_frames`."""
     it = iter_frames(
         src,
         width=width,
@@ -350,6 +356,7 @@ def decode_frames(
         threads=threads,
         resize=resize,
         timeout_s=timeout_s,
+        every=every,
     )
     frames = [a for _, a in it]
     if not frames:
