@@ -36,13 +36,15 @@ true shots of >= 2 s.
 ``--curation``: the default curation (``vfm_core.curate.pipeline.curate`` with ``CurateConfig()``:
 split, stitch, transcode, annotate, filters) of the real clips themselves (a folder of links to
 them), its wall time as a multiple of one plain decode of the same files, measured in the same run,
-and the seconds the clips plus the rejects cover of each video's duration.
+beside PySceneDetect's ContentDetector over the same files (unless ``--no-peers``), and the
+seconds the clips plus the rejects cover of each video's duration.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -243,7 +245,7 @@ def main() -> None:
                 f" {int(t[3])} | {t[4] / t[5]:.3f} |"
             )
     if args.curation:
-        curation_vs_decode()
+        curation_vs_decode(peers=not args.no_peers)
 
 
 def _effects_row(pred: list[tuple[int, int]], comp: Composition) -> list[float]:
@@ -267,8 +269,9 @@ def _effects_row(pred: list[tuple[int, int]], comp: Composition) -> list[float]:
     return [sum(hit), grad, false, at_flash, kept, total]
 
 
-def curation_vs_decode() -> None:
-    """The default curation of the installed real clips vs one plain decode of the same files."""
+def curation_vs_decode(*, peers: bool = True) -> None:
+    """The default curation of the installed real clips vs one plain decode of the same files,
+    and (`peers`) PySceneDetect's ContentDetector over them, in the same run."""
     import av
     import polars as pl
 
@@ -292,6 +295,13 @@ def curation_vs_decode() -> None:
         t = time.perf_counter()
         summary = curate(str(src), str(Path(tmp, "out")), config=CurateConfig(), progress=False)
         curate_s = time.perf_counter() - t
+        psd_s = math.nan
+        if peers:
+            t = time.perf_counter()
+            for f in files:
+                _scenedetect(f, "content")
+            psd_s = time.perf_counter() - t
+            av.logging.set_level(None)
         clips = pl.read_parquet(Path(tmp, "out", "clips.parquet"))
         rejects = pl.read_parquet(Path(tmp, "out", "rejects.parquet"))
         duration = sum(probe(str(f)).duration_s for f in files)
@@ -301,11 +311,15 @@ def curation_vs_decode() -> None:
         f"\ndefault curation ({CurateConfig().splitter} splitter) of {len(files)} real videos,"
         f" {duration:.0f} s of footage\n"
     )
-    print("| plain decode s | curation s | x decode | clips | rejects | covered s / duration s |")
-    print("|---:|---:|---:|---:|---:|---:|")
     print(
-        f"| {decode_s:.1f} | {curate_s:.1f} | {curate_s / decode_s:.1f} | {summary['n_clips']} |"
-        f" {rejects.height} | {covered:.1f} / {duration:.1f} |"
+        "| plain decode s | curation s | x decode | PySceneDetect Content x decode | clips |"
+        " rejects | covered s / duration s |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {decode_s:.1f} | {curate_s:.1f} | {curate_s / decode_s:.1f} |"
+        f" {psd_s / decode_s:.2f} | {summary['n_clips']} | {rejects.height} |"
+        f" {covered:.1f} / {duration:.1f} |"
     )
 
 

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from vfm_core import infra_env
-from vfm_core.progress import Progress, format_duration
+from vfm_core.progress import MediaProgress, Progress, format_duration
 
 
 class Clock:
@@ -139,3 +139,33 @@ def test_training_lines_say_the_time_spent_and_left(capsys):
     ]
     assert lines[0].endswith(" left") and ", about " in lines[0]
     assert lines[-1].endswith("0 s, about 0 s left")
+
+
+def test_media_progress_says_seconds_rate_and_time_left_at_a_steady_rate():
+    """A 193 s video decoded at 3x realtime, one call per frame: a line every 10 s of wall
+    time (not per frame), none before the first interval, one at the end."""
+    clock, out = Clock(), io.StringIO()
+    with MediaProgress(193.0, desc="split long.mp4", every_s=10, clock=clock, file=out) as bar:
+        for i in range(193 * 25):
+            clock.t = i / 25 / 3
+            bar.at(i / 25)
+            bar.at(i / 25 - 1.0)  # an earlier position (a second decode of a span) is ignored
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 6 + 1, lines  # 10, 20, ..., 60 s, then the end (64.3 s)
+    assert lines[0] == "split long.mp4: 30/193 s of video (16%), 10 s, 3x realtime, about 54 s left"
+    assert lines[-1].startswith("split long.mp4: 193/193 s of video (100%), 1 min 04 s, 3x")
+
+
+def test_media_progress_quiet_for_a_short_video_and_from_a_start():
+    clock, out = Clock(), io.StringIO()
+    with MediaProgress(60.0, desc="short", every_s=10, clock=clock, file=out) as bar:  # delay
+        for i in range(30):
+            clock.t = i * 0.3  # 9 s in all: nothing shown
+            bar.at(i * 2.0)
+    assert out.getvalue() == ""  # delay_s defaults to every_s
+    with MediaProgress(100.0, desc="tail", start_s=50.0, every_s=1, clock=clock, file=out) as bar:
+        clock.t += 5.0
+        bar.at(60.0)  # 10 s of video in 5 s since the first position, 50 s: 40 s left at 2x
+    assert out.getvalue().splitlines() == [
+        "tail: 60/100 s of video (60%), 5 s, 2x realtime, about 20 s left"
+    ]

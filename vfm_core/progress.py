@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable
 from typing import TextIO
 
-__all__ = ["PROGRESS_EVERY_S", "Progress", "console_logging", "format_duration"]
+__all__ = ["PROGRESS_EVERY_S", "MediaProgress", "Progress", "console_logging", "format_duration"]
 
 PROGRESS_EVERY_S = 10.0
 """Seconds between two progress lines of one loop (default of ``every_s``)."""
@@ -143,6 +143,10 @@ class Progress:
         text = f"{head}, {format_duration(elapsed)}, {rate:.3g} {self.unit}/s"
         if self.total is not None:
             text += f", about {format_duration(left)} left"
+        self._emit(text, elapsed)
+
+    def _emit(self, text: str, elapsed: float) -> None:
+        """Show one line (with the note) on the stream or through the logger."""
         if self.note:
             text += f", {self.note}"
         if self.file is not None:
@@ -157,6 +161,37 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class MediaProgress(Progress):
+    """Progress through a video's timeline: ``at(t)`` with the media time reached (seconds);
+    lines read ``<desc>: 60/193 s of video (31%), 20 s, 2.9x realtime, about 45 s left``
+    (the rate is media seconds per wall second since ``start_s``, the first position).
+    ``total_s`` None or <= 0: nothing is shown; ``delay_s`` defaults to ``every_s``."""
+
+    def __init__(self, total_s: float | None, *, desc: str, start_s: float = 0.0, **kw) -> None:
+        total = total_s if total_s is not None and total_s > 0 else 0
+        quiet = "delay_s" not in kw
+        super().__init__(total, desc=desc, unit="s", **kw)  # type: ignore[arg-type]
+        self.start_s, self.n = start_s, start_s
+        if quiet:  # a video done within one interval shows nothing
+            self.delay = self.every
+
+    def at(self, t: float) -> None:
+        """The media time `t` (seconds) is reached (earlier times are ignored)."""
+        if t > self.n:
+            self.update(t - self.n)  # type: ignore[arg-type]
+
+    def _line(self, elapsed: float) -> None:
+        done = self.n - self.start_s
+        rate = done / elapsed if elapsed > 0 else math.inf
+        total = float(self.total or 0)
+        left = (total - self.n) / rate if rate > 0 else math.nan
+        self._emit(
+            f"{self.desc}: {self.n:.0f}/{total:.0f} s of video ({self.n / total:.0%}), "
+            f"{format_duration(elapsed)}, {rate:.2g}x realtime, about {format_duration(left)} left",
+            elapsed,
+        )
 
 
 def console_logging() -> None:

@@ -37,9 +37,17 @@ def test_discover_keeps_source_as_given(src_dir, monkeypatch, caplog):
     assert [r.source_uri for r in one] == [f"{src_dir.name}/demo0.mp4"]
 
 
-def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path):
+def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path, monkeypatch, caplog):
     dst = tmp_path / "out"
-    out = curate(str(src_dir), str(dst), config=CFG)
+    monkeypatch.setenv("VFM_PROGRESS_EVERY_S", "0")  # progress lines inside every video
+    with caplog.at_level(logging.INFO, logger="vfm_core.progress"):
+        out = curate(str(src_dir), str(dst), config=CFG)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vfm_core.progress"]
+    for phase in ("split", "transcode"):  # seconds done / total, rate, time left
+        assert any(
+            x.startswith(f"{phase} demo0.mp4: ") and "s of video" in x and "x realtime" in x
+            for x in lines
+        ), lines[:5]
     clips = read_clips(str(dst))
     rejects = read_manifest(dst / "rejects.parquet", Rejects)
     videos = read_manifest(dst / "videos.parquet", VideoManifest)

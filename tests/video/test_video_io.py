@@ -44,6 +44,25 @@ def test_file_object_and_span_decode(demo_video):
     assert decode_frames(buf, width=32, start_s=10.0).shape[0] == 400 - 240
 
 
+def test_every_nth_frame_is_the_full_decode_sampled(demo_video):
+    """`every=k` converts only frames 0, k, 2k... of the range: the same arrays as the full
+    decode indexed with [::k] (what the curation filters score)."""
+    path, _ = demo_video
+    full = decode_frames(path, width=32, start_s=2.0, end_s=5.0)  # (72, 18, 32, 3)
+    assert np.array_equal(decode_frames(path, width=32, start_s=2.0, end_s=5.0, every=3), full[::3])
+
+
+def test_transcode_span_of_frames_decoded_once(demo_video, tmp_path):
+    """Frames already decoded (`frames=`) give the same clip bytes as the span decoded inside."""
+    from vfm_core.video.io import iter_av_frames
+
+    path, _ = demo_video
+    transcode_span(path, tmp_path / "a.mp4", 2.5, 4.5, encoder="libx264")
+    span = list(iter_av_frames(path, start_s=2.5, end_s=4.5, threads="AUTO"))
+    transcode_span(path, tmp_path / "b.mp4", 2.5, 4.5, encoder="libx264", frames=span)
+    assert (tmp_path / "a.mp4").read_bytes() == (tmp_path / "b.mp4").read_bytes()
+
+
 def test_transcode_span(demo_video, tmp_path):
     path, _ = demo_video
     full = decode_frames(path)

@@ -80,10 +80,15 @@ def _luma(frames: np.ndarray) -> np.ndarray:
     return f[..., 0] * 0.299 + f[..., 1] * 0.587 + f[..., 2] * 0.114  # (T, H, W)
 
 
+def sample_step(fps: float, sample_fps: float) -> int:
+    """Every how many frames of a clip at `fps` one is scored (about `sample_fps` a second)."""
+    return max(1, int(round(fps / max(sample_fps, 1e-6))))
+
+
 def sample_indices(n_frames: int, fps: float, sample_fps: float) -> np.ndarray:
-    """Indices of about `sample_fps` frames per second of a clip of `n_frames` at `fps`."""
-    step = max(1, int(round(fps / max(sample_fps, 1e-6))))
-    return np.arange(0, n_frames, step)
+    """Indices of about `sample_fps` frames per second of a clip of `n_frames` at `fps`: every
+    `sample_step`-th from 0."""
+    return np.arange(0, n_frames, sample_step(fps, sample_fps))
 
 
 def global_shift(a: np.ndarray, b: np.ndarray) -> float:
@@ -108,6 +113,12 @@ def global_shift(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.hypot(*shift))
 
 
+def _channel_max(a: np.ndarray) -> np.ndarray:
+    """``a.max(axis=-1)`` of (..., 3): the same values, ~4x faster (numpy's reduction over an
+    innermost axis of 3 is slow)."""
+    return np.maximum(np.maximum(a[..., 0], a[..., 1]), a[..., 2])
+
+
 def score_frames(frames: np.ndarray, cfg: FilterConfig | None = None) -> FilterScores:
     """Scores of already-sampled RGB uint8 frames (T, H, W, 3), T >= 1."""
     cfg = cfg or FilterConfig()
@@ -120,13 +131,13 @@ def score_frames(frames: np.ndarray, cfg: FilterConfig | None = None) -> FilterS
     bright = np.partition(flat, k, axis=1)[:, k]  # (T,)
     black = float((bright < cfg.black_level).mean())
     spread = f.reshape(len(f), -1, 3).std(axis=1).max(axis=1)  # (T,) largest channel std
-    gy = np.abs(np.diff(f, axis=1)).max(axis=-1).mean(axis=(1, 2))  # (T,)
-    gx = np.abs(np.diff(f, axis=2)).max(axis=-1).mean(axis=(1, 2))  # (T,)
+    gy = _channel_max(np.abs(np.diff(f, axis=1))).mean(axis=(1, 2))  # (T,)
+    gx = _channel_max(np.abs(np.diff(f, axis=2))).mean(axis=(1, 2))  # (T,)
     edges = (gy + gx) / 2 if f.shape[1] > 1 and f.shape[2] > 1 else np.zeros(len(f))
     blank = float(((spread < cfg.blank_std) & (edges < cfg.blank_edge)).mean())
     if len(y) > 1:
-        d = np.abs(np.diff(f, axis=0)).max(axis=-1).mean(axis=(1, 2)) / 255.0  # (T-1,)
-        grey = f.mean(axis=-1)  # (T, H, W): colour edges move too
+        d = _channel_max(np.abs(np.diff(f, axis=0))).mean(axis=(1, 2)) / 255.0  # (T-1,)
+        grey = (f[..., 0] + f[..., 1] + f[..., 2]) / 3  # (T, H, W) = f.mean(-1): colour edges
         shifts = np.array([global_shift(grey[t], grey[t + 1]) for t in range(len(grey) - 1)])
         moving = (d >= cfg.static_eps) | (shifts >= cfg.min_pan_px)
         motion, static, pan = float(d.mean()), float((~moving).mean()), float(shifts.mean())

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 
 from vfm_core import storage
@@ -34,13 +35,21 @@ from vfm_core.annotate.embed import ColorThumbEmbedder, Embedder, HFImageEmbedde
 from vfm_core.annotate.filters import (
     motion_reason,
     reject_reasons,
-    sample_indices,
+    sample_step,
     score_frames,
 )
 from vfm_core.curate.config import CurateConfig
-from vfm_core.curate.records import AnnotatedClip, ClipTask, Item, RejectRow, SpanTask
-from vfm_core.curate.stage_base import MapStage, local_copy, local_video
-from vfm_core.video.io import decode_frames
+from vfm_core.curate.records import (
+    AnnotatedClip,
+    ClipTask,
+    Item,
+    ProbedVideo,
+    RejectRow,
+    SpanTask,
+)
+from vfm_core.curate.stage_base import MapStage, local_copy, local_video, video_progress
+from vfm_core.progress import MediaProgress
+from vfm_core.video.io import decode_frames, iter_av_frames, observe_decode
 from vfm_core.video.quality import PictureReport, inspect_span
 from vfm_core.video.transcode import select_encoder, transcode_span
 
@@ -124,6 +133,8 @@ class TranscodeStage(MapStage):
     name = "transcode"
     reject_as = "transcode"
     _encoder: str | None = field(default=None, init=False, repr=False)
+    _progress: MediaProgress | None = field(default=None, init=False, repr=False)
+    _progress_uri: str | None = field(default=None, init=False, repr=False)
 
     def setup(self) -> None:
         # once per worker; an unusable encoder setting fails the run (EncoderError), not a clip
@@ -132,11 +143,28 @@ class TranscodeStage(MapStage):
     def one(self, item: SpanTask) -> list[Item]:
         if self._encoder is None:
             self.setup()
+        bar = self._progress_of(item)
+        with observe_decode(bar.at):
+            return self._clip(item)
+
+    def _progress_of(self, item: SpanTask) -> MediaProgress:
+        """The progress lines of `item`'s video: one per video, through its spans in order (its
+        last line when the next video starts)."""
+        v = item.video
+        if self._progress is None or self._progress_uri != v.source_uri:
+            if self._progress is not None:
+                self._progress.close()
+            self._progress = video_progress("transcode", v, start_s=item.start_s)
+            self._progress_uri = v.source_uri
+        return self._progress
+
+    def _clip(self, item: SpanTask) -> list[Item]:
         v, cfg = item.video, self.cfg
         src = local_video(v, self.work_dir)
-        look = self._inspect(item, src)
+        span = self._decoded(item, src)  # None: too big to hold, each step decodes it
+        look = self._inspect(item, src, span)
         unfit = unfit_reason(look, cfg)
-        if look is not None and unfit == blocky_reason(look.blockiness, cfg):
+        if unfit is not None and look is not None and unfit == blocky_reason(look.blockiness, cfg):
             unfit = None if self._still(item, src) else unfit  # frozen: the filters judge it
         if unfit is not None:  # decided before encoding: no work spent on the span
             return [_span_reject(item, stage="filter", reason=unfit)]
@@ -164,6 +192,7 @@ class TranscodeStage(MapStage):
                 encoder=self._encoder,
                 crop=None if box is None else (box.x, box.y, box.w, box.h),
                 audio=cfg.audio,
+                frames=span,
             )
             os.replace(tmp, final)
         finally:
@@ -197,11 +226,24 @@ class TranscodeStage(MapStage):
         """Whether the span's source frames fail the filters' motion check (static or low
         motion), scored as `AnnotateStage` scores a clip (analysis size, ``sample_fps``)."""
         f, w = self.cfg.filters, self.cfg.analysis_width
-        frames = decode_frames(src, width=w, start_s=item.start_s, end_s=item.end_s)  # (T, h, w, 3)
-        sampled = frames[sample_indices(len(frames), item.video.fps, f.sample_fps)]
+        step = sample_step(item.video.fps, f.sample_fps)
+        sampled = decode_frames(  # (T, h, w, 3): frames[sample_indices(T, fps, sample_fps)]
+            src, width=w, start_s=item.start_s, end_s=item.end_s, every=step
+        )
         return motion_reason(score_frames(sampled, f), f) is not None
 
-    def _inspect(self, item: SpanTask, src: str) -> PictureReport | None:
+    def _decoded(self, item: SpanTask, src: str) -> list[tuple[float, av.VideoFrame]] | None:
+        """The span's decoded frames, when the picture checks and the encoder both need them
+        and they fit in `SPAN_BYTES` (one decode instead of two); else None."""
+        v = item.video
+        n = item.end_frame - item.start_frame + 2
+        if not self.cfg.picture.enabled or n * frame_bytes(v) > SPAN_BYTES:
+            return None
+        return list(iter_av_frames(src, start_s=item.start_s, end_s=item.end_s, threads="AUTO"))
+
+    def _inspect(
+        self, item: SpanTask, src: str, span: list[tuple[float, av.VideoFrame]] | None
+    ) -> PictureReport | None:
         """Bars and blockiness of the span's source pictures (None when both are off)."""
         pic, v = self.cfg.picture, item.video
         if not pic.enabled:
@@ -215,7 +257,22 @@ class TranscodeStage(MapStage):
             height=v.height,
             rotation=v.rotation,
             cfg=pic,
+            frames=span,
         )
+
+
+SPAN_BYTES = 256 << 20
+"""Largest span (decoded bytes) the transcode stage holds so that the picture checks and the
+encoder share one decode: ~7 s of 720p, ~3 s of 1080p; a longer span is decoded twice."""
+
+
+def frame_bytes(v: ProbedVideo) -> int:
+    """Bytes of one decoded frame of `v` (its planes; 4:2:0 1.5 bytes a pixel, 4:4:4 3; twice
+    that above 8 bits)."""
+    fmt = v.pix_fmt or ""
+    per = 1.5 if "420" in fmt or "nv12" in fmt else 2.0 if "422" in fmt else 3.0
+    deep = any(b in fmt for b in ("p10", "p12", "p14", "p16"))
+    return int(v.width * v.height * per * (2 if deep else 1))
 
 
 def unfit_reason(look: PictureReport | None, cfg: CurateConfig) -> str | None:
@@ -298,8 +355,8 @@ class AnnotateStage(MapStage):
             self.setup()
         cfg, span = self.cfg, item.span
         path = self._clip_file(item)
-        frames = decode_frames(path, width=cfg.analysis_width)  # (T, h, w, 3)
-        sampled = frames[sample_indices(len(frames), item.fps, cfg.filters.sample_fps)]
+        step = sample_step(item.fps, cfg.filters.sample_fps)  # the frames sample_indices picks
+        sampled = decode_frames(path, width=cfg.analysis_width, every=step)  # (T, h, w, 3)
         scores = score_frames(sampled, cfg.filters)
         reasons = reject_reasons(
             scores,

@@ -32,6 +32,7 @@ from vfm_core.curate.records import (
     SplitVideo,
     VideoRef,
 )
+from vfm_core.progress import MediaProgress
 from vfm_core.video.container import VideoError
 
 _USER_ERRORS = (VideoError, storage.StorageError, OSError, ValueError, av.FFmpegError)
@@ -140,3 +141,11 @@ def local_copy(url: str, work_dir: str) -> str:
 def local_video(v: ProbedVideo, work_dir: str) -> str:
     """The video's local copy (re-fetched when this worker does not share the prober's disk)."""
     return v.local_path if os.path.exists(v.local_path) else local_copy(v.url, work_dir)
+
+
+def video_progress(phase: str, v: ProbedVideo, start_s: float = 0.0) -> MediaProgress:
+    """Lines on how far `phase` got through the video `v` (every ``$VFM_PROGRESS_EVERY_S`` s,
+    none for a video done within that): a long video shows movement in the terminal and in a
+    Prefect run's log (`vfm_core.progress`)."""
+    name = v.source_uri.rstrip("/").rsplit("/", 1)[-1]
+    return MediaProgress(v.duration_s, desc=f"{phase} {name}", start_s=start_s)

@@ -28,10 +28,10 @@ from vfm_core import storage
 from vfm_core.curate.clip_stages import AnnotateStage, TranscodeStage
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.records import Item, ProbedVideo, RejectRow, SpanTask, SplitVideo, VideoRef
-from vfm_core.curate.stage_base import MapStage, Stage, local_copy, local_video
+from vfm_core.curate.stage_base import MapStage, Stage, local_copy, local_video, video_progress
 from vfm_core.storage import not_regular
 from vfm_core.video.container import VideoError
-from vfm_core.video.io import lost_tail, probe
+from vfm_core.video.io import lost_tail, observe_decode, probe
 from vfm_core.video.spans import DroppedSpan, Segmentation
 from vfm_core.video.stitch import stitch
 
@@ -90,7 +90,8 @@ class SplitStage(MapStage):
         if self._splitter is None:
             self.setup()
         src = local_video(item, self.work_dir)
-        seg = self._splitter.segment(src, fps=item.fps)
+        with video_progress("split", item) as bar, observe_decode(bar.at):
+            seg = self._splitter.segment(src, fps=item.fps)
         lost = _lost_tail(seg, item, src)
         if not seg.spans and lost is None:
             raise ValueError(_no_shot_reason(seg, item, self.cfg.min_len_s))

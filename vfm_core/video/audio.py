@@ -37,6 +37,11 @@ from vfm_core.video.io import DECODE_TIMEOUT
 AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
 """Sample rates AAC codes; a source at another rate is resampled to 48 kHz."""
 
+AAC_OPTIONS: dict[str, str] = {"aac_coder": "fast"}
+"""FFmpeg's native AAC encoder with its fast quantiser search instead of the default two-loop
+one: ~2x faster at the same 128 kbit/s (the two-loop search cost as much as encoding the
+pictures of a 160x90 clip); the sound of a training clip needs no more."""
+
 _CHUNK = (
     1 << 16
 )  # samples per frame handed to the encoder (it re-cuts them into 1024-sample frames)
@@ -131,6 +136,7 @@ def add_aac(out: av.container.OutputContainer, fmt: AudioFormat) -> av.AudioStre
     """An AAC stream of `fmt` in `out` (added before anything is muxed)."""
     st = out.add_stream("aac", rate=fmt.rate, layout=fmt.layout)
     st.time_base = Fraction(1, fmt.rate)
+    st.options = dict(AAC_OPTIONS)
     return st
 
 

@@ -18,7 +18,9 @@ video.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
@@ -280,8 +282,10 @@ def iter_frames(
     resize: Literal["swscale", "sample"] = "swscale",
     decoder_options: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
+    every: int = 1,
 ) -> Iterator[tuple[float, np.ndarray]]:
-    """Yield (time_s, RGB uint8 (H, W, 3)) for the frames with start_s <= t < end_s.
+    """Yield (time_s, RGB uint8 (H, W, 3)) for the frames with start_s <= t < end_s (with
+    `every`: only the 0th, every-th, 2*every-th... of them; the others are decoded, not converted).
 
     `width` alone keeps the aspect ratio (analysis size, e.g. 64); the scale to that size happens
     inside FFmpeg's swscale (one context reused per conversion: `video.convert.FrameConverter`), not
@@ -308,7 +312,9 @@ def iter_frames(
         options=decoder_options,
         timeout_s=timeout_s,
     )
-    for t, frame in frames:
+    for i, (t, frame) in enumerate(frames):
+        if i % every:
+            continue
         if size is None:  # the output size from the first frame's coded size (no second open)
             if height is None:
                 size = analysis_size(frame.width, frame.height, width)
@@ -337,8 +343,10 @@ def decode_frames(
     threads: str = "AUTO",
     resize: Literal["swscale", "sample"] = "swscale",
     timeout_s: float | None = None,
+    every: int = 1,
 ) -> np.ndarray:
-    """All frames of [start_s, end_s) as RGB uint8 (T, H, W, 3); see `iter_frames`."""
+    """All frames of [start_s, end_s) as RGB uint8 (T, H, W, 3), or every `every`-th of them
+    (``frames[::every]``, converting only those); see `iter_frames`."""
     it = iter_frames(
         src,
         width=width,
@@ -348,11 +356,30 @@ def decode_frames(
         threads=threads,
         resize=resize,
         timeout_s=timeout_s,
+        every=every,
     )
     frames = [a for _, a in it]
     if not frames:
         raise VideoError(source_name(src), "no frames in the requested range")
     return np.stack(frames)  # (T, H, W, 3)
+
+
+_OBSERVER: ContextVar[Callable[[float], None] | None] = ContextVar(
+    "vfm_decode_observer", default=None
+)
+"""What `observe_decode` installed: called with the time of every frame `iter_av_frames` yields."""
+
+
+@contextmanager
+def observe_decode(callback: Callable[[float], None]) -> Iterator[None]:
+    """Within the block, every frame a decode of this module yields (in this thread or task)
+    reports its time in seconds to `callback` first, e.g. the progress of a long video
+    (`vfm_core.progress.MediaProgress.at`). The callback must be cheap: it runs per frame."""
+    token = _OBSERVER.set(callback)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
 
 
 def iter_av_frames(
@@ -375,6 +402,7 @@ def iter_av_frames(
     """
     name = name or source_name(src)
     began = time.monotonic()
+    observe = _OBSERVER.get()
     with open_container(src) as c:
         s = video_stream(c, name)
         media = media_seconds(c, s)  # seconds of media in [start_s, end_s)
@@ -406,6 +434,8 @@ def iter_av_frames(
                 if end_s is not None and t >= end_s - half:
                     break
                 n_out += 1
+                if observe is not None:
+                    observe(t)
                 yield t, frame
         except av.FFmpegError as e:
             if n_out == 0:

@@ -23,11 +23,16 @@ full-resolution luma frames of the span (`sample_luma`), computed before the spa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import av
 import numpy as np
 
 from vfm_core.video.io import Source, iter_av_frames
+
+DecodedSpan = Iterable[tuple[float, av.VideoFrame]]
+"""(time_s, frame) of a span, as `io.iter_av_frames` yields them (decoded once, used twice)."""
 
 BLOCK = 8
 """Transform block size whose boundaries `blockiness` looks at (MPEG-2 / H.264 8x8)."""
@@ -80,13 +85,24 @@ class CropBox:
         return (self.x, self.y, self.w, self.h) == (0, 0, width, height)
 
 
-def sample_luma(src: Source, start_s: float, end_s: float, *, n: int, n_frames: int) -> np.ndarray:
+def sample_luma(
+    src: Source,
+    start_s: float,
+    end_s: float,
+    *,
+    n: int,
+    n_frames: int,
+    frames: DecodedSpan | None = None,
+) -> np.ndarray:
     """About `n` evenly spaced frames of [start_s, end_s) as full-size luma (K, H, W) uint8 in the
-    coded orientation (`n_frames`: the frames expected in the span, to space the picks)."""
+    coded orientation (`n_frames`: the frames expected in the span, to space the picks).
+    `frames`: the span already decoded (else it is decoded here)."""
     want = set(np.linspace(0, max(n_frames - 1, 0), min(n, max(n_frames, 1))).round().astype(int))
     last = max(want)
     out, seen = [], 0
-    for _, frame in iter_av_frames(src, start_s=start_s, end_s=end_s, threads="AUTO"):
+    if frames is None:
+        frames = iter_av_frames(src, start_s=start_s, end_s=end_s, threads="AUTO")
+    for _, frame in frames:
         if seen in want:
             out.append(frame.to_ndarray(format="gray"))  # (H, W) full-range luma
         seen += 1
@@ -211,11 +227,14 @@ def inspect_span(
     height: int,
     rotation: int = 0,
     cfg: PictureConfig | None = None,
+    frames: DecodedSpan | None = None,
 ) -> PictureReport:
     """Bars and blockiness of a span of `src` (coded `width` x `height`, `rotation` as in
-    `VideoInfo`), from `cfg.sample_frames` full-size luma frames."""
+    `VideoInfo`), from `cfg.sample_frames` full-size luma frames (of `frames`, the span already
+    decoded, when given)."""
     cfg = cfg or PictureConfig()
-    luma = sample_luma(src, start_s, end_s, n=cfg.sample_frames, n_frames=n_frames)  # (K, H, W)
+    n = cfg.sample_frames
+    luma = sample_luma(src, start_s, end_s, n=n, n_frames=n_frames, frames=frames)  # (K, H, W)
     k = (rotation // 90) % 4
     up_w, up_h = (height, width) if k % 2 else (width, height)
     if len(luma) == 0:

@@ -243,6 +243,7 @@ def transcode_span(
     encoder: Encoder = "auto",
     crop: tuple[int, int, int, int] | None = None,
     audio: AudioMode = "keep",
+    frames: Iterable[tuple[float, av.VideoFrame]] | None = None,
 ) -> TranscodeResult:
     """Write the frames of [start_s, end_s) of `src` as an H.264 MP4 starting on a keyframe.
 
@@ -261,6 +262,9 @@ def transcode_span(
     from the source time of its first frame (of ``start_s`` when frames are resampled onto a new
     time grid) for n_frames / fps seconds, so sound and pictures stay in sync; "drop" writes no
     sound. `TranscodeResult.audio` says which happened (none: the source has no audio stream).
+
+    `frames`: the span's (time_s, frame) already decoded (`iter_av_frames` over [start_s,
+    end_s), e.g. for the picture checks), encoded instead of decoding the span again.
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = source_name(src)
@@ -285,9 +289,9 @@ def transcode_span(
     fc = FrameConverter()  # swscale contexts reused across the span, one per conversion
     with out:
         resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
-        for t, frame in iter_av_frames(
-            src, start_s=start_s, end_s=end_s, threads=threads, name=name
-        ):
+        if frames is None:
+            frames = iter_av_frames(src, start_s=start_s, end_s=end_s, threads=threads, name=name)
+        for t, frame in frames:
             first_t = t if n == 0 and not resample else first_t  # the clip's time 0
             vf = _upright_frame(fc, frame, k=k, crop=crop, width=w, height=h)
             copies = 1
