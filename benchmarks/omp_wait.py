@@ -1,6 +1,6 @@
-"""Training steps/s under OpenMP's wait policies: what ``vfm_core``'s default
-(``OMP_WAIT_POLICY=PASSIVE``, set on import) buys on a shared machine, and what it costs on an idle
-one.
+"""Training steps/s under OpenMP's wait policies: what ``OMP_WAIT_POLICY=PASSIVE`` (which
+``vfm_core`` sets on import when the machine is busy: vfm_core/openmp.py) buys on a shared
+machine, and what it would cost on an idle one.
 
     .venv/bin/python benchmarks/omp_wait.py [--rounds 2] [--steps 20] [--load 0]
 
@@ -52,14 +52,15 @@ print(steps / (time.perf_counter() - t))
 """
 
 CONTESTANTS = (  # (label, OMP_WAIT_POLICY or None for OpenMP's default, threads: 0 = torch's)
-    ("passive (vfm default)", "PASSIVE", 0),
+    ("PASSIVE (vfm when busy)", "PASSIVE", 0),
     ("OpenMP default", None, 0),
     ("1 thread", None, 1),
 )
 
 
 def steps_per_s(model: str, policy: str | None, threads: int, steps: int) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    drop = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "VFM_OMP_WAIT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     if policy:  # else OpenMP's default: the child imports torch before vfm_core sets PASSIVE
         env["OMP_WAIT_POLICY"] = policy
     env["PYTHONPATH"] = str(REPO)

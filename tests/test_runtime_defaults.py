@@ -1,4 +1,4 @@
-"""Process-wide defaults the library sets on import (vfm_core/__init__.py)."""
+"""Process-wide defaults the library sets on import (vfm_core/__init__.py, vfm_core/openmp.py)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vfm_core.openmp import CHOICE_ENV, wait_policy_for
+
 REPO = Path(__file__).resolve().parents[1]
-SHOW = "import vfm_core, os; print(os.environ['OMP_WAIT_POLICY'])"
+SHOW = (
+    "import vfm_core, os; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('VFM_OMP_WAIT'))"
+)
 
 
-def _policy(env_value: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if env_value is not None:
-        env["OMP_WAIT_POLICY"] = env_value
+def _import_with(**env_values: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", CHOICE_ENV)}
+    env.update(env_values)
     out = subprocess.run(
         [sys.executable, "-c", SHOW], capture_output=True, text=True, env=env, cwd=REPO, check=True
     )
     return out.stdout.strip()
 
 
-def test_openmp_threads_sleep_at_barriers_unless_the_user_chose():
-    assert _policy(None) == "PASSIVE"  # before torch loads OpenMP: threads do not spin
-    assert _policy("ACTIVE") == "ACTIVE"
+def test_threads_sleep_at_barriers_only_on_a_busy_machine():
+    assert wait_policy_for(6.0, 2) == "PASSIVE"  # other work fills the cores: do not spin
+    assert wait_policy_for(2.0, 2) == "PASSIVE"
+    assert wait_policy_for(0.5, 2) is None  # idle: OpenMP's spinning default is faster
+
+
+def test_the_choice_is_inherited_and_the_users_kept():
+    # a child of a busy start keeps sleeping threads; one of an idle start keeps the default
+    assert _import_with(**{CHOICE_ENV: "passive"}) == "PASSIVE passive"
+    assert _import_with(**{CHOICE_ENV: "default"}) == "None default"
+    assert _import_with(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE None"
+    assert _import_with().split()[1] in ("passive", "default")  # recorded for the children
