@@ -78,6 +78,7 @@ VFM_CORE_LAYERS = [
         "cli_types",
         "progress",
         "rng",
+        "openmp",
     ),
 ]
 
