@@ -1,6 +1,7 @@
 """Screenshots of what a user sees in the UIs: the MLflow Model Registry page of a model with two
-evaluated versions and the ``champion`` alias, and the Prefect automations that chain the
-deployments (``deployments/prefect.yaml``'s triggers), taken with headless Chromium.
+evaluated versions and the ``champion`` alias, the champion version (its signature), its logged
+model (evaluation metrics), and the Prefect automations that chain the deployments
+(``deployments/prefect.yaml``'s triggers), taken with headless Chromium.
 
     python infra/screenshots.py [--out docs/screenshots] [--chromium chromium]
 
@@ -27,6 +28,7 @@ from infra.load import ROOT, api, deploy, own_servers  # noqa: E402
 PAGES = {
     "mlflow-registry-model": "{mlflow}/#/models/{model}",
     "mlflow-registry-version": "{mlflow}/#/models/{model}/versions/{champion}",
+    "mlflow-logged-model": "{mlflow}/#/experiments/{experiment}/models/{model_id}",
     "prefect-automations": "{prefect}/automations",
     "prefect-deployments": "{prefect}/deployments",
 }
@@ -55,8 +57,9 @@ def _train(out: Path, seed: int, env: dict[str, str]) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def _register(root: Path, env: dict[str, str]) -> tuple[str, str]:
-    """Two evaluated versions, the second promoted; (model name, champion version)."""
+def _register(root: Path, env: dict[str, str]) -> dict[str, str]:
+    """Two evaluated versions, the second promoted: the model's name, the champion version, its
+    logged model's id and experiment."""
     code = (
         "import json, sys\n"
         "from vfm_core.config import TrackingConfig\n"
@@ -70,6 +73,9 @@ def _register(root: Path, env: dict[str, str]) -> tuple[str, str]:
         "'prompt_direction_acc': 1.0, 'frechet_distance': 0.14})):\n"
         "    v = register_checkpoint(ckpt, run_id=run_id, tracking=t, metrics=m)\n"
         "    out = promote(v.name, v.version, tracking=t)\n"
+        "import mlflow\n"
+        "out['model_id'] = v.model_id\n"
+        "out['experiment_id'] = mlflow.get_experiment_by_name(t.experiment).experiment_id\n"
         "print(json.dumps(out))\n"
     )
     runs = []
@@ -88,7 +94,12 @@ def _register(root: Path, env: dict[str, str]) -> tuple[str, str]:
     if p.returncode != 0:
         raise RuntimeError(f"registering for the screenshots failed:\n{p.stderr[-2000:]}")
     decision = json.loads(p.stdout.strip().splitlines()[-1])
-    return decision["name"], str(decision["champion"])
+    return {
+        "model": decision["name"],
+        "champion": str(decision["champion"]),
+        "model_id": decision["model_id"],
+        "experiment": decision["experiment_id"],
+    }
 
 
 def shoot(chromium: str, url: str, png: Path, *, wait_ms: int = 12000) -> None:
@@ -115,16 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with own_servers("vfm-shots-", only="prefect,worker,mlflow") as (root, env):
             deploy("deployments/prefect.yaml", env)
-            model, champion = _register(root, env)
+            ids = _register(root, env)
             prefect = env["PREFECT_API_URL"].removesuffix("/api")
             mlflow = env["MLFLOW_TRACKING_URI"].rstrip("/")
             url = f"{env['PREFECT_API_URL']}/automations/filter"
             code, autos = api("POST", url, {}, auth=env["PREFECT_API_AUTH_STRING"])
             n = len(autos) if code == 200 else "?"
-            print(f"{n} automations; model {model}, champion version {champion}")
+            print(f"{n} automations; model {ids['model']}, champion version {ids['champion']}")
             time.sleep(2)
             for name, page in PAGES.items():
-                url = page.format(mlflow=mlflow, prefect=prefect, model=model, champion=champion)
+                url = page.format(mlflow=mlflow, prefect=prefect, **ids)
                 shoot(chromium, url, out / f"{name}.png")
                 print(f"{name}: {url} -> {out / name}.png")
     except RuntimeError as e:

@@ -78,7 +78,8 @@ def test_copy_moves_versions_runs_lineage_and_alias_once(
     assert dst.get_experiment(new_pipe.info.experiment_id).name == EXPERIMENT
     new_ev = dst.get_run(mv.tags["vfm.eval_run"])
     assert new_ev.data.tags["mlflow.parentRunId"] == mv.run_id
-    assert new_ev.data.metrics == {"frechet_distance": 10.0}
+    old_ev = src.get_run(old.tags["vfm.eval_run"]).data.metrics  # + what registering logged
+    assert new_ev.data.metrics == old_ev and old_ev["frechet_distance"] == 10.0
 
     mlflow.set_tracking_uri(b)
     model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
