@@ -102,14 +102,72 @@ def _register(root: Path, env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def shoot(chromium: str, url: str, png: Path, *, wait_ms: int = 12000) -> None:
-    """One page as a 1400x900 PNG after ``wait_ms`` of (virtual) time for the SPA to render."""
-    argv = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    argv += ["--window-size=1400,900", f"--virtual-time-budget={wait_ms}"]
-    argv += [f"--user-data-dir={png.parent / '.chromium'}", f"--screenshot={png}", url]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    if p.returncode != 0 or not png.exists():
-        raise RuntimeError(f"chromium could not capture {url}: {p.stderr[-1500:]}")
+class Browser:
+    """Headless Chromium driven over its DevTools protocol (one page, 1400x900): the Prefect UI
+    of an authenticated server reads the auth string from the page's ``localStorage``
+    (``prefect-password``, as its login page stores it), which a plain ``--screenshot`` run
+    cannot set."""
+
+    def __init__(self, chromium: str, profile: Path) -> None:
+        argv = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+        argv += ["--window-size=1400,900", "--remote-debugging-port=0"]
+        argv += [f"--user-data-dir={profile}", "about:blank"]
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+        port = None
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line and self.proc.poll() is not None:
+                break
+            if "DevTools listening on ws://" in line:
+                port = int(line.split("ws://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+        if port is None:
+            self.proc.kill()
+            raise RuntimeError("chromium did not start its DevTools endpoint")
+        import urllib.request
+
+        from websockets.sync.client import connect
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as r:
+            pages = [t for t in json.load(r) if t["type"] == "page"]
+        self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None)
+        self.n = 0
+
+    def call(self, method: str, **params) -> dict:
+        self.n += 1
+        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=120))
+            if msg.get("id") == self.n:
+                if "error" in msg:
+                    raise RuntimeError(f"chromium: {method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def open(self, url: str, wait_s: float = 8.0) -> None:
+        self.call("Page.navigate", url=url)
+        time.sleep(wait_s)  # the single-page app fetches and renders
+
+    def prefect_login(self, prefect: str, auth: str) -> None:
+        """Store the auth string for the Prefect UI's origin, as its login page does."""
+        import base64
+
+        self.open(f"{prefect}/api/health", wait_s=1.0)
+        token = base64.b64encode(auth.encode()).decode()
+        self.call(
+            "Runtime.evaluate", expression=f"localStorage.setItem('prefect-password', '{token}')"
+        )
+
+    def shoot(self, url: str, png: Path) -> None:
+        self.open(url)
+        shot = self.call("Page.captureScreenshot", format="png")
+        import base64
+
+        png.write_bytes(base64.b64decode(shot["data"]))
+
+    def close(self) -> None:
+        self.ws.close()
+        self.proc.kill()
+        self.proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,10 +192,15 @@ def main(argv: list[str] | None = None) -> int:
             n = len(autos) if code == 200 else "?"
             print(f"{n} automations; model {ids['model']}, champion version {ids['champion']}")
             time.sleep(2)
-            for name, page in PAGES.items():
-                url = page.format(mlflow=mlflow, prefect=prefect, **ids)
-                shoot(chromium, url, out / f"{name}.png")
-                print(f"{name}: {url} -> {out / name}.png")
+            browser = Browser(chromium, out / ".chromium")
+            try:
+                browser.prefect_login(prefect, env["PREFECT_API_AUTH_STRING"])
+                for name, page in PAGES.items():
+                    url = page.format(mlflow=mlflow, prefect=prefect, **ids)
+                    browser.shoot(url, out / f"{name}.png")
+                    print(f"{name}: {url} -> {out / name}.png")
+            finally:
+                browser.close()
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return 1
