@@ -110,7 +110,7 @@ def demo_params(family: str) -> PipelineParams:
 def main() -> int:
     used = use_running_services()  # before prefect is imported: it reads its settings then
     from flows.pipeline import pipeline_flow
-    from vfm_core.tracking import tool_command, ui_hint
+    from vfm_core.tracking import free_local_port, tool_command, ui_hint
 
     t0 = time.time()
     family = os.environ.get("VFM_DEMO_FAMILY", "diffusion")
@@ -140,9 +140,10 @@ def main() -> int:
         print(f"  Prefect UI:  open {used['PREFECT_API_URL'].removesuffix('/api')}/runs")
     else:
         home = os.environ.get("PREFECT_HOME", "~/.prefect")
+        port = free_local_port(4200)  # not one make up's server (or anything else) holds
         print(
-            f"  Prefect UI:  PREFECT_HOME={home} {tool_command('prefect')} server start, "
-            "then open http://127.0.0.1:4200/runs"
+            f"  Prefect UI:  PREFECT_HOME={home} {tool_command('prefect')} server start "
+            f"--port {port}, then open http://127.0.0.1:{port}/runs"
         )
     print("=" * 78)
     return 0

@@ -335,10 +335,24 @@ def ui_hint(cfg: TrackingConfig | None = None) -> str:
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
     opt_in = f"{FILE_STORE_OPT_IN}=true " if is_file_store(uri) else ""
+    port = free_local_port(5000)
     return (
         f"{opt_in}{tool_command('mlflow')} ui --backend-store-uri {uri} --host 127.0.0.1 "
-        "--port 5000, then open http://127.0.0.1:5000"
+        f"--port {port}, then open http://127.0.0.1:{port}"
     )
+
+
+def free_local_port(preferred: int, tries: int = 50) -> int:
+    """``preferred`` or the next port after it that nothing on 127.0.0.1 listens on (a UI hint
+    never names a port that ``make up``'s servers, or anything else, already hold)."""
+    import socket
+
+    for port in range(preferred, preferred + tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return port
+    return preferred
 
 
 def tool_command(name: str) -> str:

@@ -132,3 +132,16 @@ def test_an_empty_experiment_name_names_the_setting(tmp_path):
     cfg = TrackingConfig(experiment="", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
     with pytest.raises(ConfigError, match=r"^tracking.experiment: '' is empty; name the MLflow"):
         ensure_experiment(cfg)
+
+
+def test_ui_hints_name_a_port_nothing_holds():
+    import socket
+
+    from vfm_core.tracking import free_local_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert free_local_port(port) != port  # taken (make up's server): the next free one
+    assert free_local_port(port) == port  # free again
