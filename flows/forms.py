@@ -146,7 +146,9 @@ def with_deployment_defaults(params: FormT) -> FormT:
     if deployment_id is None:
         return params
     with get_client(sync_client=True) as client:
-        own = client.read_deployment(deployment_id).parameters or {}
-    defaults = own.get("params") or {}
+        deployment = client.read_deployment(deployment_id)
+    if deployment.flow_id != ctx.flow_run.flow_id:  # another flow's deployment (a subflow's run)
+        return params
+    defaults = (deployment.parameters or {}).get("params") or {}
     given = params.model_dump(exclude_unset=True)
     return type(params).model_validate(merged_params(defaults, given))
