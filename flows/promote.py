@@ -12,6 +12,7 @@ served. Never imports torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -59,8 +60,6 @@ def evaluate_and_promote_flow(params: PromoteParams) -> dict[str, Any]:
     """Evaluate ``params.checkpoint`` (MLflow run ``evaluate …`` under the training run),
     register it and apply the promotion rule; returns the version and the decision
     (``tasks.registry.register_and_promote``) with the metrics."""
-    from pathlib import Path
-
     params = with_deployment_defaults(params)  # a trigger's run: the deployment's settings
     tracking = TrackingConfig(experiment=params.experiment)
     sheet_dir = data_dir() / "evaluations" / (Path(params.checkpoint.rstrip("/")).name or "run")

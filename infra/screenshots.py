@@ -15,6 +15,7 @@ Chromium comes from the system (``apt-get install chromium``); without it the sc
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import shutil
 import subprocess
@@ -149,8 +150,6 @@ class Browser:
 
     def prefect_login(self, prefect: str, auth: str) -> None:
         """Store the auth string for the Prefect UI's origin, as its login page does."""
-        import base64
-
         self.open(f"{prefect}/api/health", wait_s=1.0)
         token = base64.b64encode(auth.encode()).decode()
         self.call(
@@ -160,8 +159,6 @@ class Browser:
     def shoot(self, url: str, png: Path) -> None:
         self.open(url)
         shot = self.call("Page.captureScreenshot", format="png")
-        import base64
-
         png.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
