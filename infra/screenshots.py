@@ -1,6 +1,7 @@
 """Screenshots of what a user sees in the UIs: the MLflow Model Registry page of a model with two
 evaluated versions and the ``champion`` alias, the champion version (its signature), its logged
-model (evaluation metrics), and the Prefect automations that chain the deployments
+model (evaluation metrics), a request served by ``mlflow models serve`` (a good and a bad one),
+and the Prefect automations that chain the deployments
 (``deployments/prefect.yaml``'s triggers), taken with headless Chromium.
 
     python infra/screenshots.py [--out docs/screenshots] [--chromium chromium]
@@ -167,6 +168,86 @@ class Browser:
         self.proc.wait()
 
 
+SERVED_PAGE = """<!doctype html><html><body style="font: 15px sans-serif; margin: 24px">
+<h2>mlflow models serve -m models:/{model}@champion</h2>
+<h3>POST /invocations &rarr; HTTP {status}</h3><pre>{request}</pre>
+<pre>{answer}</pre><img src="{sheet}" style="image-rendering: pixelated">
+<h3>A bad request &rarr; HTTP {bad_status}</h3><pre>{bad_request}</pre><pre>{bad_answer}</pre>
+</body></html>"""
+
+
+def served_request(model: str, env: dict[str, str], folder: Path) -> Path:
+    """Serve the champion (``mlflow models serve``, this environment), send it one good and one
+    bad request and write what came back as an HTML page (the video's frames as a contact
+    sheet); returns the page."""
+    import html
+    import urllib.error
+    import urllib.request
+
+    from infra.load import free_port
+    from vfm_core.video.contact_sheet import contact_sheet
+
+    port = free_port()
+    argv = [str(Path(sys.executable).parent / "mlflow"), "models", "serve"]
+    argv += ["-m", f"models:/{model}@champion", "--env-manager", "local"]
+    argv += ["-h", "127.0.0.1", "-p", str(port), "-w", "1"]
+    path = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    log = (folder / "serve.log").open("w")
+    proc = subprocess.Popen(argv, env={**env, "PATH": path}, stdout=log, stderr=log, cwd=folder)
+
+    def post(body: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(
+                        f"mlflow models serve did not start: see {log.name}"
+                    ) from None
+                time.sleep(1)
+        good = {"dataframe_records": [{"prompt": "a red circle moving right", "frames": 9}]}
+        status, answer = post(good)
+        bad = {"dataframe_records": [{"prompt": "a red circle moving right", "steps": -3}]}
+        bad_status, bad_answer = post(bad)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    row = answer["predictions"][0]
+    mp4 = folder / "served.mp4"
+    mp4.write_bytes(base64.b64decode(row["mp4_base64"]))
+    sheet = contact_sheet([mp4], [row["prompt"]], folder / "served.png", columns=5, scale=4)
+    shown = {**row, "mp4_base64": row["mp4_base64"][:48] + "... (an MP4)"}
+    page = folder / "served.html"
+    page.write_text(
+        SERVED_PAGE.format(
+            model=model,
+            status=status,
+            request=html.escape(json.dumps(good, indent=1)),
+            answer=html.escape(json.dumps({"predictions": [shown]}, indent=1)),
+            sheet=sheet.name,
+            bad_status=bad_status,
+            bad_request=html.escape(json.dumps(bad)),
+            bad_answer=html.escape(json.dumps(bad_answer, indent=1)),
+        )
+    )
+    return page
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
@@ -196,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                     url = page.format(mlflow=mlflow, prefect=prefect, **ids)
                     browser.shoot(url, out / f"{name}.png")
                     print(f"{name}: {url} -> {out / name}.png")
+                served = served_request(ids["model"], env, root)
+                browser.shoot(served.as_uri(), out / "mlflow-served-request.png")
+                print(f"mlflow-served-request: {served} -> {out}/mlflow-served-request.png")
             finally:
                 browser.close()
     except RuntimeError as e:
