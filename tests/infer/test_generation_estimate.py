@@ -83,13 +83,15 @@ def test_the_estimate_is_logged_before_sampling(tiny_run, tmp_path, caplog, monk
 def test_a_request_the_probe_finds_too_slow_is_refused_before_sampling(
     tiny_run, tmp_path, monkeypatch
 ):
-    """The FLOPs estimate passes ``--max-minutes``; a device measured 1000x slower refuses the
-    request in one line before the noise is drawn (``--force``: a warning, and it runs)."""
+    """The FLOPs estimate passes ``--max-minutes``; a device measured at a minute per model call
+    (a fixed time, not a multiple of this machine's: a fast run measured 3 ms, and 1000x of it
+    passed the bound) refuses the request in one line before the noise is drawn (``--force``: a
+    warning, and it runs)."""
     real = probe.timed
 
     def slow_device(fn, device):
-        once, spent = real(fn, device)
-        return 1000 * once, spent
+        _, spent = real(fn, device)
+        return 60.0, spent
 
     def boom(*_a, **_k):
         raise AssertionError("sampled a refused request")
