@@ -157,9 +157,15 @@ class Browser:
             "Runtime.evaluate", expression=f"localStorage.setItem('prefect-password', '{token}')"
         )
 
-    def shoot(self, url: str, png: Path) -> None:
+    def shoot(self, url: str, png: Path, *, whole: bool = False) -> None:
+        """``url`` as a PNG: the window, or with ``whole`` the page's full height."""
         self.open(url)
-        shot = self.call("Page.captureScreenshot", format="png")
+        shape = {}
+        if whole:
+            size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+            clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+            shape = {"clip": clip, "captureBeyondViewport": True}
+        shot = self.call("Page.captureScreenshot", format="png", **shape)
         png.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                     browser.shoot(url, out / f"{name}.png")
                     print(f"{name}: {url} -> {out / name}.png")
                 served = served_request(ids["model"], env, root)
-                browser.shoot(served.as_uri(), out / "mlflow-served-request.png")
+                browser.shoot(served.as_uri(), out / "mlflow-served-request.png", whole=True)
                 print(f"mlflow-served-request: {served} -> {out}/mlflow-served-request.png")
             finally:
                 browser.close()
