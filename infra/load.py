@@ -153,15 +153,22 @@ def _csrf_headers(
 
 
 def create_flow_run(
-    api_url: str, deployment_id: str, body: dict, *, tries: int = 20, wait_s: float = 2.0
+    api_url: str,
+    deployment_id: str,
+    body: dict,
+    *,
+    tries: int = 20,
+    wait_s: float = 2.0,
+    auth: str | None = None,
 ) -> tuple[dict, int]:
     """(the new flow run, how many times the server answered 503 first) for one run of a
     deployment. A busy server (its sqlite store locked) answers 503 Service Unavailable; the
     request is sent again after `wait_s`, as Prefect's own client retries 503. Any other failure,
-    or 503 `tries` times, raises RuntimeError."""
+    or 503 `tries` times, raises RuntimeError. ``auth``: as :func:`api`'s."""
     refused = 0
+    url = f"{api_url}/deployments/{deployment_id}/create_flow_run"
     while True:
-        code, run = api("POST", f"{api_url}/deployments/{deployment_id}/create_flow_run", body)
+        code, run = api("POST", url, body, auth=auth)
         if code != 503 or refused + 1 >= tries:
             break
         refused += 1
