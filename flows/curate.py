@@ -21,27 +21,18 @@ from tasks.curate import curate_ray_task, curate_video_task, discover_task, writ
 from tasks.events import emit_stage_completed
 from tasks.progress import ProgressArtifact
 from vfm_core.config_fields import form_fields
-from vfm_core.curate.cli import CurationFailed, nothing_curated, summary_line
+from vfm_core.curate.cli import FLAGS, CurationFailed, nothing_curated, summary_line
 from vfm_core.curate.config import CurateConfig
 from vfm_core.curate.executors import parse_ray_address
 from vfm_core.curate.inputs import check_paths
 from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.output_lock import output_lock
 
-FIELDS = (
-    "splitter",
-    "min_len_s",
-    "max_len_s",
-    "out_width",
-    "out_fps",
-    "stitch",
-    "vlm",
-    "encoder",
-    "audio",
-)
-"""The `CurateConfig` fields the form has, generated from the config (defaults: the same as `vfm
-curate`'s; bounds, choices, descriptions: the fields' own); ``semdedup`` is `SemDedupConfig`'s
-``threshold``."""
+FIELDS = tuple(name for name in FLAGS if name != "image_model")
+"""The `CurateConfig` fields the form has: the flags of `vfm curate` (one list: an option added
+there is on the form too) but the image captioner's model path; generated from the config
+(defaults: the same as `vfm curate`'s; bounds, choices, descriptions: the fields' own);
+``semdedup`` is `SemDedupConfig`'s ``threshold``."""
 
 
 class _Paths(Form):
