@@ -179,6 +179,13 @@ def _add_sizing(sub: argparse._SubParsersAction) -> None:
         "parameters, gradients, optimizer state and EMA beside the planner's memory model "
         "(one layout: not with --top or --explain)",
     )
+    pl.add_argument(
+        "--on-gpu",
+        action="store_true",
+        help="with --check: also run that rank's training step for real on this machine's GPU "
+        "(the same fake process group: collectives move nothing) and print its measured peak "
+        "beside the trace; pp=1 layouts",
+    )
 
 
 def _add_checkpoint(sub: argparse._SubParsersAction) -> None:

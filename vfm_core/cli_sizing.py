@@ -110,6 +110,8 @@ def refuse_check_extras(args: argparse.Namespace) -> None:
             f"--check builds and measures the best layout only: {' and '.join(extras)} would be "
             "ignored; drop it"
         )
+    if getattr(args, "on_gpu", False) and not args.check:
+        raise ConfigError("--on-gpu runs the step that --check builds: add --check")
 
 
 def fixed_pins(texts: Sequence[str]) -> dict[str, Any]:
@@ -216,6 +218,9 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
     rows = peak_rows(traced, measured[0], best.memory)
     fits, verdict = fit_verdict(rows, best.memory, result.gpu.name)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    on_gpu = (
+        _gpu_step(run, recipe=cfg.recipe, seq=args.seq, gpus=args.gpus) if args.on_gpu else None
+    )
     if args.json:
         print(
             json.dumps(
@@ -237,6 +242,7 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
                     },
                     "fits": fits,
                     "verdict": verdict,
+                    "on_gpu": on_gpu,
                 }
             )
         )
@@ -250,8 +256,39 @@ def plan_check(cfg, result, args: argparse.Namespace) -> int:
         f"this process peaked at {rss / 2**30:.2f} GiB):"
     )
     print(format_check(rows, header=False))
+    if on_gpu is not None:
+        traced_gib = rows["peak"]["measured_bytes"] / 2**30
+        print(
+            f"the same step run on this {on_gpu['gpu']} (collectives do nothing): peak "
+            f"{on_gpu['peak_allocated_bytes'] / 2**30:.2f} GiB allocated (traced "
+            f"{traced_gib:.2f}), {on_gpu['peak_reserved_bytes'] / 2**30:.2f} GiB reserved, "
+            f"{on_gpu['seconds']:.3f} s per step without communication"
+        )
     print(verdict)
     return 0 if fits else 1
+
+
+def _gpu_step(run, *, recipe: str, seq: int, gpus: int) -> dict:
+    """``--on-gpu``: pipeline rank 0's step run for real on this machine's GPU
+    (:func:`~vfm_core.train.step_check.device_step`); no GPU is one line."""
+    import torch
+
+    from vfm_core.train.step_check import device_step
+
+    if not torch.cuda.is_available():
+        raise ConfigError("vfm plan --check --on-gpu: this machine has no CUDA GPU")
+    if run.parallel.pp > 1:
+        raise ConfigError(
+            "vfm plan --check --on-gpu runs layouts without a pipeline (pp=1); this one has "
+            f"pp={run.parallel.pp} (pin --fixed pp=1, or drop --on-gpu)"
+        )
+    step = device_step(run, gpus, seq_len=seq, device="cuda")
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "peak_allocated_bytes": step.peak_allocated,
+        "peak_reserved_bytes": step.peak_reserved,
+        "seconds": step.seconds,
+    }
 
 
 def _trace_step(run, *, recipe: str, seq: int, gpus: int) -> tuple[Any, float]:

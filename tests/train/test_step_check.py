@@ -11,6 +11,9 @@ tracker.
 * under FSDP on this CPU a rank holds its share plus a sub-layer gathered (dit-7b at depth 2
   on 4 ranks: well under half one process's peak; whole-block units hold ~0.52x);
 * a pipeline stage holds its receive buffers for the microbatches in flight only;
+* the same step runs for real on a device under the same fake group (``--on-gpu``): on this CPU
+  it trains (every parameter moves); on a GPU its allocator's peak is within 15% of the trace at
+  dit-7b's width (``gpu`` marker);
 * bad requests are one line, exit 2, nothing on stdout.
 
 Every case runs in the test's own process, which holds no process group (the trace makes a fake
@@ -29,7 +32,7 @@ from vfm_core.cli import main as vfm_main
 from vfm_core.config import apply_overrides
 from vfm_core.perf.memory import rank_params
 from vfm_core.recipes import get_recipe
-from vfm_core.train.step_check import measure_step
+from vfm_core.train.step_check import device_step, measure_step
 
 GiB = 2**30
 
@@ -168,3 +171,43 @@ def test_an_unknown_recipe_is_one_line(capsys):
     assert code == 2, err[-2000:]
     assert out == "" and "dit-huge" in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_the_step_runs_for_real_under_the_fake_group_on_this_cpu():
+    """rank 0 of a CP2 x FSDP2 layout: real tensors, real kernels, collectives that move nothing."""
+    cfg = apply_overrides(get_recipe("dit-tiny"), ["parallel.cp=2", "data.batch_size=4"])
+    step = device_step(cfg, 4, seq_len=256, device="cpu", steps=1)
+    assert step.device == "cpu" and step.seconds > 0
+    assert step.peak_allocated is None and step.peak_reserved is None  # no allocator to read
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ("--on-gpu", "add --check"),
+        ("--check --on-gpu", "no CUDA GPU"),
+    ],
+)
+def test_on_gpu_without_check_or_gpu_is_one_line(capsys, args, needle):
+    import torch
+
+    if torch.cuda.is_available() and "--check" in args:
+        pytest.skip("this machine has a GPU")
+    code, out, err = _vfm(
+        capsys, *f"plan --recipe dit-tiny --seq 256 --gpus 4 --fixed cp=2 {args}".split()
+    )
+    assert code == 2 and out == "" and needle in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.gpu
+def test_the_step_on_a_gpu_peaks_where_the_trace_says(capsys):
+    """dit-7b at its real width, 2 blocks, 8k tokens under CP2 x FSDP: pipeline rank 0's step on
+    this GPU (bf16, flash attention, cuBLAS) against the same step traced under fake tensors."""
+    args = "plan --check --on-gpu --json --recipe dit-7b --seq 8192 --gpus 64 --set model.depth=2"
+    code, out, err = _vfm(capsys, *args.split(), "--fixed", "tp=1,cp=2,pp=1,micro_batch=1")
+    assert code == 0, err[-2000:]
+    rep = json.loads(out)
+    traced, real = rep["peak"]["measured_bytes"], rep["on_gpu"]["peak_allocated_bytes"]
+    assert abs(real - traced) / traced < 0.15, (real, traced)
+    assert rep["on_gpu"]["peak_reserved_bytes"] >= real and rep["on_gpu"]["seconds"] > 0

@@ -21,6 +21,7 @@ top — CUDA context, NCCL buffers, allocator slack — is not traced; the plann
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -105,6 +106,19 @@ def check_config(run: Config, seq_len: int | None, *, as_gpu: bool = True) -> Co
     return dataclasses.replace(run, data=data, train=train, parallel=parallel)
 
 
+@dataclasses.dataclass(kw_only=True, slots=True)
+class DeviceStep:
+    """One rank's training step run for real on this machine's device (:func:`device_step`)."""
+
+    device: str
+    peak_allocated: float | None
+    """Bytes the caching allocator handed out at the step's peak (CUDA; None on a CPU)."""
+    peak_reserved: float | None
+    """Bytes the allocator held from the device at that time (CUDA; None on a CPU)."""
+    seconds: float
+    """Wall seconds of the last step (the earlier ones warm up kernels and autotuning)."""
+
+
 def measure_step(
     run: Config, world: int, *, seq_len: int | None, pp_rank: int = 0, as_gpu: bool = True
 ) -> StepPeak:
@@ -113,10 +127,56 @@ def measure_step(
     pipeline coordinate ``pp_rank`` of ``world`` ranks."""
     from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC2701
 
+    run = check_config(run, seq_len, as_gpu=as_gpu)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with _rank_trainer(run, world, pp_rank, tensors=fake) as (trainer, batch):
+        tracker = _tracker(trainer)
+        with tracker:
+            _one_step(trainer, batch)
+        snapshot = tracker.get_tracker_snapshot("peak")
+    return _peak(snapshot, pp_rank)
+
+
+def device_step(
+    run: Config, world: int, *, seq_len: int | None, device: str = "cuda", steps: int = 3
+) -> DeviceStep:
+    """The step :func:`measure_step` traces, run for real on ``device``: pipeline rank 0's
+    shards, activations and buffers allocated on this one device, its kernels run (flash
+    attention, cuBLAS, their workspaces), inside the same fake process group of ``world``
+    ranks — the collectives move nothing, their buffers are still allocated, so the memory is
+    the rank's and the values are not. ``steps`` steps after the optimizer's moments exist; the
+    peak is the allocator's over all of them, the time the last one's (no communication)."""
+    import time
+
+    run = check_config(run, seq_len, as_gpu=True)
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, device=device))
+    cuda = torch.device(device).type == "cuda"
+    with _rank_trainer(run, world, 0) as (trainer, batch):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        seconds = 0.0
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            _one_step(trainer, batch)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+        allocated = float(torch.cuda.max_memory_allocated()) if cuda else None
+        reserved = float(torch.cuda.max_memory_reserved()) if cuda else None
+    return DeviceStep(
+        device=device, peak_allocated=allocated, peak_reserved=reserved, seconds=seconds
+    )
+
+
+@contextlib.contextmanager
+def _rank_trainer(run: Config, world: int, pp_rank: int, *, tensors=None):
+    """(the trainer of the rank with pipeline coordinate ``pp_rank`` built inside a fake process
+    group of ``world`` ranks, a batch of the run's shape) with AdamW's moments created;
+    ``tensors``: the mode the tensors are made in (fake tensors for the trace, else real: None)."""
     from vfm_core.families.sources import make_source
     from vfm_core.train.trainer import Trainer
 
-    run = check_config(run, seq_len, as_gpu=as_gpu)
     pt, ph, pw = run.model.patch  # one real sample of one patch: the batch's fields and dtypes
     tiny = dataclasses.replace(
         run.data, batch_size=1, latent_frames=pt, latent_height=ph, latent_width=pw
@@ -124,20 +184,22 @@ def measure_step(
     source = make_source(tiny, run.model)
     sample = source.next_batch()
     grid = (run.data.latent_frames, run.data.latent_height, run.data.latent_width)
-    rank = pp_rank * (world // run.parallel.pp)
-    with fake_world(rank, world), FakeTensorMode(allow_non_fake_inputs=True):
+    mode = tensors or contextlib.nullcontext()
+    with fake_world(pp_rank * (world // run.parallel.pp), world), mode:
         trainer = Trainer(run, source=source)
         batch = _batch_like(sample, trainer.local_batch_size, grid)
         if trainer.layout.pipe is not None:
             _static_pipeline(trainer, batch)
         _create_optimizer_state(trainer)
-        tracker = _tracker(trainer)
-        with tracker:
-            total = trainer.forward_backward(batch, weight=trainer.dims.dp / run.data.batch_size)
-            trainer.final_grads(total)
-            trainer.update(1.0)
-        snapshot = tracker.get_tracker_snapshot("peak")
-    return _peak(snapshot, pp_rank)
+        yield trainer, batch
+
+
+def _one_step(trainer, batch: TrainBatch) -> None:
+    """The trainer's step without its bookkeeping: forward + backward of every microbatch,
+    gradients made final and clipped, AdamW, EMA."""
+    total = trainer.forward_backward(batch, weight=trainer.dims.dp / trainer.cfg.data.batch_size)
+    trainer.final_grads(total)
+    trainer.update(1.0)
 
 
 def _batch_like(sample: TrainBatch, n: int, grid: tuple[int, int, int]) -> TrainBatch:
