@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of a lent CUDA machine, in one command (each part under its own time limit, so
 # one that hangs leaves the others their turn):
-#   1. the `gpu`-marked tests (bf16 step, FP8, TE selection, the memory model in bf16, NVENC, the
-#      real step of `vfm plan --check --on-gpu` against its trace);
+#   1. the `gpu`-marked tests (bf16 step, FP8, TE selection, the memory model in bf16, the real step of `vfm plan --check --on-gpu` against its trace);
 #   2. `vfm plan --check --on-gpu` on Table 1's rows 1 and 2 (dit-7b at full depth, 8k tokens
 #      under CP2; 74k tokens under TP4 + SP x CP4): pipeline rank 0's step run for real on this
 #      GPU beside the trace and the planner;
@@ -32,8 +31,7 @@ part() {  # part SECONDS TITLE COMMAND...
 } 2>&1 | tee -a "$log"
 part 170 "gpu-marked tests" python -m pytest -q -p no:cacheprovider -m gpu -rs \
   tests/train/test_gpu_step.py tests/train/test_step_check.py tests/models/test_fp8.py \
-  tests/models/test_fp8_torch.py tests/models/test_te_adapter.py tests/perf/test_memory.py \
-  tests/video/test_transcode_encoder.py
+  tests/models/test_fp8_torch.py tests/models/test_te_adapter.py tests/perf/test_memory.py
 part 70 "plan --check --on-gpu, row 1" python -m vfm_core.cli plan --check --on-gpu \
   --recipe dit-7b --seq 8192 --gpus 64 --fixed tp=1,cp=2,pp=1,micro_batch=1
 part 150 "gpu_step: dit-7b depth 4, compiled" python benchmarks/gpu_step.py --depth 4 \

@@ -178,13 +178,32 @@ class RMSNormFunction(torch.autograd.Function):
         return dx.to(x.dtype), dw, None, None
 
 
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` whose output has its input's dtype on every device: autocast is off
+    inside. CUDA autocast runs ``layer_norm`` in fp32 (an fp32 copy of a bf16 input saved for
+    backward, an fp32 output that the AdaLN modulation after it saves again), CPU autocast in
+    the input's dtype: measured on an H200, dit-7b's step held 0.26 GiB more per block at 4k
+    tokens than its CPU trace (52.7 vs 45.6 GiB at full depth, ``vfm plan --check --on-gpu``).
+    The fused kernels accumulate the statistics in fp32 either way. fp32 forwards equal
+    ``nn.LayerNorm``'s. Same parameters, same checkpoints."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weight, self.bias
+        if w is not None and w.dtype != x.dtype:
+            w = w.to(x.dtype)
+        if b is not None and b.dtype != x.dtype:
+            b = b.to(x.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
+
+
 def make_norm(kind: str, dim: int, eps: float, affine: bool = False) -> nn.Module:
     """RMSNorm or LayerNorm. The DiT's pre-norms before AdaLN modulation: affine=False, since
     shift/scale come from the conditioning; the causal model's: a weight (LayerNorm without
     bias, as GPT-2 in nanoGPT, so both kinds have the same parameters)."""
     if kind == "rms":
         return RMSNorm(dim, eps=eps, elementwise_affine=affine)
-    return nn.LayerNorm(dim, eps=eps, elementwise_affine=affine, bias=False)
+    return LayerNorm(dim, eps=eps, elementwise_affine=affine, bias=False)
 
 
 # ----------------------------------------------------------------------------------------- 3D RoPE

@@ -21,7 +21,6 @@ import copy
 
 import torch
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining._utils import _make_tensor_from_meta  # noqa: PLC2701
 from torch.distributed.pipelining.stage import _RecvInfo
 
 
@@ -36,7 +35,10 @@ def _idle(info: _RecvInfo, device: torch.device) -> _RecvInfo:
 def _allocate(infos: tuple[_RecvInfo, ...], device: torch.device) -> None:
     for info in infos:
         if not info.is_root_arg and info.buffer is not None and info.tensor_meta is not None:
-            info.buffer = _make_tensor_from_meta(info.tensor_meta, device)
+            meta = info.tensor_meta  # shape, stride, dtype: the buffer's exact layout
+            info.buffer = torch.empty_strided(
+                meta.shape, meta.stride, dtype=meta.dtype, device=device
+            )
 
 
 def _release(infos: tuple[_RecvInfo, ...], device: torch.device) -> None:
