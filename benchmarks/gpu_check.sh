@@ -11,7 +11,8 @@
 #     bash benchmarks/gpu_check.sh [OUT_DIR]
 #
 # Runs with the python on PATH (a GPU image's own torch); packages it lacks can be put on
-# PYTHONPATH beforehand. Writes OUT_DIR/gpu_check.log and OUT_DIR/gpu_step.json.
+# PYTHONPATH beforehand (the CLI needs pandera, pydantic and av besides torch). About 8 minutes.
+# Writes OUT_DIR/gpu_check.log and OUT_DIR/gpu_step.json.
 set -u
 out=${1:-.}
 mkdir -p "$out"
@@ -31,10 +32,11 @@ part() {  # part SECONDS TITLE COMMAND...
 } 2>&1 | tee -a "$log"
 part 170 "gpu-marked tests" python -m pytest -q -p no:cacheprovider -m gpu -rs \
   tests/train/test_gpu_step.py tests/train/test_step_check.py tests/models/test_fp8.py \
-  tests/models/test_fp8_torch.py tests/models/test_te_adapter.py tests/perf/test_memory.py
+  tests/models/test_fp8_torch.py tests/models/test_te_adapter.py tests/perf/test_memory.py \
+  tests/models/test_norms.py
 part 70 "plan --check --on-gpu, row 1" python -m vfm_core.cli plan --check --on-gpu \
   --recipe dit-7b --seq 8192 --gpus 64 --fixed tp=1,cp=2,pp=1,micro_batch=1
-part 150 "gpu_step: dit-7b depth 4, compiled" python benchmarks/gpu_step.py --depth 4 \
+part 220 "gpu_step: dit-7b depth 4, compiled" python benchmarks/gpu_step.py --depth 4 \
   --seq 8192 32768 --fp8 off auto --compile on --attn sdpa --json "$out/gpu_step.json"
 part 110 "plan --check --on-gpu, row 2" python -m vfm_core.cli plan --check --on-gpu \
   --recipe dit-7b --seq 73728 --gpus 64 \
