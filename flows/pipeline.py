@@ -19,7 +19,10 @@ and shard index as MLflow dataset inputs). Never imports torch.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +352,8 @@ class StageRunner:
     def __init__(self, work: str) -> None:
         self.work = work
         self.reused: list[str] = []
+        self.times: dict[str, dict[str, Any]] = {}
+        """stage -> {seconds, load_at_start (1-minute load average), cached}, in stage order."""
 
     def run(self, name: str, stage: Task[..., Any], output: str, **inputs: Any) -> Any:
         """Run ``stage`` on ``inputs``: from the cache when it ran before with the same key and
@@ -356,7 +361,13 @@ class StageRunner:
         A failure raises :class:`PipelineStageError` naming the stage."""
         refresh = None if storage.exists(output) else True  # None: Prefect's setting decides
         stage = stage.with_options(result_storage=Path(self.work, "stages"), refresh_cache=refresh)
+        load, t0 = os.getloadavg()[0], time.perf_counter()
         state = stage(**inputs, return_state=True)
+        seconds = time.perf_counter() - t0
+        cached = state.name == "Cached"
+        self.times[name] = {"seconds": round(seconds, 2), "load_at_start": load, "cached": cached}
+        if not cached and state.is_completed():
+            print(f"stage {name}: done in {seconds:.0f} s")
         try:
             result = state.result()
         except Exception as e:
@@ -364,7 +375,7 @@ class StageRunner:
                 f"pipeline stage '{name}' failed: {type(e).__name__}: {e} (outputs of the earlier "
                 f"stages are kept under {self.work}; rerun to resume at '{name}')"
             ) from e
-        if state.name == "Cached":
+        if cached:
             print(f"stage {name}: done in an earlier run, skipped")
             self.reused.append(name)
         return result
@@ -473,9 +484,14 @@ def _run_stages(p: PipelineParams, work: str, parent: str) -> dict[str, Any]:
                 f"{'champion' if reg['promoted'] else 'not promoted'} ({reg['reason']})"
             )
 
+    t0 = time.perf_counter()
+    out["stage_times"] = stages.times
     out["report"] = pipeline_report_task(
         out, name=p.name, recipe=p.recipe, experiment=p.experiment, parent_run_id=parent
     )
+    stages.times["report"] = {"seconds": round(time.perf_counter() - t0, 2), "cached": False}
+    times = json.dumps(stages.times, indent=1).encode()
+    storage.write_bytes(storage.join(work, "stage_times.json"), times)
     print(out["report"])
     return out
 

@@ -66,8 +66,24 @@ def pipeline_report(
     lines.append(_train_row(recipe, stages["train"]))
     if "generate" in stages:
         lines += _generate_rows(stages["generate"])
+    if stages.get("stage_times"):
+        lines += ["", _times_line(stages["stage_times"])]
     lines += ["", _runs_line(stages, experiment, parent_run_id)]
     return "\n".join(lines)
+
+
+def _times_line(times: dict[str, dict[str, Any]]) -> str:
+    """Wall seconds per stage of this run (a stage from the cache: 'reused'), with the load
+    average as the first ran stage started: on a busy machine every stage takes longer."""
+    parts = [
+        f"{name} reused" if t["cached"] else f"{name} {t['seconds']:.0f} s"
+        for name, t in times.items()
+    ]
+    ran = [t for t in times.values() if not t["cached"]]
+    total = sum(t["seconds"] for t in ran)
+    load = next((t["load_at_start"] for t in ran if "load_at_start" in t), None)
+    at = f", load average {load:.1f} at the start" if load is not None else ""
+    return f"Stage times: {', '.join(parts)} ({total:.0f} s in all{at})."
 
 
 def _curate_row(c: dict[str, Any]) -> str:

@@ -7,6 +7,8 @@ evaluation; running it here again would only repeat it (CI time, issue #45)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,10 @@ def test_demo_at_reduced_size(prefect_api, data_root, monkeypatch):
     assert "x lower than untrained" in report and "two halves of the data" in report
     assert f"report:      {work}/report.md" in out and "MLflow UI:" in out
     assert (work / "generated" / "prompt_following.png").stat().st_size > 0
+    times = json.loads((work / "stage_times.json").read_text())  # benchmarks/demo_time.py reads it
+    stages = ["sample", "curate", "shard", "tokenizer", "encode", "train", "generate", "report"]
+    assert list(times) == stages and all(t["seconds"] > 0 for t in times.values()), times
+    assert "Stage times: sample " in report and " s in all, load average " in report
     runs = mlflow.search_runs(
         experiment_names=["vfm-demo"],
         filter_string=f"tags.`vfm.pipeline` = '{name}'",
