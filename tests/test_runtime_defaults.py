@@ -11,12 +11,14 @@ from vfm_core.openmp import CHOICE_ENV, wait_policy_for
 
 REPO = Path(__file__).resolve().parents[1]
 SHOW = (
-    "import vfm_core, os; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('VFM_OMP_WAIT'))"
+    "import vfm_core, os, torch; print(os.environ.get('OMP_WAIT_POLICY'), "
+    "os.environ.get('VFM_OMP_WAIT'), torch.get_num_threads())"
 )
 
 
 def _import_with(**env_values: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", CHOICE_ENV)}
+    drop = ("OMP_WAIT_POLICY", CHOICE_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_values)
     out = subprocess.run(
         [sys.executable, "-c", SHOW], capture_output=True, text=True, env=env, cwd=REPO, check=True
@@ -32,7 +34,11 @@ def test_threads_sleep_at_barriers_only_on_a_busy_machine():
 
 def test_the_choice_is_inherited_and_the_users_kept():
     # a child of a busy start keeps sleeping threads; one of an idle start keeps the default
-    assert _import_with(**{CHOICE_ENV: "passive"}) == "PASSIVE passive"
-    assert _import_with(**{CHOICE_ENV: "default"}) == "None default"
-    assert _import_with(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE None"
+    # (and, busy, one intra-op thread: a second would wait for a core at every barrier)
+    cpus = len(os.sched_getaffinity(0))
+    assert _import_with(**{CHOICE_ENV: "passive"}) == "PASSIVE passive 1"
+    assert _import_with(**{CHOICE_ENV: "passive", "OMP_NUM_THREADS": "2"}) == "PASSIVE passive 2"
+    default = _import_with(**{CHOICE_ENV: "default"})
+    assert default.split()[:2] == ["None", "default"] and int(default.split()[2]) <= cpus
+    assert _import_with(OMP_WAIT_POLICY="ACTIVE").split()[:2] == ["ACTIVE", "None"]
     assert _import_with().split()[1] in ("passive", "default")  # recorded for the children

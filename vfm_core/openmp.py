@@ -16,10 +16,14 @@ dit-tiny, PASSIVE             4.6 (0.66x)         2.9
 ============================  ==================  ===================
 
 So ``OMP_WAIT_POLICY=PASSIVE`` is set only when the machine is busy when vfm starts (the 1-minute
-load average at least the CPUs this process may use), and the choice is recorded in
-``VFM_OMP_WAIT`` so that the processes vfm starts (torchrun ranks, tasks) keep it rather than
-reading a load vfm itself makes. A policy set in the environment is never changed; imported
-after torch, this changes nothing (set the variable yourself then).
+load average at least the CPUs this process may use: its CPU affinity, capped by a cgroup CPU
+quota), and then one intra-op thread (``OMP_NUM_THREADS=1``): on cores that other work already
+fills, a second thread mostly waits at every barrier for a core (the tokenizer's step at a load
+of ~2.8 on these 2 cores: 58 ms with one thread, 76 ms with two sleeping, 335 ms with two
+spinning). The choice is recorded in ``VFM_OMP_WAIT`` so that the processes vfm starts (torchrun
+ranks, tasks) keep it rather than reading a load vfm itself makes. A policy or a thread count set
+in the environment is never changed; imported after torch, this changes nothing (set the
+variables yourself then).
 """
 
 from __future__ import annotations
@@ -38,15 +42,23 @@ def wait_policy_for(load: float, cpus: int) -> str | None:
 
 
 def _usable_cpus() -> int:
+    """The CPUs this process may run on (affinity), capped by a cgroup v2 CPU quota."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))  # ceil
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def choose_wait_policy() -> str | None:
-    """Set ``OMP_WAIT_POLICY`` for this process and its children (see the module's docstring);
-    returns what is in effect (None: OpenMP's default)."""
+    """Set ``OMP_WAIT_POLICY`` (and, when busy, one thread) for this process and its children
+    (see the module's docstring); returns the policy in effect (None: OpenMP's default)."""
     if "OMP_WAIT_POLICY" in os.environ:
         return os.environ["OMP_WAIT_POLICY"]
     if CHOICE_ENV not in os.environ:
@@ -58,5 +70,6 @@ def choose_wait_policy() -> str | None:
         os.environ[CHOICE_ENV] = "passive" if chosen else "default"
     if os.environ[CHOICE_ENV] == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         return "PASSIVE"
     return None

@@ -1,7 +1,8 @@
 """Serving a registered version (slow: servers in subprocesses): ``mlflow models serve -m
 models:/vfm-dit-tiny@champion``, with this repository out of reach, answers ``/invocations`` with
-videos and bad requests with 400 and one line, and the registry works against an http tracking
-server (``mlflow server``) as against the sqlite store."""
+videos and bad requests with 400 and one line — also in the environment MLflow's default
+manager builds from the version's requirements alone —, and the registry works against an http
+tracking server (``mlflow server``) as against the sqlite store."""
 
 from __future__ import annotations
 
@@ -194,6 +195,65 @@ def test_models_serve_answers_with_videos_out_of_this_repository(trained_run, st
         assert "stack_trace" not in error and "Traceback" not in error["message"]
     # no prompt column: MLflow's schema check (the signature) answers before the model does
     assert no_prompt[0] == 400 and "Model is missing inputs ['prompt']" in no_prompt[1]["message"]
+
+
+def _pyenv() -> str | None:
+    """The folder of ``pyenv``, which MLflow's default environment manager (virtualenv) needs."""
+    import shutil
+
+    found = shutil.which("pyenv") or str(Path.home() / ".pyenv" / "bin" / "pyenv")
+    return str(Path(found).parent) if Path(found).is_file() else None
+
+
+def test_models_serve_builds_its_own_environment_with_the_default_manager(
+    trained_run, store, tmp_path
+):
+    """``mlflow models serve`` with no ``--env-manager`` (MLflow's default, virtualenv) in an
+    empty folder with a bare environment (no PYTHONPATH, no project venv on PATH but MLflow's
+    own command): MLflow makes a new virtual environment from the version's requirements
+    alone (~80 s on this machine, pip's cache and local wheels as the machine has them) and the
+    version serves a video from it, and a bad request's one line."""
+    bindir = _pyenv()
+    if bindir is None:
+        pytest.skip("no pyenv: MLflow's virtualenv environment manager needs it")
+    register_checkpoint(trained_run, run_id=training_run(store), tracking=store, metrics=GOOD)
+    promote(NAME, 1)
+    port, log, envs = free_port(), tmp_path / "serve.log", tmp_path / "envs"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = [MLFLOW, "models", "serve", "-m", f"models:/{NAME}@champion"]
+    argv += ["-h", "127.0.0.1", "-p", str(port), "-w", "1"]
+    env = {
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "PATH": f"{bindir}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
+        "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"],
+        "MLFLOW_ENV_ROOT": str(envs),  # its environments here, not under ~/.mlflow
+        "VFM_MODEL_CACHE": os.environ["VFM_MODEL_CACHE"],
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    net = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+    for key, value in os.environ.items():  # where and how this machine's pip gets packages
+        if key.startswith("PIP_") or key.upper() in net:
+            env[key] = value
+    proc = start(argv, log, env, cwd=empty)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(f"{url}/ping", proc, log, timeout=900)
+        status, answer = post(
+            f"{url}/invocations", {"dataframe_records": [{"prompt": "a red disc", **SMALL}]}
+        )
+        bad = post(f"{url}/invocations", BAD_REQUESTS[0][0])
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert "Creating a new environment in " + str(envs) in text, text[-3000:]
+    made = next(envs.iterdir())
+    assert not list(made.glob("lib/python*/site-packages/__editable__*vfm*")), "vfm installed"
+    assert status == 200, answer
+    row = answer["predictions"][0]
+    assert (row["frames"], row["height"], row["width"]) == (5, 32, 32) and row["mp4_base64"]
+    assert bad[0] == 400 and bad[1]["message"].endswith(f"\nError: {BAD_REQUESTS[0][1]}"), bad
 
 
 def test_registry_against_an_http_tracking_server(trained_run, store, tmp_path, monkeypatch):
