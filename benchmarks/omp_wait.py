@@ -8,8 +8,10 @@ Contestants, each a fresh process (the policy is read when torch loads its OpenM
 interleaved for ``--rounds`` rounds: the tokenizer stage's step (tok-tiny, 5 frames of 32x32,
 batch 4, as ``make demo``'s tokenizer stage) and a dit-tiny step (batch 8, 5x8x8 latents), each at
 torch's default threads under PASSIVE and under the OpenMP default (spin, then sleep), and at one
-thread. ``--load N`` starts N busy-looping processes beside them for the run (a shared machine);
-the table gives the load average at the start and the median steps/s of each.
+thread under each (vfm on a busy machine: PASSIVE and one thread, vfm_core/openmp.py). The
+tokenizer's rows also give its counted FLOP/s (the step's FLOPs from torch's FlopCounterMode).
+``--load N`` starts N busy-looping processes beside them for the run (a shared machine); the table
+gives the load average at the start and the median steps/s of each.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ if model == "tok-tiny":
     clips = [synthetic_clips(4, frames=5, size=32, seed=i) for i in range(4)]
     cfg = get_tokenizer_config("tok-tiny")
     train_tokenizer(cfg, clips, steps=3, progress=False)  # warm-up
-    t = time.perf_counter()
-    train_tokenizer(cfg, clips, steps=steps, progress=False)
+    _, m = train_tokenizer(cfg, clips, steps=steps, progress=False)
+    print(m.steps / m.seconds, m.train_flops_per_s)
+    sys.exit()
 else:
     from vfm_core.config import apply_overrides
     from vfm_core.recipes import get_recipe
@@ -48,17 +51,19 @@ else:
     t = time.perf_counter()
     for _ in range(steps):
         tr.train_step(tr.source.next_batch())
-print(steps / (time.perf_counter() - t))
+print(steps / (time.perf_counter() - t), 0.0)
 """
 
 CONTESTANTS = (  # (label, OMP_WAIT_POLICY or None for OpenMP's default, threads: 0 = torch's)
-    ("PASSIVE (vfm when busy)", "PASSIVE", 0),
+    ("PASSIVE, 1 thread (vfm when busy)", "PASSIVE", 1),
+    ("PASSIVE, all threads", "PASSIVE", 0),
     ("OpenMP default", None, 0),
-    ("1 thread", None, 1),
+    ("1 thread, spinning", None, 1),
 )
 
 
-def steps_per_s(model: str, policy: str | None, threads: int, steps: int) -> float:
+def steps_per_s(model: str, policy: str | None, threads: int, steps: int) -> tuple[float, float]:
+    """(steps/s, FLOP/s: the tokenizer's counted FLOPs, 0 for dit-tiny) of a fresh process."""
     drop = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "VFM_OMP_WAIT")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     if policy:  # else OpenMP's default: the child imports torch before vfm_core sets PASSIVE
@@ -71,7 +76,8 @@ def steps_per_s(model: str, policy: str | None, threads: int, steps: int) -> flo
         env=env,
         check=True,
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    rate, flops = out.stdout.strip().splitlines()[-1].split()
+    return float(rate), float(flops)
 
 
 def main() -> None:
@@ -84,7 +90,7 @@ def main() -> None:
     try:
         time.sleep(2 if hogs else 0)
         load = os.getloadavg()[0]
-        got: dict[tuple[str, str], list[float]] = {}
+        got: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for _ in range(args.rounds):
             for model in ("tok-tiny", "dit-tiny"):
                 for label, policy, threads in CONTESTANTS:
@@ -94,12 +100,14 @@ def main() -> None:
         for h in hogs:
             h.kill()
     print(f"load average at start {load:.1f} on {os.cpu_count()} CPUs, {args.load} busy processes")
-    print(f"{'model':<10} {'contestant':<24} {'steps/s':>8} {'vs default':>10}")
+    print(f"{'model':<10} {'contestant':<34} {'steps/s':>8} {'GFLOP/s':>8} {'vs default':>10}")
     for model in ("tok-tiny", "dit-tiny"):
-        base = statistics.median(got[(model, "OpenMP default")])
+        base = statistics.median(r for r, _ in got[(model, "OpenMP default")])
         for label, _, _ in CONTESTANTS:
-            rate = statistics.median(got[(model, label)])
-            print(f"{model:<10} {label:<24} {rate:>8.2f} {rate / base:>9.2f}x")
+            rate = statistics.median(r for r, _ in got[(model, label)])
+            flops = statistics.median(f for _, f in got[(model, label)]) / 1e9
+            shown = f"{flops:8.1f}" if flops else f"{'-':>8}"
+            print(f"{model:<10} {label:<34} {rate:>8.2f} {shown} {rate / base:>9.2f}x")
 
 
 if __name__ == "__main__":

@@ -91,15 +91,20 @@ def tokenizer_task(
     shards: str, out_dir: str, *, preset: str, steps: int, frames: int, size: int
 ) -> dict[str, Any]:
     """Train the causal video tokenizer on the shards' clips; returns its dir and PSNR."""
+    from vfm_core.perf.hardware import cpu_speed
     from vfm_core.tokenizer.from_shards import train_tokenizer_on_shards
 
     m = train_tokenizer_on_shards(
         shards, out_dir, preset=preset, steps=steps, frames=frames, size=size, progress=False
     )
+    speed, util = cpu_speed(m.steps, m.seconds, m.train_flops_per_s)
     task_logger().info(
-        "tokenizer %s: %d steps, loss %.4f -> %.4f, PSNR %.1f dB (mean-colour baseline %.1f)",
+        "tokenizer %s: %d steps in %.0f s (%s), loss %.4f -> %.4f, PSNR %.1f dB (mean-colour "
+        "baseline %.1f)",
         preset,
         m.steps,
+        m.seconds,
+        speed,
         m.loss_first,
         m.loss_last,
         m.psnr,
@@ -109,6 +114,8 @@ def tokenizer_task(
         "dir": out_dir,
         "preset": preset,
         "steps": m.steps,
+        "seconds": m.seconds,
+        "mfu": util,
         "psnr": m.psnr,
         "baseline_psnr": m.baseline_psnr,
         "ssim": m.ssim,

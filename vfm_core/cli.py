@@ -278,10 +278,13 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
         seed=args.seed,
         fsq_levels=levels,
     )
+    from vfm_core.perf.hardware import cpu_speed
+
     usage = "" if levels is None else f", codebook usage {100 * m.codebook_usage:.1f}%"
+    speed, _ = cpu_speed(m.steps, m.seconds, m.train_flops_per_s)
     print(
-        f"tokenizer {args.preset}: {m.steps} steps, loss {m.loss_first:.4f} -> "
-        f"{m.loss_last:.4f}, PSNR {m.psnr:.1f} dB (mean-colour baseline "
+        f"tokenizer {args.preset}: {m.steps} steps in {m.seconds:.0f} s ({speed}), loss "
+        f"{m.loss_first:.4f} -> {m.loss_last:.4f}, PSNR {m.psnr:.1f} dB (mean-colour baseline "
         f"{m.baseline_psnr:.1f}){usage} -> {args.out}"
     )
     return 0

@@ -434,3 +434,22 @@ def peak_at_least(peak: float, source: str, *, achieved: float) -> tuple[float, 
         )
         source = f"{source}; {RAISED}"
     return achieved, source
+
+
+CONV_PEAK_WIDTH = 512
+"""Width of the GEMM whose measured speed stands for a CPU's peak in a convolutional model's MFU
+(the video tokenizer's: its convolutions run as GEMMs of a few hundred columns)."""
+
+
+def cpu_speed(steps: int, seconds: float, flops_per_s: float) -> tuple[str, float]:
+    """(one line: steps/s, GFLOP/s and MFU against this CPU's measured fp32 peak, the MFU) of a
+    training loop on the CPU that ran ``steps`` in ``seconds`` at ``flops_per_s``."""
+    peak = peak_flops("cpu", dtype="fp32", width=CONV_PEAK_WIDTH)
+    util = mfu(flops_per_s, peak) if flops_per_s > 0 else 0.0
+    rate = steps / max(seconds, 1e-9)
+    line = (
+        f"{rate:.2f} steps/s, {flops_per_s / 1e9:.1f} GFLOP/s, MFU {util:.1%} of this CPU's "
+        f"measured fp32 peak ({peak[0] / 1e9:.0f} GFLOP/s, {torch.get_num_threads()} threads)"
+    )
+    return line, util
+

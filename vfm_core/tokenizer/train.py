@@ -13,6 +13,7 @@ constant velocity over linear colour gradients (the real video decoder lives in 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
 
 from vfm_core.progress import Progress
 from vfm_core.tokenizer.autoencoder import (
@@ -108,6 +110,11 @@ class TokenizerTrainMetrics:
     """Wall time of the training loop."""
     train_frames_per_s: float = 0.0
     """Training throughput in input frames per second."""
+    flops_per_step: float = 0.0
+    """FLOPs of one training step (forward + backward), counted on the first by torch's
+    ``FlopCounterMode`` (convolutions and matmuls)."""
+    train_flops_per_s: float = 0.0
+    """``flops_per_step`` x steps / ``seconds``: the step's speed in FLOPs, for MFU."""
     codebook_usage: float = math.nan
     """Discrete tokenizers: fraction of the token ids used on the held-out clips."""
     checkpoint: str | None = None
@@ -232,13 +239,17 @@ def train_tokenizer(
         steps, desc="tokenizer training", unit="step", bar=progress is not False, logger=_log
     )
     for x in itertools.islice(_batches(clips), steps):
-        out = model(x, generator=gen)
-        err = out.recon - x  # (B, 3, T, H, W)
-        loss = l1_weight * err.abs().mean() + mse_weight * err.square().mean()
-        if cfg.regulariser != "none":
-            loss = loss + cfg.reg_weight * out.reg
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        counter = FlopCounterMode(display=False) if metrics.steps == 0 else contextlib.nullcontext()
+        with counter:
+            out = model(x, generator=gen)
+            err = out.recon - x  # (B, 3, T, H, W)
+            loss = l1_weight * err.abs().mean() + mse_weight * err.square().mean()
+            if cfg.regulariser != "none":
+                loss = loss + cfg.reg_weight * out.reg
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        if metrics.steps == 0:
+            metrics.flops_per_step = float(counter.get_total_flops())
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         sched.step()
@@ -251,6 +262,7 @@ def train_tokenizer(
     bar.close()
     metrics.seconds = time.perf_counter() - t0
     metrics.train_frames_per_s = frames / max(metrics.seconds, 1e-9)
+    metrics.train_flops_per_s = metrics.flops_per_step * metrics.steps / max(metrics.seconds, 1e-9)
     k = max(1, len(metrics.losses) // 10)
     metrics.loss_first = sum(metrics.losses[:k]) / k
     metrics.loss_last = sum(metrics.losses[-k:]) / k
