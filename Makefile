@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch==2.13.0 is pinned in pyproject (CPU build); check the log for a CUDA torch download
 	@echo "installing vfm and its dependencies into $(VENV) (a few minutes; full log: $(VENV)/install.log)"
-	$(BIN)/pip install --progress-bar off -e '.[dev,video,text,s3,ray]' 2>&1 | tee $(VENV)/install.log \
-	  | grep --line-buffered -E '^(Collecting|Installing collected|Successfully|ERROR)' | cut -c1-100 || true
+	$(BIN)/python infra/pip_progress.py $(VENV)/install.log -- \
+	  $(BIN)/pip install --progress-bar off -e '.[dev,video,text,s3,ray]'
 	@! grep -qiE 'nvidia-|torch-2\.1[4-9]' $(VENV)/install.log || { echo "a CUDA torch was pulled in"; exit 1; }
 	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -c "import torch, prefect, mlflow; print('torch', torch.__version__)"
