@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vfm_core.openmp import CHOICE_ENV, wait_policy_for
+from vfm_core.openmp import CHOICE_ENV, threads_for, wait_policy_for
 
 REPO = Path(__file__).resolve().parents[1]
 SHOW = (
@@ -30,6 +30,13 @@ def test_threads_sleep_at_barriers_only_on_a_busy_machine():
     assert wait_policy_for(6.0, 2) == "PASSIVE"  # other work fills the cores: do not spin
     assert wait_policy_for(2.0, 2) == "PASSIVE"
     assert wait_policy_for(0.5, 2) is None  # idle: OpenMP's spinning default is faster
+
+
+def test_threads_take_the_cores_the_load_leaves_free():
+    assert threads_for(0.3, 2) == 2  # idle: every core
+    assert threads_for(1.2, 2) == 1  # one busy process beside: its core is not ours
+    assert threads_for(6.0, 2) == 1  # never none
+    assert threads_for(4.0, 16) == 12
 
 
 def test_the_choice_is_inherited_and_the_users_kept():

@@ -17,20 +17,22 @@ dit-tiny, PASSIVE             4.6 (0.66x)         2.9
 
 So ``OMP_WAIT_POLICY=PASSIVE`` is set only when the machine is busy when vfm starts (the 1-minute
 load average at least the CPUs this process may use: its CPU affinity, capped by a cgroup CPU
-quota), and then one intra-op thread (``OMP_NUM_THREADS=1``): on cores that other work already
-fills, a second thread mostly waits at every barrier for a core (the tokenizer's step at a load
-of ~2.8 on these 2 cores: 58 ms with one thread, 76 ms with two sleeping, 335 ms with two
-spinning). The choice is recorded in ``VFM_OMP_WAIT`` so that the processes vfm starts (torchrun
-ranks, tasks) keep it rather than reading a load vfm itself makes. A policy or a thread count set
-in the environment is never changed; imported after torch, this changes nothing (set the
-variables yourself then).
+quota). Whatever the policy, torch gets only the cores that the load leaves free
+(``OMP_NUM_THREADS``, :func:`threads_for`; one at least): a thread on a core that other work
+holds mostly waits at every barrier for it (the tokenizer's step at a load of ~2.8 on these 2
+cores: 58 ms with one thread, 76 ms with two sleeping, 335 ms with two spinning; before this rule
+a demo started beside one busy single-threaded process spent 407 s in its tokenizer stage, with
+two spinning threads, against ~60 s alone). The choice is recorded in ``VFM_OMP_WAIT`` and ``OMP_NUM_THREADS``
+so that the processes vfm starts (torchrun ranks, tasks) keep it rather than reading a load vfm
+itself makes. A policy or a thread count set in the environment is never changed; imported after
+torch, this changes nothing (set the variables yourself then).
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["CHOICE_ENV", "choose_wait_policy", "wait_policy_for"]
+__all__ = ["CHOICE_ENV", "choose_wait_policy", "threads_for", "wait_policy_for"]
 
 CHOICE_ENV = "VFM_OMP_WAIT"
 """Where the choice is recorded for child processes: ``passive`` or ``default``."""
@@ -39,6 +41,12 @@ CHOICE_ENV = "VFM_OMP_WAIT"
 def wait_policy_for(load: float, cpus: int) -> str | None:
     """``PASSIVE`` when a 1-minute ``load`` fills the ``cpus``, else None (OpenMP's default)."""
     return "PASSIVE" if load >= cpus else None
+
+
+def threads_for(load: float, cpus: int) -> int:
+    """Intra-op threads for the ``cpus`` that a 1-minute ``load`` of other work leaves free (at
+    least one; a load from 0.75 counts as a core taken)."""
+    return max(1, cpus - int(load + 0.25))
 
 
 def _usable_cpus() -> int:
@@ -66,8 +74,12 @@ def choose_wait_policy() -> str | None:
             load = os.getloadavg()[0]
         except OSError:  # no load average on this platform
             load = 0.0
-        chosen = wait_policy_for(load, _usable_cpus())
+        cpus = _usable_cpus()
+        chosen = wait_policy_for(load, cpus)
         os.environ[CHOICE_ENV] = "passive" if chosen else "default"
+        threads = threads_for(load, cpus)
+        if threads < cpus:  # inherited by the children with the policy
+            os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     if os.environ[CHOICE_ENV] == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         os.environ.setdefault("OMP_NUM_THREADS", "1")
