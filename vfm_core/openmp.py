@@ -22,10 +22,10 @@ quota). Whatever the policy, torch gets only the cores that the load leaves free
 holds mostly waits at every barrier for it (the tokenizer's step at a load of ~2.8 on these 2
 cores: 58 ms with one thread, 76 ms with two sleeping, 335 ms with two spinning; before this rule
 a demo started beside one busy single-threaded process spent 407 s in its tokenizer stage, with
-two spinning threads, against ~60 s alone). The choice is recorded in ``VFM_OMP_WAIT`` and ``OMP_NUM_THREADS``
-so that the processes vfm starts (torchrun ranks, tasks) keep it rather than reading a load vfm
-itself makes. A policy or a thread count set in the environment is never changed; imported after
-torch, this changes nothing (set the variables yourself then).
+two spinning threads, against ~60 s alone). The choice is recorded in ``VFM_OMP_WAIT`` and
+``OMP_NUM_THREADS`` so that the processes vfm starts (torchrun ranks, tasks) keep it rather than
+reading a load vfm itself makes. A policy or a thread count set in the environment is never
+changed; imported after torch, this changes nothing (set the variables yourself then).
 """
 
 from __future__ import annotations
