@@ -21,17 +21,22 @@ comparison whose checkout is not given is skipped with one line.
    configuration (``matched``: ``model.text_conditioning=pooled`` — the caption's mean token
    added to the timestep embedding as DiT adds its class embedding —, no QK norm, AdaLN-Zero,
    absolute positions only: ``model.rope=false``, as DiT's fixed sin-cos), and ``matched + 3D
-   RoPE`` (the recipe's RoPE back on top: its cost, a plain-loop row).
+   RoPE`` (the recipe's RoPE back on top: its cost, a plain-loop row). ``recipe pooled``: the
+   recipe's architecture (QK norm, 3D RoPE, AdaLN-LoRA, its norms and MLP) with the caption
+   pooled as in ``matched`` (``model.text_conditioning=pooled``): the peer's FLOPs per token done
+   by the recipe's blocks, so its ratio is the recipe architecture's speed per FLOP.
 2. The same models through vfm's ``Trainer.train_step`` (EDM objective, its AdamW, clipping,
-   schedule): the matched trainer vs the peer's plain loop, and vfm's trainer vs vfm's plain
-   loop (whose AdamW is torch's default, the for-loop on CPU, like the peers').
+   schedule): the recipe, recipe pooled and matched trainers vs the peer's plain loop, and
+   vfm's trainer vs vfm's plain loop (whose AdamW is torch's default, the for-loop on CPU, like
+   the peers').
 3. Autoregressive: vfm's causal video transformer (recipe ar-tiny with kv_heads = heads, i.e.
    multi-head like the peer; grid 3x8x8 = 192 tokens, vocab 1000, batch 4, next-token loss)
    vs karpathy/nanoGPT ``GPT`` with its own loss and ``configure_optimizers``; ``recipe``
    (SwiGLU, RMSNorm, cross-attention to the caption, QK norm, 3D RoPE) and ``matched``
    (nanoGPT's exact-GELU MLP without biases and LayerNorm, pooled caption, no QK norm, learned
    absolute positions without RoPE; nanoGPT has no text at all), each in a plain loop and
-   through vfm's trainer (next-token objective), and ``matched + 3D RoPE``, as the DiT rows.
+   through vfm's trainer (next-token objective), ``recipe pooled`` and ``matched + 3D RoPE``, as
+   the DiT rows.
 4. Loader, decode on, batches of 8 over the same tars (``--clips`` synthetic H.264 clips made
    by ``benchmarks/loader.py``'s ``make_dataset``): vfm's shard loader (checksums on, its
    defaults) with 0 reader threads (its default) and with 2 vs ``webdataset.WebDataset`` +
@@ -201,20 +206,29 @@ def compare(label: str, a: str, b: str, res: dict) -> dict:
 
 
 def model_rows(family: str, peer: str | None, res: dict, args: argparse.Namespace) -> list[dict]:
-    """The rows of a model section: vfm's plain loop (recipe, matched) and its trainer (matched)
-    against the peer's loop (where the peer ran), vfm's trainer against its own plain loop, and
-    with ``--compile`` the same for the compiled contestants."""
+    """The rows of a model section: vfm's plain loop and its trainer (recipe, recipe pooled,
+    matched; plain loop also matched + 3D RoPE) against the peer's loop (where the peer ran),
+    vfm's trainer against its own plain loop, and with ``--compile`` the same for the compiled
+    contestants."""
     vfm = f"vfm {family}"
     rows = []
     if peer is not None:
         rows += [
             (f"{family} plain loop, recipe", f"{vfm} plain", peer),
+            (f"{family} plain loop, recipe pooled", f"{vfm} plain pooled", peer),
             (f"{family} plain loop, matched", f"{vfm} plain matched", peer),
             (f"{family} plain loop, matched + 3D RoPE", f"{vfm} plain matched + RoPE", peer),
+            (f"{family} trainer vs peer loop, recipe", f"{vfm} trainer", peer),
+            (f"{family} trainer vs peer loop, recipe pooled", f"{vfm} trainer pooled", peer),
             (f"{family} trainer vs peer loop, matched", f"{vfm} trainer matched", peer),
         ]
     rows += [
         (f"vfm {family} trainer / plain, recipe", f"{vfm} trainer", f"{vfm} plain"),
+        (
+            f"vfm {family} trainer / plain, recipe pooled",
+            f"{vfm} trainer pooled",
+            f"{vfm} plain pooled",
+        ),
         (
             f"vfm {family} trainer / plain, matched",
             f"{vfm} trainer matched",
