@@ -250,7 +250,7 @@ def _all_saved_elements(
     act = tok * per_tok_d
     act += tok * (passes * self_heads + cross * cross_heads + mlp_inner) / t
     act += cross * b * L * (3 if qk else 2) * dkv / t  # cross-attention k, v of the text
-    act += passes * rows * 2 * hd  # RoPE cos + sin for q and for k: 4 × (N, hd/2)
+    act += passes * rows * hd  # RoPE: one (N, hd/2) complex rotation, saved once for q and k
     # per-sample conditioning: SiLU(emb), (1 + scale), gate storage, LoRA rank activations
     if cfg.adaln == "zero":
         act += b * (d + n * d + 3 * n * d)
