@@ -107,11 +107,21 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def race(cs: list[Contestant], rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
-    """Units/s of every contestant per round; within a round each runs ``steps`` steps."""
+def race(
+    cs: list[Contestant], rounds: int, steps: int, warmup: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """(units/s of every contestant per round, seconds of its untimed warm-up steps); within a
+    round each runs ``steps`` steps. A compiled contestant compiles in its warm-up (forward and
+    backward of the first step), so the rates are steady state and the warm-up is reported
+    apart."""
+    warm: dict[str, float] = {}
     for c in cs:
+        sync()
+        t0 = time.perf_counter()
         for _ in range(warmup):
             c.step()
+        sync()
+        warm[c.name] = time.perf_counter() - t0
     rates: dict[str, list[float]] = {c.name: [] for c in cs}
     for r in range(rounds):
         for c in cs if r % 2 == 0 else cs[::-1]:
@@ -121,7 +131,7 @@ def race(cs: list[Contestant], rounds: int, steps: int, warmup: int) -> dict[str
                 c.step()
             sync()
             rates[c.name].append(steps * c.units / (time.perf_counter() - t0))
-    return rates
+    return rates, warm
 
 
 def flops_per_unit(c: Contestant) -> float:
@@ -172,7 +182,7 @@ def say(line: str) -> None:
 
 def measure(cs: list[Contestant], args: argparse.Namespace, steps: int, model: bool) -> dict:
     say(f"racing {len(cs)} contestants: {', '.join(c.name for c in cs)}")
-    rates = race(cs, args.rounds, steps, warmup=args.warmup)
+    rates, warm = race(cs, args.rounds, steps, warmup=args.warmup)
     say("counting FLOPs and profiling one step each")
     res = {}
     fpus: dict[str, float | None] = {}
@@ -184,8 +194,10 @@ def measure(cs: list[Contestant], args: argparse.Namespace, steps: int, model: b
         rate = statistics.median(rates[c.name])
         res[c.name] = {
             "unit": c.unit,
+            "units": c.units,
             "rate": rate,
             "rates": rates[c.name],
+            "warmup_s": warm[c.name],  # compiled contestants: compiling, not in the rates
             "flops_per_unit": fpu,
             "gflops_s": fpu * rate / 1e9 if fpu else None,
             "top_ops": top_ops(c, model),
@@ -273,6 +285,16 @@ def print_report(out: dict) -> None:
             f"{f(b['flops_per_unit'] and b['flops_per_unit'] / 1e6, '.1f')} | "
             f"{f(a['gflops_s'], '.1f')} | {f(b['gflops_s'], '.1f')} |"
         )
+    compiled = {n: v for n, v in c.items() if n.endswith(" compiled")}
+    if compiled and cfg["warmup"]:
+        print(f"\ncompile time (the {cfg['warmup']} untimed warm-up step(s), not in the rates)")
+        for name, v in compiled.items():
+            eager = c.get(name.removesuffix(" compiled"), {}).get("warmup_s")
+            print(
+                f"- {name}: {v['warmup_s']:.1f} s"
+                + ("" if eager is None else f" (eager twin's warm-up {eager:.1f} s)")
+                + f", steady step {v['units'] / v['rate']:.2f} s"
+            )
     clock = "device" if cfg["device"] == "cuda" else "CPU"
     print(f"\ntop 5 by self {clock} time of one step (models: torch.profiler; loaders: cProfile)")
     for name, v in c.items():

@@ -152,10 +152,10 @@ class RMSNormFunction(torch.autograd.Function):
 
     Written in few full-size passes: every broadcast of a per-row (..., 1) factor goes into a
     per-row coefficient first (an (..., 1) tensor) and the full-size work is ``addcmul`` and
-    in-place multiplies; dw is one matrix-vector product. On CPU (one thread) this was 4-16x
-    faster than the same formulas written term by term (a QK norm's (8, 256, 8, 64) backward:
-    5.4 ms -> 0.33 ms for dx), same values to fp32 rounding (tests/models/test_fused_kernels.py).
-    """
+    in-place multiplies. On CPU (one thread) this was 4-16x faster than the same formulas written
+    term by term (a QK norm's (8, 256, 8, 64) backward: 5.4 ms -> 0.33 ms for dx), the same values
+    to fp32 rounding (tests/models/test_fused_kernels.py). dw is a sum, not a matmul, so
+    FlopCounterMode still counts the model's matmuls exactly."""
 
     @staticmethod
     def forward(ctx, x, w, shape, eps):
@@ -180,9 +180,9 @@ class RMSNormFunction(torch.autograd.Function):
         coef = (u * xf).mean(dims, keepdim=True).mul_(rstd.square()).neg_()  # (..., 1)
         dx = torch.addcmul(u, xf, coef).mul_(rstd)  # rstd · (u - x · rstd² · mean(u · x))
         dw = None
-        if w is not None and ctx.needs_input_grad[1]:
-            n = math.prod(w.shape)  # Σ over the leading dims as (1, R) @ (R, n)
-            dw = (rstd.reshape(1, -1) @ (dyf * xf).reshape(-1, n)).reshape(w.shape).to(w.dtype)
+        if w is not None and ctx.needs_input_grad[1]:  # no matmul: FLOP counts stay exact
+            n = math.prod(w.shape)
+            dw = (dyf * xf).mul_(rstd).reshape(-1, n).sum(0).reshape(w.shape).to(w.dtype)
         return dx.to(x.dtype), dw, None, None
 
 
