@@ -149,3 +149,16 @@ def test_modulate_and_gated_residual_match_the_two_pass_forms(per_token):
         )
     for a, b in zip(run(new), run(old)):
         torch.testing.assert_close(a, b)
+
+
+def test_rope_gradients_come_back_in_the_inputs_layout():
+    """q and k enter as (B, N, H, d) memory seen as (B, H, N, d) (the QK norm's output, heads
+    transposed): their gradients are laid out alike, so the norm's backward reads contiguous
+    memory; the rotated outputs stay contiguous for attention."""
+    angles, q, k, dq, dk = _rope_inputs(torch.float32)
+    qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+    rq, rk = apply_rope_qk(qq, kk, angles)
+    (rq * dq).sum().add((rk * dk).sum()).backward()
+    for inp, grad in ((q, qq.grad), (k, kk.grad)):
+        assert grad.dim_order() == inp.dim_order() == (0, 2, 1, 3)
+    assert rq.is_contiguous() and rk.is_contiguous()

@@ -150,11 +150,12 @@ class RMSNormFunction(torch.autograd.Function):
     fp32; saves (x, rstd, w). Backward (u = dy · w): dx = rstd · (u - x · rstd² · mean(u · x)),
     dw = Σ dy · x · rstd over the leading dims.
 
-    Written in few full-size passes: every broadcast of a per-row (..., 1) factor goes into a
-    per-row coefficient first (an (..., 1) tensor) and the full-size work is ``addcmul`` and
-    in-place multiplies. On CPU (one thread) this was 4-16x faster than the same formulas written
-    term by term (a QK norm's (8, 256, 8, 64) backward: 5.4 ms -> 0.33 ms for dx), the same values
-    to fp32 rounding (tests/models/test_fused_kernels.py). dw is a sum, not a matmul, so
+    Written in few full-size passes and allocations (the backward allocates one temporary and
+    dx): every broadcast of a per-row (..., 1) factor goes into a per-row coefficient first (an
+    (..., 1) tensor) and the full-size work is ``addcmul`` and in-place multiplies. On CPU (one
+    thread) this was 4-16x faster than the same formulas written term by term (a QK norm's
+    (8, 256, 8, 64) backward: 5.4 ms -> 0.33 ms for dx), the same values to fp32 rounding
+    (tests/models/test_fused_kernels.py). dw is a sum, not a matmul, so
     FlopCounterMode still counts the model's matmuls exactly."""
 
     @staticmethod
@@ -176,13 +177,16 @@ class RMSNormFunction(torch.autograd.Function):
         dims = ctx.dims
         xf = x.float() if x.dtype != torch.float64 else x
         dyf = dy.to(xf.dtype)
-        u = dyf * w if w is not None else dyf
-        coef = (u * xf).mean(dims, keepdim=True).mul_(rstd.square()).neg_()  # (..., 1)
-        dx = torch.addcmul(u, xf, coef).mul_(rstd)  # rstd · (u - x · rstd² · mean(u · x))
+        t = (dyf * xf).mul_(rstd)  # dy · x̂, x̂ = x · rstd: the one full-size temporary
         dw = None
-        if w is not None and ctx.needs_input_grad[1]:  # no matmul: FLOP counts stay exact
-            n = math.prod(w.shape)
-            dw = (dyf * xf).mul_(rstd).reshape(-1, n).sum(0).reshape(w.shape).to(w.dtype)
+        if w is not None and ctx.needs_input_grad[1]:  # a sum, no matmul: FLOP counts exact
+            dw = t.sum(tuple(range(dy.dim() - len(dims)))).to(w.dtype)
+        if w is not None:
+            t.mul_(w)  # u · x̂, u = dy · w
+        coef = t.mean(dims, keepdim=True).mul_(rstd).neg_()  # -rstd² · mean(u · x), (..., 1)
+        del t
+        u = dyf * w if w is not None else dyf.clone()
+        dx = u.addcmul_(xf, coef).mul_(rstd)  # rstd · (u - x · rstd² · mean(u · x))
         return dx.to(x.dtype), dw, None, None
 
 
@@ -243,22 +247,35 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rot: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.save_for_backward(rot)
+        ctx.orders = [x.dim_order() for x in xs]  # the gradients go back in the inputs' layout
         return tuple(_rotate(x, rot) for x in xs)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         (rot,) = ctx.saved_tensors
         back = rot.conj()
-        return None, *(None if g is None else _rotate(g, back) for g in grads)
+        return None, *(
+            None if g is None else _rotate(g, back, order)
+            for g, order in zip(grads, ctx.orders, strict=True)
+        )
 
 
-def _rotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, rot: torch.Tensor, order: tuple[int, ...] | None = None):
+    """x (..., N, hd) rotated by ``rot`` into a fresh tensor laid out contiguously (as attention
+    wants q and k: a strided one would be copied there and kept), or with its dims in memory
+    ``order`` (``Tensor.dim_order``: the backward writes a gradient in its input's layout, the
+    (B, N, H, d) of the QK norm before the head transpose, so the norm's backward reads
+    contiguous memory; its passes over a transposed gradient took 2x as long)."""
     xf = x.to(rot.real.dtype)
     if xf.stride(-1) != 1:
         xf = xf.contiguous()
     xc = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))  # (..., N, hd/2) complex
-    out = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)  # contiguous, as attention
-    torch.mul(xc, rot, out=out)  # wants it (a strided result would be copied there and kept)
+    if order is None or list(order) == sorted(order):
+        out = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)
+    else:
+        out = torch.empty([xc.shape[d] for d in order], dtype=xc.dtype, device=xc.device)
+        out = out.permute([order.index(d) for d in range(len(order))])  # xc's shape, in order
+    torch.mul(xc, rot, out=out)
     return torch.view_as_real(out).flatten(-2).to(x.dtype)  # (..., N, hd)
 
 
