@@ -208,13 +208,26 @@ WITH_ROPE = ["model.rope=true"]
 """The matched configuration with vfm's 3D RoPE on top of its absolute positions (the recipes')."""
 
 
+POOLED = ["model.text_conditioning=pooled"]
+"""The recipe's architecture with the caption pooled (no cross-attention): the peers' work per
+token, done by the recipe's blocks (QK norm, 3D RoPE, its norms, MLP and AdaLN) — the per-FLOP
+comparison of the recipe architecture."""
+
+
 def variants(recipe, matched) -> list[tuple[str, object, bool]]:
-    """(label, config, also through the trainer) of a model section: the recipe and the matched
+    """(label, config, also through the trainer) of a model section: the recipe (text
+    cross-attention), the recipe with its caption pooled (:data:`POOLED`) and the matched
     configuration in a plain loop and the trainer; matched + 3D RoPE in a plain loop (its cost)."""
     from vfm_core.config import apply_overrides
 
+    pooled = apply_overrides(recipe, POOLED)
     with_rope = apply_overrides(matched, WITH_ROPE)
-    return [("", recipe, True), (" matched", matched, True), (" matched + RoPE", with_rope, False)]
+    return [
+        ("", recipe, True),
+        (" pooled", pooled, True),
+        (" matched", matched, True),
+        (" matched + RoPE", with_rope, False),
+    ]
 
 
 def trainer_contestants(name: str, cfg, units: int, compiled: bool) -> list:

@@ -21,17 +21,22 @@ comparison whose checkout is not given is skipped with one line.
    configuration (``matched``: ``model.text_conditioning=pooled`` — the caption's mean token
    added to the timestep embedding as DiT adds its class embedding —, no QK norm, AdaLN-Zero,
    absolute positions only: ``model.rope=false``, as DiT's fixed sin-cos), and ``matched + 3D
-   RoPE`` (the recipe's RoPE back on top: its cost, a plain-loop row).
+   RoPE`` (the recipe's RoPE back on top: its cost, a plain-loop row). ``recipe pooled``: the
+   recipe's architecture (QK norm, 3D RoPE, AdaLN-LoRA, its norms and MLP) with the caption
+   pooled as in ``matched`` (``model.text_conditioning=pooled``): the peer's FLOPs per token done
+   by the recipe's blocks, so its ratio is the recipe architecture's speed per FLOP.
 2. The same models through vfm's ``Trainer.train_step`` (EDM objective, its AdamW, clipping,
-   schedule): the matched trainer vs the peer's plain loop, and vfm's trainer vs vfm's plain
-   loop (whose AdamW is torch's default, the for-loop on CPU, like the peers').
+   schedule): the recipe, recipe pooled and matched trainers vs the peer's plain loop, and
+   vfm's trainer vs vfm's plain loop (whose AdamW is torch's default, the for-loop on CPU, like
+   the peers').
 3. Autoregressive: vfm's causal video transformer (recipe ar-tiny with kv_heads = heads, i.e.
    multi-head like the peer; grid 3x8x8 = 192 tokens, vocab 1000, batch 4, next-token loss)
    vs karpathy/nanoGPT ``GPT`` with its own loss and ``configure_optimizers``; ``recipe``
    (SwiGLU, RMSNorm, cross-attention to the caption, QK norm, 3D RoPE) and ``matched``
    (nanoGPT's exact-GELU MLP without biases and LayerNorm, pooled caption, no QK norm, learned
    absolute positions without RoPE; nanoGPT has no text at all), each in a plain loop and
-   through vfm's trainer (next-token objective), and ``matched + 3D RoPE``, as the DiT rows.
+   through vfm's trainer (next-token objective), ``recipe pooled`` and ``matched + 3D RoPE``, as
+   the DiT rows.
 4. Loader, decode on, batches of 8 over the same tars (``--clips`` synthetic H.264 clips made
    by ``benchmarks/loader.py``'s ``make_dataset``): vfm's shard loader (checksums on, its
    defaults) with 0 reader threads (its default) and with 2 vs ``webdataset.WebDataset`` +
@@ -102,11 +107,21 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def race(cs: list[Contestant], rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
-    """Units/s of every contestant per round; within a round each runs ``steps`` steps."""
+def race(
+    cs: list[Contestant], rounds: int, steps: int, warmup: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """(units/s of every contestant per round, seconds of its untimed warm-up steps); within a
+    round each runs ``steps`` steps. A compiled contestant compiles in its warm-up (forward and
+    backward of the first step), so the rates are steady state and the warm-up is reported
+    apart."""
+    warm: dict[str, float] = {}
     for c in cs:
+        sync()
+        t0 = time.perf_counter()
         for _ in range(warmup):
             c.step()
+        sync()
+        warm[c.name] = time.perf_counter() - t0
     rates: dict[str, list[float]] = {c.name: [] for c in cs}
     for r in range(rounds):
         for c in cs if r % 2 == 0 else cs[::-1]:
@@ -116,7 +131,7 @@ def race(cs: list[Contestant], rounds: int, steps: int, warmup: int) -> dict[str
                 c.step()
             sync()
             rates[c.name].append(steps * c.units / (time.perf_counter() - t0))
-    return rates
+    return rates, warm
 
 
 def flops_per_unit(c: Contestant) -> float:
@@ -167,7 +182,7 @@ def say(line: str) -> None:
 
 def measure(cs: list[Contestant], args: argparse.Namespace, steps: int, model: bool) -> dict:
     say(f"racing {len(cs)} contestants: {', '.join(c.name for c in cs)}")
-    rates = race(cs, args.rounds, steps, warmup=args.warmup)
+    rates, warm = race(cs, args.rounds, steps, warmup=args.warmup)
     say("counting FLOPs and profiling one step each")
     res = {}
     fpus: dict[str, float | None] = {}
@@ -179,8 +194,10 @@ def measure(cs: list[Contestant], args: argparse.Namespace, steps: int, model: b
         rate = statistics.median(rates[c.name])
         res[c.name] = {
             "unit": c.unit,
+            "units": c.units,
             "rate": rate,
             "rates": rates[c.name],
+            "warmup_s": warm[c.name],  # compiled contestants: compiling, not in the rates
             "flops_per_unit": fpu,
             "gflops_s": fpu * rate / 1e9 if fpu else None,
             "top_ops": top_ops(c, model),
@@ -201,20 +218,29 @@ def compare(label: str, a: str, b: str, res: dict) -> dict:
 
 
 def model_rows(family: str, peer: str | None, res: dict, args: argparse.Namespace) -> list[dict]:
-    """The rows of a model section: vfm's plain loop (recipe, matched) and its trainer (matched)
-    against the peer's loop (where the peer ran), vfm's trainer against its own plain loop, and
-    with ``--compile`` the same for the compiled contestants."""
+    """The rows of a model section: vfm's plain loop and its trainer (recipe, recipe pooled,
+    matched; plain loop also matched + 3D RoPE) against the peer's loop (where the peer ran),
+    vfm's trainer against its own plain loop, and with ``--compile`` the same for the compiled
+    contestants."""
     vfm = f"vfm {family}"
     rows = []
     if peer is not None:
         rows += [
             (f"{family} plain loop, recipe", f"{vfm} plain", peer),
+            (f"{family} plain loop, recipe pooled", f"{vfm} plain pooled", peer),
             (f"{family} plain loop, matched", f"{vfm} plain matched", peer),
             (f"{family} plain loop, matched + 3D RoPE", f"{vfm} plain matched + RoPE", peer),
+            (f"{family} trainer vs peer loop, recipe", f"{vfm} trainer", peer),
+            (f"{family} trainer vs peer loop, recipe pooled", f"{vfm} trainer pooled", peer),
             (f"{family} trainer vs peer loop, matched", f"{vfm} trainer matched", peer),
         ]
     rows += [
         (f"vfm {family} trainer / plain, recipe", f"{vfm} trainer", f"{vfm} plain"),
+        (
+            f"vfm {family} trainer / plain, recipe pooled",
+            f"{vfm} trainer pooled",
+            f"{vfm} plain pooled",
+        ),
         (
             f"vfm {family} trainer / plain, matched",
             f"{vfm} trainer matched",
@@ -259,6 +285,16 @@ def print_report(out: dict) -> None:
             f"{f(b['flops_per_unit'] and b['flops_per_unit'] / 1e6, '.1f')} | "
             f"{f(a['gflops_s'], '.1f')} | {f(b['gflops_s'], '.1f')} |"
         )
+    compiled = {n: v for n, v in c.items() if n.endswith(" compiled")}
+    if compiled and cfg["warmup"]:
+        print(f"\ncompile time (the {cfg['warmup']} untimed warm-up step(s), not in the rates)")
+        for name, v in compiled.items():
+            eager = c.get(name.removesuffix(" compiled"), {}).get("warmup_s")
+            print(
+                f"- {name}: {v['warmup_s']:.1f} s"
+                + ("" if eager is None else f" (eager twin's warm-up {eager:.1f} s)")
+                + f", steady step {v['units'] / v['rate']:.2f} s"
+            )
     clock = "device" if cfg["device"] == "cuda" else "CPU"
     print(f"\ntop 5 by self {clock} time of one step (models: torch.profiler; loaders: cProfile)")
     for name, v in c.items():

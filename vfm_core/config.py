@@ -515,8 +515,11 @@ class TrainConfig:
     compile: Literal["off", "auto", "on"] = "auto"
     """Regional ``torch.compile`` of each transformer block (torchtitan's ``apply_compile``:
     after TP / CP / activation checkpointing, before FSDP): fused element-wise kernels, the same
-    parameters and checkpoints. 'auto' compiles on CUDA only (on this CPU build a block takes
-    tens of seconds to compile, more than short runs gain), 'on' everywhere, 'off' never."""
+    parameters and checkpoints. 'auto' compiles where it is faster: on CUDA (launch-bound
+    blocks), not on the CPU, where the eager blocks' element-wise kernels are already few-pass and
+    compiled ones measured slower or even in steady state (benchmarks/peers.py --compile, one
+    thread, width 512: DiT recipe pooled 0.86 vs 0.97 of facebookresearch/DiT eager, AR recipe
+    pooled 0.92 vs 0.92 of nanoGPT) after ~20 s of compiling; 'on' everywhere, 'off' never."""
     out_dir: str = "runs/train"
     """Where metrics.jsonl and checkpoints go."""
     init: str | None = None

@@ -43,10 +43,14 @@ def test_tiny_dit_row_against_the_reference_checkout():
     rows = {row["row"]: row for row in out["rows"]}
     assert set(rows) == {
         "DiT plain loop, recipe",
+        "DiT plain loop, recipe pooled",
         "DiT plain loop, matched",
         "DiT plain loop, matched + 3D RoPE",
+        "DiT trainer vs peer loop, recipe",
+        "DiT trainer vs peer loop, recipe pooled",
         "DiT trainer vs peer loop, matched",
         "vfm DiT trainer / plain, recipe",
+        "vfm DiT trainer / plain, recipe pooled",
         "vfm DiT trainer / plain, matched",
     }
     c = out["contestants"]
@@ -72,10 +76,14 @@ def test_tiny_ar_rows_against_the_reference_checkout():
     )
     assert {row["row"] for row in out["rows"]} == {
         "AR plain loop, recipe",
+        "AR plain loop, recipe pooled",
         "AR plain loop, matched",
         "AR plain loop, matched + 3D RoPE",
+        "AR trainer vs peer loop, recipe",
+        "AR trainer vs peer loop, recipe pooled",
         "AR trainer vs peer loop, matched",
         "vfm AR trainer / plain, recipe",
+        "vfm AR trainer / plain, recipe pooled",
         "vfm AR trainer / plain, matched",
     }
     c = out["contestants"]

@@ -20,10 +20,18 @@ from torch import nn
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x (B, N, D) with per-sample (B, D) or per-token (B, N, D) shift and scale (packs)."""
+    """x · (1 + scale) + shift: x (B, N, D) with per-sample (B, D) or per-token (B, N, D) shift
+    and scale (packs). One full-size pass (``addcmul``), not a multiply then an add; the same
+    values, and autograd saves the same x and (1 + scale)."""
     if shift.ndim == 2:
         shift, scale = shift[:, None], scale[:, None]  # (B, 1, D)
-    return x * (1 + scale) + shift  # (B, N, D)
+    return torch.addcmul(shift, x, 1 + scale)  # (B, N, D)
+
+
+def gated_residual(x: torch.Tensor, gate: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """x + gate · branch, the AdaLN gated residual (x, branch (B, N, D); gate (B, D) per sample
+    or (B, N, D) per token) in one full-size pass (``addcmul``)."""
+    return torch.addcmul(x, per_token(gate), branch)  # (B, N, D)
 
 
 def per_token(gate: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vfm_core.models.attention_spec import FULL_ATTENTION, AttentionSpec
-from vfm_core.models.layers import RMSNorm, apply_rope
+from vfm_core.models.layers import RMSNorm, apply_rope_qk
 from vfm_core.models.local_attention import LocalAttention
 
 
@@ -121,7 +121,7 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         q, k, v = self.project(x, x if context is None else context)  # (B, H, N | S, d)
         if rope is not None and self.rotary:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
+            q, k = apply_rope_qk(q, k, rope)  # one rotation, built once for q and k
         if cache is not None:
             k, v = cache.append(k, v)  # (B, Hkv, C + N, d)
         out = self.core(q, k, v, spec)  # (B, Hq, N, d)

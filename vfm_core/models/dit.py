@@ -25,7 +25,7 @@ from torch import nn
 
 from vfm_core.config import ModelConfig
 from vfm_core.geometry import Grid, PackLayout, ShapeError, patchify, rope_angles, unpatchify
-from vfm_core.models.adaln import AdaLNGlobal, Modulation, modulate, per_token
+from vfm_core.models.adaln import AdaLNGlobal, Modulation, gated_residual, modulate
 from vfm_core.models.attention import Attention
 from vfm_core.models.attention_spec import AttentionSpec, Layout, caption_mask
 from vfm_core.models.init import Init, linear_rule
@@ -83,16 +83,14 @@ class DiTBlock(nn.Module):
             shift, scale, gate = mods[i]
             h = modulate(self.norms[i](x), shift, scale)
             a = attn(h, spec=spec.for_layout(layout), rope=rope)  # (B, N, D)
-            x = x + per_token(gate) * a  # (B, N, D)
+            x = gated_residual(x, gate, a)  # (B, N, D)
         if self.cross_attn is not None:
             shift, scale, gate = mods[-2]
             h = modulate(self.norms[-2](x), shift, scale)
-            x = x + per_token(gate) * self.cross_attn(
-                h, spec=spec.cross(), context=text
-            )  # (B, N, D)
+            x = gated_residual(x, gate, self.cross_attn(h, spec=spec.cross(), context=text))
         shift, scale, gate = mods[-1]
         h = modulate(self.norms[-1](x), shift, scale)
-        return x + per_token(gate) * self.mlp(h)  # (B, N, D)
+        return gated_residual(x, gate, self.mlp(h))  # (B, N, D)
 
 
 class FinalLayer(nn.Module):

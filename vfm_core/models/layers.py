@@ -148,17 +148,25 @@ class RMSNorm(nn.RMSNorm):
 class RMSNormFunction(torch.autograd.Function):
     """y = x · rstd · w over the last ``len(shape)`` dims, rstd = 1/sqrt(mean(x²) + eps) in
     fp32; saves (x, rstd, w). Backward (u = dy · w): dx = rstd · (u - x · rstd² · mean(u · x)),
-    dw = Σ dy · x · rstd over the leading dims."""
+    dw = Σ dy · x · rstd over the leading dims.
+
+    Written in few full-size passes and allocations (the backward allocates one temporary and
+    dx): every broadcast of a per-row (..., 1) factor goes into a per-row coefficient first (an
+    (..., 1) tensor) and the full-size work is ``addcmul`` and in-place multiplies. On CPU (one
+    thread) a (8, 256, 8, 64) QK norm's forward + backward took 2.19 ms against 4.65 ms for the
+    same formulas written term by term (and 4.51 ms for CPU's decomposed ``F.rms_norm``), the
+    same values to fp32 rounding (tests/models/test_fused_kernels.py). dw is a sum, not a matmul, so
+    FlopCounterMode still counts the model's matmuls exactly."""
 
     @staticmethod
     def forward(ctx, x, w, shape, eps):
         dims = tuple(range(-len(shape), 0))
         eps = torch.finfo(x.dtype).eps if eps is None else eps
         xf = x.float() if x.dtype != torch.float64 else x
-        rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)  # (..., 1)
-        y = xf * rstd
+        rstd = torch.rsqrt(xf.square().mean(dims, keepdim=True) + eps)  # (..., 1)
+        y = torch.mul(xf, rstd)  # a fresh tensor: the multiply by w runs in place
         if w is not None:
-            y = y * w
+            y.mul_(w)
         ctx.save_for_backward(x, rstd, w)
         ctx.dims = dims
         return y.to(x.dtype)
@@ -169,12 +177,16 @@ class RMSNormFunction(torch.autograd.Function):
         dims = ctx.dims
         xf = x.float() if x.dtype != torch.float64 else x
         dyf = dy.to(xf.dtype)
-        u = dyf * w if w is not None else dyf
-        dx = rstd * (u - xf * rstd.square() * (u * xf).mean(dims, keepdim=True))
+        t = (dyf * xf).mul_(rstd)  # dy · x̂, x̂ = x · rstd: the one full-size temporary
         dw = None
-        if w is not None and ctx.needs_input_grad[1]:
-            lead = tuple(range(dy.dim() - len(dims)))
-            dw = (dyf * xf * rstd).sum(lead).to(w.dtype)
+        if w is not None and ctx.needs_input_grad[1]:  # a sum, no matmul: FLOP counts exact
+            dw = t.sum(tuple(range(dy.dim() - len(dims)))).to(w.dtype)
+        if w is not None:
+            t.mul_(w)  # u · x̂, u = dy · w
+        coef = t.mean(dims, keepdim=True).mul_(rstd).neg_()  # -rstd² · mean(u · x), (..., 1)
+        del t
+        u = dyf * w if w is not None else dyf.clone()
+        dx = u.addcmul_(xf, coef).mul_(rstd)  # rstd · (u - x · rstd² · mean(u · x))
         return dx.to(x.dtype), dw, None, None
 
 
@@ -227,28 +239,43 @@ def rope_3d(grid: Grid, head_dim: int, theta: float, device=None) -> torch.Tenso
 
 
 class _Rotate(torch.autograd.Function):
-    """x (..., N, hd) real -> x rotated pairwise by ``rot`` (N, hd/2) complex, as one complex
-    multiply in ``rot``'s precision; saves only ``rot`` (the backward rotates the gradient back by
-    its conjugate), so autograd keeps nothing of the size of q or k."""
+    """Tensors x (..., N, hd) real -> each rotated pairwise by ``rot`` (N, hd/2) complex, as one
+    complex multiply per tensor in ``rot``'s precision; saves only ``rot``, once for all of them
+    (the backward rotates the gradients back by its conjugate), so autograd keeps nothing of the
+    size of q or k."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, rot: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.save_for_backward(rot)
-        return _rotate(x, rot)
+        ctx.orders = [x.dim_order() for x in xs]  # the gradients go back in the inputs' layout
+        return tuple(_rotate(x, rot) for x in xs)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, *grads: torch.Tensor):
         (rot,) = ctx.saved_tensors
-        return _rotate(grad, rot.conj()), None
+        back = rot.conj()
+        return None, *(
+            None if g is None else _rotate(g, back, order)
+            for g, order in zip(grads, ctx.orders, strict=True)
+        )
 
 
-def _rotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, rot: torch.Tensor, order: tuple[int, ...] | None = None):
+    """x (..., N, hd) rotated by ``rot`` into a fresh tensor laid out contiguously (as attention
+    wants q and k: a strided one would be copied there and kept), or with its dims in memory
+    ``order`` (``Tensor.dim_order``: the backward writes a gradient in its input's layout, the
+    (B, N, H, d) of the QK norm before the head transpose, so the norm's backward reads
+    contiguous memory; its passes over a transposed gradient took 2x as long)."""
     xf = x.to(rot.real.dtype)
     if xf.stride(-1) != 1:
         xf = xf.contiguous()
     xc = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))  # (..., N, hd/2) complex
-    out = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)  # contiguous, as attention
-    torch.mul(xc, rot, out=out)  # wants it (a strided result would be copied there and kept)
+    if order is None or list(order) == sorted(order):
+        out = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)
+    else:
+        out = torch.empty([xc.shape[d] for d in order], dtype=xc.dtype, device=xc.device)
+        out = out.permute([order.index(d) for d in range(len(order))])  # xc's shape, in order
+    torch.mul(xc, rot, out=out)
     return torch.view_as_real(out).flatten(-2).to(x.dtype)  # (..., N, hd)
 
 
@@ -257,14 +284,27 @@ def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     multiply in float32 (float64 stays float64), forward and backward (:class:`_Rotate`), about
     5x faster than the same rotation written as real products; it saves only the (N, hd/2)
     rotation, as the real form saved cos and sin."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    return apply_rope_qk(x, None, angles)[0]
+
+
+def apply_rope_qk(
+    q: torch.Tensor, k: torch.Tensor | None, angles: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`apply_rope` of queries q (B, Hq, N, hd) and keys k (B, Hkv, N, hd) (or None) by
+    the same angles (N, hd/2) in one autograd node: the rotation (cos, sin as one complex
+    tensor) is built once for both and saved once."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    xs = (q,) if k is None else (q, k)
     if torch.compiler.is_compiling():  # inductor has no complex kernels: real products, fused
-        return _rotate_real(x, angles.to(dtype))
-    rot = torch.polar(torch.ones((), dtype=dtype, device=angles.device), angles.to(dtype))
-    return _Rotate.apply(x, rot)
+        cos_sin = angles.to(dtype)
+        out = tuple(rotate_real(x, cos_sin) for x in xs)
+    else:
+        rot = torch.polar(torch.ones((), dtype=dtype, device=angles.device), angles.to(dtype))
+        out = _Rotate.apply(rot, *xs)
+    return out[0], (out[1] if k is not None else None)
 
 
-def _rotate_real(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def rotate_real(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """The same rotation as :func:`_rotate` in real arithmetic (for compiled regions)."""
     cos, sin = angles.cos(), angles.sin()  # (N, hd/2)
     xf = x.to(angles.dtype).unflatten(-1, (-1, 2))  # (..., N, hd/2, 2)

@@ -28,8 +28,8 @@ autograd graph of the real modules; ``tests/perf/test_memory.py`` checks the sum
   ``modulate`` multiply saves the normalised tensor and ``1 + scale``;
 * the q/k/v linears save their (shared) input; per-head QK RMSNorm saves its input and rstd, as
   the fused GPU kernel does (``models.layers.RMSNormFunction`` on the CPU, so that a CPU trace
-  measures the GPU's memory); RoPE multiplies by constant cos/sin and so saves only those
-  (N × d/2 each, per call, not per sample);
+  measures the GPU's memory); RoPE multiplies by a constant rotation (cos + i·sin, one complex
+  N × d/2 tensor) and saves only that, once for q and k (per pass, not per sample);
 * attention is the flash kind: it saves q, k, v, the output and the fp32 log-sum-exp — never the
   S × S probabilities. That is what the CPU SDPA kernel (``_scaled_dot_product_flash_attention_for_
   cpu``) saves, and what FlashAttention-2/3 and cuDNN attention save on the GPU (Dao 2023, §3.1),
@@ -250,7 +250,7 @@ def _all_saved_elements(
     act = tok * per_tok_d
     act += tok * (passes * self_heads + cross * cross_heads + mlp_inner) / t
     act += cross * b * L * (3 if qk else 2) * dkv / t  # cross-attention k, v of the text
-    act += passes * rows * 2 * hd  # RoPE cos + sin for q and for k: 4 × (N, hd/2)
+    act += passes * rows * hd  # RoPE: one (N, hd/2) complex rotation, saved once for q and k
     # per-sample conditioning: SiLU(emb), (1 + scale), gate storage, LoRA rank activations
     if cfg.adaln == "zero":
         act += b * (d + n * d + 3 * n * d)
