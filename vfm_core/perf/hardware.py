@@ -452,4 +452,3 @@ def cpu_speed(steps: int, seconds: float, flops_per_s: float) -> tuple[str, floa
         f"measured fp32 peak ({peak[0] / 1e9:.0f} GFLOP/s, {torch.get_num_threads()} threads)"
     )
     return line, util
-
