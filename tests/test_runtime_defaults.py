@@ -39,6 +39,20 @@ def test_threads_take_the_cores_the_load_leaves_free():
     assert threads_for(4.0, 16) == 12
 
 
+def test_busy_cpus_sees_a_busy_process_beside_it():
+    import time
+
+    from vfm_core.openmp import busy_cpus
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert busy_cpus(0.5) >= 0.6  # one core spinning (machine noise on top)
+    finally:
+        hog.kill()
+        hog.wait()
+
+
 def test_the_choice_is_inherited_and_the_users_kept():
     # a child of a busy start keeps sleeping threads; one of an idle start keeps the default
     # (and, busy, one intra-op thread: a second would wait for a core at every barrier)

@@ -17,8 +17,9 @@ dit-tiny, PASSIVE             4.6 (0.66x)         2.9
 
 So ``OMP_WAIT_POLICY=PASSIVE`` is set only when the machine is busy when vfm starts (the 1-minute
 load average at least the CPUs this process may use: its CPU affinity, capped by a cgroup CPU
-quota). Whatever the policy, torch gets only the cores that the load leaves free
-(``OMP_NUM_THREADS``, :func:`threads_for`; one at least): a thread on a core that other work
+quota). Whatever the policy, torch gets only the cores that other work leaves free right now
+(``OMP_NUM_THREADS``, :func:`threads_for` of :func:`busy_cpus`, sampled for a quarter second; one
+at least): a thread on a core that other work
 holds mostly waits at every barrier for it (the tokenizer's step at a load of ~2.8 on these 2
 cores: 58 ms with one thread, 76 ms with two sleeping, 335 ms with two spinning; before this rule
 a demo started beside one busy single-threaded process spent 407 s in its tokenizer stage, with
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CHOICE_ENV", "choose_wait_policy", "threads_for", "wait_policy_for"]
+__all__ = ["CHOICE_ENV", "busy_cpus", "choose_wait_policy", "threads_for", "wait_policy_for"]
 
 CHOICE_ENV = "VFM_OMP_WAIT"
 """Where the choice is recorded for child processes: ``passive`` or ``default``."""
@@ -64,6 +65,34 @@ def _usable_cpus() -> int:
     return cpus
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cpus(seconds: float = 0.25) -> float:
+    """CPUs kept busy by other work right now: the machine's busy share over ``seconds`` (this
+    process sleeps meanwhile) times its CPUs; the 1-minute load average where ``/proc/stat`` is
+    missing. Not the load average itself: it still counts work that just ended (a ``make demo``
+    right after its install read ~1.0 on an idle machine)."""
+    import time
+
+    try:
+        busy0, total0 = _cpu_times()
+        time.sleep(seconds)
+        busy1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except OSError:
+            return 0.0
+    share = (busy1 - busy0) / max(total1 - total0, 1)
+    return share * (os.cpu_count() or 1)
+
+
 def choose_wait_policy() -> str | None:
     """Set ``OMP_WAIT_POLICY`` (and, when busy, one thread) for this process and its children
     (see the module's docstring); returns the policy in effect (None: OpenMP's default)."""
@@ -77,9 +106,10 @@ def choose_wait_policy() -> str | None:
         cpus = _usable_cpus()
         chosen = wait_policy_for(load, cpus)
         os.environ[CHOICE_ENV] = "passive" if chosen else "default"
-        threads = threads_for(load, cpus)
-        if threads < cpus:  # inherited by the children with the policy
-            os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        if "OMP_NUM_THREADS" not in os.environ:
+            threads = threads_for(busy_cpus(), cpus)
+            if threads < cpus:  # inherited by the children with the policy
+                os.environ["OMP_NUM_THREADS"] = str(threads)
     if os.environ[CHOICE_ENV] == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         os.environ.setdefault("OMP_NUM_THREADS", "1")
