@@ -19,14 +19,14 @@ So ``OMP_WAIT_POLICY=PASSIVE`` is set only when the machine is busy when vfm sta
 load average at least the CPUs this process may use: its CPU affinity, capped by a cgroup CPU
 quota). Whatever the policy, torch gets only the cores that other work leaves free right now
 (``OMP_NUM_THREADS``, :func:`threads_for` of :func:`busy_cpus`, sampled for a quarter second; one
-at least): a thread on a core that other work
-holds mostly waits at every barrier for it (the tokenizer's step at a load of ~2.8 on these 2
-cores: 58 ms with one thread, 76 ms with two sleeping, 335 ms with two spinning; before this rule
-a demo started beside one busy single-threaded process spent 407 s in its tokenizer stage, with
-two spinning threads, against ~60 s alone). The choice is recorded in ``VFM_OMP_WAIT`` and
-``OMP_NUM_THREADS`` so that the processes vfm starts (torchrun ranks, tasks) keep it rather than
-reading a load vfm itself makes. A policy or a thread count set in the environment is never
-changed; imported after torch, this changes nothing (set the variables yourself then).
+at least): a thread on a core that other work holds mostly waits at every barrier for it (the
+tokenizer's step at a load of ~2.8 on these 2 cores: 58 ms with one thread, 76 ms with two
+sleeping, 335 ms with two spinning; before this rule, a demo started beside one busy
+single-threaded process spent 407 s in its tokenizer stage with two spinning threads, against
+~50 s alone). The choice is recorded in ``VFM_OMP_WAIT`` and ``OMP_NUM_THREADS`` so that the
+processes vfm starts (torchrun ranks, tasks) keep it rather than reading a load vfm itself makes.
+A policy or a thread count set in the environment is never changed; imported after torch, this
+changes nothing (set the variables yourself then).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def wait_policy_for(load: float, cpus: int) -> str | None:
 
 
 def threads_for(load: float, cpus: int) -> int:
-    """Intra-op threads for the ``cpus`` that a 1-minute ``load`` of other work leaves free (at
+    """Intra-op threads for the ``cpus`` that ``load`` (CPUs busy with other work) leaves free (at
     least one; a load from 0.75 counts as a core taken)."""
     return max(1, cpus - int(load + 0.25))
 
@@ -94,8 +94,8 @@ def busy_cpus(seconds: float = 0.25) -> float:
 
 
 def choose_wait_policy() -> str | None:
-    """Set ``OMP_WAIT_POLICY`` (and, when busy, one thread) for this process and its children
-    (see the module's docstring); returns the policy in effect (None: OpenMP's default)."""
+    """Set ``OMP_WAIT_POLICY`` and the thread count for this process and its children (see the
+    module's docstring); returns the policy in effect (None: OpenMP's default)."""
     if "OMP_WAIT_POLICY" in os.environ:
         return os.environ["OMP_WAIT_POLICY"]
     if CHOICE_ENV not in os.environ:
