@@ -47,11 +47,18 @@ class Ticker:
         self.thread.join()
 
 
+INSTALLING = "Installing collected packages:"
+
+
+def collected(line: str) -> int:
+    """How many packages pip's ``Installing collected packages: a, b, ...`` line names."""
+    return len([p for p in line.split(":", 1)[1].split(",") if p.strip()])
+
+
 def shown(line: str) -> str | None:
     """What the terminal shows of one line of pip's output (None: nothing)."""
-    if line.startswith("Installing collected packages:"):
-        n = len([p for p in line.split(":", 1)[1].split(",") if p.strip()])
-        return f"Installing {n} collected packages"
+    if line.startswith(INSTALLING):
+        return f"Installing {collected(line)} collected packages"
     if line.startswith("Successfully installed"):
         return f"Successfully installed {len(line.split()) - 2} packages"
     if line.startswith(("Collecting", "ERROR")):
@@ -81,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             log.write(line)
             log.flush()
             line = line.rstrip("\n")
-            if line.startswith("Installing collected packages:"):
-                total = len([p for p in line.split(":", 1)[1].split(",") if p.strip()])
-                ticker = Ticker(Path(args.site), total, args.every)
+            if line.startswith(INSTALLING):
+                ticker = Ticker(Path(args.site), collected(line), args.every)
             elif ticker is not None and not line.startswith(" "):
                 ticker.stop()
                 ticker = None
