@@ -33,7 +33,14 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CHOICE_ENV", "busy_cpus", "choose_wait_policy", "threads_for", "wait_policy_for"]
+__all__ = [
+    "CHOICE_ENV",
+    "busy_cpus",
+    "choose_wait_policy",
+    "threads_for",
+    "usable_cpus",
+    "wait_policy_for",
+]
 
 CHOICE_ENV = "VFM_OMP_WAIT"
 """Where the choice is recorded for child processes: ``passive`` or ``default``."""
@@ -50,7 +57,7 @@ def threads_for(load: float, cpus: int) -> int:
     return max(1, cpus - int(load + 0.25))
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
     """The CPUs this process may run on (affinity), capped by a cgroup v2 CPU quota."""
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -103,7 +110,7 @@ def choose_wait_policy() -> str | None:
             load = os.getloadavg()[0]
         except OSError:  # no load average on this platform
             load = 0.0
-        cpus = _usable_cpus()
+        cpus = usable_cpus()
         chosen = wait_policy_for(load, cpus)
         os.environ[CHOICE_ENV] = "passive" if chosen else "default"
         if "OMP_NUM_THREADS" not in os.environ:

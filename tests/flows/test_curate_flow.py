@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 from pydantic import ValidationError
 
+import tasks.curate
 from flows.curate import CurateParams, curate_flow
 from tasks.curate import curate_video_task, discover_task, write_manifests_task
 from vfm_core.contracts import AnnotatedClips, ContractError, Rejects, read_manifest
+from vfm_core.openmp import usable_cpus
 from vfm_core.video.synthetic import demo_spec, make_bad_input, make_video
 
 
@@ -77,7 +81,25 @@ def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
     src = tmp_path / "in"
     shutil.copytree(raw, src)
     params = CurateParams(src="in", dst="out", min_len_s=1.0)
+    running, most = [0], [0]  # videos curated at once: at most the CPUs (threads fight beyond)
+    lock = threading.Lock()
+    process = tasks.curate._process
+
+    def counted(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.2)  # long enough that unbounded tasks would overlap
+            return process(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(tasks.curate, "_process", counted)
     summary = curate_flow(params)
+    assert curate_flow.task_runner._max_workers == usable_cpus()
+    assert 1 <= most[0] <= usable_cpus()
     clips = read_manifest(tmp_path / "out" / "clips.parquet", AnnotatedClips)
     rejects = read_manifest(tmp_path / "out" / "rejects.parquet", Rejects)
     assert summary["n_inputs"] == 3 and summary["n_clips"] == clips.height > 3
