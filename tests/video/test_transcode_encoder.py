@@ -3,6 +3,7 @@
 import logging
 
 import av
+import numpy as np
 import pytest
 
 from vfm_core.curate import curate
@@ -13,9 +14,11 @@ from vfm_core.video.io import decode_frames, probe
 from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 from vfm_core.video.transcode import (
     EncoderError,
+    encode_h264,
     encoder_unavailable,
     select_encoder,
     transcode_span,
+    x264_threads,
 )
 
 NVENC_WHY = encoder_unavailable("h264_nvenc")
@@ -123,3 +126,13 @@ def test_nvenc_encodes_on_gpu(demo_video, tmp_path):
     info = probe(out)
     assert (info.codec, info.n_frames, info.width, info.height) == ("h264", 48, 128, 72)
     assert decode_frames(out).shape == (48, 72, 128, 3)
+
+
+def test_small_pictures_are_encoded_on_one_x264_thread(tmp_path):
+    """x264's frame threads cost more than they win on small pictures (measured in
+    `X264_ONE_THREAD_PIXELS`); larger ones keep x264's own count. The clip decodes either way."""
+    assert x264_threads(160, 90) == 1 and x264_threads(256, 256) == 1
+    assert x264_threads(1280, 720) == 0 and x264_threads(480, 204) == 0
+    frames = np.random.default_rng(0).integers(0, 255, (6, 90, 160, 3), dtype=np.uint8)
+    assert encode_h264(frames, tmp_path / "small.mp4", fps=25) == 6
+    assert probe(str(tmp_path / "small.mp4")).n_frames == 6

@@ -110,6 +110,19 @@ def _even(x: int) -> int:
     return max(2, x - x % 2)
 
 
+X264_ONE_THREAD_PIXELS = 256 * 256
+"""Pictures up to this size are encoded on one libx264 thread: x264's frame threads cost more
+than they win on small pictures (ms a frame here, 2 cores, veryfast: 160x90 0.28 on one thread
+against 0.39 on x264's automatic count, 320x136 0.74 / 1.01; 480x204 1.53 / 1.26, 1280x720
+9.3 / 6.6)."""
+
+
+def x264_threads(width: int, height: int) -> int:
+    """libx264 threads for a (width, height) picture: 1 for small ones, else 0 (x264's own
+    count)."""
+    return 1 if width * height <= X264_ONE_THREAD_PIXELS else 0
+
+
 def _open_h264(
     out_path: str | os.PathLike[str],
     *,
@@ -136,6 +149,7 @@ def _open_h264(
         st.options = {"rc": "vbr", "cq": str(crf), "b": "0", "preset": nv}
     else:
         st.options = {"crf": str(crf), "preset": preset}
+        st.codec_context.thread_count = x264_threads(width, height)
     if gop is not None:
         st.codec_context.gop_size = gop
     return out, st
