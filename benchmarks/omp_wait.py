@@ -7,8 +7,10 @@ machine, and what it would cost on an idle one.
 Contestants, each a fresh process (the policy is read when torch loads its OpenMP runtime),
 interleaved for ``--rounds`` rounds: the tokenizer stage's step (tok-tiny, 5 frames of 32x32,
 batch 4, as ``make demo``'s tokenizer stage) and a dit-tiny step (batch 8, 5x8x8 latents), each at
-torch's default threads under PASSIVE and under the OpenMP default (spin, then sleep), and at one
-thread under each (vfm on a busy machine: PASSIVE and one thread, vfm_core/openmp.py). The
+torch's default threads under PASSIVE and under the OpenMP default (spin, then sleep), at one
+thread under each, and under vfm's rule (vfm_core imported first: it picks the policy from the load
+average and the threads from the CPUs other work keeps busy, vfm_core/openmp.py; the threads it
+chose are printed). The
 tokenizer's rows also give its counted FLOP/s (the step's FLOPs from torch's FlopCounterMode).
 ``--load N`` starts N busy-looping processes beside them for the run (a shared machine); the table
 gives the load average at the start and the median steps/s of each.
@@ -27,10 +29,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 CHILD = """
-import sys, time, torch
+import sys, time
 threads, model, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-if threads:
+if threads < 0:  # vfm's rule: vfm_core chooses the policy and the threads before torch loads
+    import vfm_core
+import torch
+if threads > 0:
     torch.set_num_threads(threads)
+print("threads", torch.get_num_threads())
 if model == "tok-tiny":
     from vfm_core.tokenizer import get_tokenizer_config, synthetic_clips, train_tokenizer
     clips = [synthetic_clips(4, frames=5, size=32, seed=i) for i in range(4)]
@@ -54,17 +60,22 @@ else:
 print(steps / (time.perf_counter() - t), 0.0)
 """
 
-CONTESTANTS = (  # (label, OMP_WAIT_POLICY or None for OpenMP's default, threads: 0 = torch's)
-    ("PASSIVE, 1 thread (vfm when busy)", "PASSIVE", 1),
+CONTESTANTS = (  # (label, OMP_WAIT_POLICY or None for OpenMP's default, threads: 0 = torch's,
+    # -1 = vfm's rule: the policy and the threads vfm_core chooses on import, vfm_core/openmp.py)
+    ("vfm's rule (vfm_core/openmp.py)", None, -1),
+    ("PASSIVE, 1 thread", "PASSIVE", 1),
     ("PASSIVE, all threads", "PASSIVE", 0),
     ("OpenMP default", None, 0),
     ("1 thread, spinning", None, 1),
 )
 
 
-def steps_per_s(model: str, policy: str | None, threads: int, steps: int) -> tuple[float, float]:
-    """(steps/s, FLOP/s: the tokenizer's counted FLOPs, 0 for dit-tiny) of a fresh process."""
-    drop = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "VFM_OMP_WAIT")
+def steps_per_s(
+    model: str, policy: str | None, threads: int, steps: int
+) -> tuple[float, float, int]:
+    """(steps/s, FLOP/s: the tokenizer's counted FLOPs, 0 for dit-tiny; torch's threads) of a
+    fresh process."""
+    drop = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "VFM_OMP_WAIT")  # vfm's rule decides afresh
     env = {k: v for k, v in os.environ.items() if k not in drop}
     if policy:  # else OpenMP's default: the child imports torch before vfm_core sets PASSIVE
         env["OMP_WAIT_POLICY"] = policy
@@ -76,8 +87,10 @@ def steps_per_s(model: str, policy: str | None, threads: int, steps: int) -> tup
         env=env,
         check=True,
     )
-    rate, flops = out.stdout.strip().splitlines()[-1].split()
-    return float(rate), float(flops)
+    lines = out.stdout.strip().splitlines()
+    used = next(int(x.split()[1]) for x in lines if x.startswith("threads "))
+    rate, flops = lines[-1].split()
+    return float(rate), float(flops), used
 
 
 def main() -> None:
@@ -90,7 +103,7 @@ def main() -> None:
     try:
         time.sleep(2 if hogs else 0)
         load = os.getloadavg()[0]
-        got: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        got: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
         for _ in range(args.rounds):
             for model in ("tok-tiny", "dit-tiny"):
                 for label, policy, threads in CONTESTANTS:
@@ -100,14 +113,19 @@ def main() -> None:
         for h in hogs:
             h.kill()
     print(f"load average at start {load:.1f} on {os.cpu_count()} CPUs, {args.load} busy processes")
-    print(f"{'model':<10} {'contestant':<34} {'steps/s':>8} {'GFLOP/s':>8} {'vs default':>10}")
+    print(
+        f"{'model':<10} {'contestant':<34} {'threads':>7} {'steps/s':>8} {'GFLOP/s':>8}"
+        f" {'vs default':>10}"
+    )
     for model in ("tok-tiny", "dit-tiny"):
-        base = statistics.median(r for r, _ in got[(model, "OpenMP default")])
+        base = statistics.median(r for r, _, _ in got[(model, "OpenMP default")])
         for label, _, _ in CONTESTANTS:
-            rate = statistics.median(r for r, _ in got[(model, label)])
-            flops = statistics.median(f for _, f in got[(model, label)]) / 1e9
+            runs = got[(model, label)]
+            rate = statistics.median(r for r, _, _ in runs)
+            flops = statistics.median(f for _, f, _ in runs) / 1e9
+            used = "/".join(sorted({str(t) for _, _, t in runs}))
             shown = f"{flops:8.1f}" if flops else f"{'-':>8}"
-            print(f"{model:<10} {label:<34} {rate:>8.2f} {shown} {rate / base:>9.2f}x")
+            print(f"{model:<10} {label:<34} {used:>7} {rate:>8.2f} {shown} {rate / base:>9.2f}x")
 
 
 if __name__ == "__main__":
