@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,9 +80,14 @@ run_main(napping, name="napping flow")
 """
 
 
-def test_ctrl_c_ends_a_flow_with_one_line(tmp_path):
-    """Ctrl-C of a flow started from a terminal (flows.entry.run_main): exit 130 and one line on
-    stderr after the start-up lines: no crash records, traceback or shutdown noise."""
+@pytest.mark.parametrize(
+    ("sig", "rc", "line"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
+)
+def test_ctrl_c_or_sigterm_ends_a_flow_with_one_line(tmp_path, sig, rc, line):
+    """Ctrl-C (SIGINT) or SIGTERM of a flow started from a terminal (flows.entry.run_main): exit
+    130 / 143 and one line on stderr after the start-up lines (SIGTERM: after Prefect's records
+    of the crash): no traceback or shutdown noise; the temporary API server it started is
+    stopped, not left running."""
     import signal
 
     script = tmp_path / "napping.py"
@@ -98,12 +104,38 @@ def test_ctrl_c_ends_a_flow_with_one_line(tmp_path):
     )
     try:
         assert p.stdout.readline().strip() == "napping"  # inside the task
-        p.send_signal(signal.SIGINT)
+        children = _children(p.pid)  # the temporary API server among them
+        p.send_signal(getattr(signal, sig))
         out, err = p.communicate(timeout=120)
     finally:
         p.kill()
-    assert p.returncode == 130, err[-2000:]
+    assert p.returncode == rc, err[-2000:]
     started = err.index("Beginning flow run")
     after = [ln for ln in err[started:].splitlines()[1:] if ln.strip()]
-    assert after == ["napping flow: interrupted"], err[-2000:]
+    if sig == "SIGINT":
+        assert after == [f"napping flow: {line}"], err[-2000:]
+    else:  # Prefect's own SIGTERM handler logs the crash first, then hands over
+        assert after[-1] == f"napping flow: {line}", err[-2000:]
+        assert all("termination signal" in ln for ln in after[:-1]), err[-2000:]
     assert "Traceback" not in err and out == ""
+    assert children, "no child process (the temporary server) seen"
+    deadline = time.monotonic() + 30
+    while (alive := [c for c in children if _running(c)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"left running: {alive}"
+
+
+def _children(pid: int) -> list[int]:
+    """Child pids of ``pid`` (Linux /proc)."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(x) for x in (task / "children").read_text().split()]
+    return kids
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
