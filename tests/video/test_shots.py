@@ -135,3 +135,19 @@ def test_real_clip_cuts():
     spans = stitch(spans, frames)  # undoes the one false cut (frame 194, a head turn)
     s = score_transitions(transitions_from_spans(spans), [(c, c) for c in REAL_CUTS], tol=2)
     assert s["recall"] == 1.0 and s["precision"] >= 0.9, (s, transitions_from_spans(spans))
+
+
+def test_shifted_match_takes_every_shift_at_once_as_the_loop_does():
+    """`gradual.shifted_match` (all shifts in one array pass) equals its shift-by-shift reference
+    on random grids and on a grid moved by whole cells (a pan: near 0), every grid shape."""
+    from vfm_core.video.gradual import shifted_match, shifted_match_loop
+
+    rng = np.random.default_rng(0)
+    for shape in [(8, 8, 3), (9, 16, 3), (5, 7, 3), (1, 6, 3), (1, 1, 3)]:
+        ga = rng.random(shape, dtype=np.float32) * 255
+        for gb in (rng.random(shape, dtype=np.float32) * 255, np.roll(ga, (1, 2), (0, 1))):
+            want = shifted_match_loop(ga, gb)
+            assert shifted_match(ga, gb) == pytest.approx(want, rel=1e-6)
+    ga = rng.random((8, 8, 3), dtype=np.float32) * 255
+    assert shifted_match(ga, np.roll(ga, (0, 2), (0, 1))) < 1e-3  # a pan: exact on the overlap
+    assert shifted_match(ga, np.roll(ga, (0, 2), (0, 1)) + 1) == pytest.approx(1, rel=1e-5)

@@ -198,7 +198,27 @@ def _ramp(wb: np.ndarray, mixed: np.ndarray, pure: float) -> tuple[int, int] | N
 def shifted_match(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> float:
     """Smallest mean |ga - gb| over the overlap of the two grids (gh, gw, C) shifted against each
     other by whole cells (not both zero), at least `min_overlap` of each side overlapping: small
-    when gb is ga's picture moved (a camera pan), as large as |ga - gb| for two shots."""
+    when gb is ga's picture moved (a camera pan), as large as |ga - gb| for two shots.
+
+    All shifts at once: gb padded with NaN by the largest shift, every (gh, gw) window of it set
+    against ga (window (my - dy, mx - dx) pairs ga[y, x] with gb[y - dy, x - dx]), the mean taken
+    over the cells both have (`shifted_match_loop` is the same, shift by shift)."""
+    gh, gw = ga.shape[:2]
+    my, mx = int(gh * (1 - min_overlap)), int(gw * (1 - min_overlap))
+    if my == 0 and mx == 0:
+        return np.inf
+    pad = ((my, my), (mx, mx)) + ((0, 0),) * (gb.ndim - 2)
+    p = np.pad(gb.astype(np.float64), pad, constant_values=np.nan)  # (gh + 2my, gw + 2mx, C)
+    win = np.lib.stride_tricks.sliding_window_view(p, (gh, gw), axis=(0, 1))  # (Y, X, C, gh, gw)
+    d = np.abs(np.moveaxis(ga, (0, 1), (-2, -1)) - win)  # (2my + 1, 2mx + 1, C, gh, gw)
+    ok = ~np.isnan(d)
+    means = np.where(ok, d, 0).sum((2, 3, 4)) / ok.sum((2, 3, 4))  # (2my + 1, 2mx + 1)
+    means[my, mx] = np.inf  # no shift
+    return float(means.min())
+
+
+def shifted_match_loop(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> float:
+    """`shifted_match`, one shift at a time (its reference)."""
     gh, gw = ga.shape[:2]
     my, mx = int(gh * (1 - min_overlap)), int(gw * (1 - min_overlap))
     best = np.inf
