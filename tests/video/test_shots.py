@@ -140,7 +140,7 @@ def test_real_clip_cuts():
 def test_shifted_match_takes_every_shift_at_once_as_the_loop_does():
     """`gradual.shifted_match` (all shifts in one array pass) equals its shift-by-shift reference
     on random grids and on a grid moved by whole cells (a pan: near 0), every grid shape."""
-    from vfm_core.video.gradual import shifted_match, shifted_match_loop
+    from vfm_core.video.gradual import shifted_match
 
     rng = np.random.default_rng(0)
     for shape in [(8, 8, 3), (9, 16, 3), (5, 7, 3), (1, 6, 3), (1, 1, 3)]:
@@ -151,3 +151,18 @@ def test_shifted_match_takes_every_shift_at_once_as_the_loop_does():
     ga = rng.random((8, 8, 3), dtype=np.float32) * 255
     assert shifted_match(ga, np.roll(ga, (0, 2), (0, 1))) < 1e-3  # a pan: exact on the overlap
     assert shifted_match(ga, np.roll(ga, (0, 2), (0, 1)) + 1) == pytest.approx(1, rel=1e-5)
+
+
+def shifted_match_loop(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> float:
+    """`gradual.shifted_match`, one shift at a time (its reference)."""
+    gh, gw = ga.shape[:2]
+    my, mx = int(gh * (1 - min_overlap)), int(gw * (1 - min_overlap))
+    best = np.inf
+    for dy in range(-my, my + 1):
+        for dx in range(-mx, mx + 1):
+            if dx == 0 and dy == 0:
+                continue
+            a = ga[max(dy, 0) : gh + min(dy, 0), max(dx, 0) : gw + min(dx, 0)]
+            b = gb[max(-dy, 0) : gh + min(-dy, 0), max(-dx, 0) : gw + min(-dx, 0)]
+            best = min(best, float(np.abs(a - b).mean()))
+    return best

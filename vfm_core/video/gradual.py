@@ -202,12 +202,12 @@ def shifted_match(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> f
 
     All shifts at once: gb padded with NaN by the largest shift, every (gh, gw) window of it set
     against ga (window (my - dy, mx - dx) pairs ga[y, x] with gb[y - dy, x - dx]), the mean taken
-    over the cells both have (`shifted_match_loop` is the same, shift by shift)."""
+    over the cells both have (the same as shift by shift: tests/video/test_shots.py)."""
     gh, gw = ga.shape[:2]
     my, mx = int(gh * (1 - min_overlap)), int(gw * (1 - min_overlap))
     if my == 0 and mx == 0:
         return np.inf
-    pad = ((my, my), (mx, mx)) + ((0, 0),) * (gb.ndim - 2)
+    pad = ((my, my), (mx, mx), (0, 0))
     p = np.pad(gb.astype(np.float64), pad, constant_values=np.nan)  # (gh + 2my, gw + 2mx, C)
     win = np.lib.stride_tricks.sliding_window_view(p, (gh, gw), axis=(0, 1))  # (Y, X, C, gh, gw)
     d = np.abs(np.moveaxis(ga, (0, 1), (-2, -1)) - win)  # (2my + 1, 2mx + 1, C, gh, gw)
@@ -215,21 +215,6 @@ def shifted_match(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> f
     means = np.where(ok, d, 0).sum((2, 3, 4)) / ok.sum((2, 3, 4))  # (2my + 1, 2mx + 1)
     means[my, mx] = np.inf  # no shift
     return float(means.min())
-
-
-def shifted_match_loop(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5) -> float:
-    """`shifted_match`, one shift at a time (its reference)."""
-    gh, gw = ga.shape[:2]
-    my, mx = int(gh * (1 - min_overlap)), int(gw * (1 - min_overlap))
-    best = np.inf
-    for dy in range(-my, my + 1):
-        for dx in range(-mx, mx + 1):
-            if dx == 0 and dy == 0:
-                continue
-            a = ga[max(dy, 0) : gh + min(dy, 0), max(dx, 0) : gw + min(dx, 0)]
-            b = gb[max(-dy, 0) : gh + min(-dy, 0), max(-dx, 0) : gw + min(-dx, 0)]
-            best = min(best, float(np.abs(a - b).mean()))
-    return best
 
 
 def _nonneg_fit(ga: np.ndarray, gb: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
