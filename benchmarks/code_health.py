@@ -40,7 +40,18 @@ def module_name(path: Path) -> str:
 
 
 def parse(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), filename=str(path))
+    """`path`'s AST. CPython 3.11 keeps the AST constructor's recursion depth in state that all
+    threads share (python/cpython#106905): a thread of another library building an AST at the
+    same time (Ray's, in a test worker that ran Ray before) makes a good parse raise a spurious
+    ``SystemError: AST constructor recursion depth mismatch``; that one is tried again."""
+    text = path.read_text()
+    for _ in range(4):
+        try:
+            return ast.parse(text, filename=str(path))
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e):
+                raise
+    return ast.parse(text, filename=str(path))  # a fifth mismatch is raised
 
 
 def ar_comparisons(tree: ast.Module) -> int:
