@@ -5,11 +5,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from benchmarks.code_health import parse  # ast.parse, a spurious thread-race error retried
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def imported_roots(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     roots = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -85,7 +87,7 @@ VFM_CORE_LAYERS = [
 
 def vfm_core_edges(path: Path) -> set[str]:
     """The vfm_core packages / modules ``path`` imports (``vfm_core.X...`` -> X)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     out = set()
     for node in ast.walk(tree):
         names = []
