@@ -76,6 +76,14 @@ def usable_cpus() -> int:
     return cpus
 
 
+def _load_average() -> float:
+    """The 1-minute load average (0 on a platform without one)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
 def _cpu_times() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs since boot, from ``/proc/stat``."""
     with open("/proc/stat") as f:
@@ -96,10 +104,7 @@ def busy_cpus(seconds: float = 0.25) -> float:
         time.sleep(seconds)
         busy1, total1 = _cpu_times()
     except (OSError, ValueError, IndexError):
-        try:
-            return os.getloadavg()[0]
-        except OSError:
-            return 0.0
+        return _load_average()
     share = (busy1 - busy0) / max(total1 - total0, 1)
     return share * (os.cpu_count() or 1)
 
@@ -110,12 +115,8 @@ def choose_wait_policy() -> str | None:
     if "OMP_WAIT_POLICY" in os.environ:
         return os.environ["OMP_WAIT_POLICY"]
     if CHOICE_ENV not in os.environ:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:  # no load average on this platform
-            load = 0.0
         cpus = usable_cpus()
-        chosen = wait_policy_for(load, cpus)
+        chosen = wait_policy_for(_load_average(), cpus)
         os.environ[CHOICE_ENV] = "passive" if chosen else "default"
         if "OMP_NUM_THREADS" not in os.environ:
             threads = threads_for(busy_cpus(), cpus)
