@@ -271,15 +271,19 @@ def _effects_row(pred: list[tuple[int, int]], comp: Composition) -> list[float]:
 
 def curation_vs_decode(*, peers: bool = True) -> None:
     """The default curation of the installed real clips vs one plain decode of the same files,
-    and (`peers`) PySceneDetect's ContentDetector over them, in the same run."""
+    and (`peers`) PySceneDetect's ContentDetector over them, in the same run; curation on all
+    the usable CPUs (the default) and on one worker, whose manifests must be the same."""
     import av
     import polars as pl
 
     av.logging.set_level(None)  # PySceneDetect turned libav's logging on; vfm runs with it off
 
+    from vfm_core.curate.executors import LocalExecutor
     from vfm_core.curate.pipeline import curate
+    from vfm_core.openmp import usable_cpus
     from vfm_core.video.io import probe
 
+    rows = []
     with tempfile.TemporaryDirectory(prefix="vfm-real-curate-") as tmp:
         src = Path(tmp, "src")
         src.mkdir()
@@ -292,9 +296,6 @@ def curation_vs_decode(*, peers: bool = True) -> None:
         for f in files:
             _decode(f)
         decode_s = time.perf_counter() - t
-        t = time.perf_counter()
-        summary = curate(str(src), str(Path(tmp, "out")), config=CurateConfig(), progress=False)
-        curate_s = time.perf_counter() - t
         psd_s = math.nan
         if peers:
             t = time.perf_counter()
@@ -302,25 +303,43 @@ def curation_vs_decode(*, peers: bool = True) -> None:
                 _scenedetect(f, "content")
             psd_s = time.perf_counter() - t
             av.logging.set_level(None)
-        clips = pl.read_parquet(Path(tmp, "out", "clips.parquet"))
-        rejects = pl.read_parquet(Path(tmp, "out", "rejects.parquet"))
         duration = sum(probe(str(f)).duration_s for f in files)
-        covered = float((clips["end_s"] - clips["start_s"]).sum())
-        covered += float((rejects["end_s"] - rejects["start_s"]).fill_null(0).sum())
+        manifests = []
+        for workers in dict.fromkeys((usable_cpus(), 1)):
+            out = Path(tmp, f"out{workers}")
+            t = time.perf_counter()
+            summary = curate(
+                str(src),
+                str(out),
+                config=CurateConfig(),
+                progress=False,
+                executor=LocalExecutor(workers=workers),
+            )
+            curate_s = time.perf_counter() - t
+            clips = pl.read_parquet(out / "clips.parquet")
+            rejects = pl.read_parquet(out / "rejects.parquet")
+            covered = float((clips["end_s"] - clips["start_s"]).sum())
+            covered += float((rejects["end_s"] - rejects["start_s"]).fill_null(0).sum())
+            keys = ["source_uri", "stage", "reason", "start_s", "end_s"]
+            manifests.append((clips["clip_id"].to_list(), rejects.select(keys).sort(keys).rows()))
+            rows.append((workers, curate_s, summary["n_clips"], rejects.height, covered))
     print(
         f"\ndefault curation ({CurateConfig().splitter} splitter) of {len(files)} real videos,"
-        f" {duration:.0f} s of footage\n"
+        f" {duration:.0f} s of footage; plain decode {decode_s:.1f} s, PySceneDetect Content"
+        f" {psd_s / decode_s:.2f}x decode\n"
     )
-    print(
-        "| plain decode s | curation s | x decode | PySceneDetect Content x decode | clips |"
-        " rejects | covered s / duration s |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    print(
-        f"| {decode_s:.1f} | {curate_s:.1f} | {curate_s / decode_s:.1f} |"
-        f" {psd_s / decode_s:.2f} | {summary['n_clips']} | {rejects.height} |"
-        f" {covered:.1f} / {duration:.1f} |"
-    )
+    print("| workers | curation s | x decode | clips | rejects | covered s / duration s |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for workers, curate_s, n_clips, n_rejects, covered in rows:
+        print(
+            f"| {workers} | {curate_s:.1f} | {curate_s / decode_s:.1f} | {n_clips} | {n_rejects}"
+            f" | {covered:.1f} / {duration:.1f} |"
+        )
+    if len(rows) > 1:
+        same = manifests[0] == manifests[1]
+        print(f"\nsame clips and rejects on {rows[0][0]} workers as on 1: {same}")
+        if not same:
+            raise SystemExit("real_cuts: the manifests differ between worker counts")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def curate_video_task(
         state = None if again else new.get(r.source_uri, state)
     skipped = state is not None
     if state is None:
-        state = _process([r], dst, cfg, LocalExecutor())[r.source_uri]
+        # one thread: the flow runs usable_cpus() videos side by side already
+        state = _process([r], dst, cfg, LocalExecutor(workers=1))[r.source_uri]
     return _result(r, dst, cfg, state, skipped, recaptioned)  # contract: valid rows, covered
 
 

@@ -91,6 +91,10 @@ def test_vfm_curate_errors(tmp_path):
     # a local Ray without CPUs scheduled nothing: the run hung
     r = _run("curate", "a", "b", "--executor", "ray", "--ray-cpus", "0", cwd=tmp_path)
     assert r.returncode == 2 and "--ray-cpus): expected >= 1, got 0" in r.stderr
+    r = _run("curate", "a", "b", "--workers", "0", cwd=tmp_path)
+    assert r.returncode == 2 and "--workers must be >= 1, got 0" in r.stderr
+    r = _run("curate", "a", "b", "--executor", "ray", "--workers", "2", cwd=tmp_path)
+    assert r.returncode == 2 and "--workers is for --executor local" in r.stderr
 
 
 def test_dst_may_not_hold_a_src_video_and_no_videos_is_an_error(tmp_path):

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from vfm_core.cli_types import int_at_least
 from vfm_core.config_fields import add_flags
 from vfm_core.curate.options import CurateOptions
 from vfm_core.errors import UserError
@@ -49,6 +50,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="where the stages run (default: %(default)s)",
     )
     add_flags(cu, CurateOptions, FLAGS, show_defaults=True)
+    cu.add_argument(
+        "--workers",
+        type=int_at_least("--workers", 1),
+        default=None,
+        metavar="N",
+        help="with --executor local: items (a video's split, a clip's transcode) worked on at "
+        "once, on threads (default: the CPUs this process may use)",
+    )
     cu.add_argument(
         "--ray-cpus",
         type=int,
@@ -131,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from vfm_core import storage
     from vfm_core.contracts import ContractError
     from vfm_core.curate.config import CurateConfig
-    from vfm_core.curate.executors import RayClusterError, RayExecutor
+    from vfm_core.curate.executors import LocalExecutor, RayClusterError, RayExecutor
     from vfm_core.curate.pipeline import curate
     from vfm_core.curate.semdedup import SemDedupConfig, default_threshold
     from vfm_core.storage import StorageError
@@ -151,10 +160,12 @@ def run(args: argparse.Namespace) -> int:
             storage.check_access(url)  # a remote store without credentials: one line, now
         if args.ray_address and args.executor != "ray":
             raise ValueError("--ray-address needs --executor ray")
+        if args.workers is not None and args.executor != "local":
+            raise ValueError("--workers is for --executor local (Ray sizes its own pools)")
         executor = (
             RayExecutor(num_cpus=args.ray_cpus, address=args.ray_address)
             if args.executor == "ray"
-            else "local"
+            else LocalExecutor(workers=args.workers)
         )
         out = curate(
             args.src,

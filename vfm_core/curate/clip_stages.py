@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,8 +134,8 @@ class TranscodeStage(MapStage):
     name = "transcode"
     reject_as = "transcode"
     _encoder: str | None = field(default=None, init=False, repr=False)
-    _progress: MediaProgress | None = field(default=None, init=False, repr=False)
-    _progress_uri: str | None = field(default=None, init=False, repr=False)
+    _bars: dict[str, list] = field(default_factory=dict, init=False, repr=False)
+    """source_uri -> [its MediaProgress, its spans being transcoded] (`_BARS_LOCK` held)."""
 
     def setup(self) -> None:
         # once per worker; an unusable encoder setting fails the run (EncoderError), not a clip
@@ -143,20 +144,31 @@ class TranscodeStage(MapStage):
     def one(self, item: SpanTask) -> list[Item]:
         if self._encoder is None:
             self.setup()
+        uri = item.video.source_uri
         bar = self._progress_of(item)
-        with observe_decode(bar.at):
-            return self._clip(item)
+        try:
+            with observe_decode(bar.at):
+                return self._clip(item)
+        finally:
+            with _BARS_LOCK:
+                self._bars[uri][1] -= 1
 
     def _progress_of(self, item: SpanTask) -> MediaProgress:
-        """The progress lines of `item`'s video: one per video, through its spans in order (its
-        last line when the next video starts)."""
+        """The progress lines of `item`'s video: one per video, through its spans (the furthest
+        second reached, where spans run side by side); a video's last line when another video's
+        span starts and none of its own is running."""
         v = item.video
-        if self._progress is None or self._progress_uri != v.source_uri:
-            if self._progress is not None:
-                self._progress.close()
-            self._progress = video_progress("transcode", v, start_s=item.start_s)
-            self._progress_uri = v.source_uri
-        return self._progress
+        with _BARS_LOCK:
+            for uri in [u for u, (_, n) in self._bars.items() if n == 0 and u != v.source_uri]:
+                self._bars.pop(uri)[0].close()
+            entry = self._bars.get(v.source_uri)
+            if entry is None:
+                entry = self._bars[v.source_uri] = [
+                    video_progress("transcode", v, start_s=item.start_s),
+                    0,
+                ]
+            entry[1] += 1
+            return entry[0]
 
     def _clip(self, item: SpanTask) -> list[Item]:
         v, cfg = item.video, self.cfg
@@ -260,6 +272,9 @@ class TranscodeStage(MapStage):
             frames=span,
         )
 
+
+_BARS_LOCK = threading.Lock()
+"""Guards `TranscodeStage._bars` (a module lock: the stage stays picklable for Ray actors)."""
 
 SPAN_BYTES = 256 << 20
 """Largest span (decoded bytes) the transcode stage holds so that the picture checks and the

@@ -231,8 +231,11 @@ def process(
     work_dir: str,
     progress: bool = False,
 ) -> dict[str, dict]:
-    """Run the stages over `refs`; write each video's state as soon as it is complete."""
+    """Run the stages over `refs`, largest file first; write each video's state as soon as it
+    is complete. Largest first: on several workers the longest video's split (one worker's
+    work, before any of its clips can start) begins at once while the others fill the rest."""
     by_uri = {r.source_uri: r for r in refs}
+    refs = sorted(refs, key=lambda r: -(_size(r.url) or 0))  # stable: ties keep their order
     parts: dict[str, list[Item]] = defaultdict(list)
     states: dict[str, dict] = {}
     stages = build_stages(cfg, dst=dst, work_dir=work_dir)
