@@ -1,9 +1,9 @@
 """A clip's sound: the source's first audio stream over the clip's span, as AAC in the clip's MP4.
 
-`audio_format(src)` says whether a source has sound and how its clips carry it (the first audio
-stream's sample rate and channels, as AAC takes them); `span_samples` decodes that stream over
-[start_s, start_s + duration_s) as float samples (C, S); `add_aac` / `write_aac` put them in a
-clip being written. `transcode.transcode_span` calls them after a clip's pictures.
+`audio_format(container)` says whether an open source has sound and how its clips carry it (the
+first audio stream's sample rate and channels, as AAC takes them); `span_samples` decodes that
+stream over [start_s, start_s + duration_s) as float samples (C, S); `add_aac` / `write_aac` put
+them in a clip being written. `transcode.transcode_span` calls them after a clip's pictures.
 
 Times are seconds on the video stream's clock (relative to its first timestamp, as in
 `video.io`), so a clip's sound starts at its first frame even where the audio stream starts
@@ -61,14 +61,13 @@ class AudioFormat:
         return 1 if self.layout == "mono" else 2
 
 
-def audio_format(src: Source) -> AudioFormat | None:
-    """The format of `src`'s first audio stream in a clip; None when it has no audio stream (or
-    one that states no sample rate or channels: nothing a decoder could play)."""
-    with open_container(src) as c:
-        if not c.streams.audio:
-            return None
-        cc = c.streams.audio[0].codec_context
-        rate, channels = cc.sample_rate or 0, cc.channels or 0
+def audio_format(c: av.container.InputContainer) -> AudioFormat | None:
+    """The format of an open source's first audio stream in a clip; None when it has no audio
+    stream (or one that states no sample rate or channels: nothing a decoder could play)."""
+    if not c.streams.audio:
+        return None
+    cc = c.streams.audio[0].codec_context
+    rate, channels = cc.sample_rate or 0, cc.channels or 0
     if rate <= 0 or channels <= 0:
         return None
     return AudioFormat(

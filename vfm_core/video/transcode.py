@@ -23,7 +23,13 @@ from typing import Any
 import av
 import numpy as np
 
-from vfm_core.video.audio import AudioFormat, add_aac, audio_format, span_samples, write_aac
+from vfm_core.video.audio import (
+    AudioFormat,
+    add_aac,
+    audio_format,
+    span_samples,
+    write_aac,
+)
 from vfm_core.video.choices import ENCODERS, AudioMode, ClipAudio, Encoder
 from vfm_core.video.container import Source, VideoError, open_container, source_name, video_stream
 from vfm_core.video.convert import FrameConverter
@@ -282,11 +288,10 @@ def transcode_span(
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = source_name(src)
-    w0, h0, in_rate = _coded_size_and_rate(src, name)
+    w0, h0, in_rate, sound = _header(src, name)
     k = (rotation // 90) % 4  # quarter turns counter-clockwise
     w, h = _output_size(w0, h0, k=k, crop=crop, width=width, height=height, name=name)
     out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
-    sound = audio_format(src)
     out, st = _open_h264(
         out_path,
         fps=out_rate,
@@ -335,15 +340,16 @@ def transcode_span(
     )
 
 
-def _coded_size_and_rate(src: Source, name: str) -> tuple[int, int, Fraction]:
-    """(width, height) of the video stream's coded picture and its frame rate (30 when it
-    declares none)."""
+def _header(src: Source, name: str) -> tuple[int, int, Fraction, AudioFormat | None]:
+    """(width, height) of the video stream's coded picture, its frame rate (30 when it declares
+    none) and the format of the clip's sound (None: no audio stream), in one open."""
     with open_container(src) as c:
         s = video_stream(c, name)
         return (
             s.codec_context.width,
             s.codec_context.height,
             s.average_rate or s.guessed_rate or Fraction(30),
+            audio_format(c),
         )
 
 
@@ -386,7 +392,14 @@ def _upright_frame(
     """A decoded frame as the clip's yuv420p (height, width) frame: turned upright by ``k``
     quarter turns counter-clockwise, cut to ``crop`` (upright source pixels) and scaled."""
     w, h = width, height
-    if crop is not None:
+    if (
+        crop is not None
+        and not k
+        and frame.format.name == "yuv420p"
+        and not any(c % 2 for c in crop)
+    ):
+        return fc.convert(_crop_yuv420p(frame, crop), width=w, height=h, format="yuv420p")
+    if crop is not None:  # other formats, odd boxes, turned pictures: through RGB
         cx, cy, cw, ch = crop
         a = fc.convert(frame, format="rgb24").to_ndarray()  # (H0, W0, 3) coded
         a = np.rot90(a, k) if k else a  # upright
@@ -400,6 +413,21 @@ def _upright_frame(
         vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(a, k)), "rgb24")
         return fc.convert(vf, format="yuv420p")
     return fc.convert(frame, width=w, height=h, format="yuv420p")
+
+
+def _crop_yuv420p(frame: av.VideoFrame, crop: tuple[int, int, int, int]) -> av.VideoFrame:
+    """The even box ``crop`` (x, y, w, h) of a yuv420p frame, cut from its planes: no colour
+    conversion (a round trip through RGB cost 2 conversions a frame and rounded every pixel)."""
+    cx, cy, cw, ch = crop
+    planes = []
+    for i, (x, y, w, h) in enumerate(((cx, cy, cw, ch), (cx // 2, cy // 2, cw // 2, ch // 2))):
+        for p in frame.planes[i : i + 1] if i == 0 else frame.planes[1:3]:
+            a = np.frombuffer(p, np.uint8).reshape(-1, p.line_size)  # (rows, line_size)
+            planes.append(a[y : y + h, x : x + w].ravel())
+    yuv = np.concatenate(planes).reshape(ch * 3 // 2, cw)  # Y rows, then U and V packed
+    out = av.VideoFrame.from_ndarray(yuv, format="yuv420p")
+    out.colorspace, out.color_range = frame.colorspace, frame.color_range
+    return out
 
 
 def _grid_copies(
