@@ -88,3 +88,13 @@ def test_audio_is_one_setting_whose_bad_values_name_it(capsys):
     assert CurateParams(src="a", dst="b", audio="drop").config().audio == "drop"
     with pytest.raises(ValidationError, match="audio"):
         CurateParams(src="a", dst="b", audio="mute")
+    # the encoder's speed and quality: flags, checked in the config and the flow's form
+    args = _parser().parse_args(["S", "D", "--preset", "ultrafast", "--crf", "28"])
+    assert (args.preset, args.crf, D.preset, D.crf) == ("ultrafast", 28, "veryfast", 23)
+    with pytest.raises(ValueError, match=r"preset='fastest' \(--preset\): expected one of ultra"):
+        CurateConfig(preset="fastest")
+    with pytest.raises(ValueError, match=r"--crf: must be <= 51, got 52"):
+        CurateConfig(crf=52)
+    assert CurateParams(src="a", dst="b", preset="superfast").config().preset == "superfast"
+    with pytest.raises(ValidationError, match="preset"):
+        CurateParams(src="a", dst="b", preset="fastest")

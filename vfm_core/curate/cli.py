@@ -25,6 +25,8 @@ FLAGS = (
     "out_fps",
     "stitch",
     "encoder",
+    "preset",
+    "crf",
     "audio",
     "vlm",
     "image_model",

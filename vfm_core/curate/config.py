@@ -18,7 +18,7 @@ from vfm_core.config import build_settings
 from vfm_core.config_fields import out_of_bounds
 from vfm_core.curate.options import CurateOptions
 from vfm_core.curate.semdedup import SemDedupConfig
-from vfm_core.video.choices import AUDIO_MODES, SPLITTERS
+from vfm_core.video.choices import AUDIO_MODES, PRESETS, SPLITTERS
 from vfm_core.video.hybrid_splitter import HybridSplitter
 from vfm_core.video.io import MAX_PIXELS
 from vfm_core.video.quality import PictureConfig
@@ -57,10 +57,12 @@ class CurateConfig(CurateOptions):
         errors, not a run of rejects."""
         if problem := out_of_bounds(self):
             raise ValueError(problem)
-        if self.audio not in AUDIO_MODES:
-            raise ValueError(
-                f"audio={self.audio!r} (--audio): expected one of {', '.join(AUDIO_MODES)}"
-            )
+        for name, allowed in (("audio", AUDIO_MODES), ("preset", PRESETS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} (--{name}): expected one of "
+                    f"{', '.join(allowed)}"
+                )
         if self.max_len_s is not None and self.max_len_s < self.min_len_s:
             raise ValueError(
                 f"max_len_s={self.max_len_s} (--max-len) is below min_len_s={self.min_len_s} "

@@ -2,7 +2,7 @@
 declared once.
 
 Stdlib only (the ``vfm`` parser lists them in ``vfm curate --help`` without importing PyAV):
-`CurateConfig` types its ``splitter``, ``encoder`` and ``audio`` fields with these, its
+`CurateConfig` types its ``splitter``, ``encoder``, ``preset`` and ``audio`` fields with these, its
 ``splitter_obj`` maps a splitter name to its class, :func:`vfm_core.video.transcode.select_encoder`
 resolves an encoder name, and the clips manifest's contract takes its ``audio`` values from here.
 """
@@ -21,6 +21,13 @@ Encoder = Literal["auto", "libx264", "h264_nvenc"]
 """H.264 encoders: auto = h264_nvenc where it opens here, else libx264."""
 ENCODERS: tuple[str, ...] = typing.get_args(Encoder)
 """Accepted values of an `encoder` setting."""
+
+Preset = Literal[
+    "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"
+]
+"""libx264 presets, fastest first (NVENC gets the p1..p7 preset of similar speed)."""
+PRESETS: tuple[str, ...] = typing.get_args(Preset)
+"""Accepted values of a `preset` setting."""
 
 AudioMode = Literal["keep", "drop"]
 """What curation does with a source's sound: keep = its first audio stream over the clip's span,
