@@ -66,10 +66,22 @@ def _flashes_and_pans() -> Composition:
     return Composition(segments=segs, width=SIZE[0], height=SIZE[1])
 
 
+def _two_dissolves() -> Composition:
+    """Busy footage dissolving into a short shot that dissolves into a third: a window long
+    enough to span both transitions fits them as one blend (found once, the other lost)."""
+    segs = [
+        Segment(source="mv", start=460, end=570),
+        Segment(source="bikes", start=80, end=134),
+        Segment(source="bbb", start=2, end=110),
+    ]
+    joins = [Join(kind="dissolve", n_frames=17), Join(kind="dissolve", n_frames=18)]
+    return Composition(segments=segs, joins=joins, width=SIZE[0], height=SIZE[1])
+
+
 @pytest.fixture(scope="module")
 def comps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Composition]]:
     d = tmp_path_factory.mktemp("real_transitions")
-    out = {"kinds": _kinds(), "fx": _flashes_and_pans()}
+    out = {"kinds": _kinds(), "fx": _flashes_and_pans(), "two": _two_dissolves()}
     for s in (100, 102):  # random flashes, pans, dissolves and fades
         out[f"mixed{s}"] = random_composition(
             s, n_segments=8, seg_s=(2.0, 5.0), size=SIZE, gradual=0.5, flashes=0.5, pans=0.4
@@ -143,6 +155,8 @@ def test_gradual_transitions_found(comps, segs):
         a, b = comp.boundaries[i]
         got = [(x, y) for x, y in transitions(segs["kinds"]) if x < b and a < y]
         assert len(got) == 1 and abs(got[0][0] - a) <= 2 and abs(got[0][1] - b) <= 2, (a, b, got)
+    two = score(segs["two"], comps["two"][1])  # both, though one window spans the two
+    assert all(two.found) and two.crossing == 0, transitions(segs["two"])
     mixed = [score(segs[k], comps[k][1]) for k in ("mixed100", "mixed102")]
     grad = [f for s in mixed for f, g in zip(s.found, s.gradual, strict=True) if g]
     assert sum(grad) >= 0.6 * len(grad), grad  # random ones, some next to whip pans and flashes

@@ -4,8 +4,8 @@ own samples, the same picture as the RGB route (which odd boxes and turned pictu
 import av
 import numpy as np
 
+from vfm_core.video import transcode
 from vfm_core.video.convert import FrameConverter
-from vfm_core.video.transcode import _upright_frame
 
 
 def _frame(w: int = 96, h: int = 64) -> av.VideoFrame:
@@ -18,7 +18,7 @@ def _frame(w: int = 96, h: int = 64) -> av.VideoFrame:
 def test_even_box_of_yuv420p_is_cut_from_the_planes():
     f, fc = _frame(), FrameConverter()
     x, y, w, h = 10, 4, 40, 24
-    out = _upright_frame(fc, f, k=0, crop=(x, y, w, h), width=w, height=h)
+    out = transcode._upright_frame(fc, f, k=0, crop=(x, y, w, h), width=w, height=h)
     assert (out.format.name, out.width, out.height) == ("yuv420p", w, h)
     planes = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in f.planes]
     got = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size) for p in out.planes]
@@ -31,6 +31,6 @@ def test_even_box_of_yuv420p_is_cut_from_the_planes():
     rgb = f.to_ndarray(format="rgb24")[y : y + h, x : x + w].astype(int)
     assert np.abs(out.to_ndarray(format="rgb24").astype(int) - rgb).max() <= 1
     # scaled after the cut; an odd box takes the RGB route, to the same size
-    small = _upright_frame(fc, f, k=0, crop=(x, y, w, h), width=20, height=12)
-    odd = _upright_frame(fc, f, k=0, crop=(x + 1, y, w, h), width=w, height=h)
+    small = transcode._upright_frame(fc, f, k=0, crop=(x, y, w, h), width=20, height=12)
+    odd = transcode._upright_frame(fc, f, k=0, crop=(x + 1, y, w, h), width=w, height=h)
     assert (small.width, small.height, odd.width, odd.height) == (20, 12, w, h)

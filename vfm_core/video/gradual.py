@@ -129,19 +129,15 @@ def find_gradual(
             hit = _verify(hist, y, grid, int(p[i]), int(q[i]), float(net[i]), r)
             if hit is not None:
                 found.append(hit)
-    # overlapping answers are one transition: the best-fitting window's span, extended to
-    # where its dissolve's ramp of weights reaches 0 and 1
-    out: list[tuple[int, int]] = []
-    group: list[tuple[float, int, int, int, int]] = []
-    for hit in [*sorted(found, key=lambda x: x[1]), None]:
-        if group and (hit is None or hit[1] >= max(h[2] for h in group)):
-            best = min(group)
-            lo = out[-1][1] if out else 0
-            out.append((max(best[3], lo), best[4]))
-            group = []
-        if hit is not None:
-            group.append(hit)
-    return out
+    # overlapping answers are one transition: the best-fitting window's span (extended to
+    # where its dissolve's ramp of weights reaches 0 and 1) is kept, best fit first, and an
+    # answer overlapping a kept one is dropped; so a long window that bridges two transitions
+    # (and the short shot between them) does not hide either
+    kept: list[tuple[int, int]] = []
+    for _, _, _, xs, xe in sorted(found):
+        if not any(xs < b and a < xe for a, b in kept):
+            kept.append((xs, xe))
+    return sorted(kept)
 
 
 def _verify(hist, y, grid, p: int, q: int, net: float, r: GradualRules):
