@@ -10,7 +10,7 @@ from vfm_core.curate import curate
 from vfm_core.curate.clip_stages import TranscodeStage
 from vfm_core.curate.config import CurateConfig
 from vfm_core.video import transcode
-from vfm_core.video.io import decode_frames, probe
+from vfm_core.video.io import decode_frames, decoder_threads, iter_av_frames, probe
 from vfm_core.video.synthetic import Segment, VideoSpec, make_video
 from vfm_core.video.transcode import (
     EncoderError,
@@ -128,11 +128,29 @@ def test_nvenc_encodes_on_gpu(demo_video, tmp_path):
     assert decode_frames(out).shape == (48, 72, 128, 3)
 
 
-def test_small_pictures_are_encoded_on_one_x264_thread(tmp_path):
-    """x264's frame threads cost more than they win on small pictures (measured in
-    `X264_ONE_THREAD_PIXELS`); larger ones keep x264's own count. The clip decodes either way."""
+def test_small_pictures_are_encoded_and_decoded_on_one_thread(tmp_path):
+    """x264's and the decoder's frame threads cost more than they win on small pictures
+    (measured in `io.ONE_THREAD_PIXELS`); larger ones keep the automatic count. The clip
+    decodes to the same pixels on one thread as on the automatic count."""
     assert x264_threads(160, 90) == 1 and x264_threads(256, 256) == 1
     assert x264_threads(1280, 720) == 0 and x264_threads(480, 204) == 0
+    assert (
+        decoder_threads("AUTO", 160, 90) == "NONE" and decoder_threads("AUTO", 256, 256) == "NONE"
+    )
+    assert (
+        decoder_threads("AUTO", 480, 204) == "AUTO" and decoder_threads("SLICE", 16, 16) == "SLICE"
+    )
     frames = np.random.default_rng(0).integers(0, 255, (6, 90, 160, 3), dtype=np.uint8)
     assert encode_h264(frames, tmp_path / "small.mp4", fps=25) == 6
     assert probe(str(tmp_path / "small.mp4")).n_frames == 6
+    one = [
+        f.to_ndarray()
+        for _, f in iter_av_frames(tmp_path / "small.mp4", start_s=None, end_s=None, threads="AUTO")
+    ]
+    many = [
+        f.to_ndarray()
+        for _, f in iter_av_frames(
+            tmp_path / "small.mp4", start_s=None, end_s=None, threads="FRAME"
+        )
+    ]
+    assert len(one) == 6 and all(np.array_equal(a, b) for a, b in zip(one, many, strict=True))

@@ -33,7 +33,7 @@ from vfm_core.video.audio import (
 from vfm_core.video.choices import ENCODERS, AudioMode, ClipAudio, Encoder
 from vfm_core.video.container import Source, VideoError, open_container, source_name, video_stream
 from vfm_core.video.convert import FrameConverter
-from vfm_core.video.io import analysis_size, iter_av_frames
+from vfm_core.video.io import ONE_THREAD_PIXELS, analysis_size, iter_av_frames
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +116,10 @@ def _even(x: int) -> int:
     return max(2, x - x % 2)
 
 
-X264_ONE_THREAD_PIXELS = 256 * 256
-"""Pictures up to this size are encoded on one libx264 thread: x264's frame threads cost more
-than they win on small pictures (ms a frame here, 2 cores, veryfast: 160x90 0.28 on one thread
-against 0.39 on x264's automatic count, 320x136 0.74 / 1.01; 480x204 1.53 / 1.26, 1280x720
-9.3 / 6.6)."""
-
-
 def x264_threads(width: int, height: int) -> int:
-    """libx264 threads for a (width, height) picture: 1 for small ones, else 0 (x264's own
-    count)."""
-    return 1 if width * height <= X264_ONE_THREAD_PIXELS else 0
+    """libx264 threads for a (width, height) picture: 1 up to `io.ONE_THREAD_PIXELS`, else 0
+    (x264's own count)."""
+    return 1 if width * height <= ONE_THREAD_PIXELS else 0
 
 
 def _open_h264(
