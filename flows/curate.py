@@ -105,8 +105,15 @@ def _curate(params: CurateParams, refs: list[dict[str, str]], cfg: dict[str, Any
             refs, dst, cfg, address=params.ray_address, recaption=params.recaption
         )
     else:
+        # usable_cpus() videos at once (the task runner); fewer videos share out the rest, so
+        # one long video's clips are still transcoded side by side
+        workers = max(1, usable_cpus() // max(1, min(len(refs), usable_cpus())))
         futures = curate_video_task.map(
-            refs, dst=unmapped(dst), config=unmapped(cfg), recaption=unmapped(params.recaption)
+            refs,
+            dst=unmapped(dst),
+            config=unmapped(cfg),
+            recaption=unmapped(params.recaption),
+            workers=unmapped(workers),
         )
         bar = ProgressArtifact("curate-progress", len(refs), description=f"videos curated ({dst})")
         for done, _ in enumerate(as_completed(futures), 1):  # the run page's bar

@@ -93,10 +93,15 @@ def _result(
 
 @task(name="curate-video", retries=2, retry_delay_seconds=2, retry_condition_fn=unless_input_error)
 def curate_video_task(
-    ref: dict[str, str], dst: str, config: dict[str, Any], recaption: bool = False
+    ref: dict[str, str],
+    dst: str,
+    config: dict[str, Any],
+    recaption: bool = False,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Curate one video into `dst` (skipped when already finished; its clips captioned again
-    with `recaption` or changed caption settings); returns its counts."""
+    with `recaption` or changed caption settings) on `workers` threads (`LocalExecutor`);
+    returns its counts."""
     r, cfg, dst = _ref(ref), CurateConfig.from_dict(config), resolve_dst(dst)
     state = load_state(dst, r, cfg)
     recaptioned = False
@@ -106,8 +111,7 @@ def curate_video_task(
         state = None if again else new.get(r.source_uri, state)
     skipped = state is not None
     if state is None:
-        # one thread: the flow runs usable_cpus() videos side by side already
-        state = _process([r], dst, cfg, LocalExecutor(workers=1))[r.source_uri]
+        state = _process([r], dst, cfg, LocalExecutor(workers=workers))[r.source_uri]
     return _result(r, dst, cfg, state, skipped, recaptioned)  # contract: valid rows, covered
 
 

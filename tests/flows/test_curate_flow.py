@@ -85,8 +85,11 @@ def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
     lock = threading.Lock()
     process = tasks.curate._process
 
+    workers: set[int] = set()  # threads of each video's executor: the CPUs the others leave
+
     def counted(*args, **kwargs):
         with lock:
+            workers.add(args[3].workers)
             running[0] += 1
             most[0] = max(most[0], running[0])
         try:
@@ -100,6 +103,7 @@ def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
     summary = curate_flow(params)
     assert curate_flow.task_runner._max_workers == usable_cpus()
     assert 1 <= most[0] <= usable_cpus()
+    assert workers == {max(1, usable_cpus() // min(3, usable_cpus()))}
     clips = read_manifest(tmp_path / "out" / "clips.parquet", AnnotatedClips)
     rejects = read_manifest(tmp_path / "out" / "rejects.parquet", Rejects)
     assert summary["n_inputs"] == 3 and summary["n_clips"] == clips.height > 3

@@ -273,6 +273,11 @@ class TranscodeStage(MapStage):
         )
 
 
+_MODELS_LOCK = threading.Lock()
+"""The captioner and the embedder are called by one thread at a time (`LocalExecutor` runs
+annotations side by side; a transformers tokenizer used by two threads at once fails with
+"Already borrowed", and a model's forward gains nothing from a second caller on the same CPUs)."""
+
 _BARS_LOCK = threading.Lock()
 """Guards `TranscodeStage._bars` (a module lock: the stage stays picklable for Ray actors)."""
 
@@ -384,7 +389,8 @@ class AnnotateStage(MapStage):
         if blocky is not None and motion_reason(scores, cfg.filters) is None:
             reasons.append(blocky)  # it moves after all: blocky (else no motion is the cause)
         times = dict(start_s=span.start_s, end_s=span.end_s, duration_s=item.duration_s)
-        cap = caption_clip(self._captioner, span.video.url, times | {"fps": item.fps}, path)
+        with _MODELS_LOCK:
+            cap = caption_clip(self._captioner, span.video.url, times | {"fps": item.fps}, path)
         if cap.source == "none" and cfg.require_caption:
             reasons.append(no_caption_reason(cap))
         if reasons:
@@ -402,7 +408,8 @@ class AnnotateStage(MapStage):
                     video=span.video,
                 )
             ]
-        emb = clip_embedding(self._embedder, sampled, n=cfg.embed_frames)
+        with _MODELS_LOCK:
+            emb = clip_embedding(self._embedder, sampled, n=cfg.embed_frames)
         return [
             AnnotatedClip(
                 clip=item,
