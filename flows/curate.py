@@ -26,7 +26,7 @@ from tasks.progress import ProgressArtifact
 from vfm_core.config_fields import form_fields
 from vfm_core.curate.cli import FLAGS, CurationFailed, nothing_curated, summary_line
 from vfm_core.curate.config import CurateConfig
-from vfm_core.curate.executors import parse_ray_address
+from vfm_core.curate.executors import parse_ray_address, share_cpus
 from vfm_core.curate.inputs import check_paths
 from vfm_core.curate.semdedup import SemDedupConfig
 from vfm_core.openmp import usable_cpus
@@ -107,7 +107,7 @@ def _curate(params: CurateParams, refs: list[dict[str, str]], cfg: dict[str, Any
     else:
         # usable_cpus() videos at once (the task runner); fewer videos share out the rest, so
         # one long video's clips are still transcoded side by side
-        workers = max(1, usable_cpus() // max(1, min(len(refs), usable_cpus())))
+        workers = share_cpus(len(refs))
         futures = curate_video_task.map(
             refs,
             dst=unmapped(dst),

@@ -9,7 +9,8 @@ from collections import Counter
 
 import pytest
 
-from vfm_core.curate.executors import LocalExecutor
+from vfm_core.curate.executors import LocalExecutor, share_cpus
+from vfm_core.openmp import usable_cpus
 
 
 class Fan:
@@ -80,3 +81,9 @@ def test_a_stage_failure_ends_the_run_and_starts_nothing_new():
 def test_workers_below_one_is_an_error():
     with pytest.raises(ValueError, match=r"LocalExecutor.workers: expected >= 1 or None, got 0"):
         LocalExecutor(workers=0)
+
+
+def test_side_by_side_jobs_share_the_cpus():
+    n = usable_cpus()
+    assert share_cpus(1) == n and share_cpus(n) == 1 and share_cpus(10 * n) == 1
+    assert share_cpus(0) == n and all(k * share_cpus(k) <= n for k in range(1, n + 1))

@@ -16,6 +16,7 @@ import tasks.curate
 from flows.curate import CurateParams, curate_flow
 from tasks.curate import curate_video_task, discover_task, write_manifests_task
 from vfm_core.contracts import AnnotatedClips, ContractError, Rejects, read_manifest
+from vfm_core.curate.executors import share_cpus
 from vfm_core.openmp import usable_cpus
 from vfm_core.video.synthetic import demo_spec, make_bad_input, make_video
 
@@ -103,7 +104,7 @@ def test_curate_flow_folder_and_rerun(prefect_api, raw, tmp_path, monkeypatch):
     summary = curate_flow(params)
     assert curate_flow.task_runner._max_workers == usable_cpus()
     assert 1 <= most[0] <= usable_cpus()
-    assert workers == {max(1, usable_cpus() // min(3, usable_cpus()))}
+    assert workers == {share_cpus(3)}
     clips = read_manifest(tmp_path / "out" / "clips.parquet", AnnotatedClips)
     rejects = read_manifest(tmp_path / "out" / "rejects.parquet", Rejects)
     assert summary["n_inputs"] == 3 and summary["n_clips"] == clips.height > 3

@@ -119,6 +119,13 @@ class Executor(Protocol):
     def run(self, stages: Sequence[Stage], items: Iterable[Item]) -> Iterator[Item]: ...
 
 
+def share_cpus(jobs: int) -> int:
+    """Threads for each of `jobs` run side by side, at most `usable_cpus()` at once: the CPUs
+    those leave, shared out (one each when there are as many jobs as CPUs, all for one job)."""
+    n = usable_cpus()
+    return max(1, n // max(1, min(jobs, n)))
+
+
 @dataclass(kw_only=True, slots=True)
 class LocalExecutor:
     """Every stage in this process on `workers` threads, one item per call, deepest work first:

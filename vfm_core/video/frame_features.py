@@ -63,7 +63,8 @@ def _bin_lut() -> np.ndarray:
         mx_, mn_ = v[:, None], v[None, :]
         sat = (mx_ - mn_).astype(np.float32) / np.maximum(mx_, 1).astype(np.float32)
         s_tab = np.minimum((sat * SAT_BINS).astype(np.int32), SAT_BINS - 1)  # (max, min)
-        sv_tab = (s_tab * VAL_BINS + (v[:, None].astype(np.int32) * VAL_BINS >> 8)).astype(np.uint8)
+        vq = (v[:, None].astype(np.int32) * VAL_BINS) >> 8  # (256, 1) by max
+        sv_tab = (s_tab * VAL_BINS + vq).astype(np.uint8)
         sv_tab, grey = sv_tab.reshape(-1), (s_tab == 0).reshape(-1)  # [max * 256 + min]
         g, b = v[:, None].astype(np.int32), v[None, :].astype(np.int32)  # (256, 1), (1, 256)
         gb_max, gb_min, g_ge_b = np.maximum(g, b), np.minimum(g, b), g >= b  # (256, 256)

@@ -23,13 +23,7 @@ from typing import Any
 import av
 import numpy as np
 
-from vfm_core.video.audio import (
-    AudioFormat,
-    add_aac,
-    audio_format,
-    span_samples,
-    write_aac,
-)
+from vfm_core.video.audio import AudioFormat, add_aac, audio_format, span_samples, write_aac
 from vfm_core.video.choices import ENCODERS, AudioMode, ClipAudio, Encoder
 from vfm_core.video.container import Source, VideoError, open_container, source_name, video_stream
 from vfm_core.video.convert import FrameConverter
@@ -412,11 +406,11 @@ def _crop_yuv420p(frame: av.VideoFrame, crop: tuple[int, int, int, int]) -> av.V
     """The even box ``crop`` (x, y, w, h) of a yuv420p frame, cut from its planes: no colour
     conversion (a round trip through RGB cost 2 conversions a frame and rounded every pixel)."""
     cx, cy, cw, ch = crop
-    planes = []
-    for i, (x, y, w, h) in enumerate(((cx, cy, cw, ch), (cx // 2, cy // 2, cw // 2, ch // 2))):
-        for p in frame.planes[i : i + 1] if i == 0 else frame.planes[1:3]:
-            a = np.frombuffer(p, np.uint8).reshape(-1, p.line_size)  # (rows, line_size)
-            planes.append(a[y : y + h, x : x + w].ravel())
+    half = (cx // 2, cy // 2, cw // 2, ch // 2)  # the box on the half-size chroma planes
+    planes = [
+        np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[y : y + h, x : x + w].ravel()
+        for p, (x, y, w, h) in zip(frame.planes[:3], (crop, half, half), strict=True)
+    ]  # Y (ch * cw), U and V (ch / 2 * cw / 2 each)
     yuv = np.concatenate(planes).reshape(ch * 3 // 2, cw)  # Y rows, then U and V packed
     out = av.VideoFrame.from_ndarray(yuv, format="yuv420p")
     out.colorspace, out.color_range = frame.colorspace, frame.color_range
