@@ -308,8 +308,7 @@ def curation_vs_decode(*, peers: bool = True) -> None:
         duration = sum(probe(str(f)).duration_s for f in files)
         manifests = []
         n = usable_cpus()
-        runs = [(n, CurateConfig(), "default")] if n == 1 else []
-        runs = runs or [(n, CurateConfig(), "default"), (1, CurateConfig(), "default")]
+        runs = [(w, CurateConfig(), "default") for w in dict.fromkeys((n, 1))]
         cheap = CurateConfig(preset="ultrafast", audio="drop")
         runs.append((n, cheap, "--preset ultrafast --audio drop"))
         for workers, cfg, label in runs:

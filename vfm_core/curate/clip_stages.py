@@ -126,6 +126,14 @@ def discard_pending(dst: str) -> int:
     return len(files)
 
 
+@dataclass(kw_only=True, slots=True)
+class _VideoBar:
+    """A video's transcode progress lines and how many of its spans are being transcoded."""
+
+    bar: MediaProgress
+    running: int = 0
+
+
 @dataclass(kw_only=True)
 class TranscodeStage(MapStage):
     """SpanTask -> ClipTask: H.264 MP4 at DST/_pending/{clip_id}.mp4 (keyframe first), moved to
@@ -134,8 +142,8 @@ class TranscodeStage(MapStage):
     name = "transcode"
     reject_as = "transcode"
     _encoder: str | None = field(default=None, init=False, repr=False)
-    _bars: dict[str, list] = field(default_factory=dict, init=False, repr=False)
-    """source_uri -> [its MediaProgress, its spans being transcoded] (`_BARS_LOCK` held)."""
+    _bars: dict[str, _VideoBar] = field(default_factory=dict, init=False, repr=False)
+    """source_uri -> its progress lines (`_BARS_LOCK` held)."""
 
     def setup(self) -> None:
         # once per worker; an unusable encoder setting fails the run (EncoderError), not a clip
@@ -151,7 +159,7 @@ class TranscodeStage(MapStage):
                 return self._clip(item)
         finally:
             with _BARS_LOCK:
-                self._bars[uri][1] -= 1
+                self._bars[uri].running -= 1
 
     def _progress_of(self, item: SpanTask) -> MediaProgress:
         """The progress lines of `item`'s video: one per video, through its spans (the furthest
@@ -159,16 +167,15 @@ class TranscodeStage(MapStage):
         span starts and none of its own is running."""
         v = item.video
         with _BARS_LOCK:
-            for uri in [u for u, (_, n) in self._bars.items() if n == 0 and u != v.source_uri]:
-                self._bars.pop(uri)[0].close()
+            for uri in [u for u, b in self._bars.items() if not b.running and u != v.source_uri]:
+                self._bars.pop(uri).bar.close()
             entry = self._bars.get(v.source_uri)
             if entry is None:
-                entry = self._bars[v.source_uri] = [
-                    video_progress("transcode", v, start_s=item.start_s),
-                    0,
-                ]
-            entry[1] += 1
-            return entry[0]
+                entry = self._bars[v.source_uri] = _VideoBar(
+                    bar=video_progress("transcode", v, start_s=item.start_s)
+                )
+            entry.running += 1
+            return entry.bar
 
     def _clip(self, item: SpanTask) -> list[Item]:
         v, cfg = item.video, self.cfg

@@ -177,7 +177,7 @@ class LocalExecutor:
                 if not running:
                     return
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for f in sorted(done, key=lambda f: -running[f]):
+                for f in done:
                     i = running.pop(f)
                     outs = f.result()  # a stage's own failure (not a reject) ends the run
                     if i + 1 == len(stages):
