@@ -51,7 +51,11 @@ def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path, monkeypatch, capl
     clips = read_clips(str(dst))
     rejects = read_manifest(dst / "rejects.parquet", Rejects)
     videos = read_manifest(dst / "videos.parquet", VideoManifest)
-    assert out["n_inputs"] == 12 and out["n_clips"] == clips.height and out["n_skipped"] == 0
+    assert (
+        out["n_inputs"] == 2 + len(BAD_KINDS)
+        and out["n_clips"] == clips.height
+        and out["n_skipped"] == 0
+    )
     # accepted ∪ rejected = inputs, and every second of each readable input is in a row
     assert set(clips["source_uri"]) | set(rejects["source_uri"]) == _inputs(src_dir)
     assert_covered(dst)
@@ -97,6 +101,7 @@ def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path, monkeypatch, capl
         ("truncated", "probe", "not a readable media file"),
         ("not_video", "probe", "not a readable media file"),
         ("audio_only", "probe", "no video stream (audio only)"),
+        ("cover_art", "probe", "no video stream (audio and a cover picture only)"),
         (
             "one_frame",
             "split",

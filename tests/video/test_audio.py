@@ -10,6 +10,7 @@ import av
 import numpy as np
 import pytest
 
+from vfm_core.video.compositions import available_sources
 from vfm_core.video.io import decode_frames
 from vfm_core.video.synthetic import Segment, VideoSpec, make_video, tone_levels
 from vfm_core.video.transcode import transcode_span
@@ -93,3 +94,80 @@ def test_real_clip_keeps_its_sources_sound_at_the_cut(tmp_path):
     lags = [*range(-960, 961, 48), *range(-47, 48)]  # +-20 ms in 1 ms steps, +-1 ms in samples
     assert min(lags, key=error) == 0  # in sync to the sample
     assert error(0) < 0.2 * np.abs(clip).mean()
+
+
+def _music_video() -> Path:
+    """TransNetV2's sample (160x90 25 fps, stereo AAC at 44.1 kHz, 212 s): its sound is copied."""
+    src = available_sources().get("mv")
+    if src is None:
+        pytest.skip("TransNetV2's wheel is not installed")
+    return src.path
+
+
+def _packets(path: Path, n: int | None = None) -> list[tuple[int, int, bytes]]:
+    """(pts, duration, payload) of the first audio stream's packets of `path`."""
+    with av.open(str(path)) as c:
+        got = [(p.pts, p.duration, bytes(p)) for p in c.demux(c.streams.audio[0]) if p.size]
+    return got[:n]
+
+
+def _error(full: np.ndarray, clip: np.ndarray, at: int) -> float:
+    """Mean square difference of (C, S) `clip` against `full` from sample `at`."""
+    return float(((full[:, at : at + clip.shape[1]] - clip) ** 2).mean())
+
+
+def test_aac_sound_is_copied_to_the_sample(tmp_path):
+    """A stereo AAC source's packets go into the clip unchanged (no decode, no encode): from the
+    one before the clip's first sample (the decoder's pre-roll, before time 0), and the stream
+    ends exactly at the clip's end. Its first clip decodes to the source's very samples; a clip
+    from the middle is in sync to the sample (two decodes of AAC started at different packets
+    differ by noise-substitution bands, so that one is compared as the re-encoded sound is)."""
+    src = _music_video()
+    with av.open(str(src)) as c:  # (2, S) the whole sound, sample 0 at the video's time 0
+        full = np.concatenate([f.to_ndarray() for f in c.decode(c.streams.audio[0])], 1)
+    source = {payload for _, _, payload in _packets(src)}
+    for start, end in ((0.0, 3.0), (37.44, 41.2)):
+        out = tmp_path / f"{start}.mp4"
+        r = transcode_span(src, out, start, end, preset="ultrafast")
+        assert r.audio == "kept"
+        packets = _packets(out)
+        assert all(p in source for _, _, p in packets)  # copied byte for byte
+        (p0, d0, _), (p1, d1, _) = packets[:2]
+        assert p0 + d0 <= 0 < p1 + d1  # one packet of pre-roll, ending by time 0
+        x, first, dur = sound(out)
+        assert first == 0.0 and dur == pytest.approx(r.duration_s, abs=1 / 44100)
+        at = round(start * 44100)
+        if start == 0.0:
+            np.testing.assert_array_equal(x, full[:, : x.shape[1]])
+            continue
+        clip = x[:, 2048:-2048]
+        lags = [*range(-1100, 1101, 50), *range(-49, 50)]  # +-25 ms, +-1 ms in samples
+        assert min(lags, key=lambda lag: _error(full, clip, at + 2048 + lag)) == 0
+        assert _error(full, clip, at + 2048) < 0.05 * float((clip**2).mean())  # > 13 dB SNR
+
+
+def test_sound_that_does_not_cover_the_clip_is_re_encoded(tmp_path):
+    """Packets that stop before the clip's end (the source's sound ends early) are not copied:
+    the sound is re-encoded with silence after the source's last sample, over the whole clip."""
+    spec = VideoSpec(
+        width=64, height=48, fps=24.0, segments=(Segment(n_frames=72),), audio_rate=RATE
+    )
+    src = tmp_path / "short_sound.mp4"
+    make_video(src, spec)
+    cut = tmp_path / "cut.mp4"  # the same video with its sound cut after 1.0 s
+    with av.open(str(src)) as c, av.open(str(cut), "w") as out:
+        v, a = c.streams.video[0], c.streams.audio[0]
+        ov, oa = out.add_stream_from_template(v), out.add_stream_from_template(a)
+        for p in c.demux(v, a):
+            if p.dts is None or (p.stream is a and p.pts * a.time_base >= 1.0):
+                continue
+            p.stream = ov if p.stream is v else oa
+            out.mux(p)
+    r = transcode_span(cut, tmp_path / "c.mp4", 0.5, 2.5, preset="ultrafast")
+    x, first, dur = sound(tmp_path / "c.mp4")
+    assert r.audio == "kept" and first == 0.0 and abs(dur - 2.0) <= AAC_FRAME / RATE
+    assert all(
+        p not in {q for _, _, q in _packets(cut)} for _, _, p in _packets(tmp_path / "c.mp4")[2:]
+    )
+    levels = tone_levels(x[0], RATE, 1)  # (W, 1) per 10 ms
+    assert (levels[:40, 0] > 0.2).all() and (levels[60:, 0] < 0.01).all()  # sound, then silence

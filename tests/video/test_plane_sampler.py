@@ -4,7 +4,7 @@ import av
 import numpy as np
 import pytest
 
-from vfm_core.video.io import iter_frames
+from vfm_core.video.io import iter_frames, iter_sampled_chunks
 from vfm_core.video.plane_sampler import SAMPLED_FORMATS, PlaneSampler
 
 
@@ -62,3 +62,15 @@ def test_sample_resize_on_video(demo_video):
         frame = next(c.decode(video=0))
     first = next(iter_frames(path, width=64, resize="sample"))[1]
     np.testing.assert_array_equal(first, _reference(frame, 64, first.shape[0]))
+
+
+def test_chunks_are_the_sampled_frames(demo_video, bad_inputs):
+    """`iter_sampled_chunks` (the splitter's decode: one RGB conversion a chunk) gives
+    `iter_frames(resize="sample")`'s frames and times bit for bit, across chunk boundaries, for
+    8-bit 4:2:0 / 4:4:4 and for a format the sampler leaves to swscale (10-bit)."""
+    for path in (demo_video[0], bad_inputs["yuv444"], bad_inputs["10bit"]):
+        one = list(iter_frames(path, width=48, resize="sample"))
+        chunks = list(iter_sampled_chunks(path, width=48, chunk=7))
+        assert [len(t) for _, t in chunks[:-1]] == [7] * (len(chunks) - 1)
+        np.testing.assert_array_equal(np.concatenate([f for f, _ in chunks]), [a for _, a in one])
+        assert [t for _, ts in chunks for t in ts] == [t for t, _ in one]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
@@ -16,6 +17,7 @@ from vfm_core.video.quality import (
     blockiness,
     detect_bars,
     inspect_span,
+    sample_luma,
     upright_box,
 )
 
@@ -122,3 +124,18 @@ def test_sample_videos_are_not_blocky(tmp_path):
     for start in np.arange(0.0, i.duration_s - 2.0, 2.0):
         r = _inspect(path, float(start))
         assert r.blockiness < PictureConfig().max_blockiness, (start, r)
+
+
+@pytest.mark.skipif(not TRANSNET_VIDEO.exists(), reason="TransNetV2 not installed")
+def test_sampled_luma_is_ffmpegs_full_range_grey():
+    """`sample_luma` converts through one cached swscale context: the same bytes as PyAV's
+    per-frame conversion to grey (which built a context for every frame), read as BT.601 even
+    where the frame states BT.709, as this one does."""
+    got = sample_luma(TRANSNET_VIDEO, 10.0, 12.0, n=8, n_frames=50)  # (8, 90, 160)
+    with av.open(str(TRANSNET_VIDEO)) as c:
+        c.seek(int(9.0 / c.streams.video[0].time_base), stream=c.streams.video[0])
+        frames = [f for f in c.decode(video=0) if 10.0 - 0.02 <= f.time < 12.0 - 0.02]
+    want = np.linspace(0, 49, 8).round().astype(int)
+    assert frames[0].colorspace == av.video.reformatter.Colorspace.ITU709
+    grey = [frames[i].reformat(format="gray", src_colorspace="ITU601") for i in want]
+    np.testing.assert_array_equal(got, np.stack([g.to_ndarray() for g in grey]))

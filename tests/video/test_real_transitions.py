@@ -78,10 +78,20 @@ def _two_dissolves() -> Composition:
     return Composition(segments=segs, joins=joins, width=SIZE[0], height=SIZE[1])
 
 
+def _cut_then_dissolve() -> Composition:
+    """real_cuts.py's composition with a cut into a 0.84 s music-video shot that dissolves
+    (1.44 s) into another (frames 114-171): the longest window fits from the cut through the
+    dissolve, with a one-pair step at its start."""
+    return random_composition(
+        150_007, n_segments=8, seg_s=(2.0, 5.0), size=(320, 180), gradual=0.5, flashes=0.5, pans=0.4
+    )
+
+
 @pytest.fixture(scope="module")
 def comps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Composition]]:
     d = tmp_path_factory.mktemp("real_transitions")
     out = {"kinds": _kinds(), "fx": _flashes_and_pans(), "two": _two_dissolves()}
+    out["cut_dissolve"] = _cut_then_dissolve()
     for s in (100, 102):  # random flashes, pans, dissolves and fades
         out[f"mixed{s}"] = random_composition(
             s, n_segments=8, seg_s=(2.0, 5.0), size=SIZE, gradual=0.5, flashes=0.5, pans=0.4
@@ -157,6 +167,8 @@ def test_gradual_transitions_found(comps, segs):
         assert len(got) == 1 and abs(got[0][0] - a) <= 2 and abs(got[0][1] - b) <= 2, (a, b, got)
     two = score(segs["two"], comps["two"][1])  # both, though one window spans the two
     assert all(two.found) and two.crossing == 0, transitions(segs["two"])
+    cd = score(segs["cut_dissolve"], comps["cut_dissolve"][1])  # the cut kept, and the dissolve
+    assert all(cd.found) and cd.crossing == 0, transitions(segs["cut_dissolve"])
     mixed = [score(segs[k], comps[k][1]) for k in ("mixed100", "mixed102")]
     grad = [f for s in mixed for f, g in zip(s.found, s.gradual, strict=True) if g]
     assert sum(grad) >= 0.6 * len(grad), grad  # random ones, some next to whip pans and flashes

@@ -3,9 +3,12 @@ own samples, the same picture as the RGB route (which odd boxes and turned pictu
 
 import av
 import numpy as np
+import pytest
 
 from vfm_core.video import transcode
+from vfm_core.video.compositions import available_sources
 from vfm_core.video.convert import FrameConverter
+from vfm_core.video.io import decode_frames
 
 
 def _frame(w: int = 96, h: int = 64) -> av.VideoFrame:
@@ -34,3 +37,21 @@ def test_even_box_of_yuv420p_is_cut_from_the_planes():
     small = transcode._upright_frame(fc, f, k=0, crop=(x, y, w, h), width=20, height=12)
     odd = transcode._upright_frame(fc, f, k=0, crop=(x + 1, y, w, h), width=w, height=h)
     assert (small.width, small.height, odd.width, odd.height) == (20, 12, w, h)
+
+
+def test_a_clip_states_its_sources_colours(tmp_path):
+    """TransNetV2's sample says BT.709: its clip says so too, so a lossless clip decodes to the
+    source's very colours, cropped or not (written unstated, it read back as BT.601: up to 7
+    levels off)."""
+    src = available_sources().get("mv")
+    if src is None:
+        pytest.skip("TransNetV2's wheel is not installed")
+    whole = decode_frames(src.path, start_s=10.0, end_s=11.0)  # (25, 90, 160, 3)
+    for crop in (None, (0, 2, 160, 86)):
+        out = tmp_path / f"{crop}.mp4"
+        transcode.transcode_span(src.path, out, 10.0, 11.0, crf=0, preset="ultrafast", crop=crop)
+        with av.open(str(out)) as c:
+            f = next(c.decode(video=0))
+            assert (f.colorspace, f.color_range) == (1, 1)  # BT.709, limited range
+        x, y, w, h = crop or (0, 0, 160, 90)
+        np.testing.assert_array_equal(decode_frames(out), whole[:, y : y + h, x : x + w])

@@ -89,6 +89,7 @@ def test_transcode_span(demo_video, tmp_path):
         ("truncated_faststart", "truncated"),
         ("not_video", "not a readable media file"),
         ("audio_only", "no video stream"),
+        ("cover_art", r"no video stream \(audio and a cover picture only\)"),
     ],
 )
 def test_bad_inputs_raise(bad_inputs, kind, reason):

@@ -144,6 +144,8 @@ class TranscodeStage(MapStage):
     _encoder: str | None = field(default=None, init=False, repr=False)
     _bars: dict[str, _VideoBar] = field(default_factory=dict, init=False, repr=False)
     """source_uri -> its progress lines (`_BARS_LOCK` held)."""
+    _interlaced: set[str] = field(default_factory=set, init=False, repr=False)
+    """Videos whose deinterlacing was logged (`_BARS_LOCK` held)."""
 
     def setup(self) -> None:
         # once per worker; an unusable encoder setting fails the run (EncoderError), not a clip
@@ -216,6 +218,8 @@ class TranscodeStage(MapStage):
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
+        if r.deinterlaced:
+            self._note_interlaced(v)
         if remote:
             try:
                 storage.put_file(final, pending)
@@ -240,6 +244,14 @@ class TranscodeStage(MapStage):
                 audio=r.audio,
             )
         ]
+
+    def _note_interlaced(self, v: ProbedVideo) -> None:
+        """Say once per video that its interlaced frames are made progressive."""
+        with _BARS_LOCK:
+            if v.source_uri in self._interlaced:
+                return
+            self._interlaced.add(v.source_uri)
+        log.info("%s: interlaced: clips deinterlaced (FFmpeg bwdif)", v.source_uri)
 
     def _still(self, item: SpanTask, src: str) -> bool:
         """Whether the span's source frames fail the filters' motion check (static or low
@@ -286,7 +298,8 @@ annotations side by side; a transformers tokenizer used by two threads at once f
 "Already borrowed", and a model's forward gains nothing from a second caller on the same CPUs)."""
 
 _BARS_LOCK = threading.Lock()
-"""Guards `TranscodeStage._bars` (a module lock: the stage stays picklable for Ray actors)."""
+"""Guards `TranscodeStage._bars` and `._interlaced` (a module lock: the stage stays picklable
+for Ray actors)."""
 
 SPAN_BYTES = 256 << 20
 """Largest span (decoded bytes) the transcode stage holds so that the picture checks and the

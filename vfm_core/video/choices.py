@@ -31,7 +31,8 @@ PRESETS: tuple[str, ...] = typing.get_args(Preset)
 
 AudioMode = Literal["keep", "drop"]
 """What curation does with a source's sound: keep = its first audio stream over the clip's span,
-re-encoded as AAC in the clip (`vfm_core.video.audio`); drop = clips without sound."""
+as AAC in the clip (a mono or stereo AAC stream copied, any other re-encoded:
+`vfm_core.video.audio`); drop = clips without sound."""
 AUDIO_MODES: tuple[str, ...] = typing.get_args(AudioMode)
 """Accepted values of an `audio` setting."""
 

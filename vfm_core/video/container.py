@@ -71,13 +71,25 @@ def ffmpeg_reason(e: BaseException) -> str:
     return msg.split(":")[0].strip() if msg else type(e).__name__
 
 
+def moving_streams(container: av.container.InputContainer) -> list[av.VideoStream]:
+    """The container's video streams that are moving pictures: not a cover picture (a song's
+    or a film's artwork, one still image stored as a video stream marked ``attached_pic``)."""
+    still = av.stream.Disposition.attached_pic
+    return [s for s in container.streams.video if not s.disposition & still]
+
+
 def video_stream(container: av.container.InputContainer, name: str) -> av.VideoStream:
-    if not container.streams.video:
-        kinds = sorted({s.type for s in container.streams})
+    """The first moving-picture stream (`moving_streams`); `VideoError` naming what the
+    container holds instead."""
+    moving = moving_streams(container)
+    if not moving:
+        kinds = sorted({s.type for s in container.streams if s.type != "video"})
+        if container.streams.video:  # cover pictures only
+            kinds.append("a cover picture")
         raise VideoError(
-            name, f"no video stream ({', '.join(kinds)} only)" if kinds else "no streams"
+            name, f"no video stream ({' and '.join(kinds)} only)" if kinds else "no streams"
         )
-    return container.streams.video[0]
+    return moving[0]
 
 
 def stream_t0(stream: av.VideoStream) -> int:

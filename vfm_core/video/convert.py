@@ -33,12 +33,15 @@ class FrameConverter:
         width: int | None = None,
         height: int | None = None,
         interpolation: str | None = None,
+        src_colorspace: str | None = None,
     ) -> av.VideoFrame:
+        """`frame` as `format` at (`width`, `height`); `src_colorspace` overrides the colour
+        space the frame states (e.g. "ITU601")."""
         key = (
             frame.format.name,
             frame.width,
             frame.height,
-            frame.colorspace,
+            src_colorspace or frame.colorspace,
             frame.color_range,
             format,
             width,
@@ -49,5 +52,10 @@ class FrameConverter:
         if rf is None:
             rf = self._contexts[key] = VideoReformatter()
         return rf.reformat(
-            frame, format=format, width=width, height=height, interpolation=interpolation
+            frame,
+            format=format,
+            width=width,
+            height=height,
+            interpolation=interpolation,
+            src_colorspace=src_colorspace,
         )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vfm_core.video.container import Source
-from vfm_core.video.io import iter_frames
+from vfm_core.video.io import iter_sampled_chunks
 
 FramesOrSource = Source | np.ndarray
 
@@ -213,19 +213,9 @@ def frame_chunks(
         for i in range(0, len(source), chunk):
             yield source[i : i + chunk], None
         return
-    buf: list[np.ndarray] = []
-    ts: list[float] = []
-    frames = iter_frames(
-        source, width=width, resize="sample", threads=threads, decoder_options=decoder_options
+    yield from iter_sampled_chunks(
+        source, width=width, chunk=chunk, threads=threads, decoder_options=decoder_options
     )
-    for t, a in frames:
-        buf.append(a)
-        ts.append(t)
-        if len(buf) == chunk:
-            yield np.stack(buf), ts
-            buf, ts = [], []
-    if buf:
-        yield np.stack(buf), ts
 
 
 def compute_features(

@@ -24,9 +24,11 @@ its neighbours, s[t] >= `color_ratio` x its neighbours): a big colour step backe
 then it is added to the colour detector's cuts, unless a cut, gradual transition or black run
 already lies within +-2 frames. A camera flash changes two consecutive pairs (on and off), so it
 fails the one-pair test; so does a pan. A "gradual transition" of the colour detector with such a
-one-pair step at (or in) it was a short shot of fast motion between two hard cuts (every frame of
-it changes a lot and its ends are stable): it becomes those cuts, since a dissolve blends over
-many frames and has no single-pair step.
+one-pair step in it, or at both its ends, was a short shot of fast motion between two hard cuts
+(every frame of it changes a lot and its ends are stable): it becomes those cuts, since a dissolve
+blends over many frames and has no single-pair step. A step at one end only is a cut just before
+(after) a dissolve whose longest window reached back (on) to it: the cut and the dissolve both
+stay (`_between_cuts`).
 
 Cost: the grid is a block mean of the already-decoded analysis frames, a small fraction of the
 decode (benchmarks/real_cuts.py measures both on real footage).
@@ -134,11 +136,20 @@ class HybridSplitter:
         hit = (layout_step | color_step) & local_max(s, 2)
         hit[0] = False
         hits = np.flatnonzero(hit).tolist()
-        det.gradual = [(a, b) for a, b in det.gradual if not any(a - 2 <= t <= b + 2 for t in hits)]
+        det.gradual = [g for g in det.gradual if not _between_cuts(g, hits)]
         taken = [(c, c) for c in det.cuts] + det.gradual + det.black
         extra = [t for t in hits if not any(a - 2 <= t <= b + 2 for a, b in taken)]
         det.cuts = sorted(det.cuts + extra)
         return det
+
+
+def _between_cuts(span: tuple[int, int], hits: list[int]) -> bool:
+    """Whether a "gradual transition" [a, b) was a short shot of fast motion between two hard
+    cuts: one-pair steps inside it, or at both its ends. A step at one end only is a cut just
+    before (after) a dissolve whose window reached it: both are kept."""
+    a, b = span
+    inside = any(a + 2 < t < b - 2 for t in hits)
+    return inside or (any(abs(t - a) <= 2 for t in hits) and any(abs(t - b) <= 2 for t in hits))
 
 
 def _neighbour_max(x: np.ndarray, half: int) -> np.ndarray:

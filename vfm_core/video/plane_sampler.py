@@ -42,29 +42,39 @@ class PlaneSampler:
         self._index: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._luts = {full: _yuv_luts(full) for full in (False, True)}
 
-    def _indices(self, sub: int, ls: int, cls: int) -> tuple[np.ndarray, ...]:
+    def _indices(self, sub: int, ls: int, cls: int) -> tuple[np.ndarray, np.ndarray]:
+        """(4, h*w) flat indices of the 2x2 luma pixels at each grid point, (h*w,) of its
+        chroma sample, for planes of line sizes `ls` (luma) and `cls` (chroma)."""
         key = (sub, ls, cls)
         if key not in self._index:
             i00 = (self.ys[:, None] * ls + self.xs[None, :]).ravel()  # (h*w,) top-left luma
             ic = ((self.ys // sub)[:, None] * cls + (self.xs // sub)[None, :]).ravel()  # (h*w,)
-            self._index[key] = (i00, i00 + 1, i00 + ls, i00 + ls + 1, ic)
+            self._index[key] = (np.stack([i00, i00 + 1, i00 + ls, i00 + ls + 1]), ic)
         return self._index[key]
 
-    def __call__(self, frame: av.VideoFrame) -> np.ndarray:
-        name = frame.format.name
+    def codes(self, frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The frame's codes on the grid: luma 2x2 sums (h*w,) uint16 (`rgb` rounds them to the
+        mean), chroma (h*w,) uint8 each; read in place from the decoder's planes."""
         p0, p1, p2 = frame.planes[:3]
-        i00, i01, i10, i11, ic = self._indices(SAMPLED_FORMATS[name], p0.line_size, p1.line_size)
-        lum = np.frombuffer(p0, np.uint8)
-        y = (lum[i00].astype(np.uint16) + lum[i01] + lum[i10] + lum[i11] + 2) >> 2  # (h*w,)
-        u = np.frombuffer(p1, np.uint8)[ic]  # (h*w,)
-        v = np.frombuffer(p2, np.uint8)[ic]  # (h*w,)
-        ly, rv, gu, gv, bu = self._luts[name.startswith("yuvj")]
+        i4, ic = self._indices(SAMPLED_FORMATS[frame.format.name], p0.line_size, p1.line_size)
+        y4 = np.frombuffer(p0, np.uint8)[i4].sum(axis=0, dtype=np.uint16)  # (h*w,)
+        return y4, np.frombuffer(p1, np.uint8)[ic], np.frombuffer(p2, np.uint8)[ic]
+
+    def rgb(self, y4: np.ndarray, u: np.ndarray, v: np.ndarray, *, full: bool) -> np.ndarray:
+        """RGB uint8 (..., h, w, 3) of codes (..., h*w) from `codes` (stacked for a batch of
+        frames: one conversion for all); `full`: JPEG-range codes (yuvj formats)."""
+        y = (y4 + 2) >> 2  # the rounded mean of the 2x2 luma pixels
+        ly, rv, gu, gv, bu = self._luts[full]
         yf = ly[y]
-        rgb = np.empty((self.h * self.w, 3), np.float32)  # (h*w, 3)
-        np.add(yf, rv[v], out=rgb[:, 0])
-        np.subtract(yf, gu[u], out=rgb[:, 1])
-        rgb[:, 1] -= gv[v]
-        np.add(yf, bu[u], out=rgb[:, 2])
+        rgb = np.empty(y.shape + (3,), np.float32)  # (..., h*w, 3)
+        np.add(yf, rv[v], out=rgb[..., 0])
+        np.subtract(yf, gu[u], out=rgb[..., 1])
+        rgb[..., 1] -= gv[v]
+        np.add(yf, bu[u], out=rgb[..., 2])
         rgb += 0.5
         np.clip(rgb, 0, 255, out=rgb)
-        return rgb.astype(np.uint8).reshape(self.h, self.w, 3)  # (h, w, 3)
+        return rgb.astype(np.uint8).reshape(y.shape[:-1] + (self.h, self.w, 3))
+
+    def __call__(self, frame: av.VideoFrame) -> np.ndarray:
+        """(h, w, 3) RGB uint8 of one frame."""
+        return self.rgb(*self.codes(frame), full=frame.format.name.startswith("yuvj"))

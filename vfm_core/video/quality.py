@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
+from vfm_core.video.convert import FrameConverter
 from vfm_core.video.io import Source, iter_av_frames
 
 DecodedSpan = Iterable[tuple[float, av.VideoFrame]]
@@ -100,11 +101,16 @@ def sample_luma(
     want = set(np.linspace(0, max(n_frames - 1, 0), min(n, max(n_frames, 1))).round().astype(int))
     last = max(want)
     out, seen = [], 0
+    fc = FrameConverter()  # one swscale context for the span: to_ndarray(format=) built one a
+    # frame, 4-5x the conversion itself on small pictures (same bytes). The luma is read as
+    # BT.601 whatever the frame states: swscale's grey from a BT.709-tagged frame differs (~0.8
+    # levels), and the blocking measure would then depend on a tag, not on the coded samples
     if frames is None:
         frames = iter_av_frames(src, start_s=start_s, end_s=end_s, threads="AUTO")
     for _, frame in frames:
         if seen in want:
-            out.append(frame.to_ndarray(format="gray"))  # (H, W) full-range luma
+            grey = fc.convert(frame, format="gray", src_colorspace="ITU601")
+            out.append(grey.to_ndarray())  # (H, W) full-range luma
         seen += 1
         if seen > last:
             break

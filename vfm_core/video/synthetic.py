@@ -41,6 +41,7 @@ BadKind = Literal[
     "truncated_faststart",
     "not_video",
     "audio_only",
+    "cover_art",
     "one_frame",
     "vfr",
     "rotated",
@@ -417,7 +418,8 @@ def make_bad_input(kind: BadKind, path: str | os.PathLike[str], *, seed: int = 0
     """Write one malformed or unusual input at `path` (kinds: `BAD_KINDS`) and return the path.
 
     zero_byte / truncated (moov atom lost) / truncated_faststart (media data cut) / not_video (text)
-    / audio_only (AAC) must be rejected; one_frame / vfr (irregular timestamps) / rotated (display
+    / audio_only (AAC) / cover_art (a song: AAC and its cover picture, a one-image video stream
+    marked attached_pic) must be rejected; one_frame / vfr (irregular timestamps) / rotated (display
     matrix 90 deg) / yuv444 / 10bit (yuv420p10le) are valid and must be processed.
     """
     p = Path(path)
@@ -432,9 +434,17 @@ def make_bad_input(kind: BadKind, path: str | os.PathLike[str], *, seed: int = 0
     elif kind in ("truncated", "truncated_faststart"):
         fast = kind == "truncated_faststart"
         make_truncated(p, spec, keep=0.5 if fast else 0.6, faststart=fast)
-    elif kind == "audio_only":
+    elif kind in ("audio_only", "cover_art"):
         with av.open(str(p), mode="w") as out:
             st = out.add_stream("aac", rate=44100)
+            if kind == "cover_art":
+                cover = out.add_stream("mjpeg", rate=1)
+                cover.width, cover.height, cover.pix_fmt = 96, 64, "yuvj420p"
+                cover.disposition = av.stream.Disposition.attached_pic
+                art = av.VideoFrame.from_ndarray(frames[0], format="rgb24")
+                for pkt in cover.encode(art.reformat(format="yuvj420p")):
+                    pkt.pts = pkt.dts = 0
+                    out.mux(pkt)
             sr = 44100
             t = np.arange(sr) / sr
             tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None, :]  # (1, S)

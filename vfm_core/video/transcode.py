@@ -23,10 +23,19 @@ from typing import Any
 import av
 import numpy as np
 
-from vfm_core.video.audio import AudioFormat, add_aac, audio_format, span_samples, write_aac
+from vfm_core.video.audio import (
+    AudioFormat,
+    add_aac,
+    audio_format,
+    copied_sound,
+    span_samples,
+    write_aac,
+    write_copied,
+)
 from vfm_core.video.choices import ENCODERS, AudioMode, ClipAudio, Encoder
 from vfm_core.video.container import Source, VideoError, open_container, source_name, video_stream
 from vfm_core.video.convert import FrameConverter
+from vfm_core.video.deinterlace import Deinterlacer
 from vfm_core.video.io import ONE_THREAD_PIXELS, analysis_size, iter_av_frames
 
 log = logging.getLogger(__name__)
@@ -231,6 +240,8 @@ class TranscodeResult:
     """The H.264 encoder that wrote it (libx264 or h264_nvenc)."""
     audio: ClipAudio = "none"
     """Its sound: kept (the source's, AAC), none (the source has no audio stream) or dropped."""
+    deinterlaced: bool = False
+    """The source's frames were interlaced and went through `video.deinterlace` first."""
 
 
 def transcode_span(
@@ -265,39 +276,50 @@ def transcode_span(
     (x, y, w, h in upright source pixels, e.g. the picture inside black bars from
     `vfm_core.video.quality`) keeps only that box; sizes then apply to the box.
 
-    `audio` "keep" re-encodes the source's first audio stream (AAC, `video.audio`) over the clip:
-    from the source time of its first frame (of ``start_s`` when frames are resampled onto a new
-    time grid) for n_frames / fps seconds, so sound and pictures stay in sync; "drop" writes no
+    `audio` "keep" puts the source's first audio stream in the clip (`video.audio`: a mono or
+    stereo AAC stream's packets copied, any other re-encoded as AAC): from the source time of
+    its first frame (of ``start_s`` when frames are resampled onto a new time grid) for
+    n_frames / fps seconds, so sound and pictures stay in sync; "drop" writes no
     sound. `TranscodeResult.audio` says which happened (none: the source has no audio stream).
+
+    Interlaced frames (camcorder 1080i, broadcast) are made progressive first
+    (`video.deinterlace`, FFmpeg's bwdif; `TranscodeResult.deinterlaced`).
 
     `frames`: the span's (time_s, frame) already decoded (`iter_av_frames` over [start_s,
     end_s), e.g. for the picture checks), encoded instead of decoding the span again.
     """
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = source_name(src)
-    w0, h0, in_rate, sound = _header(src, name)
-    k = (rotation // 90) % 4  # quarter turns counter-clockwise
-    w, h = _output_size(w0, h0, k=k, crop=crop, width=width, height=height, name=name)
-    out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
-    out, st = _open_h264(
-        out_path,
-        fps=out_rate,
-        width=w,
-        height=h,
-        crf=crf,
-        preset=preset,
-        pix_fmt="yuv420p",
-        gop=None,
-        encoder=codec,
-    )
-    ast = add_aac(out, sound) if sound is not None and audio == "keep" else None
+    deinterlace = Deinterlacer()  # interlaced frames made progressive, others untouched
+    with open_container(src) as c:  # the header, and the sound's packets when they are copied
+        w0, h0, in_rate, sound = _header(c, name)
+        keep = sound is not None and audio == "keep"
+        copied = copied_sound(c, start_s, end_s, name=name) if keep and sound.copy else None
+        k = (rotation // 90) % 4  # quarter turns counter-clockwise
+        w, h = _output_size(w0, h0, k=k, crop=crop, width=width, height=height, name=name)
+        out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
+        out, st = _open_h264(
+            out_path,
+            fps=out_rate,
+            width=w,
+            height=h,
+            crf=crf,
+            preset=preset,
+            pix_fmt="yuv420p",
+            gop=None,
+            encoder=codec,
+        )
+        if copied is not None:
+            ast = out.add_stream_from_template(c.streams.audio[0])
+        else:
+            ast = add_aac(out, sound) if keep else None
     n, first_t = 0, start_s
     fc = FrameConverter()  # swscale contexts reused across the span, one per conversion
     with out:
         resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
         if frames is None:
             frames = iter_av_frames(src, start_s=start_s, end_s=end_s, threads=threads, name=name)
-        for t, frame in frames:
+        for t, frame in deinterlace(frames):
             first_t = t if n == 0 and not resample else first_t  # the clip's time 0
             vf = _upright_frame(fc, frame, k=k, crop=crop, width=w, height=h)
             copies = 1
@@ -305,13 +327,19 @@ def transcode_span(
                 copies = _grid_copies(
                     n, t - start_s, span=(start_s, end_s), rates=(in_rate, out_rate)
                 )
+            if n == 0:
+                _tag_colours(st.codec_context, vf)
             for _ in range(copies):
                 vf.pts, vf.time_base = n, st.codec_context.time_base
                 out.mux(st.encode(vf))
                 n += 1
         out.mux(st.encode(None))
-        if ast is not None and n:  # (C, S) of [first_t, first_t + n / rate): the clip's span
-            write_aac(out, ast, span_samples(src, first_t, float(n / out_rate), sound, name=name))
+        if ast is not None and n:  # the sound of [first_t, first_t + n / rate): the clip's span
+            dur = float(n / out_rate)
+            if copied is not None:
+                write_copied(out, ast, copied, first_t, dur)
+            else:  # (C, S) samples
+                write_aac(out, ast, span_samples(src, first_t, dur, sound, name=name))
     if n == 0:
         Path(out_path).unlink(missing_ok=True)
         raise VideoError(name, f"no frames in span [{start_s:.3f}, {end_s:.3f}) s")
@@ -324,20 +352,22 @@ def transcode_span(
         fps=float(out_rate),
         encoder=codec,
         audio="none" if sound is None else "kept" if ast is not None else "dropped",
+        deinterlaced=deinterlace.used,
     )
 
 
-def _header(src: Source, name: str) -> tuple[int, int, Fraction, AudioFormat | None]:
-    """(width, height) of the video stream's coded picture, its frame rate (30 when it declares
-    none) and the format of the clip's sound (None: no audio stream), in one open."""
-    with open_container(src) as c:
-        s = video_stream(c, name)
-        return (
-            s.codec_context.width,
-            s.codec_context.height,
-            s.average_rate or s.guessed_rate or Fraction(30),
-            audio_format(c),
-        )
+def _header(
+    c: av.container.InputContainer, name: str
+) -> tuple[int, int, Fraction, AudioFormat | None]:
+    """(width, height) of an open source's coded picture, its frame rate (30 when it declares
+    none) and the format of the clip's sound (None: no audio stream)."""
+    s = video_stream(c, name)
+    return (
+        s.codec_context.width,
+        s.codec_context.height,
+        s.average_rate or s.guessed_rate or Fraction(30),
+        audio_format(c),
+    )
 
 
 def _output_size(
@@ -400,6 +430,15 @@ def _upright_frame(
         vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.rot90(a, k)), "rgb24")
         return fc.convert(vf, format="yuv420p")
     return fc.convert(frame, width=w, height=h, format="yuv420p")
+
+
+def _tag_colours(cc: Any, vf: av.VideoFrame) -> None:
+    """Before the encoder opens: state the colour space, range, primaries and transfer of the
+    frames it gets, so the clip decodes to the source's colours (a BT.709 source's samples,
+    written unstated, read back as BT.601). Frames made from RGB state nothing: left unstated,
+    they are BT.601, as swscale wrote them."""
+    for name in ("colorspace", "color_range", "color_primaries", "color_trc"):
+        setattr(cc, name, getattr(vf, name))
 
 
 def _crop_yuv420p(frame: av.VideoFrame, crop: tuple[int, int, int, int]) -> av.VideoFrame:
