@@ -15,14 +15,23 @@ from tests.curate.conftest import assert_covered
 from vfm_core.contracts import Rejects, VideoManifest, read_manifest
 from vfm_core.curate import CurateConfig, curate
 from vfm_core.curate.pipeline import read_clips
-from vfm_core.video.io import count_frames, decode_frames, probe
+from vfm_core.video.io import (
+    collect_gaps,
+    count_frames,
+    decode_frames,
+    iter_av_frames,
+    lost_tail,
+    probe,
+)
 from vfm_core.video.synthetic import (
     Segment,
     VideoSpec,
     make_bad_input,
     make_truncated,
     make_video,
+    render_frames,
 )
+from vfm_core.video.transcode import encode_h264
 
 FPS = 24.0
 SPEC = VideoSpec(
@@ -120,3 +129,52 @@ def test_decoder_error_mid_stream_keeps_what_decodes(tmp_path):
     assert (row["start_s"], row["end_s"]) == (pytest.approx(100 / FPS), pytest.approx(6.0))
     assert_covered(tmp_path / "o")
     assert out["clip_s"] + out["rejected_s"] == pytest.approx(6.0, abs=2 / FPS)
+
+
+def test_damage_mid_stream_is_a_gap_and_what_decodes_after_it_is_curated(tmp_path):
+    """Keyframes every second: the decoder skips from the damaged sample to the next keyframe
+    and goes on. The skipped seconds are one "damaged" reject, the shot around them is cut
+    there (its short piece a "shot" reject), the shots after the damage are clips."""
+    src = tmp_path / "damaged.mp4"
+    frames, _ = render_frames(SPEC)
+    encode_h264(frames, src, fps=FPS, crf=SPEC.crf, preset=SPEC.preset, gop=int(FPS))
+    _zero_sample(src, 54)  # in the pan shot (2-4 s), the next keyframe at 3 s
+    out = curate(str(src), str(tmp_path / "o"), config=CFG)
+    clips = read_clips(str(tmp_path / "o"))
+    rejects = read_manifest(tmp_path / "o" / "rejects.parquet", Rejects)
+    spans = list(zip(clips["start_s"].to_list(), clips["end_s"].to_list(), strict=True))
+    assert spans == [
+        (pytest.approx(0.0), pytest.approx(2.0)),
+        (pytest.approx(3.0), pytest.approx(4.0)),
+        (pytest.approx(4.0), pytest.approx(6.0)),
+    ]
+    for row in clips.iter_rows(named=True):  # no clip holds the damage
+        n = round((row["end_s"] - row["start_s"]) * FPS)
+        assert len(decode_frames(row["uri"], width=32)) == row["n_frames"] == n
+    (gap,) = rejects.filter(pl.col("reason").str.starts_with("damaged")).to_dicts()
+    assert gap["reason"].startswith("damaged: no frame decodes from 2.")
+    assert gap["reason"].endswith("to 3.00 s (Invalid data found when processing input)")
+    assert 2.0 < gap["start_s"] <= 54 / FPS and gap["end_s"] == pytest.approx(3.0)
+    (short,) = rejects.filter(pl.col("reason").str.starts_with("shot ")).to_dicts()
+    assert (short["start_s"], short["end_s"]) == (pytest.approx(2.0), gap["start_s"])
+    assert_covered(tmp_path / "o")
+    assert out["coverage_gaps"] == []
+    assert out["clip_s"] + out["rejected_s"] == pytest.approx(6.0, abs=2 / FPS)
+
+
+def test_decode_gaps_are_reported_and_a_plain_decode_raises(tmp_path):
+    src = tmp_path / "damaged.mp4"
+    frames, _ = render_frames(SPEC)
+    encode_h264(frames, src, fps=FPS, crf=SPEC.crf, preset=SPEC.preset, gop=int(FPS))
+    _zero_sample(src, 54)
+    for threads in ("AUTO", "NONE"):  # frame threads report the error packets late
+        with collect_gaps() as gaps:
+            times = [t for t, _ in iter_av_frames(src, start_s=None, end_s=None, threads=threads)]
+        (gap,) = gaps
+        assert times[gap.frame] == gap.end_s == pytest.approx(3.0)
+        assert times[gap.frame - 1] + 1 / FPS == pytest.approx(gap.start_s)
+        assert len(times) == 6 * FPS - round((gap.end_s - gap.start_s) * FPS)
+    # a clip range after the damage decodes whole, one across it skips the gap
+    after = [t for t, _ in iter_av_frames(src, start_s=3.0, end_s=4.0, threads="AUTO")]
+    assert after == pytest.approx([3.0 + i / FPS for i in range(int(FPS))])
+    assert lost_tail(src, after_s=1.0).startswith("damaged: decoding fails after 1.00 s")

@@ -5,9 +5,16 @@ import numpy as np
 import pytest
 
 from vfm_core.video.hybrid_splitter import HybridSplitter
-from vfm_core.video.io import decode_frames, iter_frames, probe
+from vfm_core.video.io import DecodeGap, decode_frames, iter_frames, probe
 from vfm_core.video.shots import ColorChangeSplitter, FixedStrideSplitter, Splitter
-from vfm_core.video.spans import LengthRules, Span, transitions_from_spans
+from vfm_core.video.spans import (
+    DroppedSpan,
+    LengthRules,
+    Segmentation,
+    Span,
+    cut_at_gaps,
+    transitions_from_spans,
+)
 from vfm_core.video.stitch import stitch
 from vfm_core.video.synthetic import score_transitions
 from vfm_core.video.transnet import TransNetV2Splitter
@@ -166,3 +173,49 @@ def shifted_match_loop(ga: np.ndarray, gb: np.ndarray, min_overlap: float = 0.5)
             b = gb[max(-dy, 0) : gh + min(-dy, 0), max(-dx, 0) : gw + min(-dx, 0)]
             best = min(best, float(np.abs(a - b).mean()))
     return best
+
+
+def test_cut_at_gaps_splits_what_crosses_a_gap_and_accounts_for_its_seconds():
+    """Frames 0-99 at 10 fps, a 1 s gap (no frame decodes) before frame 50: the span across it is
+    cut there (a piece under 2 s becomes a short shot), a dropped range across it keeps its
+    reason on both sides, and the gap's seconds are a zero-frame "damaged" range."""
+    gap = DecodeGap(frame=50, start_s=5.0, end_s=6.0, reason="Invalid data")
+    seg = Segmentation(
+        spans=[
+            Span(start_frame=0, end_frame=30, start_s=0.0, end_s=3.0),
+            Span(start_frame=40, end_frame=52, start_s=4.0, end_s=6.2),  # across the gap
+            Span(start_frame=52, end_frame=100, start_s=6.2, end_s=11.0),
+        ],
+        dropped=[
+            DroppedSpan(start_frame=30, end_frame=40, start_s=3.0, end_s=4.0, reason="black"),
+        ],
+        n_frames=100,
+    )
+    out = cut_at_gaps(seg, [gap], LengthRules(min_len_s=0.5))
+    assert [(s.start_frame, s.end_frame, s.start_s, s.end_s) for s in out.spans] == [
+        (0, 30, 0.0, 3.0),
+        (40, 50, 4.0, 5.0),
+        (52, 100, 6.2, 11.0),
+    ]
+    assert [(d.start_frame, d.end_frame, d.start_s, d.end_s, d.reason) for d in out.dropped] == [
+        (30, 40, 3.0, 4.0, "black"),
+        (50, 50, 5.0, 6.0, "damaged: no frame decodes from 5.00 to 6.00 s (Invalid data)"),
+        (50, 52, 6.0, 6.2, "shot 0.20 s < min 0.50 s"),
+    ]
+    # the pieces and the gap cover every second once
+    parts = sorted([*out.spans, *out.dropped], key=lambda p: p.start_s)
+    assert all(a.end_s == b.start_s for a, b in zip(parts[:-1], parts[1:], strict=True))
+    # a dropped range across the gap: both sides keep its reason
+    seg = Segmentation(
+        spans=[],
+        dropped=[DroppedSpan(start_frame=0, end_frame=100, start_s=0.0, end_s=11.0, reason="x")],
+        n_frames=100,
+    )
+    out = cut_at_gaps(seg, [gap], LengthRules())
+    assert [
+        (d.start_frame, d.end_frame, d.start_s, d.end_s, d.reason[:8]) for d in out.dropped
+    ] == [
+        (0, 50, 0.0, 5.0, "x"),
+        (50, 50, 5.0, 6.0, "damaged:"),
+        (50, 100, 6.0, 11.0, "x"),
+    ]

@@ -135,8 +135,12 @@ class CurateConfig(CurateOptions):
         """Whether the stitch stage merges spans (``stitch``, None resolved by the splitter)."""
         return self.splitter != "hybrid" if self.stitch is None else self.stitch
 
+    def lengths(self) -> LengthRules:
+        """The clip length rules (``min_len_s``, ``max_len_s``)."""
+        return LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)
+
     def splitter_obj(self) -> Splitter:
-        lengths = LengthRules(min_len_s=self.min_len_s, max_len_s=self.max_len_s)
+        lengths = self.lengths()
         if self.splitter == "hybrid":
             color = ColorChangeSplitter(analysis_width=self.analysis_width)
             return HybridSplitter(color=color, lengths=lengths)

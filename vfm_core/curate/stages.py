@@ -31,8 +31,8 @@ from vfm_core.curate.records import Item, ProbedVideo, RejectRow, SpanTask, Spli
 from vfm_core.curate.stage_base import MapStage, Stage, local_copy, local_video, video_progress
 from vfm_core.storage import not_regular
 from vfm_core.video.container import VideoError
-from vfm_core.video.io import lost_tail, observe_decode, probe
-from vfm_core.video.spans import DroppedSpan, Segmentation
+from vfm_core.video.io import collect_gaps, lost_tail, observe_decode, probe
+from vfm_core.video.spans import DroppedSpan, Segmentation, cut_at_gaps
 from vfm_core.video.stitch import stitch
 
 
@@ -90,8 +90,10 @@ class SplitStage(MapStage):
         if self._splitter is None:
             self.setup()
         src = local_video(item, self.work_dir)
-        with video_progress("split", item) as bar, observe_decode(bar.at):
+        with video_progress("split", item) as bar, observe_decode(bar.at), collect_gaps() as gaps:
             seg = self._splitter.segment(src, fps=item.fps)
+        if gaps:  # damaged bytes inside the stream: what decodes after them is curated too
+            seg = cut_at_gaps(seg, gaps, self.cfg.lengths())
         lost = _lost_tail(seg, item, src)
         if not seg.spans and lost is None:
             raise ValueError(_no_shot_reason(seg, item, self.cfg.min_len_s))

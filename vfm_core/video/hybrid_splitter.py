@@ -51,7 +51,13 @@ from vfm_core.video.frame_features import (
     luma,
 )
 from vfm_core.video.io import SKIP_LOOP_FILTER
-from vfm_core.video.shots import ColorChangeSplitter, Detection, fps_of, local_max
+from vfm_core.video.shots import (
+    ColorChangeSplitter,
+    Detection,
+    fps_of,
+    local_max,
+    picture_change,
+)
 from vfm_core.video.spans import LengthRules, Segmentation, Span
 
 
@@ -134,6 +140,7 @@ class HybridSplitter:
             & (s >= self.color_ratio * (s_nb + eps))
         )
         hit = (layout_step | color_step) & local_max(s, 2)
+        hit &= picture_change(feats) >= self.color.cut_pixels
         hit[0] = False
         hits = np.flatnonzero(hit).tolist()
         det.gradual = [g for g in det.gradual if not _between_cuts(g, hits)]

@@ -459,6 +459,38 @@ _OBSERVER: ContextVar[Callable[[float], None] | None] = ContextVar(
 """What `observe_decode` installed: called with the time of every frame `iter_av_frames` yields."""
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DecodeGap:
+    """Seconds of a stream whose frames did not decode, with more decoding after them: the
+    decoder failed on a packet (damaged bytes) and the frames up to the next keyframe, which
+    need that one, were skipped. `iter_av_frames` reports them to `collect_gaps`."""
+
+    frame: int
+    """Index, among the frames the decode yielded, of the first frame after the gap."""
+    start_s: float
+    """End of the last frame before the gap (the range's start when none)."""
+    end_s: float
+    """Time of the first frame after it."""
+    reason: str
+    """The decoder's error, e.g. "Invalid data found when processing input"."""
+
+
+_GAPS: ContextVar[list[DecodeGap] | None] = ContextVar("vfm_decode_gaps", default=None)
+
+
+@contextmanager
+def collect_gaps() -> Iterator[list[DecodeGap]]:
+    """Within the block, every gap a decode of this module skips over (in this thread or task)
+    is appended to the list this yields (`DecodeGap`); outside such a block gaps are skipped
+    silently (their frames are simply missing)."""
+    gaps: list[DecodeGap] = []
+    token = _GAPS.set(gaps)
+    try:
+        yield gaps
+    finally:
+        _GAPS.reset(token)
+
+
 @contextmanager
 def observe_decode(callback: Callable[[float], None]) -> Iterator[None]:
     """Within the block, every frame a decode of this module yields (in this thread or task)
@@ -485,13 +517,18 @@ def iter_av_frames(
 
     `options`: FFmpeg decoder options, applied before the decoder opens (at the first packet).
 
-    A decode error after the first frame ends the iteration quietly (damaged tail: the caller
-    sees fewer frames than probed); before it, it raises `VideoError`. So does running past
-    `timeout_s` (default: `DECODE_TIMEOUT` for the range's length), checked at every packet.
+    A packet the decoder fails on (damaged bytes) is skipped with the packets up to the next
+    keyframe, whose frames need it; decoding goes on from there and the skipped seconds are a
+    `DecodeGap` (reported to `collect_gaps`). A read error after the first frame ends the
+    iteration quietly (damaged tail: the caller sees fewer frames than probed); an error before
+    any frame decodes raises `VideoError`. So does running past `timeout_s` (default:
+    `DECODE_TIMEOUT` for the range's length), checked at every packet.
     """
     name = name or source_name(src)
     began = time.monotonic()
-    observe = _OBSERVER.get()
+    observe, gaps = _OBSERVER.get(), _GAPS.get()
+    skips = _Skips()
+
     with open_container(src) as c:
         s = video_stream(c, name)
         media = media_seconds(c, s)  # seconds of media in [start_s, end_s)
@@ -511,28 +548,63 @@ def iter_av_frames(
         num, den = (tb.numerator, tb.denominator) if tb is not None else (None, None)
         rate = s.average_rate or s.guessed_rate
         half = 0.5 / float(rate) if rate else 0.0  # a frame belongs to [start, end) by its centre
-        n_out = 0
+        n_out, after = 0, start_s or 0.0  # frames yielded; the end of the last one
         try:
             frames = (
-                _decode_from(c, s, deadline, start_s=start_s, half=half)
+                _decode_from(c, s, deadline, start_s=start_s, half=half, skips=skips)
                 if start_s
-                else _decode(c, s, deadline)
+                else _decode(c, s, deadline, skips=skips)
             )
             for frame in frames:
                 if frame.pts is None:
                     continue
                 t = (frame.pts - t0) * num / den
+                if skips.resumed_by(frame):  # the first frame after skipped packets
+                    if gaps is not None and t > after + half and t >= (start_s or 0.0):
+                        gaps.append(
+                            DecodeGap(frame=n_out, start_s=after, end_s=t, reason=skips.reason)
+                        )
+                    skips.clear()
                 if start_s is not None and t < start_s - half:
                     continue
                 if end_s is not None and t >= end_s - half:
                     break
                 n_out += 1
+                after = t + 2 * half
                 if observe is not None:
                     observe(t)
                 yield t, frame
         except av.FFmpegError as e:
             if n_out == 0:
                 raise VideoError(name, f"decode failed ({ffmpeg_reason(e)})") from e
+        if n_out == 0 and skips.reason is not None:
+            raise VideoError(name, f"decode failed ({skips.reason})")
+
+
+@dataclass(kw_only=True, slots=True)
+class _Skips:
+    """Decoder errors `_decode` skipped over since the last gap `iter_av_frames` reported."""
+
+    reason: str | None = None
+    """The first error's reason."""
+    resume_pts: int | None = None
+    """Timestamp of the keyframe the decoding went on from (None: not yet)."""
+
+    def failed(self, e: av.FFmpegError) -> None:
+        if self.reason is None:
+            self.reason = ffmpeg_reason(e)
+
+    def resume(self, packet: av.Packet) -> None:
+        pts = packet.pts if packet.pts is not None else packet.dts
+        self.resume_pts = -(2**62) if pts is None else pts
+
+    def resumed_by(self, frame: av.VideoFrame) -> bool:
+        """`frame` is the resume keyframe's or later (frames decoded before the error come out
+        of the decoder's reorder buffer first)."""
+        return self.resume_pts is not None and frame.pts >= self.resume_pts
+
+    def clear(self) -> None:
+        self.reason = self.resume_pts = None
 
 
 SEEK_BACK_S = (0.0, 1.0, 4.0, 16.0)
@@ -547,6 +619,7 @@ def _decode_from(
     *,
     start_s: float,
     half: float,
+    skips: _Skips | None = None,
 ) -> Iterator[av.VideoFrame]:
     """Decoded frames from a seek to the keyframe before video-clock second `start_s`: from the
     first keyframe decoded, which must be at or before the range's first frame (`half`: half a
@@ -556,17 +629,17 @@ def _decode_from(
     missing references (wrong pictures). When the first keyframe decoded is past the range's
     start, the seek is tried again further back (`SEEK_BACK_S`), at last from the container's
     start. Frames shown before that keyframe (an open GOP's leading pictures, whose references
-    precede the seek) are before the range: they are dropped."""
+    precede the seek) are before the range: they are dropped. `skips`: as `_decode`'s."""
     tb, t0 = s.time_base, stream_t0(s)
     for back in (*SEEK_BACK_S, None):
         target = None if back is None else start_s - back
         last_try = target is None or target <= 0
         if last_try:  # the container's time 0: before every stream
             c.seek(0, backward=True, any_frame=False)  # (a TS seek to t0 can land after it)
-            yield from _decode(c, s, deadline)
+            yield from _decode(c, s, deadline, skips=skips)
             return
         c.seek(t0 + int(target / tb), stream=s, backward=True, any_frame=False)
-        frames = _decode(c, s, deadline)
+        frames = _decode(c, s, deadline, skips=skips)
         for f in frames:
             if f.pts is None:
                 continue
@@ -581,12 +654,36 @@ def _decode_from(
 
 
 def _decode(
-    c: av.container.InputContainer, s: av.VideoStream, deadline: _Deadline
+    c: av.container.InputContainer,
+    s: av.VideoStream,
+    deadline: _Deadline,
+    *,
+    skips: _Skips | None = None,
 ) -> Iterator[av.VideoFrame]:
-    """`c.decode(s)` (demux, decode, flush at the end) with the deadline checked per packet."""
+    """`c.decode(s)` (demux, decode, flush at the end) with the deadline checked per packet.
+
+    `skips`: None raises the decoder's first error; else the error is noted there and the
+    packets after the failed one are skipped up to the next keyframe (their frames reference
+    what did not decode), whose timestamp is noted too."""
+    skipping = False
     for packet in c.demux(s):
         deadline.check()
-        yield from packet.decode()
+        if skipping and packet.size:
+            if not packet.is_keyframe:
+                continue
+            s.codec_context.flush_buffers()  # a clean start: no frame or error from before
+            skips.resume(packet)
+        skipping = False
+        if skips is None:
+            yield from packet.decode()
+            continue
+        try:
+            frames = packet.decode()
+        except av.FFmpegError as e:
+            skips.failed(e)
+            skipping = True
+            continue
+        yield from frames
 
 
 def lost_tail(src: Source, *, after_s: float, timeout_s: float | None = None) -> str | None:

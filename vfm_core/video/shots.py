@@ -139,6 +139,11 @@ class ColorChangeSplitter:
     """... and this times the mean of its 4 neighbours d1[t-2, t-1, t+1, t+2] (PySceneDetect's
     AdaptiveDetector test): a whip pan or fast motion spreads its change over several pairs
     (ratio ~1.1-1.5), a cut is one pair (>= ~2.9 on real footage: a cut out of fast motion)."""
+    cut_pixels: float = 0.02
+    """... and the picture itself must change: the mean |luma step| or the mean |block-mean RGB
+    step| at least this (0..1). A histogram jump with the pixels still (a flat colour at a bin
+    edge, moved by the encoder's drift) is no cut; true cuts in `benchmarks/real_cuts.py`'s
+    compositions change 0.058 or more (the least of 144)."""
     window_s: float = 1.0
     """Half-width of the rolling median window, seconds."""
     gradual: GradualRules = field(default_factory=GradualRules)
@@ -227,6 +232,7 @@ class ColorChangeSplitter:
         eps = 0.01
         is_cut = (d1 >= self.cut_min) & (d1 >= self.cut_ratio * (base + eps)) & local_max(d1, 2)
         is_cut &= d1 >= self.cut_standout * (neighbour_mean(d1, 2) + eps)
+        is_cut &= picture_change(feats) >= self.cut_pixels
         is_cut[0] = False
         cuts = np.flatnonzero(is_cut).tolist()
 
@@ -270,6 +276,16 @@ def _grid(feats: FrameFeatures) -> np.ndarray:
     if feats.thumbs is not None:
         return feats.thumbs.astype(np.float32)
     return np.zeros((len(feats.hist), 1, 1, 3), np.float32)
+
+
+def picture_change(feats: FrameFeatures) -> np.ndarray:
+    """(T,) how much the picture changes from frame t - 1 to t (0 at t = 0), 0..1: the larger of
+    the mean |luma step| and the mean |block-mean RGB step| (a cut between two shots of one
+    brightness changes the colours)."""
+    g = _grid(feats)  # (T, gh, gw, 3)
+    out = np.zeros(len(g), np.float32)
+    out[1:] = np.abs(g[1:] - g[:-1]).mean(axis=(1, 2, 3)) / 255.0
+    return np.maximum(out, feats.dpix) if len(feats.dpix) == len(out) else out
 
 
 def true_runs(mask: np.ndarray) -> list[tuple[int, int]]:

@@ -10,9 +10,14 @@ for arrays.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from vfm_core.video.io import DecodeGap
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -35,6 +40,9 @@ class Span:
     @classmethod
     def of(cls, start: int, end: int, fps: float) -> Span:
         return cls(start_frame=start, end_frame=end, start_s=start / fps, end_s=end / fps)
+
+
+S = TypeVar("S", bound=Span)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -87,8 +95,7 @@ class LengthRules:
                 continue
             if n < min_f:
                 s = timed_span(a, b, fps, times)
-                why = f"shot {s.duration_s:.2f} s < min {self.min_len_s:.2f} s"
-                short.append(dropped_span(s, why))
+                short.append(dropped_span(s, self.short_reason(s)))
                 continue
             k = 1 if max_f is None else -(-n // max_f)
             edges = [a + (n * i) // k for i in range(k + 1)]
@@ -96,6 +103,9 @@ class LengthRules:
                 timed_span(s, e, fps, times) for s, e in zip(edges[:-1], edges[1:], strict=True)
             ]
         return out, short
+
+    def short_reason(self, span: Span) -> str:
+        return f"shot {span.duration_s:.2f} s < min {self.min_len_s:.2f} s"
 
 
 def timed_span(start: int, end: int, fps: float, times: np.ndarray | None) -> Span:
@@ -140,3 +150,41 @@ def segmentation(
 def transitions_from_spans(spans: list[Span]) -> list[tuple[int, int]]:
     """Boundaries between consecutive spans as intervals (end_i, start_i+1): (c, c) for a cut."""
     return [(a.end_frame, b.start_frame) for a, b in zip(spans[:-1], spans[1:], strict=True)]
+
+
+def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRules) -> Segmentation:
+    """`seg` with each gap in the decoded frames (`io.DecodeGap`: damaged bytes the decoder
+    skipped) made a boundary and a dropped range of its own: a span or dropped range across
+    one is split there, each side ending or starting at the gap's edge (a span piece under
+    `lengths.min_len_s` is dropped as a short shot), and the gap's seconds are a zero-frame
+    "damaged" range, so every second stays accounted for."""
+    spans: list[Span] = list(seg.spans)
+    dropped: list[DroppedSpan] = list(seg.dropped)
+    for g in gaps:
+        k, a, b = g.frame, g.start_s, g.end_s
+        kept: list[Span] = []
+        for s in spans:
+            for piece in _split_at(s, k, a, b):
+                if piece.start_s < piece.end_s and piece.duration_s < lengths.min_len_s:
+                    dropped.append(dropped_span(piece, lengths.short_reason(piece)))
+                elif piece.end_frame > piece.start_frame:
+                    kept.append(piece)
+        spans = kept
+        dropped = [p for d in dropped for p in _split_at(d, k, a, b)]
+        why = f"damaged: no frame decodes from {a:.2f} to {b:.2f} s ({g.reason})"
+        dropped.append(DroppedSpan(start_frame=k, end_frame=k, start_s=a, end_s=b, reason=why))
+    spans.sort(key=lambda s: s.start_frame)
+    dropped.sort(key=lambda d: (d.start_frame, d.start_s))
+    return Segmentation(spans=spans, dropped=dropped, n_frames=seg.n_frames)
+
+
+def _split_at(span: S, k: int, a: float, b: float) -> list[S]:
+    """`span` cut at frame `k`, the gap's seconds [a, b) taken out of it: two pieces when it
+    holds frames on both sides, else itself, its seconds clipped to the side it is on."""
+    if span.end_frame <= k and span.start_frame < k:  # before the gap
+        return [replace(span, end_s=min(span.end_s, a))]
+    if span.start_frame >= k and span.end_frame > k:  # after it
+        return [replace(span, start_s=max(span.start_s, b))]
+    if span.start_frame < k < span.end_frame:
+        return [replace(span, end_frame=k, end_s=a), replace(span, start_frame=k, start_s=b)]
+    return [span]  # a zero-frame range (another gap, a lost tail)
