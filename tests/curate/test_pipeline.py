@@ -98,7 +98,7 @@ def test_curate_folder_end_to_end(src_dir, good_dir, tmp_path, monkeypatch, capl
     ("kind", "stage", "reason"),
     [
         ("zero_byte", "probe", "empty file (0 bytes)"),
-        ("truncated", "probe", "not a readable media file"),
+        ("truncated", "probe", "MP4 without its index (no moov box)"),
         ("not_video", "probe", "not a readable media file"),
         ("audio_only", "probe", "no video stream (audio only)"),
         ("cover_art", "probe", "no video stream (audio and a cover picture only)"),

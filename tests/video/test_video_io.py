@@ -85,7 +85,7 @@ def test_transcode_span(demo_video, tmp_path):
     ("kind", "reason"),
     [
         ("zero_byte", "empty file"),
-        ("truncated", "not a readable media file"),
+        ("truncated", r"MP4 without its index \(no moov box\): the recording stopped"),
         ("truncated_faststart", "truncated"),
         ("not_video", "not a readable media file"),
         ("audio_only", "no video stream"),

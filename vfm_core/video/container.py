@@ -61,9 +61,43 @@ def open_container(src: Source) -> av.container.InputContainer:
     try:
         return av.open(src if not isinstance(src, os.PathLike) else os.fspath(src), mode="r")
     except av.FFmpegError as e:
+        unfinished = _mp4_without_index(src) if isinstance(src, (str, os.PathLike)) else None
+        if unfinished is not None:
+            raise VideoError(name, unfinished) from e
         raise VideoError(name, f"not a readable media file ({ffmpeg_reason(e)})") from e
     except (OSError, ValueError) as e:
         raise VideoError(name, f"unreadable ({e})") from e
+
+
+def _mp4_without_index(path: str | os.PathLike[str]) -> str | None:
+    """Why an MP4 / MOV that FFmpeg cannot open is unreadable when its media data is there but
+    its index is not (the top-level boxes hold an `mdat` and no `moov`: a recording that stopped
+    before the camera or app finalised it); None for anything else."""
+    boxes: list[bytes] = []
+    mdat = 0
+    with open(path, "rb") as f:
+        size_all = os.fstat(f.fileno()).st_size
+        pos = 0
+        while pos + 8 <= size_all and len(boxes) < 1000:
+            f.seek(pos)
+            head = f.read(16)
+            size, kind = int.from_bytes(head[:4], "big"), head[4:8]
+            if size == 1 and len(head) == 16:
+                size = int.from_bytes(head[8:16], "big")
+            elif size == 0:
+                size = size_all - pos
+            if size < 8 or not kind.isalnum():
+                break
+            boxes.append(kind)
+            mdat += min(size, size_all - pos) if kind == b"mdat" else 0  # what the file holds
+            pos += size
+    if not boxes or boxes[0] != b"ftyp" or b"moov" in boxes or not mdat:
+        return None
+    return (
+        f"MP4 without its index (no moov box): the recording stopped before it was finalised; "
+        f"its {mdat / 1e6:.1f} MB of media data need a repair tool and a reference file from "
+        "the same camera (e.g. untrunc)"
+    )
 
 
 def ffmpeg_reason(e: BaseException) -> str:
