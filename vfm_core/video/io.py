@@ -326,7 +326,7 @@ def iter_frames(
                 size = (width or frame.width, height)
         w, h = size
         if resize == "sample" and frame.format.name in SAMPLED_FORMATS:
-            if sampler is None:
+            if sampler is None or sampler.src != (frame.width, frame.height):  # (size change)
                 sampler = PlaneSampler(frame.width, frame.height, w, h)
             yield t, sampler(frame)
         else:
@@ -396,7 +396,7 @@ def iter_sampled_chunks(
         if this == "rgb":
             rgbs.append(_swscale_rgb(converter, frame, size, "FAST_BILINEAR"))
         else:
-            if sampler is None:
+            if sampler is None or sampler.src != (frame.width, frame.height):  # (size change)
                 sampler = PlaneSampler(frame.width, frame.height, *size)
             codes.append(sampler.codes(frame))
         ts.append(t)
@@ -461,9 +461,11 @@ _OBSERVER: ContextVar[Callable[[float], None] | None] = ContextVar(
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DecodeGap:
-    """Seconds of a stream whose frames did not decode, with more decoding after them: the
-    decoder failed on a packet (damaged bytes) and the frames up to the next keyframe, which
-    need that one, were skipped. `iter_av_frames` reports them to `collect_gaps`."""
+    """A break inside a stream that no clip may cross, found while decoding: seconds whose
+    frames did not decode, with more decoding after them (the decoder failed on a packet,
+    damaged bytes, and the frames up to the next keyframe, which need that one, were skipped),
+    or, with no seconds lost (`start_s == end_s`), a change of the coded picture size (a
+    recording that switched resolution). `iter_av_frames` reports them to `collect_gaps`."""
 
     frame: int
     """Index, among the frames the decode yielded, of the first frame after the gap."""
@@ -472,7 +474,8 @@ class DecodeGap:
     end_s: float
     """Time of the first frame after it."""
     reason: str
-    """The decoder's error, e.g. "Invalid data found when processing input"."""
+    """The decoder's error, e.g. "Invalid data found when processing input", or "picture size
+    changes from 320x240 to 640x360"."""
 
 
 _GAPS: ContextVar[list[DecodeGap] | None] = ContextVar("vfm_decode_gaps", default=None)
@@ -549,6 +552,7 @@ def iter_av_frames(
         rate = s.average_rate or s.guessed_rate
         half = 0.5 / float(rate) if rate else 0.0  # a frame belongs to [start, end) by its centre
         n_out, after = 0, start_s or 0.0  # frames yielded; the end of the last one
+        size: tuple[int, int] | None = None  # the coded picture size of the last one
         try:
             frames = (
                 _decode_from(c, s, deadline, start_s=start_s, half=half, skips=skips)
@@ -569,6 +573,12 @@ def iter_av_frames(
                     continue
                 if end_s is not None and t >= end_s - half:
                     break
+                if size != (frame.width, frame.height):
+                    if gaps is not None and size is not None:
+                        why = f"picture size changes from {size[0]}x{size[1]} to "
+                        why += f"{frame.width}x{frame.height}"
+                        gaps.append(DecodeGap(frame=n_out, start_s=t, end_s=t, reason=why))
+                    size = (frame.width, frame.height)
                 n_out += 1
                 after = t + 2 * half
                 if observe is not None:

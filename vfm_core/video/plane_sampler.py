@@ -38,6 +38,7 @@ class PlaneSampler:
     def __init__(self, src_w: int, src_h: int, w: int, h: int) -> None:
         self.ys = ((np.arange(h) + 0.5) * src_h / h).astype(np.intp).clip(0, src_h - 2)
         self.xs = ((np.arange(w) + 0.5) * src_w / w).astype(np.intp).clip(0, src_w - 2)
+        self.src = (src_w, src_h)  # the frame size it samples
         self.w, self.h = w, h
         self._index: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._luts = {full: _yuv_luts(full) for full in (False, True)}

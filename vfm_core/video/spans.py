@@ -154,7 +154,8 @@ def transitions_from_spans(spans: list[Span]) -> list[tuple[int, int]]:
 
 def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRules) -> Segmentation:
     """`seg` with each gap in the decoded frames (`io.DecodeGap`: damaged bytes the decoder
-    skipped) made a boundary and a dropped range of its own: a span or dropped range across
+    skipped, or a picture size change, a gap of no seconds) made a boundary and, when it lost
+    seconds, a dropped range of its own: a span or dropped range across
     one is split there, each side ending or starting at the gap's edge (a span piece under
     `lengths.min_len_s` is dropped as a short shot), and the gap's seconds are a zero-frame
     "damaged" range, so every second stays accounted for."""
@@ -171,8 +172,9 @@ def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRul
                     kept.append(piece)
         spans = kept
         dropped = [p for d in dropped for p in _split_at(d, k, a, b)]
-        why = f"damaged: no frame decodes from {a:.2f} to {b:.2f} s ({g.reason})"
-        dropped.append(DroppedSpan(start_frame=k, end_frame=k, start_s=a, end_s=b, reason=why))
+        if b > a:  # seconds lost (a size change loses none: only the boundary)
+            why = f"damaged: no frame decodes from {a:.2f} to {b:.2f} s ({g.reason})"
+            dropped.append(DroppedSpan(start_frame=k, end_frame=k, start_s=a, end_s=b, reason=why))
     spans.sort(key=lambda s: s.start_frame)
     dropped.sort(key=lambda d: (d.start_frame, d.start_s))
     return Segmentation(spans=spans, dropped=dropped, n_frames=seg.n_frames)

@@ -11,6 +11,7 @@ they map to constant-quality `cq` and the p1..p7 preset of similar speed.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -291,8 +292,17 @@ def transcode_span(
     codec = select_encoder(encoder, setting="transcode_span(encoder=...)")
     name = source_name(src)
     deinterlace = Deinterlacer()  # interlaced frames made progressive, others untouched
+    if frames is None:
+        frames = iter_av_frames(src, start_s=start_s, end_s=end_s, threads=threads, name=name)
+    frames = iter(frames)
+    head = next(frames, None)
+    if head is None:
+        Path(out_path).unlink(missing_ok=True)
+        raise VideoError(name, f"no frames in span [{start_s:.3f}, {end_s:.3f}) s")
+    # the span's own picture size (a stream may switch resolution: the split cuts there)
+    w0, h0 = head[1].width, head[1].height
     with open_container(src) as c:  # the header, and the sound's packets when they are copied
-        w0, h0, in_rate, sound = _header(c, name)
+        in_rate, sound = _header(c, name)
         keep = sound is not None and audio == "keep"
         copied = copied_sound(c, start_s, end_s, name=name) if keep and sound.copy else None
         k = (rotation // 90) % 4  # quarter turns counter-clockwise
@@ -317,9 +327,7 @@ def transcode_span(
     fc = FrameConverter()  # swscale contexts reused across the span, one per conversion
     with out:
         resample = cfr or (fps is not None and abs(float(out_rate) - float(in_rate)) > 1e-6)
-        if frames is None:
-            frames = iter_av_frames(src, start_s=start_s, end_s=end_s, threads=threads, name=name)
-        for t, frame in deinterlace(frames):
+        for t, frame in deinterlace(itertools.chain([head], frames)):
             first_t = t if n == 0 and not resample else first_t  # the clip's time 0
             vf = _upright_frame(fc, frame, k=k, crop=crop, width=w, height=h)
             copies = 1
@@ -356,18 +364,11 @@ def transcode_span(
     )
 
 
-def _header(
-    c: av.container.InputContainer, name: str
-) -> tuple[int, int, Fraction, AudioFormat | None]:
-    """(width, height) of an open source's coded picture, its frame rate (30 when it declares
-    none) and the format of the clip's sound (None: no audio stream)."""
+def _header(c: av.container.InputContainer, name: str) -> tuple[Fraction, AudioFormat | None]:
+    """An open source's frame rate (30 when it declares none) and the format of the clip's
+    sound (None: no audio stream)."""
     s = video_stream(c, name)
-    return (
-        s.codec_context.width,
-        s.codec_context.height,
-        s.average_rate or s.guessed_rate or Fraction(30),
-        audio_format(c),
-    )
+    return s.average_rate or s.guessed_rate or Fraction(30), audio_format(c)
 
 
 def _output_size(
