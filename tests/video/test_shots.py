@@ -179,7 +179,8 @@ def test_cut_at_gaps_splits_what_crosses_a_gap_and_accounts_for_its_seconds():
     """Frames 0-99 at 10 fps, a 1 s gap (no frame decodes) before frame 50: the span across it is
     cut there (a piece under 2 s becomes a short shot), a dropped range across it keeps its
     reason on both sides, and the gap's seconds are a zero-frame "damaged" range."""
-    gap = DecodeGap(frame=50, start_s=5.0, end_s=6.0, reason="Invalid data")
+    why = "damaged: no frame decodes from 5.00 to 6.00 s (Invalid data)"
+    gap = DecodeGap(frame=50, start_s=5.0, end_s=6.0, reason=why)
     seg = Segmentation(
         spans=[
             Span(start_frame=0, end_frame=30, start_s=0.0, end_s=3.0),
@@ -199,7 +200,7 @@ def test_cut_at_gaps_splits_what_crosses_a_gap_and_accounts_for_its_seconds():
     ]
     assert [(d.start_frame, d.end_frame, d.start_s, d.end_s, d.reason) for d in out.dropped] == [
         (30, 40, 3.0, 4.0, "black"),
-        (50, 50, 5.0, 6.0, "damaged: no frame decodes from 5.00 to 6.00 s (Invalid data)"),
+        (50, 50, 5.0, 6.0, why),
         (50, 52, 6.0, 6.2, "shot 0.20 s < min 0.50 s"),
     ]
     # the pieces and the gap cover every second once

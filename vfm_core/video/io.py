@@ -464,8 +464,10 @@ class DecodeGap:
     """A break inside a stream that no clip may cross, found while decoding: seconds whose
     frames did not decode, with more decoding after them (the decoder failed on a packet,
     damaged bytes, and the frames up to the next keyframe, which need that one, were skipped),
-    or, with no seconds lost (`start_s == end_s`), a change of the coded picture size (a
-    recording that switched resolution). `iter_av_frames` reports them to `collect_gaps`."""
+    the rest of a stream whose timestamps start again (recordings joined end to end: the
+    decode stops there), or, with no seconds lost (`start_s == end_s`), a change of the coded
+    picture size (a recording that switched resolution). `iter_av_frames` reports them to
+    `collect_gaps`."""
 
     frame: int
     """Index, among the frames the decode yielded, of the first frame after the gap."""
@@ -474,8 +476,9 @@ class DecodeGap:
     end_s: float
     """Time of the first frame after it."""
     reason: str
-    """The decoder's error, e.g. "Invalid data found when processing input", or "picture size
-    changes from 320x240 to 640x360"."""
+    """Why, as a reject row says it: "damaged: no frame decodes from 8.30 to 8.70 s (Invalid
+    data found when processing input)", "timestamps start again at 0.07 s after 6.03 s ...",
+    or "picture size changes from 320x240 to 640x360"."""
 
 
 _GAPS: ContextVar[list[DecodeGap] | None] = ContextVar("vfm_decode_gaps", default=None)
@@ -565,10 +568,14 @@ def iter_av_frames(
                 t = (frame.pts - t0) * num / den
                 if skips.resumed_by(frame):  # the first frame after skipped packets
                     if gaps is not None and t > after + half and t >= (start_s or 0.0):
-                        gaps.append(
-                            DecodeGap(frame=n_out, start_s=after, end_s=t, reason=skips.reason)
-                        )
+                        why = f"damaged: no frame decodes from {after:.2f} to {t:.2f} s"
+                        why += f" ({skips.reason})"
+                        gaps.append(DecodeGap(frame=n_out, start_s=after, end_s=t, reason=why))
                     skips.clear()
+                if n_out and t < after - 1.0:  # timestamps start again: the rest is not read
+                    if gaps is not None:
+                        gaps.append(_restart(c, s, frame, n_out, after=after, half=half))
+                    return
                 if start_s is not None and t < start_s - half:
                     continue
                 if end_s is not None and t >= end_s - half:
@@ -589,6 +596,40 @@ def iter_av_frames(
                 raise VideoError(name, f"decode failed ({ffmpeg_reason(e)})") from e
         if n_out == 0 and skips.reason is not None:
             raise VideoError(name, f"decode failed ({skips.reason})")
+
+
+def _restart(
+    c: av.container.InputContainer,
+    s: av.VideoStream,
+    frame: av.VideoFrame,
+    k: int,
+    *,
+    after: float,
+    half: float,
+) -> DecodeGap:
+    """The break where a stream's timestamps start again (`frame`, the `k`-th frame, is earlier
+    than the end of the one before, `after`): recordings joined end to end (``cat a.ts b.ts``),
+    whose timeline is ambiguous from there (a seek by time finds the first part). The rest's
+    seconds, summed part by part from the packets still to come (demuxed, not decoded), are one
+    range after `after`, so they are accounted for."""
+    tb = s.time_base
+    lo = hi = frame.pts
+    total, parts = 0, 1
+    for p in c.demux(s):
+        ts = p.pts if p.pts is not None else p.dts
+        if ts is None:
+            continue
+        if ts < hi - 1 / tb:  # another restart
+            total, lo, hi, parts = total + hi - lo, ts, ts, parts + 1
+        lo, hi = min(lo, ts), max(hi, ts)
+    rest = float((total + hi - lo) * tb) + parts * 2 * half
+    t = float((frame.pts - stream_t0(s)) * tb)
+    why = (
+        f"timestamps start again at {t:.2f} s after {after:.2f} s (recordings joined end to "
+        f"end?): the {rest:.2f} s from there are not curated; remux the parts with continuous "
+        "timestamps first (e.g. ffmpeg -f concat)"
+    )
+    return DecodeGap(frame=k, start_s=after, end_s=after + rest, reason=why)
 
 
 @dataclass(kw_only=True, slots=True)

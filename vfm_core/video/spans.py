@@ -158,7 +158,7 @@ def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRul
     seconds, a dropped range of its own: a span or dropped range across
     one is split there, each side ending or starting at the gap's edge (a span piece under
     `lengths.min_len_s` is dropped as a short shot), and the gap's seconds are a zero-frame
-    "damaged" range, so every second stays accounted for."""
+    range with the gap's reason, so every second stays accounted for."""
     spans: list[Span] = list(seg.spans)
     dropped: list[DroppedSpan] = list(seg.dropped)
     for g in gaps:
@@ -173,8 +173,8 @@ def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRul
         spans = kept
         dropped = [p for d in dropped for p in _split_at(d, k, a, b)]
         if b > a:  # seconds lost (a size change loses none: only the boundary)
-            why = f"damaged: no frame decodes from {a:.2f} to {b:.2f} s ({g.reason})"
-            dropped.append(DroppedSpan(start_frame=k, end_frame=k, start_s=a, end_s=b, reason=why))
+            gap = DroppedSpan(start_frame=k, end_frame=k, start_s=a, end_s=b, reason=g.reason)
+            dropped.append(gap)
     spans.sort(key=lambda s: s.start_frame)
     dropped.sort(key=lambda d: (d.start_frame, d.start_s))
     return Segmentation(spans=spans, dropped=dropped, n_frames=seg.n_frames)

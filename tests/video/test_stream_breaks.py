@@ -1,7 +1,9 @@
-"""A stream that switches its coded picture size (a screen or call recording, a broadcast
-capture) is split there: no clip holds two sizes, each clip has its own part's size, and the
-analysis decode samples every frame at its own size (a smaller picture after a larger one used
-to index past its planes)."""
+"""Breaks inside one stream that no clip may cross. A stream that switches its coded picture
+size (a screen or call recording, a broadcast capture) is split there: no clip holds two sizes,
+each clip has its own part's size, and the analysis decode samples every frame at its own size
+(a smaller picture after a larger one used to index past its planes). Recordings joined end to
+end (``cat a.ts b.ts``: the timestamps start again) are curated up to the join, the rest is one
+reject with its seconds and the way to fix it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import av
 import pytest
 
 from tests.curate.conftest import assert_covered
+from vfm_core.contracts import Rejects, read_manifest
 from vfm_core.curate import CurateConfig, curate
 from vfm_core.curate.pipeline import read_clips
 from vfm_core.video.io import collect_gaps, decode_frames, iter_sampled_chunks
@@ -61,9 +64,13 @@ def _joined(dst: Path, parts: list[Path]) -> Path:
 def switching(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("sizes")
     big, small = _part(d, "big", 160, 96, 1), _part(d, "small", 96, 64, 2)
+    other = _part(d, "other", 96, 64, 3)
+    catted = d / "catted.ts"  # three recordings, each with timestamps from 0
+    catted.write_bytes(small.read_bytes() + other.read_bytes() + small.read_bytes())
     return {
         "down": _joined(d / "down.ts", [big, small]),
         "up": _joined(d / "up.ts", [small, big]),
+        "catted": catted,
     }
 
 
@@ -89,3 +96,18 @@ def test_a_size_switch_is_a_boundary_and_each_clip_keeps_its_size(switching, kin
         assert len(decode_frames(row["uri"], width=32)) == row["n_frames"] == 75
     assert out["coverage_gaps"] == [] and out["n_rejects"] == 0
     assert_covered(tmp_path / "o")
+
+
+def test_recordings_joined_end_to_end_are_curated_up_to_the_join(switching, tmp_path):
+    dst = tmp_path / "o"
+    out = curate(str(switching["catted"]), str(dst), config=CurateConfig(min_len_s=1.0))
+    clips = read_clips(str(dst))
+    assert clips["start_s"].to_list() == [pytest.approx(0.0)]  # the first recording, once
+    assert clips["end_s"].to_list() == [pytest.approx(3.0)]
+    (row,) = read_manifest(dst / "rejects.parquet", Rejects).to_dicts()
+    assert row["stage"] == "split"
+    assert row["reason"].startswith("timestamps start again at 0.00 s after 3.00 s")
+    assert "the 6.00 s from there are not curated" in row["reason"]
+    assert (row["start_s"], row["end_s"]) == (pytest.approx(3.0), pytest.approx(9.0))
+    assert out["clip_s"] + out["rejected_s"] == pytest.approx(9.0, abs=0.1)
+    assert_covered(dst)
