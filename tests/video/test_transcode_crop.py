@@ -1,6 +1,8 @@
 """The transcode's crop of an even box of a yuv420p frame is cut from its planes: the source's
 own samples, the same picture as the RGB route (which odd boxes and turned pictures keep)."""
 
+from fractions import Fraction
+
 import av
 import numpy as np
 import pytest
@@ -55,3 +57,28 @@ def test_a_clip_states_its_sources_colours(tmp_path):
             assert (f.colorspace, f.color_range) == (1, 1)  # BT.709, limited range
         x, y, w, h = crop or (0, 0, 160, 90)
         np.testing.assert_array_equal(decode_frames(out), whole[:, y : y + h, x : x + w])
+
+
+def test_non_square_pixels_become_square(tmp_path):
+    """An anamorphic source (96x64 coded, pixels 3:2 wide: shown 144x64) gives a 144x64 clip,
+    with or without a crop, and turned a quarter the stretch goes along the upright height."""
+    src = tmp_path / "anamorphic.mp4"
+    with av.open(str(src), "w") as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = 96, 64, "yuv420p"
+        s.codec_context.sample_aspect_ratio = Fraction(3, 2)
+        for _ in range(10):
+            for p in s.encode(_frame().reformat(format="yuv420p")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    sizes = []
+    for kw in ({}, {"crop": (0, 0, 48, 64)}, {"rotation": 90}, {"width": 72}):
+        r = transcode.transcode_span(src, tmp_path / f"{len(sizes)}.mp4", 0.0, 0.4, **kw)
+        assert decode_frames(r.path).shape[1:3] == (r.height, r.width)
+        sizes.append((r.width, r.height))
+    assert sizes == [(144, 64), (72, 64), (64, 144), (72, 32)]
+    assert transcode._output_size(96, 64, k=0, crop=None, width=None, height=None, name="x") == (
+        96,
+        64,
+    )  # square pixels: unchanged

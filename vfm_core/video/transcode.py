@@ -271,7 +271,9 @@ def transcode_span(
     earlier frame (drop / repeat) on the output time grid; `cfr=True` does that even at the input's
     average rate (variable-frame-rate input -> constant-rate clip). `rotation` (degrees
     counter-clockwise, `VideoInfo.rotation`) is applied to the pixels, so the clip is upright
-    without a display matrix; `width` / `height` are then the upright size. `encoder` "auto"
+    without a display matrix; `width` / `height` are then the upright size. Non-square source
+    pixels (anamorphic DV / HDV: a stated sample aspect ratio) become square: a 720x576 16:9 PAL
+    picture is a 1050x576 clip, as it is shown. `encoder` "auto"
     uses h264_nvenc where it opens, else libx264 (see `select_encoder`). Raises `VideoError` if
     the span is empty, `EncoderError` for an encoder that is unknown or unavailable. `crop`
     (x, y, w, h in upright source pixels, e.g. the picture inside black bars from
@@ -302,11 +304,11 @@ def transcode_span(
     # the span's own picture size (a stream may switch resolution: the split cuts there)
     w0, h0 = head[1].width, head[1].height
     with open_container(src) as c:  # the header, and the sound's packets when they are copied
-        in_rate, sound = _header(c, name)
+        in_rate, sound, sar = _header(c, name)
         keep = sound is not None and audio == "keep"
         copied = copied_sound(c, start_s, end_s, name=name) if keep and sound.copy else None
         k = (rotation // 90) % 4  # quarter turns counter-clockwise
-        w, h = _output_size(w0, h0, k=k, crop=crop, width=width, height=height, name=name)
+        w, h = _output_size(w0, h0, k=k, crop=crop, sar=sar, width=width, height=height, name=name)
         out_rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(in_rate)
         out, st = _open_h264(
             out_path,
@@ -364,11 +366,16 @@ def transcode_span(
     )
 
 
-def _header(c: av.container.InputContainer, name: str) -> tuple[Fraction, AudioFormat | None]:
-    """An open source's frame rate (30 when it declares none) and the format of the clip's
-    sound (None: no audio stream)."""
+def _header(
+    c: av.container.InputContainer, name: str
+) -> tuple[Fraction, AudioFormat | None, Fraction]:
+    """An open source's frame rate (30 when it declares none), the format of the clip's sound
+    (None: no audio stream) and the shape of its pixels (sample aspect ratio, 1 when square or
+    not stated)."""
     s = video_stream(c, name)
-    return s.average_rate or s.guessed_rate or Fraction(30), audio_format(c)
+    sar = s.sample_aspect_ratio
+    sar = Fraction(sar) if sar is not None and sar > 0 else Fraction(1)
+    return s.average_rate or s.guessed_rate or Fraction(30), audio_format(c), sar
 
 
 def _output_size(
@@ -377,13 +384,15 @@ def _output_size(
     *,
     k: int,
     crop: tuple[int, int, int, int] | None,
+    sar: Fraction = Fraction(1),
     width: int | None,
     height: int | None,
     name: str,
 ) -> tuple[int, int]:
     """Even (width, height) of the clip of a (w0, h0) coded picture turned upright by ``k``
-    quarter turns and cut to ``crop`` (VideoError when the box is not inside the picture);
-    ``width`` alone keeps the aspect ratio."""
+    quarter turns and cut to ``crop`` (VideoError when the box is not inside the picture), in
+    square pixels (a source's pixels `sar` wide for 1 high, e.g. anamorphic DV or HDV, are
+    stretched along the coded width); ``width`` alone keeps the aspect ratio."""
     if k % 2:
         w0, h0 = h0, w0  # upright size
     if crop is not None:
@@ -391,6 +400,8 @@ def _output_size(
         if cw < 2 or ch < 2 or cx < 0 or cy < 0 or cx + cw > w0 or cy + ch > h0:
             raise VideoError(name, f"crop {crop} is not inside the {w0}x{h0} picture")
         w0, h0 = cw, ch
+    if sar != 1:  # the coded width is upright height after a quarter turn
+        w0, h0 = (w0, round(h0 * sar)) if k % 2 else (round(w0 * sar), h0)
     if height is None:
         w, h = analysis_size(w0, h0, width) if width else (w0, h0)
     else:
