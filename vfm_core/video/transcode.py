@@ -272,8 +272,8 @@ def transcode_span(
     average rate (variable-frame-rate input -> constant-rate clip). `rotation` (degrees
     counter-clockwise, `VideoInfo.rotation`) is applied to the pixels, so the clip is upright
     without a display matrix; `width` / `height` are then the upright size. Non-square source
-    pixels (anamorphic DV / HDV: a stated sample aspect ratio) become square: a 720x576 16:9 PAL
-    picture is a 1050x576 clip, as it is shown. `encoder` "auto"
+    pixels (anamorphic DV / HDV: a stated sample aspect ratio) become square: a 720x576 PAL
+    16:9 picture (64:45 pixels) is a 1024x576 clip, as it is shown. `encoder` "auto"
     uses h264_nvenc where it opens, else libx264 (see `select_encoder`). Raises `VideoError` if
     the span is empty, `EncoderError` for an encoder that is unknown or unavailable. `crop`
     (x, y, w, h in upright source pixels, e.g. the picture inside black bars from
