@@ -525,7 +525,9 @@ def iter_av_frames(
 
     A packet the decoder fails on (damaged bytes) is skipped with the packets up to the next
     keyframe, whose frames need it; decoding goes on from there and the skipped seconds are a
-    `DecodeGap` (reported to `collect_gaps`). A read error after the first frame ends the
+    `DecodeGap` (reported to `collect_gaps`); so are a change of the picture size (a gap of no
+    seconds) and timestamps that start again (recordings joined end to end: the iteration ends
+    there, the gap holds the rest's seconds). A read error after the first frame ends the
     iteration quietly (damaged tail: the caller sees fewer frames than probed); an error before
     any frame decodes raises `VideoError`. So does running past `timeout_s` (default:
     `DECODE_TIMEOUT` for the range's length), checked at every packet.
