@@ -371,10 +371,10 @@ def _header(
 ) -> tuple[Fraction, AudioFormat | None, Fraction]:
     """An open source's frame rate (30 when it declares none), the format of the clip's sound
     (None: no audio stream) and the shape of its pixels (sample aspect ratio, 1 when square or
-    not stated)."""
+    not stated, or past 4:1 either way: a bogus header)."""
     s = video_stream(c, name)
     sar = s.sample_aspect_ratio
-    sar = Fraction(sar) if sar is not None and sar > 0 else Fraction(1)
+    sar = Fraction(sar) if sar is not None and Fraction(1, 4) <= sar <= 4 else Fraction(1)
     return s.average_rate or s.guessed_rate or Fraction(30), audio_format(c), sar
 
 
