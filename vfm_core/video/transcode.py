@@ -298,8 +298,7 @@ def transcode_span(
         frames = iter_av_frames(src, start_s=start_s, end_s=end_s, threads=threads, name=name)
     frames = iter(frames)
     head = next(frames, None)
-    if head is None:
-        Path(out_path).unlink(missing_ok=True)
+    if head is None:  # (nothing written yet)
         raise VideoError(name, f"no frames in span [{start_s:.3f}, {end_s:.3f}) s")
     # the span's own picture size (a stream may switch resolution: the split cuts there)
     w0, h0 = head[1].width, head[1].height
