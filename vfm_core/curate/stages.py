@@ -92,7 +92,7 @@ class SplitStage(MapStage):
         src = local_video(item, self.work_dir)
         with video_progress("split", item) as bar, observe_decode(bar.at), collect_gaps() as gaps:
             seg = self._splitter.segment(src, fps=item.fps)
-        if gaps:  # damaged bytes inside the stream: what decodes after them is curated too
+        if gaps:  # breaks inside the stream (damage, a size switch, joined recordings)
             seg = cut_at_gaps(seg, gaps, self.cfg.lengths())
         lost = _lost_tail(seg, item, src)
         if not seg.spans and lost is None:

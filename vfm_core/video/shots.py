@@ -285,7 +285,7 @@ def picture_change(feats: FrameFeatures) -> np.ndarray:
     g = _grid(feats)  # (T, gh, gw, 3)
     out = np.zeros(len(g), np.float32)
     out[1:] = np.abs(g[1:] - g[:-1]).mean(axis=(1, 2, 3)) / 255.0
-    return np.maximum(out, feats.dpix) if len(feats.dpix) == len(out) else out
+    return np.maximum(out, feats.dpix)
 
 
 def true_runs(mask: np.ndarray) -> list[tuple[int, int]]:

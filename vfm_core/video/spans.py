@@ -42,7 +42,7 @@ class Span:
         return cls(start_frame=start, end_frame=end, start_s=start / fps, end_s=end / fps)
 
 
-S = TypeVar("S", bound=Span)
+_S = TypeVar("_S", bound=Span)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -153,12 +153,11 @@ def transitions_from_spans(spans: list[Span]) -> list[tuple[int, int]]:
 
 
 def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRules) -> Segmentation:
-    """`seg` with each gap in the decoded frames (`io.DecodeGap`: damaged bytes the decoder
-    skipped, or a picture size change, a gap of no seconds) made a boundary and, when it lost
-    seconds, a dropped range of its own: a span or dropped range across
-    one is split there, each side ending or starting at the gap's edge (a span piece under
-    `lengths.min_len_s` is dropped as a short shot), and the gap's seconds are a zero-frame
-    range with the gap's reason, so every second stays accounted for."""
+    """`seg` with each break the decode found (`io.DecodeGap`: damaged bytes skipped, joined
+    recordings, a picture size switch) made a boundary: a span or dropped range across one is
+    split there, each side ending or starting at the gap's edge (a span piece under
+    `lengths.min_len_s` is dropped as a short shot), and the gap's seconds, if any, are a
+    zero-frame range with the gap's reason, so every second stays accounted for."""
     spans: list[Span] = list(seg.spans)
     dropped: list[DroppedSpan] = list(seg.dropped)
     for g in gaps:
@@ -166,9 +165,9 @@ def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRul
         kept: list[Span] = []
         for s in spans:
             for piece in _split_at(s, k, a, b):
-                if piece.start_s < piece.end_s and piece.duration_s < lengths.min_len_s:
+                if piece.duration_s < lengths.min_len_s:
                     dropped.append(dropped_span(piece, lengths.short_reason(piece)))
-                elif piece.end_frame > piece.start_frame:
+                else:
                     kept.append(piece)
         spans = kept
         dropped = [p for d in dropped for p in _split_at(d, k, a, b)]
@@ -180,7 +179,7 @@ def cut_at_gaps(seg: Segmentation, gaps: Sequence[DecodeGap], lengths: LengthRul
     return Segmentation(spans=spans, dropped=dropped, n_frames=seg.n_frames)
 
 
-def _split_at(span: S, k: int, a: float, b: float) -> list[S]:
+def _split_at(span: _S, k: int, a: float, b: float) -> list[_S]:
     """`span` cut at frame `k`, the gap's seconds [a, b) taken out of it: two pieces when it
     holds frames on both sides, else itself, its seconds clipped to the side it is on."""
     if span.end_frame <= k and span.start_frame < k:  # before the gap
